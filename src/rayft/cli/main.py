@@ -1,0 +1,72 @@
+"""The ``rayft`` entry point: the command group, error handling, and logging set-up.
+
+Only click, pydantic and yaml are imported here; each command imports what it needs when it runs,
+so ``rayft --help`` stays fast and loads neither torch nor ray.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from typing import Any
+
+import click
+
+from rayft import __version__
+from rayft.cli.common import CliState
+from rayft.errors import RayftError
+
+OVERRIDES_HELP = (
+    "Any config field can be set after the config file with a dotted override, e.g. "
+    "`train.learning_rate=1e-4 lora.r=8`. `rayft config fields` lists them all."
+)
+
+
+class _RayftGroup(click.Group):
+    """A click group that prints rayft errors as one line, without a traceback (unless --debug)."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except RayftError as exc:
+            state = ctx.find_object(CliState)
+            if state is not None and state.debug:
+                raise
+            click.secho(f"Error: {exc}", fg="red", err=True)
+            sys.exit(2)
+
+
+@click.group(cls=_RayftGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="rayft")
+@click.option("--debug", is_flag=True, help="Show full tracebacks and debug logs.")
+@click.pass_context
+def cli(ctx: click.Context, debug: bool) -> None:
+    """rayft: synthetic data, fine-tuning, evaluation and export of LLMs on Ray.
+
+    Every command takes a YAML config and optional dotted overrides. A laptop runs it on an
+    embedded local Ray; a cluster runs the same config with scaling.address set.
+    """
+    ctx.obj = CliState(debug=debug)
+    logging.basicConfig(
+        level=logging.DEBUG if debug else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        datefmt="%H:%M:%S",
+    )
+
+
+def _register() -> None:
+    from rayft.cli import config_cmd
+
+    cli.add_command(config_cmd.config)
+
+
+_register()
+
+
+def main() -> None:
+    """Console-script entry point."""
+    cli(prog_name="rayft")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,232 @@
+"""Loading a config: defaults < YAML file < dotted command-line overrides, validated at once.
+
+Every problem is reported together, each with its dotted path, the bad value and a fix; unknown
+keys get a "did you mean".
+"""
+
+from __future__ import annotations
+
+import copy
+import difflib
+import re
+import types
+import typing
+from pathlib import Path
+from typing import Any, Union
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from rayft.config.schema import RayftConfig
+from rayft.errors import ConfigError
+
+# Names users bring from other tools, mapped to ours, for "did you mean".
+_ALIASES = {
+    "rank": "r",
+    "lora_rank": "r",
+    "lora_r": "r",
+    "lora_alpha": "alpha",
+    "lora_dropout": "dropout",
+    "lr": "learning_rate",
+    "min_lr": "min_learning_rate",
+    "batch_size": "micro_batch_size",
+    "per_device_train_batch_size": "micro_batch_size",
+    "gradient_accumulation": "gradient_accumulation_steps",
+    "epochs": "num_epochs",
+    "num_train_epochs": "num_epochs",
+    "hf_model_id": "name",
+    "model_name": "name",
+    "model_path": "name",
+    "torch_dtype": "dtype",
+    "warmup": "warmup_steps",
+    "max_length": "max_seq_length",
+    "seq_len": "max_seq_length",
+    "dataset_name": "path",
+    "dataset_config": "config_name",
+    "workers": "num_workers",
+}
+
+_FLOAT_LIKE = re.compile(r"^[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?$")
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> RayftConfig:
+    """Read a YAML config, apply ``key.sub=value`` overrides, and validate the result.
+
+    Args:
+        path: The YAML file; None starts from the defaults alone.
+        overrides: Dotted assignments such as ``train.learning_rate=1e-4`` or ``lora.r=8``.
+
+    Raises:
+        ConfigError: listing every problem found, with its path, value and fix.
+    """
+    raw = read_yaml(path) if path is not None else {}
+    defaults = RayftConfig().model_dump(mode="json")
+    for item in overrides:
+        key, value = parse_override(item)
+        set_dotted(raw, key, value, defaults)
+    return validate_config(raw, source=str(path) if path else "defaults")
+
+
+def read_yaml(path: str | Path) -> dict[str, Any]:
+    """Read a YAML mapping from a file, with errors that name the file and line."""
+    file = Path(path)
+    if not file.is_file():
+        raise ConfigError(f"Config file {str(file)!r} does not exist; check the path.")
+    try:
+        data = yaml.safe_load(file.read_text(encoding="utf-8"))
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"Config file {str(file)!r} is not valid YAML: {exc}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(
+            f"Config file {str(file)!r} must hold a mapping of sections (model:, data:, train:, ...), "
+            f"not a {type(data).__name__}."
+        )
+    return data
+
+
+def parse_override(item: str) -> tuple[str, Any]:
+    """Split ``a.b=value`` and parse the value as YAML (``1e-4`` is read as a number)."""
+    key, sep, text = item.partition("=")
+    key = key.strip()
+    if not sep or not key or not re.fullmatch(r"[A-Za-z_][\w]*(\.[\w-]+)*", key):
+        raise ConfigError(
+            f"Override {item!r} is not of the form section.key=value "
+            "(for example train.learning_rate=1e-4 or lora.r=8)."
+        )
+    if _FLOAT_LIKE.match(text.strip()):
+        number = float(text)
+        return key, int(number) if re.fullmatch(r"[+-]?\d+", text.strip()) else number
+    try:
+        return key, yaml.safe_load(text) if text.strip() else ""
+    except yaml.YAMLError:
+        return key, text
+
+
+def set_dotted(tree: dict[str, Any], key: str, value: Any, defaults: dict[str, Any] | None = None) -> None:
+    """Assign ``value`` at a dotted path, indexing lists on the way.
+
+    A section missing from ``tree`` is filled from ``defaults`` (so ``data.datasets.0.max_rows=10``
+    edits the default dataset), or created empty.
+    """
+    parts = key.split(".")
+    node: Any = tree
+    default: Any = defaults
+    for depth, part in enumerate(parts[:-1]):
+        where = ".".join(parts[: depth + 1])
+        child = _child(node, part, where)
+        default = _child(default, part, where) if isinstance(default, (dict, list)) else None
+        if child is None:
+            child = copy.deepcopy(default) if isinstance(default, (dict, list)) else {}
+            _assign(node, part, child, key)
+        node = child
+    _assign(node, parts[-1], value, key)
+
+
+def _child(node: Any, part: str, where: str) -> Any:
+    if node is None:
+        return None
+    if isinstance(node, list):
+        return node[_list_index(node, part, where)]
+    if isinstance(node, dict):
+        return node.get(part)
+    raise ConfigError(f"Override path {where!r} goes through a value that is not a section.")
+
+
+def _assign(node: Any, part: str, value: Any, key: str) -> None:
+    if isinstance(node, list):
+        node[_list_index(node, part, key)] = value
+    elif isinstance(node, dict):
+        node[part] = value
+    else:
+        raise ConfigError(f"Override {key!r} goes through a value that is not a section.")
+
+
+def _list_index(node: list[Any], part: str, where: str) -> int:
+    if not part.isdigit() or int(part) >= len(node):
+        raise ConfigError(
+            f"Override path {where!r}: {part!r} is not an index of a list of {len(node)} items "
+            f"(use 0..{len(node) - 1})."
+        )
+    return int(part)
+
+
+def validate_config(raw: dict[str, Any], source: str = "config") -> RayftConfig:
+    """Validate a raw mapping, turning pydantic's errors into one readable ConfigError."""
+    try:
+        return RayftConfig.model_validate(raw)
+    except ValidationError as exc:
+        problems = [describe_error(err) for err in exc.errors()]
+        lines = "\n".join(f"  - {p}" for p in problems)
+        raise ConfigError(f"Invalid config ({source}), {len(problems)} problem(s):\n{lines}") from None
+
+
+def describe_error(err: Any) -> str:
+    """One line for one validation error: path, bad value, what is wrong, how to fix it."""
+    loc = tuple(err["loc"])
+    path = ".".join(str(p) for p in loc) or "<root>"
+    kind = err["type"]
+    if kind == "extra_forbidden":
+        return _unknown_key(loc, path)
+    field = _field_at(loc)
+    hint = f" ({field.description})" if field is not None and field.description else ""
+    if kind == "missing":
+        return f"{path}: required but missing; add it{hint}."
+    message = str(err["msg"]).removeprefix("Value error, ")
+    if isinstance(err.get("input"), dict) and _model_at(loc) is not None:
+        return f"{path}: {message}."
+    return f"{path} = {err.get('input')!r}: {message}{hint}."
+
+
+def _unknown_key(loc: tuple[Any, ...], path: str) -> str:
+    model = _model_at(loc[:-1])
+    valid = sorted(model.model_fields) if model is not None else []
+    key = str(loc[-1])
+    alias = _ALIASES.get(key)
+    guess = [alias] if alias in valid else difflib.get_close_matches(key, valid, n=1, cutoff=0.5)
+    parent = ".".join(str(p) for p in loc[:-1])
+    prefix = f"{parent}." if parent else ""
+    suggestion = f" Did you mean '{prefix}{guess[0]}'?" if guess else ""
+    return f"{path}: unknown key.{suggestion} Valid keys here: {', '.join(valid)}."
+
+
+def _model_at(loc: tuple[Any, ...]) -> type[BaseModel] | None:
+    """The pydantic model class that a location inside RayftConfig points to, if any."""
+    current: Any = RayftConfig
+    for part in loc:
+        if isinstance(part, int):
+            current = _element_type(current)
+        elif isinstance(current, type) and issubclass(current, BaseModel) and part in current.model_fields:
+            current = _unwrap(current.model_fields[part].annotation)
+        else:
+            return None
+    current = _unwrap(current)
+    return current if isinstance(current, type) and issubclass(current, BaseModel) else None
+
+
+def _field_at(loc: tuple[Any, ...]) -> Any:
+    parent = _model_at(tuple(p for p in loc[:-1]))
+    if parent is None or not loc or loc[-1] not in parent.model_fields:
+        return None
+    return parent.model_fields[loc[-1]]
+
+
+def _unwrap(annotation: Any) -> Any:
+    """Strip Optional[...] (and other unions with one model member) down to that model."""
+    origin = typing.get_origin(annotation)
+    if origin in (Union, types.UnionType):
+        members = [a for a in typing.get_args(annotation) if a is not type(None)]
+        models = [m for m in members if isinstance(m, type) and issubclass(m, BaseModel)]
+        return models[0] if len(models) == 1 else annotation
+    return annotation
+
+
+def _element_type(annotation: Any) -> Any:
+    args = typing.get_args(_unwrap(annotation))
+    return _unwrap(args[0]) if args else None
+
+
+def dump_config(cfg: BaseModel) -> str:
+    """The resolved config as YAML, every default spelled out, keys in schema order."""
+    return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False, allow_unicode=True)

@@ -1,0 +1,89 @@
+"""Config sections for the model to fine-tune and its LoRA adapter."""
+
+from __future__ import annotations
+
+import re
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from rayft.config.base import Section
+
+_COMMIT_SHA = re.compile(r"^[0-9a-f]{40}$")
+
+Dtype = Literal["auto", "float32", "bfloat16", "float16"]
+
+
+class ModelConfig(Section):
+    """Which causal LM to load, and how."""
+
+    name: str = Field(
+        "smollm2-135m-instruct",
+        description=(
+            "The model: a built-in offline name (smollm2-135m-instruct), a Hugging Face Hub id "
+            "(Qwen/Qwen2.5-0.5B-Instruct), a local model directory, or a path to a .gguf file."
+        ),
+    )
+    revision: str | None = Field(
+        None,
+        description="Hub revision (branch, tag or commit). A commit hash pins the exact weights.",
+    )
+    gguf_file: str | None = Field(
+        None,
+        description=(
+            "Name of a GGUF file inside the Hub repo or local directory; its weights are dequantized on load."
+        ),
+    )
+    dtype: Dtype = Field(
+        "auto",
+        description=(
+            "Dtype of the loaded weights. 'auto' loads float32 on CPU and bfloat16 on GPUs that "
+            "support it (float16 otherwise)."
+        ),
+    )
+    attn_implementation: Literal["sdpa", "eager", "flash_attention_2", "flash_attention_3"] = Field(
+        "sdpa",
+        description="Attention kernel passed to transformers. flash_attention_* needs a GPU and the package.",
+    )
+    trust_remote_code: bool = Field(
+        False,
+        description=(
+            "Run modelling code shipped with the model. Only with a pinned commit in 'revision', "
+            "since that code runs with your permissions."
+        ),
+    )
+    chat_template: str | None = Field(
+        None,
+        description=(
+            "A Jinja chat template that replaces the tokenizer's own; it is saved with every "
+            "checkpoint and export so that serving renders prompts as training did."
+        ),
+    )
+
+    @model_validator(mode="after")
+    def _remote_code_needs_pinned_revision(self) -> ModelConfig:
+        if self.trust_remote_code and not (self.revision and _COMMIT_SHA.match(self.revision)):
+            raise ValueError(
+                "trust_remote_code=true needs 'revision' pinned to a 40-character commit hash "
+                f"(got {self.revision!r}); set model.revision=<commit> or model.trust_remote_code=false"
+            )
+        return self
+
+
+class LoraConfig(Section):
+    """The LoRA adapter trained when ``train.method`` is ``lora`` (through PEFT)."""
+
+    r: int = Field(16, gt=0, description="Rank of the LoRA update matrices.")
+    alpha: float = Field(32, gt=0, description="Scaling numerator: the update is scaled by alpha / r.")
+    dropout: float = Field(0.05, ge=0, lt=1, description="Dropout on the LoRA input.")
+    target_modules: list[str] | Literal["all-linear"] = Field(
+        "all-linear",
+        description=(
+            "Module names (or suffixes) that receive adapters; 'all-linear' adapts every linear "
+            "layer but the output head."
+        ),
+    )
+    modules_to_save: list[str] = Field(
+        default_factory=list,
+        description="Modules trained in full and saved with the adapter (e.g. ['lm_head']).",
+    )

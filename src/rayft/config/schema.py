@@ -1,0 +1,45 @@
+"""The root of the config tree: one YAML file describes a whole rayft run."""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from rayft.config.base import Section
+from rayft.config.data import DataConfig
+from rayft.config.model import LoraConfig, ModelConfig
+from rayft.config.train import (
+    CheckpointConfig,
+    FailureConfig,
+    LoggingConfig,
+    ScalingConfig,
+    TrainConfig,
+)
+
+
+class RayftConfig(Section):
+    """A rayft run: the model, its data, how to train it, and where results go.
+
+    Sections left out of the YAML take their defaults; ``model_fields_set`` tells which ones the
+    user wrote, which is how a pipeline knows the stages it was asked to run.
+    """
+
+    name: str = Field(
+        "rayft-run",
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$",
+        description="Run name: the run directory is <storage_path>/<name>.",
+    )
+    storage_path: str = Field(
+        "runs",
+        description="Where runs are written: a local directory, a shared mount, or a URI (s3://, gs://).",
+    )
+    seed: int = Field(42, ge=0, description="Seed for data order, initialisation and dropout.")
+    model: ModelConfig = Field(default_factory=ModelConfig, description="The model to fine-tune.")
+    lora: LoraConfig = Field(default_factory=LoraConfig, description="The LoRA adapter.")
+    data: DataConfig = Field(default_factory=DataConfig, description="Training and validation data.")
+    train: TrainConfig = Field(default_factory=TrainConfig, description="The optimisation loop.")
+    scaling: ScalingConfig = Field(default_factory=ScalingConfig, description="Workers and resources.")
+    checkpoint: CheckpointConfig = Field(
+        default_factory=CheckpointConfig, description="Checkpoint retention and upload."
+    )
+    failure: FailureConfig = Field(default_factory=FailureConfig, description="Retries and timeouts.")
+    logging: LoggingConfig = Field(default_factory=LoggingConfig, description="Metric sinks.")

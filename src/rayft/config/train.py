@@ -1,0 +1,145 @@
+"""Config sections for the optimisation loop, the cluster it runs on, and its checkpoints."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from rayft.config.base import Section
+
+
+class TrainConfig(Section):
+    """The optimisation loop: method, schedule, batch geometry, evaluation and saving cadence."""
+
+    method: Literal["lora", "full"] = Field(
+        "lora", description="Train a LoRA adapter (see the lora section) or every weight."
+    )
+    strategy: Literal["ddp"] = Field(
+        "ddp",
+        description="How workers share the model: 'ddp' replicates it and averages gradients.",
+    )
+    learning_rate: float = Field(2e-4, gt=0, description="Peak learning rate after warmup.")
+    min_learning_rate: float = Field(0.0, ge=0, description="Learning rate at the end of the cosine decay.")
+    warmup_steps: int = Field(0, ge=0, description="Optimizer steps of linear warmup from 0 to learning_rate.")
+    weight_decay: float = Field(0.0, ge=0, description="AdamW decoupled weight decay.")
+    adam_betas: tuple[float, float] = Field((0.9, 0.999), description="AdamW beta1 and beta2.")
+    adam_eps: float = Field(1e-8, gt=0, description="AdamW epsilon.")
+    max_grad_norm: float | None = Field(
+        1.0, gt=0, description="Clip the global gradient norm to this value (unset: no clipping)."
+    )
+    micro_batch_size: int = Field(
+        4, gt=0, description="Training units (examples, or packs) per worker per forward pass."
+    )
+    gradient_accumulation_steps: int = Field(
+        1,
+        gt=0,
+        description=(
+            "Micro-batches per optimizer step. The loss is normalised by the real label tokens of "
+            "the whole step across workers, so 4x2 and 2x4 give the same update."
+        ),
+    )
+    num_epochs: int = Field(1, gt=0, description="Passes over the training data (if max_steps is unset).")
+    max_steps: int | None = Field(
+        None, gt=0, description="Stop after this many optimizer steps (overrides num_epochs)."
+    )
+    eval_steps: int | None = Field(
+        50, gt=0, description="Evaluate validation loss every N steps (unset: only at the end)."
+    )
+    eval_micro_batch_size: int | None = Field(
+        None, gt=0, description="Units per worker per validation forward (default: micro_batch_size)."
+    )
+    save_steps: int = Field(100, gt=0, description="Save a checkpoint every N optimizer steps.")
+    logging_steps: int = Field(1, gt=0, description="Write metrics (loss, lr, grad norm, tokens/s) every N steps.")
+    early_stopping_patience: int | None = Field(
+        None,
+        gt=0,
+        description="Stop after this many evaluations without a lower validation loss (unset: never).",
+    )
+    gradient_checkpointing: bool = Field(
+        False, description="Recompute activations in the backward pass: less memory, ~30% slower."
+    )
+    mixed_precision: Literal["auto", "no", "bf16", "fp16"] = Field(
+        "auto",
+        description="Autocast on GPU: 'auto' picks bf16 where supported, fp16 otherwise; CPUs run fp32.",
+    )
+
+    @model_validator(mode="after")
+    def _lr_range(self) -> TrainConfig:
+        if self.min_learning_rate > self.learning_rate:
+            raise ValueError(
+                f"min_learning_rate ({self.min_learning_rate}) is above learning_rate "
+                f"({self.learning_rate}); lower train.min_learning_rate"
+            )
+        return self
+
+
+class ScalingConfig(Section):
+    """How many training workers to start, and what each one gets."""
+
+    num_workers: int = Field(
+        2,
+        ge=0,
+        description=(
+            "Training workers (one process each). 0 runs the same loop in this process without "
+            "Ray: for debugging and single-GPU machines without Ray."
+        ),
+    )
+    use_gpu: bool | Literal["auto"] = Field(
+        "auto", description="Give each worker a GPU; 'auto' does when the cluster has GPUs."
+    )
+    resources_per_worker: dict[str, float] = Field(
+        default_factory=dict,
+        description="Ray resources per worker, e.g. {CPU: 4, GPU: 1} (default: 1 CPU, plus 1 GPU with use_gpu).",
+    )
+    placement_strategy: Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"] = Field(
+        "PACK", description="Ray placement strategy for the workers' bundles."
+    )
+    address: str | None = Field(
+        None,
+        description="Ray cluster to join ('auto', 'ray://host:10001', host:port); unset starts a local one.",
+    )
+    startup_timeout_s: float = Field(
+        30.0,
+        gt=0,
+        description="Fail if the cluster cannot host the workers within this many seconds.",
+    )
+
+
+class CheckpointConfig(Section):
+    """Which checkpoints are kept, and how they are written."""
+
+    num_to_keep: int | None = Field(
+        2,
+        gt=0,
+        description=(
+            "Checkpoints kept besides the latest (the best by validation loss when evaluation "
+            "runs, the newest otherwise); unset keeps all."
+        ),
+    )
+    async_upload: bool = Field(
+        True,
+        description="Upload checkpoints in the background so the training loop is not blocked.",
+    )
+
+
+class FailureConfig(Section):
+    """How failures are retried and how long a stuck run may wait."""
+
+    max_failures: int = Field(
+        3,
+        ge=0,
+        description="Worker-group restarts before the run fails; each resumes from the last checkpoint.",
+    )
+    collective_timeout_s: float = Field(
+        600.0,
+        gt=0,
+        description="A collective (gradient all-reduce) waiting longer than this ends the run with an error.",
+    )
+
+
+class LoggingConfig(Section):
+    """Where per-step metrics go besides metrics.jsonl."""
+
+    tensorboard: bool = Field(True, description="Write TensorBoard event files under tensorboard/.")
+    console: bool = Field(True, description="Print a progress line with loss and ETA.")

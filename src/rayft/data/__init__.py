@@ -1,0 +1,1 @@
+"""The data plane: reading datasets, rendering and tokenizing examples, packing, caching."""

@@ -1,0 +1,55 @@
+"""The exception tree of rayft.
+
+Every error a user can cause derives from :class:`RayftError`. Messages say what went wrong, where,
+the bad value, and how to fix it; the CLI prints them without a traceback unless ``--debug``.
+"""
+
+from __future__ import annotations
+
+
+class RayftError(Exception):
+    """Base class of every error rayft raises on purpose."""
+
+
+class ConfigError(RayftError):
+    """The configuration is invalid: unknown keys, bad values, malformed overrides."""
+
+
+class DataError(RayftError):
+    """A dataset cannot be read or turned into training examples."""
+
+
+class ModelError(RayftError):
+    """A model or tokenizer cannot be found or loaded."""
+
+
+class ResourceError(RayftError):
+    """The cluster cannot give what a run asks for (CPUs, GPUs, memory)."""
+
+
+class CheckpointError(RayftError):
+    """A checkpoint is missing, incomplete, corrupted, or does not match the run."""
+
+
+class RunStateError(RayftError):
+    """The run directory is in a state that forbids the requested action (say, reuse without --resume)."""
+
+
+class StorageError(RayftError):
+    """The storage path cannot be written or read."""
+
+
+class MissingDependencyError(RayftError):
+    """An optional dependency is needed but not installed; the message holds the install line."""
+
+    def __init__(self, package: str, extra: str, purpose: str) -> None:
+        super().__init__(
+            f"{purpose} needs the optional package '{package}', which is not installed. "
+            f"Install it with: pip install 'rayft[{extra}]'"
+        )
+        self.package = package
+        self.extra = extra
+
+
+class TrainingError(RayftError):
+    """Training failed in a way retries cannot fix (a repeated failure, a hung collective)."""

@@ -1,0 +1,34 @@
+"""Building a generation backend from its config section (one table, no if/elif chains)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from rayft.config.generation import GenerationConfig
+from rayft.generation.backend import GenerationBackend, SamplingParams
+
+
+def _hf(cfg: GenerationConfig) -> GenerationBackend:
+    from rayft.generation.hf import HFBackend
+
+    device = "cuda" if cfg.num_gpus_per_actor > 0 else "cpu"
+    return HFBackend(cfg.model, adapter_path=cfg.adapter_path, device=device, batch_size=cfg.batch_size)
+
+
+BACKENDS: dict[str, Callable[[GenerationConfig], GenerationBackend]] = {"hf": _hf}
+
+
+def build_backend(cfg: GenerationConfig) -> GenerationBackend:
+    """Construct the backend named by ``cfg.backend`` (loads the model)."""
+    return BACKENDS[cfg.backend](cfg)
+
+
+def sampling_params(cfg: GenerationConfig) -> SamplingParams:
+    """The sampling parameters of a generation config."""
+    return SamplingParams(
+        max_new_tokens=cfg.max_new_tokens,
+        temperature=cfg.temperature,
+        top_p=cfg.top_p,
+        stop=tuple(cfg.stop),
+        seed=cfg.seed,
+    )

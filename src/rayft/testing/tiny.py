@@ -1,0 +1,86 @@
+"""Tiny random-init models and tokenizers for tests and examples, built offline in seconds.
+
+The tokenizer is a small byte-level BPE trained on the fly with the ChatML special tokens, so
+chat templates, EOS handling and prompt masking behave as with real instruct models.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rayft.models.registry import CHATML_TEMPLATE
+
+SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<pad>"]
+
+_CORPUS = [
+    "Question: A baker has 12 apples and buys 7 more. How many apples does the baker have?",
+    "Answer: The baker has 12 + 7 = <<12+7=19>>19 apples.\n#### 19",
+    "You are a helpful assistant. Translate the following into a SQL query.",
+    "SELECT name FROM table WHERE age = 30",
+    "The quick brown fox jumps over the lazy dog. 0 1 2 3 4 5 6 7 8 9 + - * / = < > # $ % .",
+    "instruction input output prompt completion system user assistant text messages",
+]
+
+
+def build_tiny_tokenizer(out_dir: str | Path, vocab_size: int = 512) -> Path:
+    """Train a byte-level BPE tokenizer on a small built-in corpus and save it (with a chat template)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    tok.train_from_iterator(_CORPUS * 20, trainer=trainer)
+    wrapped = PreTrainedTokenizerFast(  # type: ignore[no-untyped-call]
+        tokenizer_object=tok,
+        bos_token=None,
+        eos_token="<|im_end|>",
+        pad_token="<pad>",
+        unk_token="<|endoftext|>",
+    )
+    wrapped.chat_template = CHATML_TEMPLATE
+    out = Path(out_dir)
+    wrapped.save_pretrained(out)
+    return out
+
+
+def build_tiny_model(
+    out_dir: str | Path,
+    *,
+    hidden_size: int = 32,
+    num_layers: int = 2,
+    num_heads: int = 4,
+    seed: int = 0,
+    vocab_size: int = 512,
+) -> Path:
+    """Save a random-init Llama-architecture causal LM and its tokenizer to ``out_dir``."""
+    import torch
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    out = Path(out_dir)
+    build_tiny_tokenizer(out, vocab_size=vocab_size)
+    tokenizer = AutoTokenizer.from_pretrained(out)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=hidden_size,
+        intermediate_size=hidden_size * 2,
+        num_hidden_layers=num_layers,
+        num_attention_heads=num_heads,
+        num_key_value_heads=max(1, num_heads // 2),
+        max_position_embeddings=2048,
+        tie_word_embeddings=True,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=None,
+    )
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(config)
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.save_pretrained(out, safe_serialization=True)
+    return out

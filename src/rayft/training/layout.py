@@ -1,0 +1,65 @@
+"""The on-disk layout of a training run and of its checkpoints: names only, no I/O.
+
+::
+
+    <storage_path>/<name>/
+        config.yaml                 resolved config of the run
+        metrics.jsonl               one JSON object per logged step / evaluation
+        tensorboard/                TensorBoard event files
+        data/rejected.jsonl         rows the data plane rejected, with reasons
+        checkpoints/step-000100/    one directory per saved step (see below)
+        final/                      the trained model, loadable with from_pretrained
+                                    (full) or PeftModel.from_pretrained (LoRA)
+
+    checkpoints/step-000100/ and final/
+        model/                      adapter_model.safetensors + adapter_config.json (LoRA)
+                                    or model.safetensors + config.json (full)
+        model/tokenizer*.json, chat_template.jinja, generation_config.json
+        config.yaml                 resolved config
+        trainer/                    optimizer.pt, scheduler.json, state.json, rng-rank-0000.pt ...
+        rayft_checkpoint.json       completion marker, written last: step, metrics and
+                                    every file's size and sha256
+
+``final/`` holds the same ``model/`` files at its top level, so that ``from_pretrained(final)``
+works with no extra steps.
+"""
+
+from __future__ import annotations
+
+CONFIG_FILE = "config.yaml"
+METRICS_FILE = "metrics.jsonl"
+TENSORBOARD_DIR = "tensorboard"
+REJECTED_FILE = "data/rejected.jsonl"
+CHECKPOINTS_DIR = "checkpoints"
+FINAL_DIR = "final"
+
+MODEL_SUBDIR = "model"
+TRAINER_SUBDIR = "trainer"
+MANIFEST_FILE = "rayft_checkpoint.json"
+OPTIMIZER_FILE = "optimizer.pt"
+SCHEDULER_FILE = "scheduler.json"
+STATE_FILE = "state.json"
+
+ADAPTER_WEIGHTS = "adapter_model.safetensors"
+ADAPTER_CONFIG = "adapter_config.json"
+FULL_WEIGHTS = "model.safetensors"
+
+_STEP_PREFIX = "step-"
+
+
+def step_dir_name(step: int) -> str:
+    """The checkpoint directory name of an optimizer step: ``step-000100``."""
+    return f"{_STEP_PREFIX}{step:06d}"
+
+
+def parse_step_dir_name(name: str) -> int | None:
+    """The step of a checkpoint directory name, or None if it is not one."""
+    if not name.startswith(_STEP_PREFIX):
+        return None
+    digits = name[len(_STEP_PREFIX) :]
+    return int(digits) if digits.isdigit() else None
+
+
+def rng_file(rank: int) -> str:
+    """The file holding one worker's RNG states inside ``trainer/``."""
+    return f"rng-rank-{rank:04d}.pt"
