@@ -11,17 +11,17 @@
         final/                      the trained model, loadable with from_pretrained
                                     (full) or PeftModel.from_pretrained (LoRA)
 
-    checkpoints/step-000100/ and final/
-        model/                      adapter_model.safetensors + adapter_config.json (LoRA)
-                                    or model.safetensors + config.json (full)
-        model/tokenizer*.json, chat_template.jinja, generation_config.json
-        config.yaml                 resolved config
-        trainer/                    optimizer.pt, scheduler.json, state.json, rng-rank-0000.pt ...
-        rayft_checkpoint.json       completion marker, written last: step, metrics and
-                                    every file's size and sha256
+    checkpoints/step-000100/ and final/ (same layout; final/ has no trainer/)
+        adapter_model.safetensors + adapter_config.json     (LoRA)
+        or model.safetensors + config.json                  (full fine-tuning)
+        tokenizer.json, tokenizer_config.json, chat_template.jinja, generation_config.json
+        rayft_config.yaml         resolved config of the run
+        trainer/                  optimizer.pt, scheduler.json, state.json, rng-rank-0000.pt ...
+        rayft_checkpoint.json     completion marker, written last: step, metrics, and every
+                                  file's size and sha256 (see rayft.training.manifest)
 
-``final/`` holds the same ``model/`` files at its top level, so that ``from_pretrained(final)``
-works with no extra steps.
+Every checkpoint directory, like final/, loads directly with ``from_pretrained`` (full) or
+``PeftModel.from_pretrained`` (LoRA): no conversion step.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ REJECTED_FILE = "data/rejected.jsonl"
 CHECKPOINTS_DIR = "checkpoints"
 FINAL_DIR = "final"
 
-MODEL_SUBDIR = "model"
+CHECKPOINT_CONFIG_FILE = "rayft_config.yaml"
 TRAINER_SUBDIR = "trainer"
 MANIFEST_FILE = "rayft_checkpoint.json"
 OPTIMIZER_FILE = "optimizer.pt"
