@@ -59,9 +59,9 @@ def collate(units: Sequence[dict[str, Any]], pad_token_id: int, pad_to_multiple_
     sample_ids: list[int] = []
     for row, unit in enumerate(units):
         n = len(unit["input_ids"])
-        input_ids[row, :n] = torch.as_tensor(unit["input_ids"], dtype=torch.long)
-        labels[row, :n] = torch.as_tensor(unit["labels"], dtype=torch.long)
-        positions[row, :n] = torch.as_tensor(unit["position_ids"], dtype=torch.long)
+        input_ids[row, :n] = torch.tensor(unit["input_ids"], dtype=torch.long)
+        labels[row, :n] = torch.tensor(unit["labels"], dtype=torch.long)
+        positions[row, :n] = torch.tensor(unit["position_ids"], dtype=torch.long)
         positions[row, n:] = torch.arange(width - n, dtype=torch.long)
         sample_ids.extend(int(s) for s in unit["sample_ids"])
     num_tokens = sum(len(u["input_ids"]) for u in units)

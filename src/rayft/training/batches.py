@@ -1,0 +1,60 @@
+"""The order in which a worker consumes its training units, and grouping them into steps.
+
+A worker reads its shard as a stream of *windows* (fixed-size runs of units, in storage order).
+Each window is permuted with a generator seeded by (seed, epoch, rank, window index), so the
+order of an epoch depends on nothing but those four numbers: a restarted worker replays it
+exactly and skips the units it already consumed, and 4x2 or 2x4 batch geometries see the same
+units in the same steps.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from itertools import islice
+from typing import Any, TypeVar
+
+Unit = dict[str, Any]
+T = TypeVar("T")
+
+
+def shuffled_units(windows: Iterable[list[Unit]], seed: int, epoch: int, rank: int) -> Iterator[Unit]:
+    """Yield the units of an epoch, each window permuted deterministically."""
+    import numpy as np
+
+    for index, window in enumerate(windows):
+        rng = np.random.default_rng([seed, epoch, rank, index])
+        for position in rng.permutation(len(window)):
+            yield window[int(position)]
+
+
+def micro_batches(units: Iterator[T], size: int) -> Iterator[list[T]]:
+    """Group items into lists of ``size`` (the last one may be shorter)."""
+    while chunk := list(islice(units, size)):
+        yield chunk
+
+
+def epoch_micro_batches(
+    windows: Iterable[list[Unit]],
+    *,
+    seed: int,
+    epoch: int,
+    rank: int,
+    micro_batch_size: int,
+    units_per_rank: int,
+    skip_units: int = 0,
+) -> Iterator[list[Unit]]:
+    """The micro-batches of one epoch on one rank, after skipping ``skip_units`` already consumed.
+
+    Stops after ``units_per_rank`` units even if the stream holds more (all ranks must take the
+    same number of steps).
+    """
+    units = islice(shuffled_units(windows, seed, epoch, rank), skip_units, units_per_rank)
+    return micro_batches(units, micro_batch_size)
+
+
+def rows_from_columns(batch: dict[str, Any]) -> list[Unit]:
+    """Turn a columnar batch (dict of equal-length sequences) into a list of row dicts."""
+    names = list(batch)
+    if not names:
+        return []
+    return [dict(zip(names, values, strict=True)) for values in zip(*(batch[n] for n in names), strict=True)]

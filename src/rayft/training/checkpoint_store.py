@@ -1,0 +1,100 @@
+"""Checkpoint directories on local (or mounted) storage: find the latest complete one, publish a
+new one atomically, remove partial and surplus ones.
+
+Decisions come from :mod:`rayft.training.plan`; this module carries them out.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+from pathlib import Path
+
+from rayft.training.layout import parse_step_dir_name
+from rayft.training.manifest import read_manifest, verify_checkpoint
+from rayft.training.plan import CheckpointInfo, plan_retention
+
+log = logging.getLogger(__name__)
+
+
+def scan_checkpoints(root: Path) -> list[CheckpointInfo]:
+    """Every ``step-*`` directory under ``root``, with its completeness (manifest present) and
+    validation loss. Sizes and checksums are checked only when a checkpoint is loaded."""
+    if not root.is_dir():
+        return []
+    infos = []
+    for path in root.iterdir():
+        step = parse_step_dir_name(path.name)
+        if step is None or not path.is_dir():
+            continue
+        manifest = read_manifest(path)
+        loss = manifest.metrics.get("eval/loss") if manifest else None
+        infos.append(CheckpointInfo(path.name, step, manifest is not None, loss))
+    return sorted(infos, key=lambda c: c.step)
+
+
+def latest_valid_checkpoint(root: Path, *, below_step: int | None = None) -> Path | None:
+    """The newest checkpoint under ``root`` whose files match their manifest.
+
+    A corrupted or incomplete checkpoint is skipped with a warning that names it and what is
+    wrong, so that a bad save costs the steps since the previous one, never the run.
+    """
+    for info in reversed(scan_checkpoints(root)):
+        if below_step is not None and info.step >= below_step:
+            continue
+        path = root / info.name
+        problems = verify_checkpoint(path)
+        if not problems:
+            return path
+        log.warning("Skipping checkpoint %s: %s", path, "; ".join(problems))
+    return None
+
+
+def usable_checkpoint(candidate: Path | None, root: Path) -> Path | None:
+    """``candidate`` if it verifies, else the newest valid checkpoint older than it on ``root``."""
+    if candidate is None:
+        return latest_valid_checkpoint(root)
+    problems = verify_checkpoint(candidate)
+    if not problems:
+        return candidate
+    manifest = read_manifest(candidate)
+    log.warning("Checkpoint %s is unusable (%s); falling back to an earlier one", candidate, "; ".join(problems))
+    below = manifest.step if manifest else parse_step_dir_name(candidate.name)
+    return latest_valid_checkpoint(root, below_step=below)
+
+
+def publish_checkpoint(source: Path, target: Path) -> None:
+    """Move a fully written checkpoint directory to ``target``, replacing an older one of the
+    same step; the rename is the commit point, so readers never see a half-copied directory."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = target.parent / f".{target.name}.partial-{os.getpid()}"
+    shutil.rmtree(staging, ignore_errors=True)
+    shutil.copytree(source, staging)
+    shutil.rmtree(source, ignore_errors=True)
+    if target.exists():
+        shutil.rmtree(target)
+    os.replace(staging, target)
+
+
+def remove_incomplete(root: Path) -> list[Path]:
+    """Delete step directories without a manifest and leftover staging directories; return them."""
+    removed: list[Path] = []
+    if not root.is_dir():
+        return removed
+    for info in scan_checkpoints(root):
+        if not info.complete:
+            removed.append(root / info.name)
+    removed += [p for p in root.glob(".step-*.partial-*") if p.is_dir()]
+    for path in removed:
+        log.warning("Removing incomplete checkpoint %s (its save did not finish)", path)
+        shutil.rmtree(path, ignore_errors=True)
+    return removed
+
+
+def prune_checkpoints(root: Path, num_to_keep: int | None) -> list[Path]:
+    """Delete the checkpoints :func:`plan_retention` marks as surplus; return them."""
+    doomed = [root / c.name for c in plan_retention(scan_checkpoints(root), num_to_keep)]
+    for path in doomed:
+        shutil.rmtree(path, ignore_errors=True)
+    return doomed

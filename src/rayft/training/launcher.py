@@ -1,0 +1,185 @@
+"""Starting the workers: in this process (``num_workers: 0``) or as a Ray Train ``TorchTrainer``.
+
+Before Ray Train is asked for workers, the cluster is checked: a run that asks for more than the
+cluster has fails within seconds with what is missing, instead of Ray Train's endless retries.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from rayft.config.train import CheckpointConfig, FailureConfig, ScalingConfig
+from rayft.data.prepared import PreparedData
+from rayft.errors import RayftError, ResourceError, TrainingError
+from rayft.training import layout
+from rayft.training.plan import missing_resources
+from rayft.training.session import LocalSession, RaySession
+from rayft.training.worker import WorkerPlan, run_worker
+
+log = logging.getLogger("rayft.train")
+
+
+def split_files(prepared: PreparedData) -> dict[str, tuple[str, ...]]:
+    """The parquet files of each split, in reading order."""
+    files = {"train": prepared.train.files}
+    if prepared.validation is not None and prepared.validation.num_units > 0:
+        files["validation"] = prepared.validation.files
+    return files
+
+
+def launch_local(plan: WorkerPlan, prepared: PreparedData, checkpoint: CheckpointConfig) -> None:
+    """Run the worker loop in this process, without Ray."""
+    session = LocalSession(split_files(prepared), Path(plan.run_dir), num_to_keep=checkpoint.num_to_keep)
+    run_worker(plan, session)
+
+
+def worker_resources(scaling: ScalingConfig, use_gpu: bool) -> dict[str, float]:
+    """Resources of one worker: the configured ones, defaulting to 1 CPU (and 1 GPU with use_gpu)."""
+    resources = {"CPU": 1.0, **({"GPU": 1.0} if use_gpu else {})}
+    resources.update(scaling.resources_per_worker)
+    return resources
+
+
+def resolve_use_gpu(setting: bool | str, cluster_resources: dict[str, float]) -> bool:
+    """``auto`` uses GPUs when the cluster has any."""
+    if setting == "auto":
+        return cluster_resources.get("GPU", 0.0) > 0
+    return bool(setting)
+
+
+def check_cluster_fits(per_worker: dict[str, float], scaling: ScalingConfig) -> None:
+    """Fail fast when the workers cannot be placed: first against the cluster's totals, then by
+    reserving them for up to ``startup_timeout_s`` (other jobs may hold them)."""
+    import ray
+    from ray.util.placement_group import placement_group, remove_placement_group
+
+    nodes = [{k: float(v) for k, v in n["Resources"].items()} for n in ray.nodes() if n.get("Alive")]
+    problems = missing_resources(per_worker, scaling.num_workers, nodes)
+    if problems:
+        raise ResourceError(
+            f"scaling: {scaling.num_workers} workers x {per_worker} do not fit this Ray cluster: "
+            f"{'; '.join(problems)}. Lower scaling.num_workers or scaling.resources_per_worker, or add nodes."
+        )
+    group = placement_group([dict(per_worker)] * scaling.num_workers, strategy=scaling.placement_strategy)
+    try:
+        if not group.wait(timeout_seconds=scaling.startup_timeout_s):
+            raise ResourceError(
+                f"scaling: could not reserve {scaling.num_workers} workers x {per_worker} within "
+                f"{scaling.startup_timeout_s:g} s; the cluster has {ray.available_resources()} free of "
+                f"{ray.cluster_resources()}. Other jobs hold the rest: wait, or lower scaling.num_workers."
+            )
+    finally:
+        remove_placement_group(group)
+
+
+def launch_ray(
+    plan: WorkerPlan,
+    prepared: PreparedData,
+    scaling: ScalingConfig,
+    failure: FailureConfig,
+    checkpoint: CheckpointConfig,
+) -> None:
+    """Run the worker loop on ``scaling.num_workers`` Ray Train workers and wait for the end."""
+    import ray
+    import ray.train
+    from ray.train.torch import TorchConfig, TorchTrainer
+
+    use_gpu = resolve_use_gpu(scaling.use_gpu, ray.cluster_resources())
+    per_worker = worker_resources(scaling, use_gpu)
+    check_cluster_fits(per_worker, scaling)
+    trainer = TorchTrainer(
+        train_loop_per_worker=ray_worker_entry,
+        train_loop_config={"plan": plan},
+        scaling_config=ray.train.ScalingConfig(
+            num_workers=scaling.num_workers,
+            use_gpu=use_gpu,
+            resources_per_worker=per_worker,
+            placement_strategy=scaling.placement_strategy,
+        ),
+        run_config=ray.train.RunConfig(
+            name=layout.CHECKPOINTS_DIR,
+            storage_path=plan.run_dir,
+            failure_config=ray.train.FailureConfig(max_failures=failure.max_failures),
+            checkpoint_config=_ray_checkpoint_config(checkpoint, plan.has_validation),
+        ),
+        torch_config=TorchConfig(backend="nccl" if use_gpu else "gloo", timeout_s=int(failure.collective_timeout_s)),
+        datasets=_ray_datasets(prepared),
+        dataset_config=_ordered_data_config(),
+    )
+    with _unwrapped_failures():
+        trainer.fit()
+
+
+def ray_worker_entry(config: dict[str, Any]) -> None:
+    """The function each Ray Train worker runs."""
+    plan: WorkerPlan = config["plan"]
+    run_worker(plan, RaySession(Path(plan.run_dir)))
+
+
+def _ray_checkpoint_config(checkpoint: CheckpointConfig, has_validation: bool) -> Any:
+    import ray.train
+
+    if has_validation:
+        return ray.train.CheckpointConfig(
+            num_to_keep=checkpoint.num_to_keep, checkpoint_score_attribute="eval/loss", checkpoint_score_order="min"
+        )
+    return ray.train.CheckpointConfig(num_to_keep=checkpoint.num_to_keep)
+
+
+def _ray_datasets(prepared: PreparedData) -> dict[str, Any]:
+    """The prepared splits as Ray Datasets of in-memory blocks (one per file, in file order).
+
+    Putting the blocks in the object store up front means the workers stream them without
+    read tasks, which could not get CPUs while the workers hold them all.
+    """
+    import pyarrow.parquet as pq
+    import ray.data
+
+    return {
+        name: ray.data.from_arrow([pq.read_table(f) for f in files]) for name, files in split_files(prepared).items()
+    }
+
+
+def _ordered_data_config() -> Any:
+    """Shards in storage order: with preserve_order, Ray's split is deterministic, which exact
+    resume needs."""
+    from ray.train import DataConfig
+
+    options = DataConfig.default_ingest_options()
+    options.preserve_order = True
+    return DataConfig(execution_options=options)
+
+
+@contextlib.contextmanager
+def _unwrapped_failures() -> Iterator[None]:
+    """Turn Ray Train's failure into the rayft error a worker raised, or a TrainingError that
+    names the rank and the error."""
+    from ray.train import WorkerGroupError
+
+    try:
+        yield
+    except WorkerGroupError as exc:
+        for rank, failure in sorted(exc.worker_failures.items()):
+            rayft_error = next((e for e in _chain(failure) if isinstance(e, RayftError)), None)
+            if rayft_error is not None:
+                raise rayft_error from exc
+            last_line = (str(failure).strip().splitlines() or [""])[-1]
+            raise TrainingError(
+                f"training failed on rank {rank} after the allowed retries (failure.max_failures): "
+                f"{type(failure).__name__}: {last_line}"
+            ) from exc
+        raise
+
+
+def _chain(exc: BaseException) -> Iterator[BaseException]:
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        yield current
+        nxt = getattr(current, "cause", None) or current.__cause__ or current.__context__
+        current = nxt if isinstance(nxt, BaseException) else None

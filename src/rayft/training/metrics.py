@@ -1,0 +1,147 @@
+"""Where rank 0 sends per-step metrics: metrics.jsonl, TensorBoard, and a console progress line.
+
+Per-step metrics never go through ``ray.train.report`` (about 1.8 s per call); Ray only sees
+them with checkpoints.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Protocol
+
+log = logging.getLogger("rayft.train")
+
+
+class MetricLogger(Protocol):
+    """A sink for metrics keyed by optimizer step."""
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        """Record ``metrics`` at ``step``."""
+        ...
+
+    def close(self) -> None:
+        """Flush and release resources."""
+        ...
+
+
+class JsonlLogger:
+    """Appends one JSON object per call to metrics.jsonl; on resume, drops records past the restart."""
+
+    def __init__(self, path: Path, resume_step: int = 0) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if resume_step >= 0 and path.exists():
+            keep = [line for line in path.read_text().splitlines() if _step_of(line) <= resume_step]
+            path.write_text("".join(f"{line}\n" for line in keep))
+        self._handle = open(path, "a", encoding="utf-8")  # noqa: SIM115 - held open for the run
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        """Write one line and flush it, so a crash loses at most the line being written."""
+        record = {"step": step, "time": round(time.time(), 3), **{k: _finite(v) for k, v in metrics.items()}}
+        self._handle.write(json.dumps(record) + "\n")
+        self._handle.flush()
+
+    def close(self) -> None:
+        """Close the file."""
+        self._handle.close()
+
+
+def _step_of(line: str) -> int:
+    try:
+        return int(json.loads(line).get("step", 0))
+    except (ValueError, AttributeError):
+        return 0
+
+
+def _finite(value: float) -> float | None:
+    return value if math.isfinite(value) else None
+
+
+class TensorBoardLogger:
+    """Writes scalars to TensorBoard event files."""
+
+    def __init__(self, directory: Path) -> None:
+        from torch.utils.tensorboard import SummaryWriter
+
+        self._writer = SummaryWriter(log_dir=str(directory))
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        """Add each metric as a scalar at ``step``."""
+        for key, value in metrics.items():
+            self._writer.add_scalar(key, value, step)
+
+    def close(self) -> None:
+        """Flush the event file."""
+        self._writer.close()
+
+
+class ConsoleLogger:
+    """A progress line per logged step: step/total, loss, learning rate, tokens/s, ETA."""
+
+    def __init__(self, total_steps: int, start_step: int) -> None:
+        self._total = total_steps
+        self._start_step = start_step
+        self._start = time.monotonic()
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        """Print the line (evaluation results get their own line)."""
+        if "eval/loss" in metrics:
+            log.info(
+                "step %d/%d  eval/loss %.4f  eval/perplexity %.2f",
+                step,
+                self._total,
+                metrics["eval/loss"],
+                metrics.get("eval/perplexity", math.nan),
+            )
+            return
+        if "train/loss" not in metrics:
+            return
+        done = step - self._start_step
+        elapsed = time.monotonic() - self._start
+        eta = elapsed / done * (self._total - step) if done > 0 else math.nan
+        log.info(
+            "step %d/%d  loss %.4f  lr %.2e  grad_norm %.3f  %.0f tok/s  eta %s",
+            step, self._total, metrics["train/loss"], metrics.get("train/learning_rate", math.nan),
+            metrics.get("train/grad_norm", math.nan), metrics.get("train/tokens_per_s", math.nan), _clock(eta),
+        )  # fmt: skip
+
+    def close(self) -> None:
+        """Nothing to release."""
+
+
+def _clock(seconds: float) -> str:
+    if not math.isfinite(seconds):
+        return "?"
+    minutes, secs = divmod(int(seconds), 60)
+    return f"{minutes}m{secs:02d}s"
+
+
+class MultiLogger:
+    """Fans metrics out to several loggers."""
+
+    def __init__(self, loggers: Sequence[MetricLogger]) -> None:
+        self._loggers = list(loggers)
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        """Send to every logger."""
+        for logger in self._loggers:
+            logger.log(step, metrics)
+
+    def close(self) -> None:
+        """Close every logger."""
+        for logger in self._loggers:
+            logger.close()
+
+
+class NullLogger:
+    """Discards everything (workers other than rank 0)."""
+
+    def log(self, step: int, metrics: dict[str, Any]) -> None:
+        """Discard."""
+
+    def close(self) -> None:
+        """Nothing to release."""

@@ -1,0 +1,229 @@
+"""The seam between the per-worker training loop and whatever runs it.
+
+:class:`RaySession` runs under Ray Train (data from ``get_dataset_shard``, checkpoints through
+``ray.train.report``); :class:`LocalSession` runs in the calling process without Ray (the
+``num_workers: 0`` mode, and GPU machines without Ray). The loop sees only :class:`TrainSession`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+from rayft.training import layout
+from rayft.training.batches import Unit, rows_from_columns
+from rayft.training.checkpoint_store import latest_valid_checkpoint, prune_checkpoints, publish_checkpoint
+
+if TYPE_CHECKING:
+    import torch
+
+log = logging.getLogger(__name__)
+
+
+class TrainSession(Protocol):
+    """What the training loop needs from its runtime."""
+
+    @property
+    def rank(self) -> int:
+        """This worker's global rank."""
+        ...
+
+    @property
+    def world_size(self) -> int:
+        """Number of workers."""
+        ...
+
+    @property
+    def device(self) -> torch.device:
+        """The device this worker trains on."""
+        ...
+
+    def prepare_model(self, model: torch.nn.Module) -> torch.nn.Module:
+        """Move the model to the device and wrap it for data parallelism."""
+        ...
+
+    def windows(self, split: str, window_size: int) -> Iterator[list[Unit]]:
+        """One pass over this worker's units of ``split``, in storage order, in windows."""
+        ...
+
+    def restored_checkpoint(self) -> contextlib.AbstractContextManager[Path | None]:
+        """The checkpoint to resume from, as a local directory (None on a fresh start)."""
+        ...
+
+    def report_checkpoint(self, metrics: dict[str, float], local_dir: Path, step: int, *, async_upload: bool) -> None:
+        """Persist a checkpoint written to ``local_dir`` (every rank calls this)."""
+        ...
+
+
+def all_reduce_sum(values: Sequence[float], device: torch.device) -> list[float]:
+    """Sum ``values`` over all workers (identity without a process group). Float64 keeps token
+    counts exact."""
+    import torch
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return [float(v) for v in values]
+    tensor = torch.tensor(list(values), dtype=torch.float64, device=device)
+    dist.all_reduce(tensor)
+    return [float(v) for v in tensor.tolist()]
+
+
+def all_gather_objects(obj: Any) -> list[Any]:
+    """Every worker's ``obj``, in rank order (``[obj]`` without a process group)."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return [obj]
+    gathered: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, obj)
+    return gathered
+
+
+class LocalSession:
+    """Runs the loop in this process: parquet files read with pyarrow, checkpoints copied to storage."""
+
+    def __init__(
+        self,
+        files: Mapping[str, Sequence[str]],
+        run_dir: Path,
+        *,
+        num_to_keep: int | None = None,
+        device: str | None = None,
+    ) -> None:
+        import torch
+
+        self._files = files
+        self._run_dir = run_dir
+        self._num_to_keep = num_to_keep
+        self._device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+
+    @property
+    def rank(self) -> int:
+        """Always 0: one worker."""
+        return 0
+
+    @property
+    def world_size(self) -> int:
+        """Always 1: one worker."""
+        return 1
+
+    @property
+    def device(self) -> torch.device:
+        """CUDA when available, else CPU (unless given)."""
+        return self._device
+
+    def prepare_model(self, model: torch.nn.Module) -> torch.nn.Module:
+        """Move the model to the device; no wrapping with a single worker."""
+        return model.to(self._device)
+
+    def windows(self, split: str, window_size: int) -> Iterator[list[Unit]]:
+        """Read the split's parquet files in order, ``window_size`` rows at a time."""
+        import pyarrow.parquet as pq
+
+        buffer: list[Unit] = []
+        for path in self._files.get(split, ()):
+            for batch in pq.ParquetFile(path).iter_batches(batch_size=window_size):
+                buffer.extend(batch.to_pylist())
+                while len(buffer) >= window_size:
+                    yield buffer[:window_size]
+                    buffer = buffer[window_size:]
+        if buffer:
+            yield buffer
+
+    @contextlib.contextmanager
+    def restored_checkpoint(self) -> Iterator[Path | None]:
+        """The latest complete checkpoint under the run's checkpoints/ directory, if any."""
+        yield latest_valid_checkpoint(self._run_dir / layout.CHECKPOINTS_DIR)
+
+    def report_checkpoint(self, metrics: dict[str, float], local_dir: Path, step: int, *, async_upload: bool) -> None:
+        """Move the checkpoint into place under checkpoints/ (atomically: rename when complete),
+        then delete surplus checkpoints."""
+        root = self._run_dir / layout.CHECKPOINTS_DIR
+        publish_checkpoint(local_dir, root / layout.step_dir_name(step))
+        prune_checkpoints(root, self._num_to_keep)
+
+
+class RaySession:
+    """Runs under Ray Train V2: one of ``world_size`` workers of a TorchTrainer."""
+
+    def __init__(self, run_dir: Path) -> None:
+        import ray.train
+
+        self._context = ray.train.get_context()
+        self._run_dir = run_dir
+
+    @property
+    def rank(self) -> int:
+        """This worker's world rank."""
+        return int(self._context.get_world_rank())
+
+    @property
+    def world_size(self) -> int:
+        """Workers in the group."""
+        return int(self._context.get_world_size())
+
+    @property
+    def device(self) -> torch.device:
+        """The device Ray assigned to this worker."""
+        import ray.train.torch
+
+        return ray.train.torch.get_device()
+
+    def prepare_model(self, model: torch.nn.Module) -> torch.nn.Module:
+        """Wrap in DDP (gloo on CPU, nccl on GPU). Buffers are synced once at wrap time, not on
+        every forward: causal LMs have no buffer that training changes."""
+        import ray.train.torch
+
+        return ray.train.torch.prepare_model(model, parallel_strategy_kwargs={"forward_sync_buffers": False})
+
+    def windows(self, split: str, window_size: int) -> Iterator[list[Unit]]:
+        """This worker's shard of ``split`` from Ray Data, streamed in order."""
+        import ray.train
+
+        shard = ray.train.get_dataset_shard(split)
+        for batch in shard.iter_batches(batch_size=window_size, batch_format="numpy", prefetch_batches=1):
+            yield rows_from_columns(batch)
+
+    @contextlib.contextmanager
+    def restored_checkpoint(self) -> Iterator[Path | None]:
+        """The checkpoint Ray hands a restarted worker, else the latest complete one on storage."""
+        import ray.train
+
+        checkpoint = ray.train.get_checkpoint()
+        if checkpoint is None:
+            yield latest_valid_checkpoint(self._run_dir / layout.CHECKPOINTS_DIR)
+            return
+        with checkpoint.as_directory() as directory:
+            yield Path(directory)
+
+    def report_checkpoint(self, metrics: dict[str, float], local_dir: Path, step: int, *, async_upload: bool) -> None:
+        """Report metrics with the checkpoint; Ray uploads it (in the background when async)."""
+        import ray.train
+        from ray.train import Checkpoint
+        from ray.train.v2.api.report_config import CheckpointUploadMode
+
+        mode = CheckpointUploadMode.ASYNC if async_upload else CheckpointUploadMode.SYNC
+        ray.train.report(
+            metrics,
+            checkpoint=Checkpoint.from_directory(str(local_dir)),
+            checkpoint_dir_name=layout.step_dir_name(step),
+            checkpoint_upload_mode=mode,
+            delete_local_checkpoint_after_upload=True,
+        )
+
+
+def scratch_dir(prefix: str) -> Path:
+    """A fresh local directory for writing a checkpoint before it is published."""
+    base = os.environ.get("RAYFT_SCRATCH") or tempfile.gettempdir()
+    return Path(tempfile.mkdtemp(prefix=prefix, dir=base))
+
+
+def remove_dir(path: Path) -> None:
+    """Delete a directory tree, ignoring a missing one."""
+    shutil.rmtree(path, ignore_errors=True)

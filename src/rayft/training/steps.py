@@ -1,0 +1,158 @@
+"""One optimizer step and one evaluation pass: the numerical core of the training loop.
+
+The loss of a step is the sum of token cross-entropies over the label tokens of every
+micro-batch on every worker, divided by the number of those tokens. So the update is the same
+whatever the split into workers and micro-batches (4x2 = 2x4), and padding never counts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from rayft.data.collate import MicroBatch
+from rayft.data.prepared import IGNORE_INDEX
+from rayft.training.model import unwrap
+from rayft.training.session import all_reduce_sum
+
+if TYPE_CHECKING:
+    import torch
+
+
+@dataclass(frozen=True)
+class Precision:
+    """Autocast dtype (None: full precision) and whether fp16 loss scaling is needed."""
+
+    autocast_dtype: torch.dtype | None
+    use_grad_scaler: bool
+
+
+def resolve_precision(mixed_precision: str, device_type: str) -> Precision:
+    """Map the mixed_precision setting to autocast on GPU; CPUs always run fp32."""
+    import torch
+
+    if device_type != "cuda" or mixed_precision == "no":
+        return Precision(None, False)
+    if mixed_precision == "auto":
+        mixed_precision = "bf16" if torch.cuda.is_bf16_supported() else "fp16"
+    dtype = torch.bfloat16 if mixed_precision == "bf16" else torch.float16
+    return Precision(dtype, dtype == torch.float16)
+
+
+@dataclass(frozen=True)
+class StepStats:
+    """Global (all-worker) figures of one optimizer step."""
+
+    loss: float
+    label_tokens: int
+    real_tokens: int
+    computed_tokens: int
+    grad_norm: float
+
+
+def token_loss_sum(model: Any, batch: MicroBatch, precision: Precision) -> torch.Tensor:
+    """Sum of next-token cross-entropies over the label tokens of a micro-batch."""
+    import torch
+    from torch.nn.functional import cross_entropy
+
+    autocast = (
+        torch.autocast(device_type=batch.input_ids.device.type, dtype=precision.autocast_dtype)
+        if precision.autocast_dtype is not None
+        else contextlib.nullcontext()
+    )
+    with autocast:
+        logits = model(input_ids=batch.input_ids, position_ids=batch.position_ids, use_cache=False).logits
+    shifted = logits[:, :-1].float()
+    targets = batch.labels[:, 1:]
+    return cross_entropy(
+        shifted.reshape(-1, shifted.size(-1)), targets.reshape(-1), ignore_index=IGNORE_INDEX, reduction="sum"
+    )
+
+
+def train_step(
+    model: Any,
+    optimizer: torch.optim.Optimizer,
+    scheduler: Any,
+    batches: list[MicroBatch],
+    *,
+    precision: Precision,
+    scaler: Any,
+    max_grad_norm: float | None,
+    world_size: int,
+    device: torch.device,
+) -> StepStats:
+    """Accumulate gradients over ``batches``, clip, and take one optimizer step."""
+    import torch
+
+    local = [sum(b.num_label_tokens for b in batches), sum(b.num_tokens for b in batches)]
+    local.append(sum(b.num_computed_tokens for b in batches))
+    label_tokens, real_tokens, computed_tokens = all_reduce_sum(local, device)
+    # DDP averages gradients over workers; multiplying by world_size turns that into a sum.
+    scale = world_size / max(label_tokens, 1.0)
+    loss_sum = torch.zeros((), dtype=torch.float64, device=device)
+    for index, batch in enumerate(batches):
+        with _sync_context(model, last=index == len(batches) - 1):
+            loss = token_loss_sum(model, batch, precision)
+            scaled = loss * scale
+            (scaler.scale(scaled) if scaler is not None else scaled).backward()
+        loss_sum += loss.detach().double()
+    grad_norm = _clip_and_step(model, optimizer, scaler, max_grad_norm)
+    scheduler.step()
+    optimizer.zero_grad(set_to_none=True)
+    (total_loss,) = all_reduce_sum([float(loss_sum)], device)
+    return StepStats(
+        total_loss / max(label_tokens, 1.0), int(label_tokens), int(real_tokens), int(computed_tokens), grad_norm
+    )
+
+
+def _sync_context(model: Any, *, last: bool) -> contextlib.AbstractContextManager[Any]:
+    """Skip DDP's gradient all-reduce on every micro-batch but the last of a step."""
+    if last or not hasattr(model, "no_sync"):
+        return contextlib.nullcontext()
+    return model.no_sync()  # type: ignore[no-any-return]
+
+
+def _clip_and_step(model: Any, optimizer: torch.optim.Optimizer, scaler: Any, max_grad_norm: float | None) -> float:
+    import torch
+
+    params = [p for p in model.parameters() if p.requires_grad]
+    if scaler is not None:
+        scaler.unscale_(optimizer)
+    norm = torch.nn.utils.clip_grad_norm_(params, max_grad_norm if max_grad_norm is not None else math.inf)
+    if scaler is not None:
+        scaler.step(optimizer)
+        scaler.update()
+    else:
+        optimizer.step()
+    return float(norm)
+
+
+def evaluate(
+    model: Any, batches: Iterable[MicroBatch], *, precision: Precision, device: torch.device
+) -> tuple[float, int]:
+    """Mean token loss over every worker's validation batches, and the label-token count.
+
+    Runs the unwrapped module, so that no worker waits on a collective inside the forward pass.
+    """
+    import torch
+
+    inner = unwrap(model)
+    was_training = inner.training
+    inner.eval()
+    loss_sum, tokens = 0.0, 0
+    with torch.no_grad():
+        for batch in batches:
+            loss_sum += float(token_loss_sum(inner, batch.to(device), precision))
+            tokens += batch.num_label_tokens
+    inner.train(was_training)
+    total_loss, total_tokens = all_reduce_sum([loss_sum, float(tokens)], device)
+    return total_loss / max(total_tokens, 1.0), int(total_tokens)
+
+
+def to_device(batches: Iterator[MicroBatch], device: torch.device) -> Iterator[MicroBatch]:
+    """Move each micro-batch to ``device`` as it is consumed."""
+    for batch in batches:
+        yield batch.to(device)

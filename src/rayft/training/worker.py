@@ -1,0 +1,237 @@
+"""The per-worker training loop: set up (or restore), step, log, evaluate, save, finish.
+
+The same function runs on every Ray Train worker and in-process without Ray; the
+:class:`~rayft.training.session.TrainSession` it is given is the only difference.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rayft.config.model import LoraConfig, ModelConfig
+from rayft.config.train import CheckpointConfig, LoggingConfig, TrainConfig
+from rayft.data.collate import MicroBatch, collate
+from rayft.errors import TrainingError
+from rayft.training import layout
+from rayft.training.batches import epoch_micro_batches, micro_batches
+from rayft.training.checkpoint_store import usable_checkpoint
+from rayft.training.checkpointing import TrainerState, restore_training_state, save_checkpoint, save_final
+from rayft.training.metrics import ConsoleLogger, JsonlLogger, MetricLogger, MultiLogger, NullLogger, TensorBoardLogger
+from rayft.training.model import build_training_model, count_parameters, parameter_groups
+from rayft.training.plan import Schedule, is_due, learning_rate_factor, units_before_step
+from rayft.training.session import TrainSession
+from rayft.training.steps import Precision, StepStats, evaluate, resolve_precision, train_step
+
+log = logging.getLogger("rayft.train")
+
+
+@dataclass(frozen=True)
+class WorkerPlan:
+    """Everything a worker needs, decided on the driver (picklable, no live objects)."""
+
+    model: ModelConfig
+    lora: LoraConfig
+    train: TrainConfig
+    logging: LoggingConfig
+    checkpoint: CheckpointConfig
+    seed: int
+    run_dir: str
+    resolved_config: str
+    schedule: Schedule
+    shuffle_window: int
+    has_validation: bool
+    lineage: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Worker:
+    """The live objects of one worker's run."""
+
+    plan: WorkerPlan
+    session: TrainSession
+    model: Any
+    optimizer: Any
+    scheduler: Any
+    scaler: Any
+    tokenizer: Any
+    precision: Precision
+    logger: MetricLogger
+    state: TrainerState
+    window: dict[str, float] = field(default_factory=lambda: {"tokens": 0.0, "computed": 0.0, "t0": time.monotonic()})
+
+
+def run_worker(plan: WorkerPlan, session: TrainSession) -> TrainerState:
+    """Train from the start or from the latest checkpoint to the end of the schedule."""
+    worker = setup_worker(plan, session)
+    try:
+        for batches in step_batches(plan, session, worker.state.step, worker.tokenizer.pad_token_id):
+            stats = run_step(worker, batches)
+            after_step(worker, stats)
+            if worker.state.stopped_early:
+                break
+        finish(worker)
+    finally:
+        worker.logger.close()
+    return worker.state
+
+
+def setup_worker(plan: WorkerPlan, session: TrainSession) -> Worker:
+    """Seed, load the model (restored if a checkpoint exists), and build the optimizer."""
+    import torch
+
+    from rayft.models.loading import load_tokenizer
+
+    torch.manual_seed(plan.seed)
+    tokenizer = load_tokenizer(plan.model)
+    checkpoints = Path(plan.run_dir) / layout.CHECKPOINTS_DIR
+    with session.restored_checkpoint() as candidate:
+        restore_dir = usable_checkpoint(candidate, checkpoints)
+        model = build_training_model(
+            plan.model, plan.lora, plan.train.method, session.device.type,
+            gradient_checkpointing=plan.train.gradient_checkpointing, restore_dir=restore_dir,
+        )  # fmt: skip
+        model = session.prepare_model(model)
+        optimizer, scheduler = build_optimizer(model, plan.train, plan.schedule.total_steps)
+        state = TrainerState()
+        torch.manual_seed(plan.seed + 1 + session.rank)  # distinct dropout streams per worker
+        if restore_dir is not None:
+            state = restore_training_state(restore_dir, optimizer, scheduler, session.rank)
+            log.info("rank %d resumed from %s at step %d", session.rank, restore_dir, state.step)
+    precision = resolve_precision(plan.train.mixed_precision, session.device.type)
+    scaler = torch.amp.GradScaler("cuda") if precision.use_grad_scaler else None
+    logger = open_loggers(plan, session, state.step)
+    trainable, total = count_parameters(model)
+    if session.rank == 0:
+        log.info("training %s parameters of %s (%.2f%%)", f"{trainable:,}", f"{total:,}", 100 * trainable / total)
+    return Worker(plan, session, model, optimizer, scheduler, scaler, tokenizer, precision, logger, state)
+
+
+def build_optimizer(model: Any, train: TrainConfig, total_steps: int) -> tuple[Any, Any]:
+    """AdamW over the trainable parameters and its warmup + cosine schedule."""
+    import torch
+
+    optimizer = torch.optim.AdamW(
+        parameter_groups(model, train.weight_decay), lr=train.learning_rate, betas=train.adam_betas, eps=train.adam_eps
+    )
+    min_ratio = train.min_learning_rate / train.learning_rate
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda step: learning_rate_factor(step, train.warmup_steps, total_steps, min_ratio)
+    )
+    return optimizer, scheduler
+
+
+def open_loggers(plan: WorkerPlan, session: TrainSession, start_step: int) -> MetricLogger:
+    """Metric sinks on rank 0; the other workers log nothing."""
+    if session.rank != 0:
+        return NullLogger()
+    run_dir = Path(plan.run_dir)
+    loggers: list[MetricLogger] = [JsonlLogger(run_dir / layout.METRICS_FILE, start_step)]
+    if plan.logging.tensorboard:
+        loggers.append(TensorBoardLogger(run_dir / layout.TENSORBOARD_DIR))
+    if plan.logging.console:
+        loggers.append(ConsoleLogger(plan.schedule.total_steps, start_step))
+    return MultiLogger(loggers)
+
+
+def step_batches(
+    plan: WorkerPlan, session: TrainSession, start_step: int, pad_token_id: int
+) -> Iterator[list[MicroBatch]]:
+    """The micro-batches of every remaining optimizer step, epoch after epoch, resuming exactly
+    after the units consumed before ``start_step``."""
+    sched, train = plan.schedule, plan.train
+    step = start_step
+    while step < sched.total_steps:
+        epoch = step // sched.steps_per_epoch
+        units = epoch_micro_batches(
+            session.windows("train", plan.shuffle_window), seed=plan.seed, epoch=epoch, rank=session.rank,
+            micro_batch_size=train.micro_batch_size, units_per_rank=sched.units_per_rank,
+            skip_units=units_before_step(sched, step, train.micro_batch_size, train.gradient_accumulation_steps),
+        )  # fmt: skip
+        collated = (collate(chunk, pad_token_id) for chunk in units)
+        for group in micro_batches(collated, train.gradient_accumulation_steps):
+            yield [b.to(session.device) for b in group]
+            step += 1
+            if step >= sched.total_steps:
+                return
+
+
+def run_step(worker: Worker, batches: list[MicroBatch]) -> StepStats:
+    """One optimizer step; a non-finite loss stops the run with a clear error."""
+    stats = train_step(
+        worker.model, worker.optimizer, worker.scheduler, batches, precision=worker.precision,
+        scaler=worker.scaler, max_grad_norm=worker.plan.train.max_grad_norm,
+        world_size=worker.session.world_size, device=worker.session.device,
+    )  # fmt: skip
+    worker.state.step += 1
+    if not math.isfinite(stats.loss):
+        raise TrainingError(
+            f"training loss became {stats.loss} at step {worker.state.step}; lower train.learning_rate, "
+            "set train.max_grad_norm, or check the data for empty or corrupt rows"
+        )
+    return stats
+
+
+def after_step(worker: Worker, stats: StepStats) -> None:
+    """Log, evaluate, stop early and save when due."""
+    plan, state = worker.plan, worker.state
+    total = plan.schedule.total_steps
+    record_throughput(worker, stats)
+    if is_due(state.step, plan.train.logging_steps, total):
+        worker.logger.log(state.step, step_metrics(worker, stats))
+    save_due = is_due(state.step, plan.train.save_steps, total)
+    # Every checkpoint carries a fresh validation loss: "best" checkpoints are ranked by it.
+    if plan.has_validation and (save_due or is_due(state.step, plan.train.eval_steps, total)):
+        run_evaluation(worker)
+    if save_due or state.stopped_early:
+        save_checkpoint(worker)
+    worker.window["t0"] = time.monotonic()  # tokens/s counts training time only
+
+
+def record_throughput(worker: Worker, stats: StepStats) -> None:
+    """Accumulate real and computed tokens for tokens/s and padding efficiency."""
+    worker.window["tokens"] += stats.real_tokens
+    worker.window["computed"] += stats.computed_tokens
+    worker.state.real_tokens += stats.real_tokens
+    worker.state.computed_tokens += stats.computed_tokens
+
+
+def step_metrics(worker: Worker, stats: StepStats) -> dict[str, float]:
+    """The per-step metrics, with tokens/s over the steps since the last log line."""
+    elapsed = max(time.monotonic() - worker.window["t0"], 1e-9)
+    metrics = {
+        "train/loss": stats.loss,
+        "train/learning_rate": float(worker.scheduler.get_last_lr()[0]),
+        "train/grad_norm": stats.grad_norm,
+        "train/tokens_per_s": worker.window["tokens"] / elapsed,
+        "train/epoch": worker.state.step / worker.plan.schedule.steps_per_epoch,
+        "train/padding_efficiency": worker.state.real_tokens / max(worker.state.computed_tokens, 1),
+    }
+    worker.state.last_train_loss = stats.loss
+    worker.window.update(tokens=0.0, computed=0.0)
+    return metrics
+
+
+def run_evaluation(worker: Worker) -> None:
+    """Validation loss and perplexity over every worker's shard; updates early stopping."""
+    plan, state = worker.plan, worker.state
+    size = plan.train.eval_micro_batch_size or plan.train.micro_batch_size
+    units = (u for window in worker.session.windows("validation", plan.shuffle_window) for u in window)
+    batches = (collate(chunk, worker.tokenizer.pad_token_id) for chunk in micro_batches(units, size))
+    loss, _ = evaluate(worker.model, batches, precision=worker.precision, device=worker.session.device)
+    state.record_eval(loss, plan.train.early_stopping_patience)
+    worker.logger.log(state.step, {"eval/loss": loss, "eval/perplexity": math.exp(min(loss, 50.0))})
+    if state.stopped_early:
+        log.info("early stopping at step %d: no lower validation loss in %d evaluations", state.step,
+                 plan.train.early_stopping_patience)  # fmt: skip
+
+
+def finish(worker: Worker) -> None:
+    """Write final/ (rank 0) once the last checkpoint is saved."""
+    if worker.session.rank == 0:
+        save_final(worker.model, worker.tokenizer, worker.plan, worker.state)

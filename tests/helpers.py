@@ -1,0 +1,53 @@
+"""Helpers shared by tests: running the training loop on prepared units, reading what it wrote."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from rayft.config import RayftConfig, load_config
+from rayft.data.prepared import PreparedData
+
+
+def tiny_config(model_dir: Path, storage: Path, *overrides: str) -> RayftConfig:
+    """A config for the tiny model: 2 workers, small LoRA, frequent saves."""
+    base = [
+        f"model.name={model_dir}",
+        f"storage_path={storage}",
+        "name=run",
+        "scaling.num_workers=2",
+        "train.micro_batch_size=4",
+        "train.learning_rate=3e-3",
+        "train.save_steps=2",
+        "train.eval_steps=2",
+        "lora.r=4",
+        "logging.tensorboard=false",
+    ]
+    return load_config(None, [*base, *overrides])
+
+
+def train_on(cfg: RayftConfig, prepared: PreparedData, *, resume: bool = False) -> Path:
+    """Run the training loop of the recipe on already prepared units; return the run directory."""
+    from rayft.recipes.train import build_worker_plan, claim_run_dir, launch
+
+    run_dir = claim_run_dir(cfg, resume=resume)
+    launch(cfg, build_worker_plan(cfg, prepared, run_dir), prepared)
+    return run_dir
+
+
+def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
+    """Every record of metrics.jsonl."""
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def train_losses(run_dir: Path) -> dict[int, float]:
+    """Training loss by step."""
+    return {r["step"]: r["train/loss"] for r in read_metrics(run_dir) if "train/loss" in r}
+
+
+def adapter_tensors(directory: Path) -> dict[str, Any]:
+    """The tensors of an adapter_model.safetensors."""
+    from safetensors.torch import load_file
+
+    return load_file(str(directory / "adapter_model.safetensors"))

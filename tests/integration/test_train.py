@@ -1,0 +1,143 @@
+"""Training on Ray Train with 2 workers (gloo, CPU) on a tiny random model: LoRA and full,
+gradient-accumulation equivalence, and exact resume after a worker is killed."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from rayft.data.prepared import PreparedData
+from rayft.training.manifest import read_manifest, verify_checkpoint
+from tests.helpers import adapter_tensors, read_metrics, tiny_config, train_losses, train_on
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def prepared(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> PreparedData:
+    from rayft.config import ModelConfig
+    from rayft.models.loading import load_tokenizer
+    from rayft.testing.units import arithmetic_prepared
+
+    tokenizer = load_tokenizer(ModelConfig(name=str(tiny_model_dir)))
+    return arithmetic_prepared(tmp_path_factory.mktemp("units"), tokenizer, num_train=64, num_validation=8)
+
+
+def test_lora_on_two_workers(ray_session: None, tiny_model_dir: Path, prepared: PreparedData, tmp_path: Path) -> None:
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    run_dir = train_on(tiny_config(tiny_model_dir, tmp_path, "train.max_steps=6"), prepared)
+
+    losses = train_losses(run_dir)
+    assert sorted(losses) == [1, 2, 3, 4, 5, 6]
+    evals = [r["eval/loss"] for r in read_metrics(run_dir) if "eval/loss" in r]
+    assert len(evals) == 3 and evals[-1] < evals[0]
+    checkpoints = sorted(p.name for p in (run_dir / "checkpoints").glob("step-*"))
+    assert checkpoints == ["step-000004", "step-000006"]  # num_to_keep=2: the best two, the latest among them
+    for name in checkpoints:
+        directory = run_dir / "checkpoints" / name
+        assert verify_checkpoint(directory) == []
+        manifest = read_manifest(directory)
+        assert manifest is not None
+        assert {"trainer/rng-rank-0000.pt", "trainer/rng-rank-0001.pt"} <= set(manifest.files)
+    final = run_dir / "final"
+    assert verify_checkpoint(final) == []
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    model = PeftModel.from_pretrained(base, final)
+    tokenizer = AutoTokenizer.from_pretrained(final)
+    ids = tokenizer("Question: 2 + 2\nAnswer: ", return_tensors="pt")["input_ids"]
+    out = model.generate(ids, max_new_tokens=3, do_sample=False)
+    assert out.shape[1] > ids.shape[1]
+    assert (run_dir / "config.yaml").is_file() and (final / "rayft_config.yaml").is_file()
+
+
+def test_full_fine_tuning_on_two_workers(
+    ray_session: None, tiny_model_dir: Path, prepared: PreparedData, tmp_path: Path
+) -> None:
+    from transformers import AutoModelForCausalLM
+
+    cfg = tiny_config(tiny_model_dir, tmp_path, "train.method=full", "train.max_steps=4", "train.learning_rate=1e-3")
+    run_dir = train_on(cfg, prepared)
+
+    assert sorted(train_losses(run_dir)) == [1, 2, 3, 4]
+    final = run_dir / "final"
+    assert (final / "model.safetensors").is_file() and not (final / "adapter_config.json").exists()
+    tuned = AutoModelForCausalLM.from_pretrained(final)
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    moved = [n for n, p in tuned.named_parameters() if not p.detach().equal(dict(base.named_parameters())[n])]
+    assert moved, "full fine-tuning changed no weight"
+
+
+def test_gradient_accumulation_is_equivalent(
+    ray_session: None, tiny_model_dir: Path, prepared: PreparedData, tmp_path: Path
+) -> None:
+    common = ("train.max_steps=4", "lora.dropout=0", "train.eval_steps=null", "train.save_steps=100")
+    four_by_two = train_on(
+        tiny_config(tiny_model_dir, tmp_path / "a", "train.micro_batch_size=4", "train.gradient_accumulation_steps=2",
+                    *common),
+        prepared,
+    )  # fmt: skip
+    two_by_four = train_on(
+        tiny_config(tiny_model_dir, tmp_path / "b", "train.micro_batch_size=2", "train.gradient_accumulation_steps=4",
+                    *common),
+        prepared,
+    )  # fmt: skip
+
+    a, b = train_losses(four_by_two), train_losses(two_by_four)
+    assert a.keys() == b.keys() == {1, 2, 3, 4}
+    for step in a:
+        assert a[step] == pytest.approx(b[step], rel=1e-5), step
+    weights_a, weights_b = adapter_tensors(four_by_two / "final"), adapter_tensors(two_by_four / "final")
+    for name, tensor in weights_a.items():
+        assert (tensor - weights_b[name]).abs().max() < 1e-5, name
+
+
+def _kill_a_worker_after(run_dir: Path, step: int, seen: list[int]) -> threading.Thread:
+    """SIGKILL one Ray Train worker once metrics.jsonl shows ``step``; record the last step seen."""
+    import psutil
+
+    def watch() -> None:
+        metrics = run_dir / "metrics.jsonl"
+        deadline = time.monotonic() + 600
+        while time.monotonic() < deadline:
+            steps = [r["step"] for r in read_metrics(run_dir) if "train/loss" in r] if metrics.exists() else []
+            if steps and max(steps) >= step:
+                workers = [p for p in psutil.process_iter(["cmdline"]) if "ray::RayTrainWorker" in " ".join(
+                    p.info["cmdline"] or [])]  # fmt: skip
+                if workers:
+                    seen.append(max(steps))
+                    os.kill(workers[-1].pid, signal.SIGKILL)
+                    return
+            time.sleep(0.005)
+
+    thread = threading.Thread(target=watch, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_resume_after_a_worker_is_killed_matches_an_uninterrupted_run(
+    ray_session: None, tiny_model_dir: Path, prepared: PreparedData, tmp_path: Path
+) -> None:
+    # 64 units, 2 workers x 4 per micro-batch: 8 steps per epoch; 12 steps cross an epoch boundary.
+    common = ("train.max_steps=12", "train.save_steps=3", "train.eval_steps=null")
+    reference = train_on(tiny_config(tiny_model_dir, tmp_path / "ref", *common), prepared)
+
+    interrupted_dir = tmp_path / "killed" / "run"
+    seen: list[int] = []
+    watcher = _kill_a_worker_after(interrupted_dir, 5, seen)
+    interrupted = train_on(tiny_config(tiny_model_dir, tmp_path / "killed", *common), prepared)
+    watcher.join(timeout=5)
+
+    assert seen, "no worker was killed"
+    assert interrupted == interrupted_dir
+    assert train_losses(interrupted) == train_losses(reference)  # bitwise, every step
+    resumed = [r for r in read_metrics(interrupted) if "train/loss" in r]
+    assert [r["step"] for r in resumed] == list(range(1, 13))
+    ref_weights, got_weights = adapter_tensors(reference / "final"), adapter_tensors(interrupted / "final")
+    assert all(got_weights[name].equal(tensor) for name, tensor in ref_weights.items())
