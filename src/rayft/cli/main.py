@@ -55,9 +55,10 @@ def cli(ctx: click.Context, debug: bool) -> None:
 
 
 def _register() -> None:
-    from rayft.cli import config_cmd
+    from rayft.cli import config_cmd, train_cmd
 
     cli.add_command(config_cmd.config)
+    cli.add_command(train_cmd.train)
 
 
 _register()

@@ -1,0 +1,53 @@
+"""Claiming a run directory: no silent reuse, resume only what exists and matches."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from rayft.config import load_config
+from rayft.errors import ConfigError, RunStateError, StorageError
+from rayft.recipes.train import check_resumable, claim_run_dir
+from rayft.training.manifest import write_manifest
+
+
+def cfg(tmp_path: Path, *overrides: str):  # type: ignore[no-untyped-def]
+    return load_config(None, [f"storage_path={tmp_path}", "name=demo", *overrides])
+
+
+def test_a_new_run_saves_its_resolved_config(tmp_path: Path) -> None:
+    run_dir = claim_run_dir(cfg(tmp_path), resume=False)
+    assert run_dir == tmp_path.resolve() / "demo"
+    assert "learning_rate: 0.0002" in (run_dir / "config.yaml").read_text()
+
+
+def test_reusing_a_name_without_resume_is_refused(tmp_path: Path) -> None:
+    claim_run_dir(cfg(tmp_path), resume=False)
+    with pytest.raises(RunStateError, match=r"run 'demo' already exists .*; rerun with --resume .* \(name=demo-2\)"):
+        claim_run_dir(cfg(tmp_path), resume=False)
+
+
+def test_resume_needs_an_existing_unfinished_run(tmp_path: Path) -> None:
+    with pytest.raises(RunStateError, match="there is no run at .* to resume"):
+        claim_run_dir(cfg(tmp_path), resume=True)
+    run_dir = claim_run_dir(cfg(tmp_path), resume=False)
+    assert claim_run_dir(cfg(tmp_path), resume=True) == run_dir
+    (run_dir / "final").mkdir()
+    write_manifest(run_dir / "final", 10)
+    with pytest.raises(RunStateError, match="already finished"):
+        claim_run_dir(cfg(tmp_path), resume=True)
+
+
+def test_resume_accepts_schedule_changes_but_not_model_changes(tmp_path: Path) -> None:
+    saved = cfg(tmp_path).model_dump(mode="json")
+    check_resumable(saved, cfg(tmp_path, "train.max_steps=500", "scaling.num_workers=4"))
+    with pytest.raises(ConfigError, match=r"train.learning_rate: 0.0002 -> 0.001"):
+        check_resumable(saved, cfg(tmp_path, "train.learning_rate=1e-3"))
+
+
+def test_unwritable_storage_is_reported(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    with pytest.raises(StorageError, match="cannot write .* choose a writable directory"):
+        claim_run_dir(load_config(None, [f"storage_path={blocker}", "name=x"]), resume=False)
