@@ -18,6 +18,7 @@ from rayft.errors import RayftError, ResourceError, TrainingError
 from rayft.training import layout
 from rayft.training.plan import missing_resources
 from rayft.training.session import LocalSession, RaySession
+from rayft.training.shards import parquet_row_counts, plan_shards, read_shard_tables
 from rayft.training.worker import WorkerPlan, run_worker
 
 log = logging.getLogger("rayft.train")
@@ -108,7 +109,7 @@ def launch_ray(
         ),
         torch_config=TorchConfig(backend="nccl" if use_gpu else "gloo", timeout_s=int(failure.collective_timeout_s)),
         datasets=_ray_datasets(prepared),
-        dataset_config=_ordered_data_config(),
+        dataset_config=PlannedShards(split_files(prepared), scaling.num_workers),
     )
     with _unwrapped_failures():
         trainer.fit()
@@ -131,27 +132,48 @@ def _ray_checkpoint_config(checkpoint: CheckpointConfig, has_validation: bool) -
 
 
 def _ray_datasets(prepared: PreparedData) -> dict[str, Any]:
-    """The prepared splits as Ray Datasets of in-memory blocks (one per file, in file order).
-
-    Putting the blocks in the object store up front means the workers stream them without
-    read tasks, which could not get CPUs while the workers hold them all.
-    """
-    import pyarrow.parquet as pq
+    """Lazy datasets naming the splits; the workers' shards come from :class:`PlannedShards`."""
     import ray.data
 
-    return {
-        name: ray.data.from_arrow([pq.read_table(f) for f in files]) for name, files in split_files(prepared).items()
-    }
+    return {name: ray.data.read_parquet(list(files)) for name, files in split_files(prepared).items()}
 
 
-def _ordered_data_config() -> Any:
-    """Shards in storage order: with preserve_order, Ray's split is deterministic, which exact
-    resume needs."""
+def _planned_shards_class() -> type:
     from ray.train import DataConfig
 
-    options = DataConfig.default_ingest_options()
-    options.preserve_order = True
-    return DataConfig(execution_options=options)
+    class _PlannedShards(DataConfig):
+        """Gives each worker the rows :func:`plan_shards` assigns it, as in-memory blocks in file
+        order: the same assignment as without Ray, and streamed without read tasks (which could
+        not get CPUs while the workers hold them all)."""
+
+        def __init__(self, shards: dict[str, list[Any]]) -> None:
+            super().__init__(datasets_to_split="all")
+            self._shards = shards
+
+        def configure(
+            self, datasets: dict[str, Any], world_size: int, worker_handles: Any, worker_node_ids: Any, **kwargs: Any
+        ) -> list[dict[str, Any]]:
+            return [{name: self._shards[name][rank].iterator() for name in datasets} for rank in range(world_size)]
+
+    return _PlannedShards
+
+
+def PlannedShards(files: dict[str, tuple[str, ...]], world_size: int) -> Any:  # noqa: N802 - builds a DataConfig
+    """A Ray Train DataConfig that shards by :func:`plan_shards`.
+
+    The per-rank datasets are built here, on the driver: building them inside Ray Train's
+    dataset actor blocks its event loop.
+    """
+    import ray.data
+
+    shards = {
+        name: [
+            ray.data.from_arrow(read_shard_tables(paths, ranges))
+            for ranges in plan_shards(parquet_row_counts(paths), world_size)
+        ]
+        for name, paths in files.items()
+    }
+    return _planned_shards_class()(shards)
 
 
 @contextlib.contextmanager

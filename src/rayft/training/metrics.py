@@ -41,7 +41,7 @@ class JsonlLogger:
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         """Write one line and flush it, so a crash loses at most the line being written."""
-        record = {"step": step, "time": round(time.time(), 3), **{k: _finite(v) for k, v in metrics.items()}}
+        record = {"step": step, "time": round(time.time(), 6), **{k: _finite(v) for k, v in metrics.items()}}
         self._handle.write(json.dumps(record) + "\n")
         self._handle.flush()
 

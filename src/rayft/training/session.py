@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from rayft.training import layout
 from rayft.training.batches import Unit, rows_from_columns
 from rayft.training.checkpoint_store import latest_valid_checkpoint, prune_checkpoints, publish_checkpoint
+from rayft.training.shards import iter_windows, parquet_row_counts, plan_shards, read_shard_tables
 
 if TYPE_CHECKING:
     import torch
@@ -101,6 +102,7 @@ class LocalSession:
         self._files = files
         self._run_dir = run_dir
         self._num_to_keep = num_to_keep
+        self._cache: dict[str, list[Any]] = {}
         self._device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
 
     @property
@@ -123,18 +125,15 @@ class LocalSession:
         return model.to(self._device)
 
     def windows(self, split: str, window_size: int) -> Iterator[list[Unit]]:
-        """Read the split's parquet files in order, ``window_size`` rows at a time."""
-        import pyarrow.parquet as pq
+        """Every row of the split's parquet files in order, ``window_size`` rows at a time."""
+        return iter_windows(self._tables(split), window_size)
 
-        buffer: list[Unit] = []
-        for path in self._files.get(split, ()):
-            for batch in pq.ParquetFile(path).iter_batches(batch_size=window_size):
-                buffer.extend(batch.to_pylist())
-                while len(buffer) >= window_size:
-                    yield buffer[:window_size]
-                    buffer = buffer[window_size:]
-        if buffer:
-            yield buffer
+    def _tables(self, split: str) -> list[Any]:
+        if split not in self._cache:
+            files = list(self._files.get(split, ()))
+            ranges = plan_shards(parquet_row_counts(files), 1)[0]
+            self._cache[split] = read_shard_tables(files, ranges)
+        return self._cache[split]
 
     @contextlib.contextmanager
     def restored_checkpoint(self) -> Iterator[Path | None]:
@@ -183,7 +182,7 @@ class RaySession:
         return ray.train.torch.prepare_model(model, parallel_strategy_kwargs={"forward_sync_buffers": False})
 
     def windows(self, split: str, window_size: int) -> Iterator[list[Unit]]:
-        """This worker's shard of ``split`` from Ray Data, streamed in order."""
+        """This worker's shard of ``split`` (planned by :func:`plan_shards`) from Ray Data, in order."""
         import ray.train
 
         shard = ray.train.get_dataset_shard(split)
