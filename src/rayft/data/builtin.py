@@ -1,0 +1,55 @@
+"""Built-in datasets: offline sets addressed as ``builtin:<name>``, with disjoint train and test splits.
+
+They let the quickstart, the tests and the symbolic SDG run with no download. A problem belongs to
+the test split when a hash of its question falls in a fixed tenth of the hash space, so the two
+splits never share a question, whatever sizes are asked for.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Iterator
+from itertools import islice
+from typing import Any
+
+from rayft.errors import DataError
+
+PREFIX = "builtin:"
+SPLITS = ("train", "test")
+DEFAULT_ROWS = {"train": 5000, "test": 500}
+
+
+def _arithmetic(split: str) -> Iterator[dict[str, Any]]:
+    from rayft.data.builtin_arithmetic import iter_arithmetic_problems
+
+    for row in iter_arithmetic_problems(10**9, seed=0):
+        if _split_of(row["question"]) == split:
+            yield row
+
+
+BUILTIN_DATASETS: dict[str, Callable[[str], Iterator[dict[str, Any]]]] = {
+    "arithmetic": _arithmetic,
+}
+"""Name -> a function yielding the rows of a split, in a fixed order."""
+
+
+def _split_of(text: str) -> str:
+    digest = hashlib.sha256(text.encode("utf-8")).digest()
+    return "test" if digest[0] % 10 == 0 else "train"
+
+
+def is_builtin(path: str) -> bool:
+    """Whether a dataset path names a built-in set."""
+    return path.startswith(PREFIX)
+
+
+def load_builtin(path: str, split: str, max_rows: int | None) -> list[dict[str, Any]]:
+    """The rows of a built-in set's split: the first ``max_rows`` (or its default size)."""
+    name = path[len(PREFIX) :]
+    if name not in BUILTIN_DATASETS:
+        known = ", ".join(PREFIX + n for n in sorted(BUILTIN_DATASETS))
+        raise DataError(f"dataset path {path!r}: no built-in set by that name; built-in sets are: {known}")
+    if split not in SPLITS:
+        raise DataError(f"dataset {path!r}: split {split!r} does not exist; built-in sets have splits {SPLITS}")
+    count = max_rows or DEFAULT_ROWS[split]
+    return list(islice(BUILTIN_DATASETS[name](split), count))

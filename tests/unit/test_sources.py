@@ -1,0 +1,70 @@
+"""Reading datasets: built-in splits, local files of every type, and the errors for bad ones."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from rayft.config import DatasetConfig
+from rayft.data.sources import read_table
+from rayft.errors import DataError
+
+
+def test_builtin_splits_are_disjoint_and_deterministic() -> None:
+    train = read_table(DatasetConfig(path="builtin:arithmetic", max_rows=300)).to_pylist()
+    test = read_table(DatasetConfig(path="builtin:arithmetic", split="test", max_rows=100)).to_pylist()
+    assert len(train) == 300 and len(test) == 100
+    assert not {r["question"] for r in train} & {r["question"] for r in test}
+    again = read_table(DatasetConfig(path="builtin:arithmetic", max_rows=300)).to_pylist()
+    assert again == train
+    assert all(r["answer"].splitlines()[-1].startswith("#### ") for r in train)
+
+
+def test_unknown_builtin_and_split_are_named() -> None:
+    with pytest.raises(DataError, match="builtin:arithmetic"):
+        read_table(DatasetConfig(path="builtin:nope"))
+    with pytest.raises(DataError, match="'validation' does not exist"):
+        read_table(DatasetConfig(path="builtin:arithmetic", split="validation"))
+
+
+@pytest.mark.parametrize("suffix", [".jsonl", ".json", ".parquet", ".csv"])
+def test_local_file_types(tmp_path: Path, suffix: str) -> None:
+    import pyarrow as pa
+    import pyarrow.csv as pacsv
+    import pyarrow.parquet as pq
+
+    rows = [{"question": f"q{i}", "answer": f"a{i}"} for i in range(5)]
+    path = tmp_path / f"data{suffix}"
+    if suffix == ".jsonl":
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    elif suffix == ".json":
+        path.write_text(json.dumps(rows))
+    elif suffix == ".parquet":
+        pq.write_table(pa.Table.from_pylist(rows), path)
+    else:
+        pacsv.write_csv(pa.Table.from_pylist(rows), path)
+    assert read_table(DatasetConfig(path=str(path), max_rows=3)).to_pylist() == rows[:3]
+
+
+def test_directory_of_jsonl_files(tmp_path: Path) -> None:
+    for part in range(2):
+        (tmp_path / f"part-{part}.jsonl").write_text(json.dumps({"text": f"t{part}"}) + "\n")
+    assert read_table(DatasetConfig(path=str(tmp_path))).column("text").to_pylist() == ["t0", "t1"]
+
+
+def test_bad_json_lines_are_listed_with_line_numbers(tmp_path: Path) -> None:
+    path = tmp_path / "bad.jsonl"
+    path.write_text('{"a": 1}\n{"a": \n[1, 2]\n')
+    with pytest.raises(DataError, match=r"2 line\(s\).*line 2.*line 3: a list"):
+        read_table(DatasetConfig(path=str(path)))
+
+
+def test_missing_local_file_and_mixed_types(tmp_path: Path) -> None:
+    with pytest.raises(DataError, match="no such file"):
+        read_table(DatasetConfig(path=str(tmp_path / "absent.jsonl")))
+    path = tmp_path / "mixed.jsonl"
+    path.write_text('{"answer": "7"}\n{"answer": {"x": 1}}\n')
+    with pytest.raises(DataError, match="column 'answer'"):
+        read_table(DatasetConfig(path=str(path)))
