@@ -6,6 +6,7 @@ from pydantic import Field
 
 from rayft.config.base import Section
 from rayft.config.data import DataConfig
+from rayft.config.evaluation import EvalConfig, ExportConfig
 from rayft.config.model import LoraConfig, ModelConfig
 from rayft.config.train import (
     CheckpointConfig,
@@ -43,3 +44,9 @@ class RayftConfig(Section):
     )
     failure: FailureConfig = Field(default_factory=FailureConfig, description="Retries and timeouts.")
     logging: LoggingConfig = Field(default_factory=LoggingConfig, description="Metric sinks.")
+    eval: EvalConfig = Field(
+        default_factory=EvalConfig, description="Evaluation and comparison of models (rayft eval / compare)."
+    )
+    export: ExportConfig = Field(
+        default_factory=ExportConfig, description="Export of a checkpoint to a Hugging Face model (rayft export)."
+    )

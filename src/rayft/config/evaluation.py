@@ -1,0 +1,183 @@
+"""Config sections for evaluating models (``rayft eval``, ``rayft compare``) and exporting them."""
+
+from __future__ import annotations
+
+import re
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from rayft.config.base import Section
+from rayft.config.data import DatasetConfig
+from rayft.config.generation import GenerationConfig
+
+EvalTask = Literal["gsm8k", "exact_match", "rouge", "bleu", "bertscore", "sql", "custom"]
+
+_CHECKPOINT_SELECTOR = re.compile(r"^(latest|best|final|step-\d+)$")
+# Fields of eval.generation that the eval section decides instead (the model is the one evaluated).
+_DECIDED_BY_EVAL = {
+    "model": "the model comes from the source being evaluated (--model / the run directory)",
+    "adapter_path": "LoRA adapters are found in the checkpoint being evaluated",
+    "backend": "set eval.backend",
+    "batch_size": "set eval.batch_size",
+    "concurrency": "set eval.num_workers",
+}
+
+
+def _default_eval_datasets() -> list[DatasetConfig]:
+    return [DatasetConfig(path="builtin:arithmetic", split="test")]
+
+
+def _default_eval_generation() -> GenerationConfig:
+    return GenerationConfig(max_new_tokens=256, temperature=0.0)
+
+
+class EvalConfig(Section):
+    """What to evaluate on, how to score it, and how to generate the answers."""
+
+    datasets: list[DatasetConfig] = Field(
+        default_factory=_default_eval_datasets,
+        min_length=1,
+        description=(
+            "Evaluation datasets (rows are concatenated in order). The default is the held-out "
+            "test part of the built-in GSM8K-style arithmetic set, which needs no download."
+        ),
+    )
+    task: EvalTask = Field(
+        "gsm8k",
+        description=(
+            "How outputs are scored: 'gsm8k' (lm-evaluation-harness prompt and strict/flexible "
+            "answer extraction), 'exact_match', 'rouge' (ROUGE-L F1), 'bleu' (sentence BLEU), "
+            "'bertscore' (needs rayft[bertscore] and a scoring model), 'sql' (normalised SQL "
+            "exact match), or 'custom' (the function named by eval.metric)."
+        ),
+    )
+    metric: str | None = Field(
+        None,
+        description=(
+            "For task 'custom': import path 'package.module:function' of a function "
+            "(output: str, reference: str) -> float | bool | dict[str, float]."
+        ),
+    )
+    question_field: str = Field("question", description="Column holding the prompt / question.")
+    answer_field: str = Field("answer", description="Column holding the reference answer.")
+    prompt_template: str | None = Field(
+        None,
+        description=(
+            "Prompt text with {question} for tasks other than gsm8k (default: the question "
+            "itself). gsm8k always uses lm-evaluation-harness's 'Question: ...\\nAnswer:'."
+        ),
+    )
+    num_fewshot: int = Field(
+        0,
+        ge=0,
+        description=(
+            "Solved examples shown before each question. They are the first rows of "
+            "fewshot_dataset, or, when that is unset, the first rows of the evaluation data "
+            "(which are then not scored)."
+        ),
+    )
+    fewshot_dataset: DatasetConfig | None = Field(
+        None, description="Where few-shot examples come from (e.g. the train split of the same dataset)."
+    )
+    max_samples: int | None = Field(
+        200, gt=0, description="Score at most this many rows (unset: every row). Intervals widen as it shrinks."
+    )
+    use_chat_template: bool = Field(
+        True,
+        description=(
+            "Send prompts through the model's chat template (few-shot examples as earlier turns); "
+            "false sends the raw prompt text, as base models expect."
+        ),
+    )
+    system_prompt: str | None = Field(None, description="A system message put before every chat prompt.")
+    generation: GenerationConfig = Field(
+        default_factory=_default_eval_generation,
+        description=(
+            "Sampling: max_new_tokens, temperature (0 = greedy), top_p, stop sequences, seed. "
+            "The task adds its own stop sequences (gsm8k: 'Question:')."
+        ),
+    )
+    backend: Literal["hf", "vllm"] = Field(
+        "hf",
+        description="Generation backend: 'hf' (transformers batched generate) or 'vllm' (GPU; rayft[vllm]).",
+    )
+    batch_size: int = Field(16, gt=0, description="Prompts per generate call (and per Ray Data batch).")
+    num_workers: int = Field(1, gt=0, description="Generation actors (model replicas) in the Ray Data pool.")
+    num_cpus_per_worker: float = Field(1.0, gt=0, description="CPUs reserved by each generation actor.")
+    num_gpus_per_worker: float = Field(0.0, ge=0, description="GPUs reserved by each generation actor.")
+    runtime: Literal["auto", "ray", "local"] = Field(
+        "auto",
+        description=(
+            "Where generation runs: 'ray' (a Ray Data actor pool; joins scaling.address or starts "
+            "a local Ray), 'local' (in this process, no Ray start-up: best for small evals), or "
+            "'auto' (Ray when this process already runs Ray or scaling.address is set, else local)."
+        ),
+    )
+    checkpoint: str = Field(
+        "latest",
+        description=(
+            "Which checkpoint of a run directory to evaluate: 'latest' (final/ when the run "
+            "finished, else the newest complete step), 'best' (lowest eval/loss), 'final', or 'step-N'."
+        ),
+    )
+    confidence: float = Field(0.95, gt=0, lt=1, description="Confidence level of every interval.")
+    bootstrap_samples: int = Field(
+        2000, ge=100, description="Resamples of bootstrap intervals and paired bootstrap tests."
+    )
+    significance: float = Field(0.05, gt=0, lt=1, description="A paired test is 'significant' below this p-value.")
+    bertscore_model: str = Field(
+        "roberta-large",
+        description="Scoring model of task 'bertscore' (a Hub id or a local directory).",
+    )
+    seed: int = Field(0, ge=0, description="Seed of bootstrap resampling.")
+
+    @model_validator(mode="after")
+    def _check(self) -> EvalConfig:
+        if self.task == "custom" and not self.metric:
+            raise ValueError("task 'custom' needs eval.metric='package.module:function'")
+        if self.metric and ":" not in self.metric:
+            raise ValueError(f"eval.metric {self.metric!r} must look like 'package.module:function'")
+        if not _CHECKPOINT_SELECTOR.match(self.checkpoint):
+            raise ValueError(
+                f"eval.checkpoint {self.checkpoint!r} must be latest, best, final, or step-N (e.g. step-100)"
+            )
+        # Compared with the defaults rather than model_fields_set, so that a dumped config reloads.
+        default = GenerationConfig()
+        clashes = [k for k in _DECIDED_BY_EVAL if getattr(self.generation, k) != getattr(default, k)]
+        if clashes:
+            reasons = "; ".join(f"eval.generation.{k}: {_DECIDED_BY_EVAL[k]}" for k in clashes)
+            raise ValueError(f"these fields are decided elsewhere: {reasons}")
+        return self
+
+
+class ExportConfig(Section):
+    """How ``rayft export`` turns a checkpoint into a standard Hugging Face model directory."""
+
+    merge: bool = Field(
+        True,
+        description="Merge a LoRA adapter into the base weights (true) or export the adapter alone (false).",
+    )
+    dtype: Literal["float32", "bfloat16", "float16"] = Field(
+        "float32",
+        description=(
+            "Dtype of the exported weights. Verification always runs in float32; a smaller dtype "
+            "halves the files and is checked by reload and generation."
+        ),
+    )
+    verify: bool = Field(
+        True,
+        description=(
+            "Check before the export succeeds: the adapter is non-empty with the configured shapes, "
+            "merged logits equal base+adapter logits, and the export reloads and generates."
+        ),
+    )
+    probe_tolerance: float = Field(
+        1e-4, gt=0, description="Largest max-abs logit difference allowed between merged and base+adapter (fp32)."
+    )
+    probe_prompts: list[str] = Field(
+        default_factory=lambda: ["What is 12 + 7?", "Write one sentence about the sea."],
+        min_length=1,
+        description="Prompts whose logits are compared, and which the exported model must generate for.",
+    )
+    max_shard_size: str = Field("5GB", description="Largest safetensors shard of the exported model.")
