@@ -1,0 +1,1 @@
+"""Evaluation of language models: tasks, metrics, intervals, paired tests, reports."""
