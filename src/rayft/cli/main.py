@@ -55,10 +55,11 @@ def cli(ctx: click.Context, debug: bool) -> None:
 
 
 def _register() -> None:
-    from rayft.cli import config_cmd, train_cmd
+    from rayft.cli import config_cmd, run_cmd, train_cmd
 
     cli.add_command(config_cmd.config)
     cli.add_command(train_cmd.train)
+    cli.add_command(run_cmd.run)
 
 
 _register()

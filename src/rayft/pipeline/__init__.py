@@ -1,0 +1,1 @@
+"""The ``rayft run`` pipeline: stage planning, fingerprints, lineage and the HTML report."""

@@ -1,0 +1,84 @@
+"""Which pipeline stages run, which are skipped, and why: pure decisions, no I/O.
+
+A stage is *requested* when its section (``sdg``, ``train``, ``eval``, ``export``) is written in the
+config. ``--only`` and ``--from`` narrow the stages that may run; a stage that may run is skipped
+when its recorded fingerprint equals the fingerprint of its inputs now, unless it is forced.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Iterable
+from dataclasses import dataclass
+from typing import Literal
+
+from rayft.errors import ConfigError
+
+STAGES = ("sdg", "train", "eval", "export")
+"""Every stage, in the order it runs."""
+
+NEEDS = {"sdg": (), "train": (), "eval": (), "export": ("train",)}
+"""Stages whose outputs a stage cannot do without (eval compares with train when both are requested)."""
+
+Action = Literal["run", "skip", "reuse"]
+
+
+@dataclass(frozen=True)
+class StageDecision:
+    """What to do with one requested stage: run it, skip it (up to date), or reuse it untouched."""
+
+    stage: str
+    action: Action
+    reason: str
+
+
+def requested_stages(sections_set: Iterable[str]) -> list[str]:
+    """The stages named in the config, in pipeline order; an error when it names none."""
+    written = set(sections_set)
+    stages = [s for s in STAGES if s in written]
+    if not stages:
+        raise ConfigError(
+            "the config names no pipeline stage; add at least one of the sections "
+            f"{', '.join(STAGES)} (an empty section like `eval: {{}}` takes the defaults)"
+        )
+    missing = [(s, n) for s in stages for n in NEEDS[s] if n not in written]
+    if missing:
+        stage, need = missing[0]
+        raise ConfigError(f"stage {stage!r} needs the {need!r} stage's output; add a `{need}:` section to the config")
+    return stages
+
+
+def runnable_stages(requested: list[str], *, from_stage: str | None, only: str | None) -> tuple[list[str], set[str]]:
+    """The stages allowed to run and the stages forced to run, given ``--from`` and ``--only``."""
+    if from_stage and only:
+        raise ConfigError("--from and --only cannot be combined; use one of them")
+    for flag, stage in (("--from", from_stage), ("--only", only)):
+        if stage is not None and stage not in requested:
+            raise ConfigError(
+                f"{flag} {stage}: the config does not request that stage; requested stages are {', '.join(requested)}"
+            )
+    if only:
+        return [only], {only}
+    if from_stage:
+        later = requested[requested.index(from_stage) :]
+        return later, set(later)
+    return list(requested), set()
+
+
+def decide(
+    stage: str, fingerprint: str, recorded: str | None, *, allowed: Collection[str], forced: Collection[str]
+) -> StageDecision:
+    """Decide one stage from its fingerprint now and the one recorded with its outputs (None if none)."""
+    if stage not in allowed:
+        if recorded is None:
+            raise ConfigError(
+                f"stage {stage!r} has no finished output in this run directory, and a later stage needs it; "
+                f"run the pipeline without --from/--only first"
+            )
+        return StageDecision(stage, "reuse", "outputs kept (not selected by --from/--only)")
+    if stage in forced:
+        return StageDecision(stage, "run", "forced")
+    if recorded is None:
+        return StageDecision(stage, "run", "no finished output yet")
+    if recorded == fingerprint:
+        return StageDecision(stage, "skip", f"up to date (fingerprint {fingerprint[:12]})")
+    return StageDecision(stage, "run", f"inputs changed (fingerprint {recorded[:12]} -> {fingerprint[:12]})")

@@ -1,0 +1,60 @@
+"""Stage records: the file written last when a pipeline stage finishes (``stages/<stage>.json`` in the
+run directory), naming its inputs' fingerprint, its outputs and a summary. No record: not finished."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+RECORDS_DIR = "stages"
+
+
+@dataclass(frozen=True)
+class StageRecord:
+    """What a finished stage recorded: fingerprint, inputs, outputs (paths relative to the run dir)."""
+
+    stage: str
+    fingerprint: str
+    inputs: dict[str, Any]
+    outputs: dict[str, str]
+    summary: dict[str, Any] = field(default_factory=dict)
+    started_at: float = 0.0
+    elapsed_s: float = 0.0
+
+    def output(self, run_dir: Path, name: str) -> Path:
+        """The absolute path of one named output."""
+        return run_dir / self.outputs[name]
+
+
+def record_path(run_dir: Path, stage: str) -> Path:
+    """Where a stage's record lives in the run directory."""
+    return run_dir / RECORDS_DIR / f"{stage}.json"
+
+
+def write_record(run_dir: Path, record: StageRecord) -> Path:
+    """Write the record atomically (temp file, then rename): a crash leaves the old one or none."""
+    target = record_path(run_dir, record.stage)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    temp = target.with_name(f".{target.name}.tmp")
+    temp.write_text(json.dumps(asdict(record), indent=2, sort_keys=True, default=str), encoding="utf-8")
+    os.replace(temp, target)
+    return target
+
+
+def read_record(run_dir: Path, stage: str) -> StageRecord | None:
+    """The record of a finished stage, or None when the stage never finished in this run directory."""
+    path = record_path(run_dir, stage)
+    if not path.is_file():
+        return None
+    try:
+        return StageRecord(**json.loads(path.read_text(encoding="utf-8")))
+    except (json.JSONDecodeError, TypeError):
+        return None
+
+
+def outputs_exist(run_dir: Path, record: StageRecord) -> bool:
+    """Whether every output the record names is still there."""
+    return all((run_dir / rel).exists() for rel in record.outputs.values())

@@ -1,0 +1,279 @@
+"""report.html: one self-contained page (inline CSS and SVG, no scripts, no network) that tells what
+a pipeline run did — stage timings, synthetic-data counts, training curves, base vs fine-tuned."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from html import escape
+from typing import Any
+
+_COLORS = ("#2563eb", "#dc2626", "#059669", "#d97706", "#7c3aed")
+_CSS = """
+body{font-family:system-ui,-apple-system,Segoe UI,sans-serif;margin:2rem auto;max-width:1100px;color:#111;
+padding:0 1rem}
+h1{font-size:1.6rem}h2{font-size:1.25rem;border-bottom:1px solid #ddd;padding-bottom:.3rem;margin-top:2rem}
+table{border-collapse:collapse;margin:.6rem 0}td,th{border:1px solid #ccc;padding:.3rem .6rem;text-align:left;
+vertical-align:top}th{background:#f3f4f6}td.num{text-align:right;font-variant-numeric:tabular-nums}
+.ok{color:#047857;font-weight:600}.bad{color:#b91c1c;font-weight:600}.muted{color:#6b7280}
+pre{white-space:pre-wrap;margin:0;font-size:.85rem;max-width:420px}.charts{display:flex;flex-wrap:wrap;gap:1rem}
+"""
+
+
+@dataclass(frozen=True)
+class StageRow:
+    """One stage's line in the report: what was done with it and how long it took."""
+
+    stage: str
+    action: str
+    reason: str
+    elapsed_s: float
+
+
+@dataclass(frozen=True)
+class ReportInputs:
+    """Everything the report shows; sections whose inputs are empty are left out."""
+
+    name: str
+    stages: Sequence[StageRow]
+    sdg_summary: Mapping[str, Any] = field(default_factory=dict)
+    train_metrics: Sequence[Mapping[str, Any]] = ()
+    train_summary: Mapping[str, Any] = field(default_factory=dict)
+    compare_summary: Mapping[str, Any] = field(default_factory=dict)
+    examples: Sequence[Mapping[str, Any]] = ()
+    export_summary: Mapping[str, Any] = field(default_factory=dict)
+    software: Mapping[str, str] = field(default_factory=dict)
+
+
+def render_report(inputs: ReportInputs) -> str:
+    """The report page as one HTML string."""
+    parts = [
+        "<!doctype html><html lang='en'><head><meta charset='utf-8'>",
+        f"<title>rayft run {escape(inputs.name)}</title><style>{_CSS}</style></head><body>",
+        f"<h1>rayft run <code>{escape(inputs.name)}</code></h1>",
+        _stages_section(inputs.stages),
+    ]
+    if inputs.sdg_summary:
+        parts.append(_mapping_section("Synthetic data", inputs.sdg_summary))
+    if inputs.train_metrics or inputs.train_summary:
+        parts.append(_training_section(inputs.train_metrics, inputs.train_summary))
+    if inputs.compare_summary:
+        parts.append(_compare_section(inputs.compare_summary))
+    if inputs.examples:
+        parts.append(_examples_section(inputs.examples))
+    if inputs.export_summary:
+        parts.append(_mapping_section("Export", inputs.export_summary))
+    if inputs.software:
+        parts.append(_mapping_section("Software", inputs.software))
+    parts.append("</body></html>")
+    return "\n".join(parts)
+
+
+def _stages_section(stages: Sequence[StageRow]) -> str:
+    rows = "".join(
+        f"<tr><td>{escape(s.stage)}</td><td>{escape(s.action)}</td><td>{escape(s.reason)}</td>"
+        f"<td class='num'>{s.elapsed_s:.1f}</td></tr>"
+        for s in stages
+    )
+    total = sum(s.elapsed_s for s in stages)
+    return (
+        "<h2>Stages</h2><table><tr><th>stage</th><th>action</th><th>why</th><th>seconds</th></tr>"
+        f"{rows}<tr><th colspan='3'>total</th><td class='num'>{total:.1f}</td></tr></table>"
+    )
+
+
+def _mapping_section(title: str, data: Mapping[str, Any]) -> str:
+    return f"<h2>{escape(title)}</h2>{_mapping_table(data)}"
+
+
+def _mapping_table(data: Mapping[str, Any]) -> str:
+    rows = []
+    for key, value in data.items():
+        cell = _mapping_table(value) if isinstance(value, Mapping) and value else _format_value(value)
+        rows.append(f"<tr><th>{escape(str(key))}</th><td>{cell}</td></tr>")
+    return f"<table>{''.join(rows)}</table>"
+
+
+def _format_value(value: Any) -> str:
+    if isinstance(value, float):
+        return escape(f"{value:.4g}")
+    if isinstance(value, list | tuple):
+        return escape(", ".join(str(v) for v in value))
+    return escape(str(value))
+
+
+def _training_section(metrics: Sequence[Mapping[str, Any]], summary: Mapping[str, Any]) -> str:
+    def series(key: str) -> list[tuple[float, float]]:
+        return [(float(r["step"]), float(r[key])) for r in metrics if key in r and _finite(r[key])]
+
+    loss = {"train loss": series("train/loss"), "validation loss": series("eval/loss")}
+    charts = [
+        svg_line_chart({k: v for k, v in loss.items() if v}, title="Loss", y_label="loss"),
+        svg_line_chart({"learning rate": series("train/learning_rate")}, title="Learning rate", y_label="lr"),
+    ]
+    table = _mapping_table(summary) if summary else ""
+    return f"<h2>Training</h2>{table}<div class='charts'>{''.join(c for c in charts if c)}</div>"
+
+
+def _finite(value: Any) -> bool:
+    return isinstance(value, int | float) and math.isfinite(value)
+
+
+def svg_line_chart(
+    series: Mapping[str, Sequence[tuple[float, float]]],
+    *,
+    title: str,
+    y_label: str,
+    width: int = 520,
+    height: int = 300,
+) -> str:
+    """An inline SVG line chart of one or more (x, y) series, with axes, ticks and a legend."""
+    points = [p for values in series.values() for p in values]
+    if not points:
+        return ""
+    left, right, top, bottom = 70, 15, 30, 40
+    xs, ys = [p[0] for p in points], [p[1] for p in points]
+    x_lo, x_hi = min(xs), max(xs) if max(xs) > min(xs) else min(xs) + 1
+    y_lo, y_hi = min(ys), max(ys)
+    pad = (y_hi - y_lo) * 0.05 or abs(y_hi) * 0.05 or 1.0
+    y_lo, y_hi = y_lo - pad, y_hi + pad
+
+    def sx(x: float) -> float:
+        return left + (x - x_lo) / (x_hi - x_lo) * (width - left - right)
+
+    def sy(y: float) -> float:
+        return top + (y_hi - y) / (y_hi - y_lo) * (height - top - bottom)
+
+    out = [
+        f"<svg xmlns='http://www.w3.org/2000/svg' width='{width}' height='{height}' role='img' "
+        f"aria-label='{escape(title)}'><rect width='100%' height='100%' fill='white'/>",
+        f"<text x='{width / 2}' y='18' text-anchor='middle' font-size='14' font-weight='600'>{escape(title)}</text>",
+        f"<line x1='{left}' y1='{height - bottom}' x2='{width - right}' y2='{height - bottom}' stroke='#333'/>",
+        f"<line x1='{left}' y1='{top}' x2='{left}' y2='{height - bottom}' stroke='#333'/>",
+    ]
+    for i in range(5):
+        y = y_lo + (y_hi - y_lo) * i / 4
+        out.append(
+            f"<text x='{left - 6}' y='{sy(y) + 4:.1f}' text-anchor='end' font-size='11'>{y:.3g}</text>"
+            f"<line x1='{left}' y1='{sy(y):.1f}' x2='{width - right}' y2='{sy(y):.1f}' stroke='#eee'/>"
+        )
+        x = x_lo + (x_hi - x_lo) * i / 4
+        out.append(
+            f"<text x='{sx(x):.1f}' y='{height - bottom + 16}' text-anchor='middle' font-size='11'>{x:.0f}</text>"
+        )
+    out.append(f"<text x='{width / 2}' y='{height - 6}' text-anchor='middle' font-size='12'>step</text>")
+    out.append(
+        f"<text x='14' y='{height / 2}' text-anchor='middle' font-size='12' "
+        f"transform='rotate(-90 14 {height / 2})'>{escape(y_label)}</text>"
+    )
+    for index, (name, values) in enumerate(series.items()):
+        color = _COLORS[index % len(_COLORS)]
+        path = " ".join(f"{sx(x):.1f},{sy(y):.1f}" for x, y in sorted(values))
+        out.append(f"<polyline fill='none' stroke='{color}' stroke-width='2' points='{path}'/>")
+        if len(values) == 1:
+            x, y = values[0]
+            out.append(f"<circle cx='{sx(x):.1f}' cy='{sy(y):.1f}' r='3' fill='{color}'/>")
+        out.append(
+            f"<rect x='{width - right - 150}' y='{top + 6 + 16 * index}' width='10' height='10' fill='{color}'/>"
+            f"<text x='{width - right - 135}' y='{top + 15 + 16 * index}' font-size='11'>{escape(name)}</text>"
+        )
+    out.append("</svg>")
+    return "".join(out)
+
+
+def _compare_section(summary: Mapping[str, Any]) -> str:
+    models = summary.get("models", {})
+    rows = []
+    for label, metrics in models.items():
+        for metric, m in metrics.items():
+            if not isinstance(m, Mapping) or "value" not in m:
+                continue
+            interval = f"[{m.get('ci_low', float('nan')):.3f}, {m.get('ci_high', float('nan')):.3f}]"
+            rows.append(
+                f"<tr><td>{escape(str(label))}</td><td>{escape(str(metric))}</td>"
+                f"<td class='num'>{m['value']:.3f}</td><td class='num'>{interval}</td>"
+                f"<td class='num'>{m.get('n', '')}</td></tr>"
+            )
+    tests = []
+    for pair in summary.get("pairs", []):
+        significant = bool(pair.get("significant"))
+        verdict = "<span class='ok'>significant</span>" if significant else "<span class='bad'>not significant</span>"
+        diff = pair.get("difference")
+        diff_text = f"{diff:+.3f}" if isinstance(diff, int | float) else ""
+        low, high = pair.get("diff_ci_low"), pair.get("diff_ci_high")
+        if isinstance(low, int | float) and isinstance(high, int | float):
+            diff_text += f" [{low:+.3f}, {high:+.3f}]"
+        tests.append(
+            f"<tr><td>{escape(str(pair.get('a', '')))} vs {escape(str(pair.get('b', '')))}</td>"
+            f"<td>{escape(str(pair.get('metric', '')))}</td><td>{escape(str(pair.get('test', '')))}</td>"
+            f"<td class='num'>{diff_text}</td><td class='num'>{pair.get('p_value', float('nan')):.3g}</td>"
+            f"<td>{verdict}</td></tr>"
+        )
+    table = (
+        "<table><tr><th>model</th><th>metric</th><th>value</th><th>95% interval</th><th>n</th></tr>"
+        + "".join(rows)
+        + "</table>"
+    )
+    paired = (
+        "<table><tr><th>pair</th><th>metric</th><th>test</th><th>difference [95% CI]</th><th>p-value</th>"
+        "<th>verdict</th></tr>" + "".join(tests) + "</table>"
+        if tests
+        else ""
+    )
+    bars = _bar_chart(models)
+    return f"<h2>Base vs fine-tuned</h2>{table}{paired}{bars}"
+
+
+def _bar_chart(models: Mapping[str, Any]) -> str:
+    bars = []
+    for label, metrics in models.items():
+        for metric, m in metrics.items():
+            if isinstance(m, Mapping) and _finite(m.get("value")):
+                bars.append((f"{label} · {metric}", float(m["value"]), m.get("ci_low"), m.get("ci_high")))
+    if not bars:
+        return ""
+    width, row, left = 620, 26, 230
+    highs = [float(b[3]) for b in bars if isinstance(b[3], int | float) and _finite(b[3])]
+    top_value = max(*(b[1] for b in bars), *highs, 1e-9)
+    height = row * len(bars) + 20
+    out = [
+        f"<svg xmlns='http://www.w3.org/2000/svg' width='{width}' height='{height}' role='img' aria-label='metrics'>"
+    ]
+    for i, (name, value, low, high) in enumerate(bars):
+        y = 10 + i * row
+        length = value / top_value * (width - left - 60)
+        color = _COLORS[i % len(_COLORS)]
+        out.append(
+            f"<text x='{left - 8}' y='{y + 15}' text-anchor='end' font-size='12'>{escape(name)}</text>"
+            f"<rect x='{left}' y='{y + 3}' width='{max(length, 1):.1f}' height='16' fill='{color}'/>"
+            f"<text x='{left + length + 6:.1f}' y='{y + 15}' font-size='12'>{value:.3f}</text>"
+        )
+        if isinstance(low, int | float) and isinstance(high, int | float) and _finite(low) and _finite(high):
+            x1 = left + float(low) / top_value * (width - left - 60)
+            x2 = left + float(high) / top_value * (width - left - 60)
+            out.append(
+                f"<line x1='{x1:.1f}' y1='{y + 11}' x2='{x2:.1f}' y2='{y + 11}' stroke='#111' stroke-width='2'/>"
+            )
+    out.append("</svg>")
+    return "".join(out)
+
+
+def _examples_section(examples: Sequence[Mapping[str, Any]], limit: int = 12) -> str:
+    labels = list(examples[0].get("models", {})) if examples else []
+    head = "".join(f"<th>{escape(label)}</th>" for label in labels)
+    rows = []
+    for example in examples[:limit]:
+        cells = []
+        for label in labels:
+            result = example["models"][label]
+            mark = "<span class='ok'>✓</span>" if result.get("correct") else "<span class='bad'>✗</span>"
+            cells.append(f"<td>{mark}<pre>{escape(str(result.get('output', '')))}</pre></td>")
+        rows.append(
+            f"<tr><td><pre>{escape(str(example.get('prompt', '')))}</pre></td>"
+            f"<td><pre>{escape(str(example.get('reference', '')))}</pre></td>{''.join(cells)}</tr>"
+        )
+    return (
+        f"<h2>Examples</h2><p class='muted'>First {min(limit, len(examples))} held-out problems, outputs side by "
+        f"side.</p><table><tr><th>prompt</th><th>reference</th>{head}</tr>{''.join(rows)}</table>"
+    )

@@ -1,0 +1,55 @@
+"""The pipeline report: self-contained HTML with the stage table, curves and the comparison."""
+
+from __future__ import annotations
+
+import re
+
+from rayft.pipeline.report import ReportInputs, StageRow, render_report, svg_line_chart
+
+
+def _inputs() -> ReportInputs:
+    metrics = [{"step": s, "train/loss": 2.0 / s, "train/learning_rate": 1e-3 * (1 - s / 10)} for s in range(1, 10)]
+    metrics.append({"step": 9, "eval/loss": 0.4})
+    compare = {
+        "models": {
+            "base": {"strict_accuracy": {"value": 0.1, "ci_low": 0.05, "ci_high": 0.2, "n": 50}},
+            "tuned": {"strict_accuracy": {"value": 0.6, "ci_low": 0.45, "ci_high": 0.72, "n": 50}},
+        },
+        "pairs": [
+            {"a": "base", "b": "tuned", "metric": "strict_accuracy", "test": "mcnemar", "difference": 0.5,
+             "p_value": 1e-6, "significant": True},
+        ],
+    }  # fmt: skip
+    examples = [
+        {
+            "prompt": "What is <b>2+2</b>?",
+            "reference": "4",
+            "models": {"base": {"output": "four", "correct": False}, "tuned": {"output": "#### 4", "correct": True}},
+        }
+    ]
+    return ReportInputs(
+        name="demo",
+        stages=[StageRow("sdg", "run", "no finished output yet", 3.2), StageRow("train", "skip", "up to date", 0.0)],
+        sdg_summary={"accepted": 90, "rejected": 10, "rejection_reasons": {"bad_annotation": 10}},
+        train_metrics=metrics,
+        compare_summary=compare,
+        examples=examples,
+    )
+
+
+def test_report_is_self_contained_and_escaped() -> None:
+    page = render_report(_inputs())
+    assert page.startswith("<!doctype html>") and page.rstrip().endswith("</html>")
+    assert not re.search(r"(src|href)=['\"]https?://", page), "the report must not load anything from the network"
+    assert "<script" not in page
+    assert "&lt;b&gt;2+2&lt;/b&gt;" in page and "<b>2+2</b>" not in page
+    for text in ("Stages", "Synthetic data", "bad_annotation", "Training", "Base vs fine-tuned", "mcnemar",
+                 "significant", "#### 4"):  # fmt: skip
+        assert text in page
+    assert page.count("<svg") == 3  # loss, learning rate, bar chart
+
+
+def test_line_chart_draws_each_series() -> None:
+    svg = svg_line_chart({"a": [(1, 1.0), (2, 0.5)], "b": [(2, 0.7)]}, title="Loss", y_label="loss")
+    assert svg.count("<polyline") == 2 and "<circle" in svg
+    assert svg_line_chart({"empty": []}, title="t", y_label="y") == ""
