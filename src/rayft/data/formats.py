@@ -1,0 +1,229 @@
+"""Turning a raw dataset row into an :class:`Example`: chat messages, or a raw prompt and response.
+
+Pure Python, no tokenizer: :mod:`rayft.data.tokenize` renders and tokenizes what this module
+returns. A row that cannot become an example raises :class:`BadRowError` with a stable reason code
+(see ``REASONS``), which the preparation step reports per row and counts.
+
+Formats (``DatasetConfig.format``):
+
+- ``template``: ``input_template`` / ``output_template`` filled from the row's columns.
+- ``alpaca``: ``instruction``, optional ``input``, ``output``.
+- ``messages``: a list of turns, OpenAI (``role``/``content``) or ShareGPT (``from``/``value``);
+  loss on every assistant turn.
+- ``prompt_completion``: ``prompt`` and ``completion``.
+- ``text``: ``text`` only, every token trained (continued pre-training).
+- ``auto``: detected from the columns by :func:`detect_format`.
+"""
+
+from __future__ import annotations
+
+import string
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from rayft.config.data import DatasetConfig
+from rayft.errors import DataError
+
+REASONS = {
+    "missing_field": "a field the format needs is missing or null",
+    "empty_field": "a field the format needs is empty",
+    "wrong_type": "a field holds a value of the wrong type",
+    "no_assistant_turn": "a conversation has no assistant turn to train on",
+    "unknown_role": "a conversation turn has a role that is not system/user/assistant",
+    "over_length": "the example is longer than max_seq_length (overlong: drop)",
+    "all_labels_masked": "no token is left to train on (often: truncation cut the whole response)",
+}
+"""Reason code -> what it means; the codes appear in rejected.jsonl and in the stats."""
+
+ROLE_ALIASES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant", "system": "system"}
+MESSAGE_COLUMNS = ("messages", "conversations")
+PROMPT_ALIASES = ("prompt", "question", "query")
+COMPLETION_ALIASES = ("completion", "answer", "response")
+ALPACA_RAW = "### Instruction:\n{instruction}\n\n{input_block}### Response:\n"
+
+
+class BadRowError(Exception):
+    """A row that cannot become a training example; ``reason`` is a key of ``REASONS``."""
+
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(f"{reason}: {detail}")
+        self.reason = reason
+        self.detail = detail
+
+
+@dataclass(frozen=True)
+class Example:
+    """A row ready to render: chat ``messages`` (role, content), or a raw ``prompt`` + ``response``.
+
+    With messages, the tokenizer's chat template renders the text and assistant turns are trained;
+    otherwise the text is ``prompt + response`` and the response (plus EOS) is trained.
+    """
+
+    messages: tuple[tuple[str, str], ...] | None = None
+    prompt: str = ""
+    response: str = ""
+
+
+@dataclass(frozen=True)
+class ResolvedFormat:
+    """A dataset's format after ``auto`` detection, with the column each format field is read from."""
+
+    format: str
+    columns: dict[str, str]
+    detected: bool
+
+    def describe(self) -> str:
+        """A one-line description for logs and stats, e.g. ``prompt_completion (detected: prompt=question)``."""
+        mapping = ", ".join(f"{k}={v}" for k, v in sorted(self.columns.items()))
+        how = "detected from the columns" if self.detected else "from the config"
+        return f"{self.format} ({how}{': ' + mapping if mapping else ''})"
+
+
+def template_fields(ds: DatasetConfig) -> list[str]:
+    """The placeholder names of a dataset's input and output templates, in order of appearance."""
+    names: list[str] = []
+    for template in (ds.input_template or "", ds.output_template or ""):
+        for _, name, _, _ in string.Formatter().parse(template):
+            if name is not None and name not in names:
+                if not name.isidentifier():
+                    raise DataError(
+                        f"dataset {ds.path!r}: template placeholder {{{name}}} is not a plain name; use "
+                        "{column} placeholders and map them with field_mapping"
+                    )
+                names.append(name)
+    return names
+
+
+def resolve_format(ds: DatasetConfig, columns: Sequence[str]) -> ResolvedFormat:
+    """Detect the format when ``auto`` and check that the columns it needs exist (else DataError)."""
+    mapping = dict(ds.field_mapping)
+    fmt: str = ds.format
+    detected = False
+    if fmt == "auto":
+        fmt, detected = detect_format(columns, mapping), True
+    fields = _required_fields(ds, fmt, columns, mapping)
+    resolved = {name: mapping.get(name, name) for name in fields}
+    missing = sorted(c for c in resolved.values() if c not in columns)
+    if missing:
+        raise DataError(
+            f"dataset {ds.path!r} (format {fmt!r}): column(s) {missing} not found; the columns are "
+            f"{sorted(columns)}. Map them with field_mapping (e.g. field_mapping={{{fields[0]}: <column>}}) "
+            "or choose another format"
+        )
+    optional = {"input": mapping.get("input", "input")} if fmt == "alpaca" else {}
+    resolved.update({k: v for k, v in optional.items() if v in columns})
+    return ResolvedFormat(fmt, resolved, detected)
+
+
+def detect_format(columns: Sequence[str], mapping: Mapping[str, str]) -> str:
+    """The format a table's columns (and the field mapping) suggest; DataError when none fits."""
+    cols = set(columns) | set(mapping)
+    if cols & set(MESSAGE_COLUMNS):
+        return "messages"
+    if {"instruction", "output"} <= cols:
+        return "alpaca"
+    if cols & set(PROMPT_ALIASES) and cols & set(COMPLETION_ALIASES):
+        return "prompt_completion"
+    if "text" in cols:
+        return "text"
+    raise DataError(
+        f"cannot detect the dataset format from the columns {sorted(columns)}: expected 'messages' or "
+        "'conversations' (chat), instruction+output (alpaca), prompt+completion or question+answer, or text. "
+        "Set format and field_mapping in the dataset's config"
+    )
+
+
+def _required_fields(ds: DatasetConfig, fmt: str, columns: Sequence[str], mapping: dict[str, str]) -> list[str]:
+    """Field names the format reads; aliases (question/answer, conversations) fill the mapping."""
+    if fmt == "template":
+        return template_fields(ds)
+    if fmt == "alpaca":
+        return ["instruction", "output"]
+    if fmt == "messages":
+        if "messages" not in mapping and "messages" not in columns and "conversations" in columns:
+            mapping["messages"] = "conversations"
+        return ["messages"]
+    if fmt == "prompt_completion":
+        for name, aliases in (("prompt", PROMPT_ALIASES), ("completion", COMPLETION_ALIASES)):
+            if name not in mapping:
+                mapping[name] = next((a for a in aliases if a in columns), name)
+        return ["prompt", "completion"]
+    return ["text"]
+
+
+def make_example(row: Mapping[str, Any], ds: DatasetConfig, fmt: ResolvedFormat) -> Example:
+    """Turn one row into an :class:`Example`; raises :class:`BadRowError` when it cannot."""
+    if fmt.format == "messages":
+        return Example(messages=_conversation(row.get(fmt.columns["messages"]), fmt.columns["messages"], ds))
+    if fmt.format == "text":
+        return Example(response=_text(row, "text", fmt.columns))
+    prompt, response = _prompt_response(row, ds, fmt)
+    if ds.use_chat_template:
+        turns = ((("system", ds.system_prompt),) if ds.system_prompt else ()) + (
+            ("user", prompt),
+            ("assistant", response),
+        )
+        return Example(messages=turns)
+    if ds.system_prompt:
+        prompt = f"{ds.system_prompt}\n\n{prompt}"
+    return Example(prompt=prompt, response=response)
+
+
+def _prompt_response(row: Mapping[str, Any], ds: DatasetConfig, fmt: ResolvedFormat) -> tuple[str, str]:
+    if fmt.format == "template":
+        values = {name: _text(row, name, fmt.columns) for name in template_fields(ds)}
+        return (ds.input_template or "").format(**values), (ds.output_template or "").format(**values)
+    if fmt.format == "alpaca":
+        instruction, output = _text(row, "instruction", fmt.columns), _text(row, "output", fmt.columns)
+        extra = _text(row, "input", fmt.columns, optional=True) if "input" in fmt.columns else ""
+        if ds.use_chat_template:
+            return (f"{instruction}\n\n{extra}" if extra else instruction), output
+        block = f"### Input:\n{extra}\n\n" if extra else ""
+        return ALPACA_RAW.format(instruction=instruction, input_block=block), output
+    return _text(row, "prompt", fmt.columns), _text(row, "completion", fmt.columns)
+
+
+def _text(row: Mapping[str, Any], name: str, columns: Mapping[str, str], *, optional: bool = False) -> str:
+    column = columns.get(name, name)
+    value = row.get(column)
+    if value is None:
+        if optional:
+            return ""
+        raise BadRowError("missing_field", f"field {name!r} (column {column!r}) is missing or null")
+    if isinstance(value, bool) or not isinstance(value, str | int | float):
+        raise BadRowError("wrong_type", f"field {name!r} (column {column!r}) is a {type(value).__name__}, not text")
+    text = str(value)
+    if not text.strip() and not optional:
+        raise BadRowError("empty_field", f"field {name!r} (column {column!r}) is empty")
+    return text
+
+
+def _conversation(turns: Any, column: str, ds: DatasetConfig) -> tuple[tuple[str, str], ...]:
+    if turns is None:
+        raise BadRowError("missing_field", f"column {column!r} is missing or null")
+    if not isinstance(turns, list) or not all(isinstance(t, dict) for t in turns):
+        raise BadRowError(
+            "wrong_type", f"column {column!r} must be a list of turns (objects), got {type(turns).__name__}"
+        )
+    if not turns:
+        raise BadRowError("empty_field", f"column {column!r} holds no turns")
+    out: list[tuple[str, str]] = []
+    for number, turn in enumerate(turns):
+        raw_role = turn.get("role") if turn.get("role") is not None else turn.get("from")
+        content = turn.get("content") if turn.get("content") is not None else turn.get("value")
+        if raw_role is None or content is None:
+            raise BadRowError("missing_field", f"turn {number} lacks role/content (or from/value)")
+        if not isinstance(content, str) or not isinstance(raw_role, str):
+            raise BadRowError("wrong_type", f"turn {number}: role and content must be text")
+        role = ROLE_ALIASES.get(raw_role)
+        if role is None:
+            raise BadRowError("unknown_role", f"turn {number} has role {raw_role!r}; use system, user or assistant")
+        if not content.strip() and role == "assistant":
+            raise BadRowError("empty_field", f"turn {number} (assistant) is empty")
+        out.append((role, content))
+    if not any(role == "assistant" for role, _ in out):
+        raise BadRowError("no_assistant_turn", f"none of the {len(out)} turns is an assistant turn")
+    if ds.system_prompt and out[0][0] != "system":
+        out.insert(0, ("system", ds.system_prompt))
+    return tuple(out)

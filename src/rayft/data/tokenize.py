@@ -1,0 +1,178 @@
+"""Rendering examples to text and tokenizing them with labels, one batch at a time.
+
+Labels come from character spans of the rendered text: the text is tokenized once, with offsets,
+and a token is trained when its characters overlap a trained span (an assistant turn, or the
+response). Pieces are never tokenized separately, so the ids are exactly those the model sees
+at inference with the same template.
+
+:class:`TokenizeJob` is what the Ray Data ``map_batches`` workers run, and what the in-process
+path runs: both produce the same rows.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from rayft.config.data import DatasetConfig
+from rayft.data.formats import BadRowError, Example, ResolvedFormat, make_example
+from rayft.data.prepared import IGNORE_INDEX
+from rayft.errors import DataError
+
+Span = tuple[int, int]
+
+
+@dataclass(frozen=True)
+class Rendered:
+    """An example as text, the character spans to train on, and whether to append EOS (trained)."""
+
+    text: str
+    spans: tuple[Span, ...]
+    add_eos: bool
+
+
+def render(example: Example, tokenizer: Any, *, train_on_prompt: bool) -> Rendered:
+    """Render an example to text and find the character spans that carry the loss."""
+    if example.messages is None:
+        text = example.prompt + example.response
+        start = 0 if train_on_prompt else len(example.prompt)
+        return Rendered(text, ((start, len(text)),), True)
+    messages = [{"role": r, "content": c} for r, c in example.messages]
+    full = _chat_text(tokenizer, messages, generation_prompt=False)
+    if train_on_prompt:
+        return Rendered(full, ((0, len(full)),), False)
+    spans = []
+    for index, message in enumerate(messages):
+        if message["role"] != "assistant":
+            continue
+        before = _chat_text(tokenizer, messages[:index], generation_prompt=True)
+        upto = full if index == len(messages) - 1 else _chat_text(tokenizer, messages[: index + 1], False)
+        if not (upto.startswith(before) and full.startswith(upto)):
+            raise DataError(
+                "the tokenizer's chat template does not render a conversation as a prefix of its continuation, "
+                "so assistant turns cannot be located; set use_chat_template=false for this dataset or set "
+                "model.chat_template to a template that does"
+            )
+        spans.append((len(before), len(upto)))
+    return Rendered(full, tuple(spans), False)
+
+
+def _chat_text(tokenizer: Any, messages: list[dict[str, str]], generation_prompt: bool) -> str:
+    if not messages:
+        return ""
+    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation_prompt)
+    return str(text)
+
+
+def label_tokens(ids: Sequence[int], offsets: Sequence[tuple[int, int]], spans: Sequence[Span]) -> list[int]:
+    """Labels for ``ids``: the id where the token overlaps a trained span, else IGNORE_INDEX."""
+    import numpy as np
+
+    if not ids:
+        return []
+    bounds = np.asarray(offsets, dtype=np.int64).reshape(-1, 2)
+    starts, ends = bounds[:, 0], bounds[:, 1]
+    trained = np.zeros(len(ids), dtype=bool)
+    for lo, hi in spans:
+        # A token overlaps [lo, hi) when it starts before hi and ends after lo; empty-width
+        # tokens (some special tokens) count when they sit inside the span.
+        trained |= ((starts < hi) & (ends > lo)) | ((starts == ends) & (starts >= lo) & (starts < hi))
+    return np.where(trained, np.asarray(ids, dtype=np.int64), IGNORE_INDEX).tolist()  # type: ignore[no-any-return]
+
+
+@dataclass(frozen=True)
+class TokenizeJob:
+    """Everything needed to turn mixture rows into tokenized rows; picklable for Ray workers."""
+
+    tokenizer: Any
+    datasets: tuple[tuple[DatasetConfig, ResolvedFormat], ...]
+    max_seq_length: int
+    overlong: str
+    train_on_prompt: bool
+
+    def __call__(self, batch: dict[str, Any]) -> dict[str, Any]:
+        """Tokenize a batch with columns ``sample_id``, ``dataset``, ``row`` (JSON text)."""
+        return tokenize_rows(self, list(batch["sample_id"]), list(batch["dataset"]), list(batch["row"]))
+
+
+def tokenize_rows(job: TokenizeJob, sample_ids: list[int], datasets: list[int], rows: list[str]) -> dict[str, Any]:
+    """Columns ``sample_id, input_ids, labels, length, truncated, reason, detail`` for a batch of rows.
+
+    A rejected row keeps its sample id with empty ids and its reason; ``length`` is the
+    untruncated token count.
+    """
+    rendered: list[Rendered | BadRowError] = []
+    for dataset, row in zip(datasets, rows, strict=True):
+        ds, fmt = job.datasets[int(dataset)]
+        try:
+            rendered.append(
+                render(make_example(json.loads(row), ds, fmt), job.tokenizer, train_on_prompt=job.train_on_prompt)
+            )
+        except BadRowError as bad:
+            rendered.append(bad)
+    texts = [r.text if isinstance(r, Rendered) else "" for r in rendered]
+    encoded = job.tokenizer(texts, add_special_tokens=False, return_offsets_mapping=True)
+    out: dict[str, list[Any]] = {k: [] for k in ("input_ids", "labels", "length", "truncated", "reason", "detail")}
+    eos = job.tokenizer.eos_token_id
+    for index, item in enumerate(rendered):
+        if isinstance(item, BadRowError):
+            _append(out, [], [], 0, False, item.reason, item.detail)
+            continue
+        ids = list(encoded["input_ids"][index])
+        labels = label_tokens(ids, encoded["offset_mapping"][index], item.spans)
+        if item.add_eos and eos is not None:
+            ids.append(eos)
+            labels.append(eos)
+        _append(out, *finish(ids, labels, job.max_seq_length, job.overlong))
+    return {"sample_id": [int(s) for s in sample_ids], **out}
+
+
+def finish(
+    ids: list[int], labels: list[int], max_seq_length: int, overlong: str
+) -> tuple[list[int], list[int], int, bool, str, str]:
+    """Apply the length limit and the no-label check: (ids, labels, length, truncated, reason, detail).
+
+    The first label is always ignored: it would be predicted from the previous example in a pack.
+    """
+    length = len(ids)
+    truncated = False
+    if length > max_seq_length:
+        if overlong != "truncate":
+            detail = f"{length} tokens > max_seq_length {max_seq_length}"
+            return [], [], length, False, "over_length", detail
+        ids, labels, truncated = ids[:max_seq_length], labels[:max_seq_length], True
+    if labels:
+        labels[0] = IGNORE_INDEX
+    if all(label == IGNORE_INDEX for label in labels):
+        why = f"truncated from {length} to {max_seq_length} tokens" if truncated else "no response tokens"
+        return [], [], length, truncated, "all_labels_masked", f"every label is masked ({why})"
+    return ids, labels, length, truncated, "", ""
+
+
+def _append(out: dict[str, list[Any]], *values: Any) -> None:
+    for key, value in zip(("input_ids", "labels", "length", "truncated", "reason", "detail"), values, strict=True):
+        out[key].append(value)
+
+
+def as_table(columns: dict[str, Any]) -> Any:
+    """The output of :func:`tokenize_rows` as an Arrow table with a fixed schema."""
+    import pyarrow as pa
+
+    schema = pa.schema([
+        ("sample_id", pa.int64()), ("input_ids", pa.list_(pa.int32())), ("labels", pa.list_(pa.int32())),
+        ("length", pa.int64()), ("truncated", pa.bool_()), ("reason", pa.string()), ("detail", pa.string()),
+    ])  # fmt: skip
+    return pa.table(columns, schema=schema)
+
+
+class TokenizeActor:
+    """A Ray Data ``map_batches`` worker: holds one :class:`TokenizeJob` and tokenizes Arrow batches."""
+
+    def __init__(self, job: TokenizeJob) -> None:
+        self.job = job
+
+    def __call__(self, batch: Any) -> Any:
+        """Tokenize one Arrow batch, returning an Arrow table."""
+        return as_table(self.job(batch.to_pydict()))
