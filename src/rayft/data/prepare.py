@@ -392,7 +392,10 @@ def write_report(prepared: PreparedData, report_dir: Path | None) -> None:
         report_dir.mkdir(parents=True, exist_ok=True)
         for name, text in (
             (REJECTED_FILE, (Path(prepared.root) / REJECTED_FILE).read_text(encoding="utf-8")),
-            ("stats.json", json.dumps({"key": prepared.key, **prepared.stats}, indent=2, sort_keys=True)),
+            (
+                "stats.json",
+                json.dumps({"key": prepared.key, "root": prepared.root, **prepared.stats}, indent=2, sort_keys=True),
+            ),
         ):
             temp = report_dir / f".{name}.tmp"
             temp.write_text(text, encoding="utf-8")
