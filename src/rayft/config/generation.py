@@ -10,12 +10,39 @@ from rayft.config.base import Section
 from rayft.config.model import ModelConfig
 
 
+class EndpointConfig(Section):
+    """An OpenAI-compatible HTTP endpoint (backend 'openai'): where it is and how hard to try."""
+
+    base_url: str = Field(
+        "http://127.0.0.1:8000/v1",
+        description="Base URL up to and including /v1; /completions and /chat/completions are appended.",
+    )
+    api_key_env: str | None = Field(
+        "OPENAI_API_KEY",
+        description="Environment variable holding the API key sent as a Bearer token (none sent when unset or empty).",
+    )
+    timeout_s: float = Field(60.0, gt=0, description="Seconds to wait for one HTTP response.")
+    max_retries: int = Field(
+        5, ge=0, description="Retries of one request after HTTP 429, 5xx, a timeout or a dropped connection."
+    )
+    backoff_s: float = Field(
+        0.5,
+        ge=0,
+        description="First retry delay in seconds; it doubles on each retry (with jitter), or follows Retry-After.",
+    )
+    max_concurrency: int = Field(8, gt=0, description="Requests in flight at once, per generation actor.")
+
+
 class GenerationConfig(Section):
     """Which backend generates, with which model, how it samples, and how it scales on Ray Data."""
 
-    backend: Literal["hf"] = Field(
+    backend: Literal["hf", "vllm", "openai"] = Field(
         "hf",
-        description="Generation backend: 'hf' (transformers generate, batched, CPU or GPU).",
+        description=(
+            "Generation backend: 'hf' (transformers generate, batched, CPU or GPU), 'vllm' (needs a "
+            "GPU and pip install 'rayft[vllm]'), or 'openai' (any OpenAI-compatible HTTP endpoint, "
+            "see endpoint; model.name is sent as the model)."
+        ),
     )
     model: ModelConfig = Field(default_factory=ModelConfig, description="The generating model.")
     adapter_path: str | None = Field(
@@ -32,3 +59,6 @@ class GenerationConfig(Section):
     concurrency: int = Field(1, gt=0, description="Generation actors (model replicas) in the Ray Data actor pool.")
     num_cpus_per_actor: float = Field(1.0, gt=0, description="CPUs reserved by each actor.")
     num_gpus_per_actor: float = Field(0.0, ge=0, description="GPUs reserved by each actor (0 runs on CPU).")
+    endpoint: EndpointConfig = Field(
+        default_factory=EndpointConfig, description="The HTTP endpoint (backend 'openai' only)."
+    )

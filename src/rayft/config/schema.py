@@ -8,6 +8,7 @@ from rayft.config.base import Section
 from rayft.config.data import DataConfig
 from rayft.config.evaluation import EvalConfig, ExportConfig
 from rayft.config.model import LoraConfig, ModelConfig
+from rayft.config.sdg import SdgConfig
 from rayft.config.train import (
     CheckpointConfig,
     FailureConfig,
@@ -44,6 +45,9 @@ class RayftConfig(Section):
     )
     failure: FailureConfig = Field(default_factory=FailureConfig, description="Retries and timeouts.")
     logging: LoggingConfig = Field(default_factory=LoggingConfig, description="Metric sinks.")
+    sdg: SdgConfig = Field(
+        default_factory=SdgConfig, description="Synthetic data generation (rayft sdg): seeds, generator, filters."
+    )
     eval: EvalConfig = Field(
         default_factory=EvalConfig, description="Evaluation and comparison of models (rayft eval / compare)."
     )

@@ -6,6 +6,7 @@ rows come back with ``error`` set and empty ``generation``, so callers can count
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -21,20 +22,26 @@ OUTPUT_COLUMNS = ("generation", "finish_reason", "error", "num_prompt_tokens", "
 class GenerateActor:
     """A Ray Data callable class: one backend per actor, one generate call per batch."""
 
-    def __init__(self, cfg: GenerationConfig, prompt_column: str) -> None:
+    def __init__(self, cfg: GenerationConfig, prompt_column: str, seconds_column: str | None = None) -> None:
         from rayft.generation.factory import build_backend, sampling_params
 
         self.backend = build_backend(cfg)
         self.params = sampling_params(cfg)
         self.prompt_column = prompt_column
+        self.seconds_column = seconds_column
 
     def __call__(self, batch: dict[str, Any]) -> dict[str, Any]:
+        started = time.perf_counter()
         prompts = [to_prompt(p) for p in batch[self.prompt_column]]
         try:
             generations = self.backend.generate(prompts, self.params)
         except Exception as exc:  # a failed batch becomes rows with an error, never lost rows
             generations = [Generation("", finish_reason="error", error=f"{type(exc).__name__}: {exc}")] * len(prompts)
-        return {**batch, **generation_columns(generations), "generator": [self.backend.name] * len(prompts)}
+        out = {**batch, **generation_columns(generations), "generator": [self.backend.name] * len(prompts)}
+        if self.seconds_column:
+            # Each row carries its share of the batch's time, so a sum over rows gives the stage's seconds.
+            out[self.seconds_column] = [(time.perf_counter() - started) / max(1, len(prompts))] * len(prompts)
+        return out
 
 
 def to_prompt(value: Any) -> Prompt:
@@ -55,11 +62,20 @@ def generation_columns(generations: Sequence[Generation]) -> dict[str, list[Any]
     }
 
 
-def generate_dataset(ds: ray.data.Dataset, cfg: GenerationConfig, prompt_column: str = "prompt") -> ray.data.Dataset:
-    """Add generation columns to every row of ``ds`` (lazily) with an actor pool sized by ``cfg``."""
+def generate_dataset(
+    ds: ray.data.Dataset,
+    cfg: GenerationConfig,
+    prompt_column: str = "prompt",
+    *,
+    seconds_column: str | None = None,
+) -> ray.data.Dataset:
+    """Add generation columns to every row of ``ds`` (lazily) with an actor pool sized by ``cfg``.
+
+    With ``seconds_column``, each row also gets its share of its batch's generation time.
+    """
     return ds.map_batches(
         GenerateActor,
-        fn_constructor_kwargs={"cfg": cfg, "prompt_column": prompt_column},
+        fn_constructor_kwargs={"cfg": cfg, "prompt_column": prompt_column, "seconds_column": seconds_column},
         batch_size=cfg.batch_size,
         batch_format="numpy",
         compute=_actor_pool(cfg.concurrency),

@@ -1,0 +1,168 @@
+"""The SDG output directory: per-batch part files committed by rename, and resume from them.
+
+Layout of ``<output_dir>``::
+
+    state.json                      the config hash the rows were made with
+    parts/part-000001.accepted.parquet
+    parts/part-000001.rejected.parquet
+    parts/part-000001.done.json     written last: the part's seed ids and counts (its commit marker)
+    data.parquet, data.jsonl        every accepted row (rebuilt from the parts at the end)
+    rejected.jsonl                  every rejected row with its stage, reason and detail
+    summary.json
+
+A part without its ``done.json`` was cut short by a crash and is deleted on the next start; the
+seeds of committed parts are skipped, so a rerun neither repeats nor duplicates rows.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Callable, Iterator
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+from rayft.errors import RunStateError, StorageError
+from rayft.sdg.rows import OUTPUT_COLUMNS
+from rayft.sdg.stages import Row
+
+_DONE = re.compile(r"^part-(\d{6})\.done\.json$")
+
+
+def atomic_write(path: Path, write: Callable[[Path], None]) -> None:
+    """Write ``path`` through a temporary name beside it and rename, so readers never see half a file."""
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """:func:`atomic_write` for text."""
+
+    def write(tmp: Path) -> None:
+        tmp.write_text(text)
+
+    atomic_write(path, write)
+
+
+class SdgStore:
+    """Reads and writes one SDG output directory."""
+
+    def __init__(self, root: Path) -> None:
+        if "://" in str(root):
+            raise StorageError(f"sdg output_dir {str(root)!r}: only local (or mounted) directories are supported")
+        self.root = root
+        self.parts = root / "parts"
+        self.data_parquet = root / "data.parquet"
+        self.data_jsonl = root / "data.jsonl"
+        self.rejected_jsonl = root / "rejected.jsonl"
+        self.summary_json = root / "summary.json"
+
+    def open(self, config_hash: str) -> None:
+        """Create the directory, or reopen it for resume when it was made with the same config.
+
+        Raises:
+            RunStateError: the directory holds rows made with another SDG config.
+        """
+        try:
+            self.parts.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise StorageError(f"cannot create the sdg output directory {self.root}: {exc}") from exc
+        state_path = self.root / "state.json"
+        if state_path.exists():
+            previous = json.loads(state_path.read_text()).get("config_hash")
+            if previous != config_hash and self.done_records():
+                raise RunStateError(
+                    f"{self.root} holds synthetic rows made with another sdg config (hash {previous}, now "
+                    f"{config_hash}); set sdg.output_dir to a new directory, or delete {self.root} to start over"
+                )
+        atomic_write_text(state_path, json.dumps({"config_hash": config_hash}) + "\n")
+        self._remove_uncommitted()
+
+    def _remove_uncommitted(self) -> None:
+        committed = {m.group(1) for p in self.parts.iterdir() if (m := _DONE.match(p.name))}
+        for path in self.parts.iterdir():
+            number = path.name[5:11] if path.name.startswith("part-") else ""
+            if path.name.startswith(".") or number not in committed:
+                path.unlink()
+
+    def done_records(self) -> list[dict[str, Any]]:
+        """The commit records of every committed part, in part order."""
+        if not self.parts.exists():
+            return []
+        paths = sorted(p for p in self.parts.iterdir() if _DONE.match(p.name))
+        return [json.loads(p.read_text()) for p in paths]
+
+    def done_seeds(self) -> set[str]:
+        """Seed ids whose rows are all committed."""
+        return {s for record in self.done_records() for s in record["seed_ids"]}
+
+    def next_part(self) -> int:
+        """The number of the next part to write."""
+        numbers = [int(m.group(1)) for p in self.parts.iterdir() if (m := _DONE.match(p.name))]
+        return max(numbers, default=0) + 1
+
+    def committed_accepted(self) -> Iterator[Row]:
+        """Accepted rows of every committed part (to rebuild the dedup indexes on resume)."""
+        import pyarrow.parquet as pq
+
+        for record in self.done_records():
+            path = self.parts / f"part-{record['part']:06d}.accepted.parquet"
+            if path.exists():
+                yield from pq.read_table(path, columns=["question", "seed_id"]).to_pylist()
+
+    def commit_part(self, number: int, accepted: list[Row], rejected: list[Row], record: dict[str, Any]) -> None:
+        """Write one part's rows, then its commit record (last, by rename)."""
+        stem = self.parts / f"part-{number:06d}"
+        for kind, rows in (("accepted", accepted), ("rejected", rejected)):
+            if rows:
+                table = _table(rows)
+                atomic_write(Path(f"{stem}.{kind}.parquet"), partial(_write_parquet, table))
+        atomic_write_text(Path(f"{stem}.done.json"), json.dumps({**record, "part": number}) + "\n")
+
+    def consolidate(self) -> tuple[int, int]:
+        """Rebuild data.parquet, data.jsonl and rejected.jsonl from the committed parts; the row counts."""
+        accepted = self._read_parts("accepted")
+        rejected = self._read_parts("rejected")
+        atomic_write(self.data_parquet, lambda p: _write_parquet(accepted, p))
+        atomic_write(self.data_jsonl, lambda p: _write_jsonl(accepted, p))
+        atomic_write(self.rejected_jsonl, lambda p: _write_jsonl(rejected, p))
+        return accepted.num_rows, rejected.num_rows
+
+    def _read_parts(self, kind: str) -> Any:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        tables = []
+        for record in self.done_records():
+            path = self.parts / f"part-{record['part']:06d}.{kind}.parquet"
+            if path.exists():
+                tables.append(pq.read_table(path))
+        return pa.concat_tables(tables) if tables else _table([])
+
+
+def _table(rows: list[Row]) -> Any:
+    import pyarrow as pa
+
+    from rayft.sdg.rows import ROW_DEFAULTS
+
+    columns = {c: [r.get(c, ROW_DEFAULTS[c]) for r in rows] for c in OUTPUT_COLUMNS}
+    schema = pa.schema([(c, pa.int64() if isinstance(ROW_DEFAULTS[c], int) else pa.string()) for c in OUTPUT_COLUMNS])
+    return pa.table(columns, schema=schema)
+
+
+def _write_parquet(table: Any, path: Path) -> None:
+    import pyarrow.parquet as pq
+
+    pq.write_table(table, path)
+
+
+def _write_jsonl(table: Any, path: Path) -> None:
+    with path.open("w") as f:
+        for row in table.to_pylist():
+            f.write(json.dumps(row, ensure_ascii=False) + "\n")
