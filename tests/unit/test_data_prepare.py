@@ -61,7 +61,7 @@ def test_same_inputs_reuse_the_cache_and_other_inputs_do_not(tiny_model_dir: Pat
     again = prepare_data(cfg.data, cfg.model, 0, report_dir=None, use_ray=False)
     assert again == first and manifest.stat().st_mtime_ns == stamp
     longer = _config(tiny_model_dir, "data.datasets=[{path: 'builtin:arithmetic', max_rows: 20}]",
-                     "data.max_seq_length=512")  # fmt: skip
+                     "data.max_seq_length=768")  # fmt: skip
     assert prepare_data(longer.data, longer.model, 0, report_dir=None, use_ray=False).key != first.key
     assert prepare_data(cfg.data, cfg.model, 1, report_dir=None, use_ray=False).key != first.key
 
@@ -81,3 +81,26 @@ def test_bad_rows_are_reported_and_the_threshold_stops(tiny_model_dir: Path, tmp
     lenient = _config(tiny_model_dir, *base, "data.max_rejected_fraction=0.2")
     prepared = prepare_data(lenient.data, lenient.model, 0, report_dir=tmp_path / "r2", use_ray=False)
     assert prepared.train.num_units == 18 and prepared.stats["rejected_total"] == 2
+
+
+def test_packing_fills_sequences_and_keeps_every_example(tiny_model_dir: Path) -> None:
+    rows = "data.datasets=[{path: 'builtin:arithmetic', max_rows: 60}]"
+    plain = _config(tiny_model_dir, rows, "data.max_seq_length=1024")
+    packed_cfg = _config(tiny_model_dir, rows, "data.max_seq_length=1024", "data.packing=true")
+    unpacked = prepare_data(plain.data, plain.model, 0, report_dir=None, use_ray=False)
+    packed = prepare_data(packed_cfg.data, packed_cfg.model, 0, report_dir=None, use_ray=False)
+
+    assert packed.packed and packed.key != unpacked.key
+    assert packed.train.num_examples == unpacked.train.num_examples == 57
+    assert packed.train.num_tokens == unpacked.train.num_tokens
+    assert packed.train.num_label_tokens == unpacked.train.num_label_tokens
+    assert packed.train.num_units < unpacked.train.num_units / 2
+    units = _rows(packed)
+    assert all(u["num_tokens"] <= 1024 for u in units)  # type: ignore[operator]
+    assert sorted(s for u in units for s in u["sample_ids"]) == sorted(  # type: ignore[attr-defined]
+        s
+        for u in _rows(unpacked)
+        for s in u["sample_ids"]  # type: ignore[attr-defined]
+    )
+    assert packed.stats["padding_efficiency"] == packed.train.num_tokens / (packed.train.num_units * 1024)
+    assert packed.stats["padding_efficiency"] > 0.8  # 57 examples of ~200 tokens in ~11 bins
