@@ -33,6 +33,11 @@ def read_table(ds: DatasetConfig) -> pa.Table:
     """All rows of a dataset (at most ``max_rows``) as an Arrow table."""
     import pyarrow as pa
 
+    if ds.path.startswith("stage:"):
+        raise DataError(
+            f"dataset path {ds.path!r} names the output of a pipeline stage; run the config with `rayft run`, "
+            "or set the path to that stage's output file (for example runs/<name>/sdg/data.jsonl)"
+        )
     if is_builtin(ds.path):
         table = pa.Table.from_pylist(load_builtin(ds.path, ds.split, ds.max_rows))
     elif "://" in ds.path:
