@@ -1,0 +1,135 @@
+"""``rayft eval``, ``rayft compare`` and ``rayft export``: score models, compare them, ship them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from rayft.cli.common import config_argument, load_cli_config, overrides_argument
+from rayft.config import RayftConfig, load_config
+from rayft.errors import ConfigError
+
+_CHECKPOINT_HELP = "Checkpoint of a run directory: latest (default), best (lowest eval/loss), final, or step-N."
+
+
+def _with_checkpoint(overrides: tuple[str, ...], checkpoint: str | None) -> tuple[str, ...]:
+    return (*overrides, f"eval.checkpoint={checkpoint}") if checkpoint else overrides
+
+
+def _default_source(cfg: RayftConfig) -> str:
+    run_dir = Path(cfg.storage_path).expanduser() / cfg.name
+    return str(run_dir) if run_dir.is_dir() else cfg.model.name
+
+
+def _default_output(cfg: RayftConfig, kind: str) -> Path:
+    return Path(cfg.storage_path).expanduser() / cfg.name / kind
+
+
+@click.command("eval", epilog="Example: rayft eval cfg.yaml --model runs/my-run --checkpoint best eval.max_samples=100")
+@config_argument
+@overrides_argument
+@click.option(
+    "--model",
+    "source",
+    default=None,
+    help="Model to evaluate: a run directory, a checkpoint or final/ directory, a model directory, a Hub id, "
+    "a .gguf file or a built-in name. Default: the config's run directory if it exists, else model.name.",
+)
+@click.option("--checkpoint", default=None, help=_CHECKPOINT_HELP)
+@click.option("--output", type=click.Path(file_okay=False), default=None, help="Report directory [<run>/eval].")
+def eval_(
+    config_path: str, overrides: tuple[str, ...], source: str | None, checkpoint: str | None, output: str | None
+) -> None:
+    """Score one model on the eval datasets of CONFIG; write eval.json and predictions.jsonl.
+
+    Metrics come with their confidence intervals (Wilson for accuracies, bootstrap otherwise).
+    """
+    from rayft.recipes.evaluate import evaluate_model
+
+    cfg = load_cli_config(config_path, _with_checkpoint(overrides, checkpoint))
+    result = evaluate_model(
+        cfg, source or _default_source(cfg), Path(output) if output else _default_output(cfg, "eval")
+    )
+    click.echo(result.table)
+    click.echo(f"\nReport: {result.json_path}\nPredictions: {result.predictions_path}")
+
+
+def _parse_models(items: tuple[str, ...]) -> dict[str, str]:
+    sources: dict[str, str] = {}
+    for item in items:
+        label, sep, src = item.partition("=")
+        if not sep or not label or not src:
+            raise ConfigError(f"--model {item!r}: expected LABEL=SOURCE, e.g. --model base=smollm2-135m-instruct")
+        if label in sources:
+            raise ConfigError(f"--model: the label {label!r} is used twice; give every model its own label")
+        sources[label] = src
+    return sources
+
+
+@click.command(epilog="Example: rayft compare cfg.yaml --model base=smollm2-135m-instruct --model tuned=runs/my-run")
+@config_argument
+@overrides_argument
+@click.option(
+    "--model",
+    "models",
+    multiple=True,
+    required=True,
+    help="LABEL=SOURCE, at least twice (sources as for rayft eval).",
+)
+@click.option("--checkpoint", default=None, help=_CHECKPOINT_HELP)
+@click.option("--output", type=click.Path(file_okay=False), default=None, help="Report directory [<run>/compare].")
+def compare(
+    config_path: str, overrides: tuple[str, ...], models: tuple[str, ...], checkpoint: str | None, output: str | None
+) -> None:
+    """Evaluate two or more models on the same prompts and test their differences.
+
+    Writes compare.json, compare.md, a self-contained compare.html and examples.jsonl; paired
+    tests are McNemar (correct/incorrect) and paired bootstrap (continuous metrics).
+    """
+    from rayft.recipes.compare import compare_models
+
+    sources = _parse_models(models)
+    cfg = load_cli_config(config_path, _with_checkpoint(overrides, checkpoint))
+    result = compare_models(cfg, sources, Path(output) if output else _default_output(cfg, "compare"))
+    click.echo(result.table + "\n")
+    for pair in result.summary["pairs"]:
+        for name, test in pair["tests"].items():
+            verdict = "significant" if test["significant"] else "not significant"
+            click.echo(
+                f"{pair['b']} - {pair['a']} {name}: {test['difference']:+.3f} "
+                f"[{test['diff_ci_low']:+.3f}, {test['diff_ci_high']:+.3f}], {test['test']} p={test['p_value']:.4g} "
+                f"({verdict})"
+            )
+    click.echo(f"\nReport: {result.html_path}\nMarkdown: {result.markdown_path}\nJSON: {result.json_path}")
+
+
+@click.command(epilog="Example: rayft export runs/my-run exported/my-model --no-merge")
+@click.argument("source")
+@click.argument("output_dir", type=click.Path(file_okay=False))
+@click.argument("overrides", nargs=-1, metavar="[KEY=VALUE]...")
+@click.option("--config", "config_path", type=click.Path(dir_okay=False), default=None, help="Config file (optional).")
+@click.option("--merge/--no-merge", default=None, help="Merge the LoRA adapter (default: export.merge, true).")
+@click.option("--checkpoint", default=None, help=_CHECKPOINT_HELP)
+def export(
+    source: str,
+    output_dir: str,
+    overrides: tuple[str, ...],
+    *,
+    config_path: str | None,
+    merge: bool | None,
+    checkpoint: str | None,
+) -> None:
+    """Turn a checkpoint (or a run directory's chosen checkpoint) into a Hugging Face model directory.
+
+    The export is verified before it is published: the adapter's shapes, merged vs base+adapter
+    logits, and a reload with from_pretrained that generates.
+    """
+    from rayft.recipes.export import export_model
+
+    cfg = load_config(config_path, list(_with_checkpoint(overrides, checkpoint)))
+    result = export_model(cfg, source, Path(output_dir), merge=merge)
+    kind = "merged model" if result.merged else ("adapter" if result.verification.get("adapter") else "model")
+    click.echo(f"Exported {kind} to {result.output_dir}")
+    for key, value in result.verification.items():
+        click.echo(f"  {key}: {value}")

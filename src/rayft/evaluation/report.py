@@ -1,0 +1,317 @@
+"""Evaluation reports: JSON summaries, per-example rows, a console table, Markdown, and a
+self-contained HTML page (inline CSS and an inline SVG bar chart, nothing fetched: it reads
+offline). Files are written to a temporary name beside the target and renamed into place.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import os
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from rayft.errors import StorageError
+from rayft.evaluation.runner import Examples, ModelRun
+from rayft.evaluation.stats import PairedTest, paired_test
+
+MAX_DISAGREEMENTS = 50
+_PALETTE = ("#4269d0", "#efb118", "#ff725c", "#6cc5b0", "#3ca951", "#a463f2")
+
+
+def write_text_atomic(path: Path, text: str) -> Path:
+    """Write ``text`` to ``path`` through a temporary file in the same directory and a rename."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, path)
+    except OSError as exc:
+        raise StorageError(f"cannot write {path} ({exc.strerror}); choose a writable output directory") from exc
+    return path
+
+
+def write_jsonl(path: Path, rows: Iterable[Mapping[str, Any]]) -> Path:
+    """One JSON object per line, written atomically."""
+    return write_text_atomic(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
+
+
+def metrics_summary(run: ModelRun) -> dict[str, Any]:
+    """Per metric: value, interval, n, and the interval method."""
+    return {name: est.to_dict() | {"kind": run.kinds[name]} for name, est in run.metrics.items()}
+
+
+def model_summary(run: ModelRun) -> dict[str, Any]:
+    """What was evaluated and how it did, for eval.json and compare.json."""
+    return {
+        "source": run.source.source,
+        "resolved": run.source.describe(),
+        "kind": run.source.kind,
+        "step": run.source.step,
+        "training_metrics": run.source.metrics,
+        "lineage": run.source.lineage,
+        "fingerprint": run.fingerprint,
+        "metrics": metrics_summary(run),
+        "primary_metric": run.primary,
+        "generation_errors": run.errors,
+        "generated_tokens": run.generated_tokens,
+        "elapsed_s": round(run.elapsed_s, 3),
+    }
+
+
+def prediction_rows(run: ModelRun, examples: Examples) -> list[dict[str, Any]]:
+    """The per-example rows of one model: prompt, output, extracted answers, reference, scores."""
+    rows = []
+    for i, ex in enumerate(examples.items):
+        gen = run.generations[i]
+        rows.append(
+            {
+                "id": ex.id,
+                "question": ex.question,
+                "prompt": ex.prompt,
+                "reference": ex.reference,
+                "output": gen.text,
+                "extracted": run.extracted[i],
+                "scores": run.scores[i],
+                "correct": bool(run.scores[i].get(run.primary, 0.0) == 1.0)
+                if run.kinds[run.primary] == "binary"
+                else None,
+                "finish_reason": gen.finish_reason,
+                "error": gen.error,
+                "num_generated_tokens": gen.num_generated_tokens,
+            }
+        )
+    return rows
+
+
+def pair_tests(
+    runs: Sequence[ModelRun], confidence: float, alpha: float, samples: int, seed: int
+) -> list[dict[str, Any]]:
+    """Paired tests of every metric for every pair of models (difference = later - earlier)."""
+    out = []
+    for i, a in enumerate(runs):
+        for b in runs[i + 1 :]:
+            tests: dict[str, Any] = {}
+            for name, kind in a.kinds.items():
+                if name not in b.kinds:
+                    continue
+                va, vb = [s.get(name, 0.0) for s in a.scores], [s.get(name, 0.0) for s in b.scores]
+                test: PairedTest = paired_test(
+                    "binary" if kind == "binary" and b.kinds[name] == "binary" else "continuous",
+                    va, vb, confidence=confidence, alpha=alpha, samples=samples, seed=seed,
+                )  # fmt: skip
+                tests[name] = test.to_dict()
+            out.append({"a": a.label, "b": b.label, "tests": tests})
+    return out
+
+
+def comparison_examples(runs: Sequence[ModelRun], examples: Examples) -> list[dict[str, Any]]:
+    """Per example: prompt, reference, and each model's output, extracted answer, correctness."""
+    rows = []
+    for i, ex in enumerate(examples.items):
+        models = {}
+        for run in runs:
+            primary = run.scores[i].get(run.primary, 0.0)
+            models[run.label] = {
+                "output": run.generations[i].text,
+                "extracted": run.extracted[i],
+                "scores": run.scores[i],
+                "correct": bool(primary == 1.0) if run.kinds[run.primary] == "binary" else None,
+                "error": run.generations[i].error,
+            }
+        rows.append(
+            {"id": ex.id, "question": ex.question, "prompt": ex.prompt, "reference": ex.reference, "models": models}
+        )
+    return rows
+
+
+def disagreements(rows: Sequence[dict[str, Any]], primary: str, limit: int = MAX_DISAGREEMENTS) -> list[dict[str, Any]]:
+    """Examples where the models' primary scores differ, the largest differences first."""
+
+    def spread(row: dict[str, Any]) -> float:
+        values = [float(m["scores"].get(primary, 0.0)) for m in row["models"].values()]
+        return max(values) - min(values)
+
+    differing = [r for r in rows if spread(r) > 0]
+    return sorted(differing, key=spread, reverse=True)[:limit]
+
+
+def _fmt(value: float, scale: float = 1.0) -> str:
+    return f"{value * scale:.3f}" if scale == 1.0 else f"{value * scale:.1f}"
+
+
+def console_table(summary_models: Mapping[str, Mapping[str, Any]], confidence: float) -> str:
+    """A plain-text table: one row per model and metric, with the interval."""
+    head = ("model", "metric", "value", f"{confidence:.0%} interval", "n")
+    rows = [head]
+    for label, model in summary_models.items():
+        for name, m in model["metrics"].items():
+            rows.append((label, name, _fmt(m["value"]), f"[{_fmt(m['ci_low'])}, {_fmt(m['ci_high'])}]", str(m["n"])))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)) for row in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def render_markdown(summary: Mapping[str, Any], rows: Sequence[dict[str, Any]]) -> str:
+    """compare.md: metrics with intervals, paired tests, and the examples where models disagree."""
+    conf = summary["confidence"]
+    out = [f"# Comparison: {' vs '.join(summary['models'])}", ""]
+    out += [f"Task `{summary['task']}`, {summary['num_examples']} examples, {conf:.0%} intervals.", ""]
+    out += ["## Metrics", "", "| model | metric | value | interval | n |", "|---|---|---|---|---|"]
+    for label, model in summary["models"].items():
+        for name, m in model["metrics"].items():
+            out.append(
+                f"| {label} | {name} | {_fmt(m['value'])} | [{_fmt(m['ci_low'])}, {_fmt(m['ci_high'])}] | {m['n']} |"
+            )
+    out += [
+        "",
+        "## Paired tests",
+        "",
+        "| pair | metric | test | difference (b - a) | interval | p-value | significant |",
+    ]
+    out.append("|---|---|---|---|---|---|---|")
+    for pair in summary["pairs"]:
+        for name, t in pair["tests"].items():
+            out.append(
+                f"| {pair['b']} vs {pair['a']} | {name} | {t['test']} | {t['difference']:+.3f} | "
+                f"[{t['diff_ci_low']:+.3f}, {t['diff_ci_high']:+.3f}] | {t['p_value']:.4g} | "
+                f"{'yes' if t['significant'] else 'no'} |"
+            )
+    shown = disagreements(rows, summary["primary_metric"])
+    out += ["", f"## Examples where the models disagree ({len(shown)} shown)", ""]
+    for row in shown:
+        out += [
+            f"### {row['id']}",
+            "",
+            f"**Question:** {row['question']}",
+            "",
+            f"**Reference:** {row['reference']}",
+            "",
+        ]
+        for label, m in row["models"].items():
+            verdict = {True: "correct", False: "wrong", None: ""}[m["correct"]]
+            out += [f"**{label}** {verdict}:", "", "```", m["output"].replace("```", "'''"), "```", ""]
+    return "\n".join(out) + "\n"
+
+
+_CSS = """
+body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:2rem auto;max-width:1100px;color:#222;
+padding:0 1rem}
+h1{font-size:1.6rem}h2{font-size:1.25rem;margin-top:2rem;border-bottom:1px solid #ddd;padding-bottom:.3rem}
+table{border-collapse:collapse;margin:.5rem 0;font-size:.92rem}
+th,td{border:1px solid #ccc;padding:.35rem .6rem;text-align:left;vertical-align:top}
+th{background:#f3f4f6}.yes{color:#0a7d32;font-weight:600}.no{color:#666}
+.ok{color:#0a7d32;font-weight:600}.bad{color:#b42318;font-weight:600}
+pre{white-space:pre-wrap;background:#f8f8f8;border:1px solid #e5e5e5;padding:.5rem;margin:.2rem 0;font-size:.85rem}
+.meta{color:#555;font-size:.9rem}.example{border:1px solid #ddd;border-radius:6px;padding:.6rem 1rem;margin:1rem 0}
+"""
+
+
+def _svg_chart(summary: Mapping[str, Any]) -> str:
+    """A grouped bar chart of every metric per model, with interval whiskers (inline SVG)."""
+    models = list(summary["models"])
+    metrics = list(dict.fromkeys(name for m in summary["models"].values() for name in m["metrics"]))
+    scale = max([1.0] + [m["metrics"][n]["ci_high"] for m in summary["models"].values() for n in m["metrics"]])
+    width, height, left, bottom, top = 900, 320, 60, 60, 20
+    plot_h = height - bottom - top
+    group_w = (width - left - 20) / max(len(metrics), 1)
+    bar_w = min(60.0, group_w * 0.8 / max(len(models), 1))
+    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" role="img" '
+             f'aria-label="metrics by model">']  # fmt: skip
+    for tick in range(5):
+        value = scale * tick / 4
+        y = top + plot_h - plot_h * tick / 4
+        parts.append(f'<line x1="{left}" x2="{width - 10}" y1="{y:.1f}" y2="{y:.1f}" stroke="#e5e5e5"/>')
+        parts.append(f'<text x="{left - 6}" y="{y + 4:.1f}" font-size="11" text-anchor="end">{value:.2f}</text>')
+    for gi, name in enumerate(metrics):
+        x0 = left + gi * group_w + (group_w - bar_w * len(models)) / 2
+        for mi, label in enumerate(models):
+            m = summary["models"][label]["metrics"].get(name)
+            if m is None:
+                continue
+            x = x0 + mi * bar_w
+            h = plot_h * m["value"] / scale
+            y = top + plot_h - h
+            color = _PALETTE[mi % len(_PALETTE)]
+            parts.append(
+                f'<rect x="{x:.1f}" y="{y:.1f}" width="{bar_w - 4:.1f}" height="{h:.1f}" fill="{color}">'
+                f"<title>{html.escape(label)} {html.escape(name)}: {m['value']:.3f}</title></rect>"
+            )
+            lo, hi = (top + plot_h - plot_h * m[k] / scale for k in ("ci_low", "ci_high"))
+            cx = x + (bar_w - 4) / 2
+            parts.append(f'<line x1="{cx:.1f}" x2="{cx:.1f}" y1="{lo:.1f}" y2="{hi:.1f}" stroke="#222"/>')
+            for yy in (lo, hi):
+                parts.append(f'<line x1="{cx - 5:.1f}" x2="{cx + 5:.1f}" y1="{yy:.1f}" y2="{yy:.1f}" stroke="#222"/>')
+            parts.append(
+                f'<text x="{cx:.1f}" y="{y - 4:.1f}" font-size="11" text-anchor="middle">{m["value"]:.2f}</text>'
+            )
+        label_x = left + gi * group_w + group_w / 2
+        parts.append(
+            f'<text x="{label_x:.1f}" y="{height - bottom + 18}" font-size="12" text-anchor="middle">'
+            f"{html.escape(name)}</text>"
+        )
+    for mi, label in enumerate(models):
+        x = left + mi * 160
+        parts.append(f'<rect x="{x}" y="{height - 22}" width="12" height="12" fill="{_PALETTE[mi % len(_PALETTE)]}"/>')
+        parts.append(f'<text x="{x + 18}" y="{height - 12}" font-size="12">{html.escape(label)}</text>')
+    parts.append("</svg>")
+    return "\n".join(parts)
+
+
+def render_html(summary: Mapping[str, Any], rows: Sequence[dict[str, Any]]) -> str:
+    """compare.html: one self-contained page (no scripts, fonts or styles from the network)."""
+    e = html.escape
+    conf = summary["confidence"]
+    body = [f"<h1>Comparison: {e(' vs '.join(summary['models']))}</h1>"]
+    body.append(
+        f'<p class="meta">Task <b>{e(summary["task"])}</b>, {summary["num_examples"]} examples, '
+        f"{conf:.0%} intervals. Generated by rayft.</p>"
+    )
+    body += ["<h2>Models</h2>", "<table><tr><th>label</th><th>model</th><th>step</th><th>fingerprint</th></tr>"]
+    for label, model in summary["models"].items():
+        fp = (model["fingerprint"].get("sha256") or "")[:16]
+        body.append(
+            f"<tr><td>{e(label)}</td><td>{e(model['resolved'])}</td><td>{e(str(model['step'] or ''))}</td>"
+            f"<td><code>{e(fp)}</code></td></tr>"
+        )
+    body += ["</table>", "<h2>Metrics</h2>", _svg_chart(summary)]
+    body.append("<table><tr><th>model</th><th>metric</th><th>value</th><th>interval</th><th>n</th></tr>")
+    for label, model in summary["models"].items():
+        for name, m in model["metrics"].items():
+            body.append(
+                f"<tr><td>{e(label)}</td><td>{e(name)}</td><td>{m['value']:.3f}</td>"
+                f"<td>[{m['ci_low']:.3f}, {m['ci_high']:.3f}]</td><td>{m['n']}</td></tr>"
+            )
+    body += ["</table>", "<h2>Paired tests</h2>"]
+    body.append(
+        "<table><tr><th>pair</th><th>metric</th><th>test</th><th>difference (b &minus; a)</th><th>interval</th>"
+        "<th>p-value</th><th>significant</th></tr>"
+    )
+    for pair in summary["pairs"]:
+        for name, t in pair["tests"].items():
+            sig = '<span class="yes">yes</span>' if t["significant"] else '<span class="no">no</span>'
+            body.append(
+                f"<tr><td>{e(pair['b'])} vs {e(pair['a'])}</td><td>{e(name)}</td><td>{e(t['test'])}</td>"
+                f"<td>{t['difference']:+.3f}</td><td>[{t['diff_ci_low']:+.3f}, {t['diff_ci_high']:+.3f}]</td>"
+                f"<td>{t['p_value']:.4g}</td><td>{sig}</td></tr>"
+            )
+    body.append("</table>")
+    shown = disagreements(rows, summary["primary_metric"])
+    body.append(f"<h2>Examples where the models disagree ({len(shown)} shown)</h2>")
+    if not shown:
+        body.append("<p>The models agree on every example.</p>")
+    for row in shown:
+        body.append(f'<div class="example"><p><b>{e(row["id"])}</b>: {e(row["question"])}</p>')
+        body.append(f"<p><b>Reference:</b> {e(row['reference'])}</p>")
+        for label, m in row["models"].items():
+            verdict = {True: '<span class="ok">correct</span>', False: '<span class="bad">wrong</span>', None: ""}
+            body.append(f"<p><b>{e(label)}</b> {verdict[m['correct']]}</p><pre>{e(m['output'])}</pre>")
+        body.append("</div>")
+    return (
+        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+        f"<title>rayft comparison</title><style>{_CSS}</style></head>\n<body>\n"
+        + "\n".join(body)
+        + "\n</body></html>\n"
+    )

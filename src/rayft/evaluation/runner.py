@@ -1,0 +1,244 @@
+"""Running an evaluation: read the examples, generate with one model, score, summarise.
+
+Generation runs on a Ray Data actor pool (:mod:`rayft.generation.ray_pool`) or, for small evals
+and machines without Ray, in this process with the same backend. A prompt whose generation
+fails is kept: it scores as an empty output and its error is counted and written out.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from rayft.config.data import DatasetConfig
+from rayft.config.evaluation import EvalConfig
+from rayft.config.generation import GenerationConfig
+from rayft.errors import DataError
+from rayft.evaluation.sources import ResolvedSource
+from rayft.evaluation.stats import Estimate, estimate
+from rayft.evaluation.tasks import Task, build_prompt
+from rayft.generation.backend import Generation, Prompt
+
+log = logging.getLogger("rayft.eval")
+
+Runtime = Literal["ray", "local"]
+
+
+@dataclass(frozen=True)
+class Example:
+    """One evaluation example: where it came from, its question, reference and prompt."""
+
+    id: str
+    question: str
+    reference: str
+    prompt: Prompt
+
+
+@dataclass(frozen=True)
+class Examples:
+    """The examples to score, the few-shot examples shown before each, and the rows left out."""
+
+    items: list[Example]
+    fewshot: list[tuple[str, str]]
+    skipped: list[dict[str, Any]] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class ModelRun:
+    """One model's outputs and scores on the examples."""
+
+    label: str
+    source: ResolvedSource
+    generations: list[Generation]
+    scores: list[dict[str, float]]
+    extracted: list[dict[str, str]]
+    metrics: dict[str, Estimate]
+    kinds: dict[str, str]
+    primary: str
+    elapsed_s: float
+    fingerprint: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def generated_tokens(self) -> int:
+        """Tokens generated over every example."""
+        return sum(g.num_generated_tokens for g in self.generations)
+
+    @property
+    def errors(self) -> int:
+        """Examples whose generation failed."""
+        return sum(1 for g in self.generations if g.error)
+
+
+def _columns(ds: DatasetConfig, ev: EvalConfig) -> tuple[str, str]:
+    return ds.field_mapping.get("question", ev.question_field), ds.field_mapping.get("answer", ev.answer_field)
+
+
+def read_pairs(ds: DatasetConfig, ev: EvalConfig) -> tuple[list[tuple[str, str, str]], list[dict[str, Any]]]:
+    """(id, question, reference) of every usable row of ``ds``, and the rows skipped with reasons."""
+    from rayft.data.sources import read_table, source_name
+
+    table = read_table(ds)
+    question, answer = _columns(ds, ev)
+    missing = [c for c in (question, answer) if c not in table.column_names]
+    if missing:
+        raise DataError(
+            f"eval dataset {ds.path!r} has no column {', '.join(map(repr, missing))} (columns: "
+            f"{', '.join(table.column_names)}); set eval.question_field / eval.answer_field, or the dataset's "
+            "field_mapping {question: <column>, answer: <column>}"
+        )
+    name = source_name(ds)
+    pairs, skipped = [], []
+    for index, row in enumerate(table.select([question, answer]).to_pylist()):
+        row_id = f"{name}:{index}"
+        bad = [c for c in (question, answer) if not isinstance(row[c], str) or not row[c].strip()]
+        if bad:
+            skipped.append({"id": row_id, "reason": f"empty or non-text {', '.join(bad)}"})
+            continue
+        pairs.append((row_id, row[question], row[answer]))
+    return pairs, skipped
+
+
+def load_examples(ev: EvalConfig, task: Task) -> Examples:
+    """The scored examples of ``ev``, with the few-shot examples already in their prompts."""
+    pairs: list[tuple[str, str, str]] = []
+    skipped: list[dict[str, Any]] = []
+    for ds in ev.datasets:
+        rows, bad = read_pairs(ds, ev)
+        pairs += rows
+        skipped += bad
+    if ev.fewshot_dataset is not None:
+        shots = [(q, a) for _, q, a in read_pairs(ev.fewshot_dataset, ev)[0][: ev.num_fewshot]]
+    else:
+        shots = [(q, a) for _, q, a in pairs[: ev.num_fewshot]]
+        pairs = pairs[ev.num_fewshot :]
+    if len(shots) < ev.num_fewshot:
+        raise DataError(f"eval.num_fewshot={ev.num_fewshot} but only {len(shots)} few-shot rows exist")
+    pairs = pairs[: ev.max_samples] if ev.max_samples else pairs
+    if not pairs:
+        raise DataError("the eval datasets leave no example to score; add rows or lower eval.num_fewshot")
+    for item in skipped:
+        log.warning("eval: skipped row %s (%s)", item["id"], item["reason"])
+    items = [Example(row_id, q, a, build_prompt(task, q, shots, **_prompt_options(ev))) for row_id, q, a in pairs]
+    return Examples(items, shots, skipped)
+
+
+def _prompt_options(ev: EvalConfig) -> dict[str, Any]:
+    return {"chat": ev.use_chat_template, "system_prompt": ev.system_prompt, "template": ev.prompt_template}
+
+
+def generation_config(ev: EvalConfig, source: ResolvedSource, task: Task) -> GenerationConfig:
+    """The generation section for one model: the eval's sampling, the source's model and adapter."""
+    stop = list(dict.fromkeys([*ev.generation.stop, *task.stop]))
+    return ev.generation.model_copy(
+        update={
+            "model": source.model,
+            "adapter_path": source.adapter_path,
+            "backend": ev.backend,
+            "batch_size": ev.batch_size,
+            "concurrency": ev.num_workers,
+            "num_cpus_per_actor": ev.num_cpus_per_worker,
+            "num_gpus_per_actor": ev.num_gpus_per_worker,
+            "stop": stop,
+        }
+    )
+
+
+def choose_runtime(setting: str, ray_running: bool, address: str | None) -> Runtime:
+    """Where generation runs: 'auto' uses Ray only when it is already there (or an address is set)."""
+    if setting == "auto":
+        return "ray" if ray_running or address else "local"
+    return "ray" if setting == "ray" else "local"
+
+
+def generate(prompts: Sequence[Prompt], cfg: GenerationConfig, runtime: Runtime) -> list[Generation]:
+    """One generation per prompt, in order, on the chosen runtime."""
+    return _generate_ray(prompts, cfg) if runtime == "ray" else _generate_local(prompts, cfg)
+
+
+def _generate_local(prompts: Sequence[Prompt], cfg: GenerationConfig) -> list[Generation]:
+    from rayft.generation.factory import build_backend, sampling_params
+
+    backend = build_backend(cfg)
+    params = sampling_params(cfg)
+    out: list[Generation] = []
+    for start in range(0, len(prompts), cfg.batch_size):
+        chunk = list(prompts[start : start + cfg.batch_size])
+        try:
+            out += backend.generate(chunk, params)
+        except Exception as exc:  # a failed batch becomes errors on its rows, as in the Ray pool
+            error = f"{type(exc).__name__}: {exc}"
+            out += [Generation("", finish_reason="error", error=error) for _ in chunk]
+    return out
+
+
+def _generate_ray(prompts: Sequence[Prompt], cfg: GenerationConfig) -> list[Generation]:
+    import ray.data
+
+    from rayft.generation.ray_pool import generate_dataset
+
+    ds = ray.data.from_items([{"row": i, "prompt": p} for i, p in enumerate(prompts)])
+    rows = sorted(generate_dataset(ds, cfg).take_all(), key=lambda r: int(r["row"]))
+    if len(rows) != len(prompts):
+        raise DataError(f"the generation pool returned {len(rows)} rows for {len(prompts)} prompts")
+    return [
+        Generation(
+            str(r["generation"]),
+            int(r["num_prompt_tokens"]),
+            int(r["num_generated_tokens"]),
+            r["finish_reason"],
+            str(r["error"]) or None,
+        )
+        for r in rows
+    ]
+
+
+def score_run(
+    label: str,
+    source: ResolvedSource,
+    examples: Examples,
+    generations: list[Generation],
+    *,
+    task: Task,
+    ev: EvalConfig,
+    elapsed_s: float,
+) -> ModelRun:
+    """Score one model's generations and estimate every metric with its interval."""
+    outputs = ["" if g.error else g.text for g in generations]
+    scored = task.score(outputs, [e.reference for e in examples.items])
+    names = list(dict.fromkeys(k for s in scored for k in s.scores))
+    kinds: dict[str, str] = {}
+    metrics: dict[str, Estimate] = {}
+    for name in names:
+        values = [s.scores.get(name, 0.0) for s in scored]
+        kind = task.kind(name, values)
+        kinds[name] = kind
+        metrics[name] = estimate(values, kind, ev.confidence, ev.bootstrap_samples, ev.seed)
+    return ModelRun(
+        label=label,
+        source=source,
+        generations=generations,
+        scores=[s.scores for s in scored],
+        extracted=[s.extracted for s in scored],
+        metrics=metrics,
+        kinds=kinds,
+        primary=task.primary_of(names),
+        elapsed_s=elapsed_s,
+    )
+
+
+def run_model(
+    label: str, source: ResolvedSource, examples: Examples, *, task: Task, ev: EvalConfig, runtime: Runtime
+) -> ModelRun:
+    """Generate with one model on every example and score the outputs."""
+    log.info("eval: %s (%s) on %d examples, %s runtime", label, source.describe(), len(examples.items), runtime)
+    started = time.monotonic()
+    generations = generate([e.prompt for e in examples.items], generation_config(ev, source, task), runtime)
+    elapsed = time.monotonic() - started
+    failed = sum(1 for g in generations if g.error)
+    if failed:
+        first = next(g.error for g in generations if g.error)
+        log.warning("eval: %d of %d generations of %s failed (first: %s)", failed, len(generations), label, first)
+    return score_run(label, source, examples, generations, task=task, ev=ev, elapsed_s=elapsed)

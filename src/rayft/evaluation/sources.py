@@ -1,0 +1,212 @@
+"""Deciding what to load for a model source given to ``rayft eval / compare / export``.
+
+A source is a Hub id, a built-in name, a .gguf file, a model directory, a checkpoint directory
+(``checkpoints/step-N`` or ``final/``) or a run directory, where ``eval.checkpoint`` picks one.
+A LoRA checkpoint is evaluated on its base model (read from the checkpoint's
+``rayft_config.yaml``, else ``adapter_config.json``) with the adapter applied, unmerged.
+Nothing here imports torch; :func:`choose_checkpoint` is a pure planner.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import ValidationError
+
+from rayft.config.model import ModelConfig
+from rayft.errors import CheckpointError, ModelError
+from rayft.models.registry import BUILTIN_MODELS
+from rayft.training import layout
+from rayft.training.checkpoint_store import scan_checkpoints
+from rayft.training.manifest import read_manifest, sha256_file, verify_checkpoint
+from rayft.training.plan import CheckpointInfo
+
+log = logging.getLogger(__name__)
+
+SourceKind = Literal["model", "lora", "full"]
+
+
+@dataclass(frozen=True)
+class ResolvedSource:
+    """What to load for one source: a model, plus a LoRA adapter applied on top when ``kind`` is lora."""
+
+    source: str
+    kind: SourceKind
+    model: ModelConfig
+    adapter_path: str | None = None
+    checkpoint_dir: str | None = None
+    step: int | None = None
+    metrics: dict[str, float] = field(default_factory=dict)
+    lineage: dict[str, Any] = field(default_factory=dict)
+
+    def describe(self) -> str:
+        """One line for logs and reports."""
+        if self.kind == "lora":
+            return f"{self.model.name} + LoRA adapter {self.adapter_path}"
+        return self.model.name
+
+
+def is_run_dir(path: Path) -> bool:
+    """A training run directory (holds checkpoints/ or final/ and the run's config.yaml)."""
+    return (path / layout.CHECKPOINTS_DIR).is_dir() or (
+        (path / layout.FINAL_DIR).is_dir() and (path / layout.CONFIG_FILE).is_file()
+    )
+
+
+def choose_checkpoint(checkpoints: Sequence[CheckpointInfo], final: CheckpointInfo | None, selector: str) -> str:
+    """The checkpoint of a run that ``selector`` names (``latest``, ``best``, ``final``, ``step-N``).
+
+    Returns a path relative to the run directory. Only complete checkpoints count.
+
+    Raises:
+        CheckpointError: naming the selector and what the run has.
+    """
+    complete = [c for c in checkpoints if c.complete]
+    have = ", ".join(c.name for c in complete) or "no complete checkpoint"
+    have += "; final/" if final is not None and final.complete else ""
+    if selector == "final" or (selector == "latest" and final is not None and final.complete):
+        if final is None or not final.complete:
+            raise CheckpointError(f"eval.checkpoint=final: the run has no complete final/ (it has: {have})")
+        return layout.FINAL_DIR
+    if selector == "latest":
+        if not complete:
+            raise CheckpointError(f"eval.checkpoint=latest: the run has {have}; train it first")
+        return f"{layout.CHECKPOINTS_DIR}/{max(complete, key=lambda c: c.step).name}"
+    if selector == "best":
+        ranked = [c for c in [*complete, *([final] if final and final.complete else [])] if c.eval_loss is not None]
+        if not ranked:
+            raise CheckpointError(
+                f"eval.checkpoint=best: no checkpoint of the run has an eval/loss (it has: {have}); the run had "
+                "no validation data, so use latest or step-N"
+            )
+        best = min(ranked, key=lambda c: (c.eval_loss, -c.step))
+        return layout.FINAL_DIR if best is final else f"{layout.CHECKPOINTS_DIR}/{best.name}"
+    wanted = layout.parse_step_dir_name(selector)
+    match = next((c for c in complete if c.step == wanted), None)
+    if match is None:
+        raise CheckpointError(f"eval.checkpoint={selector}: the run has no complete checkpoint {selector} ({have})")
+    return f"{layout.CHECKPOINTS_DIR}/{match.name}"
+
+
+def _final_info(run_dir: Path) -> CheckpointInfo | None:
+    final = run_dir / layout.FINAL_DIR
+    if not final.is_dir():
+        return None
+    manifest = read_manifest(final)
+    loss = manifest.metrics.get("eval/loss") if manifest else None
+    return CheckpointInfo(layout.FINAL_DIR, manifest.step if manifest else -1, manifest is not None, loss)
+
+
+def checkpoint_of_run(run_dir: Path, selector: str) -> Path:
+    """The checkpoint directory of ``run_dir`` chosen by ``selector``."""
+    chosen = choose_checkpoint(scan_checkpoints(run_dir / layout.CHECKPOINTS_DIR), _final_info(run_dir), selector)
+    return run_dir / chosen
+
+
+def resolve_source(source: str, default_model: ModelConfig, checkpoint: str = "latest") -> ResolvedSource:
+    """What to load for ``source``; ``default_model`` supplies dtype and friends for model names.
+
+    Checkpoint directories are verified against their manifest first, so a corrupted or
+    half-written checkpoint is refused with the file that is wrong.
+    """
+    path = Path(source).expanduser()
+    if not path.is_dir():
+        return ResolvedSource(source, "model", _named_model(source, default_model))
+    directory = checkpoint_of_run(path, checkpoint) if is_run_dir(path) else path
+    manifest = read_manifest(directory)
+    if manifest is not None:
+        problems = verify_checkpoint(directory)
+        if problems:
+            raise CheckpointError(f"checkpoint {directory} is damaged: {'; '.join(problems)}")
+    metrics = dict(manifest.metrics) if manifest else {}
+    lineage = dict(manifest.info) if manifest else {}
+    step = manifest.step if manifest else None
+    if (directory / layout.ADAPTER_CONFIG).is_file():
+        base = base_model_of_adapter(directory, default_model)
+        return ResolvedSource(source, "lora", base, str(directory), str(directory), step, metrics, lineage)
+    if (directory / "config.json").is_file():
+        # The checkpoint's own tokenizer files carry the chat template it was trained with.
+        model = default_model.model_copy(
+            update={"name": str(directory.resolve()), "revision": None, "gguf_file": None, "chat_template": None}
+        )
+        kind: SourceKind = "full" if manifest is not None else "model"
+        return ResolvedSource(source, kind, model, None, str(directory), step, metrics, lineage)
+    raise ModelError(
+        f"{directory} is neither a model directory (config.json), a LoRA adapter (adapter_config.json) nor a "
+        "run directory (checkpoints/, final/); give one of those, a Hub id, a .gguf file or a built-in name"
+    )
+
+
+def _named_model(source: str, default_model: ModelConfig) -> ModelConfig:
+    if source == default_model.name:
+        return default_model
+    return default_model.model_copy(update={"name": source, "revision": None, "gguf_file": None})
+
+
+def base_model_of_adapter(directory: Path, default_model: ModelConfig) -> ModelConfig:
+    """The base model a LoRA checkpoint was trained on.
+
+    Read from the ``model`` section of its ``rayft_config.yaml`` (with the chat template and
+    dtype of training); for adapters trained elsewhere, from ``base_model_name_or_path`` of
+    ``adapter_config.json``.
+    """
+    import yaml
+
+    saved = directory / layout.CHECKPOINT_CONFIG_FILE
+    if saved.is_file():
+        raw = yaml.safe_load(saved.read_text(encoding="utf-8")) or {}
+        try:
+            return ModelConfig.model_validate(raw.get("model", {}))
+        except ValidationError as exc:
+            raise CheckpointError(f"{saved}: its model section is invalid ({exc.errors()[0]['msg']})") from exc
+    adapter_cfg = json.loads((directory / layout.ADAPTER_CONFIG).read_text(encoding="utf-8"))
+    base = adapter_cfg.get("base_model_name_or_path")
+    if not base:
+        raise CheckpointError(
+            f"{directory}: the adapter names no base model (no {layout.CHECKPOINT_CONFIG_FILE}, and "
+            f"{layout.ADAPTER_CONFIG} lacks base_model_name_or_path); evaluate it from its run directory"
+        )
+    log.info("%s has no %s; using base model %s from adapter_config.json", directory, saved.name, base)
+    return _named_model(str(base), default_model)
+
+
+def fingerprint_source(resolved: ResolvedSource) -> dict[str, Any]:
+    """What identifies the evaluated weights: sha256 of weight files (from the manifest when the
+    checkpoint has one), or the Hub id and revision of a remote model."""
+    files: dict[str, str] = {}
+    if resolved.adapter_path:
+        files.update(_weight_hashes(Path(resolved.adapter_path)))
+    name_path = Path(resolved.model.name).expanduser()
+    if name_path.is_dir():
+        files.update({f"base/{k}": v for k, v in _weight_hashes(name_path).items()})
+    elif name_path.suffix == ".gguf" and name_path.is_file():
+        files[f"base/{name_path.name}"] = sha256_file(name_path)
+    elif resolved.model.name in BUILTIN_MODELS:
+        from rayft.models.loading import builtin_gguf_path
+
+        gguf = builtin_gguf_path(resolved.model.name)
+        files[f"base/{gguf.name}"] = sha256_file(gguf)
+    digest = hashlib.sha256(json.dumps(sorted(files.items())).encode()).hexdigest() if files else None
+    return {
+        "kind": resolved.kind,
+        "model": resolved.model.name,
+        "revision": resolved.model.revision,
+        "adapter": resolved.adapter_path,
+        "step": resolved.step,
+        "files": files,
+        "sha256": digest,
+    }
+
+
+def _weight_hashes(directory: Path) -> dict[str, str]:
+    manifest = read_manifest(directory)
+    weights = sorted(p.name for p in directory.glob("*.safetensors"))
+    if manifest is not None:
+        return {name: manifest.files[name].sha256 for name in weights if name in manifest.files}
+    return {name: sha256_file(directory / name) for name in weights}

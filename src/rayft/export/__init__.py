@@ -1,0 +1,1 @@
+"""Export of checkpoints to standard Hugging Face model directories, verified before they count."""
