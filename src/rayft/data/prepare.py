@@ -20,6 +20,7 @@ import os
 import random
 import shutil
 import tempfile
+import time
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -75,8 +76,35 @@ def prepare_data(
 
     With ``use_ray`` tokenization runs as a Ray Data job on the already initialised cluster.
     """
+    return prepare(data, model, seed, report_dir=report_dir, use_ray=use_ray).prepared
+
+
+@dataclass(frozen=True)
+class PrepareOutcome:
+    """A prepared dataset, whether it came from the cache, and how long preparing took."""
+
+    prepared: PreparedData
+    reused: bool
+    elapsed_s: float
+
+
+def prepare(
+    data: DataConfig,
+    model: ModelConfig,
+    seed: int,
+    *,
+    report_dir: Path | None,
+    use_ray: bool,
+    ray_address: str | None = None,
+) -> PrepareOutcome:
+    """:func:`prepare_data`, also saying whether the cache was reused.
+
+    With ``use_ray`` and no Ray initialised yet, Ray is started (or ``ray_address`` joined) only
+    when there is something to tokenize, and shut down afterwards.
+    """
     from rayft.models.loading import load_tokenizer
 
+    started = time.monotonic()
     tokenizer = load_tokenizer(model)
     sources = read_sources(data)
     records = plan_records([len(s.rows) for s in sources], [s.config.weight for s in sources],
@@ -85,14 +113,16 @@ def prepare_data(
     key = cache_key(data, seed, tokenizer, sources, records)
     root = data_cache_dir(data) / key
     prepared = PreparedData.load(root)
+    reused = prepared is not None
     if prepared is not None:
         log.info("data: reusing the prepared dataset %s (no tokenization)", root)
     else:
-        prepared = build(data, seed, tokenizer, sources, records, root=root, key=key, use_ray=use_ray)
+        prepared = build(data, seed, tokenizer, sources, records, root=root, key=key, use_ray=use_ray,
+                         ray_address=ray_address)  # fmt: skip
     log_summary(prepared)
     write_report(prepared, report_dir)
     check_rejected(prepared, data.max_rejected_fraction, report_dir)
-    return prepared
+    return PrepareOutcome(prepared, reused, time.monotonic() - started)
 
 
 def data_cache_dir(data: DataConfig) -> Path:
@@ -202,6 +232,7 @@ def build(
     root: Path,
     key: str,
     use_ray: bool,
+    ray_address: str | None = None,
 ) -> PreparedData:
     """Tokenize every record, pack or not, and write the cache directory atomically."""
     import pyarrow as pa
@@ -216,7 +247,7 @@ def build(
         "row": pa.array([sources[r.source].rows[r.row] for r in records], pa.string()),
     })  # fmt: skip
     log.info("data: tokenizing %d rows %s", len(records), "with Ray Data" if use_ray else "in-process")
-    tokenized = tokenize_on_ray(job, inputs) if use_ray else tokenize_in_process(job, inputs)
+    tokenized = tokenize_on_ray(job, inputs, ray_address) if use_ray else tokenize_in_process(job, inputs)
     rows = tokenized.sort_by("sample_id").to_pylist()
     rejected = collect_rejected(rows, records, sources, data.overlong)
     splits = {name: [row for row, rec in zip(rows, records, strict=True) if rec.split == name and not row["reason"]]
@@ -238,8 +269,18 @@ def tokenize_in_process(job: TokenizeJob, inputs: pa.Table) -> pa.Table:
     return pa.concat_tables(parts)
 
 
-def tokenize_on_ray(job: TokenizeJob, inputs: pa.Table) -> pa.Table:
-    """Tokenize with Ray Data ``map_batches``: one actor per cluster CPU, each with its own tokenizer copy."""
+def tokenize_on_ray(job: TokenizeJob, inputs: pa.Table, address: str | None = None) -> pa.Table:
+    """Tokenize with Ray Data ``map_batches``: one actor per cluster CPU, each with its own tokenizer copy.
+
+    Uses the Ray already initialised in this process, else joins ``address`` or starts a local one.
+    """
+    from rayft.runtime import ray_runtime
+
+    with ray_runtime(address):
+        return _tokenize_on_ray(job, inputs)
+
+
+def _tokenize_on_ray(job: TokenizeJob, inputs: pa.Table) -> pa.Table:
     import pyarrow as pa
     import ray
 
@@ -411,13 +452,19 @@ def check_rejected(prepared: PreparedData, max_fraction: float, report_dir: Path
     if rejected / total <= max_fraction:
         return
     reasons = "; ".join(f"{reason}: {count} ({REASONS.get(reason, reason)})"
-                        for reason, count in list(prepared.stats["rejected_by_reason"].items())[:3])  # fmt: skip
+                        for reason, count in top_reasons(prepared.stats)[:3])  # fmt: skip
     where = report_dir / REJECTED_FILE if report_dir else Path(prepared.root) / REJECTED_FILE
     raise DataError(
         f"data: {rejected} of {total} rows ({rejected / total:.1%}) were rejected, more than "
         f"data.max_rejected_fraction={max_fraction}. Top reasons: {reasons}. Every row is listed in {where}; "
         "fix the rows, the format/field_mapping, or max_seq_length, or raise data.max_rejected_fraction"
     )
+
+
+def top_reasons(stats: dict[str, Any]) -> list[tuple[str, int]]:
+    """Rejection reasons with their counts, most frequent first."""
+    counts: dict[str, int] = stats["rejected_by_reason"]
+    return sorted(counts.items(), key=lambda item: (-item[1], item[0]))
 
 
 def log_summary(prepared: PreparedData) -> None:
