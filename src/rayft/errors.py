@@ -53,3 +53,7 @@ class MissingDependencyError(RayftError):
 
 class TrainingError(RayftError):
     """Training failed in a way retries cannot fix (a repeated failure, a hung collective)."""
+
+
+class RunInterruptedError(RayftError):
+    """The run stopped on request (SIGTERM) after saving a checkpoint; ``--resume`` continues it."""

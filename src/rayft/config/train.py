@@ -136,6 +136,14 @@ class FailureConfig(Section):
         gt=0,
         description="A collective (gradient all-reduce) waiting longer than this ends the run with an error.",
     )
+    sigterm_grace_s: float = Field(
+        120.0,
+        gt=0,
+        description=(
+            "On SIGTERM (preemption, kubectl delete) the run saves a checkpoint and stops; if that takes "
+            "longer than this many seconds, it is interrupted. Keep it below the platform's kill grace period."
+        ),
+    )
 
 
 class LoggingConfig(Section):

@@ -189,7 +189,7 @@ def launch(cfg: RayftConfig, plan: WorkerPlan, prepared: PreparedData) -> None:
     from rayft.training.launcher import launch_local, launch_ray
 
     if cfg.scaling.num_workers == 0:
-        launch_local(plan, prepared, cfg.checkpoint)
+        launch_local(plan, prepared, cfg.checkpoint, cfg.failure)
     else:
         launch_ray(plan, prepared, cfg.scaling, cfg.failure, cfg.checkpoint)
 

@@ -11,6 +11,7 @@ import os
 import shutil
 from pathlib import Path
 
+from rayft.errors import CheckpointError
 from rayft.training.layout import parse_step_dir_name
 from rayft.training.manifest import read_manifest, verify_checkpoint
 from rayft.training.plan import CheckpointInfo, plan_retention
@@ -64,17 +65,63 @@ def usable_checkpoint(candidate: Path | None, root: Path) -> Path | None:
     return latest_valid_checkpoint(root, below_step=below)
 
 
-def publish_checkpoint(source: Path, target: Path) -> None:
-    """Move a fully written checkpoint directory to ``target``, replacing an older one of the
-    same step; the rename is the commit point, so readers never see a half-copied directory."""
+def resume_checkpoint(candidate: Path | None, root: Path) -> Path | None:
+    """The checkpoint a (re)started worker loads: :func:`usable_checkpoint`, except that when
+    checkpoints exist but none verifies, the run stops with an error instead of silently
+    restarting from step 0 and losing them."""
+    found = usable_checkpoint(candidate, root)
+    if found is not None:
+        return found
+    existing = [root / c.name for c in scan_checkpoints(root) if c.complete]
+    if candidate is not None and candidate not in existing:
+        existing.append(candidate)
+    if existing:
+        names = ", ".join(str(p) for p in existing)
+        raise CheckpointError(
+            f"no usable checkpoint to resume from: {names} failed verification (the warnings above name the "
+            f"bad files); restarting from step 0 would discard them. Restore the files from a backup, or delete "
+            f"{root} to start the run over."
+        )
+    return None
+
+
+def publish_checkpoint(staging: Path, target: Path) -> None:
+    """Commit a fully written checkpoint: rename ``staging`` to ``target``.
+
+    ``staging`` is normally a directory beside ``target`` (same filesystem); one written elsewhere
+    is first copied there. The rename is the commit point, so readers never see a half-written
+    ``step-N/``. An older checkpoint of the same step (a step redone after a restart) is first
+    moved aside, then deleted."""
     target.parent.mkdir(parents=True, exist_ok=True)
-    staging = target.parent / f".{target.name}.partial-{os.getpid()}"
-    shutil.rmtree(staging, ignore_errors=True)
-    shutil.copytree(source, staging)
-    shutil.rmtree(source, ignore_errors=True)
+    if staging.parent.resolve() != target.parent.resolve():
+        # Written elsewhere (another filesystem, perhaps): copy beside the target first.
+        beside = target.parent / f".{target.name}.partial-{os.getpid()}"
+        shutil.rmtree(beside, ignore_errors=True)
+        shutil.copytree(staging, beside)
+        shutil.rmtree(staging, ignore_errors=True)
+        staging = beside
     if target.exists():
-        shutil.rmtree(target)
+        old = target.parent / f".{target.name}.old-{os.getpid()}"
+        shutil.rmtree(old, ignore_errors=True)
+        os.replace(target, old)
+        shutil.rmtree(old, ignore_errors=True)
+    _fsync_dir(staging)
     os.replace(staging, target)
+    _fsync_dir(target.parent)
+
+
+def _fsync_dir(path: Path) -> None:
+    """Flush a directory entry to disk (a no-op where directories cannot be opened)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 def remove_incomplete(root: Path) -> list[Path]:
@@ -86,6 +133,7 @@ def remove_incomplete(root: Path) -> list[Path]:
         if not info.complete:
             removed.append(root / info.name)
     removed += [p for p in root.glob(".step-*.partial-*") if p.is_dir()]
+    removed += [p for p in root.glob(".step-*.old-*") if p.is_dir()]
     for path in removed:
         log.warning("Removing incomplete checkpoint %s (its save did not finish)", path)
         shutil.rmtree(path, ignore_errors=True)

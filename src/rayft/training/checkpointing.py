@@ -1,27 +1,34 @@
 """Writing and reading a worker's checkpoint: model files, optimizer, scheduler, trainer state,
 RNG states of every rank, and the manifest written last.
 
-Rank 0 writes everything but the other ranks' RNG files; each rank reports its own directory
-and Ray merges them on storage. The manifest lists every rank's files, so a checkpoint missing
-any of them fails verification.
+Every rank snapshots its state in memory; rank 0 gathers the other ranks' RNG states and writes
+the whole checkpoint into a staging directory beside its final place (``.step-N.partial-PID``),
+manifest last, then the session commits it with one rename. A crash at any moment leaves either
+the previous checkpoints or a complete new one, never a half-written ``step-N/``.
 """
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 import os
 import random
 import shutil
+import threading
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from rayft.errors import CheckpointError
+from rayft.security import redact
 from rayft.training import layout
-from rayft.training.manifest import describe_files, write_manifest
+from rayft.training.faults import Faults
+from rayft.training.manifest import write_manifest
 from rayft.training.model import unwrap
-from rayft.training.session import all_gather_objects, scratch_dir
+from rayft.training.session import all_gather_objects
 
 if TYPE_CHECKING:
     from rayft.training.worker import Worker, WorkerPlan
@@ -59,21 +66,168 @@ class TrainerState:
         return {k: float(v) for k, v in values.items() if v is not None}
 
 
+@dataclass
+class Snapshot:
+    """Copies (on the CPU) of everything a checkpoint holds, taken between two optimizer steps so
+    that the files can be written while training goes on."""
+
+    step: int
+    metrics: dict[str, float]
+    state_json: str
+    scheduler_json: str
+    rng_files: dict[str, bytes]
+    model_state: dict[str, Any] | None = None
+    optimizer_state: Any = None
+    scaler_state: Any = None
+
+
+class CheckpointWriter:
+    """Writes checkpoints in the foreground, or in one background thread when ``background``.
+
+    At most one save is in flight: the next save (and the end of the run) first waits for the
+    previous one, and an error of a background save is raised there.
+    """
+
+    def __init__(self, *, background: bool) -> None:
+        self.background = background
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+
+    def submit(self, job: Callable[[], None]) -> None:
+        """Run ``job`` (now, or in the background) after the previous one has finished."""
+        self.wait()
+        if not self.background:
+            job()
+            return
+
+        def guarded() -> None:
+            try:
+                job()
+            except BaseException as exc:  # re-raised in the training thread by wait()
+                self._error = exc
+
+        self._thread = threading.Thread(target=guarded, name="rayft-checkpoint-writer", daemon=True)
+        self._thread.start()
+
+    def wait(self) -> None:
+        """Block until the save in flight (if any) is committed; raise its error."""
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise CheckpointError(f"writing a checkpoint failed: {type(error).__name__}: {error}") from error
+
+
 def save_checkpoint(worker: Worker) -> None:
-    """Write this rank's part of the checkpoint for the current step and report it."""
+    """Save the current step: snapshot the state in memory here (every rank), then write it to a
+    staging directory beside its final place, manifest last, and commit it with one rename.
+
+    With ``checkpoint.async_upload`` the writing and committing happen in a background thread, so
+    the loop is blocked only for the snapshot (and for a previous save still in flight).
+    """
     started = time.monotonic()
-    session, state = worker.session, worker.state
-    directory = scratch_dir(f"rayft-{layout.step_dir_name(state.step)}-rank{session.rank}-")
+    worker.checkpoints.wait()
+    snapshot = take_snapshot(worker)
+    plan, session, faults = worker.plan, worker.session, worker.faults
     if session.rank == 0:
-        write_model_files(worker.model, worker.tokenizer, worker.plan, directory)
-        write_trainer_files(worker, directory / layout.TRAINER_SUBDIR)
-    write_rng_state(directory / layout.TRAINER_SUBDIR / layout.rng_file(session.rank))
-    others = all_gather_objects({} if session.rank == 0 else describe_files(directory))
-    if session.rank == 0:
-        extra = {name: entry for files in others for name, entry in files.items()}
-        write_manifest(directory, state.step, state.metrics(), checkpoint_info(worker.plan), extra)
-    session.report_checkpoint(state.metrics(), directory, state.step, async_upload=worker.plan.checkpoint.async_upload)
-    state.checkpoint_blocked_s += time.monotonic() - started
+        inner, tokenizer = unwrap(worker.model), worker.tokenizer
+
+        def job() -> None:
+            staging = session.staging_dir(snapshot.step)
+            write_snapshot(snapshot, inner, tokenizer, plan, staging, faults=faults)
+            faults.kill_if(snapshot.step, "before_commit")
+            session.commit_checkpoint(snapshot.metrics, staging, snapshot.step)
+
+    else:
+
+        def job() -> None:
+            session.commit_checkpoint(snapshot.metrics, None, snapshot.step)
+
+    worker.checkpoints.submit(job)
+    worker.state.checkpoint_blocked_s += time.monotonic() - started
+
+
+def take_snapshot(worker: Worker) -> Snapshot:
+    """CPU copies of this step's state; rank 0 also receives every rank's RNG state."""
+    state, plan = worker.state, worker.plan
+    all_rng = all_gather_objects(rng_state_bytes())
+    snapshot = Snapshot(
+        step=state.step,
+        metrics=state.metrics(),
+        state_json=json.dumps(asdict(state), indent=2),
+        scheduler_json=json.dumps(worker.scheduler.state_dict()),
+        rng_files={layout.rng_file(rank): data for rank, data in enumerate(all_rng)},
+    )
+    if worker.session.rank == 0:
+        snapshot.model_state = cpu_copy(trainable_state(unwrap(worker.model), plan.train.method))
+        snapshot.optimizer_state = cpu_copy(worker.optimizer.state_dict())
+        snapshot.scaler_state = worker.scaler.state_dict() if worker.scaler is not None else None
+    return snapshot
+
+
+def trainable_state(model: Any, method: str) -> dict[str, Any]:
+    """What a checkpoint stores of the model: the trained parameters of a LoRA adapter (PEFT picks
+    the adapter keys from them), or the whole state dict for full fine-tuning."""
+    if method == "lora":
+        return {name: p for name, p in model.named_parameters() if p.requires_grad}
+    return dict(model.state_dict())
+
+
+def cpu_copy(value: Any) -> Any:
+    """A deep copy of ``value`` whose tensors are detached CPU copies (shared storage stays shared)."""
+    import torch
+
+    memo: dict[tuple[int, int, tuple[int, ...]], Any] = {}
+
+    def copy(item: Any) -> Any:
+        if isinstance(item, torch.Tensor):
+            key = (item.untyped_storage().data_ptr(), int(item.storage_offset()), tuple(int(d) for d in item.shape))
+            if key not in memo:
+                memo[key] = item.detach().to("cpu", copy=True)
+            return memo[key]
+        if isinstance(item, dict):
+            return {k: copy(v) for k, v in item.items()}
+        if isinstance(item, (list, tuple)):
+            return type(item)(copy(v) for v in item)
+        return item
+
+    return copy(value)
+
+
+def rng_state_bytes() -> bytes:
+    """This rank's torch (CPU and CUDA) and Python RNG states, serialized with ``torch.save``."""
+    import torch
+
+    state: dict[str, Any] = {"torch": torch.get_rng_state(), "python": random.getstate()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    return buffer.getvalue()
+
+
+def write_snapshot(
+    snapshot: Snapshot, model: Any, tokenizer: Any, plan: WorkerPlan, directory: Path, *, faults: Faults
+) -> None:
+    """Write a whole checkpoint into ``directory``, its manifest last."""
+    import torch
+
+    shutil.rmtree(directory, ignore_errors=True)
+    write_model_files(model, tokenizer, plan, directory, state_dict=snapshot.model_state)
+    faults.kill_if(snapshot.step, "model_files")
+    trainer = directory / layout.TRAINER_SUBDIR
+    trainer.mkdir(parents=True, exist_ok=True)
+    torch.save(snapshot.optimizer_state, trainer / layout.OPTIMIZER_FILE)
+    faults.kill_if(snapshot.step, "trainer_files")
+    (trainer / layout.SCHEDULER_FILE).write_text(snapshot.scheduler_json)
+    (trainer / layout.STATE_FILE).write_text(snapshot.state_json)
+    if snapshot.scaler_state is not None:
+        torch.save(snapshot.scaler_state, trainer / "scaler.pt")
+    for name, data in snapshot.rng_files.items():
+        (trainer / name).write_bytes(data)
+    faults.kill_if(snapshot.step, "before_manifest")
+    write_manifest(directory, snapshot.step, snapshot.metrics, checkpoint_info(plan))
 
 
 def checkpoint_info(plan: WorkerPlan) -> dict[str, Any]:
@@ -81,16 +235,24 @@ def checkpoint_info(plan: WorkerPlan) -> dict[str, Any]:
     return {"method": plan.train.method, "base_model": plan.model.name, **plan.lineage}
 
 
-def write_model_files(model: Any, tokenizer: Any, plan: WorkerPlan, directory: Path) -> None:
+def write_model_files(
+    model: Any, tokenizer: Any, plan: WorkerPlan, directory: Path, *, state_dict: dict[str, Any] | None = None
+) -> None:
     """Weights (adapter or full) as safetensors, tokenizer with chat template, generation config
-    whose EOS ids include the end-of-turn token, and the resolved config."""
+    whose EOS ids include the end-of-turn token, and the resolved config (secrets redacted).
+
+    ``state_dict`` (a snapshot) is written instead of the live weights when given.
+    """
     inner = unwrap(model)
     directory.mkdir(parents=True, exist_ok=True)
-    inner.save_pretrained(directory, safe_serialization=True)
+    if state_dict is None:
+        inner.save_pretrained(directory, safe_serialization=True)
+    else:
+        inner.save_pretrained(directory, safe_serialization=True, state_dict=state_dict)
     tokenizer.save_pretrained(directory)
     generation = _generation_config(inner, tokenizer)
     generation.save_pretrained(directory)
-    (directory / layout.CHECKPOINT_CONFIG_FILE).write_text(plan.resolved_config, encoding="utf-8")
+    (directory / layout.CHECKPOINT_CONFIG_FILE).write_text(redact(plan.resolved_config), encoding="utf-8")
 
 
 def _generation_config(model: Any, tokenizer: Any) -> Any:
@@ -105,29 +267,6 @@ def _generation_config(model: Any, tokenizer: Any) -> Any:
     generation.eos_token_id = sorted(eos_ids) if len(eos_ids) > 1 else next(iter(eos_ids), None)
     generation.pad_token_id = tokenizer.pad_token_id
     return generation
-
-
-def write_trainer_files(worker: Worker, directory: Path) -> None:
-    """Optimizer, scheduler, loss scaler and loop state."""
-    import torch
-
-    directory.mkdir(parents=True, exist_ok=True)
-    torch.save(worker.optimizer.state_dict(), directory / layout.OPTIMIZER_FILE)
-    (directory / layout.SCHEDULER_FILE).write_text(json.dumps(worker.scheduler.state_dict()))
-    (directory / layout.STATE_FILE).write_text(json.dumps(asdict(worker.state), indent=2))
-    if worker.scaler is not None:
-        torch.save(worker.scaler.state_dict(), directory / "scaler.pt")
-
-
-def write_rng_state(path: Path) -> None:
-    """This rank's torch (CPU and CUDA) and Python RNG states."""
-    import torch
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    state = {"torch": torch.get_rng_state(), "python": random.getstate()}
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    torch.save(state, path)
 
 
 def restore_training_state(directory: Path, optimizer: Any, scheduler: Any, rank: int) -> TrainerState:

@@ -6,20 +6,28 @@ cluster has fails within seconds with what is missing, instead of Ray Train's en
 
 from __future__ import annotations
 
+import _thread
 import contextlib
+import dataclasses
 import logging
+import signal
+import threading
 from collections.abc import Iterator
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 from rayft.config.train import CheckpointConfig, FailureConfig, ScalingConfig
 from rayft.data.prepared import PreparedData
-from rayft.errors import RayftError, ResourceError, TrainingError
+from rayft.errors import RayftError, ResourceError, RunInterruptedError, TrainingError
+from rayft.security import install_log_redaction
 from rayft.training import layout
+from rayft.training.checkpoint_store import scan_checkpoints
+from rayft.training.faults import faults_from_env
 from rayft.training.plan import missing_resources
 from rayft.training.session import LocalSession, RaySession
 from rayft.training.shards import parquet_row_counts, plan_shards, read_shard_tables
-from rayft.training.worker import WorkerPlan, run_worker
+from rayft.training.worker import STOP_REQUEST_FILE, WorkerPlan, run_worker
 
 log = logging.getLogger("rayft.train")
 
@@ -32,10 +40,76 @@ def split_files(prepared: PreparedData) -> dict[str, tuple[str, ...]]:
     return files
 
 
-def launch_local(plan: WorkerPlan, prepared: PreparedData, checkpoint: CheckpointConfig) -> None:
+def launch_local(
+    plan: WorkerPlan, prepared: PreparedData, checkpoint: CheckpointConfig, failure: FailureConfig | None = None
+) -> None:
     """Run the worker loop in this process, without Ray."""
+    install_log_redaction()
+    plan = dataclasses.replace(plan, faults=faults_from_env())
     session = LocalSession(split_files(prepared), Path(plan.run_dir), num_to_keep=checkpoint.num_to_keep)
-    run_worker(plan, session)
+    with stop_on_sigterm(Path(plan.run_dir), (failure or FailureConfig()).sigterm_grace_s):
+        run_worker(plan, session)
+
+
+@dataclasses.dataclass
+class _StopRequest:
+    requested: bool = False
+    timer: threading.Timer | None = None
+
+
+@contextlib.contextmanager
+def stop_on_sigterm(run_dir: Path, grace_s: float) -> Iterator[None]:
+    """On SIGTERM, ask the workers to save a checkpoint and stop (through a file in the run
+    directory they check after every step), then raise :class:`RunInterruptedError` naming the saved
+    checkpoint. If they have not finished within ``grace_s``, the launch is interrupted.
+
+    Outside the main thread (where signals cannot be handled) this does nothing.
+    """
+    stop_file = run_dir / STOP_REQUEST_FILE
+    stop_file.unlink(missing_ok=True)
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    request = _StopRequest()
+
+    def on_sigterm(signum: int, frame: FrameType | None) -> None:
+        if request.requested:
+            return
+        request.requested = True
+        log.warning("SIGTERM: saving a checkpoint and stopping within %g s (failure.sigterm_grace_s)", grace_s)
+        stop_file.write_text("SIGTERM\n", encoding="utf-8")
+        request.timer = threading.Timer(grace_s, _thread.interrupt_main)
+        request.timer.daemon = True
+        request.timer.start()
+
+    previous = signal.signal(signal.SIGTERM, on_sigterm)
+    try:
+        yield
+    except KeyboardInterrupt:
+        if not request.requested:
+            raise
+        raise RunInterruptedError(
+            f"SIGTERM: the workers did not save within failure.sigterm_grace_s={grace_s:g} s; the run stopped. "
+            f"Rerun the same command with --resume to continue from {_latest_step_text(run_dir)}."
+        ) from None
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        if request.timer is not None:
+            request.timer.cancel()
+        stop_file.unlink(missing_ok=True)
+    if request.requested and not (run_dir / layout.FINAL_DIR).is_dir():
+        raise RunInterruptedError(
+            f"stopped on SIGTERM after saving {_latest_step_text(run_dir)}; rerun the same command with --resume "
+            "to continue from it"
+        )
+
+
+def _latest_step_text(run_dir: Path) -> str:
+    steps = [c for c in scan_checkpoints(run_dir / layout.CHECKPOINTS_DIR) if c.complete]
+    if not steps:
+        return "the start (no checkpoint was committed)"
+    latest = max(steps, key=lambda c: c.step)
+    return f"checkpoint {run_dir / layout.CHECKPOINTS_DIR / latest.name} (step {latest.step})"
 
 
 def worker_resources(scaling: ScalingConfig, use_gpu: bool) -> dict[str, float]:
@@ -89,6 +163,8 @@ def launch_ray(
     import ray.train
     from ray.train.torch import TorchConfig, TorchTrainer
 
+    install_log_redaction()
+    plan = dataclasses.replace(plan, faults=faults_from_env())
     use_gpu = resolve_use_gpu(scaling.use_gpu, ray.cluster_resources())
     per_worker = worker_resources(scaling, use_gpu)
     check_cluster_fits(per_worker, scaling)
@@ -111,13 +187,14 @@ def launch_ray(
         datasets=_ray_datasets(prepared),
         dataset_config=PlannedShards(split_files(prepared), scaling.num_workers),
     )
-    with _unwrapped_failures():
+    with stop_on_sigterm(Path(plan.run_dir), failure.sigterm_grace_s), _unwrapped_failures(failure):
         trainer.fit()
 
 
 def ray_worker_entry(config: dict[str, Any]) -> None:
     """The function each Ray Train worker runs."""
     plan: WorkerPlan = config["plan"]
+    install_log_redaction()
     run_worker(plan, RaySession(Path(plan.run_dir)))
 
 
@@ -177,9 +254,9 @@ def PlannedShards(files: dict[str, tuple[str, ...]], world_size: int) -> Any:  #
 
 
 @contextlib.contextmanager
-def _unwrapped_failures() -> Iterator[None]:
+def _unwrapped_failures(config: FailureConfig) -> Iterator[None]:
     """Turn Ray Train's failure into the rayft error a worker raised, or a TrainingError that
-    names the rank and the error."""
+    names the rank and the error (and says so when a collective timed out)."""
     from ray.train import WorkerGroupError
 
     try:
@@ -189,12 +266,23 @@ def _unwrapped_failures() -> Iterator[None]:
             rayft_error = next((e for e in _chain(failure) if isinstance(e, RayftError)), None)
             if rayft_error is not None:
                 raise rayft_error from exc
-            last_line = (str(failure).strip().splitlines() or [""])[-1]
-            raise TrainingError(
-                f"training failed on rank {rank} after the allowed retries (failure.max_failures): "
-                f"{type(failure).__name__}: {last_line}"
-            ) from exc
+            raise TrainingError(describe_worker_failure(rank, failure, config)) from exc
         raise
+
+
+def describe_worker_failure(rank: int, failure: BaseException, config: FailureConfig) -> str:
+    """The one-line message of a run that failed on ``rank`` after the allowed retries."""
+    lines = [line.strip() for line in str(failure).strip().splitlines() if line.strip()]
+    last_line = lines[-1] if lines else ""
+    detail = next((line for line in lines if "Error:" in line and "Traceback" not in line), last_line)
+    retries = f"after {config.max_failures} restart(s) (failure.max_failures={config.max_failures})"
+    if "timed out" in str(failure).lower() or "timeout" in str(failure).lower():
+        return (
+            f"a collective timed out on rank {rank} {retries}: another worker is stuck or dead and did not join "
+            f"within failure.collective_timeout_s={config.collective_timeout_s:g} s. {type(failure).__name__}: "
+            f"{detail}"
+        )
+    return f"training failed on rank {rank} {retries}: {type(failure).__name__}: {detail}"
 
 
 def _chain(exc: BaseException) -> Iterator[BaseException]:

@@ -11,7 +11,6 @@ import contextlib
 import logging
 import os
 import shutil
-import tempfile
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -57,8 +56,13 @@ class TrainSession(Protocol):
         """The checkpoint to resume from, as a local directory (None on a fresh start)."""
         ...
 
-    def report_checkpoint(self, metrics: dict[str, float], local_dir: Path, step: int, *, async_upload: bool) -> None:
-        """Persist a checkpoint written to ``local_dir`` (every rank calls this)."""
+    def staging_dir(self, step: int) -> Path:
+        """Where rank 0 writes the checkpoint of ``step`` before it is committed."""
+        ...
+
+    def commit_checkpoint(self, metrics: dict[str, float], staging: Path | None, step: int) -> None:
+        """Make the checkpoint written to ``staging`` the one of ``step`` (every rank calls this;
+        ``staging`` is None on all but rank 0). May run in a background thread: no collectives."""
         ...
 
 
@@ -140,11 +144,16 @@ class LocalSession:
         """The latest complete checkpoint under the run's checkpoints/ directory, if any."""
         yield latest_valid_checkpoint(self._run_dir / layout.CHECKPOINTS_DIR)
 
-    def report_checkpoint(self, metrics: dict[str, float], local_dir: Path, step: int, *, async_upload: bool) -> None:
-        """Move the checkpoint into place under checkpoints/ (atomically: rename when complete),
-        then delete surplus checkpoints."""
+    def staging_dir(self, step: int) -> Path:
+        """A hidden directory beside the checkpoint's final place (same filesystem: one rename)."""
+        return staging_path(self._run_dir / layout.CHECKPOINTS_DIR, step)
+
+    def commit_checkpoint(self, metrics: dict[str, float], staging: Path | None, step: int) -> None:
+        """Rename the staging directory into place, then delete surplus checkpoints."""
+        if staging is None:
+            return
         root = self._run_dir / layout.CHECKPOINTS_DIR
-        publish_checkpoint(local_dir, root / layout.step_dir_name(step))
+        publish_checkpoint(staging, root / layout.step_dir_name(step))
         prune_checkpoints(root, self._num_to_keep)
 
 
@@ -201,26 +210,40 @@ class RaySession:
         with checkpoint.as_directory() as directory:
             yield Path(directory)
 
-    def report_checkpoint(self, metrics: dict[str, float], local_dir: Path, step: int, *, async_upload: bool) -> None:
-        """Report metrics with the checkpoint; Ray uploads it (in the background when async)."""
+    def staging_dir(self, step: int) -> Path:
+        """A hidden directory beside the checkpoint's final place on the run's storage (a local
+        directory or a shared mount: ``claim_run_dir`` refuses remote URIs)."""
+        return staging_path(self._run_dir / layout.CHECKPOINTS_DIR, step)
+
+    def commit_checkpoint(self, metrics: dict[str, float], staging: Path | None, step: int) -> None:
+        """Report the checkpoint to Ray Train; its "upload" is the rename of the staging directory
+        into place, so storage never holds a half-copied ``step-N/``. Ranks other than 0 report
+        the metrics only (rank 0 wrote every rank's files)."""
         import ray.train
         from ray.train import Checkpoint
-        from ray.train.v2.api.report_config import CheckpointUploadMode
 
-        mode = CheckpointUploadMode.ASYNC if async_upload else CheckpointUploadMode.SYNC
+        if staging is None:
+            ray.train.report(metrics, checkpoint_dir_name=layout.step_dir_name(step))
+            return
+        root = self._run_dir / layout.CHECKPOINTS_DIR
+
+        def rename_into_place(checkpoint: Checkpoint, dir_name: str) -> Checkpoint:
+            target = root / dir_name
+            publish_checkpoint(Path(checkpoint.path), target)
+            return Checkpoint.from_directory(str(target))
+
         ray.train.report(
             metrics,
-            checkpoint=Checkpoint.from_directory(str(local_dir)),
+            checkpoint=Checkpoint.from_directory(str(staging)),
             checkpoint_dir_name=layout.step_dir_name(step),
-            checkpoint_upload_mode=mode,
-            delete_local_checkpoint_after_upload=True,
+            checkpoint_upload_fn=rename_into_place,
+            delete_local_checkpoint_after_upload=False,
         )
 
 
-def scratch_dir(prefix: str) -> Path:
-    """A fresh local directory for writing a checkpoint before it is published."""
-    base = os.environ.get("RAYFT_SCRATCH") or tempfile.gettempdir()
-    return Path(tempfile.mkdtemp(prefix=prefix, dir=base))
+def staging_path(root: Path, step: int) -> Path:
+    """The staging directory of the checkpoint of ``step`` under ``root`` (hidden, per process)."""
+    return root / f".{layout.step_dir_name(step)}.partial-{os.getpid()}"
 
 
 def remove_dir(path: Path) -> None:

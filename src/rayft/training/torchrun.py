@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shutil
 import sys
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict
@@ -23,8 +22,9 @@ from typing import TYPE_CHECKING, Any
 from rayft.config import CheckpointConfig, LoggingConfig, LoraConfig, ModelConfig, TrainConfig
 from rayft.training import layout
 from rayft.training.batches import Unit
-from rayft.training.checkpoint_store import latest_valid_checkpoint, prune_checkpoints
+from rayft.training.checkpoint_store import latest_valid_checkpoint, prune_checkpoints, publish_checkpoint
 from rayft.training.plan import Schedule
+from rayft.training.session import staging_path
 from rayft.training.shards import iter_windows, parquet_row_counts, plan_shards, read_shard_tables
 from rayft.training.worker import WorkerPlan, run_worker
 
@@ -88,25 +88,17 @@ class TorchrunSession:
         """The newest complete checkpoint on the shared storage."""
         yield latest_valid_checkpoint(self._run_dir / layout.CHECKPOINTS_DIR)
 
-    def report_checkpoint(self, metrics: dict[str, float], local_dir: Path, step: int, *, async_upload: bool) -> None:
-        """Merge every rank's files into one staging directory, then rank 0 renames it into place."""
-        import torch.distributed as dist
+    def staging_dir(self, step: int) -> Path:
+        """A hidden directory beside the checkpoint's final place on the shared storage."""
+        return staging_path(self._run_dir / layout.CHECKPOINTS_DIR, step)
 
+    def commit_checkpoint(self, metrics: dict[str, float], staging: Path | None, step: int) -> None:
+        """Rank 0 (which wrote every rank's files) renames the staging directory into place."""
+        if staging is None:
+            return
         root = self._run_dir / layout.CHECKPOINTS_DIR
-        staging = root / f".{layout.step_dir_name(step)}.partial-torchrun"
-        if self.rank == 0:
-            shutil.rmtree(staging, ignore_errors=True)
-            staging.mkdir(parents=True)
-        dist.barrier()
-        shutil.copytree(local_dir, staging, dirs_exist_ok=True)
-        shutil.rmtree(local_dir, ignore_errors=True)
-        dist.barrier()
-        if self.rank == 0:
-            target = root / layout.step_dir_name(step)
-            shutil.rmtree(target, ignore_errors=True)
-            os.replace(staging, target)
-            prune_checkpoints(root, self._num_to_keep)
-        dist.barrier()
+        publish_checkpoint(staging, root / layout.step_dir_name(step))
+        prune_checkpoints(root, self._num_to_keep)
 
 
 def write_plan(path: Path, plan: WorkerPlan, files: Mapping[str, Sequence[str]]) -> None:

@@ -20,15 +20,25 @@ from rayft.data.collate import MicroBatch, collate
 from rayft.errors import TrainingError
 from rayft.training import layout
 from rayft.training.batches import epoch_micro_batches, micro_batches
-from rayft.training.checkpoint_store import usable_checkpoint
-from rayft.training.checkpointing import TrainerState, restore_training_state, save_checkpoint, save_final
+from rayft.training.checkpoint_store import remove_incomplete, resume_checkpoint
+from rayft.training.checkpointing import (
+    CheckpointWriter,
+    TrainerState,
+    restore_training_state,
+    save_checkpoint,
+    save_final,
+)
+from rayft.training.faults import Faults
 from rayft.training.metrics import ConsoleLogger, JsonlLogger, MetricLogger, MultiLogger, NullLogger, TensorBoardLogger
 from rayft.training.model import build_training_model, count_parameters, parameter_groups
 from rayft.training.plan import Schedule, is_due, learning_rate_factor, units_before_step
-from rayft.training.session import TrainSession
+from rayft.training.session import TrainSession, all_reduce_sum
 from rayft.training.steps import Precision, StepStats, evaluate, resolve_precision, train_step
 
 log = logging.getLogger("rayft.train")
+
+# Written into the run directory by the driver on SIGTERM; the workers save and stop when they see it.
+STOP_REQUEST_FILE = ".rayft-stop-requested"
 
 
 @dataclass(frozen=True)
@@ -47,6 +57,7 @@ class WorkerPlan:
     shuffle_window: int
     has_validation: bool
     lineage: dict[str, Any] = field(default_factory=dict)
+    faults: Faults = field(default_factory=Faults)
 
 
 @dataclass
@@ -63,6 +74,9 @@ class Worker:
     precision: Precision
     logger: MetricLogger
     state: TrainerState
+    checkpoints: CheckpointWriter
+    faults: Faults
+    stopped_on_request: bool = False
     window: dict[str, float] = field(default_factory=lambda: {"tokens": 0.0, "computed": 0.0, "t0": time.monotonic()})
 
 
@@ -71,14 +85,26 @@ def run_worker(plan: WorkerPlan, session: TrainSession) -> TrainerState:
     worker = setup_worker(plan, session)
     try:
         for batches in step_batches(plan, session, worker.state.step, worker.tokenizer.pad_token_id):
+            plan.faults.before_step(session.rank, worker.state.step + 1)
+            plan.faults.log_samples(session.rank, worker.state.step + 1, [i for b in batches for i in b.sample_ids])
             stats = run_step(worker, batches)
             after_step(worker, stats)
-            if worker.state.stopped_early:
+            if worker.state.stopped_early or stop_requested(worker):
                 break
         finish(worker)
     finally:
         worker.logger.close()
     return worker.state
+
+
+def stop_requested(worker: Worker) -> bool:
+    """Whether the driver asked the run to stop (SIGTERM); all workers agree on the same step."""
+    local = (Path(worker.plan.run_dir) / STOP_REQUEST_FILE).exists()
+    if worker.session.world_size > 1:
+        local = all_reduce_sum([float(local)], worker.session.device)[0] > 0
+    if local:
+        worker.stopped_on_request = True
+    return local
 
 
 def setup_worker(plan: WorkerPlan, session: TrainSession) -> Worker:
@@ -90,8 +116,10 @@ def setup_worker(plan: WorkerPlan, session: TrainSession) -> Worker:
     torch.manual_seed(plan.seed)
     tokenizer = load_tokenizer(plan.model)
     checkpoints = Path(plan.run_dir) / layout.CHECKPOINTS_DIR
+    if session.rank == 0:
+        remove_incomplete(checkpoints)  # staging directories of saves a crash interrupted
     with session.restored_checkpoint() as candidate:
-        restore_dir = usable_checkpoint(candidate, checkpoints)
+        restore_dir = resume_checkpoint(candidate, checkpoints)
         model = build_training_model(
             plan.model, plan.lora, plan.train.method, session.device.type,
             gradient_checkpointing=plan.train.gradient_checkpointing, restore_dir=restore_dir,
@@ -109,7 +137,10 @@ def setup_worker(plan: WorkerPlan, session: TrainSession) -> Worker:
     trainable, total = count_parameters(model)
     if session.rank == 0:
         log.info("training %s parameters of %s (%.2f%%)", f"{trainable:,}", f"{total:,}", 100 * trainable / total)
-    return Worker(plan, session, model, optimizer, scheduler, scaler, tokenizer, precision, logger, state)
+    writer = CheckpointWriter(background=plan.checkpoint.async_upload)
+    return Worker(
+        plan, session, model, optimizer, scheduler, scaler, tokenizer, precision, logger, state, writer, plan.faults
+    )
 
 
 def build_optimizer(model: Any, train: TrainConfig, total_steps: int) -> tuple[Any, Any]:
@@ -232,6 +263,14 @@ def run_evaluation(worker: Worker) -> None:
 
 
 def finish(worker: Worker) -> None:
-    """Write final/ (rank 0) once the last checkpoint is saved."""
+    """Wait for the last checkpoint to be committed, then write final/ (rank 0). A run stopped on
+    request saves a checkpoint of the current step instead, for ``--resume``."""
+    if worker.stopped_on_request and worker.state.step < worker.plan.schedule.total_steps:
+        if not is_due(worker.state.step, worker.plan.train.save_steps, worker.plan.schedule.total_steps):
+            save_checkpoint(worker)
+        worker.checkpoints.wait()
+        log.info("rank %d stopped on request after saving step %d", worker.session.rank, worker.state.step)
+        return
+    worker.checkpoints.wait()
     if worker.session.rank == 0:
         save_final(worker.model, worker.tokenizer, worker.plan, worker.state)

@@ -1,0 +1,83 @@
+"""Fault injection and tracing for the reliability tests: the chaos tests set these through
+environment variables on the driver, and the driver hands them to every worker in its plan.
+
+``RAYFT_FAULT_KILL_IN_SAVE=STEP:POINT``
+    SIGKILL the process at ``POINT`` of the save of step ``STEP`` (points: :data:`SAVE_POINTS`).
+``RAYFT_FAULT_HANG=RANK:STEP``
+    Rank ``RANK`` sleeps forever before optimizer step ``STEP`` (a stuck collective for the others).
+``RAYFT_FAULT_RAISE=RANK:STEP``
+    Rank ``RANK`` raises a RuntimeError before optimizer step ``STEP``, on every attempt.
+``RAYFT_SAMPLE_LOG=PATH``
+    Every rank appends ``{"step", "rank", "sample_ids"}`` per optimizer step to the JSON-lines PATH
+    (appended across restarts, so tests see recomputed steps too).
+
+Nothing here runs unless one of these variables is set.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+SAVE_POINTS = ("model_files", "trainer_files", "before_manifest", "before_commit")
+_PREFIX = "RAYFT_FAULT_"
+_SAMPLE_LOG = "RAYFT_SAMPLE_LOG"
+
+
+@dataclass(frozen=True)
+class Faults:
+    """Faults to inject into a run (all off by default)."""
+
+    kill_in_save: tuple[int, str] | None = None
+    hang: tuple[int, int] | None = None
+    raise_at: tuple[int, int] | None = None
+    sample_log: str | None = None
+
+    def kill_if(self, step: int, point: str) -> None:
+        """SIGKILL this process if a save fault is set for this step and point."""
+        if self.kill_in_save == (step, point):
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    def before_step(self, rank: int, step: int) -> None:
+        """Hang or raise before optimizer step ``step`` (1-based) when asked to."""
+        if self.hang == (rank, step):
+            while True:
+                time.sleep(3600)
+        if self.raise_at == (rank, step):
+            raise RuntimeError(f"injected failure on rank {rank} at step {step} (RAYFT_FAULT_RAISE)")
+
+    def log_samples(self, rank: int, step: int, sample_ids: list[int]) -> None:
+        """Append the sample ids of this rank's optimizer step to the sample log, if enabled."""
+        if self.sample_log is None:
+            return
+        with open(self.sample_log, "a", encoding="utf-8") as handle:
+            handle.write(json.dumps({"step": step, "rank": rank, "sample_ids": sample_ids}) + "\n")
+
+
+def faults_from_env(environ: Mapping[str, str] | None = None) -> Faults:
+    """The faults named by ``RAYFT_FAULT_*`` and ``RAYFT_SAMPLE_LOG`` (none when unset)."""
+    env = os.environ if environ is None else environ
+    kill = env.get(f"{_PREFIX}KILL_IN_SAVE")
+    kill_in_save = None
+    if kill:
+        step, point = kill.split(":", 1)
+        if point not in SAVE_POINTS:
+            raise ValueError(f"{_PREFIX}KILL_IN_SAVE={kill!r}: the point must be one of {SAVE_POINTS}")
+        kill_in_save = (int(step), point)
+    return Faults(
+        kill_in_save=kill_in_save,
+        hang=_pair(env.get(f"{_PREFIX}HANG")),
+        raise_at=_pair(env.get(f"{_PREFIX}RAISE")),
+        sample_log=env.get(_SAMPLE_LOG) or None,
+    )
+
+
+def _pair(value: str | None) -> tuple[int, int] | None:
+    if not value:
+        return None
+    rank, step = value.split(":", 1)
+    return int(rank), int(step)
