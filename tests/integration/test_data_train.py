@@ -38,3 +38,43 @@ def test_train_run_prepares_with_ray_and_trains(
     ray_root = Path(json.loads((result.run_dir / "data" / "stats.json").read_text())["root"])
     for name in ("train/part-00000.parquet", "validation/part-00000.parquet"):
         assert pq.read_table(Path(local.root) / name).equals(pq.read_table(ray_root / name))
+
+
+def test_rayft_train_cli_packed_on_two_mixed_formats(ray_session: None, tiny_model_dir: Path, tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from rayft.cli.main import cli
+    from rayft.data.builtin_arithmetic import iter_arithmetic_problems
+
+    problems = list(iter_arithmetic_problems(80, seed=5))
+    chats = tmp_path / "chats.jsonl"
+    turns = [[{"from": "human", "value": p["question"]}, {"from": "gpt", "value": p["answer"]}] for p in problems[:40]]
+    chats.write_text("".join(json.dumps({"conversations": t}) + "\n" for t in turns))
+    alpaca = tmp_path / "alpaca.jsonl"
+    alpaca.write_text("".join(
+        json.dumps({"instruction": "Solve the problem.", "input": p["question"], "output": p["answer"]}) + "\n"
+        for p in problems[40:]
+    ))  # fmt: skip
+    config = tmp_path / "cfg.yaml"
+    config.write_text(
+        f"name: packed\nstorage_path: {tmp_path / 'runs'}\nmodel:\n  name: {tiny_model_dir}\n"
+        f"data:\n  datasets:\n    - path: {chats}\n      weight: 1\n    - path: {alpaca}\n      weight: 1\n"
+        "  packing: true\n  max_seq_length: 512\n  validation_fraction: 0.1\n"
+        "scaling:\n  num_workers: 2\ntrain:\n  max_steps: 3\n  micro_batch_size: 2\n  eval_steps: 3\n"
+        "  save_steps: 3\n  learning_rate: 0.003\nlora:\n  r: 4\nlogging:\n  tensorboard: false\n"
+    )
+    result = CliRunner().invoke(cli, ["train", str(config)])
+    assert result.exit_code == 0, result.output
+    run_dir = tmp_path / "runs" / "packed"
+    stats = json.loads((run_dir / "data" / "stats.json").read_text())
+    assert stats["formats"] == {
+        "chats.jsonl": "messages (detected from the columns: messages=conversations)",
+        "alpaca.jsonl": "alpaca (detected from the columns: input=input, instruction=instruction, output=output)",
+    }
+    assert stats["rows"] == {"train": 72, "validation": 8} and stats["padding_efficiency"] > 0.7
+    metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    steps = [m for m in metrics if "train/loss" in m]
+    assert [m["step"] for m in steps] == [1, 2, 3] and all(m["train/loss"] > 0 for m in steps)
+    assert any("eval/loss" in m for m in metrics)
+    efficiency = [m["train/padding_efficiency"] for m in metrics if "train/padding_efficiency" in m]
+    assert efficiency and efficiency[-1] > 0.7
