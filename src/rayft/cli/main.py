@@ -55,12 +55,13 @@ def cli(ctx: click.Context, debug: bool) -> None:
 
 
 def _register() -> None:
-    from rayft.cli import config_cmd, data_cmd, eval_cmd, run_cmd, train_cmd
+    from rayft.cli import config_cmd, data_cmd, eval_cmd, run_cmd, sdg_cmd, train_cmd
 
     cli.add_command(config_cmd.config)
     cli.add_command(train_cmd.train)
     cli.add_command(data_cmd.data)
     cli.add_command(run_cmd.run)
+    cli.add_command(sdg_cmd.sdg)
     cli.add_command(eval_cmd.eval_)
     cli.add_command(eval_cmd.compare)
     cli.add_command(eval_cmd.export)

@@ -81,7 +81,8 @@ class SymbolicStage:
             try:
                 chain = analyze_seed(seed["seed_question"], seed["seed_answer"])
             except UnusableSeedError as skip:
-                out.append(reject({**base, "seed_rows": 1}, "seed", skip.reason, str(skip)))
+                unusable = {**base, "seed_rows": 1, "id": row_id(seed["seed_id"], -1, self.config_hash)}
+                out.append(reject(unusable, "seed", skip.reason, str(skip)))
                 continue
             rng = random.Random(f"{self.seed}:{seed['seed_id']}")
             for k in range(self.variations):
