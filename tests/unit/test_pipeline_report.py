@@ -12,17 +12,17 @@ def _inputs() -> ReportInputs:
     metrics.append({"step": 9, "eval/loss": 0.4})
     compare = {
         "models": {
-            "base": {"strict_accuracy": {"value": 0.1, "ci_low": 0.05, "ci_high": 0.2, "n": 50}},
-            "tuned": {"strict_accuracy": {"value": 0.6, "ci_low": 0.45, "ci_high": 0.72, "n": 50}},
+            "base": {"metrics": {"strict_accuracy": {"value": 0.1, "ci_low": 0.05, "ci_high": 0.2, "n": 50}}},
+            "tuned": {"metrics": {"strict_accuracy": {"value": 0.6, "ci_low": 0.45, "ci_high": 0.72, "n": 50}}},
         },
         "pairs": [
-            {"a": "base", "b": "tuned", "metric": "strict_accuracy", "test": "mcnemar", "difference": 0.5,
-             "p_value": 1e-6, "significant": True},
+            {"a": "base", "b": "tuned", "tests": {"strict_accuracy": {"test": "mcnemar", "difference": 0.5,
+             "diff_ci_low": 0.3, "diff_ci_high": 0.7, "p_value": 1e-6, "significant": True}}},
         ],
     }  # fmt: skip
     examples = [
         {
-            "prompt": "What is <b>2+2</b>?",
+            "question": "What is <b>2+2</b>?",
             "reference": "4",
             "models": {"base": {"output": "four", "correct": False}, "tuned": {"output": "#### 4", "correct": True}},
         }
@@ -44,7 +44,7 @@ def test_report_is_self_contained_and_escaped() -> None:
     assert "<script" not in page
     assert "&lt;b&gt;2+2&lt;/b&gt;" in page and "<b>2+2</b>" not in page
     for text in ("Stages", "Synthetic data", "bad_annotation", "Training", "Base vs fine-tuned", "mcnemar",
-                 "significant", "#### 4"):  # fmt: skip
+                 "significant", "[+0.300, +0.700]", "#### 4"):  # fmt: skip
         assert text in page
     assert page.count("<svg") == 3  # loss, learning rate, bar chart
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import click
 
 from rayft.cli.common import config_argument, load_cli_config, overrides_argument
@@ -50,13 +52,23 @@ def run(  # noqa: PLR0917 (click passes options positionally)
     click.echo(f"Report: {result.report_path}\nLineage: {result.lineage_path}")
 
 
-def _headline(summary: dict[str, object]) -> str | None:
-    pairs = summary.get("pairs")
-    if not isinstance(pairs, list) or not pairs or not isinstance(pairs[0], dict):
+def _headline(summary: dict[str, Any]) -> str | None:
+    """One line on the first pair's primary metric: the difference, its test and the verdict."""
+    pairs, primary = summary.get("pairs"), summary.get("primary_metric")
+    if not isinstance(pairs, list) or not pairs or not isinstance(primary, str):
         return None
-    pair = pairs[0]
-    verdict = "significant" if pair.get("significant") else "not significant"
+    test = pairs[0].get("tests", {}).get(primary)
+    if not isinstance(test, dict):
+        return None
+    models = summary.get("models", {})
+    values = {
+        label: models.get(label, {}).get("metrics", {}).get(primary, {}).get("value")
+        for label in (pairs[0]["a"], pairs[0]["b"])
+    }
+    verdict = "significant" if test.get("significant") else "not significant"
+    shown = ", ".join(f"{label} {value:.3f}" for label, value in values.items() if isinstance(value, float))
     return (
-        f"{pair.get('b')} vs {pair.get('a')} on {pair.get('metric')}: difference {pair.get('difference')}, "
-        f"{pair.get('test')} p={pair.get('p_value')} ({verdict})"
+        f"{primary}: {shown}; difference {test.get('difference', float('nan')):+.3f} "
+        f"[{test.get('diff_ci_low', float('nan')):+.3f}, {test.get('diff_ci_high', float('nan')):+.3f}], "
+        f"{test.get('test')} p={test.get('p_value', float('nan')):.3g} ({verdict})"
     )

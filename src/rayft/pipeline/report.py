@@ -183,7 +183,7 @@ def svg_line_chart(
 
 
 def _compare_section(summary: Mapping[str, Any]) -> str:
-    models = summary.get("models", {})
+    models = {label: m.get("metrics", m) for label, m in summary.get("models", {}).items()}
     rows = []
     for label, metrics in models.items():
         for metric, m in metrics.items():
@@ -196,7 +196,7 @@ def _compare_section(summary: Mapping[str, Any]) -> str:
                 f"<td class='num'>{m.get('n', '')}</td></tr>"
             )
     tests = []
-    for pair in summary.get("pairs", []):
+    for pair in _pair_tests(summary):
         significant = bool(pair.get("significant"))
         verdict = "<span class='ok'>significant</span>" if significant else "<span class='bad'>not significant</span>"
         diff = pair.get("difference")
@@ -223,6 +223,15 @@ def _compare_section(summary: Mapping[str, Any]) -> str:
     )
     bars = _bar_chart(models)
     return f"<h2>Base vs fine-tuned</h2>{table}{paired}{bars}"
+
+
+def _pair_tests(summary: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Flatten ``pairs: [{a, b, tests: {metric: test}}]`` into one row per pair and metric."""
+    rows = []
+    for pair in summary.get("pairs", []):
+        for metric, test in pair.get("tests", {}).items():
+            rows.append({"a": pair.get("a"), "b": pair.get("b"), "metric": metric, **test})
+    return rows
 
 
 def _bar_chart(models: Mapping[str, Any]) -> str:
@@ -270,10 +279,10 @@ def _examples_section(examples: Sequence[Mapping[str, Any]], limit: int = 12) ->
             mark = "<span class='ok'>✓</span>" if result.get("correct") else "<span class='bad'>✗</span>"
             cells.append(f"<td>{mark}<pre>{escape(str(result.get('output', '')))}</pre></td>")
         rows.append(
-            f"<tr><td><pre>{escape(str(example.get('prompt', '')))}</pre></td>"
+            f"<tr><td><pre>{escape(str(example.get('question', example.get('prompt', ''))))}</pre></td>"
             f"<td><pre>{escape(str(example.get('reference', '')))}</pre></td>{''.join(cells)}</tr>"
         )
     return (
         f"<h2>Examples</h2><p class='muted'>First {min(limit, len(examples))} held-out problems, outputs side by "
-        f"side.</p><table><tr><th>prompt</th><th>reference</th>{head}</tr>{''.join(rows)}</table>"
+        f"side.</p><table><tr><th>question</th><th>reference</th>{head}</tr>{''.join(rows)}</table>"
     )

@@ -306,6 +306,7 @@ def run_eval(cfg: RayftConfig, run_dir: Path, records: dict[str, StageRecord], *
             "json": out / result.json_path.name,
             "markdown": out / result.markdown_path.name,
             "html": out / result.html_path.name,
+            "examples": out / result.examples_path.name,
         }
         return outputs, summary
     from rayft.recipes.evaluate import evaluate_model
@@ -362,9 +363,10 @@ def report_inputs(
     compare: dict[str, Any] = {}
     examples: list[dict[str, Any]] = []
     if "eval" in records and "json" in records["eval"].outputs:
-        document = json.loads(records["eval"].output(run_dir, "json").read_text(encoding="utf-8"))
-        compare = document.get("summary", document)
-        examples = document.get("examples", [])
+        compare = json.loads(records["eval"].output(run_dir, "json").read_text(encoding="utf-8"))
+        if "examples" in records["eval"].outputs:
+            lines = records["eval"].output(run_dir, "examples").read_text(encoding="utf-8").splitlines()
+            examples = [json.loads(line) for line in lines if line.strip()]
     return ReportInputs(
         name=name,
         stages=rows,

@@ -1,0 +1,41 @@
+"""Every YAML config shipped in configs/ loads, validates, and requests the stages it documents."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from rayft.config import load_config
+from rayft.pipeline.plan import requested_stages
+
+CONFIGS = sorted((Path(__file__).resolve().parents[2] / "configs").glob("*.yaml"))
+
+
+def test_configs_are_shipped() -> None:
+    assert {p.name for p in CONFIGS} >= {"quickstart.yaml", "gsm8k-qwen2.5-1.5b.yaml"}
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
+def test_config_validates(path: Path) -> None:
+    cfg = load_config(path)
+    assert requested_stages(cfg.model_fields_set), f"{path.name} requests no pipeline stage"
+
+
+def test_quickstart_runs_offline_on_cpu() -> None:
+    cfg = load_config(CONFIGS[0].parent / "quickstart.yaml")
+    assert requested_stages(cfg.model_fields_set) == ["sdg", "train", "eval", "export"]
+    assert (
+        cfg.model.name == "smollm2-135m-instruct" and cfg.scaling.num_workers == 2 and cfg.scaling.use_gpu is not True
+    )
+    assert cfg.sdg.generator == "symbolic" and cfg.sdg.seeds.path.startswith("builtin:")
+    assert cfg.eval.datasets[0].split == "test" and cfg.eval.task == "gsm8k"
+    eval_paths = {(d.path, d.split) for d in cfg.eval.datasets}
+    assert eval_paths <= {(d.path, d.split) for d in cfg.sdg.decontamination.datasets}
+
+
+def test_gpu_config_is_the_full_size_pipeline() -> None:
+    cfg = load_config(CONFIGS[0].parent / "gsm8k-qwen2.5-1.5b.yaml")
+    assert cfg.sdg.generator == "llm" and cfg.sdg.teacher.backend == "vllm"
+    assert "Qwen2.5-1.5B-Instruct" in cfg.sdg.teacher.model.name
+    assert cfg.scaling.use_gpu and cfg.eval.backend == "vllm"
