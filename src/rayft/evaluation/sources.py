@@ -22,6 +22,7 @@ from pydantic import ValidationError
 from rayft.config.model import ModelConfig
 from rayft.errors import CheckpointError, ModelError
 from rayft.models.registry import BUILTIN_MODELS
+from rayft.models.resolve import resolve_model_source
 from rayft.training import layout
 from rayft.training.checkpoint_store import scan_checkpoints
 from rayft.training.manifest import read_manifest, sha256_file, verify_checkpoint
@@ -117,6 +118,7 @@ def resolve_source(source: str, default_model: ModelConfig, checkpoint: str = "l
     """
     path = Path(source).expanduser()
     if not path.is_dir():
+        _check_exists(source)
         return ResolvedSource(source, "model", _named_model(source, default_model))
     directory = checkpoint_of_run(path, checkpoint) if is_run_dir(path) else path
     manifest = read_manifest(directory)
@@ -141,6 +143,19 @@ def resolve_source(source: str, default_model: ModelConfig, checkpoint: str = "l
         f"{directory} is neither a model directory (config.json), a LoRA adapter (adapter_config.json) nor a "
         "run directory (checkpoints/, final/); give one of those, a Hub id, a .gguf file or a built-in name"
     )
+
+
+def _check_exists(source: str) -> None:
+    """Fail here, not inside a generation actor, when a local path does not exist."""
+    kind = resolve_model_source(source).kind
+    missing = (kind == "local" and not Path(source).expanduser().is_dir()) or (
+        kind == "gguf" and not Path(source).expanduser().is_file()
+    )
+    if missing:
+        raise ModelError(
+            f"model source {source!r} does not exist; give a run directory, a checkpoint or model directory, a "
+            f".gguf file, a Hub id, or a built-in name ({', '.join(BUILTIN_MODELS)})"
+        )
 
 
 def _named_model(source: str, default_model: ModelConfig) -> ModelConfig:
