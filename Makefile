@@ -19,7 +19,7 @@ $(STAMP): pyproject.toml constraints/cpu.txt
 	touch $(STAMP)
 
 quickstart: setup
-	$(VENV)/bin/rayft train configs/quickstart.yaml
+	$(VENV)/bin/rayft run configs/quickstart.yaml
 
 test: setup
 	$(VENV)/bin/pytest -m "$(PYTEST_MARKERS)" $(PYTEST_ARGS)
