@@ -67,19 +67,20 @@ def _chat_text(tokenizer: Any, messages: list[dict[str, str]], generation_prompt
 
 
 def label_tokens(ids: Sequence[int], offsets: Sequence[tuple[int, int]], spans: Sequence[Span]) -> list[int]:
-    """Labels for ``ids``: the id where the token overlaps a trained span, else IGNORE_INDEX."""
-    import numpy as np
+    """Labels for ``ids``: the id where the token overlaps a trained span, else IGNORE_INDEX.
 
-    if not ids:
-        return []
-    bounds = np.asarray(offsets, dtype=np.int64).reshape(-1, 2)
-    starts, ends = bounds[:, 0], bounds[:, 1]
-    trained = np.zeros(len(ids), dtype=bool)
-    for lo, hi in spans:
-        # A token overlaps [lo, hi) when it starts before hi and ends after lo; empty-width
-        # tokens (some special tokens) count when they sit inside the span.
-        trained |= ((starts < hi) & (ends > lo)) | ((starts == ends) & (starts >= lo) & (starts < hi))
-    return np.where(trained, np.asarray(ids, dtype=np.int64), IGNORE_INDEX).tolist()  # type: ignore[no-any-return]
+    A token overlaps ``[lo, hi)`` when it starts before ``hi`` and ends after ``lo``; an
+    empty-width token (some special tokens) counts when it sits inside the span.
+    """
+    labels = []
+    for token, (start, end) in zip(ids, offsets, strict=True):
+        trained = False
+        for lo, hi in spans:
+            if (start < hi and end > lo) or (start == end and lo <= start < hi):
+                trained = True
+                break
+        labels.append(token if trained else IGNORE_INDEX)
+    return labels
 
 
 @dataclass(frozen=True)
@@ -112,21 +113,34 @@ def tokenize_rows(job: TokenizeJob, sample_ids: list[int], datasets: list[int], 
             )
         except BadRowError as bad:
             rendered.append(bad)
-    texts = [r.text if isinstance(r, Rendered) else "" for r in rendered]
-    encoded = job.tokenizer(texts, add_special_tokens=False, return_offsets_mapping=True)
+    ids_list, offsets_list = encode(job.tokenizer, [r.text if isinstance(r, Rendered) else "" for r in rendered])
     out: dict[str, list[Any]] = {k: [] for k in ("input_ids", "labels", "length", "truncated", "reason", "detail")}
     eos = job.tokenizer.eos_token_id
     for index, item in enumerate(rendered):
         if isinstance(item, BadRowError):
             _append(out, [], [], 0, False, item.reason, item.detail)
             continue
-        ids = list(encoded["input_ids"][index])
-        labels = label_tokens(ids, encoded["offset_mapping"][index], item.spans)
+        ids = ids_list[index]
+        labels = label_tokens(ids, offsets_list[index], item.spans)
         if item.add_eos and eos is not None:
             ids.append(eos)
             labels.append(eos)
         _append(out, *finish(ids, labels, job.max_seq_length, job.overlong))
     return {"sample_id": [int(s) for s in sample_ids], **out}
+
+
+def encode(tokenizer: Any, texts: list[str]) -> tuple[list[list[int]], list[list[tuple[int, int]]]]:
+    """Token ids and character offsets of ``texts``, without special tokens added.
+
+    Fast tokenizers are called through their Rust backend directly: the same encodings, without
+    transformers' per-row conversion (which costs as much as the tokenization itself).
+    """
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is not None:
+        encodings = backend.encode_batch(texts, add_special_tokens=False)
+        return [list(e.ids) for e in encodings], [list(e.offsets) for e in encodings]
+    encoded = tokenizer(texts, add_special_tokens=False, return_offsets_mapping=True)
+    return [list(i) for i in encoded["input_ids"]], [list(o) for o in encoded["offset_mapping"]]
 
 
 def finish(
