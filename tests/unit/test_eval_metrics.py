@@ -81,6 +81,11 @@ def test_bertscore_without_the_extra_says_how_to_install_it() -> None:
         task.score(["a"], ["b"])
 
 
+def test_gsm8k_uses_a_prompt_template_when_given() -> None:
+    task = build_task(EvalConfig(task="gsm8k"))
+    assert build_prompt(task, "2+2?", [], chat=True, template="{question}") == [{"role": "user", "content": "2+2?"}]
+
+
 def test_prompt_template_and_chat_for_generic_tasks() -> None:
     task = build_task(EvalConfig(task="sql"))
     prompt = build_prompt(task, "list names", [("q1", "SELECT 1")], chat=False, template="Translate: {question}")
@@ -94,6 +99,7 @@ def test_prompt_template_and_chat_for_generic_tasks() -> None:
     [
         ("eval.task=custom", "task 'custom' needs eval.metric"),
         ("eval.checkpoint=newest", "must be latest, best, final, or step-N"),
+        ("eval.prompt_template=Question {q}", "cannot be filled .*KeyError"),
         ("eval.generation.batch_size=4", "eval.generation.batch_size: set eval.batch_size"),
         ("eval.generation.model.name=x", "the model comes from the source being evaluated"),
     ],

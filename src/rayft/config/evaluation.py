@@ -64,8 +64,9 @@ class EvalConfig(Section):
     prompt_template: str | None = Field(
         None,
         description=(
-            "Prompt text with {question} for tasks other than gsm8k (default: the question "
-            "itself). gsm8k always uses lm-evaluation-harness's 'Question: ...\\nAnswer:'."
+            "Prompt text with {question}, e.g. the input_template the model was trained with. "
+            "Unset: gsm8k uses lm-evaluation-harness's 'Question: ...\\nAnswer:', other tasks the "
+            "question itself."
         ),
     )
     num_fewshot: int = Field(
@@ -138,6 +139,14 @@ class EvalConfig(Section):
             raise ValueError("task 'custom' needs eval.metric='package.module:function'")
         if self.metric and ":" not in self.metric:
             raise ValueError(f"eval.metric {self.metric!r} must look like 'package.module:function'")
+        if self.prompt_template is not None:
+            try:
+                self.prompt_template.format(question="")
+            except (KeyError, IndexError, ValueError) as exc:
+                raise ValueError(
+                    f"eval.prompt_template {self.prompt_template!r} cannot be filled ({exc!r}); use {{question}} "
+                    "for the question and double braces {{{{ }}}} for literal ones"
+                ) from None
         if not _CHECKPOINT_SELECTOR.match(self.checkpoint):
             raise ValueError(
                 f"eval.checkpoint {self.checkpoint!r} must be latest, best, final, or step-N (e.g. step-100)"

@@ -60,8 +60,9 @@ def build_prompt(
     system_prompt: str | None = None,
     template: str | None = None,
 ) -> Prompt:
-    """The prompt for one question: gsm8k's harness format, or ``template`` with {question}."""
-    if task.gsm8k_prompt:
+    """The prompt for one question: ``template`` with {question} when given, else the task's format
+    (gsm8k: the harness's ``Question: ...\nAnswer:``; other tasks: the question itself)."""
+    if task.gsm8k_prompt and template is None:
         return gsm8k.build_prompt(question, fewshot, chat=chat, system_prompt=system_prompt)
     fill = (lambda q: template.format(question=q)) if template else (lambda q: q)
     if not chat:
