@@ -109,6 +109,18 @@ class CheckpointWriter:
         self._thread = threading.Thread(target=guarded, name="rayft-checkpoint-writer", daemon=True)
         self._thread.start()
 
+    def drain(self, timeout_s: float) -> None:
+        """On the way out of a failed run: let a save in flight commit (it holds a completed step),
+        for at most ``timeout_s``; its own error is logged, not raised over the run's error."""
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+            if self._thread.is_alive():
+                log.warning("a checkpoint save was still running after %g s and was abandoned", timeout_s)
+            self._thread = None
+        if self._error is not None:
+            log.warning("the checkpoint save in flight failed too: %s", self._error)
+            self._error = None
+
     def wait(self) -> None:
         """Block until the save in flight (if any) is committed; raise its error."""
         if self._thread is not None:

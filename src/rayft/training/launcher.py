@@ -6,7 +6,6 @@ cluster has fails within seconds with what is missing, instead of Ray Train's en
 
 from __future__ import annotations
 
-import _thread
 import contextlib
 import dataclasses
 import logging
@@ -78,7 +77,9 @@ def stop_on_sigterm(run_dir: Path, grace_s: float) -> Iterator[None]:
         request.requested = True
         log.warning("SIGTERM: saving a checkpoint and stopping within %g s (failure.sigterm_grace_s)", grace_s)
         stop_file.write_text("SIGTERM\n", encoding="utf-8")
-        request.timer = threading.Timer(grace_s, _thread.interrupt_main)
+        # A real SIGINT to the main thread: it also wakes a blocking wait (interrupt_main would not).
+        main = threading.main_thread().ident
+        request.timer = threading.Timer(grace_s, signal.pthread_kill, args=(main, signal.SIGINT))
         request.timer.daemon = True
         request.timer.start()
 

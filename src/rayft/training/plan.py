@@ -132,7 +132,18 @@ def missing_resources(
         return []
     totals = {k: sum(n.get(k, 0.0) for n in nodes) for k in per_worker}
     wanted = {k: v * num_workers for k, v in per_worker.items()}
-    short = [f"{k}: {wanted[k]:g} needed, {totals[k]:g} in the cluster" for k in per_worker if wanted[k] > totals[k]]
+    short = [
+        f"{k}: {_amount(k, wanted[k])} needed, {_amount(k, totals[k])} in the cluster"
+        for k in per_worker
+        if wanted[k] > totals[k]
+    ]
     if not short:
         short = [f"no node can host a worker needing {dict(per_worker)} (only {placed} of {num_workers} fit)"]
     return short
+
+
+def _amount(resource: str, value: float) -> str:
+    """A resource quantity as people read it: memory in GiB (Ray counts bytes), the rest as numbers."""
+    if resource in {"memory", "object_store_memory"}:
+        return f"{value / 2**30:.1f} GiB"
+    return f"{value:g}"

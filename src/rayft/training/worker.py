@@ -92,6 +92,9 @@ def run_worker(plan: WorkerPlan, session: TrainSession) -> TrainerState:
             if worker.state.stopped_early or stop_requested(worker):
                 break
         finish(worker)
+    except BaseException:
+        worker.checkpoints.drain(timeout_s=120.0)
+        raise
     finally:
         worker.logger.close()
     return worker.state

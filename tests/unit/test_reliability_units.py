@@ -1,0 +1,136 @@
+"""Reliability building blocks without Ray: fault hooks, secret redaction, the resource planner,
+the resume decision, the checkpoint writer, and the SIGTERM stop."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from rayft.errors import CheckpointError, RunInterruptedError
+from rayft.security import MASK, RedactingFilter, redact, secret_values
+from rayft.training.checkpoint_store import publish_checkpoint, resume_checkpoint
+from rayft.training.checkpointing import CheckpointWriter
+from rayft.training.faults import Faults, faults_from_env
+from rayft.training.launcher import stop_on_sigterm
+from rayft.training.manifest import verify_checkpoint, write_manifest
+from rayft.training.plan import missing_resources
+from rayft.training.worker import STOP_REQUEST_FILE
+
+CANARY = "canary-hf-0123456789abcdef"
+
+
+def make_checkpoint(root: Path, step: int) -> Path:
+    directory = root / f"step-{step:06d}"
+    directory.mkdir(parents=True)
+    (directory / "weights.safetensors").write_bytes(bytes(range(256)) * 4)
+    write_manifest(directory, step)
+    return directory
+
+
+def test_faults_parse_from_the_environment_and_reject_unknown_points() -> None:
+    faults = faults_from_env({"RAYFT_FAULT_KILL_IN_SAVE": "4:before_manifest", "RAYFT_FAULT_HANG": "1:3",
+                              "RAYFT_SAMPLE_LOG": "/tmp/s.jsonl"})  # fmt: skip
+    assert faults == Faults(kill_in_save=(4, "before_manifest"), hang=(1, 3), sample_log="/tmp/s.jsonl")
+    assert faults_from_env({}) == Faults()
+    with pytest.raises(ValueError, match="must be one of"):
+        faults_from_env({"RAYFT_FAULT_KILL_IN_SAVE": "4:somewhere"})
+    with pytest.raises(RuntimeError, match="injected failure on rank 1 at step 2"):
+        Faults(raise_at=(1, 2)).before_step(1, 2)
+    Faults(raise_at=(1, 2)).before_step(0, 2)  # another rank: nothing happens
+
+
+def test_redaction_masks_every_credential_of_the_environment() -> None:
+    env = {"HF_TOKEN": CANARY, "MY_SERVICE_PASSWORD": "pw-0123456789", "DEBUG": "1", "AWS_SESSION_TOKEN": "short"}
+    assert set(secret_values(env)) == {CANARY, "pw-0123456789"}  # short values are not secrets to mask
+    text = f"model.name: https://user:{CANARY}@host/x and pw-0123456789"
+    assert redact(text, env) == f"model.name: https://user:{MASK}@host/x and {MASK}"
+
+
+def test_the_log_filter_masks_messages_and_arguments(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("WANDB_API_KEY", CANARY)
+    record = logging.LogRecord("x", logging.INFO, __file__, 1, "key %s in %s", (CANARY, "msg"), None)
+    assert RedactingFilter().filter(record)
+    assert record.getMessage() == f"key {MASK} in msg"
+
+
+def test_missing_resources_names_cpus_gpus_and_memory_with_what_the_cluster_has() -> None:
+    nodes = [{"CPU": 2.0, "memory": 8 * 2**30}]
+    assert missing_resources({"CPU": 1.0}, 3, nodes) == ["CPU: 3 needed, 2 in the cluster"]
+    assert missing_resources({"CPU": 1.0, "GPU": 1.0}, 2, nodes) == ["GPU: 2 needed, 0 in the cluster"]
+    assert missing_resources({"CPU": 1.0, "memory": 6 * 2**30}, 2, nodes) == [
+        "memory: 12.0 GiB needed, 8.0 GiB in the cluster"
+    ]
+    assert missing_resources({"CPU": 1.0, "memory": 4 * 2**30}, 2, nodes) == []
+
+
+def test_resume_refuses_to_restart_from_zero_when_checkpoints_exist_but_none_verifies(tmp_path: Path) -> None:
+    assert resume_checkpoint(None, tmp_path) is None  # a fresh run
+    good = make_checkpoint(tmp_path, 2)
+    bad = make_checkpoint(tmp_path, 4)
+    (bad / "weights.safetensors").write_bytes(bytes(1024))
+    assert resume_checkpoint(bad, tmp_path) == good  # falls back to the previous one
+    (good / "weights.safetensors").write_bytes(bytes(1024))
+    with pytest.raises(CheckpointError, match=r"step-000002.*step-000004.*failed verification.*delete"):
+        resume_checkpoint(bad, tmp_path)
+
+
+def test_publish_renames_a_staging_directory_over_an_older_checkpoint_of_the_same_step(tmp_path: Path) -> None:
+    old = make_checkpoint(tmp_path, 6)
+    (old / "stale.txt").write_text("from before a restart")
+    staging = make_checkpoint(tmp_path / "x", 6).rename(tmp_path / ".step-000006.partial-1")
+    publish_checkpoint(staging, tmp_path / "step-000006")
+    assert not staging.exists() and not (tmp_path / "step-000006" / "stale.txt").exists()
+    assert verify_checkpoint(tmp_path / "step-000006") == []
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step-000006", "x"]
+
+
+def test_the_background_writer_runs_one_save_at_a_time_and_reraises_its_error() -> None:
+    order: list[str] = []
+
+    def slow() -> None:
+        time.sleep(0.2)
+        order.append("first")
+
+    writer = CheckpointWriter(background=True)
+    writer.submit(slow)
+    writer.submit(lambda: order.append("second"))  # waits for the first
+    writer.wait()
+    assert order == ["first", "second"]
+
+    def broken() -> None:
+        raise OSError("disk full")
+
+    writer.submit(broken)
+    with pytest.raises(CheckpointError, match="writing a checkpoint failed: OSError: disk full"):
+        writer.wait()
+
+
+def test_sigterm_asks_the_workers_to_stop_and_raises_a_resume_hint(tmp_path: Path) -> None:
+    make_checkpoint(tmp_path / "checkpoints", 3)
+    with (
+        pytest.raises(RunInterruptedError, match=r"stopped on SIGTERM after saving checkpoint .*step-000003.*--resume"),
+        stop_on_sigterm(tmp_path, grace_s=30),
+    ):
+        os.kill(os.getpid(), signal.SIGTERM)
+        deadline = time.monotonic() + 5
+        while not (tmp_path / STOP_REQUEST_FILE).exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert (tmp_path / STOP_REQUEST_FILE).exists()  # what the workers poll
+    assert not (tmp_path / STOP_REQUEST_FILE).exists()
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL or callable(signal.getsignal(signal.SIGTERM))
+
+
+def test_sigterm_interrupts_a_launch_that_does_not_stop_within_the_grace_period(tmp_path: Path) -> None:
+    assert threading.current_thread() is threading.main_thread()
+    started = time.monotonic()
+    expected = r"did not save within failure.sigterm_grace_s=0.5 s"
+    with pytest.raises(RunInterruptedError, match=expected), stop_on_sigterm(tmp_path, grace_s=0.5):
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(30)  # a launch that never returns
+    assert time.monotonic() - started < 10
