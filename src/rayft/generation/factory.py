@@ -15,7 +15,19 @@ def _hf(cfg: GenerationConfig) -> GenerationBackend:
     return HFBackend(cfg.model, adapter_path=cfg.adapter_path, device=device, batch_size=cfg.batch_size)
 
 
-BACKENDS: dict[str, Callable[[GenerationConfig], GenerationBackend]] = {"hf": _hf}
+def _vllm(cfg: GenerationConfig) -> GenerationBackend:
+    from rayft.generation.vllm import VLLMBackend
+
+    return VLLMBackend(cfg.model, adapter_path=cfg.adapter_path)
+
+
+def _openai(cfg: GenerationConfig) -> GenerationBackend:
+    from rayft.generation.openai_http import OpenAIBackend
+
+    return OpenAIBackend(cfg.model.name, cfg.endpoint)
+
+
+BACKENDS: dict[str, Callable[[GenerationConfig], GenerationBackend]] = {"hf": _hf, "vllm": _vllm, "openai": _openai}
 
 
 def build_backend(cfg: GenerationConfig) -> GenerationBackend:

@@ -1,0 +1,140 @@
+"""Generation through any OpenAI-compatible HTTP endpoint (vLLM serve, TGI, llama.cpp, hosted APIs).
+
+Chat prompts go to ``/chat/completions``, text prompts to ``/completions``. Requests run with
+bounded concurrency (a thread pool of ``max_concurrency``); HTTP 429 and 5xx answers, timeouts and
+dropped connections are retried with exponential backoff and jitter (or the server's
+Retry-After); a prompt that still fails comes back as a Generation with ``error`` set. Only the
+standard library is used.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from rayft.config.generation import EndpointConfig
+from rayft.generation.backend import FinishReason, Generation, Prompt, SamplingParams, truncate_at_stop
+
+MAX_BACKOFF_S = 30.0
+
+
+class RetryableError(Exception):
+    """A failure worth retrying (429, 5xx, timeout, connection), with the server's suggested delay."""
+
+    def __init__(self, message: str, retry_after_s: float | None = None) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+class OpenAIBackend:
+    """Generates by calling an OpenAI-compatible server; ``model`` is sent as the request's model."""
+
+    def __init__(self, model: str, endpoint: EndpointConfig, *, api_key: str | None = None) -> None:
+        self.model = model
+        self.endpoint = endpoint
+        self.base_url = endpoint.base_url.rstrip("/")
+        key_env = endpoint.api_key_env
+        self.api_key = api_key if api_key is not None else (os.environ.get(key_env) if key_env else None)
+        self._sleep = time.sleep
+
+    @property
+    def name(self) -> str:
+        """The endpoint and model, as recorded in provenance."""
+        return f"openai:{self.model}@{self.base_url}"
+
+    def generate(self, prompts: Sequence[Prompt], params: SamplingParams) -> list[Generation]:
+        """One generation per prompt, with at most ``max_concurrency`` requests in flight."""
+        if not prompts:
+            return []
+        workers = min(self.endpoint.max_concurrency, len(prompts))
+        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="rayft-openai") as pool:
+            return list(pool.map(lambda p: self._generate_one(p, params), prompts))
+
+    def _generate_one(self, prompt: Prompt, params: SamplingParams) -> Generation:
+        chat = not isinstance(prompt, str)
+        body: dict[str, Any] = {
+            "model": self.model,
+            "max_tokens": params.max_new_tokens,
+            "temperature": params.temperature,
+            "top_p": params.top_p,
+        }
+        body.update({"messages": list(prompt)} if chat else {"prompt": prompt})
+        if params.stop:
+            body["stop"] = list(params.stop)
+        if params.seed is not None:
+            body["seed"] = params.seed
+        try:
+            reply = self._post_with_retries("/chat/completions" if chat else "/completions", body)
+            return _to_generation(reply, chat, params)
+        except Exception as exc:  # one failed prompt must not sink the batch
+            return Generation("", finish_reason="error", error=f"{type(exc).__name__}: {exc}")
+
+    def _post_with_retries(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        attempt = 0
+        while True:
+            try:
+                return self._post(path, body)
+            except RetryableError as exc:
+                if attempt >= self.endpoint.max_retries:
+                    raise RuntimeError(f"{exc} (gave up after {attempt + 1} attempts)") from None
+                self._sleep(self.backoff_s(attempt, exc.retry_after_s))
+                attempt += 1
+
+    def backoff_s(self, attempt: int, retry_after_s: float | None) -> float:
+        """Seconds to wait before retry ``attempt + 1``: Retry-After if given, else doubling with jitter."""
+        if retry_after_s is not None:
+            return min(MAX_BACKOFF_S, max(0.0, retry_after_s))
+        base = float(self.endpoint.backoff_s) * 2.0**attempt
+        return min(MAX_BACKOFF_S, base * (0.5 + random.random() / 2))
+
+    def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        headers = {"Content-Type": "application/json"}
+        if self.api_key:
+            headers["Authorization"] = f"Bearer {self.api_key}"
+        request = urllib.request.Request(
+            self.base_url + path, data=json.dumps(body).encode(), headers=headers, method="POST"
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=self.endpoint.timeout_s) as response:
+                payload: dict[str, Any] = json.loads(response.read())
+                return payload
+        except urllib.error.HTTPError as exc:
+            detail = exc.read().decode(errors="replace")[:300]
+            message = f"HTTP {exc.code} from {self.base_url + path}: {detail}"
+            if exc.code == 429 or exc.code >= 500:
+                raise RetryableError(message, _retry_after(exc.headers.get("Retry-After"))) from None
+            raise RuntimeError(message) from None
+        except (urllib.error.URLError, TimeoutError, ConnectionError) as exc:
+            reason = getattr(exc, "reason", exc)
+            raise RetryableError(f"{type(exc).__name__} calling {self.base_url + path}: {reason}") from None
+
+
+def _retry_after(value: str | None) -> float | None:
+    try:
+        return float(value) if value is not None else None
+    except ValueError:
+        return None
+
+
+def _to_generation(reply: dict[str, Any], chat: bool, params: SamplingParams) -> Generation:
+    choices = reply.get("choices") or []
+    if not choices:
+        raise ValueError(f"the reply has no choices: {json.dumps(reply)[:200]}")
+    choice = choices[0]
+    raw = (choice.get("message") or {}).get("content") if chat else choice.get("text")
+    text, stopped = truncate_at_stop(str(raw or ""), params.stop)
+    finish: FinishReason = "length" if choice.get("finish_reason") == "length" and not stopped else "stop"
+    usage = reply.get("usage") or {}
+    return Generation(
+        text,
+        num_prompt_tokens=int(usage.get("prompt_tokens") or 0),
+        num_generated_tokens=int(usage.get("completion_tokens") or 0),
+        finish_reason=finish,
+    )

@@ -1,0 +1,105 @@
+"""Generation with vLLM on GPUs (the ``vllm`` extra), optionally with a LoRA adapter.
+
+vLLM is imported when a backend is built, never at module import; without it the error says
+``pip install 'rayft[vllm]'``. Chat prompts are rendered with the model's chat template by
+``LLM.chat``; the engine batches internally, so one call takes the whole batch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from rayft.config.model import ModelConfig
+from rayft.errors import MissingDependencyError
+from rayft.generation.backend import FinishReason, Generation, Prompt, SamplingParams, truncate_at_stop
+
+
+def import_vllm() -> Any:
+    """The vllm module, or a MissingDependencyError with the install line."""
+    try:
+        import vllm
+    except ImportError:
+        raise MissingDependencyError("vllm", "vllm", "The vLLM generation backend") from None
+    return vllm
+
+
+class VLLMBackend:
+    """One vLLM engine per process (per Ray actor); loads the model once."""
+
+    def __init__(
+        self,
+        model: ModelConfig,
+        *,
+        adapter_path: str | None = None,
+        gpu_memory_utilization: float = 0.9,
+        tensor_parallel_size: int = 1,
+    ) -> None:
+        vllm = import_vllm()
+        from rayft.models.loading import model_location
+
+        location, kwargs = model_location(model)
+        self._label = f"vllm:{model.name}" + (f"+{adapter_path}" if adapter_path else "")
+        self.llm = vllm.LLM(
+            model=location,
+            revision=kwargs.get("revision"),
+            trust_remote_code=model.trust_remote_code,
+            dtype="auto" if model.dtype == "auto" else model.dtype,
+            enable_lora=adapter_path is not None,
+            gpu_memory_utilization=gpu_memory_utilization,
+            tensor_parallel_size=tensor_parallel_size,
+        )
+        self.lora = None
+        if adapter_path:
+            from vllm.lora.request import LoRARequest
+
+            self.lora = LoRARequest("adapter", 1, adapter_path)
+        self._vllm = vllm
+
+    @property
+    def name(self) -> str:
+        """The model (and adapter) this backend generates with."""
+        return self._label
+
+    def generate(self, prompts: Sequence[Prompt], params: SamplingParams) -> list[Generation]:
+        """Generate for every prompt in one engine call per prompt kind (text, chat)."""
+        sampling = self._vllm.SamplingParams(**vllm_sampling_kwargs(params))
+        out: list[Generation | None] = [None] * len(prompts)
+        texts = [(i, p) for i, p in enumerate(prompts) if isinstance(p, str)]
+        chats = [(i, p) for i, p in enumerate(prompts) if not isinstance(p, str)]
+        if texts:
+            results = self.llm.generate([p for _, p in texts], sampling, lora_request=self.lora, use_tqdm=False)
+            for (i, _), result in zip(texts, results, strict=True):
+                out[i] = to_generation(result, params)
+        if chats:
+            results = self.llm.chat([p for _, p in chats], sampling, lora_request=self.lora, use_tqdm=False)
+            for (i, _), result in zip(chats, results, strict=True):
+                out[i] = to_generation(result, params)
+        return [g if g is not None else Generation("", finish_reason="error", error="no output") for g in out]
+
+
+def vllm_sampling_kwargs(params: SamplingParams) -> dict[str, Any]:
+    """vLLM SamplingParams keyword arguments for our sampling parameters."""
+    kwargs: dict[str, Any] = {
+        "max_tokens": params.max_new_tokens,
+        "temperature": params.temperature,
+        "top_p": params.top_p if params.temperature > 0 else 1.0,
+    }
+    if params.stop:
+        kwargs["stop"] = list(params.stop)
+    if params.seed is not None:
+        kwargs["seed"] = params.seed
+    return kwargs
+
+
+def to_generation(result: Any, params: SamplingParams) -> Generation:
+    """A Generation from one vLLM RequestOutput."""
+    completion = result.outputs[0]
+    text, stopped = truncate_at_stop(str(completion.text), params.stop)
+    finish: FinishReason = "length" if completion.finish_reason == "length" and not stopped else "stop"
+    return Generation(
+        text,
+        num_prompt_tokens=len(result.prompt_token_ids or []),
+        num_generated_tokens=len(completion.token_ids),
+        finish_reason=finish,
+    )

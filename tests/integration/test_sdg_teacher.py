@@ -1,0 +1,125 @@
+"""The LLM teacher path of `rayft sdg`: HF generate on the tiny model, and an OpenAI-compatible
+server (a real local HTTP server) with injected failures, through the Ray Data actor pool."""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rayft.config import load_config
+from rayft.sdg.mathcheck import check_math_answer
+from rayft.sdg.symbolic import UnusableSeedError, analyze_seed, make_variation
+from rayft.testing.openai_server import OpenAIServer
+
+pytestmark = pytest.mark.integration
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_hf_teacher_on_the_tiny_model_accounts_for_every_row(
+    ray_session: None, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    from rayft.recipes.sdg import run
+
+    cfg = load_config(
+        None,
+        [
+            f"storage_path={tmp_path}",
+            "sdg.generator=llm",
+            f"sdg.teacher.model.name={tiny_model_dir}",
+            "sdg.teacher.max_new_tokens=6",
+            "sdg.teacher.batch_size=4",
+            "sdg.num_seeds=3",
+            "sdg.variations=2",
+        ],
+    )
+    result = run(cfg)
+    rows = read_jsonl(result.data_jsonl) + read_jsonl(result.rejected_jsonl)
+    assert len(rows) == 6 and len({r["id"] for r in rows}) == 6
+    # A random-init model writes no parsable problem: every row is rejected with its reason, none lost.
+    for row in rows:
+        assert row["model"] == f"hf:{tiny_model_dir}" and row["generator"] == "llm"
+        assert row["seed_question"] in json.loads(row["prompt"])[-1]["content"]
+        assert json.loads(row["sampling"])["max_new_tokens"] == 6
+        assert row["reject_stage"] in ("parse", "quality") or not row["reject_reason"]
+    assert 0 < result.summary["tokens_generated"] <= 36
+    assert result.summary["stage_seconds"]["generate"] > 0
+
+
+def variation_responder(request: dict[str, Any]) -> str:
+    """A deterministic 'teacher': a symbolic variation of the seed found in the prompt."""
+    prompt = request["messages"][-1]["content"]
+    match = re.search(r"Problem: (.*?)\n\nSolution:\n(.*?)\n\nWrite one NEW", prompt, re.S)
+    assert match, prompt
+    try:
+        chain = analyze_seed(match.group(1), match.group(2))
+    except UnusableSeedError:
+        return "I cannot write one."
+    made = make_variation(chain, random.Random(len(prompt) + int(request.get("seed") or 0)))
+    return f"Problem: {made[0]}\nSolution:\n{made[1]}" if made else "I cannot write one."
+
+
+def test_openai_teacher_with_retries_and_a_failed_request(ray_session: None, tmp_path: Path) -> None:
+    from rayft.recipes.sdg import run
+
+    with OpenAIServer(responder=variation_responder) as server:
+        server.fail_next(503, times=2)  # the first request fails twice: with 1 retry it gives up
+        server.fail_next(429, times=1, retry_after_s=0.05)  # the second succeeds on its retry
+        cfg = load_config(
+            None,
+            [
+                f"storage_path={tmp_path}",
+                "sdg.generator=llm",
+                "sdg.teacher.backend=openai",
+                "sdg.teacher.model.name=teacher-1",
+                f"sdg.teacher.endpoint.base_url={server.base_url}",
+                "sdg.teacher.endpoint.max_retries=1",
+                "sdg.teacher.endpoint.backoff_s=0.01",
+                "sdg.teacher.endpoint.max_concurrency=1",
+                "sdg.teacher.batch_size=8",
+                "sdg.num_seeds=4",
+                "sdg.variations=2",
+                "sdg.dedup.near=false",
+            ],
+        )
+        result = run(cfg)
+    accepted, rejected = read_jsonl(result.data_jsonl), read_jsonl(result.rejected_jsonl)
+    assert len(accepted) + len(rejected) == 8
+    failed = [r for r in rejected if r["reject_reason"] == "generation_error"]
+    assert len(failed) == 1 and "HTTP 503" in failed[0]["error"] and failed[0]["question"] == ""
+    assert server.statuses[:4] == [503, 503, 429, 200]
+    assert accepted, result.summary
+    for row in accepted:
+        assert check_math_answer(row["answer"]) is None
+        assert row["model"].startswith("openai:teacher-1@") and row["error"] == ""
+    assert result.summary["rejection_reasons"]["generate/generation_error"] == 1
+    assert result.summary["tokens_generated"] > 0
+
+
+@pytest.mark.slow
+def test_smollm2_teacher_end_to_end(ray_session: None, tmp_path: Path) -> None:
+    from rayft.recipes.sdg import run
+
+    cfg = load_config(
+        None,
+        [
+            f"storage_path={tmp_path}",
+            "sdg.generator=llm",
+            "sdg.teacher.model.name=smollm2-135m-instruct",
+            "sdg.teacher.max_new_tokens=160",
+            "sdg.num_seeds=2",
+            "sdg.variations=2",
+        ],
+    )
+    result = run(cfg)
+    rows = read_jsonl(result.data_jsonl) + read_jsonl(result.rejected_jsonl)
+    assert len(rows) == 4 and result.summary["tokens_generated"] > 0
+    for row in read_jsonl(result.data_jsonl):
+        assert check_math_answer(row["answer"]) is None

@@ -1,0 +1,138 @@
+"""Generation backends for SDG teachers: the OpenAI-compatible HTTP client against a real local server,
+and the vLLM backend's install hint and parameter mapping (vLLM itself needs a GPU)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import pytest
+
+from rayft.config.generation import EndpointConfig, GenerationConfig
+from rayft.errors import MissingDependencyError
+from rayft.generation.backend import SamplingParams
+from rayft.generation.factory import build_backend
+from rayft.generation.openai_http import OpenAIBackend
+from rayft.testing.openai_server import OpenAIServer
+
+FAST = {"backoff_s": 0.01, "timeout_s": 5.0}
+
+
+def echo(request: dict[str, Any]) -> str:
+    source = request["messages"][-1]["content"] if "messages" in request else request["prompt"]
+    return f"echo: {source} STOP tail"
+
+
+def test_chat_and_text_prompts_round_trip_with_usage_and_stop() -> None:
+    with OpenAIServer(responder=echo) as server:
+        backend = OpenAIBackend("teacher", EndpointConfig(base_url=server.base_url, **FAST), api_key="k")
+        params = SamplingParams(max_new_tokens=8, stop=(" STOP",))
+        chat, text = backend.generate([[{"role": "user", "content": "hi"}], "plain"], params)
+    assert (chat.text, text.text) == ("echo: hi", "echo: plain")
+    assert chat.error is None and chat.num_generated_tokens > 0 and chat.finish_reason == "stop"
+    assert server.requests[0]["model"] == "teacher" and server.requests[0]["stop"] == [" STOP"]
+    assert {"messages", "prompt"} == {k for r in server.requests for k in r if k in ("messages", "prompt")}
+    assert backend.name == f"openai:teacher@{server.base_url}"
+
+
+def test_429_and_5xx_are_retried_until_success() -> None:
+    with OpenAIServer(responder=echo) as server:
+        server.fail_next(429, times=2)
+        server.fail_next(503)
+        backend = OpenAIBackend("m", EndpointConfig(base_url=server.base_url, max_retries=3, **FAST))
+        (gen,) = backend.generate(["x"], SamplingParams())
+    assert gen.error is None and gen.text == "echo: x STOP tail"
+    assert server.statuses == [429, 429, 503, 200]
+
+
+def test_a_prompt_that_keeps_failing_comes_back_with_an_error_not_an_exception() -> None:
+    with OpenAIServer(responder=echo) as server:
+        server.fail_next(500, times=10)
+        backend = OpenAIBackend("m", EndpointConfig(base_url=server.base_url, max_retries=2, **FAST))
+        (gen,) = backend.generate(["x"], SamplingParams())
+    assert gen.finish_reason == "error" and gen.text == ""
+    assert "HTTP 500" in (gen.error or "") and "after 3 attempts" in (gen.error or "")
+    assert server.statuses == [500, 500, 500]
+
+
+def test_client_errors_are_not_retried() -> None:
+    with OpenAIServer(responder=echo) as server:
+        server.fail_next(400)
+        backend = OpenAIBackend("m", EndpointConfig(base_url=server.base_url, max_retries=5, **FAST))
+        (gen,) = backend.generate(["x"], SamplingParams())
+    assert "HTTP 400" in (gen.error or "") and server.statuses == [400]
+
+
+def test_a_slow_server_times_out_instead_of_hanging() -> None:
+    with OpenAIServer(responder=echo, delay_s=1.0) as server:
+        endpoint = EndpointConfig(base_url=server.base_url, timeout_s=0.2, max_retries=1, backoff_s=0.01)
+        started = time.monotonic()
+        (gen,) = OpenAIBackend("m", endpoint).generate(["x"], SamplingParams())
+    assert gen.finish_reason == "error" and "timed out" in (gen.error or "")
+    assert time.monotonic() - started < 3
+
+
+def test_unreachable_endpoint_is_an_error_per_prompt() -> None:
+    endpoint = EndpointConfig(base_url="http://127.0.0.1:9/v1", max_retries=1, backoff_s=0.01, timeout_s=1)
+    gens = OpenAIBackend("m", endpoint).generate(["a", "b"], SamplingParams())
+    assert all(g.finish_reason == "error" and "URLError" in (g.error or "") for g in gens)
+
+
+def test_concurrency_is_bounded() -> None:
+    active, peak, lock = 0, 0, threading.Lock()
+
+    def slow(request: dict[str, Any]) -> str:
+        nonlocal active, peak
+        with lock:
+            active += 1
+            peak = max(peak, active)
+        time.sleep(0.05)
+        with lock:
+            active -= 1
+        return "ok"
+
+    with OpenAIServer(responder=slow) as server:
+        backend = OpenAIBackend("m", EndpointConfig(base_url=server.base_url, max_concurrency=3, **FAST))
+        gens = backend.generate([str(i) for i in range(12)], SamplingParams())
+    assert [g.text for g in gens] == ["ok"] * 12
+    assert 1 < peak <= 3
+
+
+def test_backoff_doubles_with_jitter_and_follows_retry_after() -> None:
+    backend = OpenAIBackend("m", EndpointConfig(backoff_s=1.0))
+    assert backend.backoff_s(0, 2.5) == 2.5
+    for attempt in range(4):
+        assert 2**attempt * 0.5 <= backend.backoff_s(attempt, None) <= 2**attempt
+    assert backend.backoff_s(20, None) == 30.0
+
+
+def test_openai_backend_is_built_from_config() -> None:
+    cfg = GenerationConfig.model_validate(
+        {"backend": "openai", "model": {"name": "gpt-x"}, "endpoint": {"base_url": "http://h:1/v1/"}}
+    )
+    backend = build_backend(cfg)
+    assert backend.name == "openai:gpt-x@http://h:1/v1"
+
+
+def test_vllm_backend_says_how_to_install_it() -> None:
+    try:
+        import vllm  # noqa: F401
+    except ImportError:
+        pass
+    else:
+        pytest.skip("vllm is installed here")
+    with pytest.raises(MissingDependencyError, match=r"pip install 'rayft\[vllm\]'"):
+        build_backend(GenerationConfig(backend="vllm"))
+
+
+def test_vllm_sampling_parameters_map_ours() -> None:
+    from rayft.generation.vllm import vllm_sampling_kwargs
+
+    assert vllm_sampling_kwargs(SamplingParams(max_new_tokens=7, temperature=0.0, top_p=0.5)) == {
+        "max_tokens": 7,
+        "temperature": 0.0,
+        "top_p": 1.0,
+    }
+    sampled = vllm_sampling_kwargs(SamplingParams(temperature=0.7, top_p=0.9, stop=("\n\n",), seed=3))
+    assert sampled["stop"] == ["\n\n"] and sampled["seed"] == 3 and sampled["top_p"] == 0.9
