@@ -84,3 +84,53 @@ def test_pipeline_runs_then_skips_then_reruns_what_changed(
     assert "[eval] running: inputs changed" in third.output and "[export] skipped" in third.output
     compare = json.loads((run_dir / "eval" / "compare.json").read_text())
     assert compare["models"]["base"]["metrics"][compare["primary_metric"]]["n"] == 4
+
+
+def test_run_joins_an_existing_cluster_with_address(tmp_path: Path) -> None:
+    """`rayft run --address` uses a running Ray head (started here with `ray start --block`) and leaves it up."""
+    import os
+    import signal
+    import socket
+    import subprocess
+    import sys
+    import time
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    bin_dir = Path(sys.executable).parent
+    env = {**os.environ, "RAY_ADDRESS": ""}
+    address = f"127.0.0.1:{port}"
+    head = subprocess.Popen(
+        [str(bin_dir / "ray"), "start", "--head", "--block", f"--port={port}", "--num-cpus=1",
+         "--include-dashboard=false", f"--temp-dir={tmp_path / 'ray'}"],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+    )  # fmt: skip
+
+    def cluster_up() -> bool:
+        status = [str(bin_dir / "ray"), "status", f"--address={address}"]
+        return subprocess.run(status, check=False, env=env, capture_output=True, timeout=60).returncode == 0
+
+    try:
+        deadline = time.monotonic() + 120
+        while not cluster_up():
+            assert time.monotonic() < deadline and head.poll() is None, "the Ray head did not start"
+            time.sleep(2)
+        config = tmp_path / "sdg-only.yaml"
+        config.write_text(
+            f"name: joined\nstorage_path: {tmp_path / 'runs'}\n"
+            "sdg: {seeds: {path: 'builtin:arithmetic', max_rows: 4}, num_seeds: 4, variations: 1}\n"
+        )
+        command = [str(bin_dir / "rayft"), "run", str(config), "--address", address]
+        done = subprocess.run(command, check=False, env=env, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr[-3000:]
+        assert f"joining the Ray cluster at {address}" in done.stderr
+        assert "Started a local Ray instance" not in done.stderr
+        assert (tmp_path / "runs" / "joined" / "stages" / "sdg.json").is_file()
+        assert cluster_up(), "the joined cluster must be left running"
+    finally:
+        os.killpg(head.pid, signal.SIGTERM)
+        try:
+            head.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(head.pid, signal.SIGKILL)

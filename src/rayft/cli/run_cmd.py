@@ -38,7 +38,7 @@ def run(  # noqa: PLR0917 (click passes options positionally)
     from rayft.recipes.pipeline import run as run_pipeline
 
     def announce(decision: StageDecision) -> None:
-        verb = {"run": "running", "skip": "skipped", "reuse": "reused"}[decision.action]
+        verb = {"run": "running", "skip": "skipped", "reuse": "reused", "failed": "failed"}[decision.action]
         click.secho(f"[{decision.stage}] {verb}: {decision.reason}", fg="cyan", err=True)
 
     cfg = load_cli_config(config_path, overrides)

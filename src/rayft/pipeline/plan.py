@@ -19,12 +19,15 @@ STAGES = ("sdg", "train", "eval", "export")
 NEEDS = {"sdg": (), "train": (), "eval": (), "export": ("train",)}
 """Stages whose outputs a stage cannot do without (eval compares with train when both are requested)."""
 
-Action = Literal["run", "skip", "reuse"]
+Action = Literal["run", "skip", "reuse", "failed"]
 
 
 @dataclass(frozen=True)
 class StageDecision:
-    """What to do with one requested stage: run it, skip it (up to date), or reuse it untouched."""
+    """What to do with one requested stage: run it, skip it (up to date), or reuse it untouched.
+
+    ``failed`` marks, after the fact, a stage that was run and raised.
+    """
 
     stage: str
     action: Action

@@ -102,7 +102,13 @@ def run(
                 elapsed[stage] = 0.0
                 continue
             started = time.time()
-            outputs, summary = STAGE_RUNNERS[stage](cfg, run_dir, records, fresh=recorded is not None)
+            try:
+                outputs, summary = STAGE_RUNNERS[stage](cfg, run_dir, records, fresh=recorded is not None)
+            except BaseException:
+                elapsed[stage] = time.time() - started
+                decisions[-1] = StageDecision(stage, "failed", decision.reason)
+                _write_outputs(cfg, run_dir, decisions, records, elapsed)
+                raise
             record = StageRecord(
                 stage=stage,
                 fingerprint=fingerprint,
@@ -116,12 +122,24 @@ def run(
             records[stage] = record
             elapsed[stage] = record.elapsed_s
 
+    lineage_path, report_path = _write_outputs(cfg, run_dir, decisions, records, elapsed)
+    return PipelineResult(run_dir, decisions, records, lineage_path, report_path, elapsed)
+
+
+def _write_outputs(
+    cfg: RayftConfig,
+    run_dir: Path,
+    decisions: list[StageDecision],
+    records: dict[str, StageRecord],
+    elapsed: dict[str, float],
+) -> tuple[Path, Path]:
+    """Write lineage.json and report.html for the stages finished so far (also after a failure)."""
     lineage_path = run_dir / LINEAGE_FILE
     lineage = build_lineage(cfg.name, list(records.values()), hash_object(json.loads(cfg.model_dump_json())))
     _write_text(lineage_path, json.dumps(lineage, indent=2, sort_keys=True))
     report_path = run_dir / REPORT_FILE
     _write_text(report_path, render_report(report_inputs(cfg.name, run_dir, decisions, records, elapsed)))
-    return PipelineResult(run_dir, decisions, records, lineage_path, report_path, elapsed)
+    return lineage_path, report_path
 
 
 # --- inputs: what each stage's fingerprint covers ------------------------------------------------------------

@@ -244,13 +244,21 @@ def PlannedShards(files: dict[str, tuple[str, ...]], world_size: int) -> Any:  #
     """
     import ray.data
 
-    shards = {
-        name: [
-            ray.data.from_arrow(read_shard_tables(paths, ranges))
-            for ranges in plan_shards(parquet_row_counts(paths), world_size)
-        ]
-        for name, paths in files.items()
-    }
+    # The shards are small in-memory reads, iterated once per epoch on each worker: no progress
+    # bars or execution banners in the training log (the datasets keep a copy of this context).
+    context = ray.data.DataContext.get_current()
+    saved = (context.enable_progress_bars, context.print_on_execution_start)
+    context.enable_progress_bars, context.print_on_execution_start = False, False
+    try:
+        shards = {
+            name: [
+                ray.data.from_arrow(read_shard_tables(paths, ranges))
+                for ranges in plan_shards(parquet_row_counts(paths), world_size)
+            ]
+            for name, paths in files.items()
+        }
+    finally:
+        context.enable_progress_bars, context.print_on_execution_start = saved
     return _planned_shards_class()(shards)
 
 
