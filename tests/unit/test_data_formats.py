@@ -12,7 +12,7 @@ import pytest
 from rayft.config.data import DatasetConfig
 from rayft.data.formats import detect_format, resolve_format
 from rayft.data.prepared import IGNORE_INDEX
-from rayft.data.tokenize import TokenizeJob, tokenize_rows
+from rayft.data.tokenize import TextTokenizer, TokenizeJob, tokenize_rows
 from rayft.errors import DataError
 
 
@@ -28,7 +28,7 @@ def _run(tokenizer: Any, ds: DatasetConfig, rows: list[dict[str, Any]], **settin
     """Tokenize rows as the preparation step does; one dict per row."""
     fmt = resolve_format(ds, sorted({k for r in rows for k in r}))
     options = {"max_seq_length": 512, "overlong": "truncate", "train_on_prompt": False, **settings}
-    job = TokenizeJob(tokenizer, ((ds, fmt),), **options)
+    job = TokenizeJob(TextTokenizer.from_hf(tokenizer), ((ds, fmt),), **options)
     out = tokenize_rows(job, list(range(len(rows))), [0] * len(rows), [json.dumps(r) for r in rows])
     return [dict(zip(out, values, strict=True)) for values in zip(*out.values(), strict=True)]
 
@@ -37,6 +37,21 @@ def _text(tokenizer: Any, row: dict[str, Any]) -> tuple[str, str]:
     """(the whole decoded text, the decoded trained tokens)."""
     trained = [t for t in row["labels"] if t != IGNORE_INDEX]
     return tokenizer.decode(row["input_ids"]), tokenizer.decode(trained)
+
+
+def test_light_tokenizer_renders_and_encodes_as_transformers_does(tokenizer: Any) -> None:
+    light = TextTokenizer.from_hf(tokenizer)
+    chat = [
+        {"role": "system", "content": "S"},
+        {"role": "user", "content": "1+1"},
+        {"role": "assistant", "content": "2"},
+    ]
+    for messages, prompt in ((chat, False), (chat[:2], True)):
+        expected = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=prompt)
+        assert light.chat_text(messages, generation_prompt=prompt) == expected
+    text = "<|im_start|>user\nThe quick brown fox<|im_end|>\n"
+    encoded = tokenizer([text], add_special_tokens=False, return_offsets_mapping=True)
+    assert light.encode([text]) == ([encoded["input_ids"][0]], [[tuple(o) for o in encoded["offset_mapping"][0]]])
 
 
 def test_template_without_chat_template_trains_the_response_and_eos(tokenizer: Any) -> None:

@@ -104,3 +104,23 @@ def test_packing_fills_sequences_and_keeps_every_example(tiny_model_dir: Path) -
     )
     assert packed.stats["padding_efficiency"] == packed.train.num_tokens / (packed.train.num_units * 1024)
     assert packed.stats["padding_efficiency"] > 0.8  # 57 examples of ~200 tokens in ~11 bins
+
+
+def test_a_cache_hit_needs_neither_transformers_nor_torch(tiny_model_dir: Path) -> None:
+    import os
+    import subprocess
+    import sys
+
+    rows = "data.datasets=[{path: 'builtin:arithmetic', max_rows: 20}]"
+    cfg = _config(tiny_model_dir, rows)
+    built = prepare_data(cfg.data, cfg.model, 0, report_dir=None, use_ray=False)
+    script = (
+        "import sys\n"
+        "from rayft.config import load_config\n"
+        "from rayft.data.prepare import prepare\n"
+        f"cfg = load_config(None, ['model.name={tiny_model_dir}', {rows!r}])\n"
+        "out = prepare(cfg.data, cfg.model, 0, report_dir=None, use_ray=False)\n"
+        "print(out.reused, out.prepared.key, sorted(m for m in ('torch', 'transformers') if m in sys.modules))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=os.environ, check=True)
+    assert result.stdout.split() == ["True", built.key, "[]"]

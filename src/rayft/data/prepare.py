@@ -47,6 +47,10 @@ BATCH_ROWS = 256
 ROWS_PER_FILE = 2048
 REJECTED_FILE = "rejected.jsonl"
 SPLITS = ("train", "validation")
+TOKENIZER_FILES = (
+    "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json", "vocab.json",
+    "vocab.txt", "merges.txt", "tokenizer.model", "spiece.model", "chat_template.jinja", "chat_template.json",
+)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -105,18 +109,22 @@ def prepare(
     from rayft.models.loading import load_tokenizer
 
     started = time.monotonic()
-    tokenizer = load_tokenizer(model)
+    fingerprint = tokenizer_files_fingerprint(model)
+    tokenizer = None if fingerprint else load_tokenizer(model)
+    if tokenizer is not None:
+        fingerprint = "loaded:" + tokenizer_fingerprint(tokenizer)
     sources = read_sources(data)
     records = plan_records([len(s.rows) for s in sources], [s.config.weight for s in sources],
                            train_sources=len(data.datasets), validation_fraction=data.validation_fraction,
                            seed=seed)  # fmt: skip
-    key = cache_key(data, seed, tokenizer, sources, records)
+    key = cache_key(data, seed, str(fingerprint), sources, records)
     root = data_cache_dir(data) / key
     prepared = PreparedData.load(root)
     reused = prepared is not None
     if prepared is not None:
         log.info("data: reusing the prepared dataset %s (no tokenization)", root)
     else:
+        tokenizer = tokenizer if tokenizer is not None else load_tokenizer(model)
         prepared = build(data, seed, tokenizer, sources, records, root=root, key=key, use_ray=use_ray,
                          ray_address=ray_address)  # fmt: skip
     log_summary(prepared)
@@ -201,7 +209,40 @@ def tokenizer_fingerprint(tokenizer: Any) -> str:
     return hashlib.sha256((body + extra).encode()).hexdigest()
 
 
-def cache_key(data: DataConfig, seed: int, tokenizer: Any, sources: Sequence[Source], records: Sequence[Record]) -> str:
+def tokenizer_files_fingerprint(model: ModelConfig) -> str | None:
+    """A hash of the tokenizer's files when the model is a local directory (or a converted built-in).
+
+    Lets a cached preparation be found without importing transformers (seconds). None when the
+    tokenizer is not a plain local directory (Hub id, GGUF, remote code): then it is loaded and
+    hashed by :func:`tokenizer_fingerprint`.
+    """
+    from importlib.metadata import version
+
+    from rayft.models.loading import model_location
+    from rayft.models.registry import CHATML_TEMPLATE
+
+    if model.trust_remote_code or model.gguf_file:
+        return None
+    location, kwargs = model_location(model)
+    directory = Path(location)
+    if kwargs or not directory.is_dir():
+        return None
+    files = [directory / name for name in TOKENIZER_FILES if (directory / name).is_file()]
+    if not files:
+        return None
+    digest = hashlib.sha256()
+    for path in files:
+        digest.update(f"\n{path.name}\n".encode())
+        digest.update(path.read_bytes())
+    # load_tokenizer falls back to CHATML_TEMPLATE, and the libraries decide how the files are read.
+    extra = [model.chat_template, CHATML_TEMPLATE, version("transformers"), version("tokenizers")]
+    digest.update(json.dumps(extra).encode())
+    return "files:" + digest.hexdigest()
+
+
+def cache_key(
+    data: DataConfig, seed: int, tokenizer_hash: str, sources: Sequence[Source], records: Sequence[Record]
+) -> str:
     """The content key: the selected rows, their formats, the tokenizer and the settings that shape the output."""
     settings = data.model_dump(mode="json", include={"datasets", "validation_datasets", "max_seq_length",
                                                      "overlong", "train_on_prompt", "packing"})  # fmt: skip
@@ -213,7 +254,7 @@ def cache_key(data: DataConfig, seed: int, tokenizer: Any, sources: Sequence[Sou
         "seed": seed,
         "settings": settings,
         "formats": [s.format.describe() for s in sources],
-        "tokenizer": tokenizer_fingerprint(tokenizer),
+        "tokenizer": tokenizer_hash,
     }
     digest.update(json.dumps(header, sort_keys=True).encode())
     for record in records:
@@ -237,10 +278,15 @@ def build(
     """Tokenize every record, pack or not, and write the cache directory atomically."""
     import pyarrow as pa
 
-    from rayft.data.tokenize import TokenizeJob
+    from rayft.data.tokenize import TextTokenizer, TokenizeJob
 
-    job = TokenizeJob(tokenizer, tuple((s.config, s.format) for s in sources), data.max_seq_length,
-                      data.overlong, data.train_on_prompt)  # fmt: skip
+    job = TokenizeJob(
+        TextTokenizer.from_hf(tokenizer),
+        tuple((s.config, s.format) for s in sources),
+        data.max_seq_length,
+        data.overlong,
+        data.train_on_prompt,
+    )
     inputs = pa.table({
         "sample_id": pa.array([r.sample_id for r in records], pa.int64()),
         "dataset": pa.array([r.source for r in records], pa.int32()),
@@ -293,7 +339,7 @@ def _tokenize_on_ray(job: TokenizeJob, inputs: pa.Table) -> pa.Table:
         fn_constructor_kwargs={"job": job},
         batch_size=BATCH_ROWS,
         batch_format="pyarrow",
-        concurrency=max(1, min(cpus, len(blocks))),
+        compute=ray.data.ActorPoolStrategy(size=max(1, min(cpus, len(blocks)))),
         num_cpus=1,
     )
     return pa.concat_tables(ray.get(dataset.to_arrow_refs()))

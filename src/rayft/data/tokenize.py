@@ -33,7 +33,60 @@ class Rendered:
     add_eos: bool
 
 
-def render(example: Example, tokenizer: Any, *, train_on_prompt: bool) -> Rendered:
+@dataclass(frozen=True)
+class TextTokenizer:
+    """What rendering and tokenizing need from a Hugging Face tokenizer, cheap to ship to Ray workers.
+
+    Holds the Rust ``tokenizers`` backend (or, for a tokenizer without one, the tokenizer itself),
+    the chat template and the special-token strings the template sees. Workers then never import
+    transformers' model stack: they render with transformers' own jinja renderer, exactly as
+    ``apply_chat_template(tokenize=False)`` does, and encode with the backend.
+    """
+
+    backend: Any
+    chat_template: str | None
+    template_kwargs: dict[str, str]
+    eos_token_id: int | None
+    fast: bool
+
+    @classmethod
+    def from_hf(cls, tokenizer: Any) -> TextTokenizer:
+        """Extract what is needed from a loaded transformers tokenizer."""
+        template = tokenizer.get_chat_template() if getattr(tokenizer, "chat_template", None) else None
+        backend = getattr(tokenizer, "backend_tokenizer", None)
+        return cls(
+            backend=backend if backend is not None else tokenizer,
+            chat_template=template,
+            template_kwargs=dict(tokenizer.special_tokens_map),
+            eos_token_id=tokenizer.eos_token_id,
+            fast=backend is not None,
+        )
+
+    def chat_text(self, messages: list[dict[str, str]], *, generation_prompt: bool) -> str:
+        """The conversation rendered by the chat template, as ``apply_chat_template(tokenize=False)`` renders it."""
+        from transformers.utils.chat_template_utils import render_jinja_template
+
+        if self.chat_template is None:
+            raise DataError("the tokenizer has no chat template; set model.chat_template or use_chat_template=false")
+        render_fn: Any = render_jinja_template  # its stubs do not type the template's extra variables
+        rendered, _ = render_fn(
+            conversations=[messages],
+            chat_template=self.chat_template,
+            add_generation_prompt=generation_prompt,
+            **self.template_kwargs,
+        )
+        return str(rendered[0])
+
+    def encode(self, texts: list[str]) -> tuple[list[list[int]], list[list[tuple[int, int]]]]:
+        """Token ids and character offsets of ``texts``, without special tokens added."""
+        if self.fast:
+            encodings = self.backend.encode_batch(texts, add_special_tokens=False)
+            return [list(e.ids) for e in encodings], [list(e.offsets) for e in encodings]
+        encoded = self.backend(texts, add_special_tokens=False, return_offsets_mapping=True)
+        return [list(i) for i in encoded["input_ids"]], [list(o) for o in encoded["offset_mapping"]]
+
+
+def render(example: Example, tokenizer: TextTokenizer, *, train_on_prompt: bool) -> Rendered:
     """Render an example to text and find the character spans that carry the loss."""
     if example.messages is None:
         text = example.prompt + example.response
@@ -59,11 +112,8 @@ def render(example: Example, tokenizer: Any, *, train_on_prompt: bool) -> Render
     return Rendered(full, tuple(spans), False)
 
 
-def _chat_text(tokenizer: Any, messages: list[dict[str, str]], generation_prompt: bool) -> str:
-    if not messages:
-        return ""
-    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation_prompt)
-    return str(text)
+def _chat_text(tokenizer: TextTokenizer, messages: list[dict[str, str]], generation_prompt: bool) -> str:
+    return tokenizer.chat_text(messages, generation_prompt=generation_prompt) if messages else ""
 
 
 def label_tokens(ids: Sequence[int], offsets: Sequence[tuple[int, int]], spans: Sequence[Span]) -> list[int]:
@@ -87,7 +137,7 @@ def label_tokens(ids: Sequence[int], offsets: Sequence[tuple[int, int]], spans: 
 class TokenizeJob:
     """Everything needed to turn mixture rows into tokenized rows; picklable for Ray workers."""
 
-    tokenizer: Any
+    tokenizer: TextTokenizer
     datasets: tuple[tuple[DatasetConfig, ResolvedFormat], ...]
     max_seq_length: int
     overlong: str
@@ -113,7 +163,7 @@ def tokenize_rows(job: TokenizeJob, sample_ids: list[int], datasets: list[int], 
             )
         except BadRowError as bad:
             rendered.append(bad)
-    ids_list, offsets_list = encode(job.tokenizer, [r.text if isinstance(r, Rendered) else "" for r in rendered])
+    ids_list, offsets_list = job.tokenizer.encode([r.text if isinstance(r, Rendered) else "" for r in rendered])
     out: dict[str, list[Any]] = {k: [] for k in ("input_ids", "labels", "length", "truncated", "reason", "detail")}
     eos = job.tokenizer.eos_token_id
     for index, item in enumerate(rendered):
@@ -127,20 +177,6 @@ def tokenize_rows(job: TokenizeJob, sample_ids: list[int], datasets: list[int], 
             labels.append(eos)
         _append(out, *finish(ids, labels, job.max_seq_length, job.overlong))
     return {"sample_id": [int(s) for s in sample_ids], **out}
-
-
-def encode(tokenizer: Any, texts: list[str]) -> tuple[list[list[int]], list[list[tuple[int, int]]]]:
-    """Token ids and character offsets of ``texts``, without special tokens added.
-
-    Fast tokenizers are called through their Rust backend directly: the same encodings, without
-    transformers' per-row conversion (which costs as much as the tokenization itself).
-    """
-    backend = getattr(tokenizer, "backend_tokenizer", None)
-    if backend is not None:
-        encodings = backend.encode_batch(texts, add_special_tokens=False)
-        return [list(e.ids) for e in encodings], [list(e.offsets) for e in encodings]
-    encoded = tokenizer(texts, add_special_tokens=False, return_offsets_mapping=True)
-    return [list(i) for i in encoded["input_ids"]], [list(o) for o in encoded["offset_mapping"]]
 
 
 def finish(
