@@ -214,7 +214,7 @@ def _svg_chart(summary: Mapping[str, Any]) -> str:
     models = list(summary["models"])
     metrics = list(dict.fromkeys(name for m in summary["models"].values() for name in m["metrics"]))
     scale = max([1.0] + [m["metrics"][n]["ci_high"] for m in summary["models"].values() for n in m["metrics"]])
-    width, height, left, bottom, top = 900, 320, 60, 60, 20
+    width, height, left, bottom, top = 900, 330, 60, 60, 30
     plot_h = height - bottom - top
     group_w = (width - left - 20) / max(len(metrics), 1)
     bar_w = min(60.0, group_w * 0.8 / max(len(models), 1))
@@ -244,8 +244,9 @@ def _svg_chart(summary: Mapping[str, Any]) -> str:
             parts.append(f'<line x1="{cx:.1f}" x2="{cx:.1f}" y1="{lo:.1f}" y2="{hi:.1f}" stroke="#222"/>')
             for yy in (lo, hi):
                 parts.append(f'<line x1="{cx - 5:.1f}" x2="{cx + 5:.1f}" y1="{yy:.1f}" y2="{yy:.1f}" stroke="#222"/>')
+            label_y = min(y, hi) - 4  # above the bar and its whisker
             parts.append(
-                f'<text x="{cx:.1f}" y="{y - 4:.1f}" font-size="11" text-anchor="middle">{m["value"]:.2f}</text>'
+                f'<text x="{cx:.1f}" y="{label_y:.1f}" font-size="11" text-anchor="middle">{m["value"]:.2f}</text>'
             )
         label_x = left + gi * group_w + group_w / 2
         parts.append(
@@ -304,7 +305,7 @@ def render_html(summary: Mapping[str, Any], rows: Sequence[dict[str, Any]]) -> s
         body.append("<p>The models agree on every example.</p>")
     for row in shown:
         body.append(f'<div class="example"><p><b>{e(row["id"])}</b>: {e(row["question"])}</p>')
-        body.append(f"<p><b>Reference:</b> {e(row['reference'])}</p>")
+        body.append(f'<p><b>Reference:</b></p><pre class="ref">{e(row["reference"])}</pre>')
         for label, m in row["models"].items():
             verdict = {True: '<span class="ok">correct</span>', False: '<span class="bad">wrong</span>', None: ""}
             body.append(f"<p><b>{e(label)}</b> {verdict[m['correct']]}</p><pre>{e(m['output'])}</pre>")
