@@ -27,7 +27,11 @@ sdg:
     mask_numbers: false
     ngram_words: 13
 data:
-  datasets: [{{path: "stage:sdg", format: template, input_template: "{{question}}", output_template: "{{answer}}"}}]
+  datasets:
+    - path: "stage:sdg"
+      format: template
+      input_template: "Question: {{question}}\\nAnswer:"
+      output_template: "{{answer}}"
   validation_fraction: 0.0
   max_seq_length: 256
 lora: {{r: 4}}

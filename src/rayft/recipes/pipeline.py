@@ -232,7 +232,11 @@ def train_data_config(cfg: RayftConfig, run_dir: Path, records: dict[str, StageR
     if "data" not in cfg.model_fields_set and sdg_data is not None:
         datasets = [
             DatasetConfig(
-                path=SDG_PATH, name="sdg", format="template", input_template="{question}", output_template="{answer}"
+                path=SDG_PATH,
+                name="sdg",
+                format="template",
+                input_template="Question: {question}\nAnswer:",
+                output_template="{answer}",
             )
         ]
     resolved = []
