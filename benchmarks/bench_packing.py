@@ -1,0 +1,156 @@
+"""Sequence packing on GSM8K train with the SmolLM2 tokenizer at max_seq_length 1024: padding
+efficiency (real tokens / computed tokens) and real training tokens/s, packed vs padded.
+
+Data are prepared by rayft (`prepare`, in-process) with packing off and on. Efficiency is computed
+over a whole epoch exactly as the training loop batches it (`rayft.data.collate`: each micro-batch
+is padded to its longest row). Throughput runs rayft's own loss (`token_loss_sum`) with a backward
+pass and an AdamW step on a small random-init Llama that uses SmolLM2's vocabulary (the 135M model
+itself does ~100 tokens/s on these CPUs, too slow to measure several steps of each arm), fp32,
+sdpa attention. The two arms alternate A B A B after one warm-up step each; medians with min-max.
+
+    .venv/bin/python benchmarks/bench_packing.py [--steps 4] [--repeats 3] [--padded-batch 8] [--packed-batch 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+GSM8K = REPO.parent / "shared" / "datasets" / "gsm8k" / "train.jsonl"
+MODEL = "smollm2-135m-instruct"
+MAX_LEN = 1024
+
+
+def prepare_units(packing: bool) -> tuple[Any, list[dict[str, Any]]]:
+    """The prepared dataset and its training units, in file order."""
+    import pyarrow.parquet as pq
+
+    from rayft.config import load_config
+    from rayft.data.prepare import prepare
+
+    cfg = load_config(None, [f"model.name={MODEL}", f"data.datasets=[{{path: '{GSM8K}'}}]",
+                             f"data.max_seq_length={MAX_LEN}", f"data.packing={str(packing).lower()}"])  # fmt: skip
+    prepared = prepare(cfg.data, cfg.model, cfg.seed, report_dir=None, use_ray=False).prepared
+    return prepared, [row for f in prepared.train.files for row in pq.read_table(f).to_pylist()]
+
+
+def epoch_batches(units: list[dict[str, Any]], batch: int, seed: int = 0) -> list[list[dict[str, Any]]]:
+    """Micro-batches of one shuffled epoch."""
+    order = list(range(len(units)))
+    random.Random(seed).shuffle(order)
+    return [[units[i] for i in order[start : start + batch]] for start in range(0, len(order), batch)]
+
+
+def efficiency(batches: list[list[dict[str, Any]]]) -> float:
+    """Real tokens / computed tokens when each micro-batch is padded to its longest row."""
+    real = sum(u["num_tokens"] for b in batches for u in b)
+    computed = sum(len(b) * max(u["num_tokens"] for u in b) for b in batches)
+    return real / computed
+
+
+def build_model(vocab: int, hidden: int, layers: int) -> Any:
+    """A random-init Llama with SmolLM2's vocabulary."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=hidden * 4,
+                         num_hidden_layers=layers, num_attention_heads=max(1, hidden // 64),
+                         num_key_value_heads=max(1, hidden // 128), max_position_embeddings=MAX_LEN,
+                         tie_word_embeddings=True, attn_implementation="sdpa")  # fmt: skip
+    return LlamaForCausalLM(config)
+
+
+def train_tokens_per_s(model: Any, optimizer: Any, batches: list[list[dict[str, Any]]], pad_id: int) -> float:
+    """Real tokens per second over ``batches`` (one optimizer step each)."""
+    from rayft.data.collate import collate
+    from rayft.training.steps import Precision, token_loss_sum
+
+    precision = Precision(None, False)
+    real = 0
+    started = time.perf_counter()
+    for units in batches:
+        micro = collate(units, pad_id)
+        loss = token_loss_sum(model, micro, precision) / max(micro.num_label_tokens, 1)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        real += micro.num_tokens
+    return real / (time.perf_counter() - started)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=4, help="optimizer steps per measured run")
+    parser.add_argument("--repeats", type=int, default=3, help="measured runs per arm")
+    parser.add_argument("--padded-batch", type=int, default=8, help="examples per micro-batch, unpacked")
+    parser.add_argument("--packed-batch", type=int, default=2, help="packed rows per micro-batch")
+    parser.add_argument("--hidden", type=int, default=256)
+    parser.add_argument("--layers", type=int, default=4)
+    args = parser.parse_args()
+
+    import torch
+
+    os.environ.setdefault("RAYFT_DATA_CACHE", str(Path(tempfile.gettempdir()) / "rayft-bench-data"))
+    padded_data, padded_units = prepare_units(packing=False)
+    packed_data, packed_units = prepare_units(packing=True)
+    padded_batches = epoch_batches(padded_units, args.padded_batch)
+    packed_batches = epoch_batches(packed_units, args.packed_batch)
+    fill = packed_data.train.num_tokens / (packed_data.train.num_units * MAX_LEN)
+    to_max = padded_data.train.num_tokens / (padded_data.train.num_units * MAX_LEN)
+
+    from rayft.models.loading import load_tokenizer
+
+    tokenizer = load_tokenizer(load_config_model())
+    model = build_model(len(tokenizer), args.hidden, args.layers)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    arms = {"padded": padded_batches, "packed": packed_batches}
+    rates: dict[str, list[float]] = {name: [] for name in arms}
+    cursor = dict.fromkeys(arms, 0)
+    for trial in range(args.repeats + 1):
+        for name, batches in arms.items():
+            steps = 1 if trial == 0 else args.steps
+            chunk = batches[cursor[name] : cursor[name] + steps]
+            cursor[name] += steps
+            rate = train_tokens_per_s(model, optimizer, chunk, tokenizer.pad_token_id)
+            if trial > 0:
+                rates[name].append(rate)
+            print(f"  trial {trial} {name}: {rate:.0f} real tokens/s", flush=True)
+
+    n_examples = padded_data.train.num_examples
+    print(f"\nGSM8K train: {n_examples} examples, {padded_data.train.num_tokens} tokens, SmolLM2 tokenizer, "
+          f"max_seq_length {MAX_LEN}")  # fmt: skip
+    print(f"  packed: {packed_data.train.num_units} rows; fill (real / rows x {MAX_LEN}) {fill:.4f}  [target >= 0.97]")
+    print("  padding efficiency per epoch (micro-batches padded to their longest row, as rayft collates):")
+    print(f"    padded, {args.padded_batch} examples per micro-batch: {efficiency(padded_batches):.4f}")
+    print(f"    packed, {args.packed_batch} rows per micro-batch:     {efficiency(packed_batches):.4f}")
+    print(f"    padded to max_seq_length (fixed shapes):       {to_max:.4f}")
+    med = {name: statistics.median(r) for name, r in rates.items()}
+    for name, r in rates.items():
+        print(f"  {name}: {med[name]:.0f} real tokens/s (min {min(r):.0f}, max {max(r):.0f})")
+    ratios = [p / q for p, q in zip(rates["packed"], rates["padded"], strict=True)]
+    print(f"  packed / padded: {statistics.median(ratios):.2f}x (min {min(ratios):.2f}, max {max(ratios):.2f})"
+          "  [target >= 1.5x]")  # fmt: skip
+    print(f"  model: random-init Llama, hidden {args.hidden}, {args.layers} layers, vocab {len(tokenizer)}, fp32, "
+          f"{torch.get_num_threads()} torch threads; load {os.getloadavg()}")  # fmt: skip
+    print(f"  command: .venv/bin/python benchmarks/bench_packing.py --steps {args.steps} --repeats {args.repeats} "
+          f"--padded-batch {args.padded_batch} --packed-batch {args.packed_batch} --hidden {args.hidden} "
+          f"--layers {args.layers}")  # fmt: skip
+
+
+def load_config_model() -> Any:
+    """The SmolLM2 model config (for its tokenizer)."""
+    from rayft.config import ModelConfig
+
+    return ModelConfig(name=MODEL)
+
+
+if __name__ == "__main__":
+    main()
