@@ -79,7 +79,12 @@ def bertscore_f1(outputs: Sequence[str], references: Sequence[str], model: str, 
         raise MissingDependencyError("bert-score", "bertscore", "eval.task=bertscore") from None
     try:
         _, _, f1 = score(list(outputs), list(references), model_type=model, device=device, verbose=False)
-    except (OSError, KeyError) as exc:
+    except KeyError:
+        raise ConfigError(
+            f"eval.bertscore_model: bert-score knows no default layer for {model!r}; use a model it knows "
+            "(e.g. roberta-large, microsoft/deberta-xlarge-mnli)"
+        ) from None
+    except OSError as exc:
         raise ConfigError(
             f"eval.bertscore_model: cannot load the scoring model {model!r} ({exc}); give a local directory "
             "or a Hub id this machine can download (e.g. roberta-large)"

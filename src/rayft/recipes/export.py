@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from pydantic import ValidationError
 
 from rayft.config import RayftConfig
 from rayft.config.evaluation import ExportConfig
@@ -91,7 +92,10 @@ def training_lora(checkpoint: Path) -> LoraConfig | None:
     if not saved.is_file():
         return None
     raw = yaml.safe_load(saved.read_text(encoding="utf-8")) or {}
-    return LoraConfig.model_validate(raw.get("lora", {}))
+    try:
+        return LoraConfig.model_validate(raw.get("lora", {}))
+    except ValidationError as exc:
+        raise CheckpointError(f"{saved}: its lora section is invalid ({exc.errors()[0]['msg']})") from exc
 
 
 def _limit(cfg: ExportConfig) -> str:
