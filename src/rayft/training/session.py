@@ -17,7 +17,13 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from rayft.training import layout
 from rayft.training.batches import Unit, rows_from_columns
-from rayft.training.checkpoint_store import latest_valid_checkpoint, prune_checkpoints, publish_checkpoint
+from rayft.training.checkpoint_store import (
+    latest_valid_checkpoint,
+    prune_checkpoints,
+    publish_checkpoint,
+    scan_checkpoints,
+)
+from rayft.training.plan import choose_resume
 from rayft.training.shards import iter_windows, parquet_row_counts, plan_shards, read_shard_tables
 
 if TYPE_CHECKING:
@@ -200,15 +206,25 @@ class RaySession:
 
     @contextlib.contextmanager
     def restored_checkpoint(self) -> Iterator[Path | None]:
-        """The checkpoint Ray hands a restarted worker, else the latest complete one on storage."""
+        """The newest of the checkpoint Ray hands a restarted worker and the newest complete one on
+        storage. Ray learns of a reported checkpoint a moment after it is committed; a worker killed
+        in that moment must not redo the steps of a checkpoint that is already on storage."""
         import ray.train
 
+        root = self._run_dir / layout.CHECKPOINTS_DIR
         checkpoint = ray.train.get_checkpoint()
+        newest = choose_resume(scan_checkpoints(root))
         if checkpoint is None:
-            yield latest_valid_checkpoint(self._run_dir / layout.CHECKPOINTS_DIR)
+            yield latest_valid_checkpoint(root)
             return
         with checkpoint.as_directory() as directory:
-            yield Path(directory)
+            given = Path(directory)
+            given_step = layout.parse_step_dir_name(given.name)
+            if newest is not None and given_step is not None and newest.step > given_step:
+                log.info("resuming from %s, newer than %s that Ray handed back", root / newest.name, given)
+                yield root / newest.name
+            else:
+                yield given
 
     def staging_dir(self, step: int) -> Path:
         """A hidden directory beside the checkpoint's final place on the run's storage (a local
