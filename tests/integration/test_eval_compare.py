@@ -36,10 +36,17 @@ def _cfg(model_dir: Path, *overrides: str) -> RayftConfig:
 def test_the_ray_pool_matches_in_process_generation(
     ray_session: None, tiny_model_dir: Path, lora_run: Path, tmp_path: Path
 ) -> None:
+    import torch
+
     from rayft.recipes.evaluate import evaluate_model
 
     pooled = evaluate_model(_cfg(tiny_model_dir, "eval.runtime=ray"), str(lora_run), tmp_path / "ray")
-    local = evaluate_model(_cfg(tiny_model_dir, "eval.runtime=local"), str(lora_run), tmp_path / "local")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as in the 1-CPU actor, so that float reductions happen in the same order
+    try:
+        local = evaluate_model(_cfg(tiny_model_dir, "eval.runtime=local"), str(lora_run), tmp_path / "local")
+    finally:
+        torch.set_num_threads(threads)
     outputs = [[json.loads(x)["output"] for x in r.predictions_path.read_text().splitlines()] for r in (pooled, local)]
     assert len(outputs[0]) == 6
     assert outputs[0] == outputs[1]  # greedy decoding: the actor pool changes where, not what
