@@ -13,6 +13,8 @@ from fractions import Fraction
 ANNOTATION = re.compile(r"<<([^<>]*)>>")
 FINAL_LINE = re.compile(r"^\s*####(.*)$", re.MULTILINE)
 EXPR_TOKEN = re.compile(r"\d+(?:\.\d+)?|\.\d+|[-+*/()]")
+Number = int | Fraction
+"""An exact value: int when integral, else Fraction."""
 NUMBER_TEXT = re.compile(r"^[-+]?\$?(?:\d{1,3}(?:,\d{3})+|\d+)?(?:\.\d+)?$")
 
 
@@ -156,7 +158,7 @@ def check_math_answer(answer: str) -> str | None:
     return None
 
 
-def decimal_places(value: Fraction) -> int | None:
+def decimal_places(value: Number) -> int | None:
     """Digits after the point needed to write ``value`` exactly; None when it never terminates."""
     den = value.denominator
     twos = fives = 0
@@ -169,7 +171,7 @@ def decimal_places(value: Fraction) -> int | None:
     return max(twos, fives) if den == 1 else None
 
 
-def format_number(value: Fraction, *, places: int | None = None, commas: bool = False) -> str:
+def format_number(value: Number, *, places: int | None = None, commas: bool = False) -> str:
     """Write ``value`` as GSM8K does: integers plainly, decimals with the fewest (or ``places``) digits."""
     needed = decimal_places(value)
     if needed is None:

@@ -18,13 +18,14 @@ import random
 import re
 from dataclasses import dataclass
 from fractions import Fraction
+from typing import Any
 
 from rayft.sdg.mathcheck import (
     ANNOTATION,
     AnswerError,
+    Number,
     check_math_answer,
     decimal_places,
-    evaluate,
     format_number,
     parse_annotations,
     parse_number,
@@ -63,16 +64,21 @@ class Literal:
     """One number in an annotation: an input of the question, an earlier result, or a constant."""
 
     kind: str  # "input" | "result" | "const"
-    value: Fraction
+    value: Number
     ref: int = -1  # the step whose result this is (kind "result")
+
+
+Node = Literal | tuple[Any, ...]
+"""An expression tree: a Literal leaf, ("neg", node), or (operator, left, right)."""
 
 
 @dataclass(frozen=True)
 class Step:
-    """One annotation: its tokens with literals resolved, and the seed's result."""
+    """One annotation: its tokens with literals resolved, its compiled tree, and the seed's result."""
 
     tokens: tuple[str | Literal, ...]
-    result: Fraction
+    tree: Node
+    result: Number
 
 
 @dataclass(frozen=True)
@@ -82,9 +88,9 @@ class SeedChain:
     question: str
     answer: str
     steps: tuple[Step, ...]
-    inputs: tuple[Fraction, ...]  # question values that vary
-    input_places: dict[Fraction, int]  # decimals the question writes each input with
-    fixed: frozenset[Fraction]  # values that keep their value: constants, unused question numbers
+    inputs: tuple[Number, ...]  # question values that vary
+    input_places: dict[Number, int]  # decimals the question writes each input with
+    fixed: frozenset[Number]  # values that keep their value: constants, unused question numbers
 
 
 def analyze_seed(question: str, answer: str) -> SeedChain:
@@ -96,24 +102,24 @@ def analyze_seed(question: str, answer: str) -> SeedChain:
         annotations = parse_annotations(answer)
     except AnswerError as exc:  # pragma: no cover - check_math_answer ran the same checks
         raise UnusableSeedError(f"seed_{exc.reason}") from None
-    question_values = {parse_number(m.group()): m.group() for m in TEXT_NUMBER.finditer(question)}
+    question_values = {_norm(parse_number(m.group())): m.group() for m in TEXT_NUMBER.finditer(question)}
     variable = {v for v in question_values if _may_vary(v, question)}
     steps: list[Step] = []
-    used_inputs: set[Fraction] = set()
-    constants: set[Fraction] = set()
+    used_inputs: set[Number] = set()
+    constants: set[Number] = set()
     for ann in annotations:
         resolved: list[str | Literal] = []
         for tok in ann.tokens:
             if not (tok[0].isdigit() or tok[0] == "."):
                 resolved.append(tok)
                 continue
-            lit = _resolve_literal(Fraction(tok), steps, variable)
+            lit = _resolve_literal(_norm(Fraction(tok)), steps, variable)
             if lit.kind == "input":
                 used_inputs.add(lit.value)
             elif lit.kind == "const":
                 constants.add(lit.value)
             resolved.append(lit)
-        steps.append(Step(tuple(resolved), ann.result))
+        steps.append(Step(tuple(resolved), _compile(resolved), _norm(ann.result)))
     if not used_inputs:
         raise UnusableSeedError("no_variable_numbers", "no number of the question is used by the annotations")
     fixed = frozenset(constants | (set(question_values) - used_inputs))
@@ -123,7 +129,7 @@ def analyze_seed(question: str, answer: str) -> SeedChain:
     return chain
 
 
-def _may_vary(value: Fraction, question: str) -> bool:
+def _may_vary(value: Number, question: str) -> bool:
     if value < MIN_VARIED_VALUE or (value.denominator == 1 and YEAR_RANGE[0] <= value <= YEAR_RANGE[1]):
         return False
     words = IMPLIED_BY_WORDS.get(int(value), ()) if value.denominator == 1 else ()
@@ -131,7 +137,7 @@ def _may_vary(value: Fraction, question: str) -> bool:
     return not any(w in lowered for w in words)
 
 
-def _resolve_literal(value: Fraction, steps: list[Step], variable: set[Fraction]) -> Literal:
+def _resolve_literal(value: Number, steps: list[Step], variable: set[Number]) -> Literal:
     # The latest earlier result wins: chains reuse what they just computed.
     for index in range(len(steps) - 1, -1, -1):
         if steps[index].result == value:
@@ -169,26 +175,28 @@ def make_variation(chain: SeedChain, rng: random.Random, max_attempts: int = 50)
     return None
 
 
-def _draw_near(value: Fraction, places: int, rng: random.Random) -> Fraction:
+def _draw_near(value: Number, places: int, rng: random.Random) -> Number:
     """A value in [value/2, 2*value] written with the same number of decimals (the seed's range)."""
+    if places == 0 and isinstance(value, int):
+        low = max(MIN_VARIED_VALUE, (value + 1) // 2)
+        return rng.randint(low, max(low + 1, 2 * value))
     scale = 10**places
     low = max(MIN_VARIED_VALUE * scale, math.ceil(value * scale / 2))
     high = max(low + 1, math.floor(value * scale * 2))
-    return Fraction(rng.randint(low, high), scale)
+    return _norm(Fraction(rng.randint(low, high), scale))
 
 
-def _execute(chain: SeedChain, new_inputs: dict[Fraction, Fraction]) -> dict[Fraction, Fraction] | None:
+def _execute(chain: SeedChain, new_inputs: dict[Number, Number]) -> dict[Number, Number] | None:
     """Re-run the chain; the old-to-new value map, or None when a result changes kind or a value clashes."""
-    mapping: dict[Fraction, Fraction] = dict(new_inputs)
+    mapping: dict[Number, Number] = dict(new_inputs)
     for value in chain.fixed:
         if mapping.setdefault(value, value) != value:
             return None
-    results: list[Fraction] = []
+    results: list[Number] = []
     for step in chain.steps:
-        tokens = [_value_of(t, new_inputs, results) for t in step.tokens]
         try:
-            new = evaluate(tokens)
-        except (ValueError, ZeroDivisionError):
+            new = _evaluate(step.tree, new_inputs, results)
+        except ZeroDivisionError:
             return None
         if not _same_kind(step.result, new) or mapping.setdefault(step.result, new) != new:
             return None
@@ -196,19 +204,69 @@ def _execute(chain: SeedChain, new_inputs: dict[Fraction, Fraction]) -> dict[Fra
     return mapping
 
 
-def _value_of(token: str | Literal, new_inputs: dict[Fraction, Fraction], results: list[Fraction]) -> str:
-    if isinstance(token, str):
-        return token
-    if token.kind == "input":
-        value = new_inputs[token.value]
-    elif token.kind == "result":
-        value = results[token.ref]
-    else:
-        value = token.value
-    return format_number(value) if value >= 0 else f"(0-{format_number(-value)})"
+def _compile(tokens: list[str | Literal]) -> Node:
+    """The expression tree of resolved annotation tokens (the grammar of mathcheck.evaluate)."""
+    pos = 0
+
+    def take() -> str | Literal:
+        nonlocal pos
+        pos += 1
+        return tokens[pos - 1]
+
+    def peek() -> str | Literal | None:
+        return tokens[pos] if pos < len(tokens) else None
+
+    def atom() -> Node:
+        tok = take()
+        if isinstance(tok, Literal):
+            return tok
+        if tok == "(":
+            node = expression()
+            take()
+            return node
+        return ("neg", atom()) if tok == "-" else atom()
+
+    def term() -> Node:
+        node = atom()
+        while peek() in ("*", "/"):
+            node = (take(), node, atom())
+        return node
+
+    def expression() -> Node:
+        node = term()
+        while peek() in ("+", "-"):
+            node = (take(), node, term())
+        return node
+
+    return expression()
 
 
-def _same_kind(old: Fraction, new: Fraction) -> bool:
+def _evaluate(node: Node, new_inputs: dict[Number, Number], results: list[Number]) -> Number:
+    if isinstance(node, Literal):
+        if node.kind == "input":
+            return new_inputs[node.value]
+        return results[node.ref] if node.kind == "result" else node.value
+    if node[0] == "neg":
+        return -_evaluate(node[1], new_inputs, results)
+    op, left, right = node
+    a, b = _evaluate(left, new_inputs, results), _evaluate(right, new_inputs, results)
+    if op != "/":
+        value = a + b if op == "+" else a - b if op == "-" else a * b
+        return value if isinstance(value, int) else _norm(value)
+    if b == 0:
+        raise ZeroDivisionError
+    if isinstance(a, int) and isinstance(b, int):
+        quotient, rest = divmod(a, b)
+        return quotient if rest == 0 else Fraction(a, b)
+    return _norm(Fraction(a) / b)
+
+
+def _norm(value: Number) -> Number:
+    """Integers as int, everything else as Fraction."""
+    return int(value) if isinstance(value, Fraction) and value.denominator == 1 else value
+
+
+def _same_kind(old: Number, new: Number) -> bool:
     """Integers stay integers, non-negative stays non-negative, zero-free stays zero-free, decimals stay short."""
     if old >= 0 > new or (old != 0 and new == 0):
         return False
@@ -218,7 +276,7 @@ def _same_kind(old: Fraction, new: Fraction) -> bool:
     return places is not None and places <= max(2, decimal_places(old) or 0)
 
 
-def _rewrite(text: str, mapping: dict[Fraction, Fraction]) -> str:
+def _rewrite(text: str, mapping: dict[Number, Number]) -> str:
     def swap(match: re.Match[str]) -> str:
         old_text = match.group()
         new = mapping.get(parse_number(old_text))
@@ -229,7 +287,7 @@ def _rewrite(text: str, mapping: dict[Fraction, Fraction]) -> str:
     return TEXT_NUMBER.sub(swap, text)
 
 
-def _rewrite_answer(chain: SeedChain, mapping: dict[Fraction, Fraction]) -> str:
+def _rewrite_answer(chain: SeedChain, mapping: dict[Number, Number]) -> str:
     """The seed's solution with its prose rewritten and every annotation rebuilt from the new chain."""
     pieces: list[str] = []
     cursor = 0
@@ -244,7 +302,7 @@ def _rewrite_answer(chain: SeedChain, mapping: dict[Fraction, Fraction]) -> str:
     return "".join(pieces).rstrip() + f"\n#### {format_number(final)}"
 
 
-def _new_token(token: str | Literal, mapping: dict[Fraction, Fraction]) -> str:
+def _new_token(token: str | Literal, mapping: dict[Number, Number]) -> str:
     if isinstance(token, str):
         return token
     return format_number(mapping[token.value])
