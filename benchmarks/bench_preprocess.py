@@ -3,8 +3,8 @@ and the time of a cached re-run.
 
 Both arms run the identical per-batch function (render with the chat template, tokenize with
 offsets, label, truncate) on GSM8K train with the SmolLM2 tokenizer, so the only difference is the
-execution engine; their outputs are checked equal. The Ray arm includes starting its actors (paid
-by every real preparation) but not `ray.init` (paid once per command, and by training anyway).
+execution engine; their outputs are checked equal. The Ray arm includes starting the Ray Data job
+(paid by every preparation) but not `ray.init` (paid once per command, and by training anyway).
 Arms alternate A B A B after one warm-up of each; medians with min-max.
 
     .venv/bin/python benchmarks/bench_preprocess.py [--copies 2] [--repeats 3]
@@ -101,7 +101,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--copies", type=int, default=2, help="GSM8K train repeated this many times")
     parser.add_argument("--repeats", type=int, default=3, help="measured runs per arm (after one warm-up)")
+    parser.add_argument(
+        "--single-thread-baseline",
+        action="store_true",
+        help="TOKENIZERS_PARALLELISM=false for the baseline too (by default its Rust tokenizer uses every core)",
+    )
     args = parser.parse_args()
+    if args.single_thread_baseline:
+        os.environ["TOKENIZERS_PARALLELISM"] = "false"
 
     import ray
 
@@ -140,8 +147,12 @@ def main() -> None:
           f"  [target >= 1.7x]; outputs identical: {same}")  # fmt: skip
     print(f"  cached re-run: prepare() {in_process:.2f} s in a warm process; `rayft data prepare` CLI {cli_wall:.2f} s "
           "wall (Python start and imports included)  [target < 2 s]")  # fmt: skip
+    tokenizer_threads = "1 thread" if args.single_thread_baseline else "Rust tokenizer on every core"
+    print(f"  baseline: one process, {tokenizer_threads}; Ray: 2 tasks of 1 CPU, 1 tokenizer thread each")
     print(f"  load: {os.getloadavg()}")
-    print(f"  command: .venv/bin/python benchmarks/bench_preprocess.py --copies {args.copies} --repeats {args.repeats}")
+    flag = " --single-thread-baseline" if args.single_thread_baseline else ""
+    command = f"benchmarks/bench_preprocess.py --copies {args.copies} --repeats {args.repeats}{flag}"
+    print(f"  command: .venv/bin/python {command}")
 
 
 if __name__ == "__main__":

@@ -316,9 +316,11 @@ def tokenize_in_process(job: TokenizeJob, inputs: pa.Table) -> pa.Table:
 
 
 def tokenize_on_ray(job: TokenizeJob, inputs: pa.Table, address: str | None = None) -> pa.Table:
-    """Tokenize with Ray Data ``map_batches``: one actor per cluster CPU, each with its own tokenizer copy.
+    """Tokenize with Ray Data ``map_batches`` tasks across the cluster's CPUs.
 
     Uses the Ray already initialised in this process, else joins ``address`` or starts a local one.
+    Tasks run in Ray's pooled worker processes; each process deserialises the job (the tokenizer)
+    once and keeps it for later batches (see :func:`rayft.data.tokenize.tokenize_batch`).
     """
     from rayft.runtime import ray_runtime
 
@@ -327,19 +329,20 @@ def tokenize_on_ray(job: TokenizeJob, inputs: pa.Table, address: str | None = No
 
 
 def _tokenize_on_ray(job: TokenizeJob, inputs: pa.Table) -> pa.Table:
+    import uuid
+
     import pyarrow as pa
     import ray
 
-    from rayft.data.tokenize import TokenizeActor
+    from rayft.data.tokenize import tokenize_batch
 
     blocks = [inputs.slice(start, BATCH_ROWS) for start in range(0, inputs.num_rows, BATCH_ROWS)]
-    cpus = max(1, int(ray.cluster_resources().get("CPU", 1)))
+    job_ref = ray.put(job)
     dataset = ray.data.from_arrow(blocks).map_batches(
-        TokenizeActor,
-        fn_constructor_kwargs={"job": job},
+        tokenize_batch,
+        fn_kwargs={"job_key": uuid.uuid4().hex, "job_ref": [job_ref]},  # in a list: Ray passes the ref, not the job
         batch_size=BATCH_ROWS,
         batch_format="pyarrow",
-        compute=ray.data.ActorPoolStrategy(size=max(1, min(cpus, len(blocks)))),
         num_cpus=1,
     )
     return pa.concat_tables(ray.get(dataset.to_arrow_refs()))

@@ -12,6 +12,7 @@ path runs: both produce the same rows.
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -217,12 +218,22 @@ def as_table(columns: dict[str, Any]) -> Any:
     return pa.table(columns, schema=schema)
 
 
-class TokenizeActor:
-    """A Ray Data ``map_batches`` worker: holds one :class:`TokenizeJob` and tokenizes Arrow batches."""
+_JOBS: dict[str, TokenizeJob] = {}
 
-    def __init__(self, job: TokenizeJob) -> None:
-        self.job = job
 
-    def __call__(self, batch: Any) -> Any:
-        """Tokenize one Arrow batch, returning an Arrow table."""
-        return as_table(self.job(batch.to_pydict()))
+def tokenize_batch(batch: Any, *, job_key: str = "", job_ref: Sequence[Any] = ()) -> Any:
+    """A Ray Data ``map_batches`` task: tokenize one Arrow batch with the job behind ``job_ref``.
+
+    The job is fetched and deserialised once per worker process (keyed by ``job_key``) and reused
+    for every later batch that process runs.
+    """
+    # Ray gave this task one CPU: keep the Rust tokenizer from spreading over every core of the node
+    # (unless the user set TOKENIZERS_PARALLELISM).
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    job = _JOBS.get(job_key)
+    if job is None:
+        import ray
+
+        _JOBS.clear()  # one preparation at a time: drop the previous job's tokenizer
+        job = _JOBS[job_key] = ray.get(job_ref[0])
+    return as_table(job(batch.to_pydict()))
