@@ -54,16 +54,33 @@ def test_hf_teacher_on_the_tiny_model_accounts_for_every_row(
 
 
 def variation_responder(request: dict[str, Any]) -> str:
-    """A deterministic 'teacher': a symbolic variation of the seed found in the prompt."""
+    """A deterministic 'teacher': a symbolic variation of the seed found in the prompt.
+
+    Asked to solve a problem (self-consistency), it answers right for questions of even length and
+    wrong otherwise; asked to judge, it gives 9, except 2 to questions whose length is a multiple of 3.
+    """
     prompt = request["messages"][-1]["content"]
+    if prompt.startswith("Solve this"):
+        question = prompt.split("Problem: ", 1)[1]
+        right = FINALS[question]
+        return f"Let me see.\n#### {right if len(question) % 2 == 0 else right + 1}"
+    if prompt.startswith("Rate the following"):
+        question = prompt.split("Problem: ", 1)[1].split("\n\nSolution:", 1)[0]
+        return "Score: 2" if len(question) % 3 == 0 else "Score: 9"
     match = re.search(r"Problem: (.*?)\n\nSolution:\n(.*?)\n\nWrite one NEW", prompt, re.S)
     assert match, prompt
     try:
         chain = analyze_seed(match.group(1), match.group(2))
     except UnusableSeedError:
         return "I cannot write one."
-    made = make_variation(chain, random.Random(len(prompt) + int(request.get("seed") or 0)))
-    return f"Problem: {made[0]}\nSolution:\n{made[1]}" if made else "I cannot write one."
+    made = make_variation(chain, random.Random(len(prompt) + len(FINALS)))
+    if made is None:
+        return "I cannot write one."
+    FINALS[made[0]] = int(made[1].rsplit("#### ", 1)[1])
+    return f"Problem: {made[0]}\nSolution:\n{made[1]}"
+
+
+FINALS: dict[str, int] = {}
 
 
 def test_openai_teacher_with_retries_and_a_failed_request(ray_session: None, tmp_path: Path) -> None:
@@ -87,6 +104,8 @@ def test_openai_teacher_with_retries_and_a_failed_request(ray_session: None, tmp
                 "sdg.num_seeds=4",
                 "sdg.variations=2",
                 "sdg.dedup.near=false",
+                "sdg.quality.self_consistency=2",
+                "sdg.quality.judge=true",
             ],
         )
         result = run(cfg)
@@ -99,6 +118,12 @@ def test_openai_teacher_with_retries_and_a_failed_request(ray_session: None, tmp
     for row in accepted:
         assert check_math_answer(row["answer"]) is None
         assert row["model"].startswith("openai:teacher-1@") and row["error"] == ""
+        assert len(row["question"]) % 2 == 0 and len(row["question"]) % 3 != 0
+    checked = [r for r in rejected if r["reject_stage"] == "teacher_checks"]
+    assert {r["reject_reason"] for r in checked} == {"self_consistency", "judge_low_score"}
+    for row in checked:
+        odd = len(row["question"]) % 2 == 1
+        assert row["reject_reason"] == ("self_consistency" if odd else "judge_low_score"), row
     assert result.summary["rejection_reasons"]["generate/generation_error"] == 1
     assert result.summary["tokens_generated"] > 0
 

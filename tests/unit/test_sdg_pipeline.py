@@ -145,3 +145,34 @@ def test_teacher_output_parsing_and_failed_generations() -> None:
         ("parse", "unparsable_generation"),
     ]
     assert rows[1]["error"].startswith("TimeoutError") and rows[0]["model"] == "hf:m"
+
+
+def test_teacher_checks_self_consistency_and_judge() -> None:
+    from rayft.generation.backend import Generation
+    from rayft.sdg.teacher_checks import TeacherChecks, apply_checks, check_prompts, judge_score, sampled_final
+
+    assert sampled_final("so 3+4=7\n#### 1,200.50") == "1200.5"
+    assert sampled_final("no final line") is None
+    assert judge_score("Score: 8/10") == 8 and judge_score("great!") is None
+    checks = TeacherChecks(2, 0.5, True, 7, "Solve: {question}", "Rate {question} / {answer}", None)
+    good = row("a", 0, 1, question="Q?", answer="2*3 = <<2*3=6>>6\n#### 6")
+    prompts = check_prompts(good, checks)
+    assert len(prompts) == 3 and prompts[0][-1]["content"] == "Solve: Q?"
+    assert "Rate Q? / 2*3" in str(prompts[2])
+    apply_checks(good, [Generation("#### 6", 0, 4), Generation("#### 5", 0, 4), Generation("Score: 9", 0, 2)], checks)
+    assert good["reject_reason"] == "" and good["num_generated_tokens"] == 10
+    wrong = row("b", 0, 1, question="Q?", answer="2*3 = <<2*3=6>>6\n#### 6")
+    apply_checks(wrong, [Generation("#### 5"), Generation("", error="boom"), Generation("Score: 9")], checks)
+    assert (wrong["reject_stage"], wrong["reject_reason"]) == ("teacher_checks", "self_consistency")
+    assert "0/2 samples agree" in wrong["reject_detail"] and "boom" in wrong["reject_detail"]
+    low = row("c", 0, 1, question="Q?", answer="2*3 = <<2*3=6>>6\n#### 6")
+    apply_checks(low, [Generation("#### 6"), Generation("#### 6"), Generation("Score: 3")], checks)
+    assert (low["reject_reason"], low["reject_detail"]) == ("judge_low_score", "score 3 < 7")
+
+
+def test_teacher_check_stage_is_planned_only_when_asked() -> None:
+    assert [s.name for s in plan_stages(load_config(None, []).sdg, 1, "h")] == ["generate", "quality"]
+    cfg = load_config(None, ["sdg.generator=llm", "sdg.quality.self_consistency=3", "sdg.quality.judge=true"])
+    stages = plan_stages(cfg.sdg, 1, "h")
+    check_plan(stages, SEED_COLUMNS)
+    assert [s.name for s in stages][-1] == "teacher_checks"

@@ -18,6 +18,15 @@ DEFAULT_VARIATION_PROMPT = (
     "a last line '#### <final number>'. Answer in exactly this format:\n"
     "Problem: <the new problem>\nSolution:\n<the steps>\n#### <final number>"
 )
+DEFAULT_SOLVE_PROMPT = (
+    "Solve this grade-school math problem step by step. End with a last line '#### <final number>'.\n\n"
+    "Problem: {question}"
+)
+DEFAULT_JUDGE_PROMPT = (
+    "Rate the following problem and its solution for correctness, clarity and usefulness as training "
+    "data, on a scale from 1 (useless or wrong) to 10 (excellent). Reply with one line 'Score: <N>'.\n\n"
+    "Problem: {question}\n\nSolution:\n{answer}"
+)
 DEFAULT_INSTRUCTION_PROMPT = (
     "Here is an example of an instruction and a good response.\n\n"
     "Instruction: {question}\n\nResponse: {answer}\n\n"
@@ -45,6 +54,14 @@ class SdgPromptsConfig(Section):
         DEFAULT_INSTRUCTION_PROMPT,
         description="User prompt for task 'instruction': one new free-form instruction and its response.",
     )
+    solve: str = Field(
+        DEFAULT_SOLVE_PROMPT,
+        description="Prompt of the self-consistency check: the teacher solves a generated {question} again.",
+    )
+    judge: str = Field(
+        DEFAULT_JUDGE_PROMPT,
+        description="Prompt of the LLM judge, with {question} and {answer}; the reply must contain 'Score: N'.",
+    )
 
 
 class SdgQualityConfig(Section):
@@ -61,6 +78,21 @@ class SdgQualityConfig(Section):
     max_question_chars: int = Field(2000, gt=0, description="Longest accepted question, in characters.")
     min_answer_chars: int = Field(1, ge=0, description="Shortest accepted answer, in characters.")
     max_answer_chars: int = Field(4000, gt=0, description="Longest accepted answer, in characters.")
+    self_consistency: int = Field(
+        0,
+        ge=0,
+        description=(
+            "Task 'math': the teacher solves each generated problem this many more times (sampled); the row "
+            "is kept only when enough final answers equal its own (0: off). Costs k generations per row."
+        ),
+    )
+    self_consistency_min_agree: float = Field(
+        0.5, gt=0, le=1, description="Share of the self-consistency samples whose '#### N' must equal the row's."
+    )
+    judge: bool = Field(
+        False, description="Ask the teacher to score every row (prompts.judge) and drop rows below judge_min_score."
+    )
+    judge_min_score: int = Field(7, ge=1, le=10, description="Lowest judge score (1-10) a row may have.")
 
 
 class SdgDedupConfig(Section):

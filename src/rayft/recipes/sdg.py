@@ -26,6 +26,8 @@ from rayft.sdg.rows import SEED_COLUMNS, ParseStage, PromptStage, QualityStage, 
 from rayft.sdg.stages import TIME_PREFIX, Row, Stage, apply_stage, check_plan, stage_seconds
 from rayft.sdg.store import SdgStore, atomic_write_text
 from rayft.sdg.summary import build_summary, part_record
+from rayft.sdg.teacher_checks import STAGE as TEACHER_CHECKS
+from rayft.sdg.teacher_checks import TeacherChecks, apply_teacher_checks
 
 if TYPE_CHECKING:
     import ray.data
@@ -187,9 +189,10 @@ def plan_stages(sdg: SdgConfig, rng_seed: int, config_hash: str) -> list[Stage]:
             max_answer_chars=sdg.quality.max_answer_chars,
         ),
     )
+    checks = plan_teacher_checks(sdg)
     if sdg.generator == "symbolic":
         generate = SymbolicStage(sdg.variations, sdg.max_attempts, rng_seed, config_hash)
-        return [Stage("generate", SEED_COLUMNS, ROW_COLUMNS, generate), quality]
+        return [Stage("generate", SEED_COLUMNS, ROW_COLUMNS, generate), quality, *checks]
     teacher = sdg.teacher
     sampling = json.dumps(
         {"temperature": teacher.temperature, "top_p": teacher.top_p, "max_new_tokens": teacher.max_new_tokens}
@@ -201,7 +204,26 @@ def plan_stages(sdg: SdgConfig, rng_seed: int, config_hash: str) -> list[Stage]:
         Stage("generate", frozenset({"messages"}), GENERATION_COLUMNS, None),
         Stage("parse", ROW_COLUMNS | GENERATION_COLUMNS, frozenset(), ParseStage(sdg.task)),
         quality,
+        *checks,
     ]
+
+
+def plan_teacher_checks(sdg: SdgConfig) -> list[Stage]:
+    """The optional stage that asks the teacher (self-consistency, judge); empty when both are off."""
+    q = sdg.quality
+    samples = q.self_consistency if sdg.task == "math" else 0
+    if not samples and not q.judge:
+        return []
+    checks = TeacherChecks(
+        samples=samples,
+        min_agree=q.self_consistency_min_agree,
+        judge=q.judge,
+        min_score=q.judge_min_score,
+        solve_prompt=sdg.prompts.solve,
+        judge_prompt=sdg.prompts.judge,
+        system=sdg.prompts.system,
+    )
+    return [Stage(TEACHER_CHECKS, ROW_COLUMNS, frozenset(), None, options={"checks": checks})]
 
 
 def build_dataset(seeds: list[Row], stages: list[Stage], sdg: SdgConfig) -> ray.data.Dataset:
@@ -216,6 +238,8 @@ def build_dataset(seeds: list[Row], stages: list[Stage], sdg: SdgConfig) -> ray.
     for stage in stages:
         if stage.fn is not None:
             ds = apply_stage(ds, stage)
+        elif stage.name == TEACHER_CHECKS:
+            ds = apply_teacher_checks(ds, sdg.teacher, stage.options["checks"])
         else:
             from rayft.generation.ray_pool import generate_dataset
 

@@ -12,7 +12,7 @@ from typing import Any
 from rayft.sdg.stages import Row
 
 # Rows flow through these stages in order; a seed that cannot be used is rejected at stage "seed".
-STAGE_ORDER = ("generate", "parse", "quality", "dedup_exact", "decontaminate", "dedup_near")
+STAGE_ORDER = ("generate", "parse", "quality", "teacher_checks", "dedup_exact", "decontaminate", "dedup_near")
 
 
 def part_record(rows: list[Row], seed_ids: list[str], stage_seconds: dict[str, float]) -> dict[str, Any]:
