@@ -7,6 +7,8 @@ environment variables on the driver, and the driver hands them to every worker i
     Rank ``RANK`` sleeps forever before optimizer step ``STEP`` (a stuck collective for the others).
 ``RAYFT_FAULT_RAISE=RANK:STEP``
     Rank ``RANK`` raises a RuntimeError before optimizer step ``STEP``, on every attempt.
+``RAYFT_FAULT_STEP_DELAY_S=SECONDS``
+    Every rank sleeps this long before each optimizer step (a slow step, to signal a run mid-way).
 ``RAYFT_SAMPLE_LOG=PATH``
     Every rank appends ``{"step", "rank", "sample_ids"}`` per optimizer step to the JSON-lines PATH
     (appended across restarts, so tests see recomputed steps too).
@@ -36,6 +38,7 @@ class Faults:
     hang: tuple[int, int] | None = None
     raise_at: tuple[int, int] | None = None
     sample_log: str | None = None
+    step_delay_s: float = 0.0
 
     def kill_if(self, step: int, point: str) -> None:
         """SIGKILL this process if a save fault is set for this step and point."""
@@ -43,7 +46,9 @@ class Faults:
             os.kill(os.getpid(), signal.SIGKILL)
 
     def before_step(self, rank: int, step: int) -> None:
-        """Hang or raise before optimizer step ``step`` (1-based) when asked to."""
+        """Slow down, hang or raise before optimizer step ``step`` (1-based) when asked to."""
+        if self.step_delay_s > 0:
+            time.sleep(self.step_delay_s)
         if self.hang == (rank, step):
             while True:
                 time.sleep(3600)
@@ -73,6 +78,7 @@ def faults_from_env(environ: Mapping[str, str] | None = None) -> Faults:
         hang=_pair(env.get(f"{_PREFIX}HANG")),
         raise_at=_pair(env.get(f"{_PREFIX}RAISE")),
         sample_log=env.get(_SAMPLE_LOG) or None,
+        step_delay_s=float(env.get(f"{_PREFIX}STEP_DELAY_S") or 0.0),
     )
 
 

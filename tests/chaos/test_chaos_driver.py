@@ -1,0 +1,126 @@
+"""The driver dies or is told to stop: SIGKILL of the driver process mid-run, then the same run
+with --resume continues from the last committed checkpoint; SIGTERM makes the run save a
+checkpoint of the current step and exit 143 with a message, and --resume continues from it.
+Both end with the per-step losses of an uninterrupted run. RAYFT_CHAOS_TRIALS=full runs the
+driver kill 5 times (CI: 1)."""
+
+from __future__ import annotations
+
+import random
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from rayft.data.prepared import PreparedData
+from rayft.training.checkpoint_store import scan_checkpoints
+from tests.chaos.conftest import chaos_seed, chaos_trials, start_driver
+from tests.helpers import read_metrics, tiny_config, train_losses, train_on
+
+pytestmark = pytest.mark.chaos
+
+COMMON = ("train.max_steps=12", "train.save_steps=3", "train.eval_steps=null", "lora.dropout=0.1")
+
+
+@pytest.fixture(scope="module")
+def reference(
+    ray_session: None, tiny_model_dir: Path, prepared: PreparedData, tmp_path_factory: pytest.TempPathFactory
+) -> dict[int, float]:
+    return train_losses(train_on(tiny_config(tiny_model_dir, tmp_path_factory.mktemp("ref"), *COMMON), prepared))
+
+
+def gcs_address() -> str:
+    import ray
+
+    return str(ray.get_runtime_context().gcs_address)
+
+
+def wait_for_step(process: subprocess.Popen[str], run_dir: Path, step: int, timeout_s: float = 300) -> int:
+    """Block until metrics.jsonl shows ``step`` (return the last step seen)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        assert process.poll() is None, f"the driver ended early:\n{process.communicate()[1][-3000:]}"
+        if (run_dir / "metrics.jsonl").exists():
+            done = [r["step"] for r in read_metrics(run_dir) if "train/loss" in r]
+            if done and max(done) >= step:
+                return max(done)
+        time.sleep(0.01)
+    process.kill()
+    raise AssertionError(f"step {step} not reached within {timeout_s} s")
+
+
+def wait_for_no_train_workers(timeout_s: float = 90) -> None:
+    """Ray ends a dead driver's actors; wait until no Ray Train worker process is left."""
+    import psutil
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if not any("ray::RayTrainWorker" in " ".join(p.info["cmdline"] or [])
+                   for p in psutil.process_iter(["cmdline"])):  # fmt: skip
+            return
+        time.sleep(0.5)
+    raise AssertionError(f"Ray Train workers still running {timeout_s} s after their driver died")
+
+
+def resumed_after(run_dir: Path, killed_at: float) -> int:
+    """The step a resumed run restarted from: metrics.jsonl keeps the records up to the restored
+    step (written before the interruption) and appends the ones recomputed after it."""
+    records = [r for r in read_metrics(run_dir) if "train/loss" in r]
+    before = [r["step"] for r in records if r["time"] < killed_at]
+    after = [r["step"] for r in records if r["time"] >= killed_at]
+    assert before == list(range(1, len(before) + 1)) and after == list(range(len(before) + 1, 13)), records
+    return len(before)
+
+
+def committed_steps(run_dir: Path) -> list[int]:
+    return [c.step for c in scan_checkpoints(run_dir / "checkpoints") if c.complete]
+
+
+def test_killing_the_driver_then_resume_continues_from_the_last_committed_checkpoint(
+    tiny_model_dir: Path, prepared: PreparedData, reference: dict[int, float], tmp_path: Path
+) -> None:
+    rng = random.Random(chaos_seed())
+    for trial in range(chaos_trials(ci=1, full=5)):
+        kill_step = rng.randint(4, 10)
+        what = f"trial {trial} (seed {chaos_seed()}): driver killed after step {kill_step}"
+        storage = tmp_path / f"trial-{trial}"
+        driver = start_driver(prepared, tiny_model_dir, storage, *COMMON, address=gcs_address())
+        wait_for_step(driver, storage / "run", kill_step)
+        driver.send_signal(signal.SIGKILL)
+        killed_at = time.time()
+        driver.communicate()
+        wait_for_no_train_workers()
+        last = max(committed_steps(storage / "run"), default=0)
+        assert last >= 3, what
+
+        run_dir = train_on(tiny_config(tiny_model_dir, storage, *COMMON), prepared, resume=True)
+        assert resumed_after(run_dir, killed_at) == last, what
+        assert train_losses(run_dir) == reference, what  # bitwise, every step
+
+
+def test_sigterm_saves_a_checkpoint_of_the_current_step_and_resume_continues_from_it(
+    tiny_model_dir: Path, prepared: PreparedData, reference: dict[int, float], tmp_path: Path
+) -> None:
+    settings = (*COMMON, "train.save_steps=100", "failure.sigterm_grace_s=120")  # no periodic save before step 12
+    slow = {"RAYFT_FAULT_STEP_DELAY_S": "0.5"}  # steps of ~0.5 s, so that the signal lands mid-run
+    driver = start_driver(prepared, tiny_model_dir, tmp_path, *settings, address=gcs_address(), env=slow)
+    wait_for_step(driver, tmp_path / "run", 4)
+    driver.send_signal(signal.SIGTERM)
+    started = time.monotonic()
+    _, err = driver.communicate(timeout=180)
+    ended_at = time.time()
+
+    assert driver.returncode == 143, err[-3000:]
+    assert time.monotonic() - started < 120
+    saved = committed_steps(tmp_path / "run")
+    assert len(saved) == 1 and 4 <= saved[0] < 12, saved  # saved on SIGTERM, not by the schedule
+    assert f"Stopped: stopped on SIGTERM after saving checkpoint {tmp_path / 'run' / 'checkpoints'}" in err
+    assert "--resume" in err
+    assert not (tmp_path / "run" / "final").exists()
+    wait_for_no_train_workers()
+
+    run_dir = train_on(tiny_config(tiny_model_dir, tmp_path, *settings), prepared, resume=True)
+    assert resumed_after(run_dir, ended_at) == saved[0]
+    assert train_losses(run_dir) == reference  # bitwise, every step
