@@ -134,3 +134,11 @@ def test_sigterm_interrupts_a_launch_that_does_not_stop_within_the_grace_period(
         os.kill(os.getpid(), signal.SIGTERM)
         time.sleep(30)  # a launch that never returns
     assert time.monotonic() - started < 10
+
+
+def test_resolved_configs_mask_credentials_of_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    from rayft.config import dump_config, load_config
+
+    monkeypatch.setenv("HF_TOKEN", CANARY)
+    text = dump_config(load_config(None, [f"storage_path=/mnt/{CANARY}/runs"]))
+    assert CANARY not in text and f"/mnt/{MASK}/runs" in text

@@ -228,5 +228,8 @@ def _element_type(annotation: Any) -> Any:
 
 
 def dump_config(cfg: BaseModel) -> str:
-    """The resolved config as YAML, every default spelled out, keys in schema order."""
-    return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False, allow_unicode=True)
+    """The resolved config as YAML, every default spelled out, keys in schema order; credential
+    values found in the environment are masked (see :mod:`rayft.security`)."""
+    from rayft.security import redact
+
+    return redact(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False, allow_unicode=True))
