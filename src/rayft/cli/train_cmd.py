@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import sys
+
 import click
 
 from rayft.cli.common import config_argument, load_cli_config, overrides_argument
+
+# 128 + SIGTERM, as a shell reports a process ended by SIGTERM; schedulers treat it as preempted.
+SIGTERM_EXIT_CODE = 143
 
 
 @click.command(epilog="Any config field can be overridden: rayft train cfg.yaml train.learning_rate=1e-4 lora.r=8")
@@ -16,11 +21,17 @@ def train(config_path: str, overrides: tuple[str, ...], resume: bool) -> None:
 
     Writes <storage_path>/<name>/: config.yaml, metrics.jsonl, tensorboard/, checkpoints/step-N/
     and final/, which loads with from_pretrained (full) or PeftModel.from_pretrained (LoRA).
+    On SIGTERM it saves a checkpoint, prints how to resume, and exits with code 143.
     """
+    from rayft.errors import RunInterruptedError
     from rayft.recipes.train import run
 
     cfg = load_cli_config(config_path, overrides)
-    result = run(cfg, resume=resume)
+    try:
+        result = run(cfg, resume=resume)
+    except RunInterruptedError as exc:  # SIGTERM: a clean stop after a save, not a failure
+        click.echo(f"Stopped: {exc}", err=True)
+        sys.exit(SIGTERM_EXIT_CODE)
     loss = f"{result.eval_loss:.4f}" if result.eval_loss is not None else "n/a"
     click.echo(
         f"Trained {result.steps} steps in {result.elapsed_s:.0f} s; validation loss {loss}.\n"
