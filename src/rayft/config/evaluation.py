@@ -170,7 +170,7 @@ class ExportConfig(Section):
     dtype: Literal["float32", "bfloat16", "float16"] = Field(
         "float32",
         description=(
-            "Dtype of the exported weights. Verification always runs in float32; a smaller dtype "
+            "Dtype of the exported weights. Verification runs in verify_dtype; a smaller dtype "
             "halves the files and is checked by reload and generation."
         ),
     )
@@ -182,7 +182,20 @@ class ExportConfig(Section):
         ),
     )
     probe_tolerance: float = Field(
-        1e-4, gt=0, description="Largest max-abs logit difference allowed between merged and base+adapter (fp32)."
+        1e-4,
+        gt=0,
+        description=(
+            "Largest max-abs logit difference allowed between merged and base+adapter, and between the "
+            "reloaded export and the checkpoint (float32/float64 exports)."
+        ),
+    )
+    verify_dtype: Literal["float64", "float32"] = Field(
+        "float64",
+        description=(
+            "Precision of the verification forwards. float64 makes merged vs base+adapter exact up to "
+            "rounding (in float32, rounding alone reaches ~1e-4 on the logits of a 135M model); "
+            "float32 halves the memory for large models (then raise probe_tolerance)."
+        ),
     )
     probe_prompts: list[str] = Field(
         default_factory=lambda: ["What is 12 + 7?", "Write one sentence about the sea."],

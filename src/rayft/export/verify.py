@@ -21,12 +21,12 @@ def probe_batch(tokenizer: Any, prompts: Sequence[str]) -> dict[str, Any]:
 
 
 def probe_logits(model: Any, batch: dict[str, Any]) -> Any:
-    """Float32 logits of every non-padding position of the probe batch."""
+    """Logits (in float64, whatever the model's dtype) of every non-padding position of the probe batch."""
     import torch
 
     with torch.inference_mode():
         logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
-    return logits.float()[batch["attention_mask"].bool()]
+    return logits.double()[batch["attention_mask"].bool()]
 
 
 def max_abs_diff(a: Any, b: Any) -> float:

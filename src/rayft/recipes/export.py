@@ -1,7 +1,7 @@
 """``rayft export SRC OUTPUT_DIR [--no-merge]``: a checkpoint becomes a verified Hugging Face model.
 
 Reads top to bottom: resolve the source (a run directory picks its checkpoint), check the
-adapter files, load base and adapter in float32, compare logits on probe prompts (the adapter
+adapter files, load base and adapter in float64, compare logits on probe prompts (the adapter
 must change them; the merged model must match base+adapter within ``export.probe_tolerance``),
 save merged weights (or the adapter alone) with tokenizer, chat template and generation config,
 reload the saved directory with ``from_pretrained`` and generate, write the model card, and only
@@ -131,7 +131,8 @@ def export_lora(resolved: ResolvedSource, staging: Path, cfg: ExportConfig, *, m
     _raise_problems(f"the adapter in {checkpoint}", problems)
     assert summary is not None
     fp32 = resolved.model.model_copy(update={"dtype": "float32"})
-    base: Any = load_causal_lm(fp32, "cpu")
+    verify_dtype = getattr(torch, cfg.verify_dtype)
+    base: Any = load_causal_lm(fp32, "cpu").to(verify_dtype)
     base.eval()
     _raise_problems(f"the adapter in {checkpoint}", check_against_base(summary, base))
     tokenizer = AutoTokenizer.from_pretrained(checkpoint)
@@ -168,8 +169,8 @@ def export_lora(resolved: ResolvedSource, staging: Path, cfg: ExportConfig, *, m
 
     def reload() -> Any:
         if merge:
-            return _load_fp32(staging)
-        fresh: Any = load_causal_lm(fp32, "cpu")
+            return _load_for_verification(staging, cfg)
+        fresh: Any = load_causal_lm(fp32, "cpu").to(verify_dtype)
         return PeftModel.from_pretrained(fresh, str(staging)).eval()
 
     return record | _verify_reload(staging, reload, batch, adapted, cfg)
@@ -186,7 +187,7 @@ def export_full(resolved: ResolvedSource, staging: Path, cfg: ExportConfig) -> d
     checkpoint = Path(resolved.checkpoint_dir)
     tokenizer = AutoTokenizer.from_pretrained(checkpoint)
     model: Any = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32)
-    model.eval()
+    model.to(getattr(torch, cfg.verify_dtype)).eval()
     batch = v.probe_batch(tokenizer, cfg.probe_prompts)
     reference = v.probe_logits(model, batch) if cfg.verify else None
     model.to(getattr(torch, cfg.dtype)).save_pretrained(
@@ -197,17 +198,17 @@ def export_full(resolved: ResolvedSource, staging: Path, cfg: ExportConfig) -> d
         return {"verified": False}
 
     def reload() -> Any:
-        return _load_fp32(staging)
+        return _load_for_verification(staging, cfg)
 
     return _verify_reload(staging, reload, batch, reference, cfg)
 
 
-def _load_fp32(directory: Path) -> Any:
+def _load_for_verification(directory: Path, cfg: ExportConfig) -> Any:
     import torch
     from transformers import AutoModelForCausalLM
 
     model: Any = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32)
-    return model.eval()
+    return model.to(getattr(torch, cfg.verify_dtype)).eval()
 
 
 def _verify_reload(
@@ -221,7 +222,7 @@ def _verify_reload(
     model = reload()
     tokenizer = AutoTokenizer.from_pretrained(staging)
     diff = v.max_abs_diff(v.probe_logits(model, batch), reference)
-    # Weights saved in bf16/fp16 are rounded: the logit comparison is exact only for float32.
+    # Weights saved in bf16/fp16 are rounded: the logit comparison holds only for float32 exports.
     if cfg.dtype == "float32" and diff > cfg.probe_tolerance:
         _raise_problems(
             f"the export in {staging}",
