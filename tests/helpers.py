@@ -51,3 +51,19 @@ def adapter_tensors(directory: Path) -> dict[str, Any]:
     from safetensors.torch import load_file
 
     return load_file(str(directory / "adapter_model.safetensors"))
+
+
+CHROMIUM = "/usr/bin/chromium"
+
+
+def screenshot(page: Path, png: Path, size: tuple[int, int] = (1200, 1600)) -> None:
+    """Render a local HTML page in headless Chromium (offline flags) to a PNG."""
+    import subprocess
+
+    cmd = [
+        CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+        "--disable-background-networking", "--disable-component-update", "--disable-sync",
+        f"--user-data-dir={png.parent / 'chromium-profile'}", f"--screenshot={png}",
+        f"--window-size={size[0]},{size[1]}", page.as_uri(),
+    ]  # fmt: skip
+    subprocess.run(cmd, check=True, capture_output=True, timeout=120)
