@@ -30,9 +30,13 @@ def _inputs() -> ReportInputs:
     return ReportInputs(
         name="demo",
         stages=[StageRow("sdg", "run", "no finished output yet", 3.2), StageRow("train", "skip", "up to date", 0.0)],
-        sdg_summary={"accepted": 90, "rejected": 10, "rejection_reasons": {"bad_annotation": 10}},
+        sdg_summary={
+            "accepted": 90,
+            "rejection_reasons": {"bad_annotation": 10},
+            "stages": [{"stage": "generate", "rows_in": 100, "rejected": 10}],
+        },
         train_metrics=metrics,
-        compare_summary=compare,
+        compare_summary={**compare, "primary_metric": "strict_accuracy"},
         examples=examples,
     )
 
@@ -46,7 +50,9 @@ def test_report_is_self_contained_and_escaped() -> None:
     for text in ("Stages", "Synthetic data", "bad_annotation", "Training", "Base vs fine-tuned", "mcnemar",
                  "significant", "[+0.300, +0.700]", "#### 4"):  # fmt: skip
         assert text in page
+    assert "<th>rows_in</th>" in page and "{'stage'" not in page  # records as a table, not a repr
     assert page.count("<svg") == 3  # loss, learning rate, bar chart
+    assert "<b>strict_accuracy</b>: base 0.100 vs tuned 0.600; difference +0.500" in page
 
 
 def test_line_chart_draws_each_series() -> None:

@@ -52,6 +52,7 @@ def render_report(inputs: ReportInputs) -> str:
         "<!doctype html><html lang='en'><head><meta charset='utf-8'>",
         f"<title>rayft run {escape(inputs.name)}</title><style>{_CSS}</style></head><body>",
         f"<h1>rayft run <code>{escape(inputs.name)}</code></h1>",
+        _headline(inputs.compare_summary),
         _stages_section(inputs.stages),
     ]
     if inputs.sdg_summary:
@@ -68,6 +69,29 @@ def render_report(inputs: ReportInputs) -> str:
         parts.append(_mapping_section("Software", inputs.software))
     parts.append("</body></html>")
     return "\n".join(parts)
+
+
+def _headline(summary: Mapping[str, Any]) -> str:
+    """One sentence at the top: the primary metric of each model and the first pair's verdict."""
+    primary = summary.get("primary_metric")
+    tests = [t for t in _pair_tests(summary) if t.get("metric") == primary]
+    if not primary or not tests:
+        return ""
+    test = tests[0]
+    values = []
+    for label in (test.get("a"), test.get("b")):
+        metrics = summary.get("models", {}).get(label, {})
+        value = metrics.get("metrics", metrics).get(primary, {}).get("value")
+        if _finite(value):
+            values.append(f"{escape(str(label))} {value:.3f}")
+    verdict = (
+        "<span class='ok'>significant</span>" if test.get("significant") else "<span class='bad'>not significant</span>"
+    )
+    return (
+        f"<p style='font-size:1.1rem'><b>{escape(str(primary))}</b>: {' vs '.join(values)}; difference "
+        f"{test.get('difference', float('nan')):+.3f}, {escape(str(test.get('test', '')))} "
+        f"p = {test.get('p_value', float('nan')):.2g} ({verdict})</p>"
+    )
 
 
 def _stages_section(stages: Sequence[StageRow]) -> str:
@@ -90,9 +114,24 @@ def _mapping_section(title: str, data: Mapping[str, Any]) -> str:
 def _mapping_table(data: Mapping[str, Any]) -> str:
     rows = []
     for key, value in data.items():
-        cell = _mapping_table(value) if isinstance(value, Mapping) and value else _format_value(value)
+        if isinstance(value, Mapping) and value:
+            cell = _mapping_table(value)
+        elif isinstance(value, list | tuple) and value and all(isinstance(v, Mapping) for v in value):
+            cell = _records_table(value)
+        else:
+            cell = _format_value(value)
         rows.append(f"<tr><th>{escape(str(key))}</th><td>{cell}</td></tr>")
     return f"<table>{''.join(rows)}</table>"
+
+
+def _records_table(records: Sequence[Mapping[str, Any]]) -> str:
+    """A list of records (say, SDG stages with their row counts) as one table with a column per key."""
+    columns = list(dict.fromkeys(key for record in records for key in record))
+    head = "".join(f"<th>{escape(str(c))}</th>" for c in columns)
+    body = "".join(
+        "<tr>" + "".join(f"<td>{_format_value(r.get(c, ''))}</td>" for c in columns) + "</tr>" for r in records
+    )
+    return f"<table><tr>{head}</tr>{body}</table>"
 
 
 def _format_value(value: Any) -> str:
@@ -256,14 +295,16 @@ def _bar_chart(models: Mapping[str, Any]) -> str:
         out.append(
             f"<text x='{left - 8}' y='{y + 15}' text-anchor='end' font-size='12'>{escape(name)}</text>"
             f"<rect x='{left}' y='{y + 3}' width='{max(length, 1):.1f}' height='16' fill='{color}'/>"
-            f"<text x='{left + length + 6:.1f}' y='{y + 15}' font-size='12'>{value:.3f}</text>"
         )
+        label_x = left + length + 6
         if isinstance(low, int | float) and isinstance(high, int | float) and _finite(low) and _finite(high):
             x1 = left + float(low) / top_value * (width - left - 60)
             x2 = left + float(high) / top_value * (width - left - 60)
             out.append(
                 f"<line x1='{x1:.1f}' y1='{y + 11}' x2='{x2:.1f}' y2='{y + 11}' stroke='#111' stroke-width='2'/>"
             )
+            label_x = max(label_x, x2 + 6)
+        out.append(f"<text x='{label_x:.1f}' y='{y + 15}' font-size='12'>{value:.3f}</text>")
     out.append("</svg>")
     return "".join(out)
 
