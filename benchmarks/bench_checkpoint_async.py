@@ -1,8 +1,8 @@
 """Checkpoint blocking: how long the training loop stops for a save, synchronous vs asynchronous.
 
 One in-process worker (``scaling.num_workers: 0``, the same loop and checkpoint code as every Ray
-Train worker) does full fine-tuning of a random-init decoder (~30M parameters: a save writes
-~120 MB of weights and ~240 MB of optimizer state, with sha256 of every file) and saves every
+Train worker) does full fine-tuning of a random-init decoder (~21M parameters: a save writes
+~85 MB of weights and ~170 MB of optimizer state, with sha256 of every file) and saves every
 ``--save-steps`` steps. The blocked time is what the loop spends inside ``save_checkpoint``
 (TrainerState.checkpoint_blocked_s): the whole write when synchronous; the CPU snapshot (plus any
 wait for a previous save still in flight) when asynchronous. Runs alternate sync and async after
