@@ -68,6 +68,7 @@ def main() -> None:
     for _ in range(args.repeats):
         one.append(run_arm(backend, batch, 1, args.max_new_tokens))
         batched.append(run_arm(backend, batch, args.prompts, args.max_new_tokens))
+        print(f"repeat: one_at_a_time {one[-1]:.1f} tokens/s, batched {batched[-1]:.1f} tokens/s", flush=True)
     print(f"command: {' '.join([sys.executable.rsplit('/', 1)[-1], *sys.argv])}")
     print(f"model {args.model}, {args.prompts} prompts, max_new_tokens {args.max_new_tokens}, threads {args.threads}")
     for name, values in (("one_at_a_time", one), (f"batched_{args.prompts}", batched)):

@@ -63,6 +63,15 @@ def test_cli_writes_verified_rows_with_provenance(ray_session: None, tmp_path: P
     assert pq.read_table(out / "data.parquet").num_rows == len(accepted)
 
 
+def test_cli_test_mode_uses_two_seeds(ray_session: None, tmp_path: Path) -> None:
+    out = tmp_path / "smoke"
+    args = ["sdg", str(REPO / "configs" / "sdg.yaml"), "--test-mode", "--output-dir", str(out)]
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 0, result.output
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["seeds"]["processed"] == 2 and summary["rows"]["requested"] == 6
+
+
 def test_rerun_after_sigkill_finishes_without_duplicates(ray_session: None, tmp_path: Path) -> None:
     import ray
 

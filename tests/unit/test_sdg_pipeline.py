@@ -176,3 +176,12 @@ def test_teacher_check_stage_is_planned_only_when_asked() -> None:
     stages = plan_stages(cfg.sdg, 1, "h")
     check_plan(stages, SEED_COLUMNS)
     assert [s.name for s in stages][-1] == "teacher_checks"
+
+
+def test_instruction_task_parses_free_form_pairs_without_math_checks() -> None:
+    text = "Instruction: Name three primary colours.\nResponse: Red, yellow and blue."
+    assert parse_teacher_output(text, "instruction") == ("Name three primary colours.", "Red, yellow and blue.")
+    rows = [row("a", 0, 1, generation=text, generator="hf:m")]
+    ParseStage("instruction")(rows)
+    QualityStage(False, 10, 1000, 1, 1000)(rows)
+    assert rows[0]["reject_reason"] == "" and rows[0]["answer"] == "Red, yellow and blue."
