@@ -185,3 +185,18 @@ def test_instruction_task_parses_free_form_pairs_without_math_checks() -> None:
     ParseStage("instruction")(rows)
     QualityStage(False, 10, 1000, 1, 1000)(rows)
     assert rows[0]["reject_reason"] == "" and rows[0]["answer"] == "Red, yellow and blue."
+
+
+def test_cli_reports_bad_seed_columns_without_a_traceback(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from rayft.cli.main import cli
+
+    seeds = tmp_path / "seeds.jsonl"
+    seeds.write_text(json.dumps({"problem": "What is 2+2?"}) + "\n")
+    config = tmp_path / "c.yaml"
+    config.write_text(f"sdg:\n  seeds:\n    path: {seeds}\n")
+    result = CliRunner().invoke(cli, ["sdg", str(config), "--output-dir", str(tmp_path / "out")])
+    assert result.exit_code == 2
+    assert "Error: sdg seeds" in result.output and "sdg.question_column" in result.output
+    assert "Traceback" not in result.output
