@@ -1,9 +1,10 @@
 """SIGKILL a Ray Train worker at a random step (2 workers, gloo, tiny model): every run completes,
 the per-step losses equal an uninterrupted run bitwise, at most ``save_steps`` steps are
 recomputed, and every training sample of an epoch is consumed exactly once (sample ids logged per
-step through RAYFT_SAMPLE_LOG). Trials alternate plain batches and gradient accumulation.
-RAYFT_CHAOS_TRIALS=full runs 10 trials (CI: 1, with gradient accumulation; the plain case is also
-covered by tests/integration/test_train.py)."""
+step through RAYFT_SAMPLE_LOG).
+Trials cycle through gradient accumulation, packing and plain batches. RAYFT_CHAOS_TRIALS=full runs
+10 trials (CI: 1, with gradient accumulation; the plain case is also covered by
+tests/integration/test_train.py)."""
 
 from __future__ import annotations
 
@@ -32,8 +33,27 @@ COMMON = ("train.max_steps=12", f"train.save_steps={SAVE_STEPS}", "train.eval_st
           "checkpoint.async_upload=false")  # fmt: skip
 MODES = {
     "accumulation": ("train.micro_batch_size=2", "train.gradient_accumulation_steps=2"),
+    "packing": ("train.micro_batch_size=2",),  # units of 2-3 examples packed into 512 tokens
     "plain": ("train.micro_batch_size=4",),
 }
+
+
+@pytest.fixture(scope="module")
+def packed(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> PreparedData:
+    """The 64 training examples packed first-fit into units of at most 512 tokens (an even number
+    of units, so that both workers get every unit)."""
+    from rayft.config import ModelConfig
+    from rayft.data.builtin_arithmetic import iter_arithmetic_problems
+    from rayft.data.packing import build_units, plan_packs
+    from rayft.models.loading import load_tokenizer
+    from rayft.testing.units import qa_unit, write_prepared
+
+    tokenizer = load_tokenizer(ModelConfig(name=str(tiny_model_dir)))
+    rows = list(iter_arithmetic_problems(64, seed=0))
+    examples = [{**qa_unit(tokenizer, r["question"], r["answer"], i), "sample_id": i} for i, r in enumerate(rows)]
+    packs = plan_packs([len(e["input_ids"]) for e in examples], 512)
+    units = build_units(examples, packs[: len(packs) // 2 * 2])
+    return write_prepared(tmp_path_factory.mktemp("packed"), units, max_seq_length=512)
 
 
 def kill_a_worker_at(run_dir: Path, step: int, killed: list[int]) -> threading.Thread:
@@ -62,6 +82,21 @@ def kill_a_worker_at(run_dir: Path, step: int, killed: list[int]) -> threading.T
     return thread
 
 
+def epoch_of(prepared: PreparedData, settings: tuple[str, ...]) -> tuple[list[int], int]:
+    """The sample ids of every training unit, and the optimizer steps of one epoch."""
+    import pyarrow.parquet as pq
+
+    from rayft.training.plan import plan_schedule
+
+    train = tiny_config(Path("m"), Path("s"), *settings).train
+    schedule = plan_schedule(prepared.train.num_units, 2, train.micro_batch_size,
+                             train.gradient_accumulation_steps, 1, None)  # fmt: skip
+    assert schedule.dropped_units == 0
+    ids = [i for path in prepared.train.files for unit in pq.read_table(path).column("sample_ids").to_pylist()
+           for i in unit]  # fmt: skip
+    return sorted(ids), schedule.steps_per_epoch
+
+
 def read_sample_log(path: Path) -> dict[tuple[int, int], list[list[int]]]:
     """Every record of the sample log, grouped by (step, rank), in the order written."""
     records: dict[tuple[int, int], list[list[int]]] = defaultdict(list)
@@ -72,13 +107,16 @@ def read_sample_log(path: Path) -> dict[tuple[int, int], list[list[int]]]:
 
 
 def test_killing_a_worker_at_a_random_step_costs_at_most_save_steps_and_no_sample(
-    ray_session: None, tiny_model_dir: Path, prepared: PreparedData, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+    ray_session: None, tiny_model_dir: Path, request: pytest.FixtureRequest, tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
     rng = random.Random(chaos_seed())
     references: dict[str, Path] = {}
     for trial in range(chaos_trials(ci=1, full=10)):
         mode = list(MODES)[trial % len(MODES)]
         settings = (*COMMON, *MODES[mode])
+        prepared: PreparedData = request.getfixturevalue("packed" if mode == "packing" else "prepared")
+        samples, steps_per_epoch = epoch_of(prepared, settings)
         if mode not in references:
             monkeypatch.delenv("RAYFT_SAMPLE_LOG", raising=False)
             references[mode] = train_on(tiny_config(tiny_model_dir, tmp_path / f"ref-{mode}", *settings), prepared)
@@ -102,5 +140,6 @@ def test_killing_a_worker_at_a_random_step_costs_at_most_save_steps_and_no_sampl
         recomputed = sorted({step for (step, _), runs in records.items() if len(runs) > 1})
         assert len(recomputed) <= SAVE_STEPS, f"{what}: recomputed steps {recomputed}"
         assert all(all(r == runs[0] for r in runs) for runs in records.values()), f"{what}: a step changed data"
-        epoch = [i for (step, _), runs in records.items() if step <= 8 for i in runs[-1]]
-        assert sorted(epoch) == list(range(64)), f"{what}: an epoch did not consume every sample exactly once"
+        assert steps_per_epoch < 12, f"{what}: the run must cross an epoch boundary"
+        epoch = [i for (step, _), runs in records.items() if step <= steps_per_epoch for i in runs[-1]]
+        assert sorted(epoch) == samples, f"{what}: an epoch did not consume every sample exactly once"
