@@ -6,7 +6,8 @@ over a whole epoch exactly as the training loop batches it (`rayft.data.collate`
 is padded to its longest row). Throughput runs rayft's own loss (`token_loss_sum`) with a backward
 pass and an AdamW step on a small random-init Llama that uses SmolLM2's vocabulary (the 135M model
 itself does ~100 tokens/s on these CPUs, too slow to measure several steps of each arm), fp32,
-sdpa attention. The two arms alternate A B A B after one warm-up step each; medians with min-max.
+sdpa attention. The two arms alternate step by step (A B A B) after one warm-up step each; medians with min-max,
+and the median of the per-pair ratios.
 
     .venv/bin/python benchmarks/bench_packing.py [--steps 4] [--repeats 3] [--padded-batch 8] [--packed-batch 2]
 """
@@ -88,8 +89,8 @@ def train_tokens_per_s(model: Any, optimizer: Any, batches: list[list[dict[str, 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=4, help="optimizer steps per measured run")
-    parser.add_argument("--repeats", type=int, default=3, help="measured runs per arm")
+    parser.add_argument("--steps", type=int, default=4, help="measured optimizer steps per arm and repeat")
+    parser.add_argument("--repeats", type=int, default=3, help="repeats (steps x repeats alternating pairs in all)")
     parser.add_argument("--padded-batch", type=int, default=8, help="examples per micro-batch, unpacked")
     parser.add_argument("--packed-batch", type=int, default=2, help="packed rows per micro-batch")
     parser.add_argument("--hidden", type=int, default=256)
@@ -113,16 +114,14 @@ def main() -> None:
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
     arms = {"padded": padded_batches, "packed": packed_batches}
     rates: dict[str, list[float]] = {name: [] for name in arms}
-    cursor = dict.fromkeys(arms, 0)
-    for trial in range(args.repeats + 1):
+    # Steps alternate one by one (A B A B ...) so that both arms see the same machine load; the
+    # first step of each arm is a warm-up.
+    for step in range(args.steps * args.repeats + 1):
         for name, batches in arms.items():
-            steps = 1 if trial == 0 else args.steps
-            chunk = batches[cursor[name] : cursor[name] + steps]
-            cursor[name] += steps
-            rate = train_tokens_per_s(model, optimizer, chunk, tokenizer.pad_token_id)
-            if trial > 0:
+            rate = train_tokens_per_s(model, optimizer, [batches[step]], tokenizer.pad_token_id)
+            if step > 0:
                 rates[name].append(rate)
-            print(f"  trial {trial} {name}: {rate:.0f} real tokens/s", flush=True)
+            print(f"  step {step} {name}: {rate:.0f} real tokens/s", flush=True)
 
     n_examples = padded_data.train.num_examples
     print(f"\nGSM8K train: {n_examples} examples, {padded_data.train.num_tokens} tokens, SmolLM2 tokenizer, "
@@ -135,7 +134,7 @@ def main() -> None:
     med = {name: statistics.median(r) for name, r in rates.items()}
     for name, r in rates.items():
         print(f"  {name}: {med[name]:.0f} real tokens/s (min {min(r):.0f}, max {max(r):.0f})")
-    ratios = [p / q for p, q in zip(rates["packed"], rates["padded"], strict=True)]
+    ratios = [p / q for p, q in zip(rates["packed"], rates["padded"], strict=True)]  # per adjacent pair
     print(f"  packed / padded: {statistics.median(ratios):.2f}x (min {min(ratios):.2f}, max {max(ratios):.2f})"
           "  [target >= 1.5x]")  # fmt: skip
     print(f"  model: random-init Llama, hidden {args.hidden}, {args.layers} layers, vocab {len(tokenizer)}, fp32, "
