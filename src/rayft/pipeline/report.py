@@ -102,7 +102,7 @@ def _stages_section(stages: Sequence[StageRow]) -> str:
     )
     total = sum(s.elapsed_s for s in stages)
     return (
-        "<h2>Stages</h2><table><tr><th>stage</th><th>action</th><th>why</th><th>seconds</th></tr>"
+        "<h2>Stages</h2><table><tr><th>stage</th><th>action</th><th>why</th><th>seconds (when run)</th></tr>"
         f"{rows}<tr><th colspan='3'>total</th><td class='num'>{total:.1f}</td></tr></table>"
     )
 
@@ -176,7 +176,7 @@ def svg_line_chart(
     x_lo, x_hi = min(xs), max(xs) if max(xs) > min(xs) else min(xs) + 1
     y_lo, y_hi = min(ys), max(ys)
     pad = (y_hi - y_lo) * 0.05 or abs(y_hi) * 0.05 or 1.0
-    y_lo, y_hi = y_lo - pad, y_hi + pad
+    y_lo, y_hi = y_lo - pad if y_lo < 0 else max(y_lo - pad, 0.0), y_hi + pad
 
     def sx(x: float) -> float:
         return left + (x - x_lo) / (x_hi - x_lo) * (width - left - right)

@@ -376,7 +376,15 @@ def report_inputs(
     elapsed: dict[str, float],
 ) -> ReportInputs:
     """Gather what the report shows from the stage records and the files they name."""
-    rows = [StageRow(d.stage, d.action, d.reason, elapsed.get(d.stage, 0.0)) for d in decisions]
+    rows = [
+        StageRow(
+            d.stage,
+            d.action,
+            d.reason,
+            elapsed.get(d.stage) or (records[d.stage].elapsed_s if d.stage in records else 0.0),
+        )
+        for d in decisions
+    ]
     metrics: list[dict[str, Any]] = []
     if "train" in records:
         path = records["train"].output(run_dir, "metrics")
