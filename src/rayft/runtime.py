@@ -22,10 +22,39 @@ def ray_runtime(address: str | None = None) -> Iterator[None]:
         return
     if address:
         log.info("joining the Ray cluster at %s", address)
-        ray.init(address=address, log_to_driver=True)
+        _join(address)
     else:
         ray.init(include_dashboard=False, log_to_driver=True)
     try:
         yield
     finally:
         ray.shutdown()
+
+
+def _join(address: str) -> None:
+    """Connect to the cluster at ``address``, naming the fix when it refuses the connection."""
+    import os
+
+    import ray
+
+    try:
+        ray.init(address=address, log_to_driver=True)
+    except Exception as exc:  # ray raises ConnectionError wrapping its AuthenticationError
+        text = f"{type(exc).__name__}: {exc}"
+        chain = [text]
+        cause = exc.__cause__ or exc.__context__
+        while cause is not None and len(chain) < 10:
+            chain.append(f"{type(cause).__name__}: {cause}")
+            cause = cause.__cause__ or cause.__context__
+        if any("InvalidAuthToken" in t or "AuthenticationError" in t for t in chain):
+            mode = os.environ.get("RAY_AUTH_MODE", "unset")
+            raise ConnectionError(
+                f"--address {address}: the Ray cluster requires token authentication and this process did not "
+                f"present a valid token (RAY_AUTH_MODE={mode}). Fix: export RAY_AUTH_MODE=token and provide the "
+                "cluster's token as RAY_AUTH_TOKEN, a file named by RAY_AUTH_TOKEN_PATH, or ~/.ray/auth_token "
+                "(`ray get-auth-token` on the head prints it)."
+            ) from exc
+        raise ConnectionError(
+            f"--address {address}: could not join the Ray cluster ({text.splitlines()[0][:300]}). Check that the "
+            "head is running (`ray status --address ...`) and that this address and port are reachable."
+        ) from exc

@@ -84,6 +84,9 @@ def stop_on_sigterm(run_dir: Path, grace_s: float) -> Iterator[None]:
         request.timer.start()
 
     previous = signal.signal(signal.SIGTERM, on_sigterm)
+    # The grace timer interrupts with SIGINT; make sure that raises KeyboardInterrupt here even when an
+    # earlier launch in this process left another handler behind (Ray Train installs one per fit).
+    previous_sigint = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         yield
     except KeyboardInterrupt:
@@ -95,6 +98,7 @@ def stop_on_sigterm(run_dir: Path, grace_s: float) -> Iterator[None]:
         ) from None
     finally:
         signal.signal(signal.SIGTERM, previous)
+        signal.signal(signal.SIGINT, previous_sigint)
         if request.timer is not None:
             request.timer.cancel()
         stop_file.unlink(missing_ok=True)
