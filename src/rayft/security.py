@@ -1,6 +1,7 @@
 """Keeping credentials out of everything a run writes: logs, resolved configs, metrics, checkpoints.
 
-Credentials reach rayft only through the environment (``HF_TOKEN``, ``WANDB_API_KEY``, AWS keys...).
+Credentials reach rayft through the environment (``HF_TOKEN``, ``WANDB_API_KEY``, AWS keys...), or
+embedded in a storage URI (``s3://bucket/runs?secret_key=...``), which is masked wherever it is shown.
 Workers inherit them from the process environment where they need them (a local cluster's
 raylet inherits the driver's); rayft never copies them into a Ray runtime environment, a config
 file or a log line. :func:`redact` replaces their values in text that is about to be written, and
@@ -33,6 +34,14 @@ _SECRET_NAME = re.compile(r"(TOKEN|SECRET|PASSWORD|API_KEY|ACCESS_KEY)", re.IGNO
 # Short values ("1", "true") would redact ordinary text; real credentials are longer.
 _MIN_SECRET_LENGTH = 8
 MASK = "***REDACTED***"
+# Credentials embedded in a URI: query parameters (secret_key=, session_token=, sig=...) and the
+# password of ``scheme://user:password@host``.
+_SECRET_PARAM = re.compile(
+    r"([?&][^=&#\s]*(?:secret|token|password|passwd|credential|access_key|session|signature|sig)[^=&#\s]*=)"
+    r"([^&#\s'\"]+)",
+    re.IGNORECASE,
+)
+_USERINFO = re.compile(r"(://[^/:@\s]+:)([^/@\s]+)(@)")
 
 
 def secret_values(environ: Mapping[str, str] | None = None) -> list[str]:
@@ -43,11 +52,19 @@ def secret_values(environ: Mapping[str, str] | None = None) -> list[str]:
     return sorted(values, key=len, reverse=True)
 
 
+def mask_uri(text: str) -> str:
+    """``text`` with every credential embedded in a URI masked: query parameters such as
+    ``secret_key=`` and the password of ``user:password@host``."""
+    text = _SECRET_PARAM.sub(lambda m: m.group(1) + MASK, text)
+    return _USERINFO.sub(lambda m: m.group(1) + MASK + m.group(3), text)
+
+
 def redact(text: str, environ: Mapping[str, str] | None = None) -> str:
-    """``text`` with every credential value of the environment replaced by a mask."""
+    """``text`` with every credential value of the environment, and every credential embedded in
+    a URI, replaced by a mask."""
     for value in secret_values(environ):
         text = text.replace(value, MASK)
-    return text
+    return mask_uri(text)
 
 
 class RedactingFilter(logging.Filter):
@@ -55,8 +72,10 @@ class RedactingFilter(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         """Rewrite the record in place; never drops it."""
-        if secret_values():
-            record.msg = redact(record.getMessage())
+        message = record.getMessage()
+        masked = redact(message)
+        if masked != message:
+            record.msg = masked
             record.args = None
         return True
 

@@ -40,9 +40,14 @@ def prepare(config_path: str, overrides: tuple[str, ...], in_process: bool, repo
     from pathlib import Path
 
     from rayft.data.prepare import prepare as run_prepare
+    from rayft.storage import local_run_dir
 
     cfg = load_cli_config(config_path, overrides)
-    reports = Path(report_dir) if report_dir else Path(cfg.storage_path).expanduser() / cfg.name / "data"
+    if report_dir:
+        reports = Path(report_dir)
+    else:
+        fix = "pass --report-dir /a/local/dir"
+        reports = local_run_dir(cfg.storage_path, cfg.name, command="rayft data", fix=fix) / "data"
     use_ray = not in_process and cfg.scaling.num_workers > 0
     outcome = run_prepare(
         cfg.data, cfg.model, cfg.seed, report_dir=reports, use_ray=use_ray, ray_address=cfg.scaling.address

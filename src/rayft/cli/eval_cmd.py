@@ -9,6 +9,7 @@ import click
 from rayft.cli.common import config_argument, load_cli_config, overrides_argument
 from rayft.config import RayftConfig, load_config
 from rayft.errors import ConfigError
+from rayft.storage import local_run_dir
 
 _CHECKPOINT_HELP = "Checkpoint of a run directory: latest (default), best (lowest eval/loss), final, or step-N."
 
@@ -18,12 +19,14 @@ def _with_checkpoint(overrides: tuple[str, ...], checkpoint: str | None) -> tupl
 
 
 def _default_source(cfg: RayftConfig) -> str:
-    run_dir = Path(cfg.storage_path).expanduser() / cfg.name
+    fix = "pass --model (a local run, checkpoint or model directory)"
+    run_dir = local_run_dir(cfg.storage_path, cfg.name, command="rayft eval", fix=fix)
     return str(run_dir) if run_dir.is_dir() else cfg.model.name
 
 
 def _default_output(cfg: RayftConfig, kind: str) -> Path:
-    return Path(cfg.storage_path).expanduser() / cfg.name / kind
+    fix = "pass --output /a/local/dir"
+    return local_run_dir(cfg.storage_path, cfg.name, command=f"rayft {kind}", fix=fix) / kind
 
 
 @click.command("eval", epilog="Example: rayft eval cfg.yaml --model runs/my-run --checkpoint best eval.max_samples=100")

@@ -21,6 +21,7 @@ def train(config_path: str, overrides: tuple[str, ...], resume: bool) -> None:
 
     Writes <storage_path>/<name>/: config.yaml, metrics.jsonl, tensorboard/, checkpoints/step-N/
     and final/, which loads with from_pretrained (full) or PeftModel.from_pretrained (LoRA).
+    A URI storage_path (s3://, gs://...) is written through a local mirror and uploaded as it goes.
     On SIGTERM it saves a checkpoint, prints how to resume, and exits with code 143.
     """
     from rayft.errors import RunInterruptedError
@@ -37,3 +38,5 @@ def train(config_path: str, overrides: tuple[str, ...], resume: bool) -> None:
         f"Trained {result.steps} steps in {result.elapsed_s:.0f} s; validation loss {loss}.\n"
         f"Model: {result.final_dir}\nMetrics: {result.run_dir / 'metrics.jsonl'}"
     )
+    if result.storage_uri:
+        click.echo(f"Stored at: {result.storage_uri}")

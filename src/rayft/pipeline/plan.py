@@ -11,13 +11,16 @@ from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 from typing import Literal
 
-from rayft.errors import ConfigError
+from rayft.errors import ConfigError, StorageError
 
 STAGES = ("sdg", "train", "eval", "export")
 """Every stage, in the order it runs."""
 
 NEEDS = {"sdg": (), "train": (), "eval": (), "export": ("train",)}
 """Stages whose outputs a stage cannot do without (eval compares with train when both are requested)."""
+
+REMOTE_STAGES = ("train",)
+"""Stages that can write to a URI ``storage_path`` (through a local mirror, uploaded as they go)."""
 
 Action = Literal["run", "skip", "reuse", "failed"]
 
@@ -85,3 +88,17 @@ def decide(
     if recorded == fingerprint:
         return StageDecision(stage, "skip", f"up to date (fingerprint {fingerprint[:12]})")
     return StageDecision(stage, "run", f"inputs changed (fingerprint {recorded[:12]} -> {fingerprint[:12]})")
+
+
+def check_remote_stages(requested: Iterable[str], where: str) -> None:
+    """Refuse, before anything runs, stages that cannot write to the URI ``where`` (they would
+    silently write only to the local mirror)."""
+    local_only = [s for s in requested if s not in REMOTE_STAGES]
+    if local_only:
+        names = ", ".join(local_only)
+        sections = ", ".join(f"`{s}:`" for s in local_only)
+        raise StorageError(
+            f"storage_path {where}: the {names} stage(s) of `rayft run` write only to a local directory or shared "
+            f"mount, not to a URI. Use a local storage_path (or the bucket mounted as a directory), or train only "
+            f"with this URI: remove the {sections} section(s), or use `rayft train`"
+        )

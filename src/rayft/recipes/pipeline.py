@@ -15,6 +15,9 @@ run it otherwise and record what it produced; last, write ``lineage.json`` and `
         stages/<stage>.json  written last by each finished stage: fingerprint, inputs, outputs
         lineage.json         every artifact with the hashes of its inputs and the software versions
         report.html          what happened, readable offline
+
+With a URI as ``storage_path`` only the train stage may run: it writes through a local mirror
+(under the cache) and uploads to ``<uri>/<name>/train/``; the pipeline's records follow at the end.
 """
 
 from __future__ import annotations
@@ -31,12 +34,15 @@ from typing import Any
 
 from rayft import __version__
 from rayft.config import DatasetConfig, RayftConfig, dump_config
-from rayft.errors import ConfigError, StorageError
+from rayft.errors import ConfigError, RunStateError, StorageError
 from rayft.pipeline.fingerprint import hash_file, hash_object, hash_path
 from rayft.pipeline.lineage import build_lineage, relative, software_versions
-from rayft.pipeline.plan import StageDecision, decide, requested_stages, runnable_stages
-from rayft.pipeline.records import StageRecord, outputs_exist, read_record, write_record
+from rayft.pipeline.plan import StageDecision, check_remote_stages, decide, requested_stages, runnable_stages
+from rayft.pipeline.records import RECORDS_DIR, StageRecord, outputs_exist, read_record, write_record
 from rayft.pipeline.report import ReportInputs, StageRow, render_report
+from rayft.storage import RunLocation, is_remote, join_uri, plan_run_location
+from rayft.training import layout
+from rayft.training.remote_store import RemoteRun
 
 log = logging.getLogger("rayft.run")
 
@@ -78,7 +84,10 @@ def run(
     requested = requested_stages(cfg.model_fields_set)
     allowed, forced = runnable_stages(requested, from_stage=from_stage, only=only)
     forced = set(allowed) if force else forced
-    run_dir = Path(cfg.storage_path).expanduser().resolve() / cfg.name
+    location = pipeline_location(cfg)
+    if location.remote_uri is not None:
+        check_remote_stages(requested, location.display)
+    run_dir = location.local_dir
     _write_text(run_dir / CONFIG_FILE, dump_config(cfg))
 
     decisions: list[StageDecision] = []
@@ -123,7 +132,26 @@ def run(
             elapsed[stage] = record.elapsed_s
 
     lineage_path, report_path = _write_outputs(cfg, run_dir, decisions, records, elapsed)
+    if location.remote_uri is not None:
+        upload_pipeline_files(RemoteRun(location.remote_uri), run_dir)
     return PipelineResult(run_dir, decisions, records, lineage_path, report_path, elapsed)
+
+
+def pipeline_location(cfg: RayftConfig) -> RunLocation:
+    """The pipeline's directory, or, with a URI as ``storage_path``, its URI and local mirror."""
+    from rayft.cache import cache_root
+
+    return plan_run_location(cfg.storage_path, cfg.name, cache_root())
+
+
+def upload_pipeline_files(remote: RemoteRun, run_dir: Path) -> None:
+    """Upload the pipeline's own files (config, stage records, lineage, report) beside ``train/``."""
+    for path in [run_dir / CONFIG_FILE, run_dir / LINEAGE_FILE, run_dir / REPORT_FILE]:
+        if path.is_file():
+            remote.upload_file(path, path.name)
+    for record in sorted((run_dir / RECORDS_DIR).glob("*.json")):
+        remote.upload_file(record, f"{RECORDS_DIR}/{record.name}")
+    log.info("uploaded the pipeline records to %s", remote.where)
 
 
 def _write_outputs(
@@ -281,9 +309,9 @@ def run_train(cfg: RayftConfig, run_dir: Path, records: dict[str, StageRecord], 
     out = run_dir / "train"
     if fresh:
         _move_aside(out)
-    train_cfg = cfg.model_copy(
-        update={"storage_path": str(run_dir), "name": "train", "data": train_data_config(cfg, run_dir, records)}
-    )
+    if is_remote(cfg.storage_path):
+        return run_remote_train(cfg, out, train_cfg=train_stage_config(cfg, run_dir, records))
+    train_cfg = train_stage_config(cfg, run_dir, records)
     finished = (out / "final" / "rayft_checkpoint.json").is_file()
     same_config = (out / "config.yaml").is_file() and (out / "config.yaml").read_text() == dump_config(train_cfg)
     outputs = {"dir": out, "final": out / "final", "metrics": out / "metrics.jsonl"}
@@ -308,6 +336,47 @@ def run_train(cfg: RayftConfig, run_dir: Path, records: dict[str, StageRecord], 
         "eval_loss": result.eval_loss,
         "data_key": result.data_key,
         "seconds": round(result.elapsed_s, 1),
+    }
+    return outputs, summary
+
+
+def train_stage_config(cfg: RayftConfig, run_dir: Path, records: dict[str, StageRecord]) -> RayftConfig:
+    """The config of the train stage: the run ``train`` under the pipeline's directory (or URI)."""
+    storage = join_uri(cfg.storage_path, cfg.name) if is_remote(cfg.storage_path) else str(run_dir)
+    data = train_data_config(cfg, run_dir, records)
+    return cfg.model_copy(update={"storage_path": storage, "name": "train", "data": data})
+
+
+def run_remote_train(cfg: RayftConfig, out: Path, *, train_cfg: RayftConfig) -> StageOutput:
+    """The train stage with a URI ``storage_path``: the remote ``<uri>/<name>/train/`` decides
+    whether to start, resume or keep the run; ``out`` is its local mirror."""
+    from rayft.recipes import train
+
+    remote = RemoteRun(join_uri(train_cfg.storage_path, train_cfg.name))
+    remote.probe()
+    state = remote.run_state()
+    same_config = remote.read_text(layout.CONFIG_FILE) == dump_config(train_cfg)
+    if state.exists and not same_config:
+        raise RunStateError(
+            f"stage train: {remote.where} holds a training run with other settings; choose another name "
+            f"(name={cfg.name}-2) or delete it to train again"
+        )
+    outputs = {"dir": out, "final": out / "final", "metrics": out / "metrics.jsonl"}
+    final = remote.manifest(layout.FINAL_DIR) if state.finished else None
+    if final is not None:
+        log.info("stage train: %s already holds this training run, finished; keeping it", remote.where)
+        return outputs, {"steps": final.step, "train_loss": final.metrics.get("train/loss"),
+                         "eval_loss": final.metrics.get("eval/loss"), "storage_uri": remote.where}  # fmt: skip
+    if state.exists:
+        log.info("stage train: resuming the unfinished run at %s", remote.where)
+    result = train.run(train_cfg, resume=state.exists, mirror_dir=out)
+    summary = {
+        "steps": result.steps,
+        "train_loss": result.train_loss,
+        "eval_loss": result.eval_loss,
+        "data_key": result.data_key,
+        "seconds": round(result.elapsed_s, 1),
+        "storage_uri": result.storage_uri,
     }
     return outputs, summary
 

@@ -28,6 +28,7 @@ from rayft.sdg.store import SdgStore, atomic_write_text
 from rayft.sdg.summary import build_summary, part_record
 from rayft.sdg.teacher_checks import STAGE as TEACHER_CHECKS
 from rayft.sdg.teacher_checks import TeacherChecks, apply_teacher_checks
+from rayft.storage import local_run_dir
 
 if TYPE_CHECKING:
     import ray.data
@@ -112,7 +113,8 @@ def resolve_output_dir(cfg: RayftConfig, output_dir: Path | None) -> Path:
         return Path(output_dir)
     if cfg.sdg.output_dir:
         return Path(cfg.sdg.output_dir)
-    return Path(cfg.storage_path) / cfg.name / "sdg"
+    fix = "set sdg.output_dir=/a/local/dir"
+    return local_run_dir(cfg.storage_path, cfg.name, command="rayft sdg", fix=fix) / "sdg"
 
 
 def sdg_config_hash(sdg: SdgConfig, rng_seed: int) -> str:

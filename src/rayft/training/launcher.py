@@ -45,7 +45,9 @@ def launch_local(
     """Run the worker loop in this process, without Ray."""
     install_log_redaction()
     plan = dataclasses.replace(plan, faults=faults_from_env())
-    session = LocalSession(split_files(prepared), Path(plan.run_dir), num_to_keep=checkpoint.num_to_keep)
+    session = LocalSession(
+        split_files(prepared), Path(plan.run_dir), num_to_keep=checkpoint.num_to_keep, remote_uri=plan.remote_uri
+    )
     with stop_on_sigterm(Path(plan.run_dir), (failure or FailureConfig()).sigterm_grace_s):
         run_worker(plan, session)
 
@@ -200,7 +202,8 @@ def ray_worker_entry(config: dict[str, Any]) -> None:
     """The function each Ray Train worker runs."""
     plan: WorkerPlan = config["plan"]
     install_log_redaction()
-    run_worker(plan, RaySession(Path(plan.run_dir)))
+    session = RaySession(Path(plan.run_dir), remote_uri=plan.remote_uri, num_to_keep=plan.checkpoint.num_to_keep)
+    run_worker(plan, session)
 
 
 def _ray_checkpoint_config(checkpoint: CheckpointConfig, has_validation: bool) -> Any:

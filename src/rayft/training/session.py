@@ -24,6 +24,7 @@ from rayft.training.checkpoint_store import (
     scan_checkpoints,
 )
 from rayft.training.plan import choose_resume
+from rayft.training.remote_store import RemoteRun, sync_checkpoint
 from rayft.training.shards import iter_windows, parquet_row_counts, plan_shards, read_shard_tables
 
 if TYPE_CHECKING:
@@ -106,12 +107,14 @@ class LocalSession:
         *,
         num_to_keep: int | None = None,
         device: str | None = None,
+        remote_uri: str | None = None,
     ) -> None:
         import torch
 
         self._files = files
         self._run_dir = run_dir
         self._num_to_keep = num_to_keep
+        self._remote = RemoteRun(remote_uri) if remote_uri else None
         self._cache: dict[str, list[Any]] = {}
         self._device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
 
@@ -155,22 +158,28 @@ class LocalSession:
         return staging_path(self._run_dir / layout.CHECKPOINTS_DIR, step)
 
     def commit_checkpoint(self, metrics: dict[str, float], staging: Path | None, step: int) -> None:
-        """Rename the staging directory into place, then delete surplus checkpoints."""
+        """Rename the staging directory into place, then delete surplus checkpoints; with a remote
+        ``storage_path``, upload it (manifest last) and prune there too."""
         if staging is None:
             return
         root = self._run_dir / layout.CHECKPOINTS_DIR
-        publish_checkpoint(staging, root / layout.step_dir_name(step))
+        target = root / layout.step_dir_name(step)
+        publish_checkpoint(staging, target)
         prune_checkpoints(root, self._num_to_keep)
+        if self._remote is not None:
+            sync_checkpoint(self._remote, target, self._run_dir, self._num_to_keep)
 
 
 class RaySession:
     """Runs under Ray Train V2: one of ``world_size`` workers of a TorchTrainer."""
 
-    def __init__(self, run_dir: Path) -> None:
+    def __init__(self, run_dir: Path, *, remote_uri: str | None = None, num_to_keep: int | None = None) -> None:
         import ray.train
 
         self._context = ray.train.get_context()
         self._run_dir = run_dir
+        self._remote = RemoteRun(remote_uri) if remote_uri else None
+        self._num_to_keep = num_to_keep
 
     @property
     def rank(self) -> int:
@@ -227,14 +236,15 @@ class RaySession:
                 yield given
 
     def staging_dir(self, step: int) -> Path:
-        """A hidden directory beside the checkpoint's final place on the run's storage (a local
-        directory or a shared mount: ``claim_run_dir`` refuses remote URIs)."""
+        """A hidden directory beside the checkpoint's final place in the run directory (a local
+        directory, a shared mount, or the local mirror of a remote run)."""
         return staging_path(self._run_dir / layout.CHECKPOINTS_DIR, step)
 
     def commit_checkpoint(self, metrics: dict[str, float], staging: Path | None, step: int) -> None:
         """Report the checkpoint to Ray Train; its "upload" is the rename of the staging directory
-        into place, so storage never holds a half-copied ``step-N/``. Ranks other than 0 report
-        the metrics only (rank 0 wrote every rank's files)."""
+        into place, so storage never holds a half-copied ``step-N/``, followed, with a remote
+        ``storage_path``, by the upload (manifest last; Ray Train prunes the mirror, this prunes the
+        remote run). Ranks other than 0 report the metrics only (rank 0 wrote every rank's files)."""
         import ray.train
         from ray.train import Checkpoint
 
@@ -246,6 +256,8 @@ class RaySession:
         def rename_into_place(checkpoint: Checkpoint, dir_name: str) -> Checkpoint:
             target = root / dir_name
             publish_checkpoint(Path(checkpoint.path), target)
+            if self._remote is not None:
+                sync_checkpoint(self._remote, target, self._run_dir, self._num_to_keep)
             return Checkpoint.from_directory(str(target))
 
         ray.train.report(

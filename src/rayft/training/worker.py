@@ -32,6 +32,7 @@ from rayft.training.faults import Faults
 from rayft.training.metrics import ConsoleLogger, JsonlLogger, MetricLogger, MultiLogger, NullLogger, TensorBoardLogger
 from rayft.training.model import build_training_model, count_parameters, parameter_groups
 from rayft.training.plan import Schedule, is_due, learning_rate_factor, units_before_step
+from rayft.training.remote_store import RemoteRun
 from rayft.training.session import TrainSession, all_reduce_sum
 from rayft.training.steps import Precision, StepStats, evaluate, resolve_precision, train_step
 
@@ -58,6 +59,7 @@ class WorkerPlan:
     has_validation: bool
     lineage: dict[str, Any] = field(default_factory=dict)
     faults: Faults = field(default_factory=Faults)
+    remote_uri: str | None = None  # the run's URI when storage_path is one: checkpoints and final/ go there too
 
 
 @dataclass
@@ -266,8 +268,9 @@ def run_evaluation(worker: Worker) -> None:
 
 
 def finish(worker: Worker) -> None:
-    """Wait for the last checkpoint to be committed, then write final/ (rank 0). A run stopped on
-    request saves a checkpoint of the current step instead, for ``--resume``."""
+    """Wait for the last checkpoint to be committed, then write final/ (rank 0) and, with a remote
+    ``storage_path``, upload it and the logs. A run stopped on request saves a checkpoint of the
+    current step instead, for ``--resume``."""
     if worker.stopped_on_request and worker.state.step < worker.plan.schedule.total_steps:
         if not is_due(worker.state.step, worker.plan.train.save_steps, worker.plan.schedule.total_steps):
             save_checkpoint(worker)
@@ -277,3 +280,6 @@ def finish(worker: Worker) -> None:
     worker.checkpoints.wait()
     if worker.session.rank == 0:
         save_final(worker.model, worker.tokenizer, worker.plan, worker.state)
+        if worker.plan.remote_uri:
+            worker.logger.close()  # flush the last metrics before they are uploaded
+            RemoteRun(worker.plan.remote_uri).upload_final(Path(worker.plan.run_dir))

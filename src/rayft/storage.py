@@ -1,0 +1,83 @@
+"""Where a run lives: a local directory, or a URI (``s3://``, ``gs://``, ``hdfs://``, ``file://``) with a local
+mirror that training writes into and uploads from.
+
+Pure planning only (no I/O): is a ``storage_path`` remote, the URI of a run under it, the mirror
+directory of that run, and the URI as it may be shown or written (credentials masked). The
+uploads and downloads are :mod:`rayft.training.remote_store`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from rayft.errors import StorageError
+from rayft.security import mask_uri
+
+# ``scheme://`` as RFC 3986 spells it; a Windows drive letter ("C:\\") has no "//".
+_URI = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
+MIRRORS_DIR = "runs"
+"""The folder of the cache that holds the local mirrors of remote runs."""
+
+
+def is_remote(storage_path: str) -> bool:
+    """Whether ``storage_path`` is a URI (handled by pyarrow) rather than a local path."""
+    return bool(_URI.match(storage_path))
+
+
+def join_uri(base: str, *parts: str) -> str:
+    """``base`` with path segments appended before its query string: ``s3://b/p?x=1`` + ``run`` is
+    ``s3://b/p/run?x=1``."""
+    path, sep, query = base.partition("?")
+    joined = "/".join([path.rstrip("/"), *(p.strip("/") for p in parts)])
+    return f"{joined}{sep}{query}"
+
+
+def mirror_dir(storage_uri: str, name: str, cache: Path) -> Path:
+    """The local mirror of run ``name`` under ``storage_uri``: ``<cache>/runs/<hash>/<name>``.
+
+    The hash is of the masked URI, so that rotating a key embedded in the URI keeps the mirror.
+    """
+    digest = hashlib.sha256(mask_uri(storage_uri).encode("utf-8")).hexdigest()[:12]
+    return cache / MIRRORS_DIR / digest / name
+
+
+@dataclass(frozen=True)
+class RunLocation:
+    """Where a run is written: ``local_dir`` always (the run directory, or the mirror of a remote
+    run), and ``remote_uri`` (credentials included, never shown) when the run's durable home is a URI."""
+
+    local_dir: Path
+    remote_uri: str | None = None
+
+    @property
+    def display(self) -> str:
+        """The run's durable location as it may be logged: the masked URI, or the local directory."""
+        return mask_uri(self.remote_uri) if self.remote_uri else str(self.local_dir)
+
+
+def plan_run_location(storage_path: str, name: str, cache: Path) -> RunLocation:
+    """The location of run ``name`` under ``storage_path`` (``cache`` holds mirrors of remote runs)."""
+    if is_remote(storage_path):
+        return RunLocation(mirror_dir(storage_path, name, cache), join_uri(storage_path, name))
+    return RunLocation(Path(storage_path).expanduser().resolve() / name)
+
+
+def local_run_dir(storage_path: str, name: str, *, command: str, fix: str) -> Path:
+    """The local directory of run ``name`` for a command that writes only to local storage; a
+    URI ``storage_path`` is refused (rather than written to a local folder named after it).
+
+    Args:
+        storage_path: The configured ``storage_path``.
+        name: The run name.
+        command: The command, for the message (``rayft sdg``).
+        fix: How to give the command a local directory (an option or config field).
+    """
+    if is_remote(storage_path):
+        raise StorageError(
+            f"storage_path {mask_uri(storage_path)}: `{command}` writes only to a local directory or shared mount; "
+            f"{fix}, or use a local storage_path (only `rayft train` writes to URIs)"
+        )
+    return Path(storage_path).expanduser() / name

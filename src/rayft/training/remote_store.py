@@ -1,0 +1,279 @@
+"""A run's durable home at a URI (``s3://``, ``gs://``, ``hdfs://``, ``file://``: any filesystem
+``pyarrow.fs.FileSystem.from_uri`` opens), kept in step with the local mirror training writes into.
+
+Object stores have no rename, so a checkpoint cannot be committed remotely the way it is locally.
+Instead every file is uploaded first and the manifest (``rayft_checkpoint.json``) last: a remote
+checkpoint without a manifest is incomplete, is never downloaded, and is removed on the next
+``--resume``, exactly like a local staging directory. A downloaded checkpoint is checked against
+its manifest (sizes and sha256) before it is used; a corrupted one is skipped with a warning.
+
+Which checkpoint to resume from and which to delete is decided by :mod:`rayft.training.plan`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rayft.errors import CheckpointError, StorageError
+from rayft.security import mask_uri
+from rayft.training import layout
+from rayft.training.checkpoint_store import publish_checkpoint
+from rayft.training.manifest import Manifest, verify_checkpoint
+from rayft.training.plan import CheckpointInfo, plan_retention
+
+log = logging.getLogger("rayft.train")
+
+PROBE_FILE = ".rayft-write-probe"
+"""The marker object written and deleted to check, before training, that the URI is writable."""
+
+LOG_PATHS = (layout.METRICS_FILE, layout.TENSORBOARD_DIR, "data")
+"""What of the run directory besides checkpoints is uploaded at each checkpoint and at the end."""
+
+
+@dataclass(frozen=True)
+class RunState:
+    """What is already stored of a run: its config, whether it finished, its complete checkpoints."""
+
+    exists: bool
+    finished: bool
+    steps: tuple[int, ...] = ()
+
+
+class RemoteRun:
+    """The files of one run under a URI: upload, download, list and delete, paths relative to the run."""
+
+    def __init__(self, uri: str) -> None:
+        from pyarrow import fs
+
+        self.where = mask_uri(uri)
+        try:
+            self._fs, self._root = fs.FileSystem.from_uri(uri)
+        except (ValueError, OSError) as exc:  # pyarrow raises ArrowInvalid (a ValueError) for unknown schemes
+            raise StorageError(
+                f"storage_path {self.where}: pyarrow cannot open this URI ({_reason(exc)}); use a scheme it "
+                "supports (s3://, gs://, hdfs://, file://) with its filesystem installed, or a local directory"
+            ) from None
+        self._root = self._root.rstrip("/")
+
+    @classmethod
+    def on_filesystem(cls, filesystem: Any, root: str, where: str) -> RemoteRun:
+        """A run at ``root`` of an already open ``pyarrow.fs.FileSystem`` (a custom or wrapped one);
+        ``where`` names it in messages."""
+        run = cls.__new__(cls)
+        run._fs, run._root, run.where = filesystem, root.rstrip("/"), mask_uri(where)
+        return run
+
+    def _path(self, rel: str) -> str:
+        return f"{self._root}/{rel}" if rel else self._root
+
+    def uri_of(self, rel: str) -> str:
+        """The masked URI of a path of the run, for messages."""
+        base, sep, query = self.where.partition("?")
+        return f"{base.rstrip('/')}/{rel}{sep}{query}" if rel else self.where
+
+    # --- checks and small files ----------------------------------------------------------------------------
+
+    def probe(self) -> None:
+        """Write and delete a small marker object; a StorageError says why the URI cannot be used."""
+        marker = self._path(f"{PROBE_FILE}-{os.getpid()}")
+        try:
+            self._fs.create_dir(self._root, recursive=True)
+            with self._fs.open_output_stream(marker) as handle:
+                handle.write(b"rayft write probe\n")
+            self._fs.delete_file(marker)
+        except (OSError, ValueError) as exc:
+            raise StorageError(
+                f"storage_path {self.where}: cannot write there ({_reason(exc)}). Check that the bucket exists, that "
+                "credentials are set (AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, GOOGLE_APPLICATION_CREDENTIALS...) "
+                "and allow writing, or use a local directory or shared mount as storage_path"
+            ) from None
+
+    def read_text(self, rel: str) -> str | None:
+        """The text of a file of the run, or None if it does not exist."""
+        if not self.is_file(rel):
+            return None
+        with self._fs.open_input_stream(self._path(rel)) as handle:
+            return bytes(handle.read()).decode("utf-8")
+
+    def is_file(self, rel: str) -> bool:
+        """Whether a file of the run exists."""
+        from pyarrow import fs
+
+        return bool(self._fs.get_file_info(self._path(rel)).type == fs.FileType.File)
+
+    def upload_file(self, local: Path, rel: str) -> None:
+        """Copy one local file to the run (replacing what was there)."""
+        target = self._path(rel)
+        self._fs.create_dir(target.rsplit("/", 1)[0], recursive=True)
+        with open(local, "rb") as source, self._fs.open_output_stream(target) as sink:
+            shutil.copyfileobj(source, sink, 1 << 20)
+
+    def download_file(self, rel: str, local: Path) -> None:
+        """Copy one file of the run to ``local``."""
+        local.parent.mkdir(parents=True, exist_ok=True)
+        with self._fs.open_input_stream(self._path(rel)) as source, open(local, "wb") as sink:
+            shutil.copyfileobj(source, sink, 1 << 20)
+
+    def list_files(self, rel: str) -> list[str]:
+        """Every file under a folder of the run, as paths relative to that folder (empty if none)."""
+        from pyarrow import fs
+
+        base = self._path(rel)
+        selector = fs.FileSelector(base, recursive=True, allow_not_found=True)
+        infos = self._fs.get_file_info(selector)
+        return sorted(i.path[len(base) + 1 :] for i in infos if i.type == fs.FileType.File)
+
+    def delete(self, rel: str) -> None:
+        """Delete a folder (or file) of the run; a missing one is ignored."""
+        from pyarrow import fs
+
+        info = self._fs.get_file_info(self._path(rel))
+        if info.type == fs.FileType.Directory:
+            self._fs.delete_dir(self._path(rel))
+        elif info.type == fs.FileType.File:
+            self._fs.delete_file(self._path(rel))
+
+    # --- trees: the manifest last --------------------------------------------------------------------------
+
+    def upload_tree(self, local: Path, rel: str) -> None:
+        """Upload a local folder to ``rel``, replacing it; a manifest inside is uploaded last, after
+        the old one is deleted first, so the remote folder is complete only once every file is there."""
+        self.delete(rel)
+        files = sorted(p.relative_to(local).as_posix() for p in local.rglob("*") if p.is_file())
+        for name in [f for f in files if f != layout.MANIFEST_FILE]:
+            self.upload_file(local / name, f"{rel}/{name}")
+        if layout.MANIFEST_FILE in files:
+            self.upload_file(local / layout.MANIFEST_FILE, f"{rel}/{layout.MANIFEST_FILE}")
+
+    def download_tree(self, rel: str, local: Path) -> None:
+        """Download a folder of the run into ``local`` (replacing it)."""
+        shutil.rmtree(local, ignore_errors=True)
+        local.mkdir(parents=True)
+        for name in self.list_files(rel):
+            self.download_file(f"{rel}/{name}", local / name)
+
+    # --- run state and checkpoints ------------------------------------------------------------------------
+
+    def manifest(self, rel: str) -> Manifest | None:
+        """The manifest of a remote checkpoint folder, or None if it is missing or unreadable."""
+        text = self.read_text(f"{rel}/{layout.MANIFEST_FILE}")
+        if text is None:
+            return None
+        try:
+            return Manifest.from_json(text)
+        except (ValueError, KeyError, TypeError):
+            return None
+
+    def scan_checkpoints(self) -> list[CheckpointInfo]:
+        """Every remote ``step-*`` folder, complete when its manifest is there (oldest first)."""
+        from pyarrow import fs
+
+        base = self._path(layout.CHECKPOINTS_DIR)
+        selector = fs.FileSelector(base, recursive=False, allow_not_found=True)
+        infos = []
+        for info in self._fs.get_file_info(selector):
+            step = layout.parse_step_dir_name(info.base_name)
+            if step is None or info.type != fs.FileType.Directory:
+                continue
+            manifest = self.manifest(f"{layout.CHECKPOINTS_DIR}/{info.base_name}")
+            loss = manifest.metrics.get("eval/loss") if manifest else None
+            infos.append(CheckpointInfo(info.base_name, step, manifest is not None, loss))
+        return sorted(infos, key=lambda c: c.step)
+
+    def run_state(self) -> RunState:
+        """What is stored of the run (read before it is started or resumed)."""
+        steps = tuple(c.step for c in self.scan_checkpoints() if c.complete)
+        finished = self.is_file(f"{layout.FINAL_DIR}/{layout.MANIFEST_FILE}")
+        return RunState(self.is_file(layout.CONFIG_FILE), finished, steps)
+
+    def upload_checkpoint(self, local: Path) -> None:
+        """Upload a committed local checkpoint folder (``checkpoints/step-N``), manifest last."""
+        self.upload_tree(local, f"{layout.CHECKPOINTS_DIR}/{local.name}")
+
+    def remove_incomplete(self) -> list[str]:
+        """Delete remote checkpoints without a manifest (an upload that did not finish); return their names."""
+        doomed = [c.name for c in self.scan_checkpoints() if not c.complete]
+        for name in doomed:
+            log.warning("Removing incomplete checkpoint %s (its upload did not finish)", self.uri_of(name))
+            self.delete(f"{layout.CHECKPOINTS_DIR}/{name}")
+        return doomed
+
+    def prune(self, num_to_keep: int | None) -> list[str]:
+        """Delete the remote checkpoints :func:`plan_retention` marks as surplus; return their names."""
+        doomed = [c.name for c in plan_retention(self.scan_checkpoints(), num_to_keep)]
+        for name in doomed:
+            self.delete(f"{layout.CHECKPOINTS_DIR}/{name}")
+        return doomed
+
+    def download_latest_checkpoint(self, local_root: Path) -> Path | None:
+        """Download the newest complete remote checkpoint whose files match its manifest into
+        ``local_root``; a corrupted one is skipped with a warning naming the bad files.
+
+        Raises:
+            CheckpointError: when complete checkpoints exist but none verifies.
+        """
+        complete = [c for c in self.scan_checkpoints() if c.complete]
+        for info in reversed(complete):
+            rel = f"{layout.CHECKPOINTS_DIR}/{info.name}"
+            staging = local_root / f".{info.name}.download-{os.getpid()}"
+            self.download_tree(rel, staging)
+            problems = verify_checkpoint(staging)
+            if not problems:
+                target = local_root / info.name
+                publish_checkpoint(staging, target)
+                log.info("downloaded checkpoint %s to %s", self.uri_of(rel), target)
+                return target
+            shutil.rmtree(staging, ignore_errors=True)
+            log.warning("Skipping checkpoint %s: %s", self.uri_of(rel), "; ".join(problems))
+        if complete:
+            raise CheckpointError(
+                f"no usable checkpoint to resume from under {self.uri_of(layout.CHECKPOINTS_DIR)}: every one failed "
+                "verification (the warnings above name the bad files). Restore the files, or delete the run "
+                f"{self.where} to start it over."
+            )
+        return None
+
+    # --- the rest of the run directory ---------------------------------------------------------------------
+
+    def upload_logs(self, run_dir: Path) -> None:
+        """Upload metrics.jsonl, tensorboard/ and data/ (what exists of them) from the local run directory."""
+        for rel in LOG_PATHS:
+            path = run_dir / rel
+            if path.is_file():
+                self.upload_file(path, rel)
+            elif path.is_dir():
+                for file in sorted(p for p in path.rglob("*") if p.is_file()):
+                    self.upload_file(file, f"{rel}/{file.relative_to(path).as_posix()}")
+
+    def download_logs(self, run_dir: Path) -> None:
+        """Download metrics.jsonl, tensorboard/ and data/ (what exists of them) into the local run directory."""
+        if self.is_file(layout.METRICS_FILE):
+            self.download_file(layout.METRICS_FILE, run_dir / layout.METRICS_FILE)
+        for rel in LOG_PATHS[1:]:
+            for name in self.list_files(rel):
+                self.download_file(f"{rel}/{name}", run_dir / rel / name)
+
+    def upload_final(self, run_dir: Path) -> None:
+        """Upload final/ (manifest last) and the logs at the end of the run."""
+        self.upload_logs(run_dir)
+        self.upload_tree(run_dir / layout.FINAL_DIR, layout.FINAL_DIR)
+        log.info("uploaded %s", self.uri_of(layout.FINAL_DIR))
+
+
+def sync_checkpoint(remote: RemoteRun, checkpoint: Path, run_dir: Path, num_to_keep: int | None) -> None:
+    """After a local commit: upload the checkpoint (manifest last) and the logs, then prune remotely."""
+    remote.upload_checkpoint(checkpoint)
+    remote.upload_logs(run_dir)
+    remote.prune(num_to_keep)
+    log.info("uploaded %s", remote.uri_of(f"{layout.CHECKPOINTS_DIR}/{checkpoint.name}"))
+
+
+def _reason(exc: BaseException) -> str:
+    """The first line of a pyarrow error, with credentials masked."""
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return mask_uri(text)

@@ -1,0 +1,97 @@
+"""Training with an ``s3://`` storage_path (a local S3 server): checkpoints, metrics and final/ are
+uploaded, and a run whose machine is gone resumes from the remote checkpoint exactly."""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rayft.config import RayftConfig
+from rayft.data.prepared import PreparedData
+from rayft.training.remote_store import RemoteRun
+from tests.helpers import adapter_tensors, read_metrics, tiny_config, train_losses, train_on
+
+pytestmark = pytest.mark.integration
+
+# 64 units, 2 workers x 4 per micro-batch: 8 steps; a checkpoint every 2.
+COMMON = ("train.max_steps=8", "train.save_steps=2", "train.eval_steps=null", "failure.max_failures=0")
+
+
+@pytest.fixture(scope="module")
+def s3_server() -> Iterator[Any]:
+    pytest.importorskip("moto.server", reason="needs moto[server] (the dev extra)")
+    from rayft.testing.object_store import local_s3_server
+
+    with local_s3_server() as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def prepared(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> PreparedData:
+    from rayft.config import ModelConfig
+    from rayft.models.loading import load_tokenizer
+    from rayft.testing.units import arithmetic_prepared
+
+    tokenizer = load_tokenizer(ModelConfig(name=str(tiny_model_dir)))
+    return arithmetic_prepared(tmp_path_factory.mktemp("units"), tokenizer, num_train=64, num_validation=8)
+
+
+def train_remote(cfg: RayftConfig, prepared: PreparedData, *, resume: bool = False) -> Path:
+    """The recipe's claim and launch, with the run's URI handed to the workers; returns the mirror."""
+    from rayft.recipes.train import build_worker_plan, claim_run_dir, launch, run_location
+
+    location = run_location(cfg)
+    run_dir = claim_run_dir(cfg, resume=resume, location=location)
+    launch(cfg, build_worker_plan(cfg, prepared, run_dir, remote_uri=location.remote_uri), prepared)
+    return run_dir
+
+
+def test_a_run_on_s3_continues_on_a_fresh_machine_from_the_remote_checkpoint(  # noqa: PLR0917 - fixtures
+    ray_session: None, tiny_model_dir: Path, prepared: PreparedData, tmp_path: Path, s3_server: Any,
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
+) -> None:  # fmt: skip
+    from rayft.recipes.train import run_location
+    from rayft.testing.object_store import DUMMY_SECRET_KEY
+
+    monkeypatch.setenv("RAYFT_CACHE", str(tmp_path / "cache"))
+    reference = train_on(tiny_config(tiny_model_dir, tmp_path / "ref", *COMMON), prepared)
+    uri = s3_server.bucket_uri("remote-train", "runs")
+    cfg = tiny_config(tiny_model_dir, uri, *COMMON)
+    remote = RemoteRun(run_location(cfg).remote_uri or "")
+
+    monkeypatch.setenv("RAYFT_FAULT_RAISE", "0:5")
+    with pytest.raises(Exception, match="injected failure on rank 0 at step 5"):
+        train_remote(cfg, prepared)
+    monkeypatch.delenv("RAYFT_FAULT_RAISE")
+    assert [(c.name, c.complete) for c in remote.scan_checkpoints()] == [("step-000002", True), ("step-000004", True)]
+    assert remote.is_file("config.yaml") and remote.is_file("metrics.jsonl")
+    assert not remote.is_file("final/rayft_checkpoint.json")
+
+    shutil.rmtree(tmp_path / "cache")  # the machine is gone; only the bucket remains
+    caplog.set_level(logging.INFO, logger="rayft")
+    mirror = train_remote(cfg, prepared, resume=True)
+
+    assert "downloaded checkpoint" in caplog.text and "step-000004" in caplog.text
+    assert train_losses(mirror) == train_losses(reference)  # steps 5-8 continue exactly
+    assert [r["step"] for r in read_metrics(mirror) if "train/loss" in r] == list(range(1, 9))
+    ref_weights, got_weights = adapter_tensors(reference / "final"), adapter_tensors(mirror / "final")
+    assert all(got_weights[name].equal(tensor) for name, tensor in ref_weights.items())
+
+    files = set(remote.list_files(""))
+    assert {"config.yaml", "metrics.jsonl", "final/rayft_checkpoint.json", "final/adapter_model.safetensors"} <= files
+    assert sorted(c.name for c in remote.scan_checkpoints()) == ["step-000006", "step-000008"]  # num_to_keep=2
+    assert all(f"checkpoints/{c}/rayft_checkpoint.json" in files for c in ["step-000006", "step-000008"])
+    remote_metrics = [json.loads(line) for line in (remote.read_text("metrics.jsonl") or "").splitlines()]
+    assert [r["step"] for r in remote_metrics if "train/loss" in r] == list(range(1, 9))
+    assert DUMMY_SECRET_KEY not in (remote.read_text("config.yaml") or "")
+    assert DUMMY_SECRET_KEY not in caplog.text
+    final = tmp_path / "downloaded-final"
+    remote.download_tree("final", final)
+    downloaded = adapter_tensors(final)
+    assert all(downloaded[name].equal(tensor) for name, tensor in ref_weights.items())
