@@ -32,7 +32,12 @@ class RayftConfig(Section):
     )
     storage_path: str = Field(
         "runs",
-        description="Where runs are written: a local directory, a shared mount, or a URI (s3://, gs://).",
+        description=(
+            "Where runs are written: a local directory, a shared mount, or a URI pyarrow opens (s3://, gs://, "
+            "hdfs://, file://; s3://bucket/p?endpoint_override=host:9000&scheme=http for S3-compatible servers). "
+            "With a URI, `rayft train` writes through a local mirror under $RAYFT_CACHE/runs and uploads "
+            "checkpoints (manifest last), metrics and final/; the other commands need a local path."
+        ),
     )
     seed: int = Field(42, ge=0, description="Seed for data order, initialisation and dropout.")
     model: ModelConfig = Field(default_factory=ModelConfig, description="The model to fine-tune.")
