@@ -114,7 +114,9 @@ def run_arm(arm: str, plan: Path, prepared_dir: Path, run_dir: Path) -> Arm:
     else:
         command = [sys.executable, "-c", RAY_DRIVER, str(plan), str(prepared_dir)]
     started = time.time()
-    subprocess.run(command, env=env, check=True, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    done = subprocess.run(command, env=env, check=False, cwd=REPO, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise SystemExit(f"the {arm} arm failed (exit {done.returncode}):\n{done.stderr[-4000:]}")
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in records if "train/loss" in r]
     times = [r["time"] for r in steps]
