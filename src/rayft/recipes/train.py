@@ -124,9 +124,9 @@ def claim_remote_run(cfg: RayftConfig, mirror: Path, remote: RemoteRun, *, resum
     """Start (or resume) a run whose durable home is a URI; return its local mirror.
 
     The URI is probed (a marker object written and deleted) before anything else. The mirror is a
-    cache of the remote run and starts empty; on ``--resume`` it receives the remote config's
-    checks, the logs, and the newest complete checkpoint that verifies, so a run continues on a
-    machine that never saw it. The config is uploaded before training starts.
+    cache of the remote run and starts empty; on ``--resume`` the config is checked against the
+    remote one, and the mirror receives the logs and the newest complete checkpoint that verifies,
+    so a run continues on a machine that never saw it. The config is uploaded before training starts.
     """
     remote.probe()
     decide_run_start(remote.where.partition("?")[0], cfg.name, remote.run_state(), resume=resume)
