@@ -69,7 +69,10 @@ def test_a_run_on_s3_continues_on_a_fresh_machine_from_the_remote_checkpoint(  #
     with pytest.raises(Exception, match="injected failure on rank 0 at step 5"):
         train_remote(cfg, prepared)
     monkeypatch.delenv("RAYFT_FAULT_RAISE")
-    assert [(c.name, c.complete) for c in remote.scan_checkpoints()] == [("step-000002", True), ("step-000004", True)]
+    # step 4's save runs in the background: the failure may cut its upload short (no manifest: incomplete)
+    uploaded = [(c.step, c.complete) for c in remote.scan_checkpoints()]
+    assert uploaded in ([(2, True), (4, True)], [(2, True), (4, False)], [(2, True)]), uploaded
+    newest = max(step for step, complete in uploaded if complete)
     assert remote.is_file("config.yaml") and remote.is_file("metrics.jsonl")
     assert not remote.is_file("final/rayft_checkpoint.json")
 
@@ -77,8 +80,8 @@ def test_a_run_on_s3_continues_on_a_fresh_machine_from_the_remote_checkpoint(  #
     caplog.set_level(logging.INFO, logger="rayft")
     mirror = train_remote(cfg, prepared, resume=True)
 
-    assert "downloaded checkpoint" in caplog.text and "step-000004" in caplog.text
-    assert train_losses(mirror) == train_losses(reference)  # steps 5-8 continue exactly
+    assert "downloaded checkpoint" in caplog.text and f"step-{newest:06d}" in caplog.text
+    assert train_losses(mirror) == train_losses(reference)  # the steps after the checkpoint continue exactly
     assert [r["step"] for r in read_metrics(mirror) if "train/loss" in r] == list(range(1, 9))
     ref_weights, got_weights = adapter_tensors(reference / "final"), adapter_tensors(mirror / "final")
     assert all(got_weights[name].equal(tensor) for name, tensor in ref_weights.items())
