@@ -98,3 +98,41 @@ def test_a_run_on_s3_continues_on_a_fresh_machine_from_the_remote_checkpoint(  #
     remote.download_tree("final", final)
     downloaded = adapter_tensors(final)
     assert all(downloaded[name].equal(tensor) for name, tensor in ref_weights.items())
+
+
+def test_rayft_run_trains_into_a_uri_and_keeps_the_finished_run_on_a_new_machine(
+    ray_session: None, tiny_model_dir: Path, tmp_path: Path, s3_server: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from click.testing import CliRunner
+
+    from rayft.cli.main import cli
+    from rayft.storage import join_uri
+
+    monkeypatch.setenv("RAYFT_CACHE", str(tmp_path / "cache"))
+    uri = s3_server.bucket_uri("remote-pipeline", "runs")
+    config = tmp_path / "pipeline.yaml"
+    config.write_text(
+        f"name: p\nstorage_path: '{uri}'\nmodel: {{name: {tiny_model_dir}}}\n"
+        "data: {datasets: [{path: 'builtin:arithmetic', max_rows: 32}], validation_fraction: 0.0, "
+        "max_seq_length: 128}\n"
+        "lora: {r: 4}\ntrain: {max_steps: 2, micro_batch_size: 2, save_steps: 1}\nscaling: {num_workers: 2}\n"
+        "logging: {tensorboard: false}\n"
+    )
+    runner = CliRunner()
+    first = runner.invoke(cli, ["run", str(config)], catch_exceptions=False)
+    assert first.exit_code == 0, first.output
+    pipeline = RemoteRun(join_uri(uri, "p"))
+    files = set(pipeline.list_files(""))
+    assert {"pipeline.yaml", "stages/train.json", "lineage.json", "report.html", "train/config.yaml",
+            "train/metrics.jsonl", "train/final/rayft_checkpoint.json"} <= files, sorted(files)  # fmt: skip
+    assert "train/checkpoints/step-000001/rayft_checkpoint.json" in files
+
+    final = pipeline.read_text("train/final/rayft_checkpoint.json")
+
+    shutil.rmtree(tmp_path / "cache")  # a new machine: the finished remote run is kept, not retrained
+    again = runner.invoke(cli, ["run", str(config)], catch_exceptions=False)
+    assert again.exit_code == 0, again.output
+    assert pipeline.read_text("train/final/rayft_checkpoint.json") == final
+    record = json.loads(pipeline.read_text("stages/train.json") or "{}")
+    shown = record["summary"]["storage_uri"]
+    assert record["summary"]["steps"] == 2 and "@remote-pipeline/runs/p/train?" in shown and "secret" not in shown
