@@ -30,7 +30,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rayft import __version__
 from rayft.config import DatasetConfig, RayftConfig, dump_config
@@ -43,6 +43,9 @@ from rayft.pipeline.report import ReportInputs, StageRow, render_report
 from rayft.storage import RunLocation, is_remote, join_uri, plan_run_location
 from rayft.training import layout
 from rayft.training.remote_store import RemoteRun
+
+if TYPE_CHECKING:
+    from rayft.recipes.train import TrainResult
 
 log = logging.getLogger("rayft.run")
 
@@ -329,15 +332,21 @@ def run_train(cfg: RayftConfig, run_dir: Path, records: dict[str, StageRecord], 
     resume = (out / "config.yaml").is_file()
     if resume:
         log.info("stage train: resuming the unfinished run in %s", out)
-    result = train.run(train_cfg, resume=resume)
-    summary = {
+    return outputs, train_summary(train.run(train_cfg, resume=resume))
+
+
+def train_summary(result: TrainResult) -> dict[str, Any]:
+    """What the train stage's record keeps of a finished training run."""
+    summary: dict[str, Any] = {
         "steps": result.steps,
         "train_loss": result.train_loss,
         "eval_loss": result.eval_loss,
         "data_key": result.data_key,
         "seconds": round(result.elapsed_s, 1),
     }
-    return outputs, summary
+    if result.storage_uri:
+        summary["storage_uri"] = result.storage_uri
+    return summary
 
 
 def train_stage_config(cfg: RayftConfig, run_dir: Path, records: dict[str, StageRecord]) -> RayftConfig:
@@ -369,16 +378,7 @@ def run_remote_train(cfg: RayftConfig, out: Path, *, train_cfg: RayftConfig) -> 
                          "eval_loss": final.metrics.get("eval/loss"), "storage_uri": remote.where}  # fmt: skip
     if state.exists:
         log.info("stage train: resuming the unfinished run at %s", remote.where)
-    result = train.run(train_cfg, resume=state.exists, mirror_dir=out)
-    summary = {
-        "steps": result.steps,
-        "train_loss": result.train_loss,
-        "eval_loss": result.eval_loss,
-        "data_key": result.data_key,
-        "seconds": round(result.elapsed_s, 1),
-        "storage_uri": result.storage_uri,
-    }
-    return outputs, summary
+    return outputs, train_summary(train.run(train_cfg, resume=state.exists, mirror_dir=out))
 
 
 def run_eval(cfg: RayftConfig, run_dir: Path, records: dict[str, StageRecord], *, fresh: bool) -> StageOutput:
