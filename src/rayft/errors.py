@@ -6,6 +6,8 @@ the bad value, and how to fix it; the CLI prints them without a traceback unless
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 
 class RayftError(Exception):
     """Base class of every error rayft raises on purpose."""
@@ -57,3 +59,15 @@ class TrainingError(RayftError):
 
 class RunInterruptedError(RayftError):
     """The run stopped on request (SIGTERM) after saving a checkpoint; ``--resume`` continues it."""
+
+
+def exception_chain(exc: BaseException) -> Iterator[BaseException]:
+    """An exception, then what caused it, outermost first (``cause`` attributes of Ray's wrapped errors,
+    ``__cause__`` and ``__context__``), each once."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        yield current
+        nxt = getattr(current, "cause", None) or current.__cause__ or current.__context__
+        current = nxt if isinstance(nxt, BaseException) else None

@@ -37,15 +37,13 @@ def _join(address: str) -> None:
 
     import ray
 
+    from rayft.errors import exception_chain
+
     try:
         ray.init(address=address, log_to_driver=True)
     except Exception as exc:  # ray raises ConnectionError wrapping its AuthenticationError
         text = f"{type(exc).__name__}: {exc}"
-        chain = [text]
-        cause = exc.__cause__ or exc.__context__
-        while cause is not None and len(chain) < 10:
-            chain.append(f"{type(cause).__name__}: {cause}")
-            cause = cause.__cause__ or cause.__context__
+        chain = [f"{type(e).__name__}: {e}" for e in exception_chain(exc)]
         if any("InvalidAuthToken" in t or "AuthenticationError" in t for t in chain):
             mode = os.environ.get("RAY_AUTH_MODE", "unset")
             raise ConnectionError(

@@ -312,9 +312,9 @@ def run_train(cfg: RayftConfig, run_dir: Path, records: dict[str, StageRecord], 
     out = run_dir / "train"
     if fresh:
         _move_aside(out)
-    if is_remote(cfg.storage_path):
-        return run_remote_train(cfg, out, train_cfg=train_stage_config(cfg, run_dir, records))
     train_cfg = train_stage_config(cfg, run_dir, records)
+    if is_remote(cfg.storage_path):
+        return run_remote_train(cfg, out, train_cfg=train_cfg)
     finished = (out / "final" / "rayft_checkpoint.json").is_file()
     same_config = (out / "config.yaml").is_file() and (out / "config.yaml").read_text() == dump_config(train_cfg)
     outputs = {"dir": out, "final": out / "final", "metrics": out / "metrics.jsonl"}

@@ -18,7 +18,7 @@ from typing import Any
 
 from rayft.config.train import CheckpointConfig, FailureConfig, ScalingConfig
 from rayft.data.prepared import PreparedData
-from rayft.errors import RayftError, ResourceError, RunInterruptedError, TrainingError
+from rayft.errors import RayftError, ResourceError, RunInterruptedError, TrainingError, exception_chain
 from rayft.security import install_log_redaction
 from rayft.training import layout
 from rayft.training.checkpoint_store import scan_checkpoints
@@ -279,7 +279,7 @@ def _unwrapped_failures(config: FailureConfig) -> Iterator[None]:
         yield
     except WorkerGroupError as exc:
         for rank, failure in sorted(exc.worker_failures.items()):
-            rayft_error = next((e for e in _chain(failure) if isinstance(e, RayftError)), None)
+            rayft_error = next((e for e in exception_chain(failure) if isinstance(e, RayftError)), None)
             if rayft_error is not None:
                 raise rayft_error from exc
             raise TrainingError(describe_worker_failure(rank, failure, config)) from exc
@@ -299,13 +299,3 @@ def describe_worker_failure(rank: int, failure: BaseException, config: FailureCo
             f"{detail}"
         )
     return f"training failed on rank {rank} {retries}: {type(failure).__name__}: {detail}"
-
-
-def _chain(exc: BaseException) -> Iterator[BaseException]:
-    seen: set[int] = set()
-    current: BaseException | None = exc
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
-        yield current
-        nxt = getattr(current, "cause", None) or current.__cause__ or current.__context__
-        current = nxt if isinstance(nxt, BaseException) else None

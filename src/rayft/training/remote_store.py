@@ -21,6 +21,7 @@ from typing import Any
 
 from rayft.errors import CheckpointError, StorageError
 from rayft.security import mask_uri
+from rayft.storage import join_uri
 from rayft.training import layout
 from rayft.training.checkpoint_store import publish_checkpoint
 from rayft.training.manifest import Manifest, verify_checkpoint
@@ -73,8 +74,7 @@ class RemoteRun:
 
     def uri_of(self, rel: str) -> str:
         """The masked URI of a path of the run, for messages."""
-        base, sep, query = self.where.partition("?")
-        return f"{base.rstrip('/')}/{rel}{sep}{query}" if rel else self.where
+        return join_uri(self.where, rel) if rel else self.where
 
     # --- checks and small files ----------------------------------------------------------------------------
 
@@ -252,9 +252,10 @@ class RemoteRun:
 
     def download_logs(self, run_dir: Path) -> None:
         """Download metrics.jsonl, tensorboard/ and data/ (what exists of them) into the local run directory."""
-        if self.is_file(layout.METRICS_FILE):
-            self.download_file(layout.METRICS_FILE, run_dir / layout.METRICS_FILE)
-        for rel in LOG_PATHS[1:]:
+        for rel in LOG_PATHS:
+            if self.is_file(rel):
+                self.download_file(rel, run_dir / rel)
+                continue
             for name in self.list_files(rel):
                 self.download_file(f"{rel}/{name}", run_dir / rel / name)
 

@@ -222,10 +222,10 @@ class RaySession:
 
         root = self._run_dir / layout.CHECKPOINTS_DIR
         checkpoint = ray.train.get_checkpoint()
-        newest = choose_resume(scan_checkpoints(root))
         if checkpoint is None:
             yield latest_valid_checkpoint(root)
             return
+        newest = choose_resume(scan_checkpoints(root))
         with checkpoint.as_directory() as directory:
             given = Path(directory)
             given_step = layout.parse_step_dir_name(given.name)
