@@ -1,5 +1,5 @@
 """Sequence packing: the bin-packing planner, and the proof that a packed batch computes the same
-loss and gradients as its examples run one by one (fp32, tiny model, sdpa and eager attention)."""
+loss and gradients as its examples run one by one (fp32, tiny model, sdpa, eager and per-example sdpa attention)."""
 
 from __future__ import annotations
 
@@ -58,13 +58,15 @@ def _examples(vocab: int, seed: int = 0) -> list[dict[str, Any]]:
     return out
 
 
-@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+@pytest.mark.parametrize("attn", ["sdpa", "eager", "sdpa_per_example"])
 def test_packed_loss_and_gradients_equal_one_by_one(tiny_model_dir: Path, attn: str) -> None:
     import torch
     from transformers import AutoModelForCausalLM
 
+    from rayft.training import attention
     from rayft.training.steps import Precision, token_loss_sum
 
+    attention.register()
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32, attn_implementation=attn)
     precision = Precision(None, False)
@@ -89,3 +91,34 @@ def test_packed_loss_and_gradients_equal_one_by_one(tiny_model_dir: Path, attn: 
     crossing.position_ids = torch.arange(crossing.input_ids.shape[1]).repeat(len(units), 1)
     leaked = float(token_loss_sum(model, crossing, precision).detach()) / crossing.num_label_tokens
     assert abs(leaked - single_loss) > 1e-3
+
+
+def test_example_bounds_split_rows_where_positions_restart() -> None:
+    import torch
+
+    from rayft.training.attention import example_bounds
+
+    positions = torch.tensor([[0, 1, 2, 0, 1, 0, 1, 2], [0, 1, 2, 3, 4, 5, 6, 7]])
+    assert example_bounds(positions) == [[(0, 3), (3, 5), (5, 8)], [(0, 8)]]
+
+
+def test_training_attention_is_per_example_only_for_sdpa_on_cpu() -> None:
+    from rayft.training.attention import PER_EXAMPLE_SDPA, training_attention
+
+    assert training_attention("sdpa", "cpu") == PER_EXAMPLE_SDPA
+    assert training_attention("sdpa", "cuda") == "sdpa"
+    assert training_attention("eager", "cpu") == "eager"
+    assert training_attention("flash_attention_2", "cuda") == "flash_attention_2"
+
+
+def test_per_example_attention_refuses_generation_inputs(tiny_model_dir: Path) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from rayft.training import attention
+
+    attention.register()
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, attn_implementation=attention.PER_EXAMPLE_SDPA)
+    ids = torch.tensor([[1, 2, 3, 4]])
+    with pytest.raises(RuntimeError, match="for training without a cache"):
+        model(input_ids=ids, attention_mask=torch.tensor([[0, 1, 1, 1]]), position_ids=torch.arange(4)[None])

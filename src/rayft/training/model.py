@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from rayft.config.model import LoraConfig, ModelConfig
 from rayft.models.loading import load_causal_lm, resolve_dtype
+from rayft.training.attention import use_training_attention
 
 if TYPE_CHECKING:
     import torch
@@ -42,13 +43,15 @@ def build_training_model(
     """Load the model to train; with ``restore_dir``, weights (or the adapter) come from it.
 
     LoRA adapters are created with the same seed on every worker; DDP then broadcasts rank 0's
-    parameters anyway.
+    parameters anyway. Attention switches to the training variant for the device
+    (:func:`rayft.training.attention.training_attention`).
     """
     load_cfg = model.model_copy(update={"dtype": training_dtype(model, method, device_type)})
     if method == "full" and restore_dir is not None:
         net = _load_full_from(restore_dir, load_cfg, device_type)
     else:
         net = load_causal_lm(load_cfg, device_type)
+    use_training_attention(net, load_cfg.attn_implementation, device_type)
     if method == "lora":
         net = _attach_adapter(net, lora, restore_dir)
     if gradient_checkpointing:

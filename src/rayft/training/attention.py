@@ -1,0 +1,137 @@
+"""Attention for training rows that hold several examples: SDPA run once per example.
+
+Training batches carry ``position_ids`` that restart at 0 for every example (packing, and the
+right-padding block; see :mod:`rayft.data.collate`). With plain ``sdpa`` transformers turns that
+into a block-diagonal mask over the whole row, so a 1024-token row packed with eight 128-token
+examples computes 1024 x 1024 attention scores and throws seven eighths away. The per-example
+implementation registered here slices each row at the position restarts and runs causal SDPA on
+each example alone: the same result (the masked scores never contribute), with attention cost
+that grows with each example's length instead of the row's, and no mask to build.
+
+It is a training-only implementation: it refuses a key/value cache, an attention mask, or a model
+that does not hand ``position_ids`` to its attention layers (most transformers decoders do).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+PER_EXAMPLE_SDPA = "sdpa_per_example"
+
+# Per process: whether the implementation is registered, and the last forward's example bounds.
+_STATE: dict[str, Any] = {"registered": False, "bounds": None}
+
+
+def training_attention(attn_implementation: str, device_type: str) -> str:
+    """The attention implementation a training model uses, given the configured one and the device.
+
+    ``sdpa`` on CPU becomes the per-example variant (the block-diagonal mask would make packed
+    rows pay quadratic attention over the whole row). On GPUs ``sdpa`` stays as configured: the
+    per-example loop launches a kernel per example and layer, and ``flash_attention_2`` already
+    gives variable-length attention there. Other implementations are kept.
+    """
+    if attn_implementation == "sdpa" and device_type == "cpu":
+        return PER_EXAMPLE_SDPA
+    return attn_implementation
+
+
+def register() -> None:
+    """Make :data:`PER_EXAMPLE_SDPA` a valid ``attn_implementation`` in this process (idempotent)."""
+    if _STATE["registered"]:
+        return
+    from transformers import AttentionInterface
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, flash_attention_mask
+
+    AttentionInterface.register(PER_EXAMPLE_SDPA, per_example_sdpa)
+    # Masks as for flash attention: none without padding, else the 2D padding mask (which
+    # per_example_sdpa refuses rather than ignores).
+    ALL_MASK_ATTENTION_FUNCTIONS.register(PER_EXAMPLE_SDPA, flash_attention_mask)
+    _STATE["registered"] = True
+
+
+def use_training_attention(net: Any, attn_implementation: str, device_type: str) -> None:
+    """Switch a loaded model to the attention :func:`training_attention` picks (a no-op when unchanged).
+
+    Models whose attention is more than causal softmax (a sliding window, logit soft-capping) keep
+    their configured implementation.
+    """
+    chosen = training_attention(attn_implementation, device_type)
+    config = net.config.get_text_config() if hasattr(net.config, "get_text_config") else net.config
+    special = getattr(config, "sliding_window", None) or getattr(config, "attn_logit_softcapping", None)
+    if chosen == attn_implementation or special:
+        return
+    register()
+    net.set_attn_implementation(chosen)
+
+
+def example_bounds(position_ids: Any) -> list[list[tuple[int, int]]]:
+    """For each row, the ``[start, end)`` of every example: one starts wherever the position does
+    not continue the previous token's (``position_ids[i] != position_ids[i - 1] + 1``)."""
+    import torch
+
+    width = int(position_ids.shape[1])
+    breaks = (position_ids[:, 1:] != position_ids[:, :-1] + 1).cpu()
+    bounds = []
+    for row in breaks:
+        starts = [0, *(torch.nonzero(row).flatten() + 1).tolist()]
+        bounds.append(list(zip(starts, [*starts[1:], width], strict=True)))
+    return bounds
+
+
+def _cached_bounds(position_ids: Any) -> list[list[tuple[int, int]]]:
+    """:func:`example_bounds`, computed once per forward pass (every layer sees the same tensor)."""
+    last = _STATE["bounds"]
+    if last is None or last[0] is not position_ids:
+        last = _STATE["bounds"] = (position_ids, example_bounds(position_ids))
+    bounds: list[list[tuple[int, int]]] = last[1]
+    return bounds
+
+
+def per_example_sdpa(
+    module: Any,
+    query: Any,
+    key: Any,
+    value: Any,
+    attention_mask: Any,
+    *,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    **kwargs: Any,
+) -> tuple[Any, None]:
+    """A transformers attention function: causal SDPA over each example of each row.
+
+    Shapes as transformers passes them: query ``[batch, heads, seq, dim]``, key and value
+    ``[batch, kv_heads, seq, dim]``; returns ``[batch, seq, heads, dim]`` like ``sdpa``.
+    """
+    import torch
+    from torch.nn import functional
+
+    position_ids = kwargs.get("position_ids")
+    if position_ids is None:
+        raise RuntimeError(
+            f"{type(module).__name__} does not pass position_ids to its attention, which "
+            f"{PER_EXAMPLE_SDPA!r} needs to find the examples of a row; set model.attn_implementation=eager"
+        )
+    if attention_mask is not None or query.shape[2] != key.shape[2]:
+        raise RuntimeError(
+            f"{PER_EXAMPLE_SDPA!r} is for training without a cache or attention mask; load the model with "
+            "attn_implementation='sdpa' to generate"
+        )
+    gqa = getattr(module, "num_key_value_groups", 1) > 1
+    rows = []
+    for row, bounds in enumerate(_cached_bounds(position_ids)):
+        pieces = [
+            functional.scaled_dot_product_attention(
+                query[row : row + 1, :, start:end],
+                key[row : row + 1, :, start:end],
+                value[row : row + 1, :, start:end],
+                dropout_p=dropout,
+                scale=scaling,
+                is_causal=True,
+                enable_gqa=gqa,
+            )
+            for start, end in bounds
+        ]
+        rows.append(pieces[0] if len(pieces) == 1 else torch.cat(pieces, dim=2))
+    output = rows[0] if len(rows) == 1 else torch.cat(rows, dim=0)
+    return output.transpose(1, 2).contiguous(), None
