@@ -43,7 +43,10 @@ class ModelConfig(Section):
     )
     attn_implementation: Literal["sdpa", "eager", "flash_attention_2", "flash_attention_3"] = Field(
         "sdpa",
-        description="Attention kernel passed to transformers. flash_attention_* needs a GPU and the package.",
+        description=(
+            "Attention kernel passed to transformers. Training on CPU with 'sdpa' runs it once per example "
+            "of a packed row instead of over a block-diagonal mask. flash_attention_* needs a GPU and the package."
+        ),
     )
     trust_remote_code: bool = Field(
         False,
