@@ -8,6 +8,7 @@ whatever the split into workers and micro-batches (4x2 = 2x4), and padding never
 from __future__ import annotations
 
 import contextlib
+import inspect
 import math
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -54,22 +55,39 @@ class StepStats:
 
 
 def token_loss_sum(model: Any, batch: MicroBatch, precision: Precision) -> torch.Tensor:
-    """Sum of next-token cross-entropies over the label tokens of a micro-batch."""
+    """Sum of next-token cross-entropies over the label tokens of a micro-batch.
+
+    Logits are computed only at the positions whose next token some row of the batch trains on
+    (transformers' ``logits_to_keep``): prompt and padding positions skip the vocabulary projection,
+    which dominates small models, and their logits never take memory.
+    """
     import torch
     from torch.nn.functional import cross_entropy
 
+    targets = batch.labels[:, 1:]
+    kwargs: dict[str, Any] = {}
+    if _takes_logits_to_keep(model):
+        keep = (targets != IGNORE_INDEX).any(dim=0).nonzero().flatten()
+        kwargs["logits_to_keep"] = keep
+        targets = targets[:, keep]
     autocast = (
         torch.autocast(device_type=batch.input_ids.device.type, dtype=precision.autocast_dtype)
         if precision.autocast_dtype is not None
         else contextlib.nullcontext()
     )
     with autocast:
-        logits = model(input_ids=batch.input_ids, position_ids=batch.position_ids, use_cache=False).logits
-    shifted = logits[:, :-1].float()
-    targets = batch.labels[:, 1:]
+        logits = model(input_ids=batch.input_ids, position_ids=batch.position_ids, use_cache=False, **kwargs).logits
+    shifted = (logits if kwargs else logits[:, :-1]).float()
     return cross_entropy(
         shifted.reshape(-1, shifted.size(-1)), targets.reshape(-1), ignore_index=IGNORE_INDEX, reduction="sum"
     )
+
+
+def _takes_logits_to_keep(model: Any) -> bool:
+    """Whether the causal LM inside DDP / PEFT wrappers accepts ``logits_to_keep``."""
+    net = unwrap(model)
+    base = net.get_base_model() if hasattr(net, "get_base_model") else net
+    return "logits_to_keep" in inspect.signature(base.forward).parameters
 
 
 def train_step(
