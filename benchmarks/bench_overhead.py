@@ -33,15 +33,16 @@ SIZES = {
 RAY_DRIVER = """
 import sys, time, json
 from pathlib import Path
-import ray
 from rayft.config import CheckpointConfig, FailureConfig, ScalingConfig
 from rayft.data.prepared import PreparedData
 from rayft.training.launcher import launch_ray
+from rayft.runtime import ray_runtime
 from rayft.training.torchrun import read_plan
 plan, files = read_plan(Path(sys.argv[1]))
 prepared = PreparedData.load(Path(sys.argv[2]))
-ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-launch_ray(plan, prepared, ScalingConfig(num_workers=2), FailureConfig(max_failures=0), CheckpointConfig(num_to_keep=1))
+with ray_runtime():  # the local Ray that `rayft train` starts (2 CPUs on this machine)
+    launch_ray(plan, prepared, ScalingConfig(num_workers=2), FailureConfig(max_failures=0),
+               CheckpointConfig(num_to_keep=1))
 """
 
 

@@ -4,9 +4,20 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Iterator
+import os
+from collections.abc import Iterator, Mapping
 
 log = logging.getLogger(__name__)
+
+# Ray settings of a Ray that rayft starts itself (never of a cluster it joins). Each one can be set
+# back by exporting it as ``RAY_<name>`` before running rayft; an exported one wins.
+LOCAL_RAY_SYSTEM_CONFIG: dict[str, object] = {
+    # Ray starts its worker processes (the training workers among them) at nice 15, below every
+    # ordinary process on the machine, so that a busy worker cannot starve the raylet of a shared
+    # cluster node. On a machine of one's own this only lets every other process (the raylet, the
+    # driver, an editor, a test run) preempt the training loop; torchrun workers run at nice 0.
+    "worker_niceness": 0,
+}
 
 
 @contextlib.contextmanager
@@ -24,17 +35,21 @@ def ray_runtime(address: str | None = None) -> Iterator[None]:
         log.info("joining the Ray cluster at %s", address)
         _join(address)
     else:
-        ray.init(include_dashboard=False, log_to_driver=True)
+        ray.init(include_dashboard=False, log_to_driver=True, _system_config=local_system_config(os.environ))
     try:
         yield
     finally:
         ray.shutdown()
 
 
+def local_system_config(environ: Mapping[str, str]) -> dict[str, object]:
+    """The Ray system config of a local Ray started by rayft: :data:`LOCAL_RAY_SYSTEM_CONFIG`, less
+    the settings the user exported as ``RAY_<name>`` (Ray reads those itself)."""
+    return {name: value for name, value in LOCAL_RAY_SYSTEM_CONFIG.items() if f"RAY_{name}" not in environ}
+
+
 def _join(address: str) -> None:
     """Connect to the cluster at ``address``, naming the fix when it refuses the connection."""
-    import os
-
     import ray
 
     from rayft.errors import exception_chain

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from itertools import chain
 
-from rayft.training.batches import epoch_micro_batches, rows_from_columns, shuffled_units
+from rayft.training.batches import epoch_micro_batches, shuffled_units
 
 
 def windows(n: int, size: int) -> list[list[dict[str, int]]]:
@@ -45,8 +45,3 @@ def test_micro_batch_size_does_not_change_which_units_a_step_sees() -> None:
 def test_an_epoch_stops_at_units_per_rank() -> None:
     batches = list(epoch_micro_batches(windows(10, 10), seed=0, epoch=0, rank=0, micro_batch_size=4, units_per_rank=9))
     assert [len(b) for b in batches] == [4, 4, 1]
-
-
-def test_rows_from_columns() -> None:
-    assert rows_from_columns({"a": [1, 2], "b": ["x", "y"]}) == [{"a": 1, "b": "x"}, {"a": 2, "b": "y"}]
-    assert rows_from_columns({}) == []

@@ -50,11 +50,3 @@ def epoch_micro_batches(
     """
     units = islice(shuffled_units(windows, seed, epoch, rank), skip_units, units_per_rank)
     return micro_batches(units, micro_batch_size)
-
-
-def rows_from_columns(batch: dict[str, Any]) -> list[Unit]:
-    """Turn a columnar batch (dict of equal-length sequences) into a list of row dicts."""
-    names = list(batch)
-    if not names:
-        return []
-    return [dict(zip(names, values, strict=True)) for values in zip(*(batch[n] for n in names), strict=True)]
