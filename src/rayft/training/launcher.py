@@ -177,7 +177,7 @@ def launch_ray(
     check_cluster_fits(per_worker, scaling)
     trainer = TorchTrainer(
         train_loop_per_worker=ray_worker_entry,
-        train_loop_config={"plan": plan, "shards": put_planned_shards(split_files(prepared), scaling.num_workers)},
+        train_loop_config={"plan": plan},
         scaling_config=ray.train.ScalingConfig(
             num_workers=scaling.num_workers,
             use_gpu=use_gpu,
@@ -191,6 +191,8 @@ def launch_ray(
             checkpoint_config=_ray_checkpoint_config(checkpoint, plan.has_validation),
         ),
         torch_config=TorchConfig(backend="nccl" if use_gpu else "gloo", timeout_s=int(failure.collective_timeout_s)),
+        datasets=_ray_datasets(prepared),
+        dataset_config=PlannedShards(split_files(prepared), scaling.num_workers),
     )
     with stop_on_sigterm(Path(plan.run_dir), failure.sigterm_grace_s), _unwrapped_failures(failure):
         trainer.fit()
@@ -200,9 +202,7 @@ def ray_worker_entry(config: dict[str, Any]) -> None:
     """The function each Ray Train worker runs."""
     plan: WorkerPlan = config["plan"]
     install_log_redaction()
-    session = RaySession(
-        Path(plan.run_dir), config["shards"], remote_uri=plan.remote_uri, num_to_keep=plan.checkpoint.num_to_keep
-    )
+    session = RaySession(Path(plan.run_dir), remote_uri=plan.remote_uri, num_to_keep=plan.checkpoint.num_to_keep)
     run_worker(plan, session)
 
 
@@ -216,24 +216,57 @@ def _ray_checkpoint_config(checkpoint: CheckpointConfig, has_validation: bool) -
     return ray.train.CheckpointConfig(num_to_keep=checkpoint.num_to_keep)
 
 
-def put_planned_shards(files: dict[str, tuple[str, ...]], world_size: int) -> dict[str, list[Any]]:
-    """Each rank's shard of each split (planned by :func:`plan_shards`), as a list of Arrow tables
-    in the Ray object store: ``{split: [object ref of rank 0, rank 1, ...]}``.
+def _ray_datasets(prepared: PreparedData) -> dict[str, Any]:
+    """Lazy datasets naming the splits; the workers' shards come from :class:`PlannedShards`."""
+    import ray.data
 
-    The workers read them with ``ray.get`` and iterate them exactly as under torchrun, so both
-    runners see the same units through the same code. Read on the driver (it has the prepared
-    files; the workers of a remote cluster may not), and sent without Ray Data: no read tasks (they
-    could not get CPUs while the workers hold them all), no per-batch iterator or prefetch thread,
-    and no Ray Data executor, stats or autoscaling actors beside the training workers.
+    return {name: ray.data.read_parquet(list(files)) for name, files in split_files(prepared).items()}
+
+
+def _planned_shards_class() -> type:
+    from ray.train import DataConfig
+
+    class _PlannedShards(DataConfig):
+        """Gives each worker the rows :func:`plan_shards` assigns it, as in-memory blocks in file
+        order: the same assignment as without Ray, and streamed without read tasks (which could
+        not get CPUs while the workers hold them all)."""
+
+        def __init__(self, shards: dict[str, list[Any]]) -> None:
+            super().__init__(datasets_to_split="all")
+            self._shards = shards
+
+        def configure(
+            self, datasets: dict[str, Any], world_size: int, worker_handles: Any, worker_node_ids: Any, **kwargs: Any
+        ) -> list[dict[str, Any]]:
+            return [{name: self._shards[name][rank].iterator() for name in datasets} for rank in range(world_size)]
+
+    return _PlannedShards
+
+
+def PlannedShards(files: dict[str, tuple[str, ...]], world_size: int) -> Any:  # noqa: N802 - builds a DataConfig
+    """A Ray Train DataConfig that shards by :func:`plan_shards`.
+
+    The per-rank datasets are built here, on the driver: building them inside Ray Train's
+    dataset actor blocks its event loop.
     """
-    import ray
+    import ray.data
 
-    return {
-        name: [
-            ray.put(read_shard_tables(paths, ranges)) for ranges in plan_shards(parquet_row_counts(paths), world_size)
-        ]
-        for name, paths in files.items()
-    }
+    # The shards are small in-memory reads, iterated once per epoch on each worker: no progress
+    # bars or execution banners in the training log (the datasets keep a copy of this context).
+    context = ray.data.DataContext.get_current()
+    saved = (context.enable_progress_bars, context.print_on_execution_start)
+    context.enable_progress_bars, context.print_on_execution_start = False, False
+    try:
+        shards = {
+            name: [
+                ray.data.from_arrow(read_shard_tables(paths, ranges))
+                for ranges in plan_shards(parquet_row_counts(paths), world_size)
+            ]
+            for name, paths in files.items()
+        }
+    finally:
+        context.enable_progress_bars, context.print_on_execution_start = saved
+    return _planned_shards_class()(shards)
 
 
 @contextlib.contextmanager

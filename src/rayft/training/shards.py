@@ -7,7 +7,7 @@ runs on Ray Train, under torchrun, or in-process.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -56,7 +56,7 @@ def read_shard_tables(files: Sequence[str], ranges: Sequence[RowRange]) -> list[
     return [pq.read_table(files[r.file]).slice(r.start, r.stop - r.start) for r in ranges]
 
 
-def iter_windows(tables: Sequence[Any], window_size: int) -> Iterator[list[dict[str, Any]]]:
+def iter_windows(tables: Iterable[Any], window_size: int) -> Iterator[list[dict[str, Any]]]:
     """Rows of ``tables`` as lists of ``window_size`` row dicts (the last may be shorter)."""
     buffer: list[dict[str, Any]] = []
     for table in tables:
