@@ -17,6 +17,11 @@ LOCAL_RAY_SYSTEM_CONFIG: dict[str, object] = {
     # cluster node. On a machine of one's own this only lets every other process (the raylet, the
     # driver, an editor, a test run) preempt the training loop; torchrun workers run at nice 0.
     "worker_niceness": 0,
+    # Every Ray process records and exports metrics for a Prometheus/dashboard that a local rayft
+    # Ray does not start (include_dashboard=False), and reports task events (for `ray list tasks`)
+    # every second. On a laptop whose cores all train, those wake-ups come out of training.
+    "enable_metrics_collection": False,
+    "task_events_report_interval_ms": 10_000,
 }
 
 
