@@ -208,3 +208,17 @@ def test_overlong_error_stops_preparation_naming_the_row(tiny_model_dir: Path, t
                              "data.max_seq_length=16", "data.overlong=error"])  # fmt: skip
     with pytest.raises(DataError, match=r"dataset 'long.jsonl' row 0: \d+ tokens > max_seq_length 16"):
         prepare_data(cfg.data, cfg.model, 0, report_dir=None, use_ray=False)
+
+
+def test_a_job_is_keyed_by_its_content_so_workers_reuse_its_tokenizer(tokenizer: Any) -> None:
+    from rayft.data.tokenize import job_key
+
+    ds = DatasetConfig(path="qa.jsonl")
+    fmt = resolve_format(ds, ["completion", "prompt"])
+
+    def job(max_seq_length: int) -> TokenizeJob:
+        return TokenizeJob(TextTokenizer.from_hf(tokenizer), ((ds, fmt),), max_seq_length, "truncate", False)
+
+    key = job_key(job(512))
+    assert job_key(job(512)) == key  # a second preparation with the same tokenizer and settings
+    assert job_key(job(256)) != key

@@ -5,14 +5,16 @@ and a token is trained when its characters overlap a trained span (an assistant 
 response). Pieces are never tokenized separately, so the ids are exactly those the model sees
 at inference with the same template.
 
-:class:`TokenizeJob` is what the Ray Data ``map_batches`` workers run, and what the in-process
+:class:`TokenizeJob` is what the Ray tasks run (:func:`tokenize_batch`), and what the in-process
 path runs: both produce the same rows.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import pickle
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -218,14 +220,24 @@ def as_table(columns: dict[str, Any]) -> Any:
     return pa.table(columns, schema=schema)
 
 
+def job_key(job: TokenizeJob) -> str:
+    """A key naming the job's content: a hash of its pickled bytes (tokenizer, datasets, settings).
+
+    Workers keep the job they last deserialised under this key, so a later preparation with the
+    same tokenizer and settings (another mixture of the same datasets, a repeated run in one
+    process) skips fetching and deserialising the tokenizer again.
+    """
+    return hashlib.sha256(pickle.dumps(job, protocol=pickle.HIGHEST_PROTOCOL)).hexdigest()
+
+
 _JOBS: dict[str, TokenizeJob] = {}
 
 
-def tokenize_batch(batch: Any, *, job_key: str = "", job_ref: Sequence[Any] = ()) -> Any:
-    """A Ray Data ``map_batches`` task: tokenize one Arrow batch with the job behind ``job_ref``.
+def tokenize_batch(batch: Any, job_key: str, job_ref: Sequence[Any]) -> Any:
+    """A Ray task: tokenize one Arrow table with the job behind ``job_ref[0]``.
 
-    The job is fetched and deserialised once per worker process (keyed by ``job_key``) and reused
-    for every later batch that process runs.
+    The job is fetched and deserialised once per worker process and content key (``job_key``, from
+    :func:`job_key`) and reused for every later batch that process runs with that key.
     """
     # Ray gave this task one CPU: keep the Rust tokenizer from spreading over every core of the node
     # (unless the user set TOKENIZERS_PARALLELISM).
@@ -234,6 +246,6 @@ def tokenize_batch(batch: Any, *, job_key: str = "", job_ref: Sequence[Any] = ()
     if job is None:
         import ray
 
-        _JOBS.clear()  # one preparation at a time: drop the previous job's tokenizer
+        _JOBS.clear()  # keep one tokenizer per worker: drop the previous job's
         job = _JOBS[job_key] = ray.get(job_ref[0])
     return as_table(job(batch.to_pydict()))
