@@ -1,4 +1,4 @@
-"""Preprocessing throughput: rayft's tokenization on Ray (one task per block of rows, 2 CPUs) vs a
+"""Preprocessing throughput: rayft's tokenization on Ray Data (one task per block of rows, 2 CPUs) vs a
 single-process `datasets.map`, and the time of a cached re-run.
 
 Both arms run the identical per-batch function (render with the chat template, tokenize with
@@ -66,7 +66,7 @@ def run_datasets_map(job: object, inputs: object) -> tuple[float, object]:
 
 
 def run_ray(job: object, inputs: object) -> tuple[float, object]:
-    """The rayft path: `tokenize_on_ray`, one Ray task per block of rows, 1 CPU each."""
+    """The rayft path: `tokenize_on_ray`, a Ray Data `map_batches` task per block of rows, 1 CPU each."""
     from rayft.data.prepare import tokenize_on_ray
 
     started = time.perf_counter()
@@ -172,7 +172,7 @@ def main() -> None:
         med = statistics.median(rate[name])
         print(f"  {name:13s} {med:8.0f} rows/s (min {min(rate[name]):.0f}, max {max(rate[name]):.0f})")
     ratios = [r / b for r, b in zip(rate["ray"], rate["datasets.map"], strict=True)]
-    print(f"  Ray / datasets.map: {statistics.median(ratios):.2f}x (min {min(ratios):.2f}, max {max(ratios):.2f})"
+    print(f"  Ray Data / datasets.map: {statistics.median(ratios):.2f}x (min {min(ratios):.2f}, max {max(ratios):.2f})"
           f"  [target >= 1.7x]; outputs identical: {same}")  # fmt: skip
     print(f"  first use (the warm-up, not in the medians): datasets.map {first_use['datasets.map']:.2f} s, "
           f"Ray {first_use['ray']:.2f} s (workers import rayft and receive the tokenizer)")  # fmt: skip

@@ -1,4 +1,4 @@
-"""`rayft.recipes.train.run` end to end on the tiny model with 2 workers: data prepared by Ray tasks
+"""`rayft.recipes.train.run` end to end on the tiny model with 2 workers: data prepared by Ray Data
 from the built-in arithmetic set, then trained; a second run reuses the cached data."""
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ def test_train_run_prepares_with_ray_and_trains(
     assert stats["key"] == result.data_key
     assert stats["rows"] == {"train": 63, "validation": 9} and stats["rejected_total"] == 0
     assert (result.run_dir / "data" / "rejected.jsonl").read_text() == ""
-    # The in-process path, into a fresh cache, writes exactly the units the Ray tasks wrote.
+    # The in-process path, into a fresh cache, writes exactly the units the Ray Data job wrote.
     monkeypatch.setenv("RAYFT_DATA_CACHE", str(tmp_path / "other-cache"))
     local = prepare_data(cfg.data, cfg.model, cfg.seed, report_dir=None, use_ray=False)
     assert local.key == result.data_key and local.train.num_units == 63

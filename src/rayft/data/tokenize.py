@@ -5,7 +5,7 @@ and a token is trained when its characters overlap a trained span (an assistant 
 response). Pieces are never tokenized separately, so the ids are exactly those the model sees
 at inference with the same template.
 
-:class:`TokenizeJob` is what the Ray tasks run (:func:`tokenize_batch`), and what the in-process
+:class:`TokenizeJob` is what the Ray Data tasks run (:func:`tokenize_batch`), and what the in-process
 path runs: both produce the same rows.
 """
 
@@ -233,8 +233,8 @@ def job_key(job: TokenizeJob) -> str:
 _JOBS: dict[str, TokenizeJob] = {}
 
 
-def tokenize_batch(batch: Any, job_key: str, job_ref: Sequence[Any]) -> Any:
-    """A Ray task: tokenize one Arrow table with the job behind ``job_ref[0]``.
+def tokenize_batch(batch: Any, *, job_key: str = "", job_ref: Sequence[Any] = ()) -> Any:
+    """A Ray Data ``map_batches`` task: tokenize one Arrow batch with the job behind ``job_ref[0]``.
 
     The job is fetched and deserialised once per worker process and content key (``job_key``, from
     :func:`job_key`) and reused for every later batch that process runs with that key.
