@@ -40,6 +40,17 @@ def test_train_run_prepares_with_ray_and_trains(
         assert pq.read_table(Path(local.root) / name).equals(pq.read_table(ray_root / name))
 
 
+def test_a_tokenization_block_ships_only_its_own_rows(ray_session: None) -> None:
+    import pyarrow as pa
+    import ray
+    import ray.data  # registers Ray's Arrow serializers, as tokenize_on_ray does
+
+    table = pa.table({"sample_id": list(range(1000)), "row": ["x" * 100] * 1000})
+    context = ray._private.worker.global_worker.get_serialization_context()
+    block = context.serialize(table.slice(100, 10)).total_bytes
+    assert block < context.serialize(table).total_bytes / 20
+
+
 def test_rayft_train_cli_packed_on_two_mixed_formats(ray_session: None, tiny_model_dir: Path, tmp_path: Path) -> None:
     from click.testing import CliRunner
 

@@ -133,16 +133,3 @@ def test_tokenization_blocks_give_each_cpu_a_few_long_tasks() -> None:
     assert block_rows(100, 2) == BATCH_ROWS  # tiny data: one small task, not 8 of 13 rows
     assert block_rows(1_000_000, 64) == 3907
     assert block_rows(10, 0) == BATCH_ROWS  # a cluster reporting no CPU yet
-
-
-def test_a_tokenization_block_carries_only_its_own_rows() -> None:
-    import pickle
-
-    import pyarrow as pa
-
-    from rayft.data.prepare import compact
-
-    table = pa.table({"sample_id": list(range(1000)), "row": ["x" * 100] * 1000})
-    block = compact(table.slice(100, 10))
-    assert block.equals(table.slice(100, 10))
-    assert len(pickle.dumps(block)) < len(pickle.dumps(table)) / 20

@@ -349,7 +349,8 @@ def _tokenize_on_ray(job: TokenizeJob, inputs: pa.Table) -> pa.Table:
     from rayft.data.tokenize import job_key, tokenize_batch
 
     size = block_rows(inputs.num_rows, int(ray.cluster_resources().get("CPU", 1)))
-    blocks = [compact(inputs.slice(start, size)) for start in range(0, inputs.num_rows, size)]
+    # Slices share the input's buffers; Ray's Arrow serializer sends each block's own rows only.
+    blocks = [inputs.slice(start, size) for start in range(0, inputs.num_rows, size)]
     source = ray.data.from_arrow(blocks)
     source.context.op_resource_reservation_enabled = False  # this dataset's copy of the context only
     # The job's ref goes in a list so that Ray passes the ref, not the job: a worker that already
@@ -362,14 +363,6 @@ def _tokenize_on_ray(job: TokenizeJob, inputs: pa.Table) -> pa.Table:
         num_cpus=1,
     )
     return pa.concat_tables(ray.get(dataset.to_arrow_refs()))
-
-
-def compact(table: pa.Table) -> pa.Table:
-    """``table`` with its own buffers: a slice pickles its parent's whole buffers, so each task's
-    argument would otherwise carry every row."""
-    import pyarrow as pa
-
-    return pa.table([pa.concat_arrays(column.chunks) for column in table.columns], schema=table.schema)
 
 
 def collect_rejected(

@@ -14,12 +14,13 @@ that does not hand ``position_ids`` to its attention layers (most transformers d
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 PER_EXAMPLE_SDPA = "sdpa_per_example"
 
-# Per process: whether the implementation is registered, and the last forward's example bounds.
-_STATE: dict[str, Any] = {"registered": False, "bounds": None}
+# Per process: the last forward pass's position_ids and their example bounds.
+_STATE: dict[str, Any] = {"bounds": None}
 
 
 def training_attention(attn_implementation: str, device_type: str) -> str:
@@ -35,10 +36,9 @@ def training_attention(attn_implementation: str, device_type: str) -> str:
     return attn_implementation
 
 
+@functools.cache
 def register() -> None:
-    """Make :data:`PER_EXAMPLE_SDPA` a valid ``attn_implementation`` in this process (idempotent)."""
-    if _STATE["registered"]:
-        return
+    """Make :data:`PER_EXAMPLE_SDPA` a valid ``attn_implementation`` in this process (once)."""
     from transformers import AttentionInterface
     from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, flash_attention_mask
 
@@ -46,7 +46,6 @@ def register() -> None:
     # Masks as for flash attention: none without padding, else the 2D padding mask (which
     # per_example_sdpa refuses rather than ignores).
     ALL_MASK_ATTENTION_FUNCTIONS.register(PER_EXAMPLE_SDPA, flash_attention_mask)
-    _STATE["registered"] = True
 
 
 def use_training_attention(net: Any, attn_implementation: str, device_type: str) -> None:

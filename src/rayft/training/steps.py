@@ -8,6 +8,7 @@ whatever the split into workers and micro-batches (4x2 = 2x4), and padding never
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 import math
 from collections.abc import Iterable, Iterator
@@ -87,7 +88,13 @@ def _takes_logits_to_keep(model: Any) -> bool:
     """Whether the causal LM inside DDP / PEFT wrappers accepts ``logits_to_keep``."""
     net = unwrap(model)
     base = net.get_base_model() if hasattr(net, "get_base_model") else net
-    return "logits_to_keep" in inspect.signature(base.forward).parameters
+    return _forward_takes_logits_to_keep(base.__class__)
+
+
+@functools.cache
+def _forward_takes_logits_to_keep(model_class: Any) -> bool:
+    """Read once per model class, not on every micro-batch."""
+    return "logits_to_keep" in inspect.signature(model_class.forward).parameters
 
 
 def train_step(
