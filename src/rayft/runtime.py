@@ -24,6 +24,18 @@ LOCAL_RAY_SYSTEM_CONFIG: dict[str, object] = {
     "task_events_report_interval_ms": 10_000,
 }
 
+# Ray Train settings (environment variables the driver passes on to Ray Train's controller and
+# workers) for runs on a Ray that rayft starts itself; an exported one wins.
+LOCAL_RAY_TRAIN_ENV: dict[str, str] = {
+    # The preemption watcher is an extra actor process that polls for node drains every 5 s and
+    # starts just as training does. A local Ray that lives and dies with one rayft command is never
+    # drained by an autoscaler, so there is nothing for it to watch.
+    "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "0",
+}
+
+# Whether this process started the Ray it is connected to (see :func:`owns_ray`).
+_STARTED_HERE = {"ray": False}
+
 
 @contextlib.contextmanager
 def ray_runtime(address: str | None = None) -> Iterator[None]:
@@ -41,10 +53,32 @@ def ray_runtime(address: str | None = None) -> Iterator[None]:
         _join(address)
     else:
         ray.init(include_dashboard=False, log_to_driver=True, _system_config=local_system_config(os.environ))
+        mark_started_here()
     try:
         yield
     finally:
         ray.shutdown()
+        mark_started_here(False)
+
+
+def mark_started_here(started: bool = True) -> None:
+    """Record that this process started the local Ray it is connected to (or no longer is)."""
+    _STARTED_HERE["ray"] = started
+
+
+def owns_ray() -> bool:
+    """Whether the Ray this process is connected to was started here, for this process alone: a
+    local, single-node Ray without a dashboard that ends with the command. Runs on it may drop
+    services that only a shared, long-lived cluster needs."""
+    import ray
+
+    return _STARTED_HERE["ray"] and ray.is_initialized()
+
+
+def local_train_env(environ: Mapping[str, str]) -> dict[str, str]:
+    """The Ray Train environment of a run on a Ray that rayft started: :data:`LOCAL_RAY_TRAIN_ENV`,
+    less the variables the user exported."""
+    return {name: value for name, value in LOCAL_RAY_TRAIN_ENV.items() if name not in environ}
 
 
 def local_system_config(environ: Mapping[str, str]) -> dict[str, object]:

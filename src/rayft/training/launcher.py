@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import os
 import signal
 import threading
 from collections.abc import Iterator
@@ -19,6 +20,7 @@ from typing import Any
 from rayft.config.train import CheckpointConfig, FailureConfig, ScalingConfig
 from rayft.data.prepared import PreparedData
 from rayft.errors import RayftError, ResourceError, RunInterruptedError, TrainingError, exception_chain
+from rayft.runtime import local_train_env, owns_ray
 from rayft.security import install_log_redaction
 from rayft.training import layout
 from rayft.training.checkpoint_store import scan_checkpoints
@@ -168,14 +170,15 @@ def launch_ray(
     """Run the worker loop on ``scaling.num_workers`` Ray Train workers and wait for the end."""
     import ray
     import ray.train
-    from ray.train.torch import TorchConfig, TorchTrainer
+    from ray.train.torch import TorchConfig
 
     install_log_redaction()
     plan = dataclasses.replace(plan, faults=faults_from_env())
     use_gpu = resolve_use_gpu(scaling.use_gpu, ray.cluster_resources())
     per_worker = worker_resources(scaling, use_gpu)
     check_cluster_fits(per_worker, scaling)
-    trainer = TorchTrainer(
+    own_ray = owns_ray()
+    trainer = trainer_class(own_ray)(
         train_loop_per_worker=ray_worker_entry,
         train_loop_config={"plan": plan},
         scaling_config=ray.train.ScalingConfig(
@@ -194,8 +197,58 @@ def launch_ray(
         datasets=_ray_datasets(prepared),
         dataset_config=PlannedShards(split_files(prepared), scaling.num_workers),
     )
-    with stop_on_sigterm(Path(plan.run_dir), failure.sigterm_grace_s), _unwrapped_failures(failure):
+    train_env = local_train_env(os.environ) if own_ray else {}
+    with (
+        stop_on_sigterm(Path(plan.run_dir), failure.sigterm_grace_s),
+        environment(train_env),
+        _unwrapped_failures(failure),
+    ):
         trainer.fit()
+
+
+def trainer_class(own_ray: bool) -> type:
+    """Ray Train's ``TorchTrainer``; on a Ray that rayft started (:func:`rayft.runtime.owns_ray`),
+    one without the placement-group cleaner.
+
+    That cleaner is a detached actor that asks the State API every second whether the controller
+    is still alive, to remove its placement group if it died. The State API needs the dashboard,
+    which a local rayft Ray does not run: every check fails (a warning each second in the run's
+    log), so it could never clean anything, while its process costs CPU beside training. On a
+    Ray that rayft started, the placement groups end with the command anyway.
+    """
+    from ray.train.torch import TorchTrainer
+
+    if not own_ray:
+        return TorchTrainer
+    try:
+        from ray.train.v2._internal.callbacks.placement_group_callback import PlacementGroupCleanerCallback
+    except ImportError:  # a Ray without it: nothing to drop
+        return TorchTrainer
+
+    class LocalTorchTrainer(TorchTrainer):  # type: ignore[misc]
+        """``TorchTrainer`` without the placement-group cleaner."""
+
+        def _create_default_callbacks(self) -> list[Any]:
+            callbacks = super()._create_default_callbacks()
+            return [c for c in callbacks if not isinstance(c, PlacementGroupCleanerCallback)]
+
+    return LocalTorchTrainer
+
+
+@contextlib.contextmanager
+def environment(variables: dict[str, str]) -> Iterator[None]:
+    """Set ``variables`` in this process's environment for the duration (Ray Train passes the ones
+    it knows on to its controller and workers), then restore what was there."""
+    saved = {name: os.environ.get(name) for name in variables}
+    os.environ.update(variables)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 def ray_worker_entry(config: dict[str, Any]) -> None:
