@@ -5,7 +5,14 @@ data, the same shard plan and the same seed, so their per-step losses must be id
 model sizes: ~1 s steps (steady-state tokens/s ratio) and ~10 ms steps (fixed per-step overhead).
 Runs alternate A B A B after one warm-up run of each arm.
 
-    .venv/bin/python benchmarks/bench_overhead.py [--repeats 2] [--steps-large 12] [--steps-small 200]
+Start-up is the time from launch to the end of step 1 (the first time a step is logged) and,
+less one steady step, to its start. Step times are medians of the gaps between consecutive steps
+(steady state). The mean over every step after the first is printed beside them: it also holds
+what runs beside the first steps (on Ray, the Ray Data actors a worker's first read starts), which
+the median leaves out once a run is long enough. The small model runs 2,000 steps (about 20 s)
+for that reason.
+
+    .venv/bin/python benchmarks/bench_overhead.py [--repeats 2] [--steps-large 12] [--steps-small 2000]
 """
 
 from __future__ import annotations
@@ -53,6 +60,7 @@ class Arm:
     name: str
     startup_s: float
     step_ms: float
+    mean_step_ms: float
     tokens_per_s: float
     losses: dict[int, float]
 
@@ -126,6 +134,7 @@ def run_arm(arm: str, plan: Path, prepared_dir: Path, run_dir: Path) -> Arm:
         name=arm,
         startup_s=times[0] - started,
         step_ms=1000 * statistics.median(gaps),
+        mean_step_ms=1000 * (times[-2] - times[0]) / (len(times) - 2),
         tokens_per_s=statistics.median(r["train/tokens_per_s"] for r in steps[2:-1]),
         losses={r["step"]: r["train/loss"] for r in steps},
     )
@@ -162,8 +171,13 @@ def report(size: str, results: dict[str, list[Arm]]) -> None:
     print(f"[{size}] step time ms: torchrun {summary([t.step_ms for t in torchrun])}, "
           f"ray {summary([r.step_ms for r in ray])}")  # fmt: skip
     print(f"[{size}] per-step overhead ms (ray - torchrun): {summary(overhead)}")
-    print(f"[{size}] start-up s: torchrun {summary([t.startup_s for t in torchrun])}, "
+    mean_overhead = [r.mean_step_ms - t.mean_step_ms for r, t in zip(ray, torchrun, strict=True)]
+    print(f"[{size}] per-step overhead ms, mean over all steps after the first: {summary(mean_overhead)}")
+    print(f"[{size}] start-up s, launch to the end of step 1: torchrun {summary([t.startup_s for t in torchrun])}, "
           f"ray {summary([r.startup_s for r in ray])}")  # fmt: skip
+    before = {arm: [a.startup_s - a.step_ms / 1000 for a in arms] for arm, arms in results.items()}
+    print(f"[{size}] start-up s, launch to the start of step 1 (the above less one steady step): "
+          f"torchrun {summary(before['torchrun'])}, ray {summary(before['ray'])}")  # fmt: skip
     print(f"[{size}] per-step losses identical in both arms: {same}")
 
 
@@ -172,7 +186,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--steps-large", type=int, default=12)
-    parser.add_argument("--steps-small", type=int, default=200)
+    parser.add_argument("--steps-small", type=int, default=2000)
     parser.add_argument("--sizes", default="large,small")
     args = parser.parse_args()
     print("command:", " ".join([Path(sys.executable).name, *sys.argv]))

@@ -18,6 +18,13 @@ from tests.helpers import adapter_tensors, read_metrics, tiny_config, train_loss
 pytestmark = pytest.mark.integration
 
 
+def actor_classes() -> set[tuple[str, str]]:
+    """(actor id, class name) of every actor the local Ray has created so far (from the GCS)."""
+    import ray._private.state
+
+    return {(actor_id, info["ActorClassName"]) for actor_id, info in ray._private.state.actors().items()}
+
+
 @pytest.fixture(scope="module")
 def prepared(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> PreparedData:
     from rayft.config import ModelConfig
@@ -32,8 +39,13 @@ def test_lora_on_two_workers(ray_session: None, tiny_model_dir: Path, prepared: 
     from peft import PeftModel
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    before = actor_classes()
     run_dir = train_on(tiny_config(tiny_model_dir, tmp_path, "train.max_steps=6"), prepared)
 
+    # On a Ray that rayft started, Ray Train runs without the helpers that cannot work there.
+    started = actor_classes() - before
+    assert {"TrainController", "RayTrainWorker"} <= {name for _, name in started}
+    assert not {"PlacementGroupCleaner", "PreemptionWatcher"} & {name for _, name in started}
     losses = train_losses(run_dir)
     assert sorted(losses) == [1, 2, 3, 4, 5, 6]
     evals = [r["eval/loss"] for r in read_metrics(run_dir) if "eval/loss" in r]

@@ -225,11 +225,11 @@ def trainer_class(own_ray: bool) -> type:
     except ImportError:  # a Ray without it: nothing to drop
         return TorchTrainer
 
-    class LocalTorchTrainer(TorchTrainer):  # type: ignore[misc]
+    class LocalTorchTrainer(TorchTrainer):
         """``TorchTrainer`` without the placement-group cleaner."""
 
         def _create_default_callbacks(self) -> list[Any]:
-            callbacks = super()._create_default_callbacks()
+            callbacks = super()._create_default_callbacks()  # type: ignore[misc]
             return [c for c in callbacks if not isinstance(c, PlacementGroupCleanerCallback)]
 
     return LocalTorchTrainer
