@@ -15,9 +15,14 @@ class TrainConfig(Section):
     method: Literal["lora", "full"] = Field(
         "lora", description="Train a LoRA adapter (see the lora section) or every weight."
     )
-    strategy: Literal["ddp"] = Field(
+    strategy: Literal["ddp", "fsdp"] = Field(
         "ddp",
-        description="How workers share the model: 'ddp' replicates it and averages gradients.",
+        description=(
+            "How workers share the model: 'ddp' gives each worker the whole model and averages gradients; "
+            "'fsdp' (PyTorch FSDP2, ZeRO-3) splits weights, gradients and optimizer state over the workers "
+            "and gathers one transformer block at a time, for models that do not fit one worker. "
+            "Checkpoints are the same either way, so a run may resume under the other strategy."
+        ),
     )
     learning_rate: float = Field(2e-4, gt=0, description="Peak learning rate after warmup.")
     min_learning_rate: float = Field(0.0, ge=0, description="Learning rate at the end of the cosine decay.")

@@ -28,6 +28,7 @@ from rayft.training import layout
 from rayft.training.faults import Faults
 from rayft.training.manifest import write_manifest
 from rayft.training.model import unwrap
+from rayft.training.parallel import check_full_shapes, load_optimizer_state, model_state, optimizer_state
 from rayft.training.session import all_gather_objects
 
 if TYPE_CHECKING:
@@ -161,8 +162,9 @@ def save_checkpoint(worker: Worker) -> None:
 
 
 def take_snapshot(worker: Worker) -> Snapshot:
-    """CPU copies of this step's state; rank 0 also receives every rank's RNG state."""
-    state, plan = worker.state, worker.plan
+    """CPU copies of this step's state; rank 0 also receives every rank's RNG state and the whole
+    model and optimizer state (gathered from the shards under FSDP: every rank takes part)."""
+    state, plan, rank = worker.state, worker.plan, worker.session.rank
     all_rng = all_gather_objects(rng_state_bytes())
     snapshot = Snapshot(
         step=state.step,
@@ -170,41 +172,13 @@ def take_snapshot(worker: Worker) -> Snapshot:
         state_json=json.dumps(asdict(state), indent=2),
         scheduler_json=json.dumps(worker.scheduler.state_dict()),
         rng_files={layout.rng_file(rank): data for rank, data in enumerate(all_rng)},
+        model_state=model_state(worker.model, plan.train.method, rank),
+        optimizer_state=optimizer_state(worker.model, worker.optimizer, rank),
     )
-    if worker.session.rank == 0:
-        snapshot.model_state = cpu_copy(trainable_state(unwrap(worker.model), plan.train.method))
-        snapshot.optimizer_state = cpu_copy(worker.optimizer.state_dict())
+    if snapshot.model_state is not None:
+        check_full_shapes(snapshot.model_state, worker.model)
         snapshot.scaler_state = worker.scaler.state_dict() if worker.scaler is not None else None
     return snapshot
-
-
-def trainable_state(model: Any, method: str) -> dict[str, Any]:
-    """What a checkpoint stores of the model: the trained parameters of a LoRA adapter (PEFT picks
-    the adapter keys from them), or the whole state dict for full fine-tuning."""
-    if method == "lora":
-        return {name: p for name, p in model.named_parameters() if p.requires_grad}
-    return dict(model.state_dict())
-
-
-def cpu_copy(value: Any) -> Any:
-    """A deep copy of ``value`` whose tensors are detached CPU copies (shared storage stays shared)."""
-    import torch
-
-    memo: dict[tuple[int, int, tuple[int, ...]], Any] = {}
-
-    def copy(item: Any) -> Any:
-        if isinstance(item, torch.Tensor):
-            key = (item.untyped_storage().data_ptr(), int(item.storage_offset()), tuple(int(d) for d in item.shape))
-            if key not in memo:
-                memo[key] = item.detach().to("cpu", copy=True)
-            return memo[key]
-        if isinstance(item, dict):
-            return {k: copy(v) for k, v in item.items()}
-        if isinstance(item, (list, tuple)):
-            return type(item)(copy(v) for v in item)
-        return item
-
-    return copy(value)
 
 
 def rng_state_bytes() -> bytes:
@@ -281,15 +255,17 @@ def _generation_config(model: Any, tokenizer: Any) -> Any:
     return generation
 
 
-def restore_training_state(directory: Path, optimizer: Any, scheduler: Any, rank: int) -> TrainerState:
-    """Load optimizer, scheduler, loop state and this rank's RNG from a checkpoint directory.
+def restore_training_state(directory: Path, model: Any, optimizer: Any, scheduler: Any, rank: int) -> TrainerState:
+    """Load optimizer, scheduler, loop state and this rank's RNG from a checkpoint directory. The
+    optimizer state is sharded as ``model`` is, whatever strategy and worker count saved it.
 
     Only tensors and plain Python values are unpickled (``weights_only=True``).
     """
     import torch
 
     trainer = directory / layout.TRAINER_SUBDIR
-    optimizer.load_state_dict(torch.load(trainer / layout.OPTIMIZER_FILE, weights_only=True, map_location="cpu"))
+    saved = torch.load(trainer / layout.OPTIMIZER_FILE, weights_only=True, map_location="cpu")
+    load_optimizer_state(model, optimizer, saved)
     scheduler.load_state_dict(json.loads((trainer / layout.SCHEDULER_FILE).read_text()))
     state = TrainerState(**json.loads((trainer / layout.STATE_FILE).read_text()))
     rng_path = trainer / layout.rng_file(rank)
@@ -309,13 +285,16 @@ def _as_random_state(value: Any) -> tuple[Any, ...]:
     return (version, tuple(internal), gauss)
 
 
-def save_final(model: Any, tokenizer: Any, plan: WorkerPlan, state: TrainerState) -> Path:
-    """Write ``final/`` (model files, config, manifest) atomically into the run directory."""
+def save_final(
+    model: Any, tokenizer: Any, plan: WorkerPlan, state: TrainerState, *, weights: dict[str, Any] | None = None
+) -> Path:
+    """Write ``final/`` (model files, config, manifest) atomically into the run directory; the
+    model's live weights, or ``weights`` (gathered from the shards of a sharded model) when given."""
     run_dir = Path(plan.run_dir)
     target = run_dir / layout.FINAL_DIR
     staging = run_dir / f".{layout.FINAL_DIR}.partial-{os.getpid()}"
     shutil.rmtree(staging, ignore_errors=True)
-    write_model_files(model, tokenizer, plan, staging)
+    write_model_files(model, tokenizer, plan, staging, state_dict=weights)
     write_manifest(staging, state.step, state.metrics(), checkpoint_info(plan) | {"final": True})
     shutil.rmtree(target, ignore_errors=True)
     os.replace(staging, target)

@@ -51,10 +51,6 @@ class TrainSession(Protocol):
         """The device this worker trains on."""
         ...
 
-    def prepare_model(self, model: torch.nn.Module) -> torch.nn.Module:
-        """Move the model to the device and wrap it for data parallelism."""
-        ...
-
     def windows(self, split: str, window_size: int) -> Iterator[list[Unit]]:
         """One pass over this worker's units of ``split``, in storage order, in windows."""
         ...
@@ -133,10 +129,6 @@ class LocalSession:
         """CUDA when available, else CPU (unless given)."""
         return self._device
 
-    def prepare_model(self, model: torch.nn.Module) -> torch.nn.Module:
-        """Move the model to the device; no wrapping with a single worker."""
-        return model.to(self._device)
-
     def windows(self, split: str, window_size: int) -> Iterator[list[Unit]]:
         """Every row of the split's parquet files in order, ``window_size`` rows at a time."""
         return iter_windows(self._tables(split), window_size)
@@ -197,13 +189,6 @@ class RaySession:
         import ray.train.torch
 
         return ray.train.torch.get_device()
-
-    def prepare_model(self, model: torch.nn.Module) -> torch.nn.Module:
-        """Wrap in DDP (gloo on CPU, nccl on GPU). Buffers are synced once at wrap time, not on
-        every forward: causal LMs have no buffer that training changes."""
-        import ray.train.torch
-
-        return ray.train.torch.prepare_model(model, parallel_strategy_kwargs={"forward_sync_buffers": False})
 
     def windows(self, split: str, window_size: int) -> Iterator[list[Unit]]:
         """This worker's shard of ``split`` (planned by :func:`plan_shards`) from Ray Data, in order.

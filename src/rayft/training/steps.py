@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING, Any
 from rayft.data.collate import MicroBatch
 from rayft.data.prepared import IGNORE_INDEX
 from rayft.training.model import unwrap
-from rayft.training.session import all_reduce_sum
+from rayft.training.parallel import is_sharded
+from rayft.training.session import all_gather_objects, all_reduce_sum
 
 if TYPE_CHECKING:
     import torch
@@ -160,11 +161,15 @@ def evaluate(
 ) -> tuple[float, int]:
     """Mean token loss over every worker's validation batches, and the label-token count.
 
-    Runs the unwrapped module, so that no worker waits on a collective inside the forward pass.
+    Runs the module inside a DDP wrapper, so that no worker waits on a collective inside the
+    forward pass. A sharded (FSDP) model gathers its blocks in every forward, so there every
+    worker runs as many forwards as the one with the most batches (the extra ones are idle).
     """
     import torch
 
     inner = unwrap(model)
+    if is_sharded(inner):
+        batches = in_lockstep(list(batches))
     was_training = inner.training
     inner.eval()
     loss_sum, tokens = 0.0, 0
@@ -175,6 +180,22 @@ def evaluate(
     inner.train(was_training)
     total_loss, total_tokens = all_reduce_sum([loss_sum, float(tokens)], device)
     return total_loss / max(total_tokens, 1.0), int(total_tokens)
+
+
+def in_lockstep(batches: list[MicroBatch]) -> list[MicroBatch]:
+    """``batches`` followed by idle ones (one token, no label) up to the most any worker has."""
+    import torch
+
+    most = max(all_gather_objects(len(batches)))
+    idle = MicroBatch(
+        torch.zeros((1, 1), dtype=torch.long),
+        torch.full((1, 1), IGNORE_INDEX, dtype=torch.long),
+        torch.zeros((1, 1), dtype=torch.long),
+        num_tokens=0,
+        num_label_tokens=0,
+        sample_ids=[],
+    )
+    return batches + [idle] * (most - len(batches))
 
 
 def to_device(batches: Iterator[MicroBatch], device: torch.device) -> Iterator[MicroBatch]:

@@ -69,14 +69,6 @@ class TorchrunSession:
         """This process's GPU (LOCAL_RANK) or the CPU."""
         return self._device
 
-    def prepare_model(self, model: torch.nn.Module) -> torch.nn.Module:
-        """Move to the device and wrap in DDP, as Ray Train's prepare_model does."""
-        from torch.nn.parallel import DistributedDataParallel
-
-        model = model.to(self._device)
-        ids = [self._local_rank] if self._device.type == "cuda" else None
-        return DistributedDataParallel(model, device_ids=ids, forward_sync_buffers=False)
-
     def windows(self, split: str, window_size: int) -> Iterator[list[Unit]]:
         """This rank's planned shard of ``split``, in order."""
         files = list(self._files.get(split, ()))

@@ -31,6 +31,7 @@ from rayft.training.checkpointing import (
 from rayft.training.faults import Faults
 from rayft.training.metrics import ConsoleLogger, JsonlLogger, MetricLogger, MultiLogger, NullLogger, TensorBoardLogger
 from rayft.training.model import build_training_model, count_parameters, parameter_groups
+from rayft.training.parallel import is_sharded, model_state, prepare_model
 from rayft.training.plan import Schedule, is_due, learning_rate_factor, units_before_step
 from rayft.training.remote_store import RemoteRun
 from rayft.training.session import TrainSession, all_reduce_sum
@@ -129,14 +130,16 @@ def setup_worker(plan: WorkerPlan, session: TrainSession) -> Worker:
             plan.model, plan.lora, plan.train.method, session.device.type,
             gradient_checkpointing=plan.train.gradient_checkpointing, restore_dir=restore_dir,
         )  # fmt: skip
-        model = session.prepare_model(model)
+        precision = resolve_precision(plan.train.mixed_precision, session.device.type)
+        model = prepare_model(
+            model, plan.train.strategy, session.device, world_size=session.world_size, precision=precision
+        )
         optimizer, scheduler = build_optimizer(model, plan.train, plan.schedule.total_steps)
         state = TrainerState()
         torch.manual_seed(plan.seed + 1 + session.rank)  # distinct dropout streams per worker
         if restore_dir is not None:
-            state = restore_training_state(restore_dir, optimizer, scheduler, session.rank)
+            state = restore_training_state(restore_dir, model, optimizer, scheduler, session.rank)
             log.info("rank %d resumed from %s at step %d", session.rank, restore_dir, state.step)
-    precision = resolve_precision(plan.train.mixed_precision, session.device.type)
     scaler = torch.amp.GradScaler("cuda") if precision.use_grad_scaler else None
     logger = open_loggers(plan, session, state.step)
     trainable, total = count_parameters(model)
@@ -278,8 +281,12 @@ def finish(worker: Worker) -> None:
         log.info("rank %d stopped on request after saving step %d", worker.session.rank, worker.state.step)
         return
     worker.checkpoints.wait()
+    # A sharded model is gathered by every rank; rank 0 writes it.
+    weights = None
+    if is_sharded(worker.model):
+        weights = model_state(worker.model, worker.plan.train.method, worker.session.rank)
     if worker.session.rank == 0:
-        save_final(worker.model, worker.tokenizer, worker.plan, worker.state)
+        save_final(worker.model, worker.tokenizer, worker.plan, worker.state, weights=weights)
         if worker.plan.remote_uri:
             worker.logger.close()  # flush the last metrics before they are uploaded
             RemoteRun(worker.plan.remote_uri).upload_final(Path(worker.plan.run_dir))

@@ -1,0 +1,131 @@
+"""FSDP (``train.strategy=fsdp``) on 2 Ray Train workers (gloo, CPU) on a tiny random model: it
+trains as DDP does, its checkpoints hold whole weights (never one rank's shard), a killed worker
+resumes exactly, and a run saved under DDP resumes under FSDP."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rayft.data.prepared import PreparedData
+from rayft.errors import TrainingError
+from tests.helpers import adapter_tensors, read_metrics, tiny_config, train_losses, train_on
+from tests.integration.test_train import _kill_a_worker_after
+
+pytestmark = pytest.mark.integration
+
+# 64 units, 2 workers x 4 per micro-batch: 8 steps per epoch.
+LORA = ("train.max_steps=8", "train.save_steps=4", "train.eval_steps=4")
+FSDP = "train.strategy=fsdp"
+
+
+@pytest.fixture(scope="module")
+def prepared(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> PreparedData:
+    from rayft.config import ModelConfig
+    from rayft.models.loading import load_tokenizer
+    from rayft.testing.units import arithmetic_prepared
+
+    tokenizer = load_tokenizer(ModelConfig(name=str(tiny_model_dir)))
+    return arithmetic_prepared(tmp_path_factory.mktemp("units"), tokenizer, num_train=64, num_validation=9)
+
+
+@pytest.fixture(scope="module")
+def ddp_run(ray_session: None, tiny_model_dir: Path, prepared: PreparedData, tmp_path_factory: Any) -> Path:
+    return train_on(tiny_config(tiny_model_dir, tmp_path_factory.mktemp("ddp"), *LORA), prepared)
+
+
+@pytest.fixture(scope="module")
+def fsdp_run(ray_session: None, tiny_model_dir: Path, prepared: PreparedData, tmp_path_factory: Any) -> Path:
+    return train_on(tiny_config(tiny_model_dir, tmp_path_factory.mktemp("fsdp"), *LORA, FSDP), prepared)
+
+
+def eval_losses(run_dir: Path) -> dict[int, float]:
+    """Validation loss by step."""
+    return {r["step"]: r["eval/loss"] for r in read_metrics(run_dir) if "eval/loss" in r}
+
+
+def assert_close_runs(got: Path, want: Path, *, rel: float = 1e-4) -> None:
+    """Same steps, training and validation losses within ``rel``, adapters within 1e-5."""
+    for read in (train_losses, eval_losses):
+        a, b = read(got), read(want)
+        assert a.keys() == b.keys()
+        for step in a:
+            assert a[step] == pytest.approx(b[step], rel=rel), (read.__name__, step)
+    got_weights, want_weights = adapter_tensors(got / "final"), adapter_tensors(want / "final")
+    assert got_weights.keys() == want_weights.keys()
+    for name, tensor in want_weights.items():
+        assert got_weights[name].shape == tensor.shape, name
+        assert (got_weights[name] - tensor).abs().max() < 1e-5, name
+
+
+def test_fsdp_lora_trains_as_ddp_and_saves_whole_adapters(fsdp_run: Path, ddp_run: Path, tiny_model_dir: Path) -> None:
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from rayft.export.checks import check_adapter
+    from rayft.training.manifest import verify_checkpoint
+
+    assert_close_runs(fsdp_run, ddp_run)
+    # 9 validation units over 2 workers: one worker evaluates a batch more; the other waits in step.
+    assert len(eval_losses(fsdp_run)) == 2
+    for directory in [*sorted((fsdp_run / "checkpoints").glob("step-*")), fsdp_run / "final"]:
+        assert verify_checkpoint(directory) == []
+        problems, summary = check_adapter(directory, expected_r=4)
+        assert problems == [] and summary is not None, directory
+    model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny_model_dir), fsdp_run / "final")
+    tokenizer = AutoTokenizer.from_pretrained(fsdp_run / "final")
+    ids = tokenizer("Question: 2 + 2\nAnswer: ", return_tensors="pt")["input_ids"]
+    assert model.generate(ids, max_new_tokens=3, do_sample=False).shape[1] > ids.shape[1]
+
+
+def test_fsdp_resume_after_a_worker_is_killed_matches_an_uninterrupted_run(
+    fsdp_run: Path, tiny_model_dir: Path, prepared: PreparedData, tmp_path: Path
+) -> None:
+    run_dir = tmp_path / "run"
+    seen: list[int] = []
+    watcher = _kill_a_worker_after(run_dir, 5, seen)
+    train_on(tiny_config(tiny_model_dir, tmp_path, *LORA, FSDP), prepared)
+    watcher.join(timeout=5)
+
+    assert seen, "no worker was killed"
+    assert train_losses(run_dir) == train_losses(fsdp_run)  # bitwise, every step
+    assert [r["step"] for r in read_metrics(run_dir) if "train/loss" in r] == list(range(1, 9))
+    want = adapter_tensors(fsdp_run / "final")
+    assert all(adapter_tensors(run_dir / "final")[name].equal(t) for name, t in want.items())
+
+
+def test_a_run_saved_under_ddp_resumes_under_fsdp(
+    ddp_run: Path, tiny_model_dir: Path, prepared: PreparedData, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("RAYFT_FAULT_RAISE", "0:6")  # after the checkpoint of step 4
+    with pytest.raises(TrainingError, match="injected failure on rank 0 at step 6"):
+        train_on(tiny_config(tiny_model_dir, tmp_path, *LORA, "failure.max_failures=0"), prepared)
+    monkeypatch.delenv("RAYFT_FAULT_RAISE")
+
+    resumed = train_on(tiny_config(tiny_model_dir, tmp_path, *LORA, FSDP), prepared, resume=True)
+
+    assert_close_runs(resumed, ddp_run)
+
+
+def test_fsdp_full_fine_tuning_trains_as_ddp_and_saves_the_whole_model(
+    ray_session: None, tiny_model_dir: Path, prepared: PreparedData, tmp_path: Path
+) -> None:
+    from safetensors.torch import load_file
+
+    full = ("train.method=full", "train.max_steps=3", "train.save_steps=2", "train.eval_steps=null",
+            "train.learning_rate=1e-3")  # fmt: skip
+    ddp = train_on(tiny_config(tiny_model_dir, tmp_path / "ddp", *full), prepared)
+    fsdp = train_on(tiny_config(tiny_model_dir, tmp_path / "fsdp", *full, FSDP), prepared)
+
+    a, b = train_losses(fsdp), train_losses(ddp)
+    assert a.keys() == b.keys() == {1, 2, 3}
+    assert all(a[step] == pytest.approx(b[step], rel=1e-4) for step in a)
+    for directory in ("checkpoints/step-000002", "final"):
+        got, want = load_file(str(fsdp / directory / "model.safetensors")), load_file(
+            str(ddp / directory / "model.safetensors"))  # fmt: skip
+        assert got.keys() == want.keys()
+        for name, tensor in want.items():
+            assert got[name].shape == tensor.shape, name
+            assert (got[name] - tensor).abs().max() < 1e-5, name

@@ -1,0 +1,139 @@
+"""Strategies without a process group: which modules FSDP shards, the checkpoint state every
+strategy writes (whole tensors, optimizer state keyed by name), and the refusal to save a shard."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rayft.errors import TrainingError
+
+
+def _lora_model(model_dir: Path) -> Any:
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    return get_peft_model(base, LoraConfig(r=4, target_modules="all-linear", task_type="CAUSAL_LM"))
+
+
+def _one_step(model: Any) -> Any:
+    import torch
+
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
+    ids = torch.arange(3, 11).unsqueeze(0)
+    model(input_ids=ids, labels=ids).loss.backward()
+    optimizer.step()
+    optimizer.zero_grad()
+    return optimizer
+
+
+def test_fsdp_units_are_the_transformer_blocks_through_peft(tiny_model_dir: Path) -> None:
+    from rayft.training.parallel import block_classes, shard_units
+
+    model = _lora_model(tiny_model_dir)
+    blocks = block_classes(model)
+    assert blocks == frozenset({"LlamaDecoderLayer"})
+    units = shard_units(model, blocks)
+    assert units == list(model.get_base_model().model.layers)
+
+
+def test_a_model_that_does_not_name_its_blocks_is_refused_for_fsdp() -> None:
+    import torch
+
+    from rayft.training.parallel import block_classes, shard_units
+
+    with pytest.raises(TrainingError, match=r"Linear does not name its transformer blocks.*strategy=ddp"):
+        block_classes(torch.nn.Linear(2, 2))
+    with pytest.raises(TrainingError, match=r"no module of the classes \['Block'\]"):
+        shard_units(torch.nn.Sequential(torch.nn.Linear(2, 2)), ["Block"])
+
+
+def test_checkpoint_state_is_a_copy_keyed_by_name_and_loads_into_a_fresh_optimizer(tiny_model_dir: Path) -> None:
+    import torch
+
+    from rayft.training.parallel import load_optimizer_state, model_state, optimizer_state, trainable_names
+
+    model = _lora_model(tiny_model_dir)
+    optimizer = _one_step(model)
+    weights = model_state(model, "lora", rank=0)
+    saved = optimizer_state(model, optimizer, rank=0)
+    assert weights is not None and saved is not None
+    assert list(weights) == trainable_names(model)
+    assert set(saved["state"]) == set(trainable_names(model))  # names, not positions
+    assert model_state(model, "lora", rank=1) is None and optimizer_state(model, optimizer, rank=1) is None
+
+    before = {name: t.clone() for name, t in weights.items()}
+    _one_step_with(model, optimizer)  # training goes on while the snapshot is written
+    assert all(weights[name].equal(t) for name, t in before.items())
+
+    fresh = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
+    load_optimizer_state(model, fresh, saved)
+    first = next(p for p in model.parameters() if p.requires_grad)
+    name = trainable_names(model)[0]
+    assert fresh.state[first]["exp_avg"].equal(saved["state"][name]["exp_avg"])
+
+
+def _one_step_with(model: Any, optimizer: Any) -> None:
+    import torch
+
+    ids = torch.arange(3, 11).unsqueeze(0)
+    model(input_ids=ids, labels=ids).loss.backward()
+    optimizer.step()
+    optimizer.zero_grad()
+
+
+def test_optimizer_state_keyed_by_position_still_loads(tiny_model_dir: Path) -> None:
+    import torch
+
+    from rayft.training.parallel import load_optimizer_state
+
+    model = _lora_model(tiny_model_dir)
+    optimizer = _one_step(model)
+    legacy = optimizer.state_dict()
+    fresh = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
+    load_optimizer_state(model, fresh, legacy)
+    first = next(p for p in model.parameters() if p.requires_grad)
+    assert fresh.state[first]["exp_avg"].equal(optimizer.state[first]["exp_avg"])
+
+
+def test_a_shard_or_an_empty_adapter_is_never_saved(tiny_model_dir: Path) -> None:
+    from rayft.training.parallel import check_full_shapes, model_state
+
+    model = _lora_model(tiny_model_dir)
+    whole = model_state(model, "lora", rank=0)
+    assert whole is not None
+    check_full_shapes(whole, model)
+    name, tensor = next(iter(whole.items()))
+    one_rank = {**whole, name: tensor[: tensor.shape[0] // 2]}
+    with pytest.raises(TrainingError, match=rf"not the whole model: {name}: \(2, 32\) instead of \(4, 32\)"):
+        check_full_shapes(one_rank, model)
+    with pytest.raises(TrainingError, match="not the whole model: missing "):
+        check_full_shapes({}, model)
+
+
+def test_evaluation_batches_without_a_process_group_are_left_as_they_are() -> None:
+    from rayft.data.collate import collate
+    from rayft.data.packing import make_unit
+    from rayft.training.steps import in_lockstep
+
+    batch = collate([make_unit([3, 4, 5], [-100, 4, 5], [0, 1, 2], [0])], pad_token_id=0)
+    assert in_lockstep([batch]) == [batch]
+    assert in_lockstep([]) == []
+
+
+def test_gathered_tied_weights_share_one_tensor_again(tiny_model_dir: Path) -> None:
+    from transformers import AutoModelForCausalLM
+
+    from rayft.training.parallel import retie
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    gathered = {name: t.clone() for name, t in model.state_dict().items()}  # what gathering returns
+    assert gathered["lm_head.weight"] is not gathered["model.embed_tokens.weight"]
+    state = retie(gathered, model)
+    assert state["lm_head.weight"] is state["model.embed_tokens.weight"]
+    assert state["model.norm.weight"] is gathered["model.norm.weight"]
