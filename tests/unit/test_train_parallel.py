@@ -56,23 +56,26 @@ def test_a_model_that_does_not_name_its_blocks_is_refused_for_fsdp() -> None:
 def test_checkpoint_state_is_a_copy_keyed_by_name_and_loads_into_a_fresh_optimizer(tiny_model_dir: Path) -> None:
     import torch
 
-    from rayft.training.parallel import load_optimizer_state, model_state, optimizer_state, trainable_names
+    from rayft.training.parallel import TorchParallelism, trainable_names
 
     model = _lora_model(tiny_model_dir)
     optimizer = _one_step(model)
-    weights = model_state(model, "lora", rank=0)
-    saved = optimizer_state(model, optimizer, rank=0)
+    single = TorchParallelism(wrap=None)
+    weights = single.model_state(model, "lora", rank=0)
+    saved = single.optimizer_state(model, optimizer, rank=0)
     assert weights is not None and saved is not None
     assert list(weights) == trainable_names(model)
     assert set(saved["state"]) == set(trainable_names(model))  # names, not positions
-    assert model_state(model, "lora", rank=1) is None and optimizer_state(model, optimizer, rank=1) is None
+    assert (
+        single.model_state(model, "lora", rank=1) is None and single.optimizer_state(model, optimizer, rank=1) is None
+    )
 
     before = {name: t.clone() for name, t in weights.items()}
     _one_step_with(model, optimizer)  # training goes on while the snapshot is written
     assert all(weights[name].equal(t) for name, t in before.items())
 
     fresh = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
-    load_optimizer_state(model, fresh, saved)
+    single.load_optimizer_state(model, fresh, saved)
     first = next(p for p in model.parameters() if p.requires_grad)
     name = trainable_names(model)[0]
     assert fresh.state[first]["exp_avg"].equal(saved["state"][name]["exp_avg"])
@@ -90,22 +93,22 @@ def _one_step_with(model: Any, optimizer: Any) -> None:
 def test_optimizer_state_keyed_by_position_still_loads(tiny_model_dir: Path) -> None:
     import torch
 
-    from rayft.training.parallel import load_optimizer_state
+    from rayft.training.parallel import TorchParallelism
 
     model = _lora_model(tiny_model_dir)
     optimizer = _one_step(model)
     legacy = optimizer.state_dict()
     fresh = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
-    load_optimizer_state(model, fresh, legacy)
+    TorchParallelism(wrap=None).load_optimizer_state(model, fresh, legacy)
     first = next(p for p in model.parameters() if p.requires_grad)
     assert fresh.state[first]["exp_avg"].equal(optimizer.state[first]["exp_avg"])
 
 
 def test_a_shard_or_an_empty_adapter_is_never_saved(tiny_model_dir: Path) -> None:
-    from rayft.training.parallel import check_full_shapes, model_state
+    from rayft.training.parallel import TorchParallelism, check_full_shapes
 
     model = _lora_model(tiny_model_dir)
-    whole = model_state(model, "lora", rank=0)
+    whole = TorchParallelism(wrap=None).model_state(model, "lora", rank=0)
     assert whole is not None
     check_full_shapes(whole, model)
     name, tensor = next(iter(whole.items()))
@@ -137,3 +140,49 @@ def test_gathered_tied_weights_share_one_tensor_again(tiny_model_dir: Path) -> N
     state = retie(gathered, model)
     assert state["lm_head.weight"] is state["model.embed_tokens.weight"]
     assert state["model.norm.weight"] is gathered["model.norm.weight"]
+
+
+def test_deepspeed_config_is_rayfts_with_the_users_entries_merged_over_it() -> None:
+    from rayft.training.zero3 import deepspeed_config
+
+    extra = {"zero_optimization": {"offload_optimizer": {"device": "cpu"}}, "communication_data_type": "fp32"}
+    config = deepspeed_config(micro_batch_size=4, world_size=2, max_grad_norm=None, autocast="bf16", extra=extra)
+    assert config["zero_optimization"] == {"stage": 3, "offload_optimizer": {"device": "cpu"}}
+    assert config["communication_data_type"] == "fp32"
+    assert (config["train_micro_batch_size_per_gpu"], config["train_batch_size"]) == (4, 8)
+    assert config["gradient_accumulation_steps"] == 1  # rayft marks the end of each step itself
+    assert config["gradient_clipping"] == 0.0
+    assert config["bf16"] == {"enabled": True} and config["fp16"] == {"enabled": False}
+    assert extra == {"zero_optimization": {"offload_optimizer": {"device": "cpu"}}, "communication_data_type": "fp32"}
+
+
+def test_deepspeed_entries_that_rayft_decides_are_refused() -> None:
+    from rayft.config import load_config
+    from rayft.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"train.deepspeed is set but train.strategy is 'ddp'; set train.strategy="):
+        load_config(None, ["train.deepspeed={zero_optimization: {offload_param: {device: cpu}}}"])
+    with pytest.raises(ConfigError, match=r"sets gradient_clipping, zero_optimization.stage=2, which rayft decides"):
+        load_config(None, ["train.strategy=deepspeed",
+                           "train.deepspeed={gradient_clipping: 0.5, zero_optimization: {stage: 2}}"])  # fmt: skip
+    cfg = load_config(None, ["train.strategy=deepspeed", "train.deepspeed={zero_optimization: {stage: 3}}"])
+    assert cfg.train.deepspeed == {"zero_optimization": {"stage": 3}}
+
+
+def test_a_missing_deepspeed_names_the_install_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    from rayft.training.zero3 import import_deepspeed
+
+    monkeypatch.setitem(sys.modules, "deepspeed", None)  # as if it were not installed
+    with pytest.raises(TrainingError, match=r"pip install 'rayft\[deepspeed\]'"):
+        import_deepspeed()
+
+
+def test_one_worker_shares_nothing_whatever_the_strategy() -> None:
+    from rayft.training.parallel import TorchParallelism, parallelism
+
+    for strategy in ("ddp", "fsdp", "deepspeed"):
+        single = parallelism(strategy, world_size=1)  # type: ignore[arg-type]
+        assert isinstance(single, TorchParallelism) and single.wrap is None and not single.sharded
+    assert parallelism("fsdp", world_size=2).sharded and not parallelism("ddp", world_size=2).sharded

@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
 from rayft.config.base import Section
+
+# DeepSpeed settings that rayft derives from train.*; train.deepspeed may not set them.
+DEEPSPEED_OWNED_KEYS = frozenset({
+    "train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "gradient_clipping",
+    "bf16", "fp16", "optimizer", "scheduler",
+})  # fmt: skip
 
 
 class TrainConfig(Section):
@@ -15,13 +21,23 @@ class TrainConfig(Section):
     method: Literal["lora", "full"] = Field(
         "lora", description="Train a LoRA adapter (see the lora section) or every weight."
     )
-    strategy: Literal["ddp", "fsdp"] = Field(
+    strategy: Literal["ddp", "fsdp", "deepspeed"] = Field(
         "ddp",
         description=(
             "How workers share the model: 'ddp' gives each worker the whole model and averages gradients; "
             "'fsdp' (PyTorch FSDP2, ZeRO-3) splits weights, gradients and optimizer state over the workers "
-            "and gathers one transformer block at a time, for models that do not fit one worker. "
-            "Checkpoints are the same either way, so a run may resume under the other strategy."
+            "and gathers one transformer block at a time, for models that do not fit one worker; "
+            "'deepspeed' does the same with DeepSpeed ZeRO stage 3 (pip install 'rayft[deepspeed]'), whose "
+            "offload options train.deepspeed takes. Checkpoints are the same under all three, so a run may "
+            "resume under another strategy."
+        ),
+    )
+    deepspeed: dict[str, Any] = Field(
+        default_factory=dict,
+        description=(
+            "With strategy 'deepspeed': DeepSpeed config entries merged over rayft's, e.g. "
+            "{zero_optimization: {offload_optimizer: {device: cpu}, offload_param: {device: cpu}}}. "
+            "Batch sizes, precision, clipping and the ZeRO stage (3) come from train.* and are refused here."
         ),
     )
     learning_rate: float = Field(2e-4, gt=0, description="Peak learning rate after warmup.")
@@ -68,6 +84,24 @@ class TrainConfig(Section):
         "auto",
         description="Autocast on GPU: 'auto' picks bf16 where supported, fp16 otherwise; CPUs run fp32.",
     )
+
+    @model_validator(mode="after")
+    def _deepspeed_entries(self) -> TrainConfig:
+        if self.deepspeed and self.strategy != "deepspeed":
+            raise ValueError(
+                f"train.deepspeed is set but train.strategy is {self.strategy!r}; set train.strategy=deepspeed "
+                "or remove train.deepspeed"
+            )
+        owned = sorted(set(self.deepspeed) & DEEPSPEED_OWNED_KEYS)
+        stage = self.deepspeed.get("zero_optimization", {}).get("stage", 3)
+        if owned or stage != 3:
+            what = ", ".join(owned + ([f"zero_optimization.stage={stage}"] if stage != 3 else []))
+            raise ValueError(
+                f"train.deepspeed sets {what}, which rayft decides (batch sizes from train.micro_batch_size, "
+                "precision from train.mixed_precision, clipping from train.max_grad_norm, ZeRO stage 3); remove "
+                "them from train.deepspeed"
+            )
+        return self
 
     @model_validator(mode="after")
     def _lr_range(self) -> TrainConfig:

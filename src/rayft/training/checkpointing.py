@@ -28,10 +28,11 @@ from rayft.training import layout
 from rayft.training.faults import Faults
 from rayft.training.manifest import write_manifest
 from rayft.training.model import unwrap
-from rayft.training.parallel import check_full_shapes, load_optimizer_state, model_state, optimizer_state
+from rayft.training.parallel import check_full_shapes
 from rayft.training.session import all_gather_objects
 
 if TYPE_CHECKING:
+    from rayft.training.parallel import Parallelism
     from rayft.training.worker import Worker, WorkerPlan
 
 log = logging.getLogger("rayft.train")
@@ -172,8 +173,8 @@ def take_snapshot(worker: Worker) -> Snapshot:
         state_json=json.dumps(asdict(state), indent=2),
         scheduler_json=json.dumps(worker.scheduler.state_dict()),
         rng_files={layout.rng_file(rank): data for rank, data in enumerate(all_rng)},
-        model_state=model_state(worker.model, plan.train.method, rank),
-        optimizer_state=optimizer_state(worker.model, worker.optimizer, rank),
+        model_state=worker.parallel.model_state(worker.model, plan.train.method, rank),
+        optimizer_state=worker.parallel.optimizer_state(worker.model, worker.optimizer, rank),
     )
     if snapshot.model_state is not None:
         check_full_shapes(snapshot.model_state, worker.model)
@@ -255,7 +256,9 @@ def _generation_config(model: Any, tokenizer: Any) -> Any:
     return generation
 
 
-def restore_training_state(directory: Path, model: Any, optimizer: Any, scheduler: Any, rank: int) -> TrainerState:
+def restore_training_state(
+    directory: Path, parallel: Parallelism, model: Any, optimizer: Any, scheduler: Any, *, rank: int
+) -> TrainerState:
     """Load optimizer, scheduler, loop state and this rank's RNG from a checkpoint directory. The
     optimizer state is sharded as ``model`` is, whatever strategy and worker count saved it.
 
@@ -265,7 +268,7 @@ def restore_training_state(directory: Path, model: Any, optimizer: Any, schedule
 
     trainer = directory / layout.TRAINER_SUBDIR
     saved = torch.load(trainer / layout.OPTIMIZER_FILE, weights_only=True, map_location="cpu")
-    load_optimizer_state(model, optimizer, saved)
+    parallel.load_optimizer_state(model, optimizer, saved)
     scheduler.load_state_dict(json.loads((trainer / layout.SCHEDULER_FILE).read_text()))
     state = TrainerState(**json.loads((trainer / layout.STATE_FILE).read_text()))
     rng_path = trainer / layout.rng_file(rank)

@@ -94,12 +94,26 @@ def trainable_parameters(net: torch.nn.Module) -> list[torch.nn.Parameter]:
 
 def parameter_groups(net: torch.nn.Module, weight_decay: float) -> list[dict[str, Any]]:
     """AdamW groups: weight decay on matrices only, never on biases and norms."""
-    named = [(n, p) for n, p in net.named_parameters() if p.requires_grad]
-    decay = [p for n, p in named if p.ndim >= 2]
-    no_decay = [p for n, p in named if p.ndim < 2]
-    groups = [{"params": decay, "weight_decay": weight_decay}]
+    params = dict(net.named_parameters())
+    groups = [
+        {"params": [params[n] for n in names], "weight_decay": decay}
+        for names, decay in _group_names(net, weight_decay)
+    ]
+    return groups
+
+
+def parameter_group_names(net: torch.nn.Module) -> list[list[str]]:
+    """The names of the trainable parameters in each group of :func:`parameter_groups`, in order."""
+    return [names for names, _ in _group_names(net, 0.0)]
+
+
+def _group_names(net: torch.nn.Module, weight_decay: float) -> list[tuple[list[str], float]]:
+    # A DeepSpeed ZeRO-3 parameter is an empty tensor; its real shape is ds_shape.
+    named = [(n, len(getattr(p, "ds_shape", p.shape))) for n, p in net.named_parameters() if p.requires_grad]
+    groups = [([n for n, ndim in named if ndim >= 2], weight_decay)]
+    no_decay = [n for n, ndim in named if ndim < 2]
     if no_decay:
-        groups.append({"params": no_decay, "weight_decay": 0.0})
+        groups.append((no_decay, 0.0))
     return groups
 
 
@@ -109,6 +123,10 @@ def unwrap(net: Any) -> Any:
 
 
 def count_parameters(net: torch.nn.Module) -> tuple[int, int]:
-    """(trainable, total) parameter counts."""
-    total = sum(p.numel() for p in net.parameters())
-    return sum(p.numel() for p in trainable_parameters(net)), total
+    """(trainable, total) parameter counts of the whole model, also when it is sharded (a DeepSpeed
+    ZeRO-3 parameter is an empty tensor that keeps its size as ``ds_numel``)."""
+
+    def numel(p: torch.nn.Parameter) -> int:
+        return int(getattr(p, "ds_numel", p.numel()))
+
+    return sum(numel(p) for p in trainable_parameters(net)), sum(numel(p) for p in net.parameters())

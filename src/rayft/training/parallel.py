@@ -1,10 +1,12 @@
-"""How the workers share the model (``train.strategy``), and how its state leaves and re-enters
-the workers whatever the strategy.
+"""How the workers share the model (``train.strategy``): one table from each strategy to what it
+does differently, and how the model's state leaves and re-enters the workers whatever the strategy.
 
 - ``ddp``: every worker holds the whole model; gradients are averaged by an all-reduce.
 - ``fsdp``: PyTorch FSDP2 (``fully_shard``): parameters, gradients and optimizer state are split
   over the workers (ZeRO-3), each transformer block is gathered just before it runs and freed
   after. Memory per worker falls roughly with the worker count, for one all-gather per block.
+- ``deepspeed``: DeepSpeed ZeRO stage 3 (:mod:`rayft.training.zero3`), the same sharding by
+  DeepSpeed's engine, with its CPU/NVMe offload options.
 
 Checkpoints have one layout for every strategy: the full weights (or adapter) as rank 0 writes
 them without any strategy, and the optimizer state keyed by parameter name. So a run saved under
@@ -13,8 +15,11 @@ one strategy or worker count resumes under another.
 
 from __future__ import annotations
 
+import contextlib
+import math
 from collections.abc import Callable, Iterable, Iterator
-from typing import TYPE_CHECKING, Any, Literal
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from rayft.errors import TrainingError
 from rayft.training.model import unwrap
@@ -24,49 +29,100 @@ if TYPE_CHECKING:
 
     from rayft.training.steps import Precision
 
-Strategy = Literal["ddp", "fsdp"]
+Strategy = Literal["ddp", "fsdp", "deepspeed"]
+MakeOptimizer = Callable[[Any], Any]
 
 
-def prepare_model(
-    model: Any, strategy: Strategy, device: torch.device, *, world_size: int, precision: Precision
-) -> Any:
-    """Move ``model`` to ``device`` and apply ``strategy`` across ``world_size`` workers (one
-    worker: nothing to share, the model is only moved)."""
-    import torch
+@dataclass(frozen=True)
+class ParallelSetup:
+    """What a strategy needs to set itself up on a worker."""
 
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
-    model = model.to(device)
+    device: torch.device
+    world_size: int
+    precision: Precision
+    micro_batch_size: int
+    max_grad_norm: float | None
+    deepspeed: dict[str, Any] = field(default_factory=dict)  # entries merged over rayft's DeepSpeed config
+
+
+class Parallelism(Protocol):
+    """What a strategy does at each point of the loop where strategies differ."""
+
+    @property
+    def sharded(self) -> bool:
+        """Whether parameters are split over the workers: every forward is then a collective,
+        so workers evaluate in lockstep, and reading the whole state is one that all ranks join."""
+        ...
+
+    def prepare(self, model: Any, make_optimizer: MakeOptimizer, setup: ParallelSetup) -> tuple[Any, Any]:
+        """The model as the loop runs it, and the torch optimizer over its trainable parameters."""
+        ...
+
+    def accumulating(self, model: Any, *, last: bool) -> contextlib.AbstractContextManager[Any]:
+        """The context of one micro-batch's forward and backward (``last``: of the step)."""
+        ...
+
+    def backward(self, model: Any, loss: torch.Tensor, scaler: Any) -> None:
+        """Back-propagate ``loss`` (already scaled for the step)."""
+        ...
+
+    def step(self, model: Any, optimizer: Any, scaler: Any, max_grad_norm: float | None) -> float:
+        """Clip, take the optimizer step, clear the gradients; return the gradient norm before clipping."""
+        ...
+
+    def model_state(self, model: Any, method: str, rank: int) -> dict[str, Any] | None:
+        """CPU copies of what a checkpoint stores of the model, on rank 0 (None elsewhere): the
+        trained parameters of a LoRA adapter (PEFT picks the adapter keys from them), or the whole
+        state dict for full fine-tuning. Whole tensors, never one rank's shard."""
+        ...
+
+    def optimizer_state(self, model: Any, optimizer: Any, rank: int) -> dict[str, Any] | None:
+        """CPU copies of the whole optimizer state keyed by parameter name, on rank 0 (None
+        elsewhere), as ``torch.distributed.checkpoint``'s full optimizer state dict."""
+        ...
+
+    def load_optimizer_state(self, model: Any, optimizer: Any, saved: dict[str, Any]) -> None:
+        """Load a checkpoint's optimizer state, sharded as the model is."""
+        ...
+
+
+def parallelism(strategy: Strategy, world_size: int) -> Parallelism:
+    """The strategy's implementation; with one worker there is nothing to share."""
     if world_size <= 1:
-        return model
-    return _STRATEGIES[strategy](model, device, precision)
+        return TorchParallelism(wrap=None)
+    return _STRATEGIES[strategy]()
 
 
-def _wrap_ddp(model: Any, device: torch.device, precision: Precision) -> Any:
+def _deepspeed() -> Parallelism:
+    from rayft.training.zero3 import DeepSpeedZero3
+
+    return DeepSpeedZero3()
+
+
+def _wrap_ddp(model: Any, setup: ParallelSetup) -> Any:
     """DistributedDataParallel. Buffers are synced once at wrap time, not on every forward:
     causal LMs have no buffer that training changes."""
     from torch.nn.parallel import DistributedDataParallel
 
-    ids = [device.index] if device.type == "cuda" else None
+    ids = [setup.device.index] if setup.device.type == "cuda" else None
     return DistributedDataParallel(model, device_ids=ids, forward_sync_buffers=False)
 
 
-def _shard_fsdp(model: Any, device: torch.device, precision: Precision) -> Any:
+def _shard_fsdp(model: Any, setup: ParallelSetup) -> Any:
     """FSDP2: each transformer block is a unit of its own, the rest (embeddings, final norm and
     head, tied or not) one more. With autocast on GPU, blocks are gathered in its dtype and
     gradients reduced in float32."""
     import torch
-    import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-    if precision.use_grad_scaler:
+    if setup.precision.use_grad_scaler:
         raise TrainingError(
             "train.strategy=fsdp does not train in fp16 (loss scaling over sharded gradients is not supported); "
-            "set train.mixed_precision=bf16 on a GPU that has it, or train.strategy=ddp"
+            "set train.mixed_precision=bf16 on a GPU that has it, or train.strategy=ddp or deepspeed"
         )
-    mesh = init_device_mesh(device.type, (dist.get_world_size(),))
-    policy = MixedPrecisionPolicy(param_dtype=precision.autocast_dtype, reduce_dtype=torch.float32)
+    mesh = init_device_mesh(setup.device.type, (setup.world_size,))
+    policy = MixedPrecisionPolicy(param_dtype=setup.precision.autocast_dtype, reduce_dtype=torch.float32)
     blocks = block_classes(model)
     for module in shard_units(model, blocks):
         fully_shard(module, mesh=mesh, mp_policy=policy)
@@ -74,7 +130,95 @@ def _shard_fsdp(model: Any, device: torch.device, precision: Precision) -> Any:
     return model
 
 
-_STRATEGIES: dict[str, Callable[[Any, Any, Any], Any]] = {"ddp": _wrap_ddp, "fsdp": _shard_fsdp}
+@dataclass(frozen=True)
+class TorchParallelism:
+    """Strategies of PyTorch itself (and a single worker, ``wrap=None``): the optimizer steps the
+    parameters as they are; FSDP's are DTensors, which ``torch.distributed.checkpoint`` gathers."""
+
+    wrap: Callable[[Any, ParallelSetup], Any] | None
+    sharded: bool = False
+
+    def prepare(self, model: Any, make_optimizer: MakeOptimizer, setup: ParallelSetup) -> tuple[Any, Any]:
+        """Move to the device, wrap or shard, then build the optimizer over what the loop runs."""
+        import torch
+
+        if setup.device.type == "cuda":
+            torch.cuda.set_device(setup.device)
+        model = model.to(setup.device)
+        if self.wrap is not None:
+            model = self.wrap(model, setup)
+        return model, make_optimizer(model)
+
+    def accumulating(self, model: Any, *, last: bool) -> contextlib.AbstractContextManager[Any]:
+        """DDP skips its all-reduce on every micro-batch but the last of a step; FSDP reduces
+        (reduce-scatters) every micro-batch, so that no worker ever holds whole gradients."""
+        if last or not hasattr(model, "no_sync"):
+            return contextlib.nullcontext()
+        return model.no_sync()  # type: ignore[no-any-return]
+
+    def backward(self, model: Any, loss: torch.Tensor, scaler: Any) -> None:
+        """``loss.backward()``, through the fp16 loss scaler when there is one."""
+        (scaler.scale(loss) if scaler is not None else loss).backward()
+
+    def step(self, model: Any, optimizer: Any, scaler: Any, max_grad_norm: float | None) -> float:
+        """Unscale (fp16), clip the global norm, step, and clear the gradients."""
+        import torch
+
+        params = [p for p in model.parameters() if p.requires_grad]
+        if scaler is not None:
+            scaler.unscale_(optimizer)
+        norm = torch.nn.utils.clip_grad_norm_(params, max_grad_norm if max_grad_norm is not None else math.inf)
+        if scaler is not None:
+            scaler.step(optimizer)
+            scaler.update()
+        else:
+            optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        return float(norm)
+
+    def model_state(self, model: Any, method: str, rank: int) -> dict[str, Any] | None:
+        """Copied from the live parameters on rank 0; gathered (every rank joins) under FSDP."""
+        if not self.sharded:
+            return cpu_copy(_local_model_state(unwrap(model), method)) if rank == 0 else None
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        if method == "lora":
+            # One all-gather per parameter, in the same order on every rank.
+            gathered = {name: p.full_tensor() for name, p in _trainable(model)}
+            return {name: t.detach().cpu() for name, t in gathered.items()} if rank == 0 else None
+        state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        return retie(dict(state), model) if rank == 0 else None
+
+    def optimizer_state(self, model: Any, optimizer: Any, rank: int) -> dict[str, Any] | None:
+        """``get_optimizer_state_dict``: copied on rank 0, gathered (every rank joins) under FSDP."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+        if not self.sharded:
+            if rank != 0:
+                return None
+            # Plain tensors come back as the live state itself: copied, so that training may go on.
+            live = get_optimizer_state_dict(model, optimizer, options=StateDictOptions(full_state_dict=True))
+            return dict(cpu_copy(live))
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        gathered = get_optimizer_state_dict(model, optimizer, options=options)
+        return dict(gathered) if rank == 0 else None
+
+    def load_optimizer_state(self, model: Any, optimizer: Any, saved: dict[str, Any]) -> None:
+        """``set_optimizer_state_dict``, which shards as it loads. Checkpoints written before
+        states were keyed by name (keyed by position) load as they were saved."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+        if all(isinstance(key, int) for key in saved.get("state", {})) and not self.sharded:
+            optimizer.load_state_dict(saved)
+            return
+        set_optimizer_state_dict(model, optimizer, saved, options=StateDictOptions(full_state_dict=True))
+
+
+_STRATEGIES: dict[str, Callable[[], Parallelism]] = {
+    "ddp": lambda: TorchParallelism(wrap=_wrap_ddp),
+    "fsdp": lambda: TorchParallelism(wrap=_shard_fsdp, sharded=True),
+    "deepspeed": _deepspeed,
+}
 
 
 def block_classes(model: Any) -> frozenset[str]:
@@ -104,36 +248,9 @@ def shard_units(model: Any, blocks: Iterable[str]) -> list[Any]:
     return [module for _, module in units]
 
 
-def is_sharded(model: Any) -> bool:
-    """Whether the parameters are split over the workers (FSDP): reading the whole state is then
-    a collective that every rank must join."""
-    from torch.distributed.tensor import DTensor
-
-    return any(isinstance(p, DTensor) for p in model.parameters())
-
-
 def trainable_names(model: Any) -> list[str]:
     """Names of the parameters the optimizer updates, as a checkpoint stores them."""
     return [name for name, p in unwrap(model).named_parameters() if p.requires_grad]
-
-
-def model_state(model: Any, method: str, rank: int) -> dict[str, Any] | None:
-    """CPU copies of what a checkpoint stores of the model, on rank 0 (None elsewhere): the
-    trained parameters of a LoRA adapter (PEFT picks the adapter keys from them), or the whole
-    state dict for full fine-tuning. Always full tensors, never one rank's shard.
-
-    Sharded models gather here, so every rank must call it.
-    """
-    if not is_sharded(model):
-        return cpu_copy(_local_model_state(unwrap(model), method)) if rank == 0 else None
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
-    if method == "lora":
-        # One all-gather per parameter, in the same order on every rank.
-        gathered = {name: p.full_tensor() for name, p in _trainable(model)}
-        return {name: t.detach().cpu() for name, t in gathered.items()} if rank == 0 else None
-    state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-    return retie(dict(state), model) if rank == 0 else None
 
 
 def retie(state: dict[str, Any], model: Any) -> dict[str, Any]:
@@ -160,39 +277,11 @@ def _local_model_state(model: Any, method: str) -> dict[str, Any]:
     return dict(model.state_dict())
 
 
-def optimizer_state(model: Any, optimizer: Any, rank: int) -> dict[str, Any] | None:
-    """CPU copies of the optimizer state keyed by parameter name, whole (not sharded), on rank 0
-    (None elsewhere). Sharded models gather here, so every rank must call it."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
-
-    if not is_sharded(model):
-        if rank != 0:
-            return None
-        # Plain tensors come back as the live state itself: copied, so that training may go on.
-        live = get_optimizer_state_dict(model, optimizer, options=StateDictOptions(full_state_dict=True))
-        return dict(cpu_copy(live))
-    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
-    gathered = get_optimizer_state_dict(model, optimizer, options=options)
-    return dict(gathered) if rank == 0 else None
-
-
-def load_optimizer_state(model: Any, optimizer: Any, saved: dict[str, Any]) -> None:
-    """Load a checkpoint's optimizer state (whole, keyed by parameter name) into ``optimizer``,
-    sharding it as the model is. Checkpoints written before states were keyed by name (keyed by
-    position) load as they were saved."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
-
-    if all(isinstance(key, int) for key in saved.get("state", {})) and not is_sharded(model):
-        optimizer.load_state_dict(saved)
-        return
-    set_optimizer_state_dict(model, optimizer, saved, options=StateDictOptions(full_state_dict=True))
-
-
 def check_full_shapes(state: dict[str, Any], model: Any) -> None:
     """Refuse to save a model state that is not whole: every tensor must have its parameter's
     full shape (a shard's shape would save one rank's slice), and a LoRA state must hold every
     trained parameter (an empty adapter saves nothing)."""
-    shapes = {name: tuple(p.shape) for name, p in unwrap(model).named_parameters()}
+    shapes = {name: full_shape(p) for name, p in unwrap(model).named_parameters()}
     wrong = [
         f"{name}: {tuple(t.shape)} instead of {shapes[name]}"
         for name, t in state.items()
@@ -202,6 +291,12 @@ def check_full_shapes(state: dict[str, Any], model: Any) -> None:
     if wrong or missing:
         detail = "; ".join(wrong[:3] + [f"missing {m}" for m in missing[:3]])
         raise TrainingError(f"refusing to save a checkpoint that is not the whole model: {detail}")
+
+
+def full_shape(param: Any) -> tuple[int, ...]:
+    """A parameter's whole shape, also when it is sharded (a DTensor's shape is the whole one;
+    DeepSpeed ZeRO-3 empties the tensor and keeps the shape as ``ds_shape``)."""
+    return tuple(int(d) for d in getattr(param, "ds_shape", param.shape))
 
 
 def cpu_copy(value: Any) -> Any:

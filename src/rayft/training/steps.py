@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
-import math
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -18,11 +17,12 @@ from typing import TYPE_CHECKING, Any
 from rayft.data.collate import MicroBatch
 from rayft.data.prepared import IGNORE_INDEX
 from rayft.training.model import unwrap
-from rayft.training.parallel import is_sharded
 from rayft.training.session import all_gather_objects, all_reduce_sum
 
 if TYPE_CHECKING:
     import torch
+
+    from rayft.training.parallel import Parallelism
 
 
 @dataclass(frozen=True)
@@ -104,71 +104,49 @@ def train_step(
     scheduler: Any,
     batches: list[MicroBatch],
     *,
+    parallel: Parallelism,
     precision: Precision,
     scaler: Any,
     max_grad_norm: float | None,
     world_size: int,
     device: torch.device,
 ) -> StepStats:
-    """Accumulate gradients over ``batches``, clip, and take one optimizer step."""
+    """Accumulate gradients over ``batches``, clip, and take one optimizer step (as ``parallel``,
+    the run's strategy, does each of these)."""
     import torch
 
     local = [sum(b.num_label_tokens for b in batches), sum(b.num_tokens for b in batches)]
     local.append(sum(b.num_computed_tokens for b in batches))
     label_tokens, real_tokens, computed_tokens = all_reduce_sum(local, device)
-    # DDP averages gradients over workers; multiplying by world_size turns that into a sum.
+    # Every strategy averages gradients over workers; multiplying by world_size turns that into a sum.
     scale = world_size / max(label_tokens, 1.0)
     loss_sum = torch.zeros((), dtype=torch.float64, device=device)
     for index, batch in enumerate(batches):
-        with _sync_context(model, last=index == len(batches) - 1):
+        with parallel.accumulating(model, last=index == len(batches) - 1):
             loss = token_loss_sum(model, batch, precision)
-            scaled = loss * scale
-            (scaler.scale(scaled) if scaler is not None else scaled).backward()
+            parallel.backward(model, loss * scale, scaler)
         loss_sum += loss.detach().double()
-    grad_norm = _clip_and_step(model, optimizer, scaler, max_grad_norm)
+    grad_norm = parallel.step(model, optimizer, scaler, max_grad_norm)
     scheduler.step()
-    optimizer.zero_grad(set_to_none=True)
     (total_loss,) = all_reduce_sum([float(loss_sum)], device)
     return StepStats(
         total_loss / max(label_tokens, 1.0), int(label_tokens), int(real_tokens), int(computed_tokens), grad_norm
     )
 
 
-def _sync_context(model: Any, *, last: bool) -> contextlib.AbstractContextManager[Any]:
-    """Skip DDP's gradient all-reduce on every micro-batch but the last of a step."""
-    if last or not hasattr(model, "no_sync"):
-        return contextlib.nullcontext()
-    return model.no_sync()  # type: ignore[no-any-return]
-
-
-def _clip_and_step(model: Any, optimizer: torch.optim.Optimizer, scaler: Any, max_grad_norm: float | None) -> float:
-    import torch
-
-    params = [p for p in model.parameters() if p.requires_grad]
-    if scaler is not None:
-        scaler.unscale_(optimizer)
-    norm = torch.nn.utils.clip_grad_norm_(params, max_grad_norm if max_grad_norm is not None else math.inf)
-    if scaler is not None:
-        scaler.step(optimizer)
-        scaler.update()
-    else:
-        optimizer.step()
-    return float(norm)
-
-
 def evaluate(
-    model: Any, batches: Iterable[MicroBatch], *, precision: Precision, device: torch.device
+    model: Any, batches: Iterable[MicroBatch], *, precision: Precision, device: torch.device, lockstep: bool = False
 ) -> tuple[float, int]:
     """Mean token loss over every worker's validation batches, and the label-token count.
 
     Runs the module inside a DDP wrapper, so that no worker waits on a collective inside the
-    forward pass. A sharded (FSDP) model gathers its blocks in every forward, so there every
+    forward pass. A sharded model gathers its blocks in every forward: with ``lockstep`` every
     worker runs as many forwards as the one with the most batches (the extra ones are idle).
     """
     import torch
 
     inner = unwrap(model)
-    if is_sharded(inner):
+    if lockstep:
         batches = in_lockstep(list(batches))
     was_training = inner.training
     inner.eval()

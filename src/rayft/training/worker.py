@@ -31,7 +31,7 @@ from rayft.training.checkpointing import (
 from rayft.training.faults import Faults
 from rayft.training.metrics import ConsoleLogger, JsonlLogger, MetricLogger, MultiLogger, NullLogger, TensorBoardLogger
 from rayft.training.model import build_training_model, count_parameters, parameter_groups
-from rayft.training.parallel import is_sharded, model_state, prepare_model
+from rayft.training.parallel import Parallelism, ParallelSetup, parallelism
 from rayft.training.plan import Schedule, is_due, learning_rate_factor, units_before_step
 from rayft.training.remote_store import RemoteRun
 from rayft.training.session import TrainSession, all_reduce_sum
@@ -69,6 +69,7 @@ class Worker:
 
     plan: WorkerPlan
     session: TrainSession
+    parallel: Parallelism
     model: Any
     optimizer: Any
     scheduler: Any
@@ -131,14 +132,15 @@ def setup_worker(plan: WorkerPlan, session: TrainSession) -> Worker:
             gradient_checkpointing=plan.train.gradient_checkpointing, restore_dir=restore_dir,
         )  # fmt: skip
         precision = resolve_precision(plan.train.mixed_precision, session.device.type)
-        model = prepare_model(
-            model, plan.train.strategy, session.device, world_size=session.world_size, precision=precision
+        parallel = parallelism(plan.train.strategy, session.world_size)
+        model, optimizer = parallel.prepare(
+            model, lambda net: build_optimizer(net, plan.train), parallel_setup(plan.train, session, precision)
         )
-        optimizer, scheduler = build_optimizer(model, plan.train, plan.schedule.total_steps)
+        scheduler = build_scheduler(optimizer, plan.train, plan.schedule.total_steps)
         state = TrainerState()
         torch.manual_seed(plan.seed + 1 + session.rank)  # distinct dropout streams per worker
         if restore_dir is not None:
-            state = restore_training_state(restore_dir, model, optimizer, scheduler, session.rank)
+            state = restore_training_state(restore_dir, parallel, model, optimizer, scheduler, rank=session.rank)
             log.info("rank %d resumed from %s at step %d", session.rank, restore_dir, state.step)
     scaler = torch.amp.GradScaler("cuda") if precision.use_grad_scaler else None
     logger = open_loggers(plan, session, state.step)
@@ -147,22 +149,36 @@ def setup_worker(plan: WorkerPlan, session: TrainSession) -> Worker:
         log.info("training %s parameters of %s (%.2f%%)", f"{trainable:,}", f"{total:,}", 100 * trainable / total)
     writer = CheckpointWriter(background=plan.checkpoint.async_upload)
     return Worker(
-        plan, session, model, optimizer, scheduler, scaler, tokenizer, precision, logger, state, writer, plan.faults
-    )
+        plan, session, parallel, model, optimizer, scheduler, scaler, tokenizer, precision, logger, state, writer,
+        plan.faults,
+    )  # fmt: skip
 
 
-def build_optimizer(model: Any, train: TrainConfig, total_steps: int) -> tuple[Any, Any]:
-    """AdamW over the trainable parameters and its warmup + cosine schedule."""
+def parallel_setup(train: TrainConfig, session: TrainSession, precision: Precision) -> ParallelSetup:
+    """What the run's strategy needs to know on this worker."""
+    return ParallelSetup(
+        device=session.device, world_size=session.world_size, precision=precision,
+        micro_batch_size=train.micro_batch_size, max_grad_norm=train.max_grad_norm, deepspeed=train.deepspeed,
+    )  # fmt: skip
+
+
+def build_optimizer(model: Any, train: TrainConfig) -> Any:
+    """AdamW over the trainable parameters."""
     import torch
 
-    optimizer = torch.optim.AdamW(
+    return torch.optim.AdamW(
         parameter_groups(model, train.weight_decay), lr=train.learning_rate, betas=train.adam_betas, eps=train.adam_eps
     )
+
+
+def build_scheduler(optimizer: Any, train: TrainConfig, total_steps: int) -> Any:
+    """Linear warmup, then cosine decay to ``min_learning_rate``."""
+    import torch
+
     min_ratio = train.min_learning_rate / train.learning_rate
-    scheduler = torch.optim.lr_scheduler.LambdaLR(
+    return torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda step: learning_rate_factor(step, train.warmup_steps, total_steps, min_ratio)
     )
-    return optimizer, scheduler
 
 
 def open_loggers(plan: WorkerPlan, session: TrainSession, start_step: int) -> MetricLogger:
@@ -203,7 +219,7 @@ def step_batches(
 def run_step(worker: Worker, batches: list[MicroBatch]) -> StepStats:
     """One optimizer step; a non-finite loss stops the run with a clear error."""
     stats = train_step(
-        worker.model, worker.optimizer, worker.scheduler, batches, precision=worker.precision,
+        worker.model, worker.optimizer, worker.scheduler, batches, parallel=worker.parallel, precision=worker.precision,
         scaler=worker.scaler, max_grad_norm=worker.plan.train.max_grad_norm,
         world_size=worker.session.world_size, device=worker.session.device,
     )  # fmt: skip
@@ -262,7 +278,13 @@ def run_evaluation(worker: Worker) -> None:
     size = plan.train.eval_micro_batch_size or plan.train.micro_batch_size
     units = (u for window in worker.session.windows("validation", plan.shuffle_window) for u in window)
     batches = (collate(chunk, worker.tokenizer.pad_token_id) for chunk in micro_batches(units, size))
-    loss, _ = evaluate(worker.model, batches, precision=worker.precision, device=worker.session.device)
+    loss, _ = evaluate(
+        worker.model,
+        batches,
+        precision=worker.precision,
+        device=worker.session.device,
+        lockstep=worker.parallel.sharded,
+    )
     state.record_eval(loss, plan.train.early_stopping_patience)
     worker.logger.log(state.step, {"eval/loss": loss, "eval/perplexity": math.exp(min(loss, 50.0))})
     if state.stopped_early:
@@ -283,8 +305,8 @@ def finish(worker: Worker) -> None:
     worker.checkpoints.wait()
     # A sharded model is gathered by every rank; rank 0 writes it.
     weights = None
-    if is_sharded(worker.model):
-        weights = model_state(worker.model, worker.plan.train.method, worker.session.rank)
+    if worker.parallel.sharded:
+        weights = worker.parallel.model_state(worker.model, worker.plan.train.method, worker.session.rank)
     if worker.session.rank == 0:
         save_final(worker.model, worker.tokenizer, worker.plan, worker.state, weights=weights)
         if worker.plan.remote_uri:

@@ -1,6 +1,7 @@
-"""FSDP (``train.strategy=fsdp``) on 2 Ray Train workers (gloo, CPU) on a tiny random model: it
-trains as DDP does, its checkpoints hold whole weights (never one rank's shard), a killed worker
-resumes exactly, and a run saved under DDP resumes under FSDP."""
+"""FSDP and DeepSpeed ZeRO-3 (``train.strategy``) on 2 Ray Train workers (gloo, CPU) on a tiny random
+model: each trains as DDP does, its checkpoints hold whole weights (never one rank's shard), a
+killed FSDP worker resumes exactly, and runs resume across strategies (DDP to FSDP, DDP to
+DeepSpeed, DeepSpeed to DDP)."""
 
 from __future__ import annotations
 
@@ -19,6 +20,9 @@ pytestmark = pytest.mark.integration
 # 64 units, 2 workers x 4 per micro-batch: 8 steps per epoch.
 LORA = ("train.max_steps=8", "train.save_steps=4", "train.eval_steps=4")
 FSDP = "train.strategy=fsdp"
+DEEPSPEED = "train.strategy=deepspeed"
+FULL = ("train.method=full", "train.max_steps=3", "train.save_steps=2", "train.eval_steps=null",
+        "train.learning_rate=1e-3")  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -39,6 +43,11 @@ def ddp_run(ray_session: None, tiny_model_dir: Path, prepared: PreparedData, tmp
 @pytest.fixture(scope="module")
 def fsdp_run(ray_session: None, tiny_model_dir: Path, prepared: PreparedData, tmp_path_factory: Any) -> Path:
     return train_on(tiny_config(tiny_model_dir, tmp_path_factory.mktemp("fsdp"), *LORA, FSDP), prepared)
+
+
+@pytest.fixture(scope="module")
+def ddp_full_run(ray_session: None, tiny_model_dir: Path, prepared: PreparedData, tmp_path_factory: Any) -> Path:
+    return train_on(tiny_config(tiny_model_dir, tmp_path_factory.mktemp("ddp-full"), *FULL), prepared)
 
 
 def eval_losses(run_dir: Path) -> dict[int, float]:
@@ -96,35 +105,60 @@ def test_fsdp_resume_after_a_worker_is_killed_matches_an_uninterrupted_run(
     assert all(adapter_tensors(run_dir / "final")[name].equal(t) for name, t in want.items())
 
 
-def test_a_run_saved_under_ddp_resumes_under_fsdp(
-    ddp_run: Path, tiny_model_dir: Path, prepared: PreparedData, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+def fail_at_step_6(
+    tiny_model_dir: Path, prepared: PreparedData, storage: Path, strategy: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv("RAYFT_FAULT_RAISE", "0:6")  # after the checkpoint of step 4
+    """Train under ``strategy`` until an injected failure before step 6 (after the checkpoint of step 4)."""
+    monkeypatch.setenv("RAYFT_FAULT_RAISE", "0:6")
     with pytest.raises(TrainingError, match="injected failure on rank 0 at step 6"):
-        train_on(tiny_config(tiny_model_dir, tmp_path, *LORA, "failure.max_failures=0"), prepared)
+        train_on(tiny_config(tiny_model_dir, storage, *LORA, strategy, "failure.max_failures=0"), prepared)
     monkeypatch.delenv("RAYFT_FAULT_RAISE")
+    assert (storage / "run" / "checkpoints" / "step-000004").is_dir()
 
-    resumed = train_on(tiny_config(tiny_model_dir, tmp_path, *LORA, FSDP), prepared, resume=True)
+
+@pytest.mark.parametrize(
+    "strategies",
+    [("train.strategy=ddp", FSDP), ("train.strategy=ddp", DEEPSPEED), (DEEPSPEED, "train.strategy=ddp")],
+    ids=["ddp-to-fsdp", "ddp-to-deepspeed", "deepspeed-to-ddp"],
+)
+def test_a_run_resumes_under_another_strategy(  # noqa: PLR0917 - fixtures
+    ddp_run: Path, tiny_model_dir: Path, prepared: PreparedData, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    strategies: tuple[str, str],
+) -> None:  # fmt: skip
+    saved_under, resumed_under = strategies
+    fail_at_step_6(tiny_model_dir, prepared, tmp_path, saved_under, monkeypatch)
+    resumed = train_on(tiny_config(tiny_model_dir, tmp_path, *LORA, resumed_under), prepared, resume=True)
 
     assert_close_runs(resumed, ddp_run)
 
 
-def test_fsdp_full_fine_tuning_trains_as_ddp_and_saves_the_whole_model(
-    ray_session: None, tiny_model_dir: Path, prepared: PreparedData, tmp_path: Path
+def test_deepspeed_lora_trains_as_ddp_and_saves_whole_adapters(
+    ray_session: None, ddp_run: Path, tiny_model_dir: Path, prepared: PreparedData, tmp_path: Path
+) -> None:
+    from rayft.export.checks import check_adapter
+
+    run_dir = train_on(tiny_config(tiny_model_dir, tmp_path, *LORA, DEEPSPEED), prepared)
+
+    assert_close_runs(run_dir, ddp_run)
+    for directory in [*sorted((run_dir / "checkpoints").glob("step-*")), run_dir / "final"]:
+        problems, summary = check_adapter(directory, expected_r=4)
+        assert problems == [] and summary is not None, directory
+
+
+@pytest.mark.parametrize("strategy", [FSDP, DEEPSPEED])
+def test_full_fine_tuning_trains_as_ddp_and_saves_the_whole_model(
+    ddp_full_run: Path, tiny_model_dir: Path, prepared: PreparedData, tmp_path: Path, strategy: str
 ) -> None:
     from safetensors.torch import load_file
 
-    full = ("train.method=full", "train.max_steps=3", "train.save_steps=2", "train.eval_steps=null",
-            "train.learning_rate=1e-3")  # fmt: skip
-    ddp = train_on(tiny_config(tiny_model_dir, tmp_path / "ddp", *full), prepared)
-    fsdp = train_on(tiny_config(tiny_model_dir, tmp_path / "fsdp", *full, FSDP), prepared)
+    run_dir = train_on(tiny_config(tiny_model_dir, tmp_path, *FULL, strategy), prepared)
 
-    a, b = train_losses(fsdp), train_losses(ddp)
+    a, b = train_losses(run_dir), train_losses(ddp_full_run)
     assert a.keys() == b.keys() == {1, 2, 3}
     assert all(a[step] == pytest.approx(b[step], rel=1e-4) for step in a)
     for directory in ("checkpoints/step-000002", "final"):
-        got, want = load_file(str(fsdp / directory / "model.safetensors")), load_file(
-            str(ddp / directory / "model.safetensors"))  # fmt: skip
+        got = load_file(str(run_dir / directory / "model.safetensors"))
+        want = load_file(str(ddp_full_run / directory / "model.safetensors"))
         assert got.keys() == want.keys()
         for name, tensor in want.items():
             assert got[name].shape == tensor.shape, name
