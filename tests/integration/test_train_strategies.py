@@ -132,12 +132,17 @@ def test_a_run_resumes_under_another_strategy(  # noqa: PLR0917 - fixtures
     assert_close_runs(resumed, ddp_run)
 
 
+@pytest.mark.parametrize(
+    "engine",
+    [(), ("train.deepspeed={zero_optimization: {offload_optimizer: {device: cpu}}}",)],
+    ids=["default", "optimizer-offload"],
+)
 def test_deepspeed_lora_trains_as_ddp_and_saves_whole_adapters(
-    ray_session: None, ddp_run: Path, tiny_model_dir: Path, prepared: PreparedData, tmp_path: Path
+    ddp_run: Path, tiny_model_dir: Path, prepared: PreparedData, tmp_path: Path, engine: tuple[str, ...]
 ) -> None:
     from rayft.export.checks import check_adapter
 
-    run_dir = train_on(tiny_config(tiny_model_dir, tmp_path, *LORA, DEEPSPEED), prepared)
+    run_dir = train_on(tiny_config(tiny_model_dir, tmp_path, *LORA, DEEPSPEED, *engine), prepared)
 
     assert_close_runs(run_dir, ddp_run)
     for directory in [*sorted((run_dir / "checkpoints").glob("step-*")), run_dir / "final"]:
