@@ -186,3 +186,93 @@ def test_one_worker_shares_nothing_whatever_the_strategy() -> None:
         single = parallelism(strategy, world_size=1)  # type: ignore[arg-type]
         assert isinstance(single, TorchParallelism) and single.wrap is None and not single.sharded
     assert parallelism("fsdp", world_size=2).sharded and not parallelism("ddp", world_size=2).sharded
+
+
+def test_an_adapter_written_empty_sliced_or_untrained_is_refused(tiny_model_dir: Path, tmp_path: Path) -> None:
+    from rayft.errors import CheckpointError
+    from rayft.training.checkpointing import check_written_adapter
+    from rayft.training.parallel import trainable_names
+
+    model = _lora_model(tiny_model_dir)
+    modules = sum(".lora_A." in name for name in trainable_names(model))
+    model.save_pretrained(tmp_path / "untrained")
+    with pytest.raises(CheckpointError, match=rf"lora_B of {modules} of {modules} modules is all zero"):
+        check_written_adapter(tmp_path / "untrained", 4, modules=modules)
+
+    _one_step(model)
+    model.save_pretrained(tmp_path / "trained")
+    check_written_adapter(tmp_path / "trained", 4, modules=modules)
+
+    state = {n: p.detach() for n, p in model.named_parameters() if p.requires_grad}
+    sliced = {n: (t[:2] if ".lora_A." in n else t) for n, t in state.items()}  # half of each A: one rank's rows
+    model.save_pretrained(tmp_path / "sliced", state_dict=sliced)
+    with pytest.raises(CheckpointError, match=r"has lora_A \(2, 32\) and lora_B .* expected \(r, in\)"):
+        check_written_adapter(tmp_path / "sliced", 4, modules=modules)
+
+    first_module = {n: t for n, t in state.items() if ".layers.0.self_attn.q_proj." in n}
+    model.save_pretrained(tmp_path / "partial", state_dict=first_module)
+    with pytest.raises(CheckpointError, match=rf"it adapts 1 modules, but the model trains {modules}"):
+        check_written_adapter(tmp_path / "partial", 4, modules=modules)
+
+
+@pytest.mark.parametrize("method", ["lora", "full"])
+def test_a_model_built_without_weights_has_the_loaded_ones_names_shapes_and_trainability(
+    tiny_model_dir: Path, method: str
+) -> None:
+    from rayft.config import LoraConfig, ModelConfig
+    from rayft.training.model import build_training_model, on_meta
+
+    def build(weights: bool) -> Any:
+        return build_training_model(ModelConfig(name=str(tiny_model_dir)), LoraConfig(r=4), method, "cpu",  # type: ignore[arg-type]
+                                    gradient_checkpointing=False, restore_dir=None, weights=weights)  # fmt: skip
+
+    loaded, empty = build(True), build(False)
+    assert on_meta(empty) and not on_meta(loaded)
+    assert [(n, p.shape, p.dtype, p.requires_grad) for n, p in empty.named_parameters()] == [
+        (n, p.shape, p.dtype, p.requires_grad) for n, p in loaded.named_parameters()
+    ]
+    assert [n for n, _ in empty.named_buffers()] == [n for n, _ in loaded.named_buffers()]
+    assert empty.get_output_embeddings().weight is empty.get_input_embeddings().weight  # still tied
+
+    import torch
+
+    from rayft.training.parallel import materialize
+
+    allocated = materialize(empty, torch.device("cpu"))  # allocating unties them; materialize ties them again
+    assert not on_meta(allocated)
+    assert [n for n, _ in allocated.named_parameters()] == [n for n, _ in loaded.named_parameters()]
+    assert allocated.get_output_embeddings().weight is allocated.get_input_embeddings().weight
+
+
+def test_memory_estimate_splits_the_state_over_workers_only_when_sharded() -> None:
+    from rayft.training.memory import GIB, estimate_worker_memory
+
+    billion = 10**9
+    ddp = estimate_worker_memory(total_params=8 * billion, trainable_params=8 * billion, weight_bytes=4,
+                                 sharded=False, world_size=8)  # fmt: skip
+    assert (ddp.weights, ddp.gradients, ddp.optimizer) == (32 * billion, 32 * billion, 64 * billion)
+    fsdp = estimate_worker_memory(total_params=8 * billion, trainable_params=8 * billion, weight_bytes=4,
+                                  sharded=True, world_size=8)  # fmt: skip
+    assert fsdp.total * 8 == ddp.total
+    lora = estimate_worker_memory(total_params=8 * billion, trainable_params=20_000_000, weight_bytes=2,
+                                  sharded=False, world_size=8)  # fmt: skip
+    assert lora.weights == 16 * billion and lora.optimizer == 160_000_000
+    master = estimate_worker_memory(total_params=10, trainable_params=10, weight_bytes=2, sharded=False,
+                                    world_size=1, master_copy=True)  # fmt: skip
+    assert master.optimizer == 120
+    assert f"{ddp.total / GIB:.1f} GiB" in ddp.describe()
+
+
+def test_a_model_state_that_cannot_fit_names_the_fixes() -> None:
+    from rayft.training.memory import GIB, estimate_worker_memory, memory_problem
+
+    estimate = estimate_worker_memory(total_params=7 * 10**9, trainable_params=7 * 10**9, weight_bytes=4,
+                                      sharded=False, world_size=4)  # fmt: skip
+    problem = memory_problem(estimate, 80 * GIB, where="GPU cuda:0 of rank 0", strategy="ddp", method="full")
+    assert problem is not None
+    assert problem.startswith("the model's state needs about 104.3 GiB (weights 26.1, gradients 26.1, optimizer")
+    assert "GPU cuda:0 of rank 0 has 80.0 GiB free" in problem
+    assert "train.strategy=fsdp (splits it over the workers), or train.method=lora, or a smaller model" in problem
+    assert memory_problem(estimate, 200 * GIB, where="GPU", strategy="ddp", method="full") is None
+    sharded = memory_problem(estimate, GIB, where="GPU", strategy="fsdp", method="lora")
+    assert sharded is not None and "Use more workers (scaling.num_workers), or a smaller model." in sharded

@@ -169,6 +169,25 @@ def load_causal_lm(cfg: ModelConfig, device_type: str = "cpu") -> PreTrainedMode
     return model
 
 
+def empty_causal_lm(cfg: ModelConfig, device_type: str = "cpu", location: str | None = None) -> Any:
+    """The model :func:`load_causal_lm` loads (or the one saved in ``location``), built on the meta
+    device: every parameter and buffer has its shape and dtype but no storage, and nothing is read
+    but the config. A distributed strategy fills it from rank 0."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    source, kwargs = model_location(cfg)
+    if location is not None:
+        source, kwargs = location, {k: v for k, v in kwargs.items() if k == "trust_remote_code"}
+    with _hub_errors(cfg.name):
+        config = AutoConfig.from_pretrained(source, **kwargs)
+    remote = {"trust_remote_code": True} if cfg.trust_remote_code else {}
+    with torch.device("meta"):
+        return AutoModelForCausalLM.from_config(  # type: ignore[no-untyped-call]
+            config, dtype=resolve_dtype(cfg.dtype, device_type), attn_implementation=cfg.attn_implementation, **remote
+        )
+
+
 @contextlib.contextmanager
 def _hub_errors(name: str) -> Iterator[None]:
     try:

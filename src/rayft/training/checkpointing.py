@@ -28,7 +28,7 @@ from rayft.training import layout
 from rayft.training.faults import Faults
 from rayft.training.manifest import write_manifest
 from rayft.training.model import unwrap
-from rayft.training.parallel import check_full_shapes
+from rayft.training.parallel import check_full_shapes, trainable_names
 from rayft.training.session import all_gather_objects
 
 if TYPE_CHECKING:
@@ -228,7 +228,8 @@ def write_model_files(
     """Weights (adapter or full) as safetensors, tokenizer with chat template, generation config
     whose EOS ids include the end-of-turn token, and the resolved config (secrets redacted).
 
-    ``state_dict`` (a snapshot) is written instead of the live weights when given.
+    ``state_dict`` (a snapshot) is written instead of the live weights when given. A LoRA adapter
+    is read back and checked before anything else is written (:func:`check_written_adapter`).
     """
     inner = unwrap(model)
     directory.mkdir(parents=True, exist_ok=True)
@@ -236,10 +237,27 @@ def write_model_files(
         inner.save_pretrained(directory, safe_serialization=True)
     else:
         inner.save_pretrained(directory, safe_serialization=True, state_dict=state_dict)
+    if plan.train.method == "lora":
+        saved = list(state_dict) if state_dict is not None else trainable_names(inner)
+        check_written_adapter(directory, plan.lora.r, modules=sum(".lora_A." in name for name in saved))
     tokenizer.save_pretrained(directory)
     generation = _generation_config(inner, tokenizer)
     generation.save_pretrained(directory)
     (directory / layout.CHECKPOINT_CONFIG_FILE).write_text(redact(plan.resolved_config), encoding="utf-8")
+
+
+def check_written_adapter(directory: Path, r: int, *, modules: int) -> None:
+    """Read back the adapter just written to ``directory`` and refuse it (the checkpoint then never
+    counts) unless it holds ``modules`` adapted modules, each with lora_A (r x in) and lora_B
+    (out x r), finite, with no lora_B left all zero: the forms in which sharded trainers are known
+    to save adapters empty, as one rank's slice, or untrained."""
+    from rayft.export.checks import check_adapter
+
+    problems, summary = check_adapter(directory, expected_r=r)
+    if summary is not None and len(summary.modules) != modules:
+        problems.append(f"it adapts {len(summary.modules)} modules, but the model trains {modules}")
+    if problems:
+        raise CheckpointError(f"the adapter written to {directory} is not usable: {'; '.join(problems)}")
 
 
 def _generation_config(model: Any, tokenizer: Any) -> Any:

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from rayft.config.model import LoraConfig, ModelConfig
-from rayft.models.loading import load_causal_lm, resolve_dtype
+from rayft.models.loading import empty_causal_lm, load_causal_lm, resolve_dtype
 from rayft.training.attention import use_training_attention
 
 if TYPE_CHECKING:
@@ -39,21 +39,27 @@ def build_training_model(
     *,
     gradient_checkpointing: bool,
     restore_dir: Path | None,
+    weights: bool = True,
 ) -> Any:
     """Load the model to train; with ``restore_dir``, weights (or the adapter) come from it.
 
-    LoRA adapters are created with the same seed on every worker; DDP then broadcasts rank 0's
-    parameters anyway. Attention switches to the training variant for the device
-    (:func:`rayft.training.attention.training_attention`).
+    Without ``weights``, the same model is built on the meta device and nothing is read but its
+    config: for the workers of a strategy that fills every worker from rank 0's copy, so that one
+    copy of the weights, not one per worker, is read and held in host memory. Attention switches
+    to the training variant for the device (:func:`rayft.training.attention.training_attention`).
     """
     load_cfg = model.model_copy(update={"dtype": training_dtype(model, method, device_type)})
-    if method == "full" and restore_dir is not None:
-        net = _load_full_from(restore_dir, load_cfg, device_type)
+    full_restore = restore_dir if method == "full" else None
+    net: Any
+    if not weights:
+        net = empty_causal_lm(load_cfg, device_type, location=str(full_restore) if full_restore else None)
+    elif full_restore is not None:
+        net = _load_full_from(full_restore, load_cfg, device_type)
     else:
         net = load_causal_lm(load_cfg, device_type)
     use_training_attention(net, load_cfg.attn_implementation, device_type)
     if method == "lora":
-        net = _attach_adapter(net, lora, restore_dir)
+        net = _attach_adapter(net, lora, restore_dir if weights else None)
     if gradient_checkpointing:
         net.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     net.config.use_cache = False
@@ -85,6 +91,11 @@ def _attach_adapter(net: Any, lora: LoraConfig, restore_dir: Path | None) -> Any
         task_type="CAUSAL_LM",
     )
     return get_peft_model(net, peft_cfg)
+
+
+def on_meta(net: Any) -> bool:
+    """Whether ``net`` was built without weights (see :func:`build_training_model`)."""
+    return any(p.is_meta for p in net.parameters())
 
 
 def trainable_parameters(net: torch.nn.Module) -> list[torch.nn.Parameter]:

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from rayft.errors import TrainingError
-from rayft.training.model import unwrap
+from rayft.training.model import on_meta, unwrap
 
 if TYPE_CHECKING:
     import torch
@@ -54,8 +54,15 @@ class Parallelism(Protocol):
         so workers evaluate in lockstep, and reading the whole state is one that all ranks join."""
         ...
 
+    @property
+    def weights_from_rank0(self) -> bool:
+        """Whether only rank 0 loads the weights: the other workers build the model on the meta
+        device and :meth:`prepare` fills it from rank 0."""
+        ...
+
     def prepare(self, model: Any, make_optimizer: MakeOptimizer, setup: ParallelSetup) -> tuple[Any, Any]:
-        """The model as the loop runs it, and the torch optimizer over its trainable parameters."""
+        """The model as the loop runs it (placed, wrapped or sharded, and filled from rank 0 where
+        it was built without weights), and the torch optimizer over its trainable parameters."""
         ...
 
     def accumulating(self, model: Any, *, last: bool) -> contextlib.AbstractContextManager[Any]:
@@ -100,10 +107,12 @@ def _deepspeed() -> Parallelism:
 
 
 def _wrap_ddp(model: Any, setup: ParallelSetup) -> Any:
-    """DistributedDataParallel. Buffers are synced once at wrap time, not on every forward:
-    causal LMs have no buffer that training changes."""
+    """DistributedDataParallel, which broadcasts rank 0's parameters and buffers as it wraps (so a
+    worker that built the model without weights gets rank 0's). Buffers are not synced again on
+    every forward: causal LMs have no buffer that training changes."""
     from torch.nn.parallel import DistributedDataParallel
 
+    model = materialize(model, setup.device) if on_meta(model) else model.to(setup.device)
     ids = [setup.device.index] if setup.device.type == "cuda" else None
     return DistributedDataParallel(model, device_ids=ids, forward_sync_buffers=False)
 
@@ -111,8 +120,15 @@ def _wrap_ddp(model: Any, setup: ParallelSetup) -> Any:
 def _shard_fsdp(model: Any, setup: ParallelSetup) -> Any:
     """FSDP2: each transformer block is a unit of its own, the rest (embeddings, final norm and
     head, tied or not) one more. With autocast on GPU, blocks are gathered in its dtype and
-    gradients reduced in float32."""
+    gradients reduced in float32.
+
+    Rank 0 holds the loaded weights on the CPU; the whole model never goes to one device. Each
+    unit is sharded as it is, then every worker's shards are filled from rank 0's copy (a
+    broadcast), buffers included, which state dicts leave out when they are not persistent.
+    """
     import torch
+    import torch.distributed as dist
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
@@ -123,10 +139,29 @@ def _shard_fsdp(model: Any, setup: ParallelSetup) -> Any:
         )
     mesh = init_device_mesh(setup.device.type, (setup.world_size,))
     policy = MixedPrecisionPolicy(param_dtype=setup.precision.autocast_dtype, reduce_dtype=torch.float32)
+    empty = on_meta(model)
+    loaded = {} if empty else model.state_dict()  # references, not copies: sharding copies each unit
     blocks = block_classes(model)
     for module in shard_units(model, blocks):
         fully_shard(module, mesh=mesh, mp_policy=policy)
     fully_shard(model, mesh=mesh, mp_policy=policy)
+    if empty:
+        model.to_empty(device=setup.device)
+    options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
+    set_model_state_dict(model, loaded, options=options)
+    for buffer in model.buffers():
+        dist.broadcast(buffer, src=0)
+    return model
+
+
+def materialize(model: Any, device: torch.device) -> Any:
+    """Give a model built on the meta device uninitialised storage on ``device`` (to be filled
+    from rank 0), tying again the weights that allocating separates (tied input and output
+    embeddings become two parameters otherwise)."""
+    model = model.to_empty(device=device)
+    tie = getattr(model, "tie_weights", None)
+    if callable(tie):
+        tie()
     return model
 
 
@@ -138,15 +173,18 @@ class TorchParallelism:
     wrap: Callable[[Any, ParallelSetup], Any] | None
     sharded: bool = False
 
+    @property
+    def weights_from_rank0(self) -> bool:
+        """DDP and FSDP fill every worker from rank 0; a single worker loads its own."""
+        return self.wrap is not None
+
     def prepare(self, model: Any, make_optimizer: MakeOptimizer, setup: ParallelSetup) -> tuple[Any, Any]:
-        """Move to the device, wrap or shard, then build the optimizer over what the loop runs."""
+        """Place and wrap (or shard), then build the optimizer over what the loop runs."""
         import torch
 
         if setup.device.type == "cuda":
             torch.cuda.set_device(setup.device)
-        model = model.to(setup.device)
-        if self.wrap is not None:
-            model = self.wrap(model, setup)
+        model = self.wrap(model, setup) if self.wrap is not None else model.to(setup.device)
         return model, make_optimizer(model)
 
     def accumulating(self, model: Any, *, last: bool) -> contextlib.AbstractContextManager[Any]:

@@ -29,6 +29,7 @@ from rayft.training.checkpointing import (
     save_final,
 )
 from rayft.training.faults import Faults
+from rayft.training.memory import estimate_worker_memory, memory_problem
 from rayft.training.metrics import ConsoleLogger, JsonlLogger, MetricLogger, MultiLogger, NullLogger, TensorBoardLogger
 from rayft.training.model import build_training_model, count_parameters, parameter_groups
 from rayft.training.parallel import Parallelism, ParallelSetup, parallelism
@@ -125,14 +126,16 @@ def setup_worker(plan: WorkerPlan, session: TrainSession) -> Worker:
     checkpoints = Path(plan.run_dir) / layout.CHECKPOINTS_DIR
     if session.rank == 0:
         remove_incomplete(checkpoints)  # staging directories of saves a crash interrupted
+    parallel = parallelism(plan.train.strategy, session.world_size)
     with session.restored_checkpoint() as candidate:
         restore_dir = resume_checkpoint(candidate, checkpoints)
         model = build_training_model(
             plan.model, plan.lora, plan.train.method, session.device.type,
             gradient_checkpointing=plan.train.gradient_checkpointing, restore_dir=restore_dir,
+            weights=session.rank == 0 or not parallel.weights_from_rank0,
         )  # fmt: skip
         precision = resolve_precision(plan.train.mixed_precision, session.device.type)
-        parallel = parallelism(plan.train.strategy, session.world_size)
+        check_device_memory(model, plan.train, parallel, precision, session)
         model, optimizer = parallel.prepare(
             model, lambda net: build_optimizer(net, plan.train), parallel_setup(plan.train, session, precision)
         )
@@ -152,6 +155,30 @@ def setup_worker(plan: WorkerPlan, session: TrainSession) -> Worker:
         plan, session, parallel, model, optimizer, scheduler, scaler, tokenizer, precision, logger, state, writer,
         plan.faults,
     )  # fmt: skip
+
+
+def check_device_memory(
+    model: Any, train: TrainConfig, parallel: Parallelism, precision: Precision, session: TrainSession
+) -> None:
+    """Before the model goes to a GPU: fail at once when its weights, gradients and optimizer state
+    alone cannot fit the GPU's free memory (see :mod:`rayft.training.memory`)."""
+    import torch
+
+    if session.device.type != "cuda":
+        return
+    trainable, total = count_parameters(model)
+    estimate = estimate_worker_memory(
+        total_params=total, trainable_params=trainable, weight_bytes=next(model.parameters()).element_size(),
+        sharded=parallel.sharded, world_size=session.world_size,
+        master_copy=train.strategy == "deepspeed" and precision.autocast_dtype is not None,
+    )  # fmt: skip
+    free, _ = torch.cuda.mem_get_info(session.device)
+    where = f"GPU {session.device} of rank {session.rank}"
+    problem = memory_problem(estimate, free, where=where, strategy=train.strategy, method=train.method)
+    if problem is not None:
+        raise TrainingError(problem)
+    log.info("rank %d: model state about %s on %s (%.1f GiB free)", session.rank, estimate.describe(), where,
+             free / 2**30)  # fmt: skip
 
 
 def parallel_setup(train: TrainConfig, session: TrainSession, precision: Precision) -> ParallelSetup:

@@ -81,6 +81,7 @@ class DeepSpeedZero3:
     """The ``deepspeed`` strategy: a DeepSpeed engine in ZeRO stage 3 (see the module docstring)."""
 
     sharded = True
+    weights_from_rank0 = False  # every worker loads the weights (DeepSpeed's zero.Init is not used)
 
     def prepare(self, model: Any, make_optimizer: MakeOptimizer, setup: ParallelSetup) -> tuple[Any, Any]:
         """Build the torch optimizer, then the engine around model and optimizer; the torch
