@@ -24,6 +24,16 @@ LOCAL_RAY_SYSTEM_CONFIG: dict[str, object] = {
     "task_events_report_interval_ms": 10_000,
 }
 
+# Environment variables of the processes a Ray that rayft starts runs beside its workers (read by
+# those processes, which inherit them from this one when ray.init starts them); an exported one wins.
+LOCAL_RAY_PROCESS_ENV: dict[str, str] = {
+    # Ray's log monitor, which forwards the workers' output to this console, looks for new log files
+    # with five globs over the log directory ten times a second, unless it already follows many
+    # files; then it looks every half second (LOG_NAME_UPDATE_INTERVAL_S). Looking every half second
+    # from the start halves its CPU beside training. A new file is still read from its first line.
+    "RAY_LOG_MONITOR_MANY_FILES_THRESHOLD": "0",
+}
+
 # Ray Train settings (environment variables the driver passes on to Ray Train's controller and
 # workers) for runs on a Ray that rayft starts itself; an exported one wins.
 LOCAL_RAY_TRAIN_ENV: dict[str, str] = {
@@ -32,6 +42,13 @@ LOCAL_RAY_TRAIN_ENV: dict[str, str] = {
     # drained by an autoscaler, so there is nothing for it to watch.
     "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "0",
 }
+
+# On a Ray that rayft started, each training worker process runs Ray's own work (Ray core's task
+# loop, which wakes every 10 ms to check for signals and takes the GIL to do so, and the controller's
+# health polls) on its main thread at idle CPU priority, so that it does not preempt the training
+# thread of either worker (see rayft.training.launcher.idle_main_thread). Exporting this variable as
+# 0 keeps the main thread at the training thread's priority, as on a joined cluster.
+IDLE_MAIN_THREAD_ENV = "RAYFT_IDLE_WORKER_MAIN_THREAD"
 
 # Whether this process started the Ray it is connected to (see :func:`owns_ray`).
 _STARTED_HERE = {"ray": False}
@@ -52,7 +69,8 @@ def ray_runtime(address: str | None = None) -> Iterator[None]:
         log.info("joining the Ray cluster at %s", address)
         _join(address)
     else:
-        ray.init(include_dashboard=False, log_to_driver=True, _system_config=local_system_config(os.environ))
+        with environment(local_process_env(os.environ)):
+            ray.init(include_dashboard=False, log_to_driver=True, _system_config=local_system_config(os.environ))
         mark_started_here()
     try:
         yield
@@ -75,16 +93,45 @@ def owns_ray() -> bool:
     return _STARTED_HERE["ray"] and ray.is_initialized()
 
 
+def local_process_env(environ: Mapping[str, str]) -> dict[str, str]:
+    """The environment of the processes a Ray that rayft starts runs beside its workers:
+    :data:`LOCAL_RAY_PROCESS_ENV`, less the variables the user exported."""
+    return {name: value for name, value in LOCAL_RAY_PROCESS_ENV.items() if name not in environ}
+
+
 def local_train_env(environ: Mapping[str, str]) -> dict[str, str]:
     """The Ray Train environment of a run on a Ray that rayft started: :data:`LOCAL_RAY_TRAIN_ENV`,
     less the variables the user exported."""
     return {name: value for name, value in LOCAL_RAY_TRAIN_ENV.items() if name not in environ}
 
 
+def local_idle_main_thread(environ: Mapping[str, str]) -> bool:
+    """Whether the training workers on a Ray that rayft started run their main thread at idle CPU
+    priority (:data:`IDLE_MAIN_THREAD_ENV`; on unless exported as ``0``)."""
+    return environ.get(IDLE_MAIN_THREAD_ENV, "1").strip() != "0"
+
+
 def local_system_config(environ: Mapping[str, str]) -> dict[str, object]:
     """The Ray system config of a local Ray started by rayft: :data:`LOCAL_RAY_SYSTEM_CONFIG`, less
     the settings the user exported as ``RAY_<name>`` (Ray reads those itself)."""
     return {name: value for name, value in LOCAL_RAY_SYSTEM_CONFIG.items() if f"RAY_{name}" not in environ}
+
+
+@contextlib.contextmanager
+def environment(variables: Mapping[str, str]) -> Iterator[None]:
+    """Set ``variables`` in this process's environment for the duration (the processes started
+    meanwhile inherit them; Ray Train passes the ones it knows on to its controller and workers),
+    then restore what was there."""
+    saved = {name: os.environ.get(name) for name in variables}
+    os.environ.update(variables)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 def _join(address: str) -> None:

@@ -3,6 +3,7 @@ gradient-accumulation equivalence, and exact resume after a worker is killed."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import threading
@@ -25,6 +26,27 @@ def actor_classes() -> set[tuple[str, str]]:
     return {(actor_id, info["ActorClassName"]) for actor_id, info in ray._private.state.actors().items()}
 
 
+def _watch_worker_threads(stop: threading.Event, seen: set[tuple[str, bool]]) -> threading.Thread:
+    """Until ``stop``, record for every thread of the Ray Train workers whether it is the process's
+    main thread and whether it runs under SCHED_IDLE."""
+    import psutil
+
+    def watch() -> None:
+        while not stop.wait(0.05):
+            for process in psutil.process_iter(["cmdline"]):
+                if "ray::RayTrainWorker" not in " ".join(process.info["cmdline"] or []):
+                    continue
+                with contextlib.suppress(psutil.Error):
+                    for thread in process.threads():
+                        with contextlib.suppress(OSError):
+                            idle = os.sched_getscheduler(thread.id) == os.SCHED_IDLE
+                            seen.add(("main" if thread.id == process.pid else "other", idle))
+
+    thread = threading.Thread(target=watch, daemon=True)
+    thread.start()
+    return thread
+
+
 @pytest.fixture(scope="module")
 def prepared(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> PreparedData:
     from rayft.config import ModelConfig
@@ -40,12 +62,24 @@ def test_lora_on_two_workers(ray_session: None, tiny_model_dir: Path, prepared: 
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     before = actor_classes()
-    run_dir = train_on(tiny_config(tiny_model_dir, tmp_path, "train.max_steps=6"), prepared)
+    threads: set[tuple[str, bool]] = set()
+    stop = threading.Event()
+    watcher = _watch_worker_threads(stop, threads)
+    try:
+        run_dir = train_on(tiny_config(tiny_model_dir, tmp_path, "train.max_steps=6"), prepared)
+    finally:
+        stop.set()
+        watcher.join(timeout=5)
 
-    # On a Ray that rayft started, Ray Train runs without the helpers that cannot work there.
-    started = actor_classes() - before
-    assert {"TrainController", "RayTrainWorker"} <= {name for _, name in started}
-    assert not {"PlacementGroupCleaner", "PreemptionWatcher"} & {name for _, name in started}
+    # On a Ray that rayft started, Ray Train runs without the helpers that cannot work there, and
+    # the workers read their shards through Ray Data without starting its executor's actors.
+    started = {name for _, name in actor_classes() - before}
+    assert {"TrainController", "RayTrainWorker", "DatasetManager"} <= started
+    assert not {"PlacementGroupCleaner", "PreemptionWatcher"} & started
+    assert not {"_AutoscalingCoordinatorActor", "_StatsActor"} & started
+    # Each worker's main thread (Ray's task loop) yields the CPU to training; no other thread does.
+    if hasattr(os, "SCHED_IDLE"):
+        assert ("main", True) in threads and ("other", True) not in threads, threads
     losses = train_losses(run_dir)
     assert sorted(losses) == [1, 2, 3, 4, 5, 6]
     evals = [r["eval/loss"] for r in read_metrics(run_dir) if "eval/loss" in r]

@@ -15,16 +15,17 @@ def start_local_ray(num_cpus: int = 2, **kwargs: Any) -> Any:
 
     if ray.is_initialized():
         return ray.get_runtime_context()
-    from rayft.runtime import local_system_config, mark_started_here
+    from rayft.runtime import environment, local_process_env, local_system_config, mark_started_here
 
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")
     kwargs.setdefault("_system_config", local_system_config(os.environ))  # as `rayft` starts its local Ray
-    context = ray.init(
-        num_cpus=num_cpus,
-        include_dashboard=False,
-        log_to_driver=True,
-        configure_logging=False,
-        **kwargs,
-    )
+    with environment(local_process_env(os.environ)):
+        context = ray.init(
+            num_cpus=num_cpus,
+            include_dashboard=False,
+            log_to_driver=True,
+            configure_logging=False,
+            **kwargs,
+        )
     mark_started_here()  # runs on it take the same path as on the Ray `rayft` starts
     return context

@@ -20,7 +20,7 @@ from typing import Any
 from rayft.config.train import CheckpointConfig, FailureConfig, ScalingConfig
 from rayft.data.prepared import PreparedData
 from rayft.errors import RayftError, ResourceError, RunInterruptedError, TrainingError, exception_chain
-from rayft.runtime import local_train_env, owns_ray
+from rayft.runtime import environment, local_idle_main_thread, local_train_env, owns_ray
 from rayft.security import install_log_redaction
 from rayft.training import layout
 from rayft.training.checkpoint_store import scan_checkpoints
@@ -180,7 +180,7 @@ def launch_ray(
     own_ray = owns_ray()
     trainer = trainer_class(own_ray)(
         train_loop_per_worker=ray_worker_entry,
-        train_loop_config={"plan": plan},
+        train_loop_config={"plan": plan, "idle_main_thread": own_ray and local_idle_main_thread(os.environ)},
         scaling_config=ray.train.ScalingConfig(
             num_workers=scaling.num_workers,
             use_gpu=use_gpu,
@@ -195,7 +195,7 @@ def launch_ray(
         ),
         torch_config=TorchConfig(backend="nccl" if use_gpu else "gloo", timeout_s=int(failure.collective_timeout_s)),
         datasets=_ray_datasets(prepared),
-        dataset_config=PlannedShards(split_files(prepared), scaling.num_workers),
+        dataset_config=PlannedShards(split_files(prepared), scaling.num_workers, direct=own_ray),
     )
     train_env = local_train_env(os.environ) if own_ray else {}
     with (
@@ -208,13 +208,21 @@ def launch_ray(
 
 def trainer_class(own_ray: bool) -> type:
     """Ray Train's ``TorchTrainer``; on a Ray that rayft started (:func:`rayft.runtime.owns_ray`),
-    one without the placement-group cleaner.
+    one without the placement-group cleaner and without registering its workers with Ray Data's
+    autoscaling coordinator.
 
     That cleaner is a detached actor that asks the State API every second whether the controller
     is still alive, to remove its placement group if it died. The State API needs the dashboard,
     which a local rayft Ray does not run: every check fails (a warning each second in the run's
     log), so it could never clean anything, while its process costs CPU beside training. On a
     Ray that rayft started, the placement groups end with the command anyway.
+
+    The coordinator is a detached actor through which Ray Train and Ray Data ask an autoscaler for
+    nodes and share out what a cluster has. The controller creates it and waits for its process to
+    start before it starts any worker (over a second of start-up on a small machine), and it then
+    lives beside training. A local Ray has no autoscaler and no nodes to add, and the workers' Ray
+    Data reads need no share of the CPUs (:class:`PlannedShards` hands them blocks already in the
+    object store).
     """
     from ray.train.torch import TorchTrainer
 
@@ -222,41 +230,90 @@ def trainer_class(own_ray: bool) -> type:
         return TorchTrainer
     try:
         from ray.train.v2._internal.callbacks.placement_group_callback import PlacementGroupCleanerCallback
+
+        dropped: tuple[type, ...] = (PlacementGroupCleanerCallback,)
     except ImportError:  # a Ray without it: nothing to drop
-        return TorchTrainer
+        dropped = ()
 
     class LocalTorchTrainer(TorchTrainer):
-        """``TorchTrainer`` without the placement-group cleaner."""
+        """``TorchTrainer`` without the placement-group cleaner and the autoscaling coordinator."""
 
         def _create_default_callbacks(self) -> list[Any]:
-            callbacks = super()._create_default_callbacks()  # type: ignore[misc]
-            return [c for c in callbacks if not isinstance(c, PlacementGroupCleanerCallback)]
+            callbacks: list[Any] = super()._create_default_callbacks()  # type: ignore[misc]
+            return [c for c in callbacks if not isinstance(c, dropped)]
+
+        def _initialize_and_run_controller(self, **controller_init_kwargs: Any) -> Any:
+            if "scaling_policy" in controller_init_kwargs:
+                policy = controller_init_kwargs["scaling_policy"]
+                controller_init_kwargs["scaling_policy"] = local_scaling_policy(policy)
+            return super()._initialize_and_run_controller(**controller_init_kwargs)  # type: ignore[misc]
 
     return LocalTorchTrainer
 
 
-@contextlib.contextmanager
-def environment(variables: dict[str, str]) -> Iterator[None]:
-    """Set ``variables`` in this process's environment for the duration (Ray Train passes the ones
-    it knows on to its controller and workers), then restore what was there."""
-    saved = {name: os.environ.get(name) for name in variables}
-    os.environ.update(variables)
+def local_scaling_policy(policy: Any) -> Any:
+    """Ray Train's fixed-size scaling ``policy`` less its requests to the autoscaling coordinator;
+    any other policy (elastic training) unchanged. The class is defined here, not at module level,
+    so that the controller gets the class itself and need not import rayft."""
     try:
-        yield
-    finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
+        from ray.train.v2._internal.execution.scaling_policy import FixedScalingPolicy
+    except ImportError:  # a Ray without it
+        return policy
+    if type(policy) is not FixedScalingPolicy:
+        return policy
+
+    class LocalFixedScalingPolicy(FixedScalingPolicy):
+        """``FixedScalingPolicy`` that never creates or calls the autoscaling coordinator."""
+
+        def after_controller_start(self, train_run_context: Any) -> None:
+            """Nothing to register: no autoscaler, no other requester."""
+
+        async def before_controller_shutdown(self) -> None:
+            """No request to cancel."""
+
+        def before_controller_abort(self) -> None:
+            """No request to cancel."""
+
+        def _maybe_send_resource_request(self) -> None:
+            """No request to renew."""
+
+    return LocalFixedScalingPolicy(policy.scaling_config)
 
 
 def ray_worker_entry(config: dict[str, Any]) -> None:
-    """The function each Ray Train worker runs."""
+    """The function each Ray Train worker runs (in a thread of its own; the process's main thread
+    runs Ray's task loop)."""
     plan: WorkerPlan = config["plan"]
     install_log_redaction()
+    if config.get("idle_main_thread"):
+        idle_main_thread()
     session = RaySession(Path(plan.run_dir), remote_uri=plan.remote_uri, num_to_keep=plan.checkpoint.num_to_keep)
     run_worker(plan, session)
+
+
+def idle_main_thread() -> bool:
+    """Put this process's main thread under ``SCHED_IDLE``, from another thread; returns whether it
+    changed (not on the main thread itself, nor off Linux, nor where the kernel refuses).
+
+    In a Ray worker the main thread runs Ray core's task loop: it wakes every 10 ms to check for
+    signals (taking the GIL from the training thread to do so) and answers the controller's health
+    polls. At normal priority each wake-up preempts a training thread, of this worker or of the
+    other, which the other then waits for at the next gradient all-reduce. Under ``SCHED_IDLE`` it
+    runs when a core would otherwise idle, or at the end of a scheduler slice, and still makes
+    progress. Threads start with the policy of the thread that starts them: the training thread,
+    and the threads it starts later (checkpoint uploads, data prefetching), keep normal priority;
+    Ray and gloo started theirs before the training function ran. An unprivileged process cannot
+    set the policy back, so this is only for a Ray that ends with the command.
+    """
+    main = threading.main_thread()
+    if threading.current_thread() is main or main.native_id is None or not hasattr(os, "SCHED_IDLE"):
+        return False
+    try:
+        os.sched_setscheduler(main.native_id, os.SCHED_IDLE, os.sched_param(0))
+    except OSError:  # a kernel or sandbox that refuses: the main thread keeps its priority
+        log.debug("could not put the Ray worker's main thread at idle priority", exc_info=True)
+        return False
+    return True
 
 
 def _ray_checkpoint_config(checkpoint: CheckpointConfig, has_validation: bool) -> Any:
@@ -284,23 +341,62 @@ def _planned_shards_class() -> type:
         order: the same assignment as without Ray, and streamed without read tasks (which could
         not get CPUs while the workers hold them all)."""
 
-        def __init__(self, shards: dict[str, list[Any]]) -> None:
+        def __init__(self, shards: dict[str, list[Any]], iterator_class: type | None) -> None:
             super().__init__(datasets_to_split="all")
             self._shards = shards
+            self._iterator_class = iterator_class
 
         def configure(
             self, datasets: dict[str, Any], world_size: int, worker_handles: Any, worker_node_ids: Any, **kwargs: Any
         ) -> list[dict[str, Any]]:
-            return [{name: self._shards[name][rank].iterator() for name in datasets} for rank in range(world_size)]
+            def iterator(dataset: Any) -> Any:
+                return self._iterator_class(dataset) if self._iterator_class else dataset.iterator()
+
+            return [{name: iterator(self._shards[name][rank]) for name in datasets} for rank in range(world_size)]
 
     return _PlannedShards
 
 
-def PlannedShards(files: dict[str, tuple[str, ...]], world_size: int) -> Any:  # noqa: N802 - builds a DataConfig
-    """A Ray Train DataConfig that shards by :func:`plan_shards`.
+def block_iterator_class() -> type | None:
+    """A Ray Data iterator over an in-memory dataset that hands its blocks to Ray Data's batching as
+    they are, or None where this Ray's internals differ.
+
+    Iterating a ``from_arrow`` dataset the ordinary way starts a streaming executor in the worker
+    with nothing to execute (the blocks are already in the object store), and that executor starts
+    two detached actors, each a process that lives beside training: Ray Data's stats actor (which
+    then gets the iteration's metrics) and the autoscaling coordinator. The iterator is defined here,
+    not at module level, so that Ray Train's dataset actor need not import rayft to pass it on.
+    """
+    try:
+        from ray.data._internal.iterator.iterator_impl import DataIteratorImpl
+    except ImportError:
+        return None
+
+    class BlockIterator(DataIteratorImpl):
+        """A dataset's source blocks, without a streaming executor or stats (any other dataset is
+        iterated as usual)."""
+
+        def _to_ref_bundle_iterator(self) -> Any:
+            source = getattr(getattr(self._base_dataset, "_logical_plan", None), "dag", None)
+            output_data = getattr(source, "output_data", None)
+            bundles = output_data() if callable(output_data) else None
+            if bundles is None:
+                return super()._to_ref_bundle_iterator()
+            return iter(bundles), None, None
+
+    return BlockIterator
+
+
+def PlannedShards(  # noqa: N802 - builds a DataConfig
+    files: dict[str, tuple[str, ...]], world_size: int, *, direct: bool = False
+) -> Any:
+    """A Ray Train DataConfig that shards by :func:`plan_shards`; with ``direct`` (a Ray that rayft
+    started), the workers iterate their shards with :func:`block_iterator_class`.
 
     The per-rank datasets are built here, on the driver: building them inside Ray Train's
-    dataset actor blocks its event loop.
+    dataset actor blocks its event loop. They are made with ``from_blocks``, which reads each
+    table's row count and schema here, where ``from_arrow`` would run a task per shard to do so:
+    a worker process to wait for (or start) before the controller can start.
     """
     import ray.data
 
@@ -312,14 +408,14 @@ def PlannedShards(files: dict[str, tuple[str, ...]], world_size: int) -> Any:  #
     try:
         shards = {
             name: [
-                ray.data.from_arrow(read_shard_tables(paths, ranges))
+                ray.data.from_blocks(read_shard_tables(paths, ranges))
                 for ranges in plan_shards(parquet_row_counts(paths), world_size)
             ]
             for name, paths in files.items()
         }
     finally:
         context.enable_progress_bars, context.print_on_execution_start = saved
-    return _planned_shards_class()(shards)
+    return _planned_shards_class()(shards, block_iterator_class() if direct else None)
 
 
 @contextlib.contextmanager
