@@ -100,7 +100,19 @@ def on_meta(net: Any) -> bool:
 
 def trainable_parameters(net: torch.nn.Module) -> list[torch.nn.Parameter]:
     """Parameters the optimizer updates, in a fixed order (so optimizer state restores exactly)."""
-    return [p for p in net.parameters() if p.requires_grad]
+    return [p for _, p in named_trainable(net)]
+
+
+def named_trainable(net: torch.nn.Module) -> list[tuple[str, Any]]:
+    """(name, parameter) of every parameter the optimizer updates, in module order (a sharded
+    strategy's parameters are DTensors or DeepSpeed's emptied tensors)."""
+    return [(n, p) for n, p in net.named_parameters() if p.requires_grad]
+
+
+def full_shape(param: Any) -> tuple[int, ...]:
+    """A parameter's whole shape, also when it is sharded (a DTensor's shape is the whole one;
+    DeepSpeed ZeRO-3 empties the tensor and keeps the shape as ``ds_shape``)."""
+    return tuple(int(d) for d in getattr(param, "ds_shape", param.shape))
 
 
 def parameter_groups(net: torch.nn.Module, weight_decay: float) -> list[dict[str, Any]]:
@@ -119,8 +131,7 @@ def parameter_group_names(net: torch.nn.Module) -> list[list[str]]:
 
 
 def _group_names(net: torch.nn.Module, weight_decay: float) -> list[tuple[list[str], float]]:
-    # A DeepSpeed ZeRO-3 parameter is an empty tensor; its real shape is ds_shape.
-    named = [(n, len(getattr(p, "ds_shape", p.shape))) for n, p in net.named_parameters() if p.requires_grad]
+    named = [(n, len(full_shape(p))) for n, p in named_trainable(net)]
     groups = [([n for n, ndim in named if ndim >= 2], weight_decay)]
     no_decay = [n for n, ndim in named if ndim < 2]
     if no_decay:

@@ -17,12 +17,12 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from rayft.errors import TrainingError
-from rayft.training.model import on_meta, unwrap
+from rayft.training.model import full_shape, named_trainable, on_meta, unwrap
 
 if TYPE_CHECKING:
     import torch
@@ -222,7 +222,7 @@ class TorchParallelism:
 
         if method == "lora":
             # One all-gather per parameter, in the same order on every rank.
-            gathered = {name: p.full_tensor() for name, p in _trainable(model)}
+            gathered = {name: p.full_tensor() for name, p in named_trainable(unwrap(model))}
             return {name: t.detach().cpu() for name, t in gathered.items()} if rank == 0 else None
         state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
         return retie(dict(state), model) if rank == 0 else None
@@ -288,7 +288,7 @@ def shard_units(model: Any, blocks: Iterable[str]) -> list[Any]:
 
 def trainable_names(model: Any) -> list[str]:
     """Names of the parameters the optimizer updates, as a checkpoint stores them."""
-    return [name for name, p in unwrap(model).named_parameters() if p.requires_grad]
+    return [name for name, _ in named_trainable(unwrap(model))]
 
 
 def retie(state: dict[str, Any], model: Any) -> dict[str, Any]:
@@ -305,13 +305,9 @@ def retie(state: dict[str, Any], model: Any) -> dict[str, Any]:
     return state
 
 
-def _trainable(model: Any) -> Iterator[tuple[str, Any]]:
-    return ((name, p) for name, p in unwrap(model).named_parameters() if p.requires_grad)
-
-
 def _local_model_state(model: Any, method: str) -> dict[str, Any]:
     if method == "lora":
-        return dict(_trainable(model))
+        return dict(named_trainable(unwrap(model)))
     return dict(model.state_dict())
 
 
@@ -329,12 +325,6 @@ def check_full_shapes(state: dict[str, Any], model: Any) -> None:
     if wrong or missing:
         detail = "; ".join(wrong[:3] + [f"missing {m}" for m in missing[:3]])
         raise TrainingError(f"refusing to save a checkpoint that is not the whole model: {detail}")
-
-
-def full_shape(param: Any) -> tuple[int, ...]:
-    """A parameter's whole shape, also when it is sharded (a DTensor's shape is the whole one;
-    DeepSpeed ZeRO-3 empties the tensor and keeps the shape as ``ds_shape``)."""
-    return tuple(int(d) for d in getattr(param, "ds_shape", param.shape))
 
 
 def cpu_copy(value: Any) -> Any:

@@ -139,8 +139,8 @@ def evaluate(
 ) -> tuple[float, int]:
     """Mean token loss over every worker's validation batches, and the label-token count.
 
-    Runs the module inside a DDP wrapper, so that no worker waits on a collective inside the
-    forward pass. A sharded model gathers its blocks in every forward: with ``lockstep`` every
+    Runs the module a DDP wrapper holds, not the wrapper, so that no worker waits on a collective
+    inside the forward pass. A sharded model gathers its blocks in every forward: with ``lockstep`` every
     worker runs as many forwards as the one with the most batches (the extra ones are idle).
     """
     import torch

@@ -20,7 +20,7 @@ from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from rayft.errors import TrainingError
-from rayft.training.model import parameter_group_names
+from rayft.training.model import named_trainable, parameter_group_names
 from rayft.training.parallel import MakeOptimizer, ParallelSetup, retie
 
 if TYPE_CHECKING:
@@ -142,7 +142,7 @@ class DeepSpeedZero3:
         from deepspeed.utils import safe_get_full_optimizer_state
 
         module = model.module
-        trainable = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
+        trainable = named_trainable(module)
         step = _adam_step(optimizer)
         keys = sorted(k for k in next(iter(optimizer.state.values())) if k != "step")
         state: dict[str, Any] = {}
@@ -168,7 +168,7 @@ class DeepSpeedZero3:
         from deepspeed.utils import safe_set_full_optimizer_state
 
         module = model.module
-        trainable = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
+        trainable = named_trainable(module)
         missing = [n for n, _ in trainable if n not in saved["state"]]
         if missing:
             raise TrainingError(f"the checkpoint's optimizer state has no entry for {missing[:3]}")
