@@ -74,7 +74,8 @@ def build_model(vocab: int, hidden: int, layers: int) -> Any:
 def train_step(model: Any, optimizer: Any, units: list[dict[str, Any]], pad_id: int) -> tuple[int, float]:
     """(real tokens, seconds) of one optimizer step on one micro-batch."""
     from rayft.data.collate import collate
-    from rayft.training.steps import Precision, token_loss_sum
+    from rayft.training.precision import Precision
+    from rayft.training.steps import token_loss_sum
 
     started = time.perf_counter()
     micro = collate(units, pad_id)

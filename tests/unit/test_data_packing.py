@@ -64,7 +64,8 @@ def test_packed_loss_and_gradients_equal_one_by_one(tiny_model_dir: Path, attn: 
     from transformers import AutoModelForCausalLM
 
     from rayft.training import attention
-    from rayft.training.steps import Precision, token_loss_sum
+    from rayft.training.precision import Precision
+    from rayft.training.steps import token_loss_sum
 
     attention.register()
     torch.manual_seed(0)

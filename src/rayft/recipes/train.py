@@ -27,7 +27,7 @@ from rayft.training import layout
 from rayft.training.checkpoint_store import remove_incomplete, scan_checkpoints
 from rayft.training.plan import Schedule, plan_schedule
 from rayft.training.remote_store import RemoteRun, RunState
-from rayft.training.worker import WorkerPlan
+from rayft.training.worker_plan import WorkerPlan
 
 log = logging.getLogger("rayft.train")
 

@@ -33,7 +33,8 @@ from rayft.training.session import all_gather_objects
 
 if TYPE_CHECKING:
     from rayft.training.parallel import Parallelism
-    from rayft.training.worker import Worker, WorkerPlan
+    from rayft.training.worker import Worker
+    from rayft.training.worker_plan import WorkerPlan
 
 log = logging.getLogger("rayft.train")
 

@@ -28,7 +28,8 @@ from rayft.training.faults import faults_from_env
 from rayft.training.plan import missing_resources
 from rayft.training.session import LocalSession, RaySession
 from rayft.training.shards import parquet_row_counts, plan_shards, read_shard_tables
-from rayft.training.worker import STOP_REQUEST_FILE, WorkerPlan, run_worker
+from rayft.training.worker import STOP_REQUEST_FILE, run_worker
+from rayft.training.worker_plan import WorkerPlan
 
 log = logging.getLogger("rayft.train")
 

@@ -27,7 +27,7 @@ from rayft.training.model import full_shape, named_trainable, on_meta, unwrap
 if TYPE_CHECKING:
     import torch
 
-    from rayft.training.steps import Precision
+    from rayft.training.precision import Precision
 
 Strategy = Literal["ddp", "fsdp", "deepspeed"]
 MakeOptimizer = Callable[[Any], Any]

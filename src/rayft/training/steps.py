@@ -17,32 +17,13 @@ from typing import TYPE_CHECKING, Any
 from rayft.data.collate import MicroBatch
 from rayft.data.prepared import IGNORE_INDEX
 from rayft.training.model import unwrap
+from rayft.training.precision import Precision
 from rayft.training.session import all_gather_objects, all_reduce_sum
 
 if TYPE_CHECKING:
     import torch
 
     from rayft.training.parallel import Parallelism
-
-
-@dataclass(frozen=True)
-class Precision:
-    """Autocast dtype (None: full precision) and whether fp16 loss scaling is needed."""
-
-    autocast_dtype: torch.dtype | None
-    use_grad_scaler: bool
-
-
-def resolve_precision(mixed_precision: str, device_type: str) -> Precision:
-    """Map the mixed_precision setting to autocast on GPU; CPUs always run fp32."""
-    import torch
-
-    if device_type != "cuda" or mixed_precision == "no":
-        return Precision(None, False)
-    if mixed_precision == "auto":
-        mixed_precision = "bf16" if torch.cuda.is_bf16_supported() else "fp16"
-    dtype = torch.bfloat16 if mixed_precision == "bf16" else torch.float16
-    return Precision(dtype, dtype == torch.float16)
 
 
 @dataclass(frozen=True)

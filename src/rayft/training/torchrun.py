@@ -26,7 +26,8 @@ from rayft.training.checkpoint_store import latest_valid_checkpoint, prune_check
 from rayft.training.plan import Schedule
 from rayft.training.session import staging_path
 from rayft.training.shards import iter_windows, parquet_row_counts, plan_shards, read_shard_tables
-from rayft.training.worker import WorkerPlan, run_worker
+from rayft.training.worker import run_worker
+from rayft.training.worker_plan import WorkerPlan
 
 if TYPE_CHECKING:
     import torch

@@ -14,8 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rayft.config.model import LoraConfig, ModelConfig
-from rayft.config.train import CheckpointConfig, LoggingConfig, TrainConfig
+from rayft.config.train import TrainConfig
 from rayft.data.collate import MicroBatch, collate
 from rayft.errors import TrainingError
 from rayft.training import layout
@@ -33,35 +32,17 @@ from rayft.training.memory import estimate_worker_memory, memory_problem
 from rayft.training.metrics import ConsoleLogger, JsonlLogger, MetricLogger, MultiLogger, NullLogger, TensorBoardLogger
 from rayft.training.model import build_training_model, count_parameters, parameter_groups
 from rayft.training.parallel import Parallelism, ParallelSetup, parallelism
-from rayft.training.plan import Schedule, is_due, learning_rate_factor, units_before_step
+from rayft.training.plan import is_due, learning_rate_factor, units_before_step
+from rayft.training.precision import Precision, resolve_precision
 from rayft.training.remote_store import RemoteRun
 from rayft.training.session import TrainSession, all_reduce_sum
-from rayft.training.steps import Precision, StepStats, evaluate, resolve_precision, train_step
+from rayft.training.steps import StepStats, evaluate, train_step
+from rayft.training.worker_plan import WorkerPlan
 
 log = logging.getLogger("rayft.train")
 
 # Written into the run directory by the driver on SIGTERM; the workers save and stop when they see it.
 STOP_REQUEST_FILE = ".rayft-stop-requested"
-
-
-@dataclass(frozen=True)
-class WorkerPlan:
-    """Everything a worker needs, decided on the driver (picklable, no live objects)."""
-
-    model: ModelConfig
-    lora: LoraConfig
-    train: TrainConfig
-    logging: LoggingConfig
-    checkpoint: CheckpointConfig
-    seed: int
-    run_dir: str
-    resolved_config: str
-    schedule: Schedule
-    shuffle_window: int
-    has_validation: bool
-    lineage: dict[str, Any] = field(default_factory=dict)
-    faults: Faults = field(default_factory=Faults)
-    remote_uri: str | None = None  # the run's URI when storage_path is one: checkpoints and final/ go there too
 
 
 @dataclass

@@ -1,0 +1,35 @@
+"""What the driver decides for every worker of a run: a picklable value with no live objects.
+
+The recipes build it, the launchers (Ray Train, ``torchrun``) carry it to the workers, and
+:func:`rayft.training.worker.run_worker` carries it out.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from rayft.config.model import LoraConfig, ModelConfig
+from rayft.config.train import CheckpointConfig, LoggingConfig, TrainConfig
+from rayft.training.faults import Faults
+from rayft.training.plan import Schedule
+
+
+@dataclass(frozen=True)
+class WorkerPlan:
+    """Everything a worker needs, decided on the driver (picklable, no live objects)."""
+
+    model: ModelConfig
+    lora: LoraConfig
+    train: TrainConfig
+    logging: LoggingConfig
+    checkpoint: CheckpointConfig
+    seed: int
+    run_dir: str
+    resolved_config: str
+    schedule: Schedule
+    shuffle_window: int
+    has_validation: bool
+    lineage: dict[str, Any] = field(default_factory=dict)
+    faults: Faults = field(default_factory=Faults)
+    remote_uri: str | None = None  # the run's URI when storage_path is one: checkpoints and final/ go there too
