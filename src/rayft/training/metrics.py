@@ -10,7 +10,8 @@ import json
 import logging
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -118,6 +119,42 @@ def _clock(seconds: float) -> str:
         return "?"
     minutes, secs = divmod(int(seconds), 60)
     return f"{minutes}m{secs:02d}s"
+
+
+@dataclass
+class ThroughputWindow:
+    """Tokens and training seconds since the last log line, for ``train/tokens_per_s``.
+
+    Only the time from the end of one step's bookkeeping to the end of the next step counts:
+    time spent logging, evaluating and saving is left out, and the tokens and seconds of every
+    step in a ``logging_steps`` window are summed alike.
+    """
+
+    clock: Callable[[], float] = time.monotonic
+    tokens: float = 0.0
+    computed: float = 0.0
+    seconds: float = 0.0
+    started: float = field(default=math.nan)
+
+    def __post_init__(self) -> None:
+        if math.isnan(self.started):
+            self.started = self.clock()
+
+    def add_step(self, real_tokens: int, computed_tokens: int) -> None:
+        """Count a step that has just finished: its tokens and the seconds since :meth:`restart`."""
+        self.tokens += real_tokens
+        self.computed += computed_tokens
+        self.seconds += self.clock() - self.started
+
+    def restart(self) -> None:
+        """Start timing the next step (after this step's logging, evaluation and saving)."""
+        self.started = self.clock()
+
+    def take_tokens_per_s(self) -> float:
+        """Real tokens per training second over the window, then start a new window."""
+        rate = self.tokens / max(self.seconds, 1e-9)
+        self.tokens = self.computed = self.seconds = 0.0
+        return rate
 
 
 class MultiLogger:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import logging
 import math
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,7 +28,15 @@ from rayft.training.checkpointing import (
 )
 from rayft.training.faults import Faults
 from rayft.training.memory import estimate_worker_memory, memory_problem
-from rayft.training.metrics import ConsoleLogger, JsonlLogger, MetricLogger, MultiLogger, NullLogger, TensorBoardLogger
+from rayft.training.metrics import (
+    ConsoleLogger,
+    JsonlLogger,
+    MetricLogger,
+    MultiLogger,
+    NullLogger,
+    TensorBoardLogger,
+    ThroughputWindow,
+)
 from rayft.training.model import build_training_model, count_parameters, parameter_groups
 from rayft.training.parallel import Parallelism, ParallelSetup, parallelism
 from rayft.training.plan import is_due, learning_rate_factor, units_before_step
@@ -63,7 +70,7 @@ class Worker:
     checkpoints: CheckpointWriter
     faults: Faults
     stopped_on_request: bool = False
-    window: dict[str, float] = field(default_factory=lambda: {"tokens": 0.0, "computed": 0.0, "t0": time.monotonic()})
+    window: ThroughputWindow = field(default_factory=ThroughputWindow)
 
 
 def run_worker(plan: WorkerPlan, session: TrainSession) -> TrainerState:
@@ -253,30 +260,27 @@ def after_step(worker: Worker, stats: StepStats) -> None:
         run_evaluation(worker)
     if save_due or state.stopped_early:
         save_checkpoint(worker)
-    worker.window["t0"] = time.monotonic()  # tokens/s counts training time only
+    worker.window.restart()  # tokens/s counts training time only
 
 
 def record_throughput(worker: Worker, stats: StepStats) -> None:
     """Accumulate real and computed tokens for tokens/s and padding efficiency."""
-    worker.window["tokens"] += stats.real_tokens
-    worker.window["computed"] += stats.computed_tokens
+    worker.window.add_step(stats.real_tokens, stats.computed_tokens)
     worker.state.real_tokens += stats.real_tokens
     worker.state.computed_tokens += stats.computed_tokens
 
 
 def step_metrics(worker: Worker, stats: StepStats) -> dict[str, float]:
     """The per-step metrics, with tokens/s over the steps since the last log line."""
-    elapsed = max(time.monotonic() - worker.window["t0"], 1e-9)
     metrics = {
         "train/loss": stats.loss,
         "train/learning_rate": float(worker.scheduler.get_last_lr()[0]),
         "train/grad_norm": stats.grad_norm,
-        "train/tokens_per_s": worker.window["tokens"] / elapsed,
+        "train/tokens_per_s": worker.window.take_tokens_per_s(),
         "train/epoch": worker.state.step / worker.plan.schedule.steps_per_epoch,
         "train/padding_efficiency": worker.state.real_tokens / max(worker.state.computed_tokens, 1),
     }
     worker.state.last_train_loss = stats.loss
-    worker.window.update(tokens=0.0, computed=0.0)
     return metrics
 
 
