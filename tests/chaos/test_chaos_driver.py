@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from rayft.data.prepared import PreparedData
-from rayft.training.checkpoint_store import scan_checkpoints
+from rayft.runs.checkpoints import scan_checkpoints
 from tests.chaos.conftest import chaos_seed, chaos_trials, start_driver
 from tests.helpers import read_metrics, tiny_config, train_losses, train_on
 

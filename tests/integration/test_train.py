@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from rayft.data.prepared import PreparedData
-from rayft.training.manifest import read_manifest, verify_checkpoint
+from rayft.runs.manifest import read_manifest, verify_checkpoint
 from tests.helpers import adapter_tensors, read_metrics, tiny_config, train_losses, train_on
 
 pytestmark = pytest.mark.integration

@@ -14,7 +14,7 @@ import pytest
 
 from rayft.config import RayftConfig
 from rayft.data.prepared import PreparedData
-from rayft.training.remote_store import RemoteRun
+from rayft.runs.remote import RemoteRun
 from tests.helpers import adapter_tensors, read_metrics, tiny_config, train_losses, train_on
 
 pytestmark = pytest.mark.integration
@@ -106,7 +106,7 @@ def test_rayft_run_trains_into_a_uri_and_keeps_the_finished_run_on_a_new_machine
     from click.testing import CliRunner
 
     from rayft.cli.main import cli
-    from rayft.storage import join_uri
+    from rayft.runs.location import join_uri
 
     monkeypatch.setenv("RAYFT_CACHE", str(tmp_path / "cache"))
     uri = s3_server.bucket_uri("remote-pipeline", "runs")

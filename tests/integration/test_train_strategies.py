@@ -74,7 +74,7 @@ def test_fsdp_lora_trains_as_ddp_and_saves_whole_adapters(fsdp_run: Path, ddp_ru
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from rayft.export.checks import check_adapter
-    from rayft.training.manifest import verify_checkpoint
+    from rayft.runs.manifest import verify_checkpoint
 
     assert_close_runs(fsdp_run, ddp_run)
     # 9 validation units over 2 workers: one worker evaluates a batch more; the other waits in step.

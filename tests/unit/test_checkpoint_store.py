@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from rayft.training.checkpoint_store import (
+from rayft.runs.checkpoints import (
     latest_valid_checkpoint,
     prune_checkpoints,
     publish_checkpoint,
@@ -15,7 +15,7 @@ from rayft.training.checkpoint_store import (
     scan_checkpoints,
     usable_checkpoint,
 )
-from rayft.training.manifest import read_manifest, verify_checkpoint, write_manifest
+from rayft.runs.manifest import read_manifest, verify_checkpoint, write_manifest
 
 
 def make_checkpoint(root: Path, step: int, loss: float | None = None, complete: bool = True) -> Path:

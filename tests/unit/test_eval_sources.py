@@ -9,9 +9,9 @@ import pytest
 
 from rayft.config import ModelConfig, dump_config, load_config
 from rayft.errors import CheckpointError, ModelError
-from rayft.evaluation.sources import choose_checkpoint, resolve_source
-from rayft.training.manifest import write_manifest
-from rayft.training.plan import CheckpointInfo
+from rayft.evaluation.sources import resolve_source
+from rayft.runs.manifest import write_manifest
+from rayft.runs.selection import CheckpointInfo, choose_checkpoint
 
 STEPS = [
     CheckpointInfo("step-000002", 2, True, 1.5),

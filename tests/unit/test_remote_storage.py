@@ -15,11 +15,11 @@ from rayft.config import dump_config, load_config
 from rayft.errors import CheckpointError, RunStateError, StorageError
 from rayft.pipeline.plan import check_remote_stages
 from rayft.recipes.train import claim_run_dir, run_location
+from rayft.runs import layout
+from rayft.runs.location import is_remote, join_uri, mirror_dir, plan_run_location
+from rayft.runs.manifest import write_manifest
+from rayft.runs.remote import RemoteRun, sync_checkpoint
 from rayft.security import MASK, mask_uri, redact
-from rayft.storage import is_remote, join_uri, mirror_dir, plan_run_location
-from rayft.training import layout
-from rayft.training.manifest import write_manifest
-from rayft.training.remote_store import RemoteRun, sync_checkpoint
 
 
 @pytest.fixture(scope="module")

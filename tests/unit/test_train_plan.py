@@ -6,14 +6,12 @@ import itertools
 
 import pytest
 
+from rayft.runs.selection import CheckpointInfo, choose_resume, plan_retention
 from rayft.training.plan import (
-    CheckpointInfo,
-    choose_resume,
     is_due,
     learning_rate_factor,
     micro_batches_in_step,
     missing_resources,
-    plan_retention,
     plan_schedule,
     units_before_step,
 )

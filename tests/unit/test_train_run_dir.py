@@ -9,7 +9,7 @@ import pytest
 from rayft.config import load_config
 from rayft.errors import ConfigError, RunStateError, StorageError
 from rayft.recipes.train import check_resumable, claim_run_dir
-from rayft.training.manifest import write_manifest
+from rayft.runs.manifest import write_manifest
 
 
 def cfg(tmp_path: Path, *overrides: str):  # type: ignore[no-untyped-def]

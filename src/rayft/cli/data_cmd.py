@@ -40,7 +40,7 @@ def prepare(config_path: str, overrides: tuple[str, ...], in_process: bool, repo
     from pathlib import Path
 
     from rayft.data.prepare import prepare as run_prepare
-    from rayft.storage import local_run_dir
+    from rayft.runs.location import local_run_dir
 
     cfg = load_cli_config(config_path, overrides)
     if report_dir:

@@ -9,7 +9,7 @@ import click
 from rayft.cli.common import config_argument, load_cli_config, overrides_argument
 from rayft.config import RayftConfig, load_config
 from rayft.errors import ConfigError
-from rayft.storage import local_run_dir
+from rayft.runs.location import local_run_dir
 
 _CHECKPOINT_HELP = "Checkpoint of a run directory: latest (default), best (lowest eval/loss), final, or step-N."
 

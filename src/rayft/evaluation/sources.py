@@ -4,7 +4,7 @@ A source is a Hub id, a built-in name, a .gguf file, a model directory, a checkp
 (``checkpoints/step-N`` or ``final/``) or a run directory, where ``eval.checkpoint`` picks one.
 A LoRA checkpoint is evaluated on its base model (read from the checkpoint's
 ``rayft_config.yaml``, else ``adapter_config.json``) with the adapter applied, unmerged.
-Nothing here imports torch; :func:`choose_checkpoint` is a pure planner.
+Nothing here imports torch; the run's checkpoint is chosen by :mod:`rayft.runs.selection`.
 """
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -23,10 +22,9 @@ from rayft.config.model import ModelConfig
 from rayft.errors import CheckpointError, ModelError
 from rayft.models.registry import BUILTIN_MODELS
 from rayft.models.resolve import resolve_model_source
-from rayft.training import layout
-from rayft.training.checkpoint_store import scan_checkpoints
-from rayft.training.manifest import read_manifest, sha256_file, verify_checkpoint
-from rayft.training.plan import CheckpointInfo
+from rayft.runs import layout
+from rayft.runs.checkpoints import checkpoint_of_run, is_run_dir
+from rayft.runs.manifest import read_manifest, sha256_file, verify_checkpoint
 
 log = logging.getLogger(__name__)
 
@@ -51,63 +49,6 @@ class ResolvedSource:
         if self.kind == "lora":
             return f"{self.model.name} + LoRA adapter {self.adapter_path}"
         return self.model.name
-
-
-def is_run_dir(path: Path) -> bool:
-    """A training run directory (holds checkpoints/ or final/ and the run's config.yaml)."""
-    return (path / layout.CHECKPOINTS_DIR).is_dir() or (
-        (path / layout.FINAL_DIR).is_dir() and (path / layout.CONFIG_FILE).is_file()
-    )
-
-
-def choose_checkpoint(checkpoints: Sequence[CheckpointInfo], final: CheckpointInfo | None, selector: str) -> str:
-    """The checkpoint of a run that ``selector`` names (``latest``, ``best``, ``final``, ``step-N``).
-
-    Returns a path relative to the run directory. Only complete checkpoints count.
-
-    Raises:
-        CheckpointError: naming the selector and what the run has.
-    """
-    complete = [c for c in checkpoints if c.complete]
-    have = ", ".join(c.name for c in complete) or "no complete checkpoint"
-    have += "; final/" if final is not None and final.complete else ""
-    if selector == "final" or (selector == "latest" and final is not None and final.complete):
-        if final is None or not final.complete:
-            raise CheckpointError(f"eval.checkpoint=final: the run has no complete final/ (it has: {have})")
-        return layout.FINAL_DIR
-    if selector == "latest":
-        if not complete:
-            raise CheckpointError(f"eval.checkpoint=latest: the run has {have}; train it first")
-        return f"{layout.CHECKPOINTS_DIR}/{max(complete, key=lambda c: c.step).name}"
-    if selector == "best":
-        ranked = [c for c in [*complete, *([final] if final and final.complete else [])] if c.eval_loss is not None]
-        if not ranked:
-            raise CheckpointError(
-                f"eval.checkpoint=best: no checkpoint of the run has an eval/loss (it has: {have}); the run had "
-                "no validation data, so use latest or step-N"
-            )
-        best = min(ranked, key=lambda c: (c.eval_loss, -c.step))
-        return layout.FINAL_DIR if best is final else f"{layout.CHECKPOINTS_DIR}/{best.name}"
-    wanted = layout.parse_step_dir_name(selector)
-    match = next((c for c in complete if c.step == wanted), None)
-    if match is None:
-        raise CheckpointError(f"eval.checkpoint={selector}: the run has no complete checkpoint {selector} ({have})")
-    return f"{layout.CHECKPOINTS_DIR}/{match.name}"
-
-
-def _final_info(run_dir: Path) -> CheckpointInfo | None:
-    final = run_dir / layout.FINAL_DIR
-    if not final.is_dir():
-        return None
-    manifest = read_manifest(final)
-    loss = manifest.metrics.get("eval/loss") if manifest else None
-    return CheckpointInfo(layout.FINAL_DIR, manifest.step if manifest else -1, manifest is not None, loss)
-
-
-def checkpoint_of_run(run_dir: Path, selector: str) -> Path:
-    """The checkpoint directory of ``run_dir`` chosen by ``selector``."""
-    chosen = choose_checkpoint(scan_checkpoints(run_dir / layout.CHECKPOINTS_DIR), _final_info(run_dir), selector)
-    return run_dir / chosen
 
 
 def resolve_source(source: str, default_model: ModelConfig, checkpoint: str = "latest") -> ResolvedSource:

@@ -8,7 +8,7 @@ from typing import Any
 
 from rayft.evaluation.sources import ResolvedSource
 from rayft.models.registry import BUILTIN_MODELS
-from rayft.training import layout
+from rayft.runs import layout
 
 
 def base_model_id(name: str) -> str:

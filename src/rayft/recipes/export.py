@@ -28,7 +28,7 @@ from rayft.errors import CheckpointError, ConfigError, RunStateError
 from rayft.evaluation.sources import ResolvedSource, resolve_source
 from rayft.export.card import render_model_card
 from rayft.export.checks import check_adapter, check_against_base
-from rayft.training import layout
+from rayft.runs import layout
 
 log = logging.getLogger("rayft.export")
 

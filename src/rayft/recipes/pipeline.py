@@ -40,9 +40,9 @@ from rayft.pipeline.lineage import build_lineage, relative, software_versions
 from rayft.pipeline.plan import StageDecision, check_remote_stages, decide, requested_stages, runnable_stages
 from rayft.pipeline.records import RECORDS_DIR, StageRecord, outputs_exist, read_record, write_record
 from rayft.pipeline.report import ReportInputs, StageRow, render_report
-from rayft.storage import RunLocation, is_remote, join_uri, plan_run_location
-from rayft.training import layout
-from rayft.training.remote_store import RemoteRun
+from rayft.runs import layout
+from rayft.runs.location import RunLocation, is_remote, join_uri, plan_run_location
+from rayft.runs.remote import RemoteRun
 
 if TYPE_CHECKING:
     from rayft.recipes.train import TrainResult
@@ -319,7 +319,7 @@ def run_train(cfg: RayftConfig, run_dir: Path, records: dict[str, StageRecord], 
     same_config = (out / "config.yaml").is_file() and (out / "config.yaml").read_text() == dump_config(train_cfg)
     outputs = {"dir": out, "final": out / "final", "metrics": out / "metrics.jsonl"}
     if finished and same_config:
-        from rayft.training.manifest import read_manifest
+        from rayft.runs.manifest import read_manifest
 
         log.info("stage train: %s already holds this training run, finished; keeping it", out)
         manifest = read_manifest(out / "final")

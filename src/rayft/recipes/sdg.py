@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 from rayft.config import RayftConfig
 from rayft.config.sdg import SdgConfig
 from rayft.errors import DataError
+from rayft.runs.location import local_run_dir
 from rayft.sdg.filters import RowFilters
 from rayft.sdg.rows import SEED_COLUMNS, ParseStage, PromptStage, QualityStage, SymbolicStage, seed_id
 from rayft.sdg.stages import TIME_PREFIX, Row, Stage, apply_stage, check_plan, stage_seconds
@@ -28,7 +29,6 @@ from rayft.sdg.store import SdgStore, atomic_write_text
 from rayft.sdg.summary import build_summary, part_record
 from rayft.sdg.teacher_checks import STAGE as TEACHER_CHECKS
 from rayft.sdg.teacher_checks import TeacherChecks, apply_teacher_checks
-from rayft.storage import local_run_dir
 
 if TYPE_CHECKING:
     import ray.data

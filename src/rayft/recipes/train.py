@@ -22,11 +22,11 @@ from rayft.config import RayftConfig, dump_config
 from rayft.config.loader import read_yaml
 from rayft.data.prepared import PreparedData
 from rayft.errors import ConfigError, DataError, RunStateError, StorageError
-from rayft.storage import RunLocation, plan_run_location
-from rayft.training import layout
-from rayft.training.checkpoint_store import remove_incomplete, scan_checkpoints
+from rayft.runs import layout
+from rayft.runs.checkpoints import remove_incomplete, scan_checkpoints
+from rayft.runs.location import RunLocation, plan_run_location
+from rayft.runs.remote import RemoteRun, RunState
 from rayft.training.plan import Schedule, plan_schedule
-from rayft.training.remote_store import RemoteRun, RunState
 from rayft.training.worker_plan import WorkerPlan
 
 log = logging.getLogger("rayft.train")
@@ -257,7 +257,7 @@ def launch(cfg: RayftConfig, plan: WorkerPlan, prepared: PreparedData) -> None:
 
 def collect_result(run_dir: Path, prepared: PreparedData, elapsed_s: float) -> TrainResult:
     """Summarise the run from what the workers wrote (final/ manifest and metrics.jsonl)."""
-    from rayft.training.manifest import read_manifest
+    from rayft.runs.manifest import read_manifest
 
     final = run_dir / layout.FINAL_DIR
     manifest = read_manifest(final)

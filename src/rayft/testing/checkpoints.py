@@ -1,6 +1,6 @@
 """Builders of small checkpoints and run directories that look exactly like training's output.
 
-They write the layout of :mod:`rayft.training.layout` (weights, tokenizer with chat template,
+They write the layout of :mod:`rayft.runs.layout` (weights, tokenizer with chat template,
 generation config, ``rayft_config.yaml`` and the manifest last) in a second, without a training
 run. LoRA adapters come from a real PEFT model whose weights are perturbed with a seed, so that
 the adapter changes the model's outputs the way a trained one does.
@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from rayft.config import dump_config, load_config
-from rayft.training import layout
-from rayft.training.manifest import write_manifest
+from rayft.runs import layout
+from rayft.runs.manifest import write_manifest
 
 
 def _perturb(tensors: Any, seed: int, scale: float) -> None:

@@ -23,10 +23,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rayft.errors import CheckpointError
+from rayft.runs import layout
+from rayft.runs.manifest import write_manifest
 from rayft.security import redact
-from rayft.training import layout
 from rayft.training.faults import Faults
-from rayft.training.manifest import write_manifest
 from rayft.training.model import unwrap
 from rayft.training.parallel import check_full_shapes, trainable_names
 from rayft.training.session import all_gather_objects

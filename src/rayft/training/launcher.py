@@ -20,10 +20,10 @@ from typing import Any
 from rayft.config.train import CheckpointConfig, FailureConfig, ScalingConfig
 from rayft.data.prepared import PreparedData
 from rayft.errors import RayftError, ResourceError, RunInterruptedError, TrainingError, exception_chain
+from rayft.runs import layout
+from rayft.runs.checkpoints import scan_checkpoints
 from rayft.runtime import environment, local_idle_main_thread, local_train_env, owns_ray
 from rayft.security import install_log_redaction
-from rayft.training import layout
-from rayft.training.checkpoint_store import scan_checkpoints
 from rayft.training.faults import faults_from_env
 from rayft.training.plan import missing_resources
 from rayft.training.session import LocalSession, RaySession

@@ -1,5 +1,6 @@
 """Pure planners of a training run: how many steps, when to evaluate and save, the learning rate
-at each step, which checkpoint to resume from and which to delete, and whether the workers fit.
+at each step, and whether the workers fit (which checkpoint to resume from and which to delete is
+:mod:`rayft.runs.selection`).
 
 Nothing here imports torch or ray; every function is unit-tested on its own.
 """
@@ -80,35 +81,6 @@ def learning_rate_factor(step: int, warmup_steps: int, total_steps: int, min_rat
 def is_due(step: int, every: int | None, total_steps: int) -> bool:
     """Whether an action with period ``every`` runs after 1-based ``step`` (always after the last)."""
     return step == total_steps or (every is not None and step % every == 0)
-
-
-@dataclass(frozen=True)
-class CheckpointInfo:
-    """What a planner needs to know of a checkpoint on storage."""
-
-    name: str
-    step: int
-    complete: bool
-    eval_loss: float | None = None
-
-
-def choose_resume(checkpoints: Sequence[CheckpointInfo]) -> CheckpointInfo | None:
-    """The checkpoint a run resumes from: the complete one with the highest step."""
-    complete = [c for c in checkpoints if c.complete]
-    return max(complete, key=lambda c: c.step, default=None)
-
-
-def plan_retention(checkpoints: Sequence[CheckpointInfo], num_to_keep: int | None) -> list[CheckpointInfo]:
-    """Checkpoints to delete: keep the latest, plus the ``num_to_keep`` best by validation loss
-    (or the newest when none has one); incomplete ones are always deleted."""
-    doomed = [c for c in checkpoints if not c.complete]
-    complete = sorted((c for c in checkpoints if c.complete), key=lambda c: c.step)
-    if num_to_keep is None or not complete:
-        return doomed
-    latest = complete[-1]
-    ranked = sorted(complete, key=lambda c: (c.eval_loss is None, c.eval_loss or 0.0, -c.step))
-    keep = {latest.name, *(c.name for c in ranked[:num_to_keep])}
-    return doomed + [c for c in complete if c.name not in keep]
 
 
 def missing_resources(

@@ -15,16 +15,16 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from rayft.training import layout
-from rayft.training.batches import Unit
-from rayft.training.checkpoint_store import (
+from rayft.runs import layout
+from rayft.runs.checkpoints import (
     latest_valid_checkpoint,
     prune_checkpoints,
     publish_checkpoint,
     scan_checkpoints,
 )
-from rayft.training.plan import choose_resume
-from rayft.training.remote_store import RemoteRun, sync_checkpoint
+from rayft.runs.remote import RemoteRun, sync_checkpoint
+from rayft.runs.selection import choose_resume
+from rayft.training.batches import Unit
 from rayft.training.shards import iter_windows, parquet_row_counts, plan_shards, read_shard_tables
 
 if TYPE_CHECKING:

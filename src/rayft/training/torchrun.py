@@ -20,9 +20,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rayft.config import CheckpointConfig, LoggingConfig, LoraConfig, ModelConfig, TrainConfig
-from rayft.training import layout
+from rayft.runs import layout
+from rayft.runs.checkpoints import latest_valid_checkpoint, prune_checkpoints, publish_checkpoint
 from rayft.training.batches import Unit
-from rayft.training.checkpoint_store import latest_valid_checkpoint, prune_checkpoints, publish_checkpoint
 from rayft.training.plan import Schedule
 from rayft.training.session import staging_path
 from rayft.training.shards import iter_windows, parquet_row_counts, plan_shards, read_shard_tables

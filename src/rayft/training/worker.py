@@ -16,9 +16,10 @@ from typing import Any
 from rayft.config.train import TrainConfig
 from rayft.data.collate import MicroBatch, collate
 from rayft.errors import TrainingError
-from rayft.training import layout
+from rayft.runs import layout
+from rayft.runs.checkpoints import remove_incomplete, resume_checkpoint
+from rayft.runs.remote import RemoteRun
 from rayft.training.batches import epoch_micro_batches, micro_batches
-from rayft.training.checkpoint_store import remove_incomplete, resume_checkpoint
 from rayft.training.checkpointing import (
     CheckpointWriter,
     TrainerState,
@@ -41,7 +42,6 @@ from rayft.training.model import build_training_model, count_parameters, paramet
 from rayft.training.parallel import Parallelism, ParallelSetup, parallelism
 from rayft.training.plan import is_due, learning_rate_factor, units_before_step
 from rayft.training.precision import Precision, resolve_precision
-from rayft.training.remote_store import RemoteRun
 from rayft.training.session import TrainSession, all_reduce_sum
 from rayft.training.steps import StepStats, evaluate, train_step
 from rayft.training.worker_plan import WorkerPlan

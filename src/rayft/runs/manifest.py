@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rayft.training.layout import MANIFEST_FILE
+from rayft.runs.layout import MANIFEST_FILE
 
 FORMAT = "rayft-checkpoint/1"
 _CHUNK = 1 << 20

@@ -18,7 +18,7 @@
         rayft_config.yaml         resolved config of the run
         trainer/                  optimizer.pt, scheduler.json, state.json, rng-rank-0000.pt ...
         rayft_checkpoint.json     completion marker, written last: step, metrics, and every
-                                  file's size and sha256 (see rayft.training.manifest)
+                                  file's size and sha256 (see rayft.runs.manifest)
 
 Every checkpoint directory, like final/, loads directly with ``from_pretrained`` (full) or
 ``PeftModel.from_pretrained`` (LoRA): no conversion step.

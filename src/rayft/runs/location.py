@@ -3,7 +3,7 @@ mirror that training writes into and uploads from.
 
 Pure planning only (no I/O): is a ``storage_path`` remote, the URI of a run under it, the mirror
 directory of that run, and the URI as it may be shown or written (credentials masked). The
-uploads and downloads are :mod:`rayft.training.remote_store`.
+uploads and downloads are :mod:`rayft.runs.remote`.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Checkpoint directories on local (or mounted) storage: find the latest complete one, publish a
 new one atomically, remove partial and surplus ones.
 
-Decisions come from :mod:`rayft.training.plan`; this module carries them out.
+Decisions come from :mod:`rayft.runs.selection`; this module carries them out.
 """
 
 from __future__ import annotations
@@ -12,9 +12,10 @@ import shutil
 from pathlib import Path
 
 from rayft.errors import CheckpointError
-from rayft.training.layout import parse_step_dir_name
-from rayft.training.manifest import read_manifest, verify_checkpoint
-from rayft.training.plan import CheckpointInfo, plan_retention
+from rayft.runs.layout import parse_step_dir_name
+from rayft.runs.manifest import read_manifest, verify_checkpoint
+from rayft.runs import layout
+from rayft.runs.selection import CheckpointInfo, choose_checkpoint, plan_retention
 
 log = logging.getLogger(__name__)
 
@@ -146,3 +147,26 @@ def prune_checkpoints(root: Path, num_to_keep: int | None) -> list[Path]:
     for path in doomed:
         shutil.rmtree(path, ignore_errors=True)
     return doomed
+
+
+def is_run_dir(path: Path) -> bool:
+    """A training run directory (holds checkpoints/ or final/ and the run's config.yaml)."""
+    return (path / layout.CHECKPOINTS_DIR).is_dir() or (
+        (path / layout.FINAL_DIR).is_dir() and (path / layout.CONFIG_FILE).is_file()
+    )
+
+
+def final_info(run_dir: Path) -> CheckpointInfo | None:
+    """What a planner needs to know of ``final/`` of a run (None when there is no final/)."""
+    final = run_dir / layout.FINAL_DIR
+    if not final.is_dir():
+        return None
+    manifest = read_manifest(final)
+    loss = manifest.metrics.get("eval/loss") if manifest else None
+    return CheckpointInfo(layout.FINAL_DIR, manifest.step if manifest else -1, manifest is not None, loss)
+
+
+def checkpoint_of_run(run_dir: Path, selector: str) -> Path:
+    """The checkpoint directory of ``run_dir`` chosen by ``selector``."""
+    chosen = choose_checkpoint(scan_checkpoints(run_dir / layout.CHECKPOINTS_DIR), final_info(run_dir), selector)
+    return run_dir / chosen

@@ -7,7 +7,7 @@ checkpoint without a manifest is incomplete, is never downloaded, and is removed
 ``--resume``, exactly like a local staging directory. A downloaded checkpoint is checked against
 its manifest (sizes and sha256) before it is used; a corrupted one is skipped with a warning.
 
-Which checkpoint to resume from and which to delete is decided by :mod:`rayft.training.plan`.
+Which checkpoint to resume from and which to delete is decided by :mod:`rayft.runs.selection`.
 """
 
 from __future__ import annotations
@@ -21,11 +21,11 @@ from typing import Any
 
 from rayft.errors import CheckpointError, StorageError
 from rayft.security import mask_uri
-from rayft.storage import join_uri
-from rayft.training import layout
-from rayft.training.checkpoint_store import publish_checkpoint
-from rayft.training.manifest import Manifest, verify_checkpoint
-from rayft.training.plan import CheckpointInfo, plan_retention
+from rayft.runs.location import join_uri
+from rayft.runs import layout
+from rayft.runs.checkpoints import publish_checkpoint
+from rayft.runs.manifest import Manifest, verify_checkpoint
+from rayft.runs.selection import CheckpointInfo, plan_retention
 
 log = logging.getLogger("rayft.train")
 
