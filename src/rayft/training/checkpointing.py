@@ -18,7 +18,7 @@ import shutil
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -29,12 +29,10 @@ from rayft.security import redact
 from rayft.training.faults import Faults
 from rayft.training.model import unwrap
 from rayft.training.parallel import check_full_shapes, trainable_names
-from rayft.training.session import all_gather_objects
+from rayft.training.session import TrainSession, all_gather_objects
 
 if TYPE_CHECKING:
     from rayft.training.parallel import Parallelism
-    from rayft.training.worker import Worker
-    from rayft.training.worker_plan import WorkerPlan
 
 log = logging.getLogger("rayft.train")
 
@@ -134,52 +132,94 @@ class CheckpointWriter:
             raise CheckpointError(f"writing a checkpoint failed: {type(error).__name__}: {error}") from error
 
 
-def save_checkpoint(worker: Worker) -> None:
-    """Save the current step: snapshot the state in memory here (every rank), then write it to a
-    staging directory beside its final place, manifest last, and commit it with one rename.
+@dataclass(frozen=True)
+class ModelFiles:
+    """What a run writes beside the weights of every checkpoint and of ``final/``."""
 
-    With ``checkpoint.async_upload`` the writing and committing happen in a background thread, so
-    the loop is blocked only for the snapshot (and for a previous save still in flight).
-    """
-    started = time.monotonic()
-    worker.checkpoints.wait()
-    snapshot = take_snapshot(worker)
-    plan, session, faults = worker.plan, worker.session, worker.faults
-    if session.rank == 0:
-        inner, tokenizer = unwrap(worker.model), worker.tokenizer
-
-        def job() -> None:
-            staging = session.staging_dir(snapshot.step)
-            write_snapshot(snapshot, inner, tokenizer, plan, staging, faults=faults)
-            faults.kill_if(snapshot.step, "before_commit")
-            session.commit_checkpoint(snapshot.metrics, staging, snapshot.step)
-
-    else:
-
-        def job() -> None:
-            session.commit_checkpoint(snapshot.metrics, None, snapshot.step)
-
-    worker.checkpoints.submit(job)
-    worker.state.checkpoint_blocked_s += time.monotonic() - started
+    method: str  # "lora" (an adapter, checked after writing) or "full"
+    lora_r: int  # the adapter rank the written adapter is checked against
+    resolved_config: str  # the run's resolved config (secrets are redacted on writing)
+    lineage: dict[str, Any] = field(default_factory=dict)  # recorded in every manifest (method, base model, ...)
 
 
-def take_snapshot(worker: Worker) -> Snapshot:
+@dataclass(frozen=True)
+class TrainingObjects:
+    """The live objects a checkpoint copies, and the strategy that gathers them from the ranks."""
+
+    parallel: Parallelism
+    model: Any
+    optimizer: Any
+    scheduler: Any
+    scaler: Any = None  # the fp16 GradScaler, when there is one
+
+
+class Checkpointer:
+    """Saves one worker's checkpoints through its session, at most one save in flight
+    (in one background thread when ``background``)."""
+
+    def __init__(
+        self, session: TrainSession, files: ModelFiles, tokenizer: Any, *, faults: Faults, background: bool
+    ) -> None:
+        self.session = session
+        self.files = files
+        self.tokenizer = tokenizer
+        self.faults = faults
+        self.writer = CheckpointWriter(background=background)
+
+    def save(self, objects: TrainingObjects, state: TrainerState) -> None:
+        """Save the current step: snapshot the state in memory here (every rank), then write it to a
+        staging directory beside its final place, manifest last, and commit it with one rename.
+
+        In the background the writing and committing happen in the writer's thread, so the loop is
+        blocked only for the snapshot (and for a previous save still in flight).
+        """
+        started = time.monotonic()
+        self.writer.wait()
+        snapshot = take_snapshot(objects, state, rank=self.session.rank, method=self.files.method)
+        session, faults, files = self.session, self.faults, self.files
+        if session.rank == 0:
+            inner, tokenizer = unwrap(objects.model), self.tokenizer
+
+            def job() -> None:
+                staging = session.staging_dir(snapshot.step)
+                write_snapshot(snapshot, inner, tokenizer, files, staging, faults=faults)
+                faults.kill_if(snapshot.step, "before_commit")
+                session.commit_checkpoint(snapshot.metrics, staging, snapshot.step)
+
+        else:
+
+            def job() -> None:
+                session.commit_checkpoint(snapshot.metrics, None, snapshot.step)
+
+        self.writer.submit(job)
+        state.checkpoint_blocked_s += time.monotonic() - started
+
+    def wait(self) -> None:
+        """Block until the save in flight (if any) is committed; raise its error."""
+        self.writer.wait()
+
+    def drain(self, timeout_s: float) -> None:
+        """On the way out of a failed run: let a save in flight commit, for at most ``timeout_s``."""
+        self.writer.drain(timeout_s)
+
+
+def take_snapshot(objects: TrainingObjects, state: TrainerState, *, rank: int, method: str) -> Snapshot:
     """CPU copies of this step's state; rank 0 also receives every rank's RNG state and the whole
     model and optimizer state (gathered from the shards under FSDP: every rank takes part)."""
-    state, plan, rank = worker.state, worker.plan, worker.session.rank
     all_rng = all_gather_objects(rng_state_bytes())
+    parallel, model = objects.parallel, objects.model
     snapshot = Snapshot(
         step=state.step,
         metrics=state.metrics(),
         state_json=json.dumps(asdict(state), indent=2),
-        scheduler_json=json.dumps(worker.scheduler.state_dict()),
-        rng_files={layout.rng_file(rank): data for rank, data in enumerate(all_rng)},
-        model_state=worker.parallel.model_state(worker.model, plan.train.method, rank),
-        optimizer_state=worker.parallel.optimizer_state(worker.model, worker.optimizer, rank),
+        scheduler_json=json.dumps(objects.scheduler.state_dict()),
+        rng_files={layout.rng_file(r): data for r, data in enumerate(all_rng)},
+        model_state=parallel.model_state(model, method, rank),
+        optimizer_state=parallel.optimizer_state(model, objects.optimizer, rank),
     )
     if snapshot.model_state is not None:
-        check_full_shapes(snapshot.model_state, worker.model)
-        snapshot.scaler_state = worker.scaler.state_dict() if worker.scaler is not None else None
+        check_full_shapes(snapshot.model_state, model)
+        snapshot.scaler_state = objects.scaler.state_dict() if objects.scaler is not None else None
     return snapshot
 
 
@@ -196,13 +236,13 @@ def rng_state_bytes() -> bytes:
 
 
 def write_snapshot(
-    snapshot: Snapshot, model: Any, tokenizer: Any, plan: WorkerPlan, directory: Path, *, faults: Faults
+    snapshot: Snapshot, model: Any, tokenizer: Any, files: ModelFiles, directory: Path, *, faults: Faults
 ) -> None:
     """Write a whole checkpoint into ``directory``, its manifest last."""
     import torch
 
     shutil.rmtree(directory, ignore_errors=True)
-    write_model_files(model, tokenizer, plan, directory, state_dict=snapshot.model_state)
+    write_model_files(model, tokenizer, files, directory, state_dict=snapshot.model_state)
     faults.kill_if(snapshot.step, "model_files")
     trainer = directory / layout.TRAINER_SUBDIR
     trainer.mkdir(parents=True, exist_ok=True)
@@ -215,16 +255,11 @@ def write_snapshot(
     for name, data in snapshot.rng_files.items():
         (trainer / name).write_bytes(data)
     faults.kill_if(snapshot.step, "before_manifest")
-    write_manifest(directory, snapshot.step, snapshot.metrics, checkpoint_info(plan))
-
-
-def checkpoint_info(plan: WorkerPlan) -> dict[str, Any]:
-    """Lineage recorded in every manifest (the driver puts world size and data key in lineage)."""
-    return {"method": plan.train.method, "base_model": plan.model.name, **plan.lineage}
+    write_manifest(directory, snapshot.step, snapshot.metrics, files.lineage)
 
 
 def write_model_files(
-    model: Any, tokenizer: Any, plan: WorkerPlan, directory: Path, *, state_dict: dict[str, Any] | None = None
+    model: Any, tokenizer: Any, files: ModelFiles, directory: Path, *, state_dict: dict[str, Any] | None = None
 ) -> None:
     """Weights (adapter or full) as safetensors, tokenizer with chat template, generation config
     whose EOS ids include the end-of-turn token, and the resolved config (secrets redacted).
@@ -238,13 +273,13 @@ def write_model_files(
         inner.save_pretrained(directory, safe_serialization=True)
     else:
         inner.save_pretrained(directory, safe_serialization=True, state_dict=state_dict)
-    if plan.train.method == "lora":
+    if files.method == "lora":
         saved = list(state_dict) if state_dict is not None else trainable_names(inner)
-        check_written_adapter(directory, plan.lora.r, modules=sum(".lora_A." in name for name in saved))
+        check_written_adapter(directory, files.lora_r, modules=sum(".lora_A." in name for name in saved))
     tokenizer.save_pretrained(directory)
     generation = _generation_config(inner, tokenizer)
     generation.save_pretrained(directory)
-    (directory / layout.CHECKPOINT_CONFIG_FILE).write_text(redact(plan.resolved_config), encoding="utf-8")
+    (directory / layout.CHECKPOINT_CONFIG_FILE).write_text(redact(files.resolved_config), encoding="utf-8")
 
 
 def check_written_adapter(directory: Path, r: int, *, modules: int) -> None:
@@ -308,16 +343,21 @@ def _as_random_state(value: Any) -> tuple[Any, ...]:
 
 
 def save_final(
-    model: Any, tokenizer: Any, plan: WorkerPlan, state: TrainerState, *, weights: dict[str, Any] | None = None
+    model: Any,
+    tokenizer: Any,
+    files: ModelFiles,
+    state: TrainerState,
+    run_dir: Path,
+    *,
+    weights: dict[str, Any] | None = None,
 ) -> Path:
-    """Write ``final/`` (model files, config, manifest) atomically into the run directory; the
-    model's live weights, or ``weights`` (gathered from the shards of a sharded model) when given."""
-    run_dir = Path(plan.run_dir)
+    """Write ``final/`` (model files, config, manifest) atomically into ``run_dir``; the model's
+    live weights, or ``weights`` (gathered from the shards of a sharded model) when given."""
     target = run_dir / layout.FINAL_DIR
     staging = run_dir / f".{layout.FINAL_DIR}.partial-{os.getpid()}"
     shutil.rmtree(staging, ignore_errors=True)
-    write_model_files(model, tokenizer, plan, staging, state_dict=weights)
-    write_manifest(staging, state.step, state.metrics(), checkpoint_info(plan) | {"final": True})
+    write_model_files(model, tokenizer, files, staging, state_dict=weights)
+    write_manifest(staging, state.step, state.metrics(), files.lineage | {"final": True})
     shutil.rmtree(target, ignore_errors=True)
     os.replace(staging, target)
     log.info("wrote %s (step %d)", target, state.step)

@@ -21,13 +21,13 @@ from rayft.runs.checkpoints import remove_incomplete, resume_checkpoint
 from rayft.runs.remote import RemoteRun
 from rayft.training.batches import epoch_micro_batches, micro_batches
 from rayft.training.checkpointing import (
-    CheckpointWriter,
+    Checkpointer,
+    ModelFiles,
     TrainerState,
+    TrainingObjects,
     restore_training_state,
-    save_checkpoint,
     save_final,
 )
-from rayft.training.faults import Faults
 from rayft.training.memory import estimate_worker_memory, memory_problem
 from rayft.training.metrics import (
     ConsoleLogger,
@@ -67,8 +67,7 @@ class Worker:
     precision: Precision
     logger: MetricLogger
     state: TrainerState
-    checkpoints: CheckpointWriter
-    faults: Faults
+    checkpoints: Checkpointer
     stopped_on_request: bool = False
     window: ThroughputWindow = field(default_factory=ThroughputWindow)
 
@@ -138,11 +137,25 @@ def setup_worker(plan: WorkerPlan, session: TrainSession) -> Worker:
     trainable, total = count_parameters(model)
     if session.rank == 0:
         log.info("training %s parameters of %s (%.2f%%)", f"{trainable:,}", f"{total:,}", 100 * trainable / total)
-    writer = CheckpointWriter(background=plan.checkpoint.async_upload)
+    saver = Checkpointer(
+        session, model_files(plan), tokenizer, faults=plan.faults, background=plan.checkpoint.async_upload
+    )
     return Worker(
-        plan, session, parallel, model, optimizer, scheduler, scaler, tokenizer, precision, logger, state, writer,
-        plan.faults,
+        plan, session, parallel, model, optimizer, scheduler, scaler, tokenizer, precision, logger, state, saver
     )  # fmt: skip
+
+
+def model_files(plan: WorkerPlan) -> ModelFiles:
+    """What the run writes beside the weights; every manifest records the method, the base model
+    and the driver's lineage (world size, data key)."""
+    lineage = {"method": plan.train.method, "base_model": plan.model.name, **plan.lineage}
+    return ModelFiles(plan.train.method, plan.lora.r, plan.resolved_config, lineage)
+
+
+def save_checkpoint(worker: Worker) -> None:
+    """Save the current step of the loop (see :meth:`Checkpointer.save`)."""
+    objects = TrainingObjects(worker.parallel, worker.model, worker.optimizer, worker.scheduler, worker.scaler)
+    worker.checkpoints.save(objects, worker.state)
 
 
 def check_device_memory(
@@ -320,7 +333,8 @@ def finish(worker: Worker) -> None:
     if worker.parallel.sharded:
         weights = worker.parallel.model_state(worker.model, worker.plan.train.method, worker.session.rank)
     if worker.session.rank == 0:
-        save_final(worker.model, worker.tokenizer, worker.plan, worker.state, weights=weights)
+        files = worker.checkpoints.files
+        save_final(worker.model, worker.tokenizer, files, worker.state, Path(worker.plan.run_dir), weights=weights)
         if worker.plan.remote_uri:
             worker.logger.close()  # flush the last metrics before they are uploaded
             RemoteRun(worker.plan.remote_uri).upload_final(Path(worker.plan.run_dir))
