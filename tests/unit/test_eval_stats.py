@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import math
+import tracemalloc
 
+import numpy as np
 import pytest
 
 from rayft.evaluation import stats
@@ -43,10 +45,58 @@ def test_mcnemar_uses_only_discordant_pairs() -> None:
     assert test.significant
     assert test.difference == pytest.approx(0.5)
     assert test.detail == {"only_a_correct": 0, "only_b_correct": 10, "both_correct": 10, "both_wrong": 0}
-    # Wald interval of a paired difference: sqrt((b + c) - (c - b)^2 / n) / n = sqrt(10 - 5) / 20.
-    half = 1.959964 * math.sqrt(5) / 20
-    assert test.diff_ci_low == pytest.approx(0.5 - half, abs=1e-5)
-    assert test.diff_ci_high == pytest.approx(0.5 + half, abs=1e-5)
+    # Clopper-Pearson for 10/10 discordant pairs going B's way: [0.025 ** (1/10), 1], times m/n = 1/2.
+    assert test.diff_ci_low == pytest.approx(0.5 * (2 * 0.025 ** (1 / 10) - 1), abs=1e-9)
+    assert test.diff_ci_high == pytest.approx(0.5)
+
+
+def test_mcnemar_interval_does_not_contradict_the_test_on_a_small_improvement() -> None:
+    # 80 examples, B alone right on 5, A alone right on none: p = 2 / 2**5 = 0.0625, not significant,
+    # so the interval must contain 0 (a Wald interval gave [+0.0095, +0.1155]).
+    a = [0.0] * 5 + [1.0] * 40 + [0.0] * 35
+    b = [1.0] * 5 + [1.0] * 40 + [0.0] * 35
+    test = stats.mcnemar_test(a, b)
+    assert test.p_value == pytest.approx(0.0625)
+    assert not test.significant
+    # Clopper-Pearson of 5/5 is [0.025 ** (1/5), 1] = [0.478176, 1]; scaled by m/n = 5/80.
+    assert test.diff_ci_low == pytest.approx(5 / 80 * (2 * 0.025 ** (1 / 5) - 1), abs=1e-9)
+    assert test.diff_ci_low < 0 < test.diff_ci_high == pytest.approx(5 / 80)
+
+
+def test_exact_conditional_interval_matches_clopper_pearson() -> None:
+    # Clopper-Pearson of 2/10 and 30/50 at 95% (as scipy.stats.binomtest(...).proportion_ci("exact")).
+    low, high = stats.exact_conditional_interval(8, 2, 10, 0.05)
+    assert (low, high) == pytest.approx((2 * 0.025210726326833497 - 1, 2 * 0.5560954623076415 - 1), abs=1e-9)
+    low, high = stats.exact_conditional_interval(20, 30, 200, 0.05)
+    scale = 50 / 200
+    assert (low, high) == pytest.approx((scale * (2 * 0.4517940284791804 - 1), scale * (2 * 0.7359216049054262 - 1)))
+    assert stats.exact_conditional_interval(0, 0, 30, 0.05) == (0.0, 0.0)
+
+
+@pytest.mark.parametrize("alpha", [0.05, 0.2])
+def test_mcnemar_interval_excludes_zero_exactly_when_significant(alpha: float) -> None:
+    # Every split of up to 32 discordant pairs (and a few n): the verdict and the interval agree,
+    # and the interval holds the observed difference.
+    for b in range(17):
+        for c in range(17):
+            n = b + c + (b * 7 + c) % 13
+            if n == 0:
+                continue
+            test = stats.mcnemar_test([1.0] * b + [0.0] * (n - b), [0.0] * b + [1.0] * c + [0.0] * (n - b - c),
+                                      alpha=alpha)  # fmt: skip
+            excludes_zero = test.diff_ci_low > 0 or test.diff_ci_high < 0
+            assert excludes_zero == test.significant == (stats.mcnemar_exact_p(b, c) < alpha), (b, c, n)
+            assert test.diff_ci_low <= test.difference <= test.diff_ci_high
+
+
+def test_mcnemar_interval_agrees_at_the_boundary_of_significance() -> None:
+    # b=1, c=8: p = 2 * 10 / 512 = 0.0390625; alpha exactly p is not significant (p < alpha is strict).
+    p = stats.mcnemar_exact_p(1, 8)
+    assert p == 20 / 512
+    at_p = stats.exact_conditional_interval(1, 8, 9, p)
+    assert at_p[0] <= 0 < at_p[1]
+    just_above = stats.exact_conditional_interval(1, 8, 9, math.nextafter(p, 1.0))
+    assert just_above[0] > 0
 
 
 def test_mcnemar_not_significant_when_models_agree() -> None:
@@ -101,3 +151,23 @@ def test_estimate_uses_wilson_for_binary_and_bootstrap_for_continuous() -> None:
 def test_paired_tests_refuse_unpaired_scores() -> None:
     with pytest.raises(ValueError, match="same examples: got 2 and 3"):
         stats.paired_test("binary", [1.0, 0.0], [1.0, 0.0, 1.0])
+
+
+def test_bootstrap_resamples_in_batches_give_the_unbatched_means() -> None:
+    data = np.linspace(0.0, 1.0, 37)
+    whole = data[np.random.default_rng(4).integers(0, 37, size=(101, 37))].mean(axis=1)
+    for batch_elements in (1, 37, 100, 37 * 101, 10**6):
+        batched = stats.resampled_means(data, 101, np.random.default_rng(4), batch_elements=batch_elements)
+        np.testing.assert_array_equal(batched, whole)
+
+
+def test_bootstrap_memory_stays_bounded_at_large_n() -> None:
+    # 200 resamples of 100,000 examples: an index matrix of 160 MB when drawn at once.
+    values = np.random.default_rng(0).random(100_000)
+    tracemalloc.start()
+    try:
+        stats.paired_bootstrap_test(values, values + 0.01, samples=200, seed=0)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 80 * 2**20, f"peak {peak / 2**20:.0f} MiB"

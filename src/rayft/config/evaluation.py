@@ -122,7 +122,16 @@ class EvalConfig(Section):
             "finished, else the newest complete step), 'best' (lowest eval/loss), 'final', or 'step-N'."
         ),
     )
-    confidence: float = Field(0.95, gt=0, lt=1, description="Confidence level of every interval.")
+    confidence: float = Field(
+        0.95,
+        gt=0,
+        lt=1,
+        description=(
+            "Confidence level of every metric's interval and of a bootstrap interval on a difference; "
+            "the interval on an accuracy difference is at 1 - eval.significance, the level of the exact "
+            "test beside it, so that the two always agree."
+        ),
+    )
     bootstrap_samples: int = Field(
         2000, ge=100, description="Resamples of bootstrap intervals and paired bootstrap tests."
     )
