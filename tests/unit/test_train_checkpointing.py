@@ -34,6 +34,7 @@ def test_a_checkpoint_saved_from_its_objects_restores_them(
     import torch
     from transformers import AutoTokenizer
 
+    from rayft.runs.manifest import read_manifest
     from rayft.training.checkpointing import (
         Checkpointer,
         ModelFiles,
@@ -42,7 +43,6 @@ def test_a_checkpoint_saved_from_its_objects_restores_them(
         restore_training_state,
     )
     from rayft.training.faults import Faults
-    from rayft.training.manifest import read_manifest
     from rayft.training.parallel import parallelism
     from rayft.training.session import LocalSession
 
