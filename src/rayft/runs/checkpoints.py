@@ -12,9 +12,9 @@ import shutil
 from pathlib import Path
 
 from rayft.errors import CheckpointError
+from rayft.runs import layout
 from rayft.runs.layout import parse_step_dir_name
 from rayft.runs.manifest import read_manifest, verify_checkpoint
-from rayft.runs import layout
 from rayft.runs.selection import CheckpointInfo, choose_checkpoint, plan_retention
 
 log = logging.getLogger(__name__)

@@ -20,12 +20,12 @@ from pathlib import Path
 from typing import Any
 
 from rayft.errors import CheckpointError, StorageError
-from rayft.security import mask_uri
-from rayft.runs.location import join_uri
 from rayft.runs import layout
 from rayft.runs.checkpoints import publish_checkpoint
+from rayft.runs.location import join_uri
 from rayft.runs.manifest import Manifest, verify_checkpoint
 from rayft.runs.selection import CheckpointInfo, plan_retention
+from rayft.security import mask_uri
 
 log = logging.getLogger("rayft.train")
 

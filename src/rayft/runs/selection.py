@@ -42,7 +42,6 @@ def plan_retention(checkpoints: Sequence[CheckpointInfo], num_to_keep: int | Non
     return doomed + [c for c in complete if c.name not in keep]
 
 
-
 def choose_checkpoint(checkpoints: Sequence[CheckpointInfo], final: CheckpointInfo | None, selector: str) -> str:
     """The checkpoint of a run that ``selector`` names (``latest``, ``best``, ``final``, ``step-N``).
 
