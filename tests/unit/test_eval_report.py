@@ -116,3 +116,25 @@ def test_comparison_rows_hold_each_models_answer() -> None:
 )  # fmt: skip
 def test_choose_runtime(setting: str, running: bool, address: str | None, expected: str) -> None:
     assert choose_runtime(setting, running, address) == expected
+
+
+def test_every_report_states_the_configured_confidence_level() -> None:
+    from rayft.cli.run_cmd import _headline
+    from rayft.evaluation.report import pair_lines
+    from rayft.pipeline.report import ReportInputs, StageRow, render_report
+
+    runs = _runs()
+    summary = {**_summary(runs), "confidence": 0.9, "pairs": pair_tests(runs, 0.9, 0.1, 200, 0)}
+    rows = comparison_examples(runs, _examples())
+    pipeline = render_report(ReportInputs(name="r", stages=[StageRow("eval", "run", "", 1.0)], compare_summary=summary))
+    outputs = {
+        "markdown": render_markdown(summary, rows),
+        "html": render_html(summary, rows),
+        "console table": console_table(summary["models"], 0.9),  # type: ignore[arg-type]
+        "console pairs": "\n".join(pair_lines(summary)),
+        "pipeline report": pipeline,
+        "pipeline headline": _headline(summary) or "",
+    }
+    for where, text in outputs.items():
+        assert "90%" in text, where
+        assert "95%" not in text, where

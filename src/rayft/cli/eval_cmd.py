@@ -90,20 +90,15 @@ def compare(
     Writes compare.json, compare.md, a self-contained compare.html and examples.jsonl; paired
     tests are McNemar (correct/incorrect) and paired bootstrap (continuous metrics).
     """
+    from rayft.evaluation.report import pair_lines
     from rayft.recipes.compare import compare_models
 
     sources = _parse_models(models)
     cfg = load_cli_config(config_path, _with_checkpoint(overrides, checkpoint))
     result = compare_models(cfg, sources, Path(output) if output else _default_output(cfg, "compare"))
     click.echo(result.table + "\n")
-    for pair in result.summary["pairs"]:
-        for name, test in pair["tests"].items():
-            verdict = "significant" if test["significant"] else "not significant"
-            click.echo(
-                f"{pair['b']} - {pair['a']} {name}: {test['difference']:+.3f} "
-                f"[{test['diff_ci_low']:+.3f}, {test['diff_ci_high']:+.3f}], {test['test']} p={test['p_value']:.4g} "
-                f"({verdict})"
-            )
+    for line in pair_lines(result.summary):
+        click.echo(line)
     click.echo(f"\nReport: {result.html_path}\nMarkdown: {result.markdown_path}\nJSON: {result.json_path}")
 
 

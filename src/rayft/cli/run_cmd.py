@@ -54,6 +54,8 @@ def run(  # noqa: PLR0917 (click passes options positionally)
 
 def _headline(summary: dict[str, Any]) -> str | None:
     """One line on the first pair's primary metric: the difference, its test and the verdict."""
+    from rayft.evaluation.report import difference_interval
+
     pairs, primary = summary.get("pairs"), summary.get("primary_metric")
     if not isinstance(pairs, list) or not pairs or not isinstance(primary, str):
         return None
@@ -69,6 +71,6 @@ def _headline(summary: dict[str, Any]) -> str | None:
     shown = ", ".join(f"{label} {value:.3f}" for label, value in values.items() if isinstance(value, float))
     return (
         f"{primary}: {shown}; difference {test.get('difference', float('nan')):+.3f} "
-        f"[{test.get('diff_ci_low', float('nan')):+.3f}, {test.get('diff_ci_high', float('nan')):+.3f}], "
+        f"{difference_interval(test, summary.get('confidence'))}, "
         f"{test.get('test')} p={test.get('p_value', float('nan')):.3g} ({verdict})"
     )

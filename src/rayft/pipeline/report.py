@@ -9,6 +9,8 @@ from dataclasses import dataclass, field
 from html import escape
 from typing import Any
 
+from rayft.evaluation.report import difference_interval, level_text
+
 _COLORS = ("#2563eb", "#dc2626", "#059669", "#d97706", "#7c3aed")
 _CSS = """
 body{font-family:system-ui,-apple-system,Segoe UI,sans-serif;margin:2rem auto;max-width:1100px;color:#111;
@@ -240,22 +242,23 @@ def _compare_section(summary: Mapping[str, Any]) -> str:
         verdict = "<span class='ok'>significant</span>" if significant else "<span class='bad'>not significant</span>"
         diff = pair.get("difference")
         diff_text = f"{diff:+.3f}" if isinstance(diff, int | float) else ""
-        low, high = pair.get("diff_ci_low"), pair.get("diff_ci_high")
-        if isinstance(low, int | float) and isinstance(high, int | float):
-            diff_text += f" [{low:+.3f}, {high:+.3f}]"
+        if isinstance(pair.get("diff_ci_low"), int | float) and isinstance(pair.get("diff_ci_high"), int | float):
+            diff_text += f" ({difference_interval(pair, summary.get('confidence'))})"
         tests.append(
             f"<tr><td>{escape(str(pair.get('a', '')))} vs {escape(str(pair.get('b', '')))}</td>"
             f"<td>{escape(str(pair.get('metric', '')))}</td><td>{escape(str(pair.get('test', '')))}</td>"
             f"<td class='num'>{diff_text}</td><td class='num'>{pair.get('p_value', float('nan')):.3g}</td>"
             f"<td>{verdict}</td></tr>"
         )
+    level = summary.get("confidence")
+    interval_head = f"{level_text(level)} interval" if isinstance(level, int | float) else "interval"
     table = (
-        "<table><tr><th>model</th><th>metric</th><th>value</th><th>95% interval</th><th>n</th></tr>"
+        f"<table><tr><th>model</th><th>metric</th><th>value</th><th>{interval_head}</th><th>n</th></tr>"
         + "".join(rows)
         + "</table>"
     )
     paired = (
-        "<table><tr><th>pair</th><th>metric</th><th>test</th><th>difference [95% CI]</th><th>p-value</th>"
+        "<table><tr><th>pair</th><th>metric</th><th>test</th><th>difference (interval)</th><th>p-value</th>"
         "<th>verdict</th></tr>" + "".join(tests) + "</table>"
         if tests
         else ""
