@@ -47,7 +47,7 @@ class EvalConfig(Section):
         "gsm8k",
         description=(
             "How outputs are scored: 'gsm8k' (lm-evaluation-harness prompt and strict/flexible "
-            "answer extraction), 'exact_match', 'rouge' (ROUGE-L F1), 'bleu' (sentence BLEU), "
+            "answer extraction), 'exact_match', 'rouge' (ROUGE-L F1), 'bleu' (corpus BLEU, sacrebleu's paired test), "
             "'bertscore' (needs rayft[bertscore] and a scoring model), 'sql' (normalised SQL "
             "exact match), or 'custom' (the function named by eval.metric)."
         ),

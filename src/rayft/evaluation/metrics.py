@@ -2,15 +2,21 @@
 
 Each metric scores one (output, reference) pair; aggregates and intervals come from
 :mod:`rayft.evaluation.stats`. ROUGE-L uses Google's ``rouge-score`` and BLEU ``sacrebleu``
-(sentence BLEU with exponential smoothing, on its 0-100 scale); BERTScore is an optional extra.
+(0-100): each example gets its sentence BLEU, but the reported BLEU is corpus BLEU, computed from
+the summed per-example statistics, and two models' BLEU are compared with sacrebleu's paired
+approximate randomization test (see :class:`CorpusMetric`). BERTScore is an optional extra.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib
+import logging
+import os
 import re
 import string
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
@@ -69,6 +75,75 @@ def bleu(output: str, reference: str) -> float:
     import sacrebleu
 
     return float(sacrebleu.sentence_bleu(output, [reference]).score)
+
+
+def bleu_statistics(output: str, reference: str) -> list[float]:
+    """The sufficient statistics of BLEU for one example: output and reference lengths, then the
+    matched and total n-gram counts for n = 1..4 (summed over examples, they give corpus BLEU)."""
+    import sacrebleu
+
+    s = sacrebleu.sentence_bleu(output, [reference])
+    return [float(s.sys_len), float(s.ref_len), *map(float, s.counts), *map(float, s.totals)]
+
+
+def bleu_from_statistics(sums: Sequence[float]) -> float:
+    """Corpus BLEU (sacrebleu's defaults: exp smoothing, 4-grams) from summed :func:`bleu_statistics`."""
+    from sacrebleu.metrics.bleu import BLEU
+
+    counts, totals = [round(x) for x in sums[2:6]], [round(x) for x in sums[6:10]]
+    return float(BLEU.compute_bleu(counts, totals, round(sums[0]), round(sums[1]), smooth_method="exp").score)
+
+
+@contextlib.contextmanager
+def _sacrebleu_seed(seed: int) -> Iterator[None]:
+    """sacrebleu's significance tests read their seed from SACREBLEU_SEED; set it for one call."""
+    before = os.environ.get("SACREBLEU_SEED")
+    os.environ["SACREBLEU_SEED"] = str(seed)
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ["SACREBLEU_SEED"]
+        else:
+            os.environ["SACREBLEU_SEED"] = before
+
+
+def bleu_paired_p_value(
+    outputs_a: Sequence[str], outputs_b: Sequence[str], references: Sequence[str], samples: int, seed: int
+) -> float:
+    """p-value of sacrebleu's paired approximate randomization test of corpus BLEU, B against A.
+
+    sacrebleu treats a seed of 0 as "unseeded", so it is given ``seed + 1``.
+    """
+    from sacrebleu.metrics.bleu import BLEU
+    from sacrebleu.significance import PairedTest, Result
+
+    logging.getLogger("sacrebleu").setLevel(logging.WARNING)  # it logs each step at INFO
+    with _sacrebleu_seed(seed + 1):
+        test = PairedTest([("a", list(outputs_a)), ("b", list(outputs_b))], {"BLEU": BLEU()}, [list(references)],
+                          test_type="ar", n_samples=samples)  # fmt: skip
+        _, results = test()
+    result = results["BLEU"][1]  # [baseline, system]
+    assert isinstance(result, Result) and result.p_value is not None  # a paired test always sets it
+    return float(result.p_value)
+
+
+@dataclass(frozen=True)
+class CorpusMetric:
+    """A metric of the whole corpus (not a mean of per-example scores), e.g. corpus BLEU.
+
+    ``statistics`` gives one example's sufficient statistics, ``from_statistics`` the metric of
+    their sum, and ``paired_p_value(outputs_a, outputs_b, references, samples, seed)`` the
+    p-value of the field's paired test, named ``test``.
+    """
+
+    statistics: Callable[[str, str], list[float]]
+    from_statistics: Callable[[Sequence[float]], float]
+    paired_p_value: Callable[[Sequence[str], Sequence[str], Sequence[str], int, int], float]
+    test: str
+
+
+CORPUS_BLEU = CorpusMetric(bleu_statistics, bleu_from_statistics, bleu_paired_p_value, "sacrebleu_paired_ar")
 
 
 def bertscore_f1(outputs: Sequence[str], references: Sequence[str], model: str, device: str = "cpu") -> list[float]:

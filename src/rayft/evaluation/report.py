@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from rayft.errors import StorageError
-from rayft.evaluation.runner import Examples, ModelRun
-from rayft.evaluation.stats import PairedTest, paired_test
+from rayft.evaluation.runner import CorpusScores, Examples, ModelRun
+from rayft.evaluation.stats import PairedTest, corpus_paired_test, paired_test
 
 MAX_DISAGREEMENTS = 50
 _PALETTE = ("#4269d0", "#efb118", "#ff725c", "#6cc5b0", "#3ca951", "#a463f2")
@@ -97,6 +97,11 @@ def pair_tests(
             for name, kind in a.kinds.items():
                 if name not in b.kinds:
                     continue
+                if name in a.corpus and name in b.corpus:
+                    tests[name] = corpus_pair_test(
+                        a.corpus[name], b.corpus[name], confidence=confidence, alpha=alpha, samples=samples, seed=seed
+                    )
+                    continue
                 va, vb = [s.get(name, 0.0) for s in a.scores], [s.get(name, 0.0) for s in b.scores]
                 test: PairedTest = paired_test(
                     "binary" if kind == "binary" and b.kinds[name] == "binary" else "continuous",
@@ -105,6 +110,18 @@ def pair_tests(
                 tests[name] = test.to_dict()
             out.append({"a": a.label, "b": b.label, "tests": tests})
     return out
+
+
+def corpus_pair_test(
+    a: CorpusScores, b: CorpusScores, *, confidence: float, alpha: float, samples: int, seed: int
+) -> dict[str, Any]:
+    """A corpus metric's paired test: the metric's own test for the p-value, a paired bootstrap interval."""
+    p = a.metric.paired_p_value(a.outputs, b.outputs, a.references, samples, seed)
+    test = corpus_paired_test(
+        a.statistics, b.statistics, a.metric.from_statistics, test=a.metric.test, p_value=p,
+        confidence=confidence, alpha=alpha, samples=samples, seed=seed,
+    )  # fmt: skip
+    return test.to_dict()
 
 
 def comparison_examples(runs: Sequence[ModelRun], examples: Examples) -> list[dict[str, Any]]:

@@ -13,12 +13,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+import numpy as np
+
 from rayft.config.data import DatasetConfig
 from rayft.config.evaluation import EvalConfig
 from rayft.config.generation import GenerationConfig
 from rayft.errors import DataError
+from rayft.evaluation.metrics import CorpusMetric
 from rayft.evaluation.sources import ResolvedSource
-from rayft.evaluation.stats import Estimate, estimate
+from rayft.evaluation.stats import Estimate, corpus_estimate, estimate
 from rayft.evaluation.tasks import Task, build_prompt
 from rayft.generation.backend import Generation, Prompt
 
@@ -47,6 +50,16 @@ class Examples:
 
 
 @dataclass(frozen=True)
+class CorpusScores:
+    """What a corpus metric's estimate and paired test read: per-example statistics and the texts."""
+
+    metric: CorpusMetric
+    statistics: np.ndarray
+    outputs: list[str]
+    references: list[str]
+
+
+@dataclass(frozen=True)
 class ModelRun:
     """One model's outputs and scores on the examples."""
 
@@ -60,6 +73,7 @@ class ModelRun:
     primary: str
     elapsed_s: float
     fingerprint: dict[str, Any] = field(default_factory=dict)
+    corpus: dict[str, CorpusScores] = field(default_factory=dict)
 
     @property
     def generated_tokens(self) -> int:
@@ -207,7 +221,8 @@ def score_run(
 ) -> ModelRun:
     """Score one model's generations and estimate every metric with its interval."""
     outputs = ["" if g.error else g.text for g in generations]
-    scored = task.score(outputs, [e.reference for e in examples.items])
+    references = [e.reference for e in examples.items]
+    scored = task.score(outputs, references)
     names = list(dict.fromkeys(k for s in scored for k in s.scores))
     kinds: dict[str, str] = {}
     metrics: dict[str, Estimate] = {}
@@ -216,6 +231,10 @@ def score_run(
         kind = task.kind(name, values)
         kinds[name] = kind
         metrics[name] = estimate(values, kind, ev.confidence, ev.bootstrap_samples, ev.seed)
+    corpus = {name: corpus_scores(metric, outputs, references) for name, metric in task.corpus.items()}
+    for name, c in corpus.items():
+        metrics[name] = corpus_estimate(c.statistics, c.metric.from_statistics, ev.confidence,
+                                        ev.bootstrap_samples, ev.seed)  # fmt: skip
     return ModelRun(
         label=label,
         source=source,
@@ -226,7 +245,14 @@ def score_run(
         kinds=kinds,
         primary=task.primary_of(names),
         elapsed_s=elapsed_s,
+        corpus=corpus,
     )
+
+
+def corpus_scores(metric: CorpusMetric, outputs: list[str], references: list[str]) -> CorpusScores:
+    """Per-example statistics of a corpus metric (``len(outputs) x k``)."""
+    rows = [metric.statistics(o, r) for o, r in zip(outputs, references, strict=True)]
+    return CorpusScores(metric, np.asarray(rows, dtype=np.float64).reshape(len(rows), -1), outputs, references)
 
 
 def run_model(

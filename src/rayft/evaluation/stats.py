@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from statistics import NormalDist
 from typing import Any, Literal
@@ -103,12 +103,66 @@ def resampled_means(
     as drawing the whole ``samples x n`` index matrix at once (which needs 1.6 GB at n = 100,000).
     """
     n = int(data.size)
-    rows = max(1, batch_elements // max(n, 1))
     means = np.empty(samples, dtype=np.float64)
-    for start in range(0, samples, rows):
-        stop = min(start + rows, samples)
+    for start, stop in _batches(samples, max(1, batch_elements // max(n, 1))):
         means[start:stop] = data[rng.integers(0, n, size=(stop - start, n))].mean(axis=1)
     return means
+
+
+def resampled_sums(
+    rows: np.ndarray, samples: int, rng: np.random.Generator, batch_elements: int = _BOOTSTRAP_BATCH_ELEMENTS
+) -> np.ndarray:
+    """Column sums of ``samples`` bootstrap resamples of the rows of an ``n x k`` array, in bounded batches."""
+    n, k = rows.shape
+    sums = np.empty((samples, k), dtype=np.float64)
+    for start, stop in _batches(samples, max(1, batch_elements // max(n * k, 1))):
+        sums[start:stop] = rows[rng.integers(0, n, size=(stop - start, n))].sum(axis=1)
+    return sums
+
+
+def _batches(total: int, size: int) -> Iterator[tuple[int, int]]:
+    for start in range(0, total, size):
+        yield start, min(start + size, total)
+
+
+def corpus_estimate(
+    rows: np.ndarray, score: Callable[[Sequence[float]], float], confidence: float, samples: int, seed: int
+) -> Estimate:
+    """A corpus metric (``score`` of the summed per-example statistics ``rows``) with a percentile
+    bootstrap interval over examples."""
+    n = int(rows.shape[0])
+    if n == 0:
+        return Estimate(math.nan, math.nan, math.nan, 0, "corpus_bootstrap")
+    scores = [score(s) for s in resampled_sums(rows, samples, np.random.default_rng(seed))]
+    low, high = np.quantile(scores, [(1 - confidence) / 2, (1 + confidence) / 2])
+    return Estimate(score(rows.sum(axis=0)), float(low), float(high), n, "corpus_bootstrap")
+
+
+def corpus_paired_test(
+    rows_a: np.ndarray,
+    rows_b: np.ndarray,
+    score: Callable[[Sequence[float]], float],
+    *,
+    test: str,
+    p_value: float,
+    confidence: float,
+    alpha: float,
+    samples: int,
+    seed: int,
+) -> PairedTest:
+    """Two models' corpus metric compared on the same examples (difference = B - A).
+
+    The p-value comes from the metric's own paired test; the difference gets a paired percentile
+    bootstrap interval (both models' examples resampled with the same indices).
+    """
+    _check_paired(rows_a, rows_b)
+    k = rows_a.shape[1]
+    sums = resampled_sums(np.hstack([rows_a, rows_b]), samples, np.random.default_rng(seed))
+    diffs = [score(s[k:]) - score(s[:k]) for s in sums]
+    low, high = np.quantile(diffs, [(1 - confidence) / 2, (1 + confidence) / 2])
+    observed = score(rows_b.sum(axis=0)) - score(rows_a.sum(axis=0))
+    n = int(rows_a.shape[0])
+    return PairedTest(test, observed, p_value, p_value < alpha, observed, float(low), float(high), n, {}, confidence)
 
 
 def estimate(
@@ -267,6 +321,6 @@ def paired_test(
     return paired_bootstrap_test(scores_a, scores_b, confidence=confidence, alpha=alpha, samples=samples, seed=seed)
 
 
-def _check_paired(a: Sequence[float], b: Sequence[float]) -> None:
+def _check_paired(a: Sequence[float] | np.ndarray, b: Sequence[float] | np.ndarray) -> None:
     if len(a) != len(b):
         raise ValueError(f"paired test needs scores of the same examples: got {len(a)} and {len(b)} scores")

@@ -3,7 +3,8 @@
 One table maps ``eval.task`` to a :class:`Task`; :func:`build_task` turns the config section into
 one. A task scores a whole batch at once (BERTScore runs a model), and declares which of its
 metrics are correct/incorrect rates (binary: Wilson intervals, McNemar tests) and which are
-continuous (bootstrap intervals and tests).
+continuous (bootstrap intervals and tests). A metric of the whole corpus (BLEU) is also named
+in ``corpus``: its aggregate, interval and paired test come from the corpus, not from the mean.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ class Task:
     score: Scorer
     stop: tuple[str, ...] = ()
     gsm8k_prompt: bool = False
+    corpus: dict[str, m.CorpusMetric] = field(default_factory=dict)
 
     def kind(self, metric: str, values: Sequence[float]) -> MetricKind:
         """The declared kind of a metric; metrics a user function adds are binary when all 0/1."""
@@ -121,6 +123,11 @@ def _simple(name: str, metric: str, kind: MetricKind, fn: Callable[[str, str], f
     return lambda cfg: Task(name, {metric: kind}, metric, _per_pair(metric, fn))
 
 
+def _bleu_task(cfg: EvalConfig) -> Task:
+    # Per example: sentence BLEU (rows, disagreements); reported: corpus BLEU and sacrebleu's paired test.
+    return Task("bleu", {"bleu": "continuous"}, "bleu", _per_pair("bleu", m.bleu), corpus={"bleu": m.CORPUS_BLEU})
+
+
 def _bertscore_task(cfg: EvalConfig) -> Task:
     device = "cuda" if cfg.num_gpus_per_worker > 0 else "cpu"
     return Task("bertscore", {"bertscore_f1": "continuous"}, "bertscore_f1", _bertscore(cfg.bertscore_model, device))
@@ -137,7 +144,7 @@ TASKS: dict[str, Callable[[EvalConfig], Task]] = {
     "exact_match": _simple("exact_match", "exact_match", "binary", m.exact_match),
     "sql": _simple("sql", "sql_exact_match", "binary", m.sql_exact_match),
     "rouge": _simple("rouge", "rougeL_f1", "continuous", m.rouge_l),
-    "bleu": _simple("bleu", "bleu", "continuous", m.bleu),
+    "bleu": _bleu_task,
     "bertscore": _bertscore_task,
     "custom": _custom_task,
 }
