@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -51,6 +52,22 @@ def test_every_problem_is_reported_at_once_with_path_value_and_fix() -> None:
     assert "train.lr: unknown key. Did you mean 'train.learning_rate'?" in text
     assert "train.learning_rate = -1: Input should be greater than 0" in text
     assert "data.max_seq_length = 'abc'" in text
+
+
+@pytest.mark.parametrize(
+    ("override", "suggestion"),
+    [
+        ("lr=1", "lr: unknown key. Did you mean 'train.learning_rate'?"),
+        ("learning_rate=1e-4", "learning_rate: unknown key. Did you mean 'train.learning_rate'?"),
+        ("lora_rank=8", "lora_rank: unknown key. Did you mean 'lora.r'?"),
+        ("train.rank=8", "train.rank: unknown key. Did you mean 'lora.r'?"),
+        ("epochs=2", "epochs: unknown key. Did you mean 'train.num_epochs'?"),
+        ("lora.lr=1", "lora.lr: unknown key. Did you mean 'train.learning_rate'?"),
+    ],
+)
+def test_aliases_resolve_across_sections(override: str, suggestion: str) -> None:
+    with pytest.raises(ConfigError, match=re.escape(suggestion)):
+        load_config(None, [override])
 
 
 def test_unknown_section_lists_valid_keys() -> None:

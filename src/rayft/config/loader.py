@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import difflib
+import functools
 import re
 import types
 import typing
@@ -183,12 +184,38 @@ def _unknown_key(loc: tuple[Any, ...], path: str) -> str:
     model = _model_at(loc[:-1])
     valid = sorted(model.model_fields) if model is not None else []
     key = str(loc[-1])
-    alias = _ALIASES.get(key)
-    guess = [alias] if alias in valid else difflib.get_close_matches(key, valid, n=1, cutoff=0.5)
     parent = ".".join(str(p) for p in loc[:-1])
-    prefix = f"{parent}." if parent else ""
-    suggestion = f" Did you mean '{prefix}{guess[0]}'?" if guess else ""
+    guesses = _guess_paths(key, parent, valid)
+    suggestion = f" Did you mean {' or '.join(repr(g) for g in guesses)}?" if guesses else ""
     return f"{path}: unknown key.{suggestion} Valid keys here: {', '.join(valid)}."
+
+
+def _guess_paths(key: str, parent: str, valid: list[str]) -> list[str]:
+    """Full dotted paths the user probably meant: the key (or its alias) in this section, else the
+    field of that name in any section (``lr`` at the top is ``train.learning_rate``), else a close
+    spelling in this section."""
+    prefix = f"{parent}." if parent else ""
+    name = _ALIASES.get(key, key)
+    if name in valid and name != key:
+        return [f"{prefix}{name}"]
+    elsewhere = [p for p in _field_paths(RayftConfig) if p.rsplit(".", 1)[-1] == name and p != f"{prefix}{key}"]
+    if elsewhere:
+        return elsewhere[:3]
+    return [f"{prefix}{g}" for g in difflib.get_close_matches(key, valid, n=1, cutoff=0.5)]
+
+
+@functools.cache
+def _field_paths(model: type[BaseModel]) -> tuple[str, ...]:
+    """Every dotted field path under ``model`` (items of a list of sections as ``.0.``)."""
+    paths: list[str] = []
+    for name, field in model.model_fields.items():
+        paths.append(name)
+        inner = _unwrap(field.annotation)
+        element = _element_type(field.annotation) if typing.get_origin(inner) is list else None
+        for sub, sep in ((inner, "."), (element, ".0.")):
+            if isinstance(sub, type) and issubclass(sub, BaseModel):
+                paths += [f"{name}{sep}{p}" for p in _field_paths(sub)]
+    return tuple(paths)
 
 
 def _model_at(loc: tuple[Any, ...]) -> type[BaseModel] | None:
