@@ -134,13 +134,28 @@ def load_tokenizer(cfg: ModelConfig) -> PreTrainedTokenizerBase:
     location, kwargs = model_location(cfg)
     with _hub_errors(cfg.name):
         tokenizer = AutoTokenizer.from_pretrained(location, **kwargs)
-    if cfg.chat_template:
-        tokenizer.chat_template = cfg.chat_template
-    elif not getattr(tokenizer, "chat_template", None):
-        tokenizer.chat_template = CHATML_TEMPLATE
+    where = f"GGUF file {kwargs['gguf_file']!r}" if "gguf_file" in kwargs else f"the tokenizer of {cfg.name!r}"
+    template, warning = choose_chat_template(cfg.chat_template, getattr(tokenizer, "chat_template", None), where)
+    if warning:
+        log.warning(warning)
+    tokenizer.chat_template = template
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token or tokenizer.unk_token
     return tokenizer
+
+
+def choose_chat_template(configured: str | None, shipped: str | None, where: str) -> tuple[str, str | None]:
+    """The chat template to use (configured, else shipped, else ChatML) and a warning for the fallback."""
+    if configured:
+        return configured, None
+    if shipped:
+        return shipped, None
+    return CHATML_TEMPLATE, (
+        f"{where} ships no chat template, so chat prompts are rendered as ChatML, which the model may "
+        "not have been trained with; set model.chat_template to the model's own Jinja template (the "
+        "'chat_template' of its original tokenizer_config.json), or set use_chat_template: false on "
+        "each dataset under data.datasets and eval.use_chat_template=false to prompt it with plain text"
+    )
 
 
 def resolve_dtype(name: str, device_type: str) -> torch.dtype:
