@@ -7,11 +7,13 @@ vLLM is imported when a backend is built, never at module import; without it the
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from rayft.config.model import ModelConfig
-from rayft.errors import MissingDependencyError
+from rayft.errors import MissingDependencyError, ModelError
 from rayft.generation.backend import FinishReason, Generation, Prompt, SamplingParams, truncate_at_stop
 
 
@@ -40,15 +42,13 @@ class VLLMBackend:
 
         location, kwargs = model_location(model)
         self._label = f"vllm:{model.name}" + (f"+{adapter_path}" if adapter_path else "")
+        rank = adapter_max_rank(Path(adapter_path)) if adapter_path else None
         self.llm = vllm.LLM(
-            model=location,
-            revision=kwargs.get("revision"),
-            trust_remote_code=model.trust_remote_code,
-            dtype="auto" if model.dtype == "auto" else model.dtype,
-            enable_lora=adapter_path is not None,
-            gpu_memory_utilization=gpu_memory_utilization,
-            tensor_parallel_size=tensor_parallel_size,
-        )
+            **vllm_engine_args(
+                model, location, kwargs.get("revision"), adapter_rank=rank,
+                gpu_memory_utilization=gpu_memory_utilization, tensor_parallel_size=tensor_parallel_size,
+            )
+        )  # fmt: skip
         self.lora = None
         if adapter_path:
             from vllm.lora.request import LoRARequest
@@ -76,6 +76,57 @@ class VLLMBackend:
             for (i, _), result in zip(chats, results, strict=True):
                 out[i] = to_generation(result, params)
         return [g if g is not None else Generation("", finish_reason="error", error="no output") for g in out]
+
+
+# The values vLLM accepts for max_lora_rank (LoRAConfig); 320 and 512 need a recent vLLM, older
+# releases stop at 256.
+VLLM_MAX_LORA_RANKS = (8, 16, 32, 64, 128, 256, 320, 512)
+
+
+def adapter_max_rank(adapter_dir: Path) -> int:
+    """The largest LoRA rank in a PEFT adapter: its ``r`` and any per-module ``rank_pattern`` rank."""
+    config_file = adapter_dir / "adapter_config.json"
+    try:
+        config = json.loads(config_file.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise ModelError(
+            f"cannot read the LoRA adapter's {config_file} ({exc}); point at a directory saved by PEFT "
+            "(adapter_config.json beside the adapter weights)"
+        ) from None
+    ranks = [int(config.get("r", 8)), *(int(v) for v in (config.get("rank_pattern") or {}).values())]
+    return max(ranks)
+
+
+def vllm_engine_args(
+    model: ModelConfig,
+    location: str,
+    revision: str | None,
+    *,
+    adapter_rank: int | None,
+    gpu_memory_utilization: float,
+    tensor_parallel_size: int,
+) -> dict[str, Any]:
+    """The keyword arguments of ``vllm.LLM``; with an adapter, ``max_lora_rank`` is its rank rounded
+    up to a value vLLM accepts (vLLM's default, 16, refuses a rank-32 adapter)."""
+    args: dict[str, Any] = {
+        "model": location,
+        "revision": revision,
+        "trust_remote_code": model.trust_remote_code,
+        "dtype": "auto" if model.dtype == "auto" else model.dtype,
+        "enable_lora": adapter_rank is not None,
+        "gpu_memory_utilization": gpu_memory_utilization,
+        "tensor_parallel_size": tensor_parallel_size,
+    }
+    if adapter_rank is not None:
+        fitting = [r for r in VLLM_MAX_LORA_RANKS if r >= adapter_rank]
+        if not fitting:
+            raise ModelError(
+                f"the LoRA adapter has rank {adapter_rank}; vLLM serves adapters of rank at most "
+                f"{VLLM_MAX_LORA_RANKS[-1]}: use the 'hf' backend (eval.backend=hf, or backend: hf in the generation "
+                "section), or merge the adapter into the model at export"
+            )
+        args["max_lora_rank"] = fitting[0]
+    return args
 
 
 def vllm_sampling_kwargs(params: SamplingParams) -> dict[str, Any]:
