@@ -5,11 +5,14 @@ from __future__ import annotations
 import re
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from rayft.config.base import Section
 
 _COMMIT_SHA = re.compile(r"^[0-9a-f]{40}$")
+_HUB_KERNEL = re.compile(r"^[\w.-]+/[\w.-]+(@[\w.-]+)?(:[\w.-]+)?$")
+
+ATTENTION_IMPLEMENTATIONS = ("sdpa", "eager", "flex_attention", "flash_attention_2", "flash_attention_3")
 
 Dtype = Literal["auto", "float32", "bfloat16", "float16"]
 
@@ -41,11 +44,13 @@ class ModelConfig(Section):
             "support it (float16 otherwise)."
         ),
     )
-    attn_implementation: Literal["sdpa", "eager", "flash_attention_2", "flash_attention_3"] = Field(
+    attn_implementation: str = Field(
         "sdpa",
         description=(
-            "Attention kernel passed to transformers. Training on CPU with 'sdpa' runs it once per example "
-            "of a packed row instead of over a block-diagonal mask. flash_attention_* needs a GPU and the package."
+            "Attention kernel passed to transformers: sdpa, eager, flex_attention, flash_attention_2, "
+            "flash_attention_3, or a Hub kernel repo (kernels-community/flash-attn, needs the kernels package). "
+            "Training on CPU with 'sdpa' runs it once per example of a packed row instead of over a "
+            "block-diagonal mask; the flash kernels get each packed example's bounds (cu_seq_lens) and need a GPU."
         ),
     )
     trust_remote_code: bool = Field(
@@ -62,6 +67,16 @@ class ModelConfig(Section):
             "checkpoint and export so that serving renders prompts as training did."
         ),
     )
+
+    @field_validator("attn_implementation")
+    @classmethod
+    def _known_attention(cls, value: str) -> str:
+        if value in ATTENTION_IMPLEMENTATIONS or _HUB_KERNEL.match(value):
+            return value
+        raise ValueError(
+            f"model.attn_implementation={value!r} is neither one of {', '.join(ATTENTION_IMPLEMENTATIONS)} nor a Hub "
+            "kernel repo (owner/name, e.g. kernels-community/flash-attn); pick one of those"
+        )
 
     @model_validator(mode="after")
     def _remote_code_needs_pinned_revision(self) -> ModelConfig:

@@ -80,6 +80,22 @@ class TrainConfig(Section):
     gradient_checkpointing: bool = Field(
         False, description="Recompute activations in the backward pass: less memory, ~30% slower."
     )
+    fused_loss: Literal["auto", "chunked", "liger", "none"] = Field(
+        "auto",
+        description=(
+            "How the loss meets the output head without full-vocabulary logits for every position at once: "
+            "'chunked' (plain torch, any device) projects and scores a chunk of positions at a time, gradients "
+            "included; 'liger' runs Liger's fused linear cross-entropy (CUDA; pip install 'rayft[liger]'); 'none' "
+            "computes all logits, then the loss; 'auto' is liger on CUDA when installed, chunked otherwise."
+        ),
+    )
+    compile: bool = Field(
+        False,
+        description=(
+            "Compile each transformer block with torch.compile (the first steps pay the compilation). Packed "
+            "batches keep their shapes' variation small: see the README's performance section."
+        ),
+    )
     mixed_precision: Literal["auto", "no", "bf16", "fp16"] = Field(
         "auto",
         description="Autocast on GPU: 'auto' picks bf16 where supported, fp16 otherwise; CPUs run fp32.",

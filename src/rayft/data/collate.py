@@ -1,10 +1,16 @@
 """Turning training units (see :mod:`rayft.data.prepared`) into model inputs.
 
 Every micro-batch is passed as ``input_ids`` + ``position_ids`` with no attention mask: positions
-restart at 0 for every example, so transformers builds a block-diagonal causal mask (sdpa, eager)
-or uses variable-length kernels (flash attention). Right padding forms its own block with labels
--100, so padded and packed batches go through one code path and padding never changes a real
-token's logits.
+restart at 0 for every example, so transformers builds a block-diagonal causal mask (sdpa, eager,
+flex_attention). Right padding forms its own block with labels -100, so padded and packed batches
+go through one code path and padding never changes a real token's logits.
+
+Variable-length kernels (flash attention) take the examples' bounds instead of a mask: the
+micro-batch also carries them as transformers' padding-free path expects (:meth:`MicroBatch.varlen_kwargs`),
+over the batch's rows laid end to end, computed here on the host so that the forward pass never
+waits on the device to find them. ``max_length`` is rounded up to a power of two (at most the row
+width): ``torch.compile`` specialises on a Python int, so exact per-batch maxima would compile
+the blocks again for every new value, while powers of two give a handful of values in all.
 """
 
 from __future__ import annotations
@@ -29,6 +35,18 @@ class MicroBatch:
     num_tokens: int
     num_label_tokens: int
     sample_ids: list[int]
+    cu_seq_lens: torch.Tensor | None = None
+    max_length: int = 0
+
+    def varlen_kwargs(self) -> dict[str, Any]:
+        """The examples' bounds for variable-length attention: ``cu_seq_lens_q/k`` (int32 offsets of
+        every example, and of the padding block, in the rows laid end to end) and ``max_length_q/k``."""
+        if self.cu_seq_lens is None:
+            self.cu_seq_lens, self.max_length = sequence_bounds(self.position_ids)
+        return {
+            "cu_seq_lens_q": self.cu_seq_lens, "cu_seq_lens_k": self.cu_seq_lens,
+            "max_length_q": self.max_length, "max_length_k": self.max_length,
+        }  # fmt: skip
 
     @property
     def num_computed_tokens(self) -> int:
@@ -44,6 +62,8 @@ class MicroBatch:
             self.num_tokens,
             self.num_label_tokens,
             self.sample_ids,
+            None if self.cu_seq_lens is None else self.cu_seq_lens.to(device),
+            self.max_length,
         )
 
 
@@ -66,4 +86,21 @@ def collate(units: Sequence[dict[str, Any]], pad_token_id: int, pad_to_multiple_
         sample_ids.extend(int(s) for s in unit["sample_ids"])
     num_tokens = sum(len(u["input_ids"]) for u in units)
     num_label_tokens = int((labels != IGNORE_INDEX).sum())
-    return MicroBatch(input_ids, labels, positions, num_tokens, num_label_tokens, sample_ids)
+    cu_seq_lens, max_length = sequence_bounds(positions)
+    return MicroBatch(input_ids, labels, positions, num_tokens, num_label_tokens, sample_ids, cu_seq_lens, max_length)
+
+
+def sequence_bounds(position_ids: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """Offsets (int32, starting at 0, ending at the token count) of every example in the rows of
+    ``position_ids`` laid end to end (an example starts wherever the position does not continue the
+    previous token's, so every row starts one), and the longest example's length rounded up to a
+    power of two, capped at the row width."""
+    import torch
+
+    flat = position_ids.reshape(-1).cpu()
+    starts = torch.nonzero(flat[1:] != flat[:-1] + 1).flatten() + 1
+    total = torch.tensor([flat.numel()])
+    cu_seq_lens = torch.cat([torch.zeros(1, dtype=torch.long), starts, total]).to(torch.int32)
+    longest = int(cu_seq_lens.diff().max()) if flat.numel() else 0
+    bucket = 1 << max(longest - 1, 0).bit_length()
+    return cu_seq_lens.to(position_ids.device), min(bucket, int(position_ids.shape[-1]))

@@ -8,6 +8,9 @@ implementation registered here slices each row at the position restarts and runs
 each example alone: the same result (the masked scores never contribute), with attention cost
 that grows with each example's length instead of the row's, and no mask to build.
 
+The bounds come from ``cu_seq_lens_q`` when the batch passes the variable-length kwargs (see
+:meth:`rayft.data.collate.MicroBatch.varlen_kwargs`), from the position restarts otherwise.
+
 It is a training-only implementation: it refuses a key/value cache, an attention mask, or a model
 that does not hand ``position_ids`` to its attention layers (most transformers decoders do).
 """
@@ -15,6 +18,7 @@ that does not hand ``position_ids`` to its attention layers (most transformers d
 from __future__ import annotations
 
 import functools
+import itertools
 from typing import Any
 
 PER_EXAMPLE_SDPA = "sdpa_per_example"
@@ -34,6 +38,17 @@ def training_attention(attn_implementation: str, device_type: str) -> str:
     if attn_implementation == "sdpa" and device_type == "cpu":
         return PER_EXAMPLE_SDPA
     return attn_implementation
+
+
+def uses_varlen(attn_implementation: str) -> bool:
+    """Whether the implementation is a variable-length kernel that takes the examples' bounds
+    (``cu_seq_lens_q/k``, ``max_length_q/k``): flash attention, Hub kernels (which transformers
+    runs through its flash-attention path) and the per-example SDPA of CPU training."""
+    return (
+        attn_implementation.startswith("flash_attention")
+        or "/" in attn_implementation
+        or (attn_implementation == PER_EXAMPLE_SDPA)
+    )
 
 
 @functools.cache
@@ -86,6 +101,25 @@ def _cached_bounds(position_ids: Any) -> list[list[tuple[int, int]]]:
     return bounds
 
 
+def _bounds_from_offsets(cu_seq_lens: Any, query: Any) -> list[list[tuple[int, int]]]:
+    """Per-row example bounds from the offsets of variable-length attention (rows laid end to end;
+    no example crosses a row), read once per forward pass."""
+    last = _STATE["bounds"]
+    if last is not None and last[0] is cu_seq_lens:
+        cached: list[list[tuple[int, int]]] = last[1]
+        return cached
+    width = int(query.shape[2])
+    offsets = [int(o) for o in cu_seq_lens.tolist()]
+    bounds: list[list[tuple[int, int]]] = [[] for _ in range(int(query.shape[0]))]
+    for start, end in itertools.pairwise(offsets):
+        row = start // width
+        if (end - 1) // width != row:
+            raise RuntimeError(f"cu_seq_lens_q puts an example across rows {row} and {(end - 1) // width}: {offsets}")
+        bounds[row].append((start - row * width, end - row * width))
+    _STATE["bounds"] = (cu_seq_lens, bounds)
+    return bounds
+
+
 def per_example_sdpa(
     module: Any,
     query: Any,
@@ -118,7 +152,9 @@ def per_example_sdpa(
         )
     gqa = getattr(module, "num_key_value_groups", 1) > 1
     rows = []
-    for row, bounds in enumerate(_cached_bounds(position_ids)):
+    cu_seq_lens = kwargs.get("cu_seq_lens_q")
+    every_bounds = _cached_bounds(position_ids) if cu_seq_lens is None else _bounds_from_offsets(cu_seq_lens, query)
+    for row, bounds in enumerate(every_bounds):
         pieces = [
             functional.scaled_dot_product_attention(
                 query[row : row + 1, :, start:end],

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from rayft.config.model import LoraConfig, ModelConfig
+from rayft.errors import ModelError
 from rayft.models.loading import empty_causal_lm, load_causal_lm, resolve_dtype
 from rayft.training.attention import use_training_attention
 
@@ -40,6 +41,7 @@ def build_training_model(
     gradient_checkpointing: bool,
     restore_dir: Path | None,
     weights: bool = True,
+    compile_blocks: bool = False,
 ) -> Any:
     """Load the model to train; with ``restore_dir``, weights (or the adapter) come from it.
 
@@ -57,13 +59,53 @@ def build_training_model(
         net = _load_full_from(full_restore, load_cfg, device_type)
     else:
         net = load_causal_lm(load_cfg, device_type)
-    use_training_attention(net, load_cfg.attn_implementation, device_type)
+    return prepare_training_model(
+        net, lora, method, load_cfg.attn_implementation, device_type, gradient_checkpointing=gradient_checkpointing,
+        compile_blocks=compile_blocks, restore_dir=restore_dir if weights else None,
+    )  # fmt: skip
+
+
+def prepare_training_model(
+    net: Any,
+    lora: LoraConfig,
+    method: Method,
+    attn_implementation: str,
+    device_type: str,
+    *,
+    gradient_checkpointing: bool,
+    compile_blocks: bool,
+    restore_dir: Path | None = None,
+) -> Any:
+    """Turn a loaded causal LM into the one a worker trains: training attention for the device,
+    the LoRA adapter (restored from ``restore_dir`` when given), activation checkpointing of every
+    block, and each block compiled."""
+    use_training_attention(net, attn_implementation, device_type)
     if method == "lora":
-        net = _attach_adapter(net, lora, restore_dir if weights else None)
+        net = _attach_adapter(net, lora, restore_dir)
     if gradient_checkpointing:
         net.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     net.config.use_cache = False
+    if compile_blocks:
+        compile_each_block(net)
     return net
+
+
+def compile_each_block(net: Any) -> int:
+    """Compile every transformer block of ``net`` in place with ``torch.compile`` (parameter names
+    and wrappers stay as they are; each block compiles once, and identical blocks share the code).
+    Returns how many blocks were compiled."""
+    inner = unwrap(net)
+    base = inner.get_base_model() if hasattr(inner, "get_base_model") else inner
+    names = frozenset(getattr(base, "_no_split_modules", None) or ())
+    blocks = [m for m in base.modules() if type(m).__name__ in names]
+    if not blocks:
+        raise ModelError(
+            f"train.compile compiles each transformer block, but {type(base).__name__} does not name its blocks "
+            "(transformers' _no_split_modules); set train.compile=false"
+        )
+    for block in blocks:
+        block.compile()
+    return len(blocks)
 
 
 def _load_full_from(directory: Path, cfg: ModelConfig, device_type: str) -> Any:

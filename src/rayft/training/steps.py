@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING, Any
 
 from rayft.data.collate import MicroBatch
 from rayft.data.prepared import IGNORE_INDEX
+from rayft.training.attention import training_attention, uses_varlen
+from rayft.training.loss import LossKind, fused_head, resolve_loss
 from rayft.training.model import unwrap
 from rayft.training.precision import Precision
 from rayft.training.session import all_gather_objects, all_reduce_sum
@@ -37,19 +39,24 @@ class StepStats:
     grad_norm: float
 
 
-def token_loss_sum(model: Any, batch: MicroBatch, precision: Precision) -> torch.Tensor:
+def token_loss_sum(
+    model: Any, batch: MicroBatch, precision: Precision, *, loss: LossKind = "none", varlen: bool = False
+) -> torch.Tensor:
     """Sum of next-token cross-entropies over the label tokens of a micro-batch.
 
     Logits are computed only at the positions whose next token some row of the batch trains on
     (transformers' ``logits_to_keep``): prompt and padding positions skip the vocabulary projection,
-    which dominates small models, and their logits never take memory.
+    which dominates small models. With ``loss`` 'chunked' or 'liger' even those logits never exist
+    all at once (:mod:`rayft.training.loss`). ``varlen`` passes the examples' bounds for
+    variable-length attention kernels (:meth:`MicroBatch.varlen_kwargs`).
     """
     import torch
     from torch.nn.functional import cross_entropy
 
     targets = batch.labels[:, 1:]
-    kwargs: dict[str, Any] = {}
-    if _takes_logits_to_keep(model):
+    kwargs: dict[str, Any] = batch.varlen_kwargs() if varlen else {}
+    keep_logits = _takes_logits_to_keep(model)
+    if keep_logits:
         keep = (targets != IGNORE_INDEX).any(dim=0).nonzero().flatten()
         kwargs["logits_to_keep"] = keep
         targets = targets[:, keep]
@@ -58,12 +65,22 @@ def token_loss_sum(model: Any, batch: MicroBatch, precision: Precision) -> torch
         if precision.autocast_dtype is not None
         else contextlib.nullcontext()
     )
-    with autocast:
-        logits = model(input_ids=batch.input_ids, position_ids=batch.position_ids, use_cache=False, **kwargs).logits
-    shifted = (logits if kwargs else logits[:, :-1]).float()
+    head = fused_head(model, targets, loss, shifted=not keep_logits) if loss != "none" else contextlib.nullcontext()
+    with autocast, head:
+        out = model(input_ids=batch.input_ids, position_ids=batch.position_ids, use_cache=False, **kwargs).logits
+    if loss != "none":
+        return out  # type: ignore[no-any-return] # the head returned the loss sum
+    shifted = (out if keep_logits else out[:, :-1]).float()
     return cross_entropy(
         shifted.reshape(-1, shifted.size(-1)), targets.reshape(-1), ignore_index=IGNORE_INDEX, reduction="sum"
     )
+
+
+def step_options(attn_implementation: str, fused_loss: str, device_type: str) -> dict[str, Any]:
+    """The ``loss`` and ``varlen`` arguments of :func:`train_step` and :func:`evaluate` for the
+    configured attention and ``train.fused_loss`` on ``device_type``."""
+    chosen = training_attention(attn_implementation, device_type)
+    return {"loss": resolve_loss(fused_loss, device_type), "varlen": uses_varlen(chosen)}
 
 
 def _takes_logits_to_keep(model: Any) -> bool:
@@ -91,9 +108,11 @@ def train_step(
     max_grad_norm: float | None,
     world_size: int,
     device: torch.device,
+    loss: LossKind = "none",
+    varlen: bool = False,
 ) -> StepStats:
     """Accumulate gradients over ``batches``, clip, and take one optimizer step (as ``parallel``,
-    the run's strategy, does each of these)."""
+    the run's strategy, does each of these). ``loss`` and ``varlen``: see :func:`token_loss_sum`."""
     import torch
 
     local = [sum(b.num_label_tokens for b in batches), sum(b.num_tokens for b in batches)]
@@ -104,9 +123,9 @@ def train_step(
     loss_sum = torch.zeros((), dtype=torch.float64, device=device)
     for index, batch in enumerate(batches):
         with parallel.accumulating(model, last=index == len(batches) - 1):
-            loss = token_loss_sum(model, batch, precision)
-            parallel.backward(model, loss * scale, scaler)
-        loss_sum += loss.detach().double()
+            batch_loss = token_loss_sum(model, batch, precision, loss=loss, varlen=varlen)
+            parallel.backward(model, batch_loss * scale, scaler)
+        loss_sum += batch_loss.detach().double()
     grad_norm = parallel.step(model, optimizer, scaler, max_grad_norm)
     scheduler.step()
     (total_loss,) = all_reduce_sum([float(loss_sum)], device)
@@ -116,7 +135,14 @@ def train_step(
 
 
 def evaluate(
-    model: Any, batches: Iterable[MicroBatch], *, precision: Precision, device: torch.device, lockstep: bool = False
+    model: Any,
+    batches: Iterable[MicroBatch],
+    *,
+    precision: Precision,
+    device: torch.device,
+    lockstep: bool = False,
+    loss: LossKind = "none",
+    varlen: bool = False,
 ) -> tuple[float, int]:
     """Mean token loss over every worker's validation batches, and the label-token count.
 
@@ -134,7 +160,7 @@ def evaluate(
     loss_sum, tokens = 0.0, 0
     with torch.no_grad():
         for batch in batches:
-            loss_sum += float(token_loss_sum(inner, batch.to(device), precision))
+            loss_sum += float(token_loss_sum(inner, batch.to(device), precision, loss=loss, varlen=varlen))
             tokens += batch.num_label_tokens
     inner.train(was_training)
     total_loss, total_tokens = all_reduce_sum([loss_sum, float(tokens)], device)

@@ -43,7 +43,7 @@ from rayft.training.parallel import Parallelism, ParallelSetup, parallelism
 from rayft.training.plan import is_due, learning_rate_factor, units_before_step
 from rayft.training.precision import Precision, resolve_precision
 from rayft.training.session import TrainSession, all_reduce_sum
-from rayft.training.steps import StepStats, evaluate, train_step
+from rayft.training.steps import StepStats, evaluate, step_options, train_step
 from rayft.training.worker_plan import WorkerPlan
 
 log = logging.getLogger("rayft.train")
@@ -119,7 +119,7 @@ def setup_worker(plan: WorkerPlan, session: TrainSession) -> Worker:
         model = build_training_model(
             plan.model, plan.lora, plan.train.method, session.device.type,
             gradient_checkpointing=plan.train.gradient_checkpointing, restore_dir=restore_dir,
-            weights=session.rank == 0 or not parallel.weights_from_rank0,
+            weights=session.rank == 0 or not parallel.weights_from_rank0, compile_blocks=plan.train.compile,
         )  # fmt: skip
         precision = resolve_precision(plan.train.mixed_precision, session.device.type)
         check_device_memory(model, plan.train, parallel, precision, session)
@@ -249,7 +249,7 @@ def run_step(worker: Worker, batches: list[MicroBatch]) -> StepStats:
     stats = train_step(
         worker.model, worker.optimizer, worker.scheduler, batches, parallel=worker.parallel, precision=worker.precision,
         scaler=worker.scaler, max_grad_norm=worker.plan.train.max_grad_norm,
-        world_size=worker.session.world_size, device=worker.session.device,
+        world_size=worker.session.world_size, device=worker.session.device, **kernel_options(worker),
     )  # fmt: skip
     worker.state.step += 1
     if not math.isfinite(stats.loss):
@@ -258,6 +258,12 @@ def run_step(worker: Worker, batches: list[MicroBatch]) -> StepStats:
             "set train.max_grad_norm, or check the data for empty or corrupt rows"
         )
     return stats
+
+
+def kernel_options(worker: Worker) -> dict[str, Any]:
+    """The loss and attention arguments of the run's steps (see :func:`rayft.training.steps.step_options`)."""
+    plan = worker.plan
+    return step_options(plan.model.attn_implementation, plan.train.fused_loss, worker.session.device.type)
 
 
 def after_step(worker: Worker, stats: StepStats) -> None:
@@ -309,6 +315,7 @@ def run_evaluation(worker: Worker) -> None:
         precision=worker.precision,
         device=worker.session.device,
         lockstep=worker.parallel.sharded,
+        **kernel_options(worker),
     )
     state.record_eval(loss, plan.train.early_stopping_patience)
     worker.logger.log(state.step, {"eval/loss": loss, "eval/perplexity": math.exp(min(loss, 50.0))})

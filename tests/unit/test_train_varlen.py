@@ -1,0 +1,112 @@
+"""Packed batches carry the bounds variable-length attention kernels take (cu_seq_lens_q/k,
+max_length_q/k), and an attention that consumes them computes the loss of the examples run one by
+one; model.attn_implementation takes flex_attention and Hub kernels."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rayft.data.collate import collate, sequence_bounds
+from rayft.data.packing import build_units
+
+from .test_data_packing import _examples
+
+
+def test_bounds_of_packed_rows_laid_end_to_end() -> None:
+    import torch
+
+    positions = torch.tensor([[0, 1, 2, 0, 1, 0, 1, 2], [0, 1, 2, 3, 4, 0, 1, 2]])
+    cu_seq_lens, max_length = sequence_bounds(positions)
+    assert cu_seq_lens.dtype == torch.int32
+    assert cu_seq_lens.tolist() == [0, 3, 5, 8, 13, 16]
+    assert max_length == 8  # the longest example (5) rounded up to a power of two, capped at the row width
+    assert sequence_bounds(torch.arange(100)[None])[1] == 100
+    assert sequence_bounds(torch.tensor([[0, 1, 2, 0, 0, 1]]))[0].tolist() == [0, 3, 4, 6]
+
+
+def test_collated_batches_pass_the_bounds_as_transformers_expects() -> None:
+    units = build_units([{**e, "sample_id": e["sample_ids"][0]} for e in _examples(50)], [[0, 1, 2], [3, 4, 5]])
+    batch = collate(units, pad_token_id=0, pad_to_multiple_of=16)  # rows of 27 and 22 tokens, padded to 32
+    kwargs = batch.varlen_kwargs()
+    assert kwargs["cu_seq_lens_q"] is kwargs["cu_seq_lens_k"]
+    assert kwargs["cu_seq_lens_q"].tolist() == [0, 9, 14, 27, 32, 36, 43, 54, 64]
+    assert kwargs["max_length_q"] == kwargs["max_length_k"] == 16
+    moved = batch.to("cpu")
+    assert moved.varlen_kwargs()["cu_seq_lens_q"].tolist() == kwargs["cu_seq_lens_q"].tolist()
+
+
+def _loss(model: Any, batches: list[Any], varlen: bool) -> float:
+    import torch
+
+    from rayft.training.precision import Precision
+    from rayft.training.steps import token_loss_sum
+
+    total = sum(b.num_label_tokens for b in batches)
+    with torch.no_grad():
+        return sum(float(token_loss_sum(model, b, Precision(None, False), varlen=varlen)) for b in batches) / total
+
+
+def _packed_and_single(vocab: int) -> tuple[Any, list[Any]]:
+    examples = _examples(vocab)
+    units = build_units([{**e, "sample_id": e["sample_ids"][0]} for e in examples], [[0, 1, 2], [3, 4, 5]])
+    return collate(units, pad_token_id=0, pad_to_multiple_of=8), [collate([e], pad_token_id=0) for e in examples]
+
+
+def test_per_example_attention_reads_the_bounds_it_is_given(tiny_model_dir: Path) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from rayft.training import attention
+
+    attention.register()
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, attn_implementation=attention.PER_EXAMPLE_SDPA)
+    packed, single = _packed_and_single(model.config.vocab_size)
+    assert _loss(model, [packed], varlen=True) == pytest.approx(_loss(model, single, varlen=False), abs=1e-5)
+    # The check can fail: bounds that merge two examples let attention cross them.
+    packed.varlen_kwargs()
+    packed.cu_seq_lens = torch.tensor([0, 14, 27, 32, 36, 43, 54, 64], dtype=torch.int32)
+    assert abs(_loss(model, [packed], varlen=True) - _loss(model, single, varlen=False)) > 1e-3
+    packed.cu_seq_lens = torch.tensor([0, 9, 14, 34, 64], dtype=torch.int32)
+    with pytest.raises(RuntimeError, match="puts an example across rows 0 and 1"):
+        _loss(model, [packed], varlen=True)
+
+
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+def test_mask_based_attention_ignores_the_bounds_and_stays_exact(tiny_model_dir: Path, attn: str) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, attn_implementation=attn)
+    packed, single = _packed_and_single(model.config.vocab_size)
+    assert _loss(model, [packed], varlen=True) == pytest.approx(_loss(model, single, varlen=False), abs=1e-5)
+
+
+@pytest.mark.slow  # flex_attention compiles its kernel on CPU (~40 s) and has no CPU backward
+@pytest.mark.filterwarnings("ignore:_compile flag on create_block_mask:DeprecationWarning")  # transformers' call
+def test_flex_attention_packed_loss_equals_one_by_one(tiny_model_dir: Path) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, attn_implementation="flex_attention")
+    packed, single = _packed_and_single(model.config.vocab_size)
+    assert _loss(model, [packed], varlen=True) == pytest.approx(_loss(model, single, varlen=False), abs=1e-5)
+
+
+def test_attention_setting_takes_flex_and_hub_kernels_and_names_the_choices() -> None:
+    from rayft.config.model import ModelConfig
+    from rayft.training.attention import PER_EXAMPLE_SDPA, uses_varlen
+
+    kinds = ("flex_attention", "flash_attention_3", "kernels-community/flash-attn", "org/kernel@v1:fn")
+    for name in kinds:
+        assert ModelConfig(attn_implementation=name).attn_implementation == name
+    with pytest.raises(ValueError, match=r"'flash2' is neither one of sdpa, eager, flex_attention.*Hub kernel repo"):
+        ModelConfig(attn_implementation="flash2")
+    assert uses_varlen("flash_attention_2") and uses_varlen("kernels-community/flash-attn")
+    assert uses_varlen(PER_EXAMPLE_SDPA)
+    assert not uses_varlen("sdpa") and not uses_varlen("flex_attention") and not uses_varlen("eager")
