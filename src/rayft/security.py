@@ -44,10 +44,15 @@ _SECRET_PARAM = re.compile(
 _USERINFO = re.compile(r"(://[^/:@\s]+:)([^/@\s]+)(@)")
 
 
+def is_secret_name(name: str) -> bool:
+    """Whether an environment variable of this name holds a credential."""
+    return name in SECRET_ENV_VARS or _SECRET_NAME.search(name) is not None
+
+
 def secret_values(environ: Mapping[str, str] | None = None) -> list[str]:
     """The values of the credential variables set in ``environ`` (default: this process), longest first."""
     env = os.environ if environ is None else environ
-    names = {n for n in env if n in SECRET_ENV_VARS or _SECRET_NAME.search(n)}
+    names = {n for n in env if is_secret_name(n)}
     values = {env[n] for n in names if len(env[n]) >= _MIN_SECRET_LENGTH}
     return sorted(values, key=len, reverse=True)
 

@@ -23,13 +23,21 @@ def train(config_path: str, overrides: tuple[str, ...], resume: bool) -> None:
     and final/, which loads with from_pretrained (full) or PeftModel.from_pretrained (LoRA).
     A URI storage_path (s3://, gs://...) is written through a local mirror and uploaded as it goes.
     On SIGTERM it saves a checkpoint, prints how to resume, and exits with code 143.
+    Started by torchrun (`torchrun --nproc-per-node N --no-python rayft train CONFIG`), each process
+    trains as one of the scaling.num_workers ranks, without Ray.
     """
     from rayft.errors import RunInterruptedError
     from rayft.recipes.train import run
+    from rayft.training import torchrun
 
     cfg = load_cli_config(config_path, overrides)
     try:
-        result = run(cfg, resume=resume)
+        if torchrun.launched_by_torchrun():  # one rank of `torchrun --no-python rayft train CONFIG`
+            result = torchrun.train(cfg, resume=resume)
+            if result is None:
+                return
+        else:
+            result = run(cfg, resume=resume)
     except RunInterruptedError as exc:  # SIGTERM: a clean stop after a save, not a failure
         click.echo(f"Stopped: {exc}", err=True)
         sys.exit(SIGTERM_EXIT_CODE)

@@ -7,6 +7,7 @@ from pydantic import Field
 from rayft.config.base import Section
 from rayft.config.data import DataConfig
 from rayft.config.evaluation import EvalConfig, ExportConfig
+from rayft.config.k8s import K8sConfig
 from rayft.config.model import LoraConfig, ModelConfig
 from rayft.config.sdg import SdgConfig
 from rayft.config.train import (
@@ -58,4 +59,8 @@ class RayftConfig(Section):
     )
     export: ExportConfig = Field(
         default_factory=ExportConfig, description="Export of a checkpoint to a Hugging Face model (rayft export)."
+    )
+    k8s: K8sConfig = Field(
+        default_factory=K8sConfig,
+        description="Kubernetes manifests (`rayft k8s render`, the Helm chart): image, namespace, storage, secrets.",
     )

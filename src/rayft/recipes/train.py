@@ -37,6 +37,7 @@ RESUMABLE_CHANGES = (
     "failure.",
     "logging.",
     "checkpoint.",
+    "k8s.",  # where the job runs, not what it trains
     "train.strategy",  # checkpoints hold whole weights and name-keyed optimizer state under every strategy
     "train.max_steps",
     "train.num_epochs",

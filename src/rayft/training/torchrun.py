@@ -1,25 +1,29 @@
-"""Running the per-worker loop under ``torchrun`` (or any launcher that sets RANK/WORLD_SIZE).
+"""Running the per-worker loop under ``torchrun`` instead of Ray Train.
 
-The loop, the shard plan and the checkpoint format are the same as on Ray Train, so a run can be
-benchmarked against plain torch.distributed, or launched by a Kubeflow PyTorchJob::
+The loop, the shard plan and the checkpoint format are the same as on Ray Train. Two entries:
 
-    torchrun --nproc_per_node 2 -m rayft.training.torchrun PLAN.json
-
-where PLAN.json is written by :func:`write_plan` (the benchmarks do this).
+- ``torchrun --nproc-per-node 4 --no-python rayft train CONFIG``: `rayft train` started by torchrun
+  (what the Kubeflow TrainJob and PyTorchJob of `rayft k8s render` run) trains as one rank of
+  ``scaling.num_workers``: see :func:`train`. The run directory must be on storage every rank sees.
+- ``torchrun --nproc_per_node 2 -m rayft.training.torchrun PLAN.json`` runs a plan written by
+  :func:`write_plan` (the benchmarks do this).
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import sys
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rayft.config import CheckpointConfig, LoggingConfig, LoraConfig, ModelConfig, TrainConfig
+from rayft.config import CheckpointConfig, LoggingConfig, LoraConfig, ModelConfig, RayftConfig, TrainConfig
+from rayft.errors import ConfigError, RayftError
 from rayft.runs import layout
 from rayft.runs.checkpoints import latest_valid_checkpoint, prune_checkpoints, publish_checkpoint
 from rayft.training.batches import Unit
@@ -29,8 +33,13 @@ from rayft.training.shards import iter_windows, parquet_row_counts, plan_shards,
 from rayft.training.worker import run_worker
 from rayft.training.worker_plan import WorkerPlan
 
+log = logging.getLogger("rayft.train")
+
 if TYPE_CHECKING:
     import torch
+
+    from rayft.data.prepared import PreparedData
+    from rayft.recipes.train import TrainResult
 
 
 class TorchrunSession:
@@ -135,6 +144,95 @@ def read_plan(path: Path) -> tuple[WorkerPlan, dict[str, list[str]]]:
         lineage=raw["lineage"],
     )
     return plan, raw["files"]
+
+
+def launched_by_torchrun(environ: Mapping[str, str] | None = None) -> bool:
+    """Whether this process is one of the workers torchrun started (it sets TORCHELASTIC_RUN_ID)."""
+    env = os.environ if environ is None else environ
+    return "TORCHELASTIC_RUN_ID" in env and "WORLD_SIZE" in env
+
+
+def train(cfg: RayftConfig, *, resume: bool = False) -> TrainResult | None:
+    """One rank of `rayft train CONFIG` under torchrun; rank 0 returns the result, the others None.
+
+    Rank 0 claims the run directory and prepares the data first; then the first process of every
+    other node prepares its cached copy (the same units: tokenization is deterministic); then the
+    other processes read the cache. A failure in one step is raised on every rank at once.
+    """
+    import datetime
+
+    import torch
+    import torch.distributed as dist
+
+    from rayft.recipes import train as recipe
+    from rayft.training.launcher import split_files, stop_on_sigterm
+
+    started = time.monotonic()
+    world = int(os.environ["WORLD_SIZE"])
+    location = check_torchrun_run(cfg, world)
+    timeout = datetime.timedelta(seconds=cfg.failure.collective_timeout_s)
+    dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo", timeout=timeout)
+    try:
+        rank, first_of_node = dist.get_rank(), int(os.environ.get("LOCAL_RANK", "0")) == 0
+        run_dir = location.local_dir
+        prepared: list[PreparedData] = []
+        _in_turn(rank == 0, lambda: recipe.claim_run_dir(cfg, resume=resume, location=location))
+        _in_turn(rank == 0, lambda: prepared.append(_prepare(cfg, run_dir / "data")))
+        _in_turn(rank != 0 and first_of_node, lambda: prepared.append(_prepare(cfg, None)))
+        _in_turn(not prepared, lambda: prepared.append(_prepare(cfg, None)))
+        plan = recipe.build_worker_plan(cfg, prepared[0], run_dir)
+        session = TorchrunSession(split_files(prepared[0]), run_dir, num_to_keep=cfg.checkpoint.num_to_keep)
+        with stop_on_sigterm(run_dir, cfg.failure.sigterm_grace_s):
+            run_worker(plan, session)
+        dist.barrier()
+        return recipe.collect_result(run_dir, prepared[0], time.monotonic() - started) if rank == 0 else None
+    finally:
+        dist.destroy_process_group()
+
+
+def check_torchrun_run(cfg: RayftConfig, world: int) -> Any:
+    """The run's location, refusing what torchrun cannot do: another world size, a URI storage_path."""
+    from rayft.recipes.train import run_location
+
+    if world != max(cfg.scaling.num_workers, 1):
+        raise ConfigError(
+            f"torchrun started {world} processes but scaling.num_workers is {cfg.scaling.num_workers}; set "
+            f"scaling.num_workers={world}, or start nnodes x nproc-per-node = {cfg.scaling.num_workers} processes"
+        )
+    location = run_location(cfg)
+    if location.remote_uri is not None:
+        raise ConfigError(
+            f"storage_path={location.display!r}: under torchrun every rank writes the run directory itself; use a "
+            "path on storage every node mounts (a ReadWriteMany claim on Kubernetes), or train on Ray for a URI"
+        )
+    return location
+
+
+def _prepare(cfg: RayftConfig, report_dir: Path | None) -> PreparedData:
+    from rayft.data.prepare import prepare_data
+
+    return prepare_data(cfg.data, cfg.model, cfg.seed, report_dir=report_dir, use_ray=False)
+
+
+def _in_turn(selected: bool, step: Any) -> None:
+    """Run ``step`` on the selected ranks while the others wait; a failure is raised on every rank
+    (otherwise the others would wait for the collective timeout)."""
+    import torch.distributed as dist
+
+    failure = ""
+    if selected:
+        try:
+            step()
+        except RayftError as exc:
+            failure = str(exc)
+        except Exception as exc:
+            log.exception("rank %d failed", dist.get_rank())
+            failure = f"rank {dist.get_rank()}: {type(exc).__name__}: {exc}"
+    messages = [""] * dist.get_world_size()
+    dist.all_gather_object(messages, failure)
+    errors = [m for m in messages if m]
+    if errors:
+        raise RayftError(errors[0])
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -1,0 +1,58 @@
+"""`rayft train CONFIG` started by torchrun, as the Kubeflow TrainJob and PyTorchJob run it (2 processes, gloo)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from rayft.config import dump_config
+from rayft.training.manifest import read_manifest
+from tests.helpers import read_metrics, tiny_config
+
+pytestmark = pytest.mark.integration
+
+BIN = Path(sys.executable).parent
+SRC = Path(__file__).resolve().parents[2] / "src"
+
+
+def torchrun_train(config: Path, *extra: str, timeout_s: float = 240) -> subprocess.CompletedProcess[str]:
+    """`torchrun --nproc-per-node 2 --no-python rayft train CONFIG`, as the rendered manifests run it."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": f"{SRC}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    command = [str(BIN / "torchrun"), "--nproc-per-node", "2", "--no-python", str(BIN / "rayft"), "train",
+               str(config), *extra]  # fmt: skip
+    return subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout_s, check=False)
+
+
+def write_config(tmp_path: Path, model_dir: Path, *overrides: str) -> Path:
+    data = tmp_path / "rows.jsonl"
+    rows = [{"instruction": f"Add {i} and {i + 3}.", "input": "", "output": f"{2 * i + 3}"} for i in range(40)]
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    cfg = tiny_config(
+        model_dir, tmp_path / "runs", f"data.datasets=[{{path: {data}, format: alpaca}}]",
+        "data.validation_fraction=0.2", "train.max_steps=4", "train.micro_batch_size=2", *overrides,
+    )  # fmt: skip
+    path = tmp_path / "config.yaml"
+    path.write_text(dump_config(cfg))
+    return path
+
+
+def test_rayft_train_under_torchrun_trains_and_resumes(tiny_model_dir: Path, tmp_path: Path) -> None:
+    config = write_config(tmp_path, tiny_model_dir)
+    done = torchrun_train(config)
+    assert done.returncode == 0, done.stderr[-4000:]
+    run_dir = tmp_path / "runs" / "run"
+    manifest = read_manifest(run_dir / "final")
+    assert manifest is not None and manifest.step == 4
+    steps = [r["step"] for r in read_metrics(run_dir) if "train/loss" in r]
+    assert steps == [1, 2, 3, 4]
+    assert (run_dir / "checkpoints" / "step-000004").is_dir()
+    assert "Trained 4 steps" in done.stdout  # rank 0 reports, once
+    assert done.stdout.count("Trained") == 1
+    again = torchrun_train(config)  # a finished run is refused on every rank, not left waiting
+    assert again.returncode != 0
+    assert "already finished" in again.stderr
