@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from rayft.config import dump_config
-from rayft.training.manifest import read_manifest
+from rayft.runs.manifest import read_manifest
 from tests.helpers import read_metrics, tiny_config
 
 pytestmark = pytest.mark.integration

@@ -17,8 +17,8 @@ from typing import Any
 
 from rayft.config import RayftConfig
 from rayft.errors import ConfigError
+from rayft.runs.location import is_remote
 from rayft.security import mask_uri
-from rayft.storage import is_remote
 
 CONFIG_DIR = "/etc/rayft"
 CONFIG_FILE = "config.yaml"
