@@ -76,7 +76,7 @@ def test_a_slow_server_times_out_instead_of_hanging() -> None:
 def test_unreachable_endpoint_is_an_error_per_prompt() -> None:
     endpoint = EndpointConfig(base_url="http://127.0.0.1:9/v1", max_retries=1, backoff_s=0.01, timeout_s=1)
     gens = OpenAIBackend("m", endpoint).generate(["a", "b"], SamplingParams())
-    assert all(g.finish_reason == "error" and "URLError" in (g.error or "") for g in gens)
+    assert all(g.finish_reason == "error" and "ConnectError" in (g.error or "") for g in gens)
 
 
 def test_concurrency_is_bounded() -> None:
@@ -97,6 +97,19 @@ def test_concurrency_is_bounded() -> None:
         gens = backend.generate([str(i) for i in range(12)], SamplingParams())
     assert [g.text for g in gens] == ["ok"] * 12
     assert 1 < peak <= 3
+
+
+def test_connections_are_pooled_and_reused() -> None:
+    with OpenAIServer(responder=echo) as server:
+        backend = OpenAIBackend("m", EndpointConfig(base_url=server.base_url, max_concurrency=3, **FAST))
+        try:
+            first = backend.generate([str(i) for i in range(12)], SamplingParams())
+            second = backend.generate([str(i) for i in range(12)], SamplingParams())
+        finally:
+            backend.close()
+    assert all(g.error is None for g in first + second)
+    assert len(server.requests) == 24
+    assert 1 <= server.connections <= 3  # one connection per request without pooling
 
 
 def test_backoff_doubles_with_jitter_and_follows_retry_after() -> None:

@@ -1,10 +1,11 @@
 """Generation through any OpenAI-compatible HTTP endpoint (vLLM serve, TGI, llama.cpp, hosted APIs).
 
 Chat prompts go to ``/chat/completions``, text prompts to ``/completions``. Requests run with
-bounded concurrency (a thread pool of ``max_concurrency``); HTTP 429 and 5xx answers, timeouts and
-dropped connections are retried with exponential backoff and jitter (or the server's
-Retry-After); a prompt that still fails comes back as a Generation with ``error`` set. Only the
-standard library is used.
+bounded concurrency (a thread pool of ``max_concurrency``) over one pooled ``httpx`` client per
+backend, whose keep-alive connections (at most ``max_concurrency``) are reused across requests and
+batches; HTTP 429 and 5xx answers, timeouts and dropped connections are retried with exponential
+backoff and jitter (or the server's Retry-After); a prompt that still fails comes back as a
+Generation with ``error`` set.
 """
 
 from __future__ import annotations
@@ -12,12 +13,14 @@ from __future__ import annotations
 import json
 import os
 import random
+import threading
 import time
-import urllib.error
-import urllib.request
+import weakref
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
+
+import httpx
 
 from rayft.config.generation import EndpointConfig
 from rayft.generation.backend import FinishReason, Generation, Prompt, SamplingParams, truncate_at_stop
@@ -43,6 +46,36 @@ class OpenAIBackend:
         key_env = endpoint.api_key_env
         self.api_key = api_key if api_key is not None else (os.environ.get(key_env) if key_env else None)
         self._sleep = time.sleep
+        self._client: httpx.Client | None = None
+        self._client_lock = threading.Lock()
+
+    def __getstate__(self) -> dict[str, Any]:
+        # A live client (sockets, a lock) does not travel to Ray actors; each process opens its own.
+        return {**self.__dict__, "_client": None, "_client_lock": None}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state, _client_lock=threading.Lock())
+
+    def client(self) -> httpx.Client:
+        """The pooled HTTP client, opened on first use: ``max_concurrency`` keep-alive connections."""
+        with self._client_lock:
+            if self._client is None:
+                headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+                limit = self.endpoint.max_concurrency
+                self._client = httpx.Client(
+                    headers=headers,
+                    timeout=httpx.Timeout(self.endpoint.timeout_s),
+                    limits=httpx.Limits(max_connections=limit, max_keepalive_connections=limit),
+                )
+                weakref.finalize(self, self._client.close)  # a backend dropped without close() still closes
+            return self._client
+
+    def close(self) -> None:
+        """Close the pooled connections (a later request opens new ones)."""
+        with self._client_lock:
+            if self._client is not None:
+                self._client.close()
+                self._client = None
 
     @property
     def name(self) -> str:
@@ -95,25 +128,20 @@ class OpenAIBackend:
         return min(MAX_BACKOFF_S, base * (0.5 + random.random() / 2))
 
     def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
-        headers = {"Content-Type": "application/json"}
-        if self.api_key:
-            headers["Authorization"] = f"Bearer {self.api_key}"
-        request = urllib.request.Request(
-            self.base_url + path, data=json.dumps(body).encode(), headers=headers, method="POST"
-        )
+        url = self.base_url + path
         try:
-            with urllib.request.urlopen(request, timeout=self.endpoint.timeout_s) as response:
-                payload: dict[str, Any] = json.loads(response.read())
-                return payload
-        except urllib.error.HTTPError as exc:
-            detail = exc.read().decode(errors="replace")[:300]
-            message = f"HTTP {exc.code} from {self.base_url + path}: {detail}"
-            if exc.code == 429 or exc.code >= 500:
-                raise RetryableError(message, _retry_after(exc.headers.get("Retry-After"))) from None
-            raise RuntimeError(message) from None
-        except (urllib.error.URLError, TimeoutError, ConnectionError) as exc:
-            reason = getattr(exc, "reason", exc)
-            raise RetryableError(f"{type(exc).__name__} calling {self.base_url + path}: {reason}") from None
+            response = self.client().post(url, json=body)
+        except httpx.TimeoutException as exc:
+            raise RetryableError(f"{type(exc).__name__}: timed out calling {url}: {exc}") from None
+        except httpx.TransportError as exc:
+            raise RetryableError(f"{type(exc).__name__} calling {url}: {exc}") from None
+        if response.status_code >= 400:
+            message = f"HTTP {response.status_code} from {url}: {response.text[:300]}"
+            if response.status_code == 429 or response.status_code >= 500:
+                raise RetryableError(message, _retry_after(response.headers.get("Retry-After")))
+            raise RuntimeError(message)
+        payload: dict[str, Any] = response.json()
+        return payload
 
 
 def _retry_after(value: str | None) -> float | None:

@@ -43,6 +43,7 @@ class OpenAIServer:
         self.delay_s = delay_s
         self.requests: list[dict[str, Any]] = []
         self.statuses: list[int] = []
+        self.connections = 0  # TCP connections accepted (HTTP/1.1 keep-alive lets clients reuse them)
         self._failures: deque[tuple[int, float | None]] = deque()
         self._lock = threading.Lock()
         self._backend_lock = threading.Lock()
@@ -125,6 +126,13 @@ class OpenAIServer:
 
 def _handler_for(server: OpenAIServer) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"  # keep-alive, as real servers do (every reply has a Content-Length)
+
+        def setup(self) -> None:
+            super().setup()
+            with server._lock:
+                server.connections += 1
+
         def log_message(self, format: str, *args: Any) -> None:
             """Keep test output quiet."""
 
