@@ -137,7 +137,7 @@ def main() -> None:
 
     import ray
 
-    from rayft.runtime import local_system_config
+    from rayft._ray_private import local_init_kwargs
 
     cache = Path(tempfile.mkdtemp(prefix="rayft-bench-preprocess-"))
     os.environ["RAYFT_DATA_CACHE"] = str(cache)
@@ -147,7 +147,7 @@ def main() -> None:
     first_use: dict[str, float] = {}
     outputs = {}
     # Ray with the settings of the local Ray that `rayft data prepare` starts, on 2 CPUs.
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, _system_config=local_system_config(os.environ))
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, **local_init_kwargs(os.environ))
     try:
         for trial in range(args.repeats + 1):
             for name, arm in (("datasets.map", run_datasets_map), ("ray", run_ray)):

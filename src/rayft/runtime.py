@@ -1,4 +1,8 @@
-"""Starting or joining a Ray cluster for the duration of a command."""
+"""Starting or joining a Ray cluster for the duration of a command.
+
+What a Ray that rayft starts itself runs differently (Ray internals, one switch) is in
+:mod:`rayft._ray_private`.
+"""
 
 from __future__ import annotations
 
@@ -7,41 +11,9 @@ import logging
 import os
 from collections.abc import Iterator, Mapping
 
+from rayft._ray_private import local_init_kwargs, local_process_env
+
 log = logging.getLogger(__name__)
-
-# Ray settings of a Ray that rayft starts itself (never of a cluster it joins). Each one can be set
-# back by exporting it as ``RAY_<name>`` before running rayft; an exported one wins.
-LOCAL_RAY_SYSTEM_CONFIG: dict[str, object] = {
-    # Ray starts its worker processes (the training workers among them) at nice 15, below every
-    # ordinary process on the machine, so that a busy worker cannot starve the raylet of a shared
-    # cluster node. On a machine of one's own this only lets every other process (the raylet, the
-    # driver, an editor, a test run) preempt the training loop; torchrun workers run at nice 0.
-    "worker_niceness": 0,
-    # Every Ray process records and exports metrics for a Prometheus/dashboard that a local rayft
-    # Ray does not start (include_dashboard=False), and reports task events (for `ray list tasks`)
-    # every second. On a laptop whose cores all train, those wake-ups come out of training.
-    "enable_metrics_collection": False,
-    "task_events_report_interval_ms": 10_000,
-}
-
-# Environment variables of the processes a Ray that rayft starts runs beside its workers (read by
-# those processes, which inherit them from this one when ray.init starts them); an exported one wins.
-LOCAL_RAY_PROCESS_ENV: dict[str, str] = {
-    # Ray's log monitor, which forwards the workers' output to this console, looks for new log files
-    # with five globs over the log directory ten times a second, unless it already follows many
-    # files; then it looks every half second (LOG_NAME_UPDATE_INTERVAL_S). Looking every half second
-    # from the start halves its CPU beside training. A new file is still read from its first line.
-    "RAY_LOG_MONITOR_MANY_FILES_THRESHOLD": "0",
-}
-
-# Ray Train settings (environment variables the driver passes on to Ray Train's controller and
-# workers) for runs on a Ray that rayft starts itself; an exported one wins.
-LOCAL_RAY_TRAIN_ENV: dict[str, str] = {
-    # The preemption watcher is an extra actor process that polls for node drains every 5 s and
-    # starts just as training does. A local Ray that lives and dies with one rayft command is never
-    # drained by an autoscaler, so there is nothing for it to watch.
-    "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "0",
-}
 
 # On a Ray that rayft started, each training worker process runs Ray's own work (Ray core's task
 # loop, which wakes every 10 ms to check for signals and takes the GIL to do so, and the controller's
@@ -70,7 +42,7 @@ def ray_runtime(address: str | None = None) -> Iterator[None]:
         _join(address)
     else:
         with environment(local_process_env(os.environ)):
-            ray.init(include_dashboard=False, log_to_driver=True, _system_config=local_system_config(os.environ))
+            ray.init(include_dashboard=False, log_to_driver=True, **local_init_kwargs(os.environ))
         mark_started_here()
     try:
         yield
@@ -93,28 +65,10 @@ def owns_ray() -> bool:
     return _STARTED_HERE["ray"] and ray.is_initialized()
 
 
-def local_process_env(environ: Mapping[str, str]) -> dict[str, str]:
-    """The environment of the processes a Ray that rayft starts runs beside its workers:
-    :data:`LOCAL_RAY_PROCESS_ENV`, less the variables the user exported."""
-    return {name: value for name, value in LOCAL_RAY_PROCESS_ENV.items() if name not in environ}
-
-
-def local_train_env(environ: Mapping[str, str]) -> dict[str, str]:
-    """The Ray Train environment of a run on a Ray that rayft started: :data:`LOCAL_RAY_TRAIN_ENV`,
-    less the variables the user exported."""
-    return {name: value for name, value in LOCAL_RAY_TRAIN_ENV.items() if name not in environ}
-
-
 def local_idle_main_thread(environ: Mapping[str, str]) -> bool:
     """Whether the training workers on a Ray that rayft started run their main thread at idle CPU
     priority (:data:`IDLE_MAIN_THREAD_ENV`; on unless exported as ``0``)."""
     return environ.get(IDLE_MAIN_THREAD_ENV, "1").strip() != "0"
-
-
-def local_system_config(environ: Mapping[str, str]) -> dict[str, object]:
-    """The Ray system config of a local Ray started by rayft: :data:`LOCAL_RAY_SYSTEM_CONFIG`, less
-    the settings the user exported as ``RAY_<name>`` (Ray reads those itself)."""
-    return {name: value for name, value in LOCAL_RAY_SYSTEM_CONFIG.items() if f"RAY_{name}" not in environ}
 
 
 @contextlib.contextmanager

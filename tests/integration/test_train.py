@@ -1,5 +1,6 @@
 """Training on Ray Train with 2 workers (gloo, CPU) on a tiny random model: LoRA and full,
-gradient-accumulation equivalence, and exact resume after a worker is killed."""
+gradient-accumulation equivalence (one run on Ray's public path, without rayft._ray_private), and
+exact resume after a worker is killed."""
 
 from __future__ import annotations
 
@@ -120,20 +121,26 @@ def test_full_fine_tuning_on_two_workers(
     assert moved, "full fine-tuning changed no weight"
 
 
-def test_gradient_accumulation_is_equivalent(
-    ray_session: None, tiny_model_dir: Path, prepared: PreparedData, tmp_path: Path
+def test_gradient_accumulation_is_equivalent_and_so_is_rays_public_path(
+    ray_session: None, tiny_model_dir: Path, prepared: PreparedData, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    from rayft._ray_private import SWITCH_ENV
+
     common = ("train.max_steps=4", "lora.dropout=0", "train.eval_steps=null", "train.save_steps=100")
     four_by_two = train_on(
         tiny_config(tiny_model_dir, tmp_path / "a", "train.micro_batch_size=4", "train.gradient_accumulation_steps=2",
                     *common),
         prepared,
     )  # fmt: skip
+    # The second run goes without Ray's internals: Ray Train's own helpers, Ray Data's own iterator.
+    monkeypatch.setenv(SWITCH_ENV, "0")
+    before = actor_classes()
     two_by_four = train_on(
         tiny_config(tiny_model_dir, tmp_path / "b", "train.micro_batch_size=2", "train.gradient_accumulation_steps=4",
                     *common),
         prepared,
     )  # fmt: skip
+    assert {"PlacementGroupCleaner", "PreemptionWatcher"} <= {name for _, name in actor_classes() - before}
 
     a, b = train_losses(four_by_two), train_losses(two_by_four)
     assert a.keys() == b.keys() == {1, 2, 3, 4}

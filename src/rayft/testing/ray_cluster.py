@@ -15,10 +15,11 @@ def start_local_ray(num_cpus: int = 2, **kwargs: Any) -> Any:
 
     if ray.is_initialized():
         return ray.get_runtime_context()
-    from rayft.runtime import environment, local_process_env, local_system_config, mark_started_here
+    from rayft._ray_private import local_init_kwargs, local_process_env
+    from rayft.runtime import environment, mark_started_here
 
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")
-    kwargs.setdefault("_system_config", local_system_config(os.environ))  # as `rayft` starts its local Ray
+    kwargs = local_init_kwargs(os.environ) | kwargs  # as `rayft` starts its local Ray
     with environment(local_process_env(os.environ)):
         context = ray.init(
             num_cpus=num_cpus,

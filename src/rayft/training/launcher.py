@@ -17,12 +17,13 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from rayft._ray_private import block_iterator_class, local_train_env, trainer_class
 from rayft.config.train import CheckpointConfig, FailureConfig, ScalingConfig
 from rayft.data.prepared import PreparedData
 from rayft.errors import RayftError, ResourceError, RunInterruptedError, TrainingError, exception_chain
 from rayft.runs import layout
 from rayft.runs.checkpoints import scan_checkpoints
-from rayft.runtime import environment, local_idle_main_thread, local_train_env, owns_ray
+from rayft.runtime import environment, local_idle_main_thread, owns_ray
 from rayft.security import install_log_redaction
 from rayft.training.faults import faults_from_env
 from rayft.training.plan import missing_resources
@@ -207,80 +208,6 @@ def launch_ray(
         trainer.fit()
 
 
-def trainer_class(own_ray: bool) -> type:
-    """Ray Train's ``TorchTrainer``; on a Ray that rayft started (:func:`rayft.runtime.owns_ray`),
-    one without the placement-group cleaner and without registering its workers with Ray Data's
-    autoscaling coordinator.
-
-    That cleaner is a detached actor that asks the State API every second whether the controller
-    is still alive, to remove its placement group if it died. The State API needs the dashboard,
-    which a local rayft Ray does not run: every check fails (a warning each second in the run's
-    log), so it could never clean anything, while its process costs CPU beside training. On a
-    Ray that rayft started, the placement groups end with the command anyway.
-
-    The coordinator is a detached actor through which Ray Train and Ray Data ask an autoscaler for
-    nodes and share out what a cluster has. The controller creates it and waits for its process to
-    start before it starts any worker (over a second of start-up on a small machine), and it then
-    lives beside training. A local Ray has no autoscaler and no nodes to add, and the workers' Ray
-    Data reads need no share of the CPUs (:class:`PlannedShards` hands them blocks already in the
-    object store).
-    """
-    from ray.train.torch import TorchTrainer
-
-    if not own_ray:
-        return TorchTrainer
-    try:
-        from ray.train.v2._internal.callbacks.placement_group_callback import PlacementGroupCleanerCallback
-
-        dropped: tuple[type, ...] = (PlacementGroupCleanerCallback,)
-    except ImportError:  # a Ray without it: nothing to drop
-        dropped = ()
-
-    class LocalTorchTrainer(TorchTrainer):
-        """``TorchTrainer`` without the placement-group cleaner and the autoscaling coordinator."""
-
-        def _create_default_callbacks(self) -> list[Any]:
-            callbacks: list[Any] = super()._create_default_callbacks()  # type: ignore[misc]
-            return [c for c in callbacks if not isinstance(c, dropped)]
-
-        def _initialize_and_run_controller(self, **controller_init_kwargs: Any) -> Any:
-            if "scaling_policy" in controller_init_kwargs:
-                policy = controller_init_kwargs["scaling_policy"]
-                controller_init_kwargs["scaling_policy"] = local_scaling_policy(policy)
-            return super()._initialize_and_run_controller(**controller_init_kwargs)  # type: ignore[misc]
-
-    return LocalTorchTrainer
-
-
-def local_scaling_policy(policy: Any) -> Any:
-    """Ray Train's fixed-size scaling ``policy`` less its requests to the autoscaling coordinator;
-    any other policy (elastic training) unchanged. The class is defined here, not at module level,
-    so that the controller gets the class itself and need not import rayft."""
-    try:
-        from ray.train.v2._internal.execution.scaling_policy import FixedScalingPolicy
-    except ImportError:  # a Ray without it
-        return policy
-    if type(policy) is not FixedScalingPolicy:
-        return policy
-
-    class LocalFixedScalingPolicy(FixedScalingPolicy):
-        """``FixedScalingPolicy`` that never creates or calls the autoscaling coordinator."""
-
-        def after_controller_start(self, train_run_context: Any) -> None:
-            """Nothing to register: no autoscaler, no other requester."""
-
-        async def before_controller_shutdown(self) -> None:
-            """No request to cancel."""
-
-        def before_controller_abort(self) -> None:
-            """No request to cancel."""
-
-        def _maybe_send_resource_request(self) -> None:
-            """No request to renew."""
-
-    return LocalFixedScalingPolicy(policy.scaling_config)
-
-
 def ray_worker_entry(config: dict[str, Any]) -> None:
     """The function each Ray Train worker runs (in a thread of its own; the process's main thread
     runs Ray's task loop)."""
@@ -356,36 +283,6 @@ def _planned_shards_class() -> type:
             return [{name: iterator(self._shards[name][rank]) for name in datasets} for rank in range(world_size)]
 
     return _PlannedShards
-
-
-def block_iterator_class() -> type | None:
-    """A Ray Data iterator over an in-memory dataset that hands its blocks to Ray Data's batching as
-    they are, or None where this Ray's internals differ.
-
-    Iterating a ``from_arrow`` dataset the ordinary way starts a streaming executor in the worker
-    with nothing to execute (the blocks are already in the object store), and that executor starts
-    two detached actors, each a process that lives beside training: Ray Data's stats actor (which
-    then gets the iteration's metrics) and the autoscaling coordinator. The iterator is defined here,
-    not at module level, so that Ray Train's dataset actor need not import rayft to pass it on.
-    """
-    try:
-        from ray.data._internal.iterator.iterator_impl import DataIteratorImpl
-    except ImportError:
-        return None
-
-    class BlockIterator(DataIteratorImpl):
-        """A dataset's source blocks, without a streaming executor or stats (any other dataset is
-        iterated as usual)."""
-
-        def _to_ref_bundle_iterator(self) -> Any:
-            source = getattr(getattr(self._base_dataset, "_logical_plan", None), "dag", None)
-            output_data = getattr(source, "output_data", None)
-            bundles = output_data() if callable(output_data) else None
-            if bundles is None:
-                return super()._to_ref_bundle_iterator()
-            return iter(bundles), None, None
-
-    return BlockIterator
 
 
 def PlannedShards(  # noqa: N802 - builds a DataConfig

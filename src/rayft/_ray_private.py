@@ -1,0 +1,248 @@
+"""Every Ray internal that rayft relies on, in this one module, behind one switch.
+
+On a Ray that rayft started itself (:func:`rayft.runtime.owns_ray`: one machine, no dashboard, gone
+when the command ends) rayft drops services that only a shared, long-lived cluster needs, and that
+cost start-up time and CPU beside training on a small machine. Doing so reaches into Ray: private
+modules and classes, private methods overridden, ``ray.init``'s private ``_system_config``, and
+settings that Ray reads from its internal environment variables. Each of them was checked against
+the Ray series :data:`CHECKED_RAY_SERIES`, which ``pyproject.toml`` pins.
+
+- ``RAYFT_RAY_PRIVATE=0`` (:data:`SWITCH_ENV`) turns every one of them off: rayft then uses Ray's
+  public API only, as on a cluster it joined. Runs give the same results; they start slower and run
+  a few more processes beside the workers.
+- ``tests/unit/test_ray_private.py`` resolves every name in :data:`PRIVATE_SYMBOLS`, so that a Ray
+  that moved one fails there, loudly. At run time a name that is missing is logged as a warning and
+  only that path falls back to Ray's default.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+from collections.abc import Mapping
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+SWITCH_ENV = "RAYFT_RAY_PRIVATE"
+CHECKED_RAY_SERIES = "2.60"
+
+# Every private name used below, as "module:attribute.path" (the canary test resolves each).
+PRIVATE_SYMBOLS: tuple[str, ...] = (
+    "ray:init",  # its private keyword argument _system_config (checked apart)
+    "ray.train.v2._internal.callbacks.placement_group_callback:PlacementGroupCleanerCallback",
+    "ray.train.torch:TorchTrainer._create_default_callbacks",
+    "ray.train.torch:TorchTrainer._initialize_and_run_controller",
+    "ray.train.v2._internal.execution.scaling_policy:FixedScalingPolicy",
+    "ray.train.v2._internal.execution.scaling_policy:FixedScalingPolicy._maybe_send_resource_request",
+    "ray.train.v2._internal.execution.scaling_policy:FixedScalingPolicy.after_controller_start",
+    "ray.train.v2._internal.execution.scaling_policy:FixedScalingPolicy.before_controller_shutdown",
+    "ray.train.v2._internal.execution.scaling_policy:FixedScalingPolicy.before_controller_abort",
+    "ray.data._internal.iterator.iterator_impl:DataIteratorImpl",
+    "ray.data._internal.iterator.iterator_impl:DataIteratorImpl._to_ref_bundle_iterator",
+    "ray.data._internal.logical.interfaces.logical_plan:LogicalPlan.dag",
+    "ray.data._internal.logical.interfaces.source_operator:SourceOperator.output_data",
+    "ray._private.log_monitor:RAY_LOG_MONITOR_MANY_FILES_THRESHOLD",
+    "ray.train.v2._internal.constants:ENABLE_PREEMPTION_WATCHER_ENV_VAR",
+)
+
+# Ray settings of a Ray that rayft starts itself (never of a cluster it joins), passed as
+# ray.init's _system_config. Each one can be set back by exporting it as ``RAY_<name>`` before
+# running rayft; an exported one wins.
+LOCAL_RAY_SYSTEM_CONFIG: dict[str, object] = {
+    # Ray starts its worker processes (the training workers among them) at nice 15, below every
+    # ordinary process on the machine, so that a busy worker cannot starve the raylet of a shared
+    # cluster node. On a machine of one's own this only lets every other process (the raylet, the
+    # driver, an editor, a test run) preempt the training loop; torchrun workers run at nice 0.
+    "worker_niceness": 0,
+    # Every Ray process records and exports metrics for a Prometheus/dashboard that a local rayft
+    # Ray does not start (include_dashboard=False), and reports task events (for `ray list tasks`)
+    # every second. On a laptop whose cores all train, those wake-ups come out of training.
+    "enable_metrics_collection": False,
+    "task_events_report_interval_ms": 10_000,
+}
+
+# Environment variables of the processes a Ray that rayft starts runs beside its workers (read by
+# those processes, which inherit them from this one when ray.init starts them); an exported one wins.
+LOCAL_RAY_PROCESS_ENV: dict[str, str] = {
+    # Ray's log monitor, which forwards the workers' output to this console, looks for new log files
+    # with five globs over the log directory ten times a second, unless it already follows many
+    # files; then it looks every half second (LOG_NAME_UPDATE_INTERVAL_S). Looking every half second
+    # from the start halves its CPU beside training. A new file is still read from its first line.
+    "RAY_LOG_MONITOR_MANY_FILES_THRESHOLD": "0",
+}
+
+# Ray Train settings (environment variables the driver passes on to Ray Train's controller and
+# workers) for runs on a Ray that rayft starts itself; an exported one wins.
+LOCAL_RAY_TRAIN_ENV: dict[str, str] = {
+    # The preemption watcher is an extra actor process that polls for node drains every 5 s and
+    # starts just as training does. A local Ray that lives and dies with one rayft command is never
+    # drained by an autoscaler, so there is nothing for it to watch.
+    "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "0",
+}
+
+
+def enabled(environ: Mapping[str, str] | None = None) -> bool:
+    """Whether rayft may use Ray's internals (on unless :data:`SWITCH_ENV` is exported as ``0``)."""
+    environ = os.environ if environ is None else environ
+    return environ.get(SWITCH_ENV, "1").strip() != "0"
+
+
+def resolve(symbol: str) -> Any:
+    """The object a ``"module:attribute.path"`` of :data:`PRIVATE_SYMBOLS` names; raises
+    ImportError or AttributeError where this Ray has no such thing."""
+    module_name, _, path = symbol.partition(":")
+    value: Any = importlib.import_module(module_name)
+    for name in path.split("."):
+        value = getattr(value, name)
+    return value
+
+
+def _load(symbol: str) -> Any:
+    """:func:`resolve`, or None with a warning that names the fix (the caller takes Ray's default)."""
+    try:
+        return resolve(symbol)
+    except (ImportError, AttributeError) as exc:
+        import ray
+
+        log.warning(
+            "Ray %s has no %s (%s: %s); rayft uses Ray's default there. Its lean local runtime was checked "
+            "against Ray %s.x: install ray~=%s.0, or export %s=0 to use Ray's public API throughout.",
+            ray.__version__, symbol, type(exc).__name__, exc, CHECKED_RAY_SERIES, CHECKED_RAY_SERIES, SWITCH_ENV,
+        )  # fmt: skip
+        return None
+
+
+def local_system_config(environ: Mapping[str, str]) -> dict[str, object]:
+    """The Ray system config of a local Ray started by rayft: :data:`LOCAL_RAY_SYSTEM_CONFIG`, less
+    the settings the user exported as ``RAY_<name>`` (Ray reads those itself); none when off."""
+    if not enabled(environ):
+        return {}
+    return {name: value for name, value in LOCAL_RAY_SYSTEM_CONFIG.items() if f"RAY_{name}" not in environ}
+
+
+def local_init_kwargs(environ: Mapping[str, str]) -> dict[str, Any]:
+    """The private keyword arguments of ``ray.init`` for a local Ray that rayft starts."""
+    config = local_system_config(environ)
+    return {"_system_config": config} if config else {}
+
+
+def local_process_env(environ: Mapping[str, str]) -> dict[str, str]:
+    """The environment of the processes a Ray that rayft starts runs beside its workers:
+    :data:`LOCAL_RAY_PROCESS_ENV`, less the variables the user exported; none when off."""
+    if not enabled(environ):
+        return {}
+    return {name: value for name, value in LOCAL_RAY_PROCESS_ENV.items() if name not in environ}
+
+
+def local_train_env(environ: Mapping[str, str]) -> dict[str, str]:
+    """The Ray Train environment of a run on a Ray that rayft started: :data:`LOCAL_RAY_TRAIN_ENV`,
+    less the variables the user exported; none when off."""
+    if not enabled(environ):
+        return {}
+    return {name: value for name, value in LOCAL_RAY_TRAIN_ENV.items() if name not in environ}
+
+
+def trainer_class(own_ray: bool) -> type:
+    """Ray Train's ``TorchTrainer``; on a Ray that rayft started (and with the switch on), one
+    without the placement-group cleaner and without registering its workers with Ray Data's
+    autoscaling coordinator.
+
+    That cleaner is a detached actor that asks the State API every second whether the controller
+    is still alive, to remove its placement group if it died. The State API needs the dashboard,
+    which a local rayft Ray does not run: every check fails (a warning each second in the run's
+    log), so it could never clean anything, while its process costs CPU beside training. On a
+    Ray that rayft started, the placement groups end with the command anyway.
+
+    The coordinator is a detached actor through which Ray Train and Ray Data ask an autoscaler for
+    nodes and share out what a cluster has. The controller creates it and waits for its process to
+    start before it starts any worker (over a second of start-up on a small machine), and it then
+    lives beside training. A local Ray has no autoscaler and no nodes to add, and the workers' Ray
+    Data reads need no share of the CPUs (the shards hand them blocks already in the object store).
+    """
+    from ray.train.torch import TorchTrainer
+
+    if not (own_ray and enabled()):
+        return TorchTrainer
+    overridden = ("_create_default_callbacks", "_initialize_and_run_controller")
+    if any(_load(f"ray.train.torch:TorchTrainer.{name}") is None for name in overridden):
+        return TorchTrainer
+    cleaner = _load("ray.train.v2._internal.callbacks.placement_group_callback:PlacementGroupCleanerCallback")
+    dropped: tuple[type, ...] = (cleaner,) if cleaner is not None else ()
+
+    class LocalTorchTrainer(TorchTrainer):
+        """``TorchTrainer`` without the placement-group cleaner and the autoscaling coordinator."""
+
+        def _create_default_callbacks(self) -> list[Any]:
+            callbacks: list[Any] = super()._create_default_callbacks()  # type: ignore[misc]
+            return [c for c in callbacks if not isinstance(c, dropped)]
+
+        def _initialize_and_run_controller(self, **controller_init_kwargs: Any) -> Any:
+            if "scaling_policy" in controller_init_kwargs:
+                policy = controller_init_kwargs["scaling_policy"]
+                controller_init_kwargs["scaling_policy"] = local_scaling_policy(policy)
+            return super()._initialize_and_run_controller(**controller_init_kwargs)  # type: ignore[misc]
+
+    return LocalTorchTrainer
+
+
+def local_scaling_policy(policy: Any) -> Any:
+    """Ray Train's fixed-size scaling ``policy`` less its requests to the autoscaling coordinator;
+    any other policy (elastic training) unchanged. The class is defined here, not at module level,
+    so that the controller gets the class itself and need not import rayft."""
+    fixed = _load("ray.train.v2._internal.execution.scaling_policy:FixedScalingPolicy")
+    if fixed is None or type(policy) is not fixed:
+        return policy
+
+    class LocalFixedScalingPolicy(fixed):  # type: ignore[misc, valid-type]
+        """``FixedScalingPolicy`` that never creates or calls the autoscaling coordinator."""
+
+        def after_controller_start(self, train_run_context: Any) -> None:
+            """Nothing to register: no autoscaler, no other requester."""
+
+        async def before_controller_shutdown(self) -> None:
+            """No request to cancel."""
+
+        def before_controller_abort(self) -> None:
+            """No request to cancel."""
+
+        def _maybe_send_resource_request(self) -> None:
+            """No request to renew."""
+
+    return LocalFixedScalingPolicy(policy.scaling_config)
+
+
+def block_iterator_class() -> type | None:
+    """A Ray Data iterator over an in-memory dataset that hands its blocks to Ray Data's batching as
+    they are; None with the switch off, or where this Ray's internals differ (Ray Data's own
+    iterator is then used).
+
+    Iterating a ``from_blocks`` dataset the ordinary way starts a streaming executor in the worker
+    with nothing to execute (the blocks are already in the object store), and that executor starts
+    two detached actors, each a process that lives beside training: Ray Data's stats actor (which
+    then gets the iteration's metrics) and the autoscaling coordinator. The iterator is defined here,
+    not at module level, so that Ray Train's dataset actor need not import rayft to pass it on.
+    """
+    if not enabled():
+        return None
+    base = _load("ray.data._internal.iterator.iterator_impl:DataIteratorImpl")
+    if (
+        base is None
+        or _load("ray.data._internal.iterator.iterator_impl:DataIteratorImpl._to_ref_bundle_iterator") is None
+    ):
+        return None
+
+    class BlockIterator(base):  # type: ignore[misc, valid-type]
+        """A dataset's source blocks, without a streaming executor or stats (any other dataset is
+        iterated as usual)."""
+
+        def _to_ref_bundle_iterator(self) -> Any:
+            source = getattr(getattr(self._base_dataset, "_logical_plan", None), "dag", None)
+            output_data = getattr(source, "output_data", None)
+            bundles = output_data() if callable(output_data) else None
+            if bundles is None:
+                return super()._to_ref_bundle_iterator()
+            return iter(bundles), None, None
+
+    return BlockIterator

@@ -1,0 +1,151 @@
+"""The Ray internals rayft relies on (rayft._ray_private): a canary that resolves every one of them in
+the installed Ray, what each private path does, and Ray's public default with the switch off."""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from pathlib import Path
+
+import pytest
+import tomllib
+
+from rayft import _ray_private
+from rayft._ray_private import (
+    LOCAL_RAY_PROCESS_ENV,
+    LOCAL_RAY_SYSTEM_CONFIG,
+    LOCAL_RAY_TRAIN_ENV,
+    PRIVATE_SYMBOLS,
+    SWITCH_ENV,
+    block_iterator_class,
+    local_init_kwargs,
+    local_process_env,
+    local_scaling_policy,
+    local_system_config,
+    local_train_env,
+    resolve,
+    trainer_class,
+)
+
+OFF = {SWITCH_ENV: "0"}
+
+
+@pytest.mark.parametrize("symbol", PRIVATE_SYMBOLS)
+def test_every_private_ray_name_exists_in_the_installed_ray(symbol: str) -> None:
+    assert resolve(symbol) is not None, symbol
+
+
+def test_the_private_names_are_used_as_this_ray_defines_them() -> None:
+    import ray
+    from ray.data import Dataset
+    from ray.data._internal.iterator.iterator_impl import DataIteratorImpl
+    from ray.train.v2._internal.constants import ENABLE_PREEMPTION_WATCHER_ENV_VAR
+
+    assert 'kwargs.pop("_system_config"' in inspect.getsource(ray.init)
+    base = object()
+    assert DataIteratorImpl(base)._base_dataset is base  # type: ignore[arg-type]
+    assert "self._logical_plan" in inspect.getsource(Dataset.__init__)
+    assert ENABLE_PREEMPTION_WATCHER_ENV_VAR in LOCAL_RAY_TRAIN_ENV
+    trainer_source = inspect.getsource(resolve("ray.train.v2.api.data_parallel_trainer:DataParallelTrainer.fit"))
+    assert "scaling_policy=" in trainer_source and "_create_default_callbacks()" in trainer_source
+
+
+def test_the_installed_ray_is_the_series_checked_and_pinned() -> None:
+    import ray
+
+    pyproject = tomllib.loads((Path(__file__).parents[2] / "pyproject.toml").read_text())
+    pins = [d for d in pyproject["project"]["dependencies"] if d.startswith("ray[")]
+    assert pins == [f"ray[train,data,tune]~={_ray_private.CHECKED_RAY_SERIES}.0"]
+    assert ray.__version__.startswith(f"{_ray_private.CHECKED_RAY_SERIES}."), (
+        f"Ray {ray.__version__} is installed, but rayft's Ray internals were checked against "
+        f"{_ray_private.CHECKED_RAY_SERIES}.x (see README, Development: checking a newer Ray)"
+    )
+
+
+def test_a_local_ray_runs_lean_unless_the_user_exported_a_setting() -> None:
+    assert local_system_config({})["worker_niceness"] == 0
+    config = local_system_config({"RAY_worker_niceness": "15"})
+    assert set(config) == set(LOCAL_RAY_SYSTEM_CONFIG) - {"worker_niceness"}
+    assert local_init_kwargs({}) == {"_system_config": LOCAL_RAY_SYSTEM_CONFIG}
+    assert local_train_env({}) == {"RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "0"} == LOCAL_RAY_TRAIN_ENV
+    assert local_train_env({"RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "1"}) == {}
+    assert local_process_env({}) == {"RAY_LOG_MONITOR_MANY_FILES_THRESHOLD": "0"} == LOCAL_RAY_PROCESS_ENV
+    assert local_process_env({"RAY_LOG_MONITOR_MANY_FILES_THRESHOLD": "1000"}) == {}
+
+
+def test_a_local_ray_trains_with_a_fixed_policy_that_never_calls_the_autoscaling_coordinator() -> None:
+    import asyncio
+
+    from ray.train.v2._internal.execution.scaling_policy import FixedScalingPolicy, ResizeDecision
+    from ray.train.v2.api.config import ScalingConfig
+
+    policy = local_scaling_policy(FixedScalingPolicy(ScalingConfig(num_workers=2)))
+    assert isinstance(policy, FixedScalingPolicy) and type(policy) is not FixedScalingPolicy
+    assert policy.scaling_config.num_workers == 2
+    # Ray is not running here: any call to the coordinator would fail to create it.
+    policy.after_controller_start(None)
+    assert policy.make_decision_for_non_running_worker_group() == ResizeDecision(
+        num_workers=2, resources_per_worker={"CPU": 1.0}
+    )
+    asyncio.run(policy.before_controller_shutdown())
+    policy.before_controller_abort()
+    sentinel = object()
+    assert local_scaling_policy(sentinel) is sentinel  # any other policy is left as it is
+
+
+class _Source:
+    """A dataset's source operator whose blocks are known (as ``from_blocks``'s are)."""
+
+    def __init__(self, bundles: list[str] | None) -> None:
+        self._bundles = bundles
+
+    def output_data(self) -> list[str] | None:
+        return self._bundles
+
+
+class _Dataset:
+    """The parts of a Ray Data dataset the block iterator reads."""
+
+    def __init__(self, bundles: list[str] | None) -> None:
+        self._logical_plan = type("Plan", (), {"dag": _Source(bundles)})()
+
+    def _execute_to_iterator(self) -> tuple[str, str, str]:
+        return "executed", "stats", "executor"
+
+
+def test_in_memory_shards_are_iterated_without_an_executor_or_stats() -> None:
+    iterator_class = block_iterator_class()
+    assert iterator_class is not None
+    bundles, stats, executor = iterator_class(_Dataset(["block-0", "block-1"]))._to_ref_bundle_iterator()
+    assert list(bundles) == ["block-0", "block-1"] and stats is None and executor is None
+    # A dataset whose blocks are not known yet is executed as usual.
+    assert iterator_class(_Dataset(None))._to_ref_bundle_iterator() == ("executed", "stats", "executor")
+
+
+def test_a_local_ray_trains_without_the_cleaner_and_the_coordinator() -> None:
+    from ray.train.torch import TorchTrainer
+
+    local = trainer_class(own_ray=True)
+    assert issubclass(local, TorchTrainer) and local is not TorchTrainer
+    assert trainer_class(own_ray=False) is TorchTrainer  # a joined cluster keeps Ray's defaults
+
+
+def test_switched_off_every_path_is_rays_public_default(monkeypatch: pytest.MonkeyPatch) -> None:
+    from ray.train.torch import TorchTrainer
+
+    assert local_system_config(OFF) == {} and local_init_kwargs(OFF) == {}
+    assert local_process_env(OFF) == {} and local_train_env(OFF) == {}
+    monkeypatch.setenv(SWITCH_ENV, "0")
+    assert trainer_class(own_ray=True) is TorchTrainer
+    assert block_iterator_class() is None
+    monkeypatch.setenv(SWITCH_ENV, "1")
+    assert block_iterator_class() is not None
+
+
+def test_a_private_name_this_ray_lacks_falls_back_with_a_warning(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.WARNING, logger="rayft._ray_private"):
+        assert _ray_private._load("ray.train.v2._internal.nowhere:Thing") is None
+        assert _ray_private._load("ray.train.torch:TorchTrainer._no_such_method") is None
+    assert len(caplog.records) == 2
+    assert "has no ray.train.v2._internal.nowhere:Thing" in caplog.records[0].getMessage()
+    assert f"install ray~=2.60.0, or export {SWITCH_ENV}=0" in caplog.records[1].getMessage()
