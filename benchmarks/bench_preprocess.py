@@ -33,7 +33,8 @@ def build_job(copies: int) -> tuple[object, object]:
     import pyarrow as pa
 
     from rayft.config import load_config
-    from rayft.data.prepare import plan_records, read_sources
+    from rayft.data.sources import read_sources
+    from rayft.data.split_plan import plan_records
     from rayft.data.tokenize import TextTokenizer, TokenizeJob
     from rayft.models.loading import load_tokenizer
 
@@ -67,7 +68,7 @@ def run_datasets_map(job: object, inputs: object) -> tuple[float, object]:
 
 def run_ray(job: object, inputs: object) -> tuple[float, object]:
     """The rayft path: `tokenize_on_ray`, a Ray Data `map_batches` task per block of rows, 1 CPU each."""
-    from rayft.data.prepare import tokenize_on_ray
+    from rayft.data.executors import tokenize_on_ray
 
     started = time.perf_counter()
     table = tokenize_on_ray(job, inputs)  # type: ignore[arg-type]

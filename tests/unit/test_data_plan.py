@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from rayft.data.prepare import plan_records
+from rayft.data.split_plan import plan_records
 
 
 def test_single_dataset_holds_out_a_fraction_and_shuffles_by_seed() -> None:

@@ -127,7 +127,7 @@ def test_a_cache_hit_needs_neither_transformers_nor_torch(tiny_model_dir: Path) 
 
 
 def test_tokenization_blocks_give_each_cpu_a_few_long_tasks() -> None:
-    from rayft.data.prepare import BATCH_ROWS, block_rows
+    from rayft.data.executors import BATCH_ROWS, block_rows
 
     assert block_rows(14946, 2) == 1869  # 8 tasks of ~1.9k rows on 2 CPUs
     assert block_rows(100, 2) == BATCH_ROWS  # tiny data: one small task, not 8 of 13 rows

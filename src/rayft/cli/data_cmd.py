@@ -57,7 +57,7 @@ def prepare(config_path: str, overrides: tuple[str, ...], in_process: bool, repo
 
 def summary(outcome: PrepareOutcome, report_dir: Any) -> str:
     """The text `rayft data prepare` prints: key, counts, rejections, token statistics."""
-    from rayft.data.prepare import top_reasons
+    from rayft.data.report import top_reasons
 
     prepared, stats = outcome.prepared, outcome.prepared.stats
     how = "reused the cached dataset (no tokenization)" if outcome.reused else f"prepared in {outcome.elapsed_s:.1f} s"

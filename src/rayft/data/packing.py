@@ -9,6 +9,7 @@ from the restarts (see :mod:`rayft.data.collate`), so attention never crosses ex
 
 from __future__ import annotations
 
+import random
 from collections.abc import Sequence
 from typing import Any
 
@@ -81,3 +82,14 @@ def make_unit(ids: list[int], labels: list[int], positions: list[int], sample_id
         "num_tokens": len(ids),
         "num_label_tokens": sum(1 for label in labels if label != IGNORE_INDEX),
     }
+
+
+def make_units(examples: list[dict[str, Any]], packing: bool, max_seq_length: int, seed: int) -> list[dict[str, Any]]:
+    """Training units: one per example, or packs of examples (in a seeded order)."""
+    if not packing:
+        return [
+            make_unit(e["input_ids"], e["labels"], list(range(len(e["input_ids"]))), [e["sample_id"]]) for e in examples
+        ]
+    packs = plan_packs([len(e["input_ids"]) for e in examples], max_seq_length)
+    random.Random(seed).shuffle(packs)
+    return build_units(examples, packs)

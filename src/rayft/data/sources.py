@@ -8,15 +8,20 @@ returned as they are: checking and rendering them is the preparation step's job.
 from __future__ import annotations
 
 import json
+import logging
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rayft.config.data import DatasetConfig
+from rayft.config.data import DataConfig, DatasetConfig
 from rayft.data.builtin import is_builtin, load_builtin
+from rayft.data.formats import ResolvedFormat, resolve_format
 from rayft.errors import DataError
 
 if TYPE_CHECKING:
     import pyarrow as pa
+
+log = logging.getLogger("rayft.data")
 
 SUFFIXES = (".jsonl", ".json", ".parquet", ".csv")
 _MAX_LISTED = 5
@@ -202,3 +207,29 @@ def _read_hub(ds: DatasetConfig) -> pa.Table:
         ) from None
     table: pa.Table = loaded.with_format("arrow")[:]
     return table
+
+
+@dataclass(frozen=True)
+class Source:
+    """One dataset as read: its config, report label, resolved format and JSON rows."""
+
+    config: DatasetConfig
+    name: str
+    format: ResolvedFormat
+    rows: list[str]
+
+
+def read_sources(data: DataConfig) -> list[Source]:
+    """Read the training then the validation datasets, resolve their formats, and serialise rows as JSON."""
+    sources = []
+    for ds in [*data.datasets, *data.validation_datasets]:
+        table = read_table(ds)
+        fmt = resolve_format(ds, table.column_names)
+        name = source_name(ds)
+        log.info("data: %s: %d rows, format %s", name, table.num_rows, fmt.describe())
+        sources.append(Source(ds, name, fmt, _json_rows(table)))
+    return sources
+
+
+def _json_rows(table: pa.Table) -> list[str]:
+    return [json.dumps(row, sort_keys=True, ensure_ascii=False, default=str) for row in table.to_pylist()]

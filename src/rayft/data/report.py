@@ -1,0 +1,72 @@
+"""Reporting a prepared dataset: the log summary, the rejected-rows report and stats copied into the
+run directory, and the stop when too many rows were rejected."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+from rayft.data.formats import REASONS
+from rayft.data.prepared import REJECTED_FILE, PreparedData
+from rayft.errors import DataError, StorageError
+
+log = logging.getLogger("rayft.data")
+
+
+def write_report(prepared: PreparedData, report_dir: Path | None) -> None:
+    """Copy the rejected-rows report and the stats into ``report_dir`` (atomically, file by file)."""
+    if report_dir is None:
+        return
+    try:
+        report_dir.mkdir(parents=True, exist_ok=True)
+        for name, text in (
+            (REJECTED_FILE, (Path(prepared.root) / REJECTED_FILE).read_text(encoding="utf-8")),
+            (
+                "stats.json",
+                json.dumps({"key": prepared.key, "root": prepared.root, **prepared.stats}, indent=2, sort_keys=True),
+            ),
+        ):
+            temp = report_dir / f".{name}.tmp"
+            temp.write_text(text, encoding="utf-8")
+            os.replace(temp, report_dir / name)
+    except OSError as exc:
+        raise StorageError(f"data report: cannot write {report_dir} ({exc.strerror}); check its permissions") from exc
+
+
+def check_rejected(prepared: PreparedData, max_fraction: float, report_dir: Path | None) -> None:
+    """Stop with DataError when the rejected share passes ``max_fraction``, naming the top reasons."""
+    total = max(int(prepared.stats["rows_total"]), 1)
+    rejected = int(prepared.stats["rejected_total"])
+    if rejected / total <= max_fraction:
+        return
+    reasons = "; ".join(f"{reason}: {count} ({REASONS.get(reason, reason)})"
+                        for reason, count in top_reasons(prepared.stats)[:3])  # fmt: skip
+    where = report_dir / REJECTED_FILE if report_dir else Path(prepared.root) / REJECTED_FILE
+    raise DataError(
+        f"data: {rejected} of {total} rows ({rejected / total:.1%}) were rejected, more than "
+        f"data.max_rejected_fraction={max_fraction}. Top reasons: {reasons}. Every row is listed in {where}; "
+        "fix the rows, the format/field_mapping, or max_seq_length, or raise data.max_rejected_fraction"
+    )
+
+
+def top_reasons(stats: dict[str, Any]) -> list[tuple[str, int]]:
+    """Rejection reasons with their counts, most frequent first."""
+    counts: dict[str, int] = stats["rejected_by_reason"]
+    return sorted(counts.items(), key=lambda item: (-item[1], item[0]))
+
+
+def log_summary(prepared: PreparedData) -> None:
+    """Log the counts and token statistics of a prepared dataset."""
+    stats = prepared.stats
+    log.info(
+        "data %s: %d train units (%d examples), %s validation units, %d rejected %s, %d train tokens, lengths %s, "
+        "%.1f%% truncated%s",
+        prepared.key, prepared.train.num_units, prepared.train.num_examples,
+        prepared.validation.num_units if prepared.validation else 0, stats["rejected_total"],
+        stats["rejected_by_reason"] or "", stats["tokens_total"], stats["length_percentiles"],
+        100 * stats["truncated_share"],
+        f", padding efficiency {stats['padding_efficiency']:.3f}" if "padding_efficiency" in stats else "",
+    )  # fmt: skip
