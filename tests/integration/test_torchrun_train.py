@@ -41,7 +41,7 @@ def write_config(tmp_path: Path, model_dir: Path, *overrides: str) -> Path:
     return path
 
 
-def test_rayft_train_under_torchrun_trains_and_resumes(tiny_model_dir: Path, tmp_path: Path) -> None:
+def test_rayft_train_under_torchrun_trains_and_refuses_a_finished_run(tiny_model_dir: Path, tmp_path: Path) -> None:
     config = write_config(tmp_path, tiny_model_dir)
     done = torchrun_train(config)
     assert done.returncode == 0, done.stderr[-4000:]
