@@ -6,7 +6,7 @@ STAMP := $(VENV)/.rayft-installed
 PYTEST_MARKERS ?= not gpu
 PYTEST_ARGS ?=
 
-.PHONY: setup quickstart test test-unit lint typecheck bench clean
+.PHONY: setup quickstart test test-unit lint typecheck bench gpu-check clean
 
 setup: $(STAMP)
 
@@ -29,14 +29,19 @@ test-unit: setup
 	$(VENV)/bin/pytest $(PYTEST_ARGS)
 
 lint: setup
-	$(VENV)/bin/ruff check src tests benchmarks
-	$(VENV)/bin/ruff format --check src tests benchmarks
+	$(VENV)/bin/ruff check src tests benchmarks scripts
+	$(VENV)/bin/ruff format --check src tests benchmarks scripts
 
 typecheck: setup
 	$(VENV)/bin/mypy
 
 bench: setup
 	$(PY) benchmarks/run_all.py
+
+# The gpu test tier and the training-step benchmark, one table (a GPU machine: no Ray, no network needed).
+GPU_PYTHON ?= $(if $(wildcard $(PY)),$(PY),python3)
+gpu-check:
+	$(GPU_PYTHON) scripts/gpu_check.py $(if $(BENCH_ARGS),--bench-args "$(BENCH_ARGS)")
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache runs

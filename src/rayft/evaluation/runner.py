@@ -168,8 +168,26 @@ def choose_runtime(setting: str, ray_running: bool, address: str | None) -> Runt
 
 
 def generate(prompts: Sequence[Prompt], cfg: GenerationConfig, runtime: Runtime) -> list[Generation]:
-    """One generation per prompt, in order, on the chosen runtime."""
-    return _generate_ray(prompts, cfg) if runtime == "ray" else _generate_local(prompts, cfg)
+    """One generation per prompt, in order, on the chosen runtime.
+
+    Prompts go to the backend longest first, so that each batch holds prompts of similar length
+    (less left padding for local models); the results are put back in prompt order.
+    """
+    order = sorted(range(len(prompts)), key=lambda i: (-prompt_size(prompts[i]), i))
+    ordered = [prompts[i] for i in order]
+    done = _generate_ray(ordered, cfg) if runtime == "ray" else _generate_local(ordered, cfg)
+    out: list[Generation] = [done[0]] * len(prompts) if done else []
+    for position, index in enumerate(order):
+        out[index] = done[position]
+    return out
+
+
+def prompt_size(prompt: Prompt) -> int:
+    """Characters of a prompt's text (every message's content for a chat prompt): a tokenizer-free
+    proxy of its length."""
+    if isinstance(prompt, str):
+        return len(prompt)
+    return sum(len(str(message.get("content", ""))) for message in prompt)
 
 
 def _generate_local(prompts: Sequence[Prompt], cfg: GenerationConfig) -> list[Generation]:

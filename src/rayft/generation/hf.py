@@ -15,6 +15,13 @@ if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
 
+def length_sorted_batches(lengths: Sequence[int], batch_size: int, *, sort: bool = True) -> list[list[int]]:
+    """Indices of ``lengths`` in batches of ``batch_size``: longest first (ties in input order), or
+    in input order without ``sort``."""
+    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i)) if sort else list(range(len(lengths)))
+    return [order[start : start + batch_size] for start in range(0, len(order), batch_size)]
+
+
 class HFBackend:
     """Generation with transformers on one device; load once, call ``generate`` many times."""
 
@@ -25,6 +32,7 @@ class HFBackend:
         adapter_path: str | None = None,
         device: str | None = None,
         batch_size: int = 16,
+        sort_by_length: bool = True,
     ) -> None:
         import torch
 
@@ -41,6 +49,7 @@ class HFBackend:
             loaded = PeftModel.from_pretrained(loaded, adapter_path)
         self.model: Any = loaded.to(self._device).eval()
         self.batch_size = batch_size
+        self.sort_by_length = sort_by_length  # batches of similar prompt lengths (less left padding)
 
     @property
     def name(self) -> str:
@@ -55,12 +64,18 @@ class HFBackend:
         return str(text)
 
     def generate(self, prompts: Sequence[Prompt], params: SamplingParams) -> list[Generation]:
-        """Generate for every prompt, ``batch_size`` at a time."""
-        out: list[Generation] = []
-        for start in range(0, len(prompts), self.batch_size):
-            chunk = [self.render(p) for p in prompts[start : start + self.batch_size]]
-            out.extend(self._generate_batch(chunk, params))
-        return out
+        """Generate for every prompt, ``batch_size`` at a time, in the order of ``prompts``.
+
+        Batches are formed longest prompt first (:func:`length_sorted_batches`), so that a batch's
+        prompts need little left padding; greedy results are the same in any order.
+        """
+        texts = [self.render(p) for p in prompts]
+        lengths = [len(ids) for ids in self.tokenizer(texts, add_special_tokens=False)["input_ids"]] if texts else []
+        out: list[Generation | None] = [None] * len(texts)
+        for batch in length_sorted_batches(lengths, self.batch_size, sort=self.sort_by_length):
+            for index, generation in zip(batch, self._generate_batch([texts[i] for i in batch], params), strict=True):
+                out[index] = generation
+        return [g for g in out if g is not None]
 
     def _generate_batch(self, texts: list[str], params: SamplingParams) -> list[Generation]:
         import torch
