@@ -93,6 +93,7 @@ def test_rayjob_runs_the_config_on_a_cluster_sized_from_scaling() -> None:
     )
     assert {"name": "rayft-storage", "mountPath": "/mnt/shared/rayft-runs"} in worker["volumeMounts"]
     assert {"name": "rayft-config", "mountPath": "/etc/rayft", "readOnly": True} in worker["volumeMounts"]
+    assert {"name": "dshm", "mountPath": "/dev/shm"} in worker["volumeMounts"]
     head = spec["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]
     assert head["serviceAccountName"] == "rayft"
     assert {"name": "rayft-config", "configMap": {"name": "gsm8k-granite-2b-config"}} in head["volumes"]

@@ -26,6 +26,9 @@ CONFIG_PATH = f"{CONFIG_DIR}/{CONFIG_FILE}"
 GPU_RESOURCE = "nvidia.com/gpu"
 _CONFIG_VOLUME = "rayft-config"
 _STORAGE_VOLUME = "rayft-storage"
+# Ray's object store and NCCL live in /dev/shm, which a container gets at 64 MB unless a memory-backed
+# volume is mounted there (Ray would fall back to slower disk, NCCL could fail).
+_SHM_VOLUME = "dshm"
 
 
 @dataclass(frozen=True)
@@ -165,16 +168,22 @@ def container_env(cfg: RayftConfig) -> list[dict[str, Any]]:
 
 
 def volumes(cfg: RayftConfig, config_map: str) -> list[dict[str, Any]]:
-    """The config (a ConfigMap) and, for a local storage_path, the shared claim."""
-    out: list[dict[str, Any]] = [{"name": _CONFIG_VOLUME, "configMap": {"name": config_map}}]
+    """The config (a ConfigMap), a memory-backed /dev/shm and, for a local storage_path, the shared claim."""
+    out: list[dict[str, Any]] = [
+        {"name": _CONFIG_VOLUME, "configMap": {"name": config_map}},
+        {"name": _SHM_VOLUME, "emptyDir": {"medium": "Memory"}},
+    ]
     if cfg.k8s.storage.claim_name and not is_remote(cfg.storage_path):
         out.append({"name": _STORAGE_VOLUME, "persistentVolumeClaim": {"claimName": cfg.k8s.storage.claim_name}})
     return out
 
 
 def volume_mounts(cfg: RayftConfig) -> list[dict[str, Any]]:
-    """The config, read-only at /etc/rayft/config.yaml, and the claim at storage_path."""
-    out: list[dict[str, Any]] = [{"name": _CONFIG_VOLUME, "mountPath": CONFIG_DIR, "readOnly": True}]
+    """The config, read-only at /etc/rayft/config.yaml, /dev/shm, and the claim at storage_path."""
+    out: list[dict[str, Any]] = [
+        {"name": _CONFIG_VOLUME, "mountPath": CONFIG_DIR, "readOnly": True},
+        {"name": _SHM_VOLUME, "mountPath": "/dev/shm"},
+    ]
     if cfg.k8s.storage.claim_name and not is_remote(cfg.storage_path):
         out.append({"name": _STORAGE_VOLUME, "mountPath": cfg.storage_path})
     return out

@@ -110,6 +110,8 @@ labels:
     - name: rayft-config
       mountPath: /etc/rayft
       readOnly: true
+    - name: dshm
+      mountPath: /dev/shm
     {{- if and $root.Values.k8s.storage.claim_name (not (include "rayft.remote" $root)) }}
     - name: rayft-storage
       mountPath: {{ $root.Values.storage_path }}
@@ -143,6 +145,9 @@ spec:
     - name: rayft-config
       configMap:
         name: {{ include "rayft.name" $root }}-config
+    - name: dshm
+      emptyDir:
+        medium: Memory
     {{- if and $root.Values.k8s.storage.claim_name (not (include "rayft.remote" $root)) }}
     - name: rayft-storage
       persistentVolumeClaim:
