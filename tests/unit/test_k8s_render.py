@@ -43,8 +43,7 @@ def by_kind(manifests: list[dict], kind: str) -> dict:  # type: ignore[type-arg]
 
 @pytest.mark.parametrize("target", sorted(TARGETS))
 def test_every_target_validates_strictly_against_its_schemas(target: str) -> None:
-    command = ["k8s.command=train"] if target in KUBEFLOW else []
-    manifests = render(cluster_config(*command), target, with_namespace=True)
+    manifests = render(cluster_config(), target, with_namespace=True)
     kinds = [m["kind"] for m in manifests]
     assert kinds[:5] == ["Namespace", "ResourceQuota", "ServiceAccount", "ConfigMap", "PersistentVolumeClaim"]
     validate_all(manifests)
@@ -143,7 +142,7 @@ def test_raycluster_autoscales_within_the_bounds() -> None:
 
 
 def test_trainjob_runs_torchrun_with_nodes_and_processes_from_scaling() -> None:
-    cfg = cluster_config("k8s.command=train", "scaling.num_workers=8", "k8s.workers_per_pod=4")
+    cfg = cluster_config("scaling.num_workers=8", "k8s.workers_per_pod=4")
     job = render(cfg, "trainjob")[-1]
     trainer = job["spec"]["trainer"]
     assert trainer["command"] == ["torchrun", "--no-python", "rayft", "train", "/etc/rayft/config.yaml"]
@@ -158,7 +157,7 @@ def test_trainjob_runs_torchrun_with_nodes_and_processes_from_scaling() -> None:
 
 
 def test_pytorchjob_has_a_master_and_workers() -> None:
-    cfg = cluster_config("k8s.command=train", "scaling.num_workers=6", "k8s.workers_per_pod=2")
+    cfg = cluster_config("scaling.num_workers=6", "k8s.workers_per_pod=2")
     job = render(cfg, "pytorchjob")[-1]
     assert job["spec"]["nprocPerNode"] == "2"
     replicas = job["spec"]["pytorchReplicaSpecs"]
@@ -170,7 +169,7 @@ def test_pytorchjob_has_a_master_and_workers() -> None:
 
 
 def test_one_pod_with_a_local_path_needs_no_claim() -> None:
-    cfg = load_config(QUICKSTART, ["storage_path=/data/runs", "k8s.command=train", "scaling.num_workers=2",
+    cfg = load_config(QUICKSTART, ["storage_path=/data/runs", "scaling.num_workers=2",
                                    "k8s.workers_per_pod=2"])  # fmt: skip
     (config_map, job) = render(cfg, "pytorchjob")
     assert list(job["spec"]["pytorchReplicaSpecs"]) == ["Master"]
@@ -189,7 +188,7 @@ def test_a_fractional_gpu_per_pod_is_refused() -> None:
 
 @pytest.mark.parametrize("target", sorted(TARGETS))
 def test_a_local_storage_path_without_a_claim_is_refused(target: str) -> None:
-    cfg = load_config(GSM8K, ["k8s.command=train", "k8s.ray_version=2.60.0"])
+    cfg = load_config(GSM8K, ["k8s.ray_version=2.60.0"])
     with pytest.raises(ConfigError, match=r"storage_path='/mnt/shared/rayft-runs' is a local path.*k8s.storage"):
         render(cfg, target)
 
@@ -203,7 +202,7 @@ def test_a_relative_or_file_storage_path_is_refused() -> None:
 
 @pytest.mark.parametrize("target", KUBEFLOW)
 def test_a_uri_storage_path_is_refused_under_torchrun(target: str) -> None:
-    cfg = cluster_config("storage_path=s3://bucket/runs?secret_key=abcdefgh", "k8s.command=train")
+    cfg = cluster_config("storage_path=s3://bucket/runs?secret_key=abcdefgh")
     with pytest.raises(ConfigError, match=r"secret_key=\*\*\*REDACTED\*\*\*'.*under torchrun.*--target rayjob"):
         render(cfg, target)
 
@@ -221,8 +220,10 @@ def test_workers_that_do_not_divide_into_pods_are_refused() -> None:
 
 
 def test_kubeflow_targets_run_train_only() -> None:
-    with pytest.raises(ConfigError, match=r"k8s.command='run': the Kubeflow targets run `rayft train`"):
-        render(cluster_config(), "pytorchjob")
+    job = render(cluster_config(), "pytorchjob")[-1]  # the default command (run) is the RayJob's
+    assert job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]["command"][3] == "train"
+    with pytest.raises(ConfigError, match=r"k8s.command='sdg': the Kubeflow targets run `rayft train`"):
+        render(cluster_config("k8s.command=sdg"), "pytorchjob")
 
 
 def test_autoscaling_bounds_are_checked() -> None:

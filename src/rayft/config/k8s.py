@@ -81,11 +81,11 @@ class K8sConfig(Section):
         "IfNotPresent", description="When the kubelet pulls the image."
     )
     namespace: str = Field("rayft", pattern=_DNS_LABEL, max_length=63, description="Namespace of every manifest.")
-    command: Literal["run", "train", "sdg", "eval"] = Field(
-        "run",
+    command: Literal["run", "train", "sdg", "eval"] | None = Field(
+        None,
         description=(
-            "The rayft command a RayJob runs on the config (`rayft <command> <config>`). The Kubeflow targets "
-            "always run `rayft train` under torchrun."
+            "The rayft command the workload runs on the config (`rayft <command> <config>`); unset: `run` (the "
+            "pipeline) for a RayJob, `train` for the Kubeflow targets, which run `rayft train` under torchrun only."
         ),
     )
     service_account: str | None = Field(

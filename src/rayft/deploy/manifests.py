@@ -131,7 +131,7 @@ def pod_template(cfg: RayftConfig, containers: list[dict[str, Any]]) -> dict[str
 
 def entrypoint(cfg: RayftConfig, command: str | None = None) -> list[str]:
     """``rayft <command> /etc/rayft/config.yaml``."""
-    return ["rayft", command or cfg.k8s.command, CONFIG_PATH]
+    return ["rayft", command or cfg.k8s.command or "run", CONFIG_PATH]
 
 
 def ray_cluster_spec(cfg: RayftConfig, plan: PodPlan, *, min_pods: int, max_pods: int) -> dict[str, Any]:
@@ -190,10 +190,10 @@ def ray_cluster(cfg: RayftConfig) -> Manifest:
 
 def kubeflow_command(cfg: RayftConfig) -> list[str]:
     """torchrun starting ``rayft train <config>`` once per worker of the node."""
-    if cfg.k8s.command != "train":
+    if cfg.k8s.command not in (None, "train"):
         raise ConfigError(
             f"k8s.command={cfg.k8s.command!r}: the Kubeflow targets run `rayft train` under torchrun only; set "
-            "k8s.command=train, or use --target rayjob for the other commands"
+            "k8s.command=train (or leave it unset), or use --target rayjob for the other commands"
         )
     return [*TORCHRUN, *entrypoint(cfg, "train")]
 
