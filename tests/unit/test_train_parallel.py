@@ -251,6 +251,7 @@ def test_memory_estimate_splits_the_state_over_workers_only_when_sharded() -> No
     ddp = estimate_worker_memory(total_params=8 * billion, trainable_params=8 * billion, weight_bytes=4,
                                  sharded=False, world_size=8)  # fmt: skip
     assert (ddp.weights, ddp.gradients, ddp.optimizer) == (32 * billion, 32 * billion, 64 * billion)
+    assert ddp.step == 32 * billion  # AdamW's multi-tensor temporaries
     fsdp = estimate_worker_memory(total_params=8 * billion, trainable_params=8 * billion, weight_bytes=4,
                                   sharded=True, world_size=8)  # fmt: skip
     assert fsdp.total * 8 == ddp.total
@@ -270,7 +271,8 @@ def test_a_model_state_that_cannot_fit_names_the_fixes() -> None:
                                       sharded=False, world_size=4)  # fmt: skip
     problem = memory_problem(estimate, 80 * GIB, where="GPU cuda:0 of rank 0", strategy="ddp", method="full")
     assert problem is not None
-    assert problem.startswith("the model's state needs about 104.3 GiB (weights 26.1, gradients 26.1, optimizer")
+    assert problem.startswith("the model's state needs about 130.4 GiB (weights 26.1, gradients 26.1, optimizer")
+    assert "optimizer step 26.1" in problem
     assert "GPU cuda:0 of rank 0 has 80.0 GiB free" in problem
     assert "train.strategy=fsdp (splits it over the workers), or train.method=lora, or a smaller model" in problem
     assert memory_problem(estimate, 200 * GIB, where="GPU", strategy="ddp", method="full") is None

@@ -87,7 +87,7 @@ def test_mask_based_attention_ignores_the_bounds_and_stays_exact(tiny_model_dir:
 
 
 @pytest.mark.slow  # flex_attention compiles its kernel on CPU (~40 s) and has no CPU backward
-@pytest.mark.filterwarnings("ignore:_compile flag on create_block_mask:DeprecationWarning")  # transformers' call
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # torch's and transformers' own, while they compile
 def test_flex_attention_packed_loss_equals_one_by_one(tiny_model_dir: Path) -> None:
     import torch
     from transformers import AutoModelForCausalLM

@@ -3,8 +3,10 @@ to the device, so that a run that cannot fit fails at once with what to change i
 out of memory minutes later.
 
 The estimate counts what stays resident: weights, gradients and AdamW state (two fp32 tensors
-per trained parameter, plus an fp32 master copy under DeepSpeed's bf16/fp16 modes), divided over
-the workers by the sharded strategies. Activations come on top and depend on the batch.
+per trained parameter, plus an fp32 master copy under DeepSpeed's bf16/fp16 modes), and the one
+float32 temporary per trained parameter that AdamW's multi-tensor step holds while it updates,
+divided over the workers by the sharded strategies. Activations come on top and depend on the
+batch. The GPU test tier checks the estimate against the measured peak of real steps.
 """
 
 from __future__ import annotations
@@ -21,15 +23,17 @@ class MemoryEstimate:
     weights: int
     gradients: int
     optimizer: int
+    step: int = 0  # AdamW's temporaries while it steps
 
     @property
     def total(self) -> int:
-        """Weights, gradients and optimizer state together."""
-        return self.weights + self.gradients + self.optimizer
+        """Weights, gradients, optimizer state and the optimizer step's temporaries together."""
+        return self.weights + self.gradients + self.optimizer + self.step
 
     def describe(self) -> str:
         """The figures in GiB, for logs and errors."""
-        parts = (("weights", self.weights), ("gradients", self.gradients), ("optimizer state", self.optimizer))
+        parts = (("weights", self.weights), ("gradients", self.gradients), ("optimizer state", self.optimizer),
+                 ("optimizer step", self.step))  # fmt: skip
         return f"{self.total / GIB:.1f} GiB ({', '.join(f'{name} {size / GIB:.1f}' for name, size in parts)})"
 
 
@@ -53,6 +57,7 @@ def estimate_worker_memory(
         weights=total_params * weight_bytes // share,
         gradients=trainable_params * 4 // share,
         optimizer=optimizer_bytes // share,
+        step=trainable_params * 4 // share,
     )
 
 
