@@ -73,12 +73,12 @@ def test_exact_conditional_interval_matches_clopper_pearson() -> None:
     assert stats.exact_conditional_interval(0, 0, 30, 0.05) == (0.0, 0.0)
 
 
-@pytest.mark.parametrize("alpha", [0.05, 0.2])
+@pytest.mark.parametrize("alpha", [0.01, 0.05, 0.2])
 def test_mcnemar_interval_excludes_zero_exactly_when_significant(alpha: float) -> None:
-    # Every split of up to 32 discordant pairs (and a few n): the verdict and the interval agree,
+    # Every split of up to 60 discordant pairs (and a few n): the verdict and the interval agree,
     # and the interval holds the observed difference.
-    for b in range(17):
-        for c in range(17):
+    for b in range(31):
+        for c in range(31):
             n = b + c + (b * 7 + c) % 13
             if n == 0:
                 continue
