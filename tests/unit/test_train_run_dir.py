@@ -8,8 +8,9 @@ import pytest
 
 from rayft.config import load_config
 from rayft.errors import ConfigError, RunStateError, StorageError
-from rayft.recipes.train import check_resumable, claim_run_dir
+from rayft.recipes.train import claim_run_dir
 from rayft.runs.manifest import write_manifest
+from rayft.runs.planner import check_resumable
 
 
 def cfg(tmp_path: Path, *overrides: str):  # type: ignore[no-untyped-def]
@@ -41,9 +42,9 @@ def test_resume_needs_an_existing_unfinished_run(tmp_path: Path) -> None:
 
 def test_resume_accepts_schedule_changes_but_not_model_changes(tmp_path: Path) -> None:
     saved = cfg(tmp_path).model_dump(mode="json")
-    check_resumable(saved, cfg(tmp_path, "train.max_steps=500", "scaling.num_workers=4"))
+    check_resumable(saved, cfg(tmp_path, "train.max_steps=500", "scaling.num_workers=4").model_dump(mode="json"))
     with pytest.raises(ConfigError, match=r"train.learning_rate: 0.0002 -> 0.001"):
-        check_resumable(saved, cfg(tmp_path, "train.learning_rate=1e-3"))
+        check_resumable(saved, cfg(tmp_path, "train.learning_rate=1e-3").model_dump(mode="json"))
 
 
 def test_unwritable_storage_is_reported(tmp_path: Path) -> None:

@@ -32,17 +32,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import yaml
+
 from rayft import __version__
 from rayft.config import DatasetConfig, RayftConfig, dump_config
-from rayft.errors import ConfigError, RunStateError, StorageError
+from rayft.errors import ConfigError, StorageError
 from rayft.pipeline.fingerprint import hash_file, hash_object, hash_path
 from rayft.pipeline.lineage import build_lineage, relative, software_versions
 from rayft.pipeline.plan import StageDecision, check_remote_stages, decide, requested_stages, runnable_stages
 from rayft.pipeline.records import RECORDS_DIR, StageRecord, outputs_exist, read_record, write_record
 from rayft.pipeline.report import ReportInputs, StageRow, render_report
-from rayft.runs import layout
 from rayft.runs.location import RunLocation, is_remote, join_uri, plan_run_location
-from rayft.runs.remote import RemoteRun
+from rayft.runs.planner import plan_stage_start
+from rayft.runs.store import RunStore, move_aside, open_store
+from rayft.security import mask_uri
 
 if TYPE_CHECKING:
     from rayft.recipes.train import TrainResult
@@ -88,9 +91,10 @@ def run(
     allowed, forced = runnable_stages(requested, from_stage=from_stage, only=only)
     forced = set(allowed) if force else forced
     location = pipeline_location(cfg)
-    if location.remote_uri is not None:
+    store = open_store(location)
+    if store.remote_uri is not None:
         check_remote_stages(requested, location.display)
-    run_dir = location.local_dir
+    run_dir = store.local_dir
     _write_text(run_dir / CONFIG_FILE, dump_config(cfg))
 
     decisions: list[StageDecision] = []
@@ -135,8 +139,7 @@ def run(
             elapsed[stage] = record.elapsed_s
 
     lineage_path, report_path = _write_outputs(cfg, run_dir, decisions, records, elapsed)
-    if location.remote_uri is not None:
-        upload_pipeline_files(RemoteRun(location.remote_uri), run_dir)
+    persist_pipeline_files(store)
     return PipelineResult(run_dir, decisions, records, lineage_path, report_path, elapsed)
 
 
@@ -147,14 +150,14 @@ def pipeline_location(cfg: RayftConfig) -> RunLocation:
     return plan_run_location(cfg.storage_path, cfg.name, cache_root())
 
 
-def upload_pipeline_files(remote: RemoteRun, run_dir: Path) -> None:
-    """Upload the pipeline's own files (config, stage records, lineage, report) beside ``train/``."""
-    for path in [run_dir / CONFIG_FILE, run_dir / LINEAGE_FILE, run_dir / REPORT_FILE]:
-        if path.is_file():
-            remote.upload_file(path, path.name)
-    for record in sorted((run_dir / RECORDS_DIR).glob("*.json")):
-        remote.upload_file(record, f"{RECORDS_DIR}/{record.name}")
-    log.info("uploaded the pipeline records to %s", remote.where)
+def persist_pipeline_files(store: RunStore) -> None:
+    """Make the pipeline's own files (config, stage records, lineage, report) durable beside ``train/``."""
+    run_dir = store.local_dir
+    names = [CONFIG_FILE, LINEAGE_FILE, REPORT_FILE]
+    names += [f"{RECORDS_DIR}/{p.name}" for p in sorted((run_dir / RECORDS_DIR).glob("*.json"))]
+    for rel in names:
+        if (run_dir / rel).is_file():
+            store.persist(rel)
 
 
 def _write_outputs(
@@ -293,7 +296,7 @@ def run_sdg(cfg: RayftConfig, run_dir: Path, records: dict[str, StageRecord], *,
 
     out = run_dir / "sdg"
     if fresh:
-        _move_aside(out)
+        move_aside(out)
     result = sdg.run(cfg, output_dir=out)
     outputs = {
         "dir": result.output_dir,
@@ -306,33 +309,31 @@ def run_sdg(cfg: RayftConfig, run_dir: Path, records: dict[str, StageRecord], *,
 
 
 def run_train(cfg: RayftConfig, run_dir: Path, records: dict[str, StageRecord], *, fresh: bool) -> StageOutput:
-    """Fine-tune into ``train/``; an unfinished earlier attempt with the same settings is resumed."""
+    """Fine-tune into ``train/`` (the mirror of ``<uri>/<name>/train/`` with a URI ``storage_path``): the
+    store's run with the same settings is kept when finished and resumed otherwise
+    (:func:`rayft.runs.planner.plan_stage_start`)."""
     from rayft.recipes import train
 
     out = run_dir / "train"
     if fresh:
-        _move_aside(out)
+        move_aside(out)
     train_cfg = train_stage_config(cfg, run_dir, records)
-    if is_remote(cfg.storage_path):
-        return run_remote_train(cfg, out, train_cfg=train_cfg)
-    finished = (out / "final" / "rayft_checkpoint.json").is_file()
-    same_config = (out / "config.yaml").is_file() and (out / "config.yaml").read_text() == dump_config(train_cfg)
+    store = open_store(train.run_location(train_cfg, mirror_dir=out))
+    store.probe()
+    wanted = yaml.safe_load(dump_config(train_cfg))
+    plan = plan_stage_start(
+        store.where, cfg.name, store.state(), store.saved_config(), wanted, can_replace=store.can_replace
+    )
+    log.info("stage train: %s: %s", store.where, plan.reason)
     outputs = {"dir": out, "final": out / "final", "metrics": out / "metrics.jsonl"}
-    if finished and same_config:
-        from rayft.runs.manifest import read_manifest
-
-        log.info("stage train: %s already holds this training run, finished; keeping it", out)
-        manifest = read_manifest(out / "final")
-        if manifest is not None:
-            metrics = manifest.metrics
-            return outputs, {"steps": manifest.step, "train_loss": metrics.get("train/loss"),
-                             "eval_loss": metrics.get("eval/loss")}  # fmt: skip
-    if finished or ((out / "config.yaml").is_file() and not same_config):
-        _move_aside(out)
-    resume = (out / "config.yaml").is_file()
-    if resume:
-        log.info("stage train: resuming the unfinished run in %s", out)
-    return outputs, train_summary(train.run(train_cfg, resume=resume))
+    final = store.final_manifest() if plan.action == "keep" else None
+    if final is not None:
+        summary = {"steps": final.step, "train_loss": final.metrics.get("train/loss"),
+                   "eval_loss": final.metrics.get("eval/loss")}  # fmt: skip
+        return outputs, summary | ({"storage_uri": mask_uri(store.remote_uri)} if store.remote_uri else {})
+    if plan.action == "replace":
+        move_aside(out)
+    return outputs, train_summary(train.run(train_cfg, resume=plan.action == "resume", mirror_dir=out))
 
 
 def train_summary(result: TrainResult) -> dict[str, Any]:
@@ -354,31 +355,6 @@ def train_stage_config(cfg: RayftConfig, run_dir: Path, records: dict[str, Stage
     storage = join_uri(cfg.storage_path, cfg.name) if is_remote(cfg.storage_path) else str(run_dir)
     data = train_data_config(cfg, run_dir, records)
     return cfg.model_copy(update={"storage_path": storage, "name": "train", "data": data})
-
-
-def run_remote_train(cfg: RayftConfig, out: Path, *, train_cfg: RayftConfig) -> StageOutput:
-    """The train stage with a URI ``storage_path``: the remote ``<uri>/<name>/train/`` decides
-    whether to start, resume or keep the run; ``out`` is its local mirror."""
-    from rayft.recipes import train
-
-    remote = RemoteRun(join_uri(train_cfg.storage_path, train_cfg.name))
-    remote.probe()
-    state = remote.run_state()
-    same_config = remote.read_text(layout.CONFIG_FILE) == dump_config(train_cfg)
-    if state.exists and not same_config:
-        raise RunStateError(
-            f"stage train: {remote.where} holds a training run with other settings; choose another name "
-            f"(name={cfg.name}-2) or delete it to train again"
-        )
-    outputs = {"dir": out, "final": out / "final", "metrics": out / "metrics.jsonl"}
-    final = remote.manifest(layout.FINAL_DIR) if state.finished else None
-    if final is not None:
-        log.info("stage train: %s already holds this training run, finished; keeping it", remote.where)
-        return outputs, {"steps": final.step, "train_loss": final.metrics.get("train/loss"),
-                         "eval_loss": final.metrics.get("eval/loss"), "storage_uri": remote.where}  # fmt: skip
-    if state.exists:
-        log.info("stage train: resuming the unfinished run at %s", remote.where)
-    return outputs, train_summary(train.run(train_cfg, resume=state.exists, mirror_dir=out))
 
 
 def run_eval(cfg: RayftConfig, run_dir: Path, records: dict[str, StageRecord], *, fresh: bool) -> StageOutput:
@@ -493,15 +469,6 @@ def _write_text(path: Path, text: str) -> None:
         raise StorageError(
             f"storage_path: cannot write {path} ({exc.strerror}); choose a writable directory with storage_path=..."
         ) from exc
-
-
-def _move_aside(directory: Path) -> None:
-    """Keep an earlier stage output that is about to be redone, under a dated name beside it."""
-    if not directory.exists():
-        return
-    target = directory.with_name(f"{directory.name}.replaced-{time.strftime('%Y%m%d-%H%M%S')}")
-    log.warning("keeping the earlier %s output as %s", directory.name, target)
-    directory.rename(target)
 
 
 def _staging_dir(target: Path) -> Path:

@@ -9,43 +9,24 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
-import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import yaml
 
 from rayft import __version__
 from rayft.config import RayftConfig, dump_config
-from rayft.config.loader import read_yaml
 from rayft.data.prepared import PreparedData
-from rayft.errors import ConfigError, DataError, RunStateError, StorageError
+from rayft.errors import DataError, RunStateError
 from rayft.runs import layout
-from rayft.runs.checkpoints import remove_incomplete, scan_checkpoints
 from rayft.runs.location import RunLocation, plan_run_location
-from rayft.runs.remote import RemoteRun, RunState
+from rayft.runs.planner import plan_train_start
+from rayft.runs.store import open_store
 from rayft.training.plan import Schedule, plan_schedule
 from rayft.training.worker_plan import WorkerPlan
 
 log = logging.getLogger("rayft.train")
-
-# Settings that may change when a run is resumed: they do not change what was already trained.
-RESUMABLE_CHANGES = (
-    "scaling.",
-    "failure.",
-    "logging.",
-    "checkpoint.",
-    "k8s.",  # where the job runs, not what it trains
-    "train.strategy",  # checkpoints hold whole weights and name-keyed optimizer state under every strategy
-    "train.max_steps",
-    "train.num_epochs",
-    "train.eval_steps",
-    "train.save_steps",
-    "train.logging_steps",
-    "train.early_stopping_patience",
-)
 
 
 @dataclass(frozen=True)
@@ -103,103 +84,22 @@ def run_location(cfg: RayftConfig, mirror_dir: Path | None = None) -> RunLocatio
 
 
 def claim_run_dir(cfg: RayftConfig, *, resume: bool, location: RunLocation | None = None) -> Path:
-    """Create (or reopen with ``resume``) the run directory and save the resolved config in it.
+    """Create (or reopen with ``resume``) the run's store and save the resolved config in it; return
+    the directory training writes into (the run directory, or the local mirror of a remote run).
 
     Refuses to reuse a run's name without ``--resume``, and to resume with changed settings that
-    would make the result a mix of two different runs. With a URI as ``storage_path`` the remote
-    run decides, and the returned directory is its local mirror (see :func:`claim_remote_run`).
+    would make the result a mix of two different runs (:func:`rayft.runs.planner.plan_train_start`).
+    A URI is probed (a marker object written and deleted) before anything else.
     """
-    location = location or run_location(cfg)
-    if location.remote_uri is not None:
-        return claim_remote_run(cfg, location.local_dir, RemoteRun(location.remote_uri), resume=resume)
-    run_dir = location.local_dir
-    saved = run_dir / layout.CONFIG_FILE
-    decide_run_start(str(run_dir), cfg.name, local_run_state(run_dir), resume=resume)
-    if resume:
-        check_resumable(read_yaml(saved), cfg)
-        remove_incomplete(run_dir / layout.CHECKPOINTS_DIR)
-    _write_text(saved, dump_config(cfg))
-    return run_dir
-
-
-def claim_remote_run(cfg: RayftConfig, mirror: Path, remote: RemoteRun, *, resume: bool) -> Path:
-    """Start (or resume) a run whose durable home is a URI; return its local mirror.
-
-    The URI is probed (a marker object written and deleted) before anything else. The mirror is a
-    cache of the remote run and starts empty; on ``--resume`` the config is checked against the
-    remote one, and the mirror receives the logs and the newest complete checkpoint that verifies,
-    so a run continues on a machine that never saw it. The config is uploaded before training starts.
-    """
-    remote.probe()
-    decide_run_start(remote.where.partition("?")[0], cfg.name, remote.run_state(), resume=resume)
-    shutil.rmtree(mirror, ignore_errors=True)
-    if resume:
-        check_resumable(yaml.safe_load(remote.read_text(layout.CONFIG_FILE) or "") or {}, cfg)
-        remote.remove_incomplete()
-        remote.download_logs(mirror)
-        remote.download_latest_checkpoint(mirror / layout.CHECKPOINTS_DIR)
-    saved = mirror / layout.CONFIG_FILE
-    _write_text(saved, dump_config(cfg))
-    remote.upload_file(saved, layout.CONFIG_FILE)
-    log.info("run %r: stored at %s, written through the local mirror %s", cfg.name, remote.where, mirror)
-    return mirror
-
-
-def local_run_state(run_dir: Path) -> RunState:
-    """What a local run directory already holds."""
-    finished = (run_dir / layout.FINAL_DIR / layout.MANIFEST_FILE).is_file()
-    steps = tuple(c.step for c in scan_checkpoints(run_dir / layout.CHECKPOINTS_DIR) if c.complete)
-    return RunState((run_dir / layout.CONFIG_FILE).is_file(), finished, steps)
-
-
-def decide_run_start(where: str, name: str, state: RunState, *, resume: bool) -> None:
-    """Raise when starting (or resuming) the run ``name`` stored at ``where`` is not allowed."""
-    if resume and not state.exists:
-        raise RunStateError(f"--resume: there is no run at {where} to resume; drop --resume to start it")
-    if state.finished:
-        raise RunStateError(
-            f"run {name!r} already finished ({where}/final exists); choose another name "
-            f"(name={name}-2) or delete {where}"
-        )
-    if state.exists and not resume:
-        detail = f"checkpoints up to step {max(state.steps)}" if state.steps else "no checkpoint yet"
-        raise RunStateError(
-            f"run {name!r} already exists at {where} ({detail}); rerun with --resume to continue it, "
-            f"or choose another name (name={name}-2)"
-        )
-
-
-def check_resumable(saved: dict[str, Any], cfg: RayftConfig) -> None:
-    """Refuse a resume whose config differs from the saved one outside RESUMABLE_CHANGES."""
-    before = _flatten(saved)
-    after = _flatten(yaml.safe_load(dump_config(cfg)))  # masked as the saved one is
-    changed = sorted(k for k in before.keys() | after.keys() if before.get(k) != after.get(k))
-    blocking = [k for k in changed if not k.startswith(RESUMABLE_CHANGES)]
-    if blocking:
-        details = ", ".join(f"{k}: {before.get(k)!r} -> {after.get(k)!r}" for k in blocking)
-        raise ConfigError(
-            f"--resume with a different config: {details}. Resume with the original settings, or start a new run "
-            "under another name."
-        )
-
-
-def _flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
-    if isinstance(tree, dict):
-        out: dict[str, Any] = {}
-        for key, value in tree.items():
-            out.update(_flatten(value, f"{prefix}{key}."))
-        return out
-    return {prefix.rstrip("."): tree}
-
-
-def _write_text(path: Path, text: str) -> None:
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text, encoding="utf-8")
-    except OSError as exc:
-        raise StorageError(
-            f"storage_path: cannot write {path} ({exc.strerror}); choose a writable directory with storage_path=..."
-        ) from exc
+    store = open_store(location or run_location(cfg))
+    store.probe()
+    text = dump_config(cfg)
+    plan = plan_train_start(
+        store.where, cfg.name, store.state(), store.saved_config(), yaml.safe_load(text), resume=resume
+    )
+    store.begin(plan, text)
+    log.info("run %r: %s at %s", cfg.name, plan.reason, store.where)
+    return store.local_dir
 
 
 def build_worker_plan(

@@ -15,7 +15,6 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +23,7 @@ from rayft.runs import layout
 from rayft.runs.checkpoints import publish_checkpoint
 from rayft.runs.location import join_uri
 from rayft.runs.manifest import Manifest, verify_checkpoint
+from rayft.runs.planner import RunState
 from rayft.runs.selection import CheckpointInfo, plan_retention
 from rayft.security import mask_uri
 
@@ -34,15 +34,6 @@ PROBE_FILE = ".rayft-write-probe"
 
 LOG_PATHS = (layout.METRICS_FILE, layout.TENSORBOARD_DIR, "data")
 """What of the run directory besides checkpoints is uploaded at each checkpoint and at the end."""
-
-
-@dataclass(frozen=True)
-class RunState:
-    """What is already stored of a run: its config, whether it finished, its complete checkpoints."""
-
-    exists: bool
-    finished: bool
-    steps: tuple[int, ...] = ()
 
 
 class RemoteRun:

@@ -1,0 +1,154 @@
+"""Whether a run starts, resumes, is kept or is replaced: one pure decision for ``rayft train`` and
+for the train stage of ``rayft run``, made from what the store holds. No I/O.
+
+``rayft train`` says what it wants (``--resume`` or not): a finished run is never reopened, an
+existing one is continued only with ``--resume`` and only when the settings that shape what was
+already trained are unchanged (:data:`RESUMABLE_CHANGES` may differ). ``rayft run`` decides by
+itself: the same settings keep a finished run and resume an unfinished one; other settings replace
+it (the old one moved aside) where the store can keep it, and are refused where it cannot (a URI).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from rayft.errors import ConfigError, RunStateError
+
+RESUMABLE_CHANGES = (
+    "scaling.",
+    "failure.",
+    "logging.",
+    "checkpoint.",
+    "k8s.",  # where the job runs, not what it trains
+    "train.strategy",  # checkpoints hold whole weights and name-keyed optimizer state under every strategy
+    "train.max_steps",
+    "train.num_epochs",
+    "train.eval_steps",
+    "train.save_steps",
+    "train.logging_steps",
+    "train.early_stopping_patience",
+)
+"""Settings that may change when a run is resumed: they do not change what was already trained."""
+
+StartAction = Literal["start", "resume", "keep", "replace"]
+
+
+@dataclass(frozen=True)
+class RunState:
+    """What a store already holds of a run: a saved config, a finished final/, its complete checkpoints."""
+
+    exists: bool
+    finished: bool
+    steps: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class StartPlan:
+    """What to do with the run before training.
+
+    ``start``: a new run. ``resume``: continue from the newest complete checkpoint, after removing
+    incomplete ones. ``keep``: it is finished with these settings; nothing to train. ``replace``:
+    move the earlier run aside, then start a new one.
+    """
+
+    action: StartAction
+    reason: str
+
+
+def plan_train_start(
+    where: str, name: str, state: RunState, saved: dict[str, Any] | None, wanted: dict[str, Any], *, resume: bool
+) -> StartPlan:
+    """``rayft train``: start or resume the run ``name`` at ``where``, or raise why not.
+
+    Args:
+        where: The run's location as it may be shown (a directory or a masked URI).
+        name: The run name, for the fix in messages.
+        state: What the store holds.
+        saved: The config saved in the run (None when there is none).
+        wanted: The config to run with, as it is saved (``yaml.safe_load(dump_config(cfg))``).
+        resume: Whether ``--resume`` was given.
+
+    Raises:
+        RunStateError: the run is finished, exists without ``--resume``, or is missing with it.
+        ConfigError: ``--resume`` with settings that would mix two different runs.
+    """
+    if resume and not state.exists:
+        raise RunStateError(f"--resume: there is no run at {where} to resume; drop --resume to start it")
+    if state.finished:
+        raise RunStateError(
+            f"run {name!r} already finished ({where}/final exists); choose another name "
+            f"(name={name}-2) or delete {where}"
+        )
+    if state.exists and not resume:
+        detail = f"checkpoints up to step {max(state.steps)}" if state.steps else "no checkpoint yet"
+        raise RunStateError(
+            f"run {name!r} already exists at {where} ({detail}); rerun with --resume to continue it, "
+            f"or choose another name (name={name}-2)"
+        )
+    if not resume:
+        return StartPlan("start", "new run")
+    check_resumable(saved or {}, wanted)
+    return StartPlan("resume", _resume_reason(state))
+
+
+def plan_stage_start(
+    where: str,
+    name: str,
+    state: RunState,
+    saved: dict[str, Any] | None,
+    wanted: dict[str, Any],
+    *,
+    can_replace: bool,
+) -> StartPlan:
+    """``rayft run``'s train stage: keep, resume, replace or start the training run at ``where``.
+
+    Args:
+        where: The training run's location as it may be shown.
+        name: The pipeline's name, for the fix in messages.
+        state: What the store holds.
+        saved: The config saved in the run (None when there is none).
+        wanted: The train stage's config, as it is saved.
+        can_replace: Whether the store can keep an earlier run aside (a local directory can, a URI cannot).
+
+    Raises:
+        RunStateError: the run holds other settings and cannot be replaced.
+    """
+    if state.exists and saved != wanted:
+        if not can_replace:
+            raise RunStateError(
+                f"stage train: {where} holds a training run with other settings; choose another name "
+                f"(name={name}-2) or delete it to train again"
+            )
+        return StartPlan("replace", "it holds a training run with other settings")
+    if state.finished:
+        return StartPlan("keep", "it already holds this training run, finished")
+    if state.exists:
+        return StartPlan("resume", _resume_reason(state))
+    return StartPlan("start", "new run")
+
+
+def check_resumable(saved: dict[str, Any], wanted: dict[str, Any]) -> None:
+    """Refuse a resume whose config differs from the saved one outside :data:`RESUMABLE_CHANGES`."""
+    before, after = _flatten(saved), _flatten(wanted)
+    changed = sorted(k for k in before.keys() | after.keys() if before.get(k) != after.get(k))
+    blocking = [k for k in changed if not k.startswith(RESUMABLE_CHANGES)]
+    if blocking:
+        details = ", ".join(f"{k}: {before.get(k)!r} -> {after.get(k)!r}" for k in blocking)
+        raise ConfigError(
+            f"--resume with a different config: {details}. Resume with the original settings, or start a new run "
+            "under another name."
+        )
+
+
+def _resume_reason(state: RunState) -> str:
+    return f"resuming from step {max(state.steps)}" if state.steps else "resuming (no checkpoint yet)"
+
+
+def _flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(tree, dict):
+        out: dict[str, Any] = {}
+        for key, value in tree.items():
+            out.update(_flatten(value, f"{prefix}{key}."))
+        return out
+    return {prefix.rstrip("."): tree}
