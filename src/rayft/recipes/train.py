@@ -21,6 +21,7 @@ from rayft.data.prepared import PreparedData
 from rayft.errors import DataError, RunStateError
 from rayft.runs import layout
 from rayft.runs.location import RunLocation, plan_run_location
+from rayft.runs.lock import run_lock
 from rayft.runs.planner import plan_train_start
 from rayft.runs.store import open_store
 from rayft.training.plan import Schedule, plan_schedule
@@ -48,7 +49,7 @@ class TrainResult:
 
 
 def run(cfg: RayftConfig, *, resume: bool = False, mirror_dir: Path | None = None) -> TrainResult:
-    """Fine-tune ``cfg.model`` on ``cfg.data`` and write the run directory.
+    """Fine-tune ``cfg.model`` on ``cfg.data`` and write the run directory, holding its lock throughout.
 
     Args:
         cfg: The resolved config.
@@ -60,13 +61,14 @@ def run(cfg: RayftConfig, *, resume: bool = False, mirror_dir: Path | None = Non
 
     started = time.monotonic()
     location = run_location(cfg, mirror_dir)
-    run_dir = claim_run_dir(cfg, resume=resume, location=location)
-    use_ray = cfg.scaling.num_workers > 0
-    with ray_runtime(cfg.scaling.address) if use_ray else contextlib.nullcontext():
-        prepared = prepare_data(cfg.data, cfg.model, cfg.seed, report_dir=run_dir / "data", use_ray=use_ray)
-        plan = build_worker_plan(cfg, prepared, run_dir, remote_uri=location.remote_uri)
-        launch(cfg, plan, prepared)
-    result = collect_result(run_dir, prepared, time.monotonic() - started)
+    with run_lock(location.local_dir, command="rayft train"):
+        run_dir = claim_run_dir(cfg, resume=resume, location=location)
+        use_ray = cfg.scaling.num_workers > 0
+        with ray_runtime(cfg.scaling.address) if use_ray else contextlib.nullcontext():
+            prepared = prepare_data(cfg.data, cfg.model, cfg.seed, report_dir=run_dir / "data", use_ray=use_ray)
+            plan = build_worker_plan(cfg, prepared, run_dir, remote_uri=location.remote_uri)
+            launch(cfg, plan, prepared)
+        result = collect_result(run_dir, prepared, time.monotonic() - started)
     if location.remote_uri is None:
         return result
     log.info("run stored at %s (local mirror %s)", location.display, run_dir)
