@@ -1,0 +1,103 @@
+"""The pipeline's own files: its config, ``lineage.json`` and ``report.html``, written from the stage
+records after every stage (also after a failure), and made durable by the run's store."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rayft.config import RayftConfig
+from rayft.errors import StorageError
+from rayft.pipeline.fingerprint import hash_object
+from rayft.pipeline.lineage import build_lineage, software_versions
+from rayft.pipeline.plan import StageDecision
+from rayft.pipeline.records import RECORDS_DIR, StageRecord
+from rayft.pipeline.report import ReportInputs, StageRow, render_report
+from rayft.runs.store import RunStore
+
+CONFIG_FILE = "pipeline.yaml"
+LINEAGE_FILE = "lineage.json"
+REPORT_FILE = "report.html"
+
+
+@dataclass
+class PipelineProgress:
+    """What happened so far: each requested stage's decision, the records of finished stages, and
+    the seconds each took (0 for a skipped one)."""
+
+    decisions: list[StageDecision] = field(default_factory=list)
+    records: dict[str, StageRecord] = field(default_factory=dict)
+    elapsed: dict[str, float] = field(default_factory=dict)
+
+
+def write_outputs(cfg: RayftConfig, run_dir: Path, progress: PipelineProgress) -> tuple[Path, Path]:
+    """Write lineage.json and report.html for the stages finished so far."""
+    lineage_path = run_dir / LINEAGE_FILE
+    lineage = build_lineage(cfg.name, list(progress.records.values()), hash_object(json.loads(cfg.model_dump_json())))
+    write_text(lineage_path, json.dumps(lineage, indent=2, sort_keys=True))
+    report_path = run_dir / REPORT_FILE
+    write_text(report_path, render_report(report_inputs(cfg.name, run_dir, progress)))
+    return lineage_path, report_path
+
+
+def report_inputs(name: str, run_dir: Path, progress: PipelineProgress) -> ReportInputs:
+    """Gather what the report shows from the stage records and the files they name."""
+    records, elapsed = progress.records, progress.elapsed
+    rows = [
+        StageRow(
+            d.stage,
+            d.action,
+            d.reason,
+            elapsed.get(d.stage) or (records[d.stage].elapsed_s if d.stage in records else 0.0),
+        )
+        for d in progress.decisions
+    ]
+    metrics: list[dict[str, Any]] = []
+    if "train" in records:
+        path = records["train"].output(run_dir, "metrics")
+        if path.is_file():
+            metrics = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    compare: dict[str, Any] = {}
+    examples: list[dict[str, Any]] = []
+    if "eval" in records and "json" in records["eval"].outputs:
+        compare = json.loads(records["eval"].output(run_dir, "json").read_text(encoding="utf-8"))
+        if "examples" in records["eval"].outputs:
+            lines = records["eval"].output(run_dir, "examples").read_text(encoding="utf-8").splitlines()
+            examples = [json.loads(line) for line in lines if line.strip()]
+    return ReportInputs(
+        name=name,
+        stages=rows,
+        sdg_summary=records["sdg"].summary if "sdg" in records else {},
+        train_metrics=metrics,
+        train_summary=records["train"].summary if "train" in records else {},
+        compare_summary=compare,
+        examples=examples,
+        export_summary=records["export"].summary if "export" in records else {},
+        software=software_versions(),
+    )
+
+
+def persist_pipeline_files(store: RunStore) -> None:
+    """Make the pipeline's own files (config, stage records, lineage, report) durable beside ``train/``."""
+    run_dir = store.local_dir
+    names = [CONFIG_FILE, LINEAGE_FILE, REPORT_FILE]
+    names += [f"{RECORDS_DIR}/{p.name}" for p in sorted((run_dir / RECORDS_DIR).glob("*.json"))]
+    for rel in names:
+        if (run_dir / rel).is_file():
+            store.persist(rel)
+
+
+def write_text(path: Path, text: str) -> None:
+    """Write a file atomically (temp file beside it, then rename)."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        temp = path.with_name(f".{path.name}.tmp")
+        temp.write_text(text, encoding="utf-8")
+        os.replace(temp, path)
+    except OSError as exc:
+        raise StorageError(
+            f"storage_path: cannot write {path} ({exc.strerror}); choose a writable directory with storage_path=..."
+        ) from exc

@@ -1,0 +1,255 @@
+"""The four stages of ``rayft run``, one small object each: what its fingerprint covers
+(:meth:`inputs`) and how it runs into its directory of the pipeline (:meth:`run`), returning the
+files it produced and the summary its record keeps. Whether a stage runs at all is decided by
+:func:`rayft.pipeline.plan.decide` from that fingerprint; the recipe carries it out.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+import yaml
+
+from rayft import __version__
+from rayft.config import RayftConfig, dump_config
+from rayft.pipeline.inputs import final_manifest_hash, local_files, model_identity, train_data_config
+from rayft.pipeline.records import StageRecord
+from rayft.runs.location import is_remote, join_uri
+from rayft.runs.planner import plan_stage_start
+from rayft.runs.store import RunStore, move_aside, open_store
+from rayft.security import mask_uri
+
+if TYPE_CHECKING:
+    from rayft.recipes.train import TrainResult
+
+log = logging.getLogger("rayft.run")
+
+
+@dataclass(frozen=True)
+class StageContext:
+    """What every stage reads: the pipeline's config, its directory, and the records of the stages
+    finished so far in this run (earlier stages' outputs are the later ones' inputs)."""
+
+    cfg: RayftConfig
+    run_dir: Path
+    records: dict[str, StageRecord]
+
+
+@dataclass(frozen=True)
+class StageOutput:
+    """What a stage produced: its named files (absolute paths) and the summary its record keeps."""
+
+    files: dict[str, Path]
+    summary: dict[str, Any]
+
+
+class Stage(Protocol):
+    """One stage of the pipeline."""
+
+    name: str
+
+    def inputs(self, ctx: StageContext) -> dict[str, Any]:
+        """What the stage's fingerprint covers: it runs again when any of it changes."""
+
+    def run(self, ctx: StageContext, *, fresh: bool) -> StageOutput:
+        """Do the stage's work (``fresh``: an earlier finished output exists and is being redone)."""
+
+
+class SdgStage:
+    """Synthetic data into ``sdg/`` (an interrupted run there resumes)."""
+
+    name = "sdg"
+
+    def inputs(self, ctx: StageContext) -> dict[str, Any]:
+        """The SDG section, the content of every local file it names, and the seed."""
+        section = json.loads(ctx.cfg.sdg.model_dump_json())
+        return {"sdg": section, "files": local_files(section), "seed": ctx.cfg.seed, "rayft": __version__}
+
+    def run(self, ctx: StageContext, *, fresh: bool) -> StageOutput:
+        """Generate the synthetic data."""
+        from rayft.recipes import sdg
+
+        out = ctx.run_dir / "sdg"
+        if fresh:
+            move_aside(out)
+        result = sdg.run(ctx.cfg, output_dir=out)
+        files = {
+            "dir": result.output_dir,
+            "data_parquet": result.data_parquet,
+            "data_jsonl": result.data_jsonl,
+            "rejected_jsonl": result.rejected_jsonl,
+            "summary_json": result.summary_json,
+        }
+        return StageOutput(files, dict(result.summary))
+
+
+class TrainStage:
+    """Fine-tuning into ``train/`` (the mirror of ``<uri>/<name>/train/`` with a URI ``storage_path``)."""
+
+    name = "train"
+
+    def inputs(self, ctx: StageContext) -> dict[str, Any]:
+        """Model, adapter, resolved data (with the synthetic data's hash), optimisation settings, world size."""
+        data = json.loads(train_data_config(ctx.cfg, ctx.run_dir, ctx.records).model_dump_json())
+        return {
+            "model": model_identity(ctx.cfg),
+            "lora": json.loads(ctx.cfg.lora.model_dump_json()),
+            "data": data,
+            "files": local_files(data),
+            "train": json.loads(ctx.cfg.train.model_dump_json()),
+            "num_workers": ctx.cfg.scaling.num_workers,
+            "seed": ctx.cfg.seed,
+            "rayft": __version__,
+        }
+
+    def run(self, ctx: StageContext, *, fresh: bool) -> StageOutput:
+        """Train, keeping a finished run with the same settings and resuming an unfinished one
+        (:func:`rayft.runs.planner.plan_stage_start`)."""
+        from rayft.recipes import train
+
+        out = ctx.run_dir / "train"
+        if fresh:
+            move_aside(out)
+        train_cfg = train_stage_config(ctx)
+        store = open_store(train.run_location(train_cfg, mirror_dir=out))
+        store.probe()
+        wanted = yaml.safe_load(dump_config(train_cfg))
+        plan = plan_stage_start(
+            store.where, ctx.cfg.name, store.state(), store.saved_config(), wanted, can_replace=store.can_replace
+        )
+        log.info("stage train: %s: %s", store.where, plan.reason)
+        files = {"dir": out, "final": out / "final", "metrics": out / "metrics.jsonl"}
+        kept = kept_summary(store) if plan.action == "keep" else None
+        if kept is not None:
+            return StageOutput(files, kept)
+        if plan.action == "replace":
+            move_aside(out)
+        return StageOutput(files, train_summary(train.run(train_cfg, resume=plan.action == "resume", mirror_dir=out)))
+
+
+class EvalStage:
+    """Base vs fine-tuned (or the model alone) into ``eval/``."""
+
+    name = "eval"
+
+    def inputs(self, ctx: StageContext) -> dict[str, Any]:
+        """The eval section, its local data files, the base model and the trained model's manifest hash."""
+        section = json.loads(ctx.cfg.eval.model_dump_json())
+        return {
+            "eval": section,
+            "files": local_files(section),
+            "model": model_identity(ctx.cfg),
+            "tuned": final_manifest_hash(ctx.run_dir, ctx.records),
+            "rayft": __version__,
+        }
+
+    def run(self, ctx: StageContext, *, fresh: bool) -> StageOutput:
+        """Compare the base model with the fine-tuned one when the pipeline trains, else evaluate the model."""
+        out = ctx.run_dir / "eval"
+        staging = staging_dir(out)
+        if "train" not in ctx.records:
+            from rayft.recipes.evaluate import evaluate_model
+
+            single = evaluate_model(ctx.cfg, ctx.cfg.model.name, staging)
+            replace_dir(staging, out)
+            return StageOutput({"dir": out}, dict(getattr(single, "summary", {}) or {}))
+        from rayft.recipes.compare import compare_models
+
+        sources = {"base": ctx.cfg.model.name, "tuned": str(ctx.records["train"].output(ctx.run_dir, "final"))}
+        result = compare_models(ctx.cfg, sources, staging)
+        replace_dir(staging, out)
+        files = {
+            "dir": out,
+            "json": out / result.json_path.name,
+            "markdown": out / result.markdown_path.name,
+            "html": out / result.html_path.name,
+            "examples": out / result.examples_path.name,
+        }
+        return StageOutput(files, dict(result.summary))
+
+
+class ExportStage:
+    """The fine-tuned model as a verified Hugging Face model directory in ``export/``."""
+
+    name = "export"
+
+    def inputs(self, ctx: StageContext) -> dict[str, Any]:
+        """The export section and the trained model's manifest hash."""
+        return {
+            "export": json.loads(ctx.cfg.export.model_dump_json()),
+            "model": model_identity(ctx.cfg),
+            "tuned": final_manifest_hash(ctx.run_dir, ctx.records),
+            "rayft": __version__,
+        }
+
+    def run(self, ctx: StageContext, *, fresh: bool) -> StageOutput:
+        """Export (merged or as an adapter) and verify."""
+        from rayft.recipes.export import export_model
+
+        out = ctx.run_dir / "export"
+        staging = staging_dir(out)
+        result = export_model(ctx.cfg, str(ctx.records["train"].output(ctx.run_dir, "final")), staging)
+        replace_dir(staging, out)
+        summary = {"merged": result.merged, **{f"verification.{k}": v for k, v in dict(result.verification).items()}}
+        return StageOutput({"dir": out}, summary)
+
+
+STAGES: dict[str, Stage] = {s.name: s for s in (SdgStage(), TrainStage(), EvalStage(), ExportStage())}
+"""Every stage by name (the order they run in is :data:`rayft.pipeline.plan.STAGES`)."""
+
+
+def train_stage_config(ctx: StageContext) -> RayftConfig:
+    """The config of the train stage: the run ``train`` under the pipeline's directory (or URI)."""
+    cfg = ctx.cfg
+    storage = join_uri(cfg.storage_path, cfg.name) if is_remote(cfg.storage_path) else str(ctx.run_dir)
+    data = train_data_config(cfg, ctx.run_dir, ctx.records)
+    return cfg.model_copy(update={"storage_path": storage, "name": "train", "data": data})
+
+
+def kept_summary(store: RunStore) -> dict[str, Any] | None:
+    """The summary of a finished training run kept as it is (None when its final/ cannot be read)."""
+    final = store.final_manifest()
+    if final is None:
+        return None
+    summary = {"steps": final.step, "train_loss": final.metrics.get("train/loss"),
+               "eval_loss": final.metrics.get("eval/loss")}  # fmt: skip
+    return summary | ({"storage_uri": mask_uri(store.remote_uri)} if store.remote_uri else {})
+
+
+def train_summary(result: TrainResult) -> dict[str, Any]:
+    """What the train stage's record keeps of a finished training run."""
+    summary: dict[str, Any] = {
+        "steps": result.steps,
+        "train_loss": result.train_loss,
+        "eval_loss": result.eval_loss,
+        "data_key": result.data_key,
+        "seconds": round(result.elapsed_s, 1),
+    }
+    if result.storage_uri:
+        summary["storage_uri"] = result.storage_uri
+    return summary
+
+
+def staging_dir(target: Path) -> Path:
+    """An empty directory beside ``target`` for a stage to write into before it replaces ``target``."""
+    staging = target.with_name(f".{target.name}.partial")
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    return staging
+
+
+def replace_dir(staging: Path, target: Path) -> None:
+    """Put a finished stage directory in place of the old one (which is removed)."""
+    if target.exists():
+        old = target.with_name(f".{target.name}.old")
+        shutil.rmtree(old, ignore_errors=True)
+        target.rename(old)
+        staging.rename(target)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        staging.rename(target)
