@@ -74,6 +74,18 @@ def test_rayft_train_is_refused_before_any_work_while_another_driver_holds_the_r
     assert not (tmp_path / "demo" / "config.yaml").exists()
 
 
+def test_rayft_run_and_rayft_sdg_are_refused_while_another_driver_holds_their_directory(tmp_path: Path, holder) -> None:  # type: ignore[no-untyped-def]
+    from rayft.recipes import pipeline, sdg
+
+    config = tmp_path / "pipeline.yaml"
+    config.write_text(f"name: demo\nstorage_path: {tmp_path}\ntrain: {{}}\n")
+    with pytest.raises(RunStateError, match=rf"is in use by .* pid {holder.pid}"):
+        pipeline.run(load_config(str(config), []))
+    with pytest.raises(RunStateError, match=rf"is in use by .* pid {holder.pid}"):
+        sdg.run(load_config(None, []), output_dir=tmp_path / "demo")
+    assert not (tmp_path / "demo").exists()
+
+
 def test_the_lock_of_a_dead_process_is_taken_over_with_a_warning(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -22,6 +22,7 @@ from rayft.config import RayftConfig
 from rayft.config.sdg import SdgConfig
 from rayft.errors import DataError
 from rayft.runs.location import local_run_dir
+from rayft.runs.lock import run_lock
 from rayft.sdg.filters import RowFilters
 from rayft.sdg.rows import SEED_COLUMNS, ParseStage, PromptStage, QualityStage, SymbolicStage, seed_id
 from rayft.sdg.stages import TIME_PREFIX, Row, Stage, apply_stage, check_plan, stage_seconds
@@ -58,12 +59,22 @@ class SdgResult:
 
 
 def run(cfg: RayftConfig, *, output_dir: Path | None = None, test_mode: bool = False) -> SdgResult:
-    """Generate, verify, deduplicate and write synthetic rows from ``cfg.sdg``; resume if interrupted."""
+    """Generate, verify, deduplicate and write synthetic rows from ``cfg.sdg``; resume if interrupted.
+
+    The output directory's lock is held throughout: a second driver writing the same rows is refused.
+    """
+    out = resolve_output_dir(cfg, output_dir)
+    with run_lock(out, command="rayft sdg"):
+        return generate(cfg, out, test_mode=test_mode)
+
+
+def generate(cfg: RayftConfig, out: Path, *, test_mode: bool = False) -> SdgResult:
+    """The work of :func:`run`, into ``out``."""
     started = time.monotonic()
     sdg = cfg.sdg.model_copy(update={"num_seeds": TEST_MODE_SEEDS}) if test_mode else cfg.sdg
     rng_seed = sdg.seed if sdg.seed is not None else cfg.seed
     config_hash = sdg_config_hash(sdg, rng_seed)
-    store = SdgStore(resolve_output_dir(cfg, output_dir))
+    store = SdgStore(out)
     store.open(config_hash)
 
     seeds = read_seeds(sdg)
