@@ -10,6 +10,11 @@ Every command that writes or reads a run goes through this package, never throug
   clean.
 - :mod:`~rayft.runs.location`: whether a run lives in a directory or at a URI with a local mirror.
 - :mod:`~rayft.runs.remote`: a run at a URI (pyarrow filesystems), the manifest uploaded last.
+- :mod:`~rayft.runs.store`: the ``RunStore`` protocol, a local store and a remote (URI + mirror) one,
+  so that drivers do not branch on where a run lives.
+- :mod:`~rayft.runs.planner`: start, resume, keep, replace or refuse a run: one pure decision for
+  ``rayft train`` and the train stage of ``rayft run``.
+- :mod:`~rayft.runs.lock`: one driver per run directory (host, pid and a heartbeat in a lock file).
 
 Nothing here imports torch or ray.
 """
