@@ -114,17 +114,22 @@ def _load(symbol: str) -> Any:
         return None
 
 
-def local_system_config(environ: Mapping[str, str]) -> dict[str, object]:
+def local_system_config(environ: Mapping[str, str], *, metrics: bool = False) -> dict[str, object]:
     """The Ray system config of a local Ray started by rayft: :data:`LOCAL_RAY_SYSTEM_CONFIG`, less
-    the settings the user exported as ``RAY_<name>`` (Ray reads those itself); none when off."""
+    the settings the user exported as ``RAY_<name>`` (Ray reads those itself); none when off. With
+    ``metrics`` (``logging.prometheus``), Ray's metrics collection stays on for the training metrics."""
     if not enabled(environ):
         return {}
-    return {name: value for name, value in LOCAL_RAY_SYSTEM_CONFIG.items() if f"RAY_{name}" not in environ}
+    config = {name: value for name, value in LOCAL_RAY_SYSTEM_CONFIG.items() if f"RAY_{name}" not in environ}
+    if metrics:
+        config.pop("enable_metrics_collection", None)
+    return config
 
 
-def local_init_kwargs(environ: Mapping[str, str]) -> dict[str, Any]:
-    """The private keyword arguments of ``ray.init`` for a local Ray that rayft starts."""
-    config = local_system_config(environ)
+def local_init_kwargs(environ: Mapping[str, str], *, metrics: bool = False) -> dict[str, Any]:
+    """The private keyword arguments of ``ray.init`` for a local Ray that rayft starts (``metrics``:
+    keep Ray's metrics collection on)."""
+    config = local_system_config(environ, metrics=metrics)
     return {"_system_config": config} if config else {}
 
 

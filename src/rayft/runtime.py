@@ -27,8 +27,9 @@ _STARTED_HERE = {"ray": False}
 
 
 @contextlib.contextmanager
-def ray_runtime(address: str | None = None) -> Iterator[None]:
-    """Use the Ray already initialised in this process, join ``address``, or start a local one.
+def ray_runtime(address: str | None = None, *, metrics: bool = False) -> Iterator[None]:
+    """Use the Ray already initialised in this process, join ``address``, or start a local one
+    (with Ray's metrics collection on when ``metrics``: ``logging.prometheus``).
 
     A cluster started here is shut down on exit; one that was joined or already running is left.
     """
@@ -42,13 +43,30 @@ def ray_runtime(address: str | None = None) -> Iterator[None]:
         _join(address)
     else:
         with environment(local_process_env(os.environ)):
-            ray.init(include_dashboard=False, log_to_driver=True, **local_init_kwargs(os.environ))
+            ray.init(include_dashboard=False, log_to_driver=True, **local_init_kwargs(os.environ, metrics=metrics))
         mark_started_here()
+    if metrics:
+        log_metrics_endpoints()
     try:
         yield
     finally:
         ray.shutdown()
         mark_started_here(False)
+
+
+def log_metrics_endpoints() -> list[str]:
+    """Log (and return) where each node of this Ray exports its metrics, rayft's among them, for a
+    Prometheus to scrape."""
+    import ray
+
+    endpoints = [
+        f"{node['NodeManagerAddress']}:{node['MetricsExportPort']}"
+        for node in ray.nodes()
+        if node.get("Alive") and node.get("MetricsExportPort")
+    ]
+    for endpoint in endpoints:
+        log.info("Ray exports metrics (rayft's among them) at http://%s/metrics", endpoint)
+    return endpoints
 
 
 def mark_started_here(started: bool = True) -> None:

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from rayft.config.base import Section
+from rayft.config.tracking import MlflowConfig, PrometheusConfig, WandbConfig
 
 # DeepSpeed settings that rayft derives from train.*; train.deepspeed may not set them.
 DEEPSPEED_OWNED_KEYS = frozenset({
@@ -206,3 +207,18 @@ class LoggingConfig(Section):
 
     tensorboard: bool = Field(True, description="Write TensorBoard event files under tensorboard/.")
     console: bool = Field(True, description="Print a progress line with loss and ETA.")
+    mlflow: MlflowConfig | None = Field(
+        None, description="Log params, tags, metrics and artifacts to an MLflow server (pip install 'rayft[mlflow]')."
+    )
+    wandb: WandbConfig | None = Field(
+        None, description="Log the config, tags and metrics to Weights & Biases (pip install 'rayft[wandb]')."
+    )
+    prometheus: PrometheusConfig = Field(
+        default_factory=PrometheusConfig,
+        description="Live metrics for Prometheus; `logging.prometheus: true` is short for {enabled: true}.",
+    )
+
+    @field_validator("prometheus", mode="before")
+    @classmethod
+    def _prometheus_switch(cls, value: Any) -> Any:
+        return {"enabled": value} if isinstance(value, bool) else value

@@ -27,6 +27,7 @@ files (:mod:`rayft.pipeline.outputs`).
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections.abc import Callable
@@ -35,15 +36,24 @@ from pathlib import Path
 from typing import Any
 
 from rayft.config import RayftConfig, dump_config
+from rayft.config.tracking import MlflowArtifact
 from rayft.pipeline.fingerprint import hash_object
 from rayft.pipeline.lineage import relative
-from rayft.pipeline.outputs import CONFIG_FILE, PipelineProgress, persist_pipeline_files, write_outputs, write_text
+from rayft.pipeline.outputs import (
+    CONFIG_FILE,
+    REPORT_FILE,
+    PipelineProgress,
+    persist_pipeline_files,
+    write_outputs,
+    write_text,
+)
 from rayft.pipeline.plan import StageDecision, check_remote_stages, decide, requested_stages, runnable_stages
 from rayft.pipeline.records import StageRecord, outputs_exist, read_record, write_record
 from rayft.pipeline.stages import STAGES, Stage, StageContext
 from rayft.runs.location import RunLocation, plan_run_location
 from rayft.runs.lock import run_lock
 from rayft.runs.store import open_store
+from rayft.tracking.driver import PipelineTracker
 
 log = logging.getLogger("rayft.run")
 
@@ -84,7 +94,8 @@ def run(
     ctx = StageContext(cfg, run_dir, progress.records)
     with run_lock(run_dir, command="rayft run"):
         write_text(run_dir / CONFIG_FILE, dump_config(cfg))
-        with ray_runtime(address or cfg.scaling.address):
+        tracker = PipelineTracker.start(cfg, run_dir)
+        with ray_runtime(address or cfg.scaling.address, metrics=cfg.logging.prometheus.enabled):
             for name in requested:
                 decision, inputs = decide_stage(STAGES[name], ctx, allowed=allowed, forced=forced)
                 progress.decisions.append(decision)
@@ -92,10 +103,13 @@ def run(
                     on_decision(decision)
                 log.info("stage %s: %s (%s)", name, decision.action, decision.reason)
                 if decision.action == "run":
-                    run_stage(STAGES[name], inputs, ctx, progress)
+                    run_stage(STAGES[name], inputs, ctx, progress, tracker=tracker)
                 else:
                     progress.elapsed[name] = 0.0
         lineage_path, report_path = write_outputs(cfg, run_dir, progress)
+        tracker.finish(
+            succeeded=True, artifacts=tracked_artifacts(run_dir, progress.records), lineage=read_json(lineage_path)
+        )
         persist_pipeline_files(store)
     return PipelineResult(run_dir, progress.decisions, progress.records, lineage_path, report_path, progress.elapsed)
 
@@ -127,18 +141,29 @@ def usable_record(run_dir: Path, stage: str) -> StageRecord | None:
     return recorded if recorded is not None and outputs_exist(run_dir, recorded) else None
 
 
-def run_stage(stage: Stage, inputs: dict[str, Any], ctx: StageContext, progress: PipelineProgress) -> None:
+def run_stage(
+    stage: Stage,
+    inputs: dict[str, Any],
+    ctx: StageContext,
+    progress: PipelineProgress,
+    *,
+    tracker: PipelineTracker | None = None,
+) -> None:
     """Run one stage and write its record (``inputs`` and their fingerprint) last; on failure, mark it
-    failed in the report and re-raise."""
+    failed in the report and re-raise. With a ``tracker``, the stage runs in a nested run of its own."""
     fresh = read_record(ctx.run_dir, stage.name) is not None
+    tracker = tracker or PipelineTracker(ctx.cfg, ctx.run_dir, None)
     started = time.time()
     try:
-        output = stage.run(ctx, fresh=fresh)
+        with tracker.stage(stage.name, hash_object(inputs)):
+            output = stage.run(ctx, fresh=fresh)
     except BaseException:
         progress.elapsed[stage.name] = time.time() - started
         last = progress.decisions[-1]
         progress.decisions[-1] = StageDecision(stage.name, "failed", last.reason)
-        write_outputs(ctx.cfg, ctx.run_dir, progress)
+        lineage_path, _ = write_outputs(ctx.cfg, ctx.run_dir, progress)
+        artifacts = tracked_artifacts(ctx.run_dir, ctx.records)
+        tracker.finish(succeeded=False, artifacts=artifacts, lineage=read_json(lineage_path))
         raise
     record = StageRecord(
         stage=stage.name,
@@ -152,3 +177,22 @@ def run_stage(stage: Stage, inputs: dict[str, Any], ctx: StageContext, progress:
     write_record(ctx.run_dir, record)
     ctx.records[stage.name] = record
     progress.elapsed[stage.name] = record.elapsed_s
+    tracker.stage_summary(stage.name, output.summary)
+
+
+def tracked_artifacts(run_dir: Path, records: dict[str, StageRecord]) -> dict[MlflowArtifact, Path]:
+    """What a tracker may upload at the end of a pipeline (``logging.mlflow.artifacts`` picks)."""
+    found: dict[MlflowArtifact, Path] = {"config": run_dir / CONFIG_FILE, "report": run_dir / REPORT_FILE}
+    if "train" in records:
+        found["final"] = records["train"].output(run_dir, "final")
+    if "eval" in records and "json" in records["eval"].outputs:
+        found["eval"] = records["eval"].output(run_dir, "json")
+    if "export" in records:
+        found["export"] = records["export"].output(run_dir, "dir")
+    return found
+
+
+def read_json(path: Path) -> dict[str, Any]:
+    """A JSON file's object."""
+    data = json.loads(path.read_text(encoding="utf-8"))
+    return data if isinstance(data, dict) else {}

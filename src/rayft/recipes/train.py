@@ -24,6 +24,7 @@ from rayft.runs.location import RunLocation, plan_run_location
 from rayft.runs.lock import run_lock
 from rayft.runs.planner import plan_train_start
 from rayft.runs.store import open_store
+from rayft.tracking.driver import start_training
 from rayft.training.plan import Schedule, plan_schedule
 from rayft.training.worker_plan import WorkerPlan
 
@@ -64,10 +65,19 @@ def run(cfg: RayftConfig, *, resume: bool = False, mirror_dir: Path | None = Non
     with run_lock(location.local_dir, command="rayft train"):
         run_dir = claim_run_dir(cfg, resume=resume, location=location)
         use_ray = cfg.scaling.num_workers > 0
-        with ray_runtime(cfg.scaling.address) if use_ray else contextlib.nullcontext():
+        metrics = cfg.logging.prometheus.enabled
+        with ray_runtime(cfg.scaling.address, metrics=metrics) if use_ray else contextlib.nullcontext():
             prepared = prepare_data(cfg.data, cfg.model, cfg.seed, report_dir=run_dir / "data", use_ray=use_ray)
             plan = build_worker_plan(cfg, prepared, run_dir, remote_uri=location.remote_uri)
-            launch(cfg, plan, prepared)
+            trackers = start_training(cfg, run_dir, plan.lineage)
+            try:
+                launch(cfg, plan, prepared)
+            except BaseException:
+                trackers.finish(succeeded=False)
+                raise
+        trackers.finish(
+            succeeded=True, artifacts={"config": run_dir / layout.CONFIG_FILE, "final": run_dir / layout.FINAL_DIR}
+        )
         result = collect_result(run_dir, prepared, time.monotonic() - started)
     if location.remote_uri is None:
         return result
@@ -118,7 +128,10 @@ def build_worker_plan(
         )
     if cfg.train.early_stopping_patience and not has_validation:
         log.warning("train.early_stopping_patience is set but there is no validation data: it has no effect")
-    lineage = {"data_key": prepared.key, "world_size": world, "rayft_version": __version__}
+    lineage = {
+        "run": cfg.name, "data_key": prepared.key, "world_size": world, "rayft_version": __version__,
+        "rejected_rows": int(prepared.stats.get("rejected_total", 0) or 0),
+    }  # fmt: skip
     return WorkerPlan(
         model=cfg.model, lora=cfg.lora, train=cfg.train, logging=cfg.logging, checkpoint=cfg.checkpoint,
         seed=cfg.seed, run_dir=str(run_dir), resolved_config=dump_config(cfg), schedule=schedule,

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -210,16 +211,39 @@ def build_scheduler(optimizer: Any, train: TrainConfig, total_steps: int) -> Any
 
 
 def open_loggers(plan: WorkerPlan, session: TrainSession, start_step: int) -> MetricLogger:
-    """Metric sinks on rank 0; the other workers log nothing."""
-    if session.rank != 0:
-        return NullLogger()
+    """Metric sinks on rank 0; the other workers log only live metrics (``logging.prometheus``)."""
     run_dir = Path(plan.run_dir)
+    live = open_live(plan, session) if plan.logging.prometheus.enabled else None
+    if session.rank != 0:
+        return live or NullLogger()
     loggers: list[MetricLogger] = [JsonlLogger(run_dir / layout.METRICS_FILE, start_step)]
+    if live is not None:
+        loggers.append(live)
     if plan.logging.tensorboard:
         loggers.append(TensorBoardLogger(run_dir / layout.TENSORBOARD_DIR))
     if plan.logging.console:
         loggers.append(ConsoleLogger(plan.schedule.total_steps, start_step))
+    if plan.logging.mlflow is not None or plan.logging.wandb is not None:
+        from rayft.tracking.worker import tracker_loggers
+
+        loggers.extend(tracker_loggers(plan.logging, run_dir, plan.resolved_config, plan.lineage))
     return MultiLogger(loggers)
+
+
+def open_live(plan: WorkerPlan, session: TrainSession) -> MetricLogger:
+    """This rank's live Prometheus gauges, with the run's restarts and rejected rows set."""
+    from rayft.tracking.live import count_start, open_live_metrics
+    from rayft.training.session import RaySession
+
+    cfg = plan.logging.prometheus
+    live = open_live_metrics(
+        host=cfg.host, port=cfg.port, on_ray=isinstance(session, RaySession), run=str(plan.lineage.get("run", "")),
+        rank=session.rank, device=session.device,
+    )  # fmt: skip
+    if session.rank == 0:
+        live.set("rayft_worker_restarts", count_start(plan.run_dir))
+        live.set("rayft_data_rejected_rows", float(plan.lineage.get("rejected_rows", 0)))
+    return live
 
 
 def step_batches(
@@ -278,7 +302,9 @@ def after_step(worker: Worker, stats: StepStats) -> None:
     if plan.has_validation and (save_due or is_due(state.step, plan.train.eval_steps, total)):
         run_evaluation(worker)
     if save_due or state.stopped_early:
+        started = time.monotonic()
         save_checkpoint(worker)
+        worker.logger.log(state.step, {"checkpoint/save_seconds": time.monotonic() - started})
     worker.window.restart()  # tokens/s counts training time only
 
 

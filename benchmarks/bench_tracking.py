@@ -1,0 +1,103 @@
+"""Cost of MLflow logging on the training loop: the same in-process run of the tiny model with and
+without ``logging.mlflow`` (a real ``mlflow server`` on this machine), and the cost of one
+``log()`` call on the training thread against a live and against a dead server.
+
+Arms alternate none / mlflow after one warm-up of each; the step time of a run is the median gap
+between the ``time`` stamps of consecutive steps in metrics.jsonl (steady state, logging every step).
+The per-call cost is what the training thread pays per logged step (a queue put): measured over
+2,000 calls of the six metrics of a step, with the sender thread sending to the live server, then
+after the server is killed (the sender retrying in the background).
+
+    .venv/bin/python benchmarks/bench_tracking.py [--repeats 2] [--steps 60]
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+METRICS = {"train/loss": 1.0, "train/learning_rate": 1e-4, "train/grad_norm": 0.5, "train/tokens_per_s": 1e3,
+           "train/epoch": 0.1, "train/padding_efficiency": 0.9}  # fmt: skip
+
+
+def run_arm(root: Path, model: Path, name: str, steps: int, tracking_uri: str | None) -> float:
+    """One `rayft train` run (in-process); its median step time in ms."""
+    overrides = [f"name={name}", f"storage_path={root / 'runs'}", f"model.name={model}", "scaling.num_workers=0",
+                 f"train.max_steps={steps}", "train.save_steps=100000", "train.eval_steps=null", "lora.r=4",
+                 "train.micro_batch_size=2", "data.datasets=[{path: 'builtin:arithmetic', max_rows: 400}]",
+                 "data.validation_fraction=0.0", "data.max_seq_length=64", "logging.tensorboard=false",
+                 "logging.console=false"]  # fmt: skip
+    if tracking_uri:
+        overrides.append(f"logging.mlflow={{tracking_uri: '{tracking_uri}', experiment: bench, artifacts: []}}")
+    env = {**os.environ, "RAYFT_CACHE": str(root / "cache"), "PYTHONPATH": str(REPO / "src")}
+    subprocess.run([sys.executable, "-m", "rayft", "train", *overrides], check=True, cwd=REPO, env=env,
+                   capture_output=True)  # fmt: skip
+    lines = (root / "runs" / name / "metrics.jsonl").read_text().splitlines()
+    times = [json.loads(line)["time"] for line in lines if "train/loss" in line]
+    return statistics.median(b - a for a, b in itertools.pairwise(times)) * 1000
+
+
+def log_call_us(uri: str, run_id: str, root: Path, calls: int = 2000) -> float:
+    """Microseconds per ``TrackerLogger.log`` call on this thread (the sender sends meanwhile)."""
+    from rayft.tracking.mlflow_run import MlflowMetricSink
+    from rayft.tracking.worker import TrackerLogger
+
+    logger = TrackerLogger(MlflowMetricSink(uri, run_id), root)
+    time.sleep(1.0)  # connected (or retrying)
+    started = time.perf_counter()
+    for step in range(calls):
+        logger.log(step, METRICS)
+        if step % 100 == 0:
+            time.sleep(0.01)  # let the sender run, as a training step would
+    elapsed = time.perf_counter() - started - (calls // 100) * 0.01
+    logger.close()
+    return elapsed / calls * 1e6
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=60)
+    args = parser.parse_args()
+    sys.path.insert(0, str(REPO / "src"))
+    from mlflow.tracking import MlflowClient
+
+    from rayft.testing import build_tiny_model
+    from rayft.testing.servers import mlflow_server
+
+    with tempfile.TemporaryDirectory(prefix="bench-tracking-") as tmp:
+        root = Path(tmp)
+        model = build_tiny_model(root / "model")
+        with mlflow_server(root / "mlflow") as server:
+            results: dict[str, list[float]] = {"none": [], "mlflow": []}
+            for i in range(args.repeats + 1):  # the first pair warms caches up and is dropped
+                for arm in ("none", "mlflow"):
+                    ms = run_arm(root, model, f"{arm}-{i}", args.steps, server.uri if arm == "mlflow" else None)
+                    if i > 0:
+                        results[arm].append(ms)
+            client = MlflowClient(tracking_uri=server.uri)
+            run_id = client.create_run(client.create_experiment("bench-calls")).info.run_id
+            live_us = log_call_us(server.uri, run_id, root)
+            server.kill()
+            dead_us = log_call_us(server.uri, run_id, root)
+    none_ms, mlflow_ms = statistics.median(results["none"]), statistics.median(results["mlflow"])
+    print(f"tiny model, in-process, {args.steps} steps, logging every step, {args.repeats} runs per arm (median)")
+    print(f"  step time  none {none_ms:.2f} ms   mlflow {mlflow_ms:.2f} ms   ratio {mlflow_ms / none_ms:.3f}")
+    print(
+        f"  runs       none {[round(x, 2) for x in results['none']]}  mlflow {[round(x, 2) for x in results['mlflow']]}"
+    )
+    print(f"  log() on the training thread: live server {live_us:.1f} us/step ({live_us / 10 / none_ms:.3f}% of a "
+          f"step), dead server {dead_us:.1f} us/step ({dead_us / 10 / none_ms:.3f}% of a step)")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,30 @@
+"""``tracking.json`` in a run directory: the tracker run ids a restart or ``--resume`` continues."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+TRACKING_FILE = "tracking.json"
+UNSENT_FILE = "tracking-unsent.json"
+
+
+def read_ids(run_dir: Path) -> dict[str, Any]:
+    """The recorded ids (``{"mlflow": {...}, "wandb": {...}}``), empty when none were recorded."""
+    path = run_dir / TRACKING_FILE
+    if not path.is_file():
+        return {}
+    data = json.loads(path.read_text(encoding="utf-8"))
+    return data if isinstance(data, dict) else {}
+
+
+def write_ids(run_dir: Path, tracker: str, ids: dict[str, Any]) -> None:
+    """Record ``ids`` for ``tracker`` (atomically, keeping the other trackers' entries)."""
+    data = read_ids(run_dir)
+    data[tracker] = ids
+    run_dir.mkdir(parents=True, exist_ok=True)
+    temp = run_dir / f".{TRACKING_FILE}.tmp"
+    temp.write_text(json.dumps(data, indent=2, sort_keys=True), encoding="utf-8")
+    os.replace(temp, run_dir / TRACKING_FILE)
