@@ -31,7 +31,9 @@ METRICS = {"train/loss": 1.0, "train/learning_rate": 1e-4, "train/grad_norm": 0.
 
 def run_arm(root: Path, model: Path, name: str, steps: int, tracking_uri: str | None) -> float:
     """One `rayft train` run (in-process); its median step time in ms."""
-    overrides = [f"name={name}", f"storage_path={root / 'runs'}", f"model.name={model}", "scaling.num_workers=0",
+    config = root / f"{name}.yaml"
+    config.write_text(f"name: {name}\n")
+    overrides = [str(config), f"storage_path={root / 'runs'}", f"model.name={model}", "scaling.num_workers=0",
                  f"train.max_steps={steps}", "train.save_steps=100000", "train.eval_steps=null", "lora.r=4",
                  "train.micro_batch_size=2", "data.datasets=[{path: 'builtin:arithmetic', max_rows: 400}]",
                  "data.validation_fraction=0.0", "data.max_seq_length=64", "logging.tensorboard=false",

@@ -54,8 +54,10 @@ def dashboard_exprs(run: str) -> list[tuple[str, str]]:
 def train_command(
     tmp_path: Path, model_dir: Path, name: str, *, workers: int, steps: int, extra: list[str]
 ) -> list[str]:
+    config = tmp_path / f"{name}.yaml"
+    config.write_text(f"name: {name}\n")
     return [
-        sys.executable, "-m", "rayft", "train", f"name={name}", f"storage_path={tmp_path / 'runs'}",
+        sys.executable, "-m", "rayft", "train", str(config), f"storage_path={tmp_path / 'runs'}",
         f"model.name={model_dir}", f"scaling.num_workers={workers}", f"train.max_steps={steps}",
         "train.save_steps=4", "train.eval_steps=null", "train.micro_batch_size=2", "lora.r=4",
         "data.datasets=[{path: 'builtin:arithmetic', max_rows: 64}]", "data.validation_fraction=0.0",

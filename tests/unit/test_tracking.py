@@ -19,16 +19,17 @@ from rayft.tracking.sender import BackgroundSender, Record, backoff_delays
 
 
 class ListSink:
-    """A tracker that holds steps up to ``held`` and fails its first ``failures`` sends."""
+    """A tracker that holds each metric up to the step in ``held`` and fails its first ``failures`` sends."""
 
     name = "list"
 
-    def __init__(self, held: int = -1, failures: int = 0, delay_s: float = 0.0) -> None:
-        self.held, self.failures, self.delay_s = held, failures, delay_s
+    def __init__(self, held: dict[str, int] | None = None, failures: int = 0, delay_s: float = 0.0) -> None:
+        self.held, self.failures, self.delay_s = held or {}, failures, delay_s
         self.received: list[int] = []
+        self.records: list[Record] = []
         self.closed = False
 
-    def connect(self) -> int:
+    def connect(self) -> dict[str, int]:
         return self.held
 
     def send(self, records: Sequence[Record]) -> None:
@@ -37,6 +38,7 @@ class ListSink:
             self.failures -= 1
             raise ConnectionError("connection refused")
         self.received += [step for step, _, _ in records]
+        self.records += records
 
     def close(self) -> None:
         self.closed = True
@@ -58,14 +60,16 @@ def test_tags_and_stage_summaries() -> None:
     assert params == {"model": "x"}
 
 
-def test_sender_skips_held_steps_and_sends_the_rest_in_order() -> None:
-    sink = ListSink(held=3)
+def test_sender_skips_held_steps_of_each_metric_and_sends_the_rest_in_order() -> None:
+    sink = ListSink(held={"loss": 3, "save_s": 2})
     sender = BackgroundSender(sink, batch=2)
     for step in range(1, 8):
         sender.log(step, {"loss": 1.0})
+    sender.log(3, {"save_s": 0.5})  # held up to step 2 only: step 3 is new
     report = sender.close()
-    assert sink.received == [4, 5, 6, 7] and sink.closed
-    assert (report.sent, report.skipped, report.unsent_steps) == (4, 3, [])
+    assert sink.received == [4, 5, 6, 7, 3] and sink.closed
+    assert sink.records[-1][2] == {"save_s": 0.5}
+    assert (report.sent, report.skipped, report.unsent_steps) == (5, 3, [])
 
 
 def test_sender_retries_with_backoff_until_the_tracker_answers() -> None:

@@ -127,14 +127,13 @@ class MlflowMetricSink:
         self._run_id = run_id
         self._client = client_
 
-    def connect(self) -> int:
-        """The highest step of any metric the run already holds (-1 for none): a restarted worker
-        logs only the steps beyond it, so no step appears twice in a history."""
+    def connect(self) -> dict[str, int]:
+        """The highest step of each metric the run already holds: a restarted worker logs only the
+        steps beyond it, so no step appears twice in a history."""
         if self._client is None:
             self._client = client(self._uri)
         keys = self._client.get_run(self._run_id).data.metrics.keys()
-        steps = [m.step for key in keys for m in self._client.get_metric_history(self._run_id, key)]
-        return max(steps, default=-1)
+        return {key: max(m.step for m in self._client.get_metric_history(self._run_id, key)) for key in keys}
 
     def send(self, records: Sequence[Record]) -> None:
         """One ``log_batch`` per 1000 values."""

@@ -26,8 +26,8 @@ class MetricSink(Protocol):
 
     name: str
 
-    def connect(self) -> int:
-        """Open the tracker's run; return the highest step it already holds (-1 for none)."""
+    def connect(self) -> dict[str, int]:
+        """Open the tracker's run; return the highest step it already holds of each metric."""
         ...
 
     def send(self, records: Sequence[Record]) -> None:
@@ -76,7 +76,7 @@ class BackgroundSender:
         self._queue: queue.Queue[Record | None] = queue.Queue(maxsize=capacity)
         self._batch = batch
         self._delay = backoff_delays(retry_first_s, retry_max_s)
-        self._held_up_to = -1
+        self._held: dict[str, int] = {}
         self._pending: list[Record] = []
         self._stop = threading.Event()
         self._failing = False  # the last attempt failed: an outage is going on
@@ -129,7 +129,7 @@ class BackgroundSender:
             self._retry(self._sink.close)
 
     def _connect(self) -> None:
-        self._held_up_to = self._sink.connect()
+        self._held = self._sink.connect()
 
     def _fill(self) -> bool:
         """Move queued records into the pending batch; True once the end marker was taken."""
@@ -137,9 +137,11 @@ class BackgroundSender:
         while True:
             if item is None:
                 return True
-            if item[0] > self._held_up_to:
-                self._pending.append(item)
-            else:
+            step, at, metrics = item
+            new = {k: v for k, v in metrics.items() if step > self._held.get(k, -1)}
+            if new:
+                self._pending.append((step, at, new))
+            if len(new) < len(metrics):
                 self.report.skipped += 1
             if len(self._pending) >= self._batch:
                 return False

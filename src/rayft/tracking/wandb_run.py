@@ -46,8 +46,8 @@ class WandbMetricSink:
         self._tags = tags
         self._run: Any = None
 
-    def connect(self) -> int:
-        """Start (or resume) the run; every step of the stream is sent (-1: none skipped)."""
+    def connect(self) -> dict[str, int]:
+        """Start (or resume) the run; every step of the stream is sent (nothing held)."""
         import wandb
 
         os.environ.setdefault("WANDB_SILENT", "true")
@@ -56,7 +56,7 @@ class WandbMetricSink:
             name=self._name, resume="allow", dir=str(self._run_dir), config=self._params, tags=self._tags,
             settings=wandb.Settings(console="off", x_disable_stats=True),
         )  # fmt: skip
-        return -1
+        return {}
 
     def send(self, records: Sequence[Record]) -> None:
         """Log each record at its step."""
