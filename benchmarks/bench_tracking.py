@@ -36,13 +36,15 @@ def run_arm(root: Path, model: Path, name: str, steps: int, tracking_uri: str | 
     overrides = [str(config), f"storage_path={root / 'runs'}", f"model.name={model}", "scaling.num_workers=0",
                  f"train.max_steps={steps}", "train.save_steps=100000", "train.eval_steps=null", "lora.r=4",
                  "train.micro_batch_size=2", "data.datasets=[{path: 'builtin:arithmetic', max_rows: 400}]",
-                 "data.validation_fraction=0.0", "data.max_seq_length=64", "logging.tensorboard=false",
+                 "data.validation_fraction=0.0", "data.max_seq_length=128", "logging.tensorboard=false",
                  "logging.console=false"]  # fmt: skip
     if tracking_uri:
         overrides.append(f"logging.mlflow={{tracking_uri: '{tracking_uri}', experiment: bench, artifacts: []}}")
     env = {**os.environ, "RAYFT_CACHE": str(root / "cache"), "PYTHONPATH": str(REPO / "src")}
-    subprocess.run([sys.executable, "-m", "rayft", "train", *overrides], check=True, cwd=REPO, env=env,
-                   capture_output=True)  # fmt: skip
+    done = subprocess.run([sys.executable, "-m", "rayft", "train", *overrides], check=False, cwd=REPO, env=env,
+                          capture_output=True, text=True)  # fmt: skip
+    if done.returncode:
+        raise SystemExit(f"{name}: rayft train failed: {done.stderr[-3000:]}")
     lines = (root / "runs" / name / "metrics.jsonl").read_text().splitlines()
     times = [json.loads(line)["time"] for line in lines if "train/loss" in line]
     return statistics.median(b - a for a, b in itertools.pairwise(times)) * 1000
