@@ -1,12 +1,182 @@
 """rayft: from a seed dataset to a fine-tuned, evaluated, exported LLM on Ray.
 
-The package root stays light: importing it loads neither torch nor ray. Heavy modules are
-imported inside the functions that need them.
+The public API is what this package root exports (``rayft.__all__``): the recipe functions
+(:func:`load_config`, :func:`train`, :func:`sdg`, :func:`evaluate`, :func:`compare`,
+:func:`export`, :func:`run_pipeline`), the config classes, the error tree, and the typed results.
+Every other module is internal and may change between versions.
+
+The root stays light: names are resolved on first use (PEP 562), and importing any of them,
+the functions included, loads neither torch nor ray; a function imports its recipe when called.
 """
 
-from rayft.config import RayftConfig, load_config
-from rayft.errors import RayftError
+from __future__ import annotations
+
+import importlib
+import sys
+import types
+from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
-__all__ = ["RayftConfig", "RayftError", "__version__", "load_config"]
+_EXPORTS: dict[str, str] = {
+    # functions
+    "load_config": "rayft.config.loader",
+    "train": "rayft.api",
+    "sdg": "rayft.api",
+    "evaluate": "rayft.api",
+    "compare": "rayft.api",
+    "export": "rayft.api",
+    "run_pipeline": "rayft.api",
+    # config classes
+    "RayftConfig": "rayft.config.schema",
+    "ModelConfig": "rayft.config.model",
+    "LoraConfig": "rayft.config.model",
+    "DataConfig": "rayft.config.data",
+    "DatasetConfig": "rayft.config.data",
+    "TrainConfig": "rayft.config.train",
+    "ScalingConfig": "rayft.config.train",
+    "CheckpointConfig": "rayft.config.train",
+    "FailureConfig": "rayft.config.train",
+    "LoggingConfig": "rayft.config.train",
+    "SdgConfig": "rayft.config.sdg",
+    "EvalConfig": "rayft.config.evaluation",
+    "ExportConfig": "rayft.config.evaluation",
+    "GenerationConfig": "rayft.config.generation",
+    # errors
+    "RayftError": "rayft.errors",
+    "ConfigError": "rayft.errors",
+    "DataError": "rayft.errors",
+    "ModelError": "rayft.errors",
+    "ResourceError": "rayft.errors",
+    "CheckpointError": "rayft.errors",
+    "RunStateError": "rayft.errors",
+    "StorageError": "rayft.errors",
+    "MissingDependencyError": "rayft.errors",
+    "TrainingError": "rayft.errors",
+    "RunInterruptedError": "rayft.errors",
+    # results
+    "TrainResult": "rayft.recipes.train",
+    "SdgResult": "rayft.recipes.sdg",
+    "EvalResult": "rayft.recipes.evaluate",
+    "CompareResult": "rayft.recipes.compare",
+    "ExportResult": "rayft.recipes.export",
+    "PipelineResult": "rayft.recipes.pipeline",
+    "EvalSummary": "rayft.evaluation.summary",
+    "CompareSummary": "rayft.evaluation.summary",
+    "ModelSummary": "rayft.evaluation.summary",
+    "MetricSummary": "rayft.evaluation.summary",
+    "PairComparison": "rayft.evaluation.summary",
+    "Estimate": "rayft.evaluation.stats",
+    "PairedTest": "rayft.evaluation.stats",
+}
+
+__all__ = [
+    "CheckpointConfig",
+    "CheckpointError",
+    "CompareResult",
+    "CompareSummary",
+    "ConfigError",
+    "DataConfig",
+    "DataError",
+    "DatasetConfig",
+    "Estimate",
+    "EvalConfig",
+    "EvalResult",
+    "EvalSummary",
+    "ExportConfig",
+    "ExportResult",
+    "FailureConfig",
+    "GenerationConfig",
+    "LoggingConfig",
+    "LoraConfig",
+    "MetricSummary",
+    "MissingDependencyError",
+    "ModelConfig",
+    "ModelError",
+    "ModelSummary",
+    "PairComparison",
+    "PairedTest",
+    "PipelineResult",
+    "RayftConfig",
+    "RayftError",
+    "ResourceError",
+    "RunInterruptedError",
+    "RunStateError",
+    "ScalingConfig",
+    "SdgConfig",
+    "SdgResult",
+    "StorageError",
+    "TrainConfig",
+    "TrainResult",
+    "TrainingError",
+    "__version__",
+    "compare",
+    "evaluate",
+    "export",
+    "load_config",
+    "run_pipeline",
+    "sdg",
+    "train",
+]
+
+
+def __getattr__(name: str) -> Any:
+    """Import a public name from its module on first use, and keep it here."""
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'rayft' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})
+
+
+class _Root(types.ModuleType):
+    """The package root: the functions ``rayft.sdg`` and ``rayft.export`` keep their names when
+    the internal subpackages of the same name are imported (the import system would otherwise set
+    ``rayft.sdg`` to the subpackage; ``from rayft.sdg.rows import ...`` still works, through
+    ``sys.modules``)."""
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if isinstance(value, types.ModuleType) and _EXPORTS.get(name) == "rayft.api":
+            return
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Root
+
+
+if TYPE_CHECKING:
+    from rayft.api import compare, evaluate, export, run_pipeline, sdg, train
+    from rayft.config.data import DataConfig, DatasetConfig
+    from rayft.config.evaluation import EvalConfig, ExportConfig
+    from rayft.config.generation import GenerationConfig
+    from rayft.config.loader import load_config
+    from rayft.config.model import LoraConfig, ModelConfig
+    from rayft.config.schema import RayftConfig
+    from rayft.config.sdg import SdgConfig
+    from rayft.config.train import CheckpointConfig, FailureConfig, LoggingConfig, ScalingConfig, TrainConfig
+    from rayft.errors import (
+        CheckpointError,
+        ConfigError,
+        DataError,
+        MissingDependencyError,
+        ModelError,
+        RayftError,
+        ResourceError,
+        RunInterruptedError,
+        RunStateError,
+        StorageError,
+        TrainingError,
+    )
+    from rayft.evaluation.stats import Estimate, PairedTest
+    from rayft.evaluation.summary import CompareSummary, EvalSummary, MetricSummary, ModelSummary, PairComparison
+    from rayft.recipes.compare import CompareResult
+    from rayft.recipes.evaluate import EvalResult
+    from rayft.recipes.export import ExportResult
+    from rayft.recipes.pipeline import PipelineResult
+    from rayft.recipes.sdg import SdgResult
+    from rayft.recipes.train import TrainResult

@@ -35,9 +35,12 @@ def ray_runtime(address: str | None = None, *, metrics: bool = False) -> Iterato
     """
     import ray
 
+    from rayft.console import quiet_ray
+
     if ray.is_initialized():
         yield
         return
+    quiet_ray()
     if address:
         log.info("joining the Ray cluster at %s", address)
         _join(address)

@@ -50,7 +50,7 @@ def test_the_ray_pool_matches_in_process_generation(
     outputs = [[json.loads(x)["output"] for x in r.predictions_path.read_text().splitlines()] for r in (pooled, local)]
     assert len(outputs[0]) == 6
     assert outputs[0] == outputs[1]  # greedy decoding: the actor pool changes where, not what
-    assert pooled.summary["generation_errors"] == 0
+    assert pooled.model.generation_errors == 0
     assert pooled.metrics == local.metrics
 
 
@@ -60,20 +60,20 @@ def test_compare_base_and_lora_run(tiny_model_dir: Path, lora_run: Path, tmp_pat
     cfg = _cfg(tiny_model_dir, "eval.runtime=local", "eval.batch_size=4")
     result = compare_models(cfg, {"base": str(tiny_model_dir), "tuned": str(lora_run)}, tmp_path / "cmp")
     summary = result.summary
-    assert set(summary["models"]) == {"base", "tuned"}
-    tuned = summary["models"]["tuned"]
-    assert tuned["kind"] == "lora"
-    assert tuned["resolved"].endswith(f"+ LoRA adapter {lora_run / 'final'}")  # on its base, not merged
-    assert "adapter_model.safetensors" in tuned["fingerprint"]["files"]
-    assert summary["models"]["base"]["fingerprint"]["sha256"] != tuned["fingerprint"]["sha256"]
-    for model in summary["models"].values():
+    assert set(summary.models) == {"base", "tuned"}
+    tuned = summary.models["tuned"]
+    assert tuned.kind == "lora"
+    assert tuned.resolved.endswith(f"+ LoRA adapter {lora_run / 'final'}")  # on its base, not merged
+    assert "adapter_model.safetensors" in tuned.fingerprint["files"]
+    assert summary.models["base"].fingerprint["sha256"] != tuned.fingerprint["sha256"]
+    for model in summary.models.values():
         for metric in ("accuracy_strict", "accuracy_flexible"):
-            m = model["metrics"][metric]
-            assert m["n"] == 6
-            assert 0.0 <= m["ci_low"] <= m["value"] <= m["ci_high"] <= 1.0
-    test = summary["pairs"][0]["tests"]["accuracy_flexible"]
-    assert test["test"] == "mcnemar_exact"
-    assert 0.0 <= test["p_value"] <= 1.0
+            m = model.metrics[metric].estimate
+            assert m.n == 6
+            assert 0.0 <= m.ci_low <= m.value <= m.ci_high <= 1.0
+    test = summary.pairs[0].tests["accuracy_flexible"]
+    assert test.test == "mcnemar_exact"
+    assert 0.0 <= test.p_value <= 1.0
     assert len(result.examples) == 6
     assert set(result.examples[0]["models"]) == {"base", "tuned"}
     assert len(result.examples_path.read_text().splitlines()) == 6

@@ -59,17 +59,17 @@ def test_bleu_is_corpus_bleu_with_a_bootstrap_interval() -> None:
 def test_bleu_pairs_use_sacrebleus_paired_randomization_test() -> None:
     ev = EvalConfig(task="bleu", bootstrap_samples=300, seed=4)
     runs = [_run("base", BASE, ev), _run("tuned", TUNED, ev)]
-    test = pair_tests(runs, 0.9, 0.05, 300, 4)[0]["tests"]["bleu"]
+    test = pair_tests(runs, 0.9, 0.05, 300, 4)[0].tests["bleu"]
     os.environ["SACREBLEU_SEED"] = "5"  # sacrebleu's seed is rayft's seed + 1 (sacrebleu reads 0 as unseeded)
     try:
         _, results = PairedTest([("base", BASE), ("tuned", TUNED)], {"BLEU": BLEU()}, [REFS], "ar", 300)()
     finally:
         del os.environ["SACREBLEU_SEED"]
     expected = results["BLEU"][1]
-    assert test["test"] == "sacrebleu_paired_ar"
-    assert test["p_value"] == pytest.approx(expected.p_value)
-    assert test["significant"] is (expected.p_value < 0.05)
+    assert test.test == "sacrebleu_paired_ar"
+    assert test.p_value == pytest.approx(expected.p_value)
+    assert test.significant is (expected.p_value < 0.05)
     corpus_diff = sacrebleu.corpus_bleu(TUNED, [REFS]).score - sacrebleu.corpus_bleu(BASE, [REFS]).score
-    assert test["difference"] == pytest.approx(corpus_diff, rel=1e-9)
-    assert test["diff_ci_low"] <= test["difference"] <= test["diff_ci_high"]
-    assert test["confidence"] == 0.9
+    assert test.difference == pytest.approx(corpus_diff, rel=1e-9)
+    assert test.diff_ci_low <= test.difference <= test.diff_ci_high
+    assert test.confidence == 0.9

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import re
 
 import pytest
@@ -19,6 +21,7 @@ from rayft.evaluation.report import (
 )
 from rayft.evaluation.runner import Example, Examples, ModelRun, choose_runtime, score_run
 from rayft.evaluation.sources import ResolvedSource
+from rayft.evaluation.summary import CompareSummary
 from rayft.evaluation.tasks import build_task
 from rayft.generation.backend import Generation
 
@@ -55,24 +58,36 @@ def test_scores_and_intervals_of_a_run() -> None:
 
 def test_pair_tests_give_the_known_mcnemar_p_value() -> None:
     pairs = pair_tests(_runs(), 0.95, 0.05, 200, 0)
-    assert [(p["a"], p["b"]) for p in pairs] == [("base", "tuned")]
-    strict = pairs[0]["tests"]["accuracy_strict"]
-    assert strict["test"] == "mcnemar_exact"
-    assert strict["p_value"] == pytest.approx(2 / 2**8)
-    assert strict["significant"] is True
-    assert strict["difference"] == pytest.approx(8 / N)
-    assert strict["detail"]["only_b_correct"] == 8
+    assert [(p.a, p.b) for p in pairs] == [("base", "tuned")]
+    strict = pairs[0].tests["accuracy_strict"]
+    assert strict.test == "mcnemar_exact"
+    assert strict.p_value == pytest.approx(2 / 2**8)
+    assert strict.significant is True
+    assert strict.difference == pytest.approx(8 / N)
+    assert strict.detail["only_b_correct"] == 8
 
 
-def _summary(runs: list[ModelRun]) -> dict[str, object]:
-    return {
-        "task": "gsm8k",
-        "num_examples": N,
-        "confidence": 0.95,
-        "primary_metric": "accuracy_flexible",
-        "models": {r.label: model_summary(r) for r in runs},
-        "pairs": pair_tests(runs, 0.95, 0.05, 200, 0),
-    }
+def _summary(runs: list[ModelRun]) -> CompareSummary:
+    return CompareSummary(
+        task="gsm8k",
+        num_examples=N,
+        num_fewshot=0,
+        confidence=0.95,
+        significance=0.05,
+        primary_metric="accuracy_flexible",
+        models={r.label: model_summary(r) for r in runs},
+        pairs=pair_tests(runs, 0.95, 0.05, 200, 0),
+    )
+
+
+def test_compare_summary_round_trips_through_its_json_form() -> None:
+    summary = _summary(_runs())
+    plain = json.loads(json.dumps(summary.to_dict()))
+    assert plain["models"]["tuned"]["metrics"]["accuracy_flexible"]["kind"] == "binary"
+    assert plain["pairs"][0]["tests"]["accuracy_strict"]["test"] == "mcnemar_exact"
+    assert CompareSummary.from_dict(plain) == summary
+    headline = summary.headline()
+    assert headline is not None and headline.startswith("accuracy_flexible: base 0.167, tuned 0.833; difference +0.667")
 
 
 def test_html_is_self_contained_and_escapes_text() -> None:
@@ -96,7 +111,7 @@ def test_markdown_and_console_table() -> None:
     md = render_markdown(summary, rows)
     assert "| tuned vs base | accuracy_strict | mcnemar_exact | +0.667 |" in md
     assert "## Examples where the models disagree (8 shown)" in md
-    table = console_table(summary["models"], 0.95)  # type: ignore[arg-type]
+    table = console_table(summary.models, 0.95)
     assert "tuned  accuracy_flexible  0.833" in table
     assert len(disagreements(rows, "accuracy_flexible", limit=3)) == 3
 
@@ -119,21 +134,20 @@ def test_choose_runtime(setting: str, running: bool, address: str | None, expect
 
 
 def test_every_report_states_the_configured_confidence_level() -> None:
-    from rayft.cli.run_cmd import _headline
     from rayft.evaluation.report import pair_lines
     from rayft.pipeline.report import ReportInputs, StageRow, render_report
 
     runs = _runs()
-    summary = {**_summary(runs), "confidence": 0.9, "pairs": pair_tests(runs, 0.9, 0.1, 200, 0)}
+    summary = dataclasses.replace(_summary(runs), confidence=0.9, pairs=pair_tests(runs, 0.9, 0.1, 200, 0))
     rows = comparison_examples(runs, _examples())
     pipeline = render_report(ReportInputs(name="r", stages=[StageRow("eval", "run", "", 1.0)], compare_summary=summary))
     outputs = {
         "markdown": render_markdown(summary, rows),
         "html": render_html(summary, rows),
-        "console table": console_table(summary["models"], 0.9),  # type: ignore[arg-type]
+        "console table": console_table(summary.models, 0.9),
         "console pairs": "\n".join(pair_lines(summary)),
         "pipeline report": pipeline,
-        "pipeline headline": _headline(summary) or "",
+        "pipeline headline": summary.headline() or "",
     }
     for where, text in outputs.items():
         assert "90%" in text, where

@@ -39,3 +39,19 @@ def test_gpu_config_is_the_full_size_pipeline() -> None:
     assert cfg.sdg.generator == "llm" and cfg.sdg.teacher.backend == "vllm"
     assert "Qwen2.5-1.5B-Instruct" in cfg.sdg.teacher.model.name
     assert cfg.scaling.use_gpu and cfg.eval.backend == "vllm"
+
+
+def test_gsm8k_local_config_seeds_from_train_and_evaluates_on_test(tmp_path: Path) -> None:
+    train, test = tmp_path / "train.jsonl", tmp_path / "test.jsonl"
+    overrides = [
+        f"sdg.seeds.path={train}",
+        f"sdg.decontamination.datasets.0.path={test}",
+        f"eval.datasets.0.path={test}",
+    ]
+    cfg = load_config(CONFIGS[0].parent / "gsm8k-local.yaml", overrides)
+    assert requested_stages(cfg.model_fields_set) == ["sdg", "train", "eval", "export"]
+    assert cfg.sdg.seeds.path == str(train) and not cfg.sdg.seeds.path.startswith("builtin:")
+    assert [d.path for d in cfg.eval.datasets] == [str(test)]
+    assert [d.path for d in cfg.sdg.decontamination.datasets] == [str(test)]
+    assert cfg.eval.task == "gsm8k" and cfg.model.name == "smollm2-135m-instruct"
+    assert not any(p.startswith("builtin:") for p in (cfg.sdg.seeds.path, *(d.path for d in cfg.eval.datasets)))

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
+from pathlib import Path
 
 import click
 
 from rayft.config import RayftConfig, load_config
+from rayft.console import attach_log_file
+
+log = logging.getLogger("rayft.cli")
 
 
 @dataclass
@@ -23,3 +28,23 @@ overrides_argument = click.argument("overrides", nargs=-1, metavar="[KEY=VALUE].
 def load_cli_config(config_path: str, overrides: tuple[str, ...]) -> RayftConfig:
     """Load the config file named on the command line with its dotted overrides."""
     return load_config(config_path, list(overrides))
+
+
+def open_run_log(cfg: RayftConfig, directory: Path | None = None) -> Path | None:
+    """Send the full log (Ray's loggers included) to ``<run>/logs/rayft.log``, or under ``directory``.
+
+    With a URI as ``storage_path`` the file goes under the cache (``<cache>/logs/<name>/``).
+    """
+    from rayft.runs.location import is_remote
+
+    if directory is None:
+        if is_remote(cfg.storage_path):
+            from rayft.cache import cache_root
+
+            directory = cache_root() / "logs" / cfg.name
+        else:
+            directory = Path(cfg.storage_path).expanduser() / cfg.name
+    path = attach_log_file(directory)
+    if path is not None:
+        log.info("full log: %s (rayft --verbose also shows Ray's output here)", path)
+    return path

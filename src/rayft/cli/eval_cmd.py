@@ -6,8 +6,9 @@ from pathlib import Path
 
 import click
 
-from rayft.cli.common import config_argument, load_cli_config, overrides_argument
+from rayft.cli.common import config_argument, load_cli_config, open_run_log, overrides_argument
 from rayft.config import RayftConfig, load_config
+from rayft.data.builtin import builtin_eval_note
 from rayft.errors import ConfigError
 from rayft.runs.location import local_run_dir
 
@@ -48,12 +49,13 @@ def eval_(
 
     Metrics come with their confidence intervals (Wilson for accuracies, bootstrap otherwise).
     """
-    from rayft.recipes.evaluate import evaluate_model
+    from rayft.recipes import evaluate
 
     cfg = load_cli_config(config_path, _with_checkpoint(overrides, checkpoint))
-    result = evaluate_model(
-        cfg, source or _default_source(cfg), Path(output) if output else _default_output(cfg, "eval")
-    )
+    model = source or _default_source(cfg)
+    out = Path(output) if output else _default_output(cfg, "eval")
+    open_run_log(cfg, out)
+    result = evaluate.run(cfg, model, out)
     click.echo(result.table)
     click.echo(f"\nReport: {result.json_path}\nPredictions: {result.predictions_path}")
 
@@ -91,14 +93,19 @@ def compare(
     tests are McNemar (correct/incorrect) and paired bootstrap (continuous metrics).
     """
     from rayft.evaluation.report import pair_lines
-    from rayft.recipes.compare import compare_models
+    from rayft.recipes import compare as compare_recipe
 
     sources = _parse_models(models)
     cfg = load_cli_config(config_path, _with_checkpoint(overrides, checkpoint))
-    result = compare_models(cfg, sources, Path(output) if output else _default_output(cfg, "compare"))
+    out = Path(output) if output else _default_output(cfg, "compare")
+    open_run_log(cfg, out)
+    result = compare_recipe.run(cfg, sources, out)
     click.echo(result.table + "\n")
     for line in pair_lines(result.summary):
         click.echo(line)
+    note = builtin_eval_note([ds.path for ds in cfg.eval.datasets])
+    if note:
+        click.echo(f"Note: {note}")
     click.echo(f"\nReport: {result.html_path}\nMarkdown: {result.markdown_path}\nJSON: {result.json_path}")
 
 
@@ -123,10 +130,10 @@ def export(
     The export is verified before it is published: the adapter's shapes, merged vs base+adapter
     logits, and a reload with from_pretrained that generates.
     """
-    from rayft.recipes.export import export_model
+    from rayft.recipes import export as export_recipe
 
     cfg = load_config(config_path, list(_with_checkpoint(overrides, checkpoint)))
-    result = export_model(cfg, source, Path(output_dir), merge=merge)
+    result = export_recipe.run(cfg, source, Path(output_dir), merge=merge)
     kind = "merged model" if result.merged else ("adapter" if result.verification.get("adapter") else "model")
     click.echo(f"Exported {kind} to {result.output_dir}")
     for key, value in result.verification.items():

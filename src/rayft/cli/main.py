@@ -6,7 +6,6 @@ so ``rayft --help`` stays fast and loads neither torch nor ray.
 
 from __future__ import annotations
 
-import logging
 import sys
 from typing import Any
 
@@ -14,6 +13,7 @@ import click
 
 from rayft import __version__
 from rayft.cli.common import CliState
+from rayft.console import setup_console
 from rayft.errors import RayftError
 
 OVERRIDES_HELP = (
@@ -38,20 +38,21 @@ class _RayftGroup(click.Group):
 
 @click.group(cls=_RayftGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="rayft")
-@click.option("--debug", is_flag=True, help="Show full tracebacks and debug logs.")
+@click.option("--debug", is_flag=True, help="Show full tracebacks and debug logs (implies --verbose).")
+@click.option(
+    "--verbose",
+    is_flag=True,
+    help="Show Ray's own logs and progress on the console too (always in <run>/logs/rayft.log).",
+)
 @click.pass_context
-def cli(ctx: click.Context, debug: bool) -> None:
+def cli(ctx: click.Context, debug: bool, verbose: bool) -> None:
     """rayft: synthetic data, fine-tuning, evaluation and export of LLMs on Ray.
 
     Every command takes a YAML config and optional dotted overrides. A laptop runs it on an
     embedded local Ray; a cluster runs the same config with scaling.address set.
     """
     ctx.obj = CliState(debug=debug)
-    logging.basicConfig(
-        level=logging.DEBUG if debug else logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        datefmt="%H:%M:%S",
-    )
+    setup_console(verbose=verbose, debug=debug)
 
 
 def _register() -> None:

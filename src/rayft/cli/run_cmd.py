@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import click
 
-from rayft.cli.common import config_argument, load_cli_config, overrides_argument
+from rayft.cli.common import config_argument, load_cli_config, open_run_log, overrides_argument
 
 _STAGES = click.Choice(["sdg", "train", "eval", "export"])
 
@@ -34,43 +32,26 @@ def run(  # noqa: PLR0917 (click passes options positionally)
     rerun skips the stages whose inputs did not change. The run directory also gets lineage.json
     and report.html.
     """
+    from rayft.data.builtin import builtin_eval_note
     from rayft.pipeline.plan import StageDecision
     from rayft.recipes.pipeline import run as run_pipeline
 
     def announce(decision: StageDecision) -> None:
         verb = {"run": "running", "skip": "skipped", "reuse": "reused", "failed": "failed"}[decision.action]
-        click.secho(f"[{decision.stage}] {verb}: {decision.reason}", fg="cyan", err=True)
+        click.secho(f"== {decision.stage}: {verb} ({decision.reason})", fg="cyan", bold=True, err=True)
 
     cfg = load_cli_config(config_path, overrides)
+    open_run_log(cfg)
     result = run_pipeline(cfg, from_stage=from_stage, only=only, force=force, address=address, on_decision=announce)
     click.echo("stage     action  seconds")
     for decision in result.decisions:
         click.echo(f"{decision.stage:<9} {decision.action:<7} {result.elapsed_s.get(decision.stage, 0.0):>7.1f}")
-    headline = _headline(result.records["eval"].summary) if "eval" in result.records else None
+    comparison = result.comparison()
+    headline = comparison.headline() if comparison is not None else None
     if headline:
         click.echo(headline)
+        seeds = [cfg.sdg.seeds.path] if "sdg" in cfg.model_fields_set else []
+        note = builtin_eval_note([ds.path for ds in cfg.eval.datasets], seeds)
+        if note:
+            click.echo(f"Note: {note}")
     click.echo(f"Report: {result.report_path}\nLineage: {result.lineage_path}")
-
-
-def _headline(summary: dict[str, Any]) -> str | None:
-    """One line on the first pair's primary metric: the difference, its test and the verdict."""
-    from rayft.evaluation.report import difference_interval
-
-    pairs, primary = summary.get("pairs"), summary.get("primary_metric")
-    if not isinstance(pairs, list) or not pairs or not isinstance(primary, str):
-        return None
-    test = pairs[0].get("tests", {}).get(primary)
-    if not isinstance(test, dict):
-        return None
-    models = summary.get("models", {})
-    values = {
-        label: models.get(label, {}).get("metrics", {}).get(primary, {}).get("value")
-        for label in (pairs[0]["a"], pairs[0]["b"])
-    }
-    verdict = "significant" if test.get("significant") else "not significant"
-    shown = ", ".join(f"{label} {value:.3f}" for label, value in values.items() if isinstance(value, float))
-    return (
-        f"{primary}: {shown}; difference {test.get('difference', float('nan')):+.3f} "
-        f"{difference_interval(test, summary.get('confidence'))}, "
-        f"{test.get('test')} p={test.get('p_value', float('nan')):.3g} ({verdict})"
-    )

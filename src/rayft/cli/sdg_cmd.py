@@ -7,7 +7,7 @@ from typing import Any
 
 import click
 
-from rayft.cli.common import config_argument, load_cli_config, overrides_argument
+from rayft.cli.common import config_argument, load_cli_config, open_run_log, overrides_argument
 
 
 @click.command(epilog="Example: rayft sdg configs/sdg.yaml --seeds 50 --variations 3 sdg.generator=symbolic")
@@ -36,6 +36,7 @@ def sdg(  # noqa: PLR0917 - click passes every option positionally by name
     extra = [f"sdg.num_seeds={num_seeds}"] if num_seeds else []
     extra += [f"sdg.variations={variations}"] if variations else []
     cfg = load_cli_config(config_path, (*overrides, *extra))
+    open_run_log(cfg, Path(output_dir) if output_dir else None)
     result = run(cfg, output_dir=Path(output_dir) if output_dir else None, test_mode=test_mode)
     click.echo(format_summary(result.summary))
     click.echo(f"\nAccepted: {result.data_jsonl}\nRejected: {result.rejected_jsonl}\nSummary:  {result.summary_json}")

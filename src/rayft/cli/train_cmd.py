@@ -6,7 +6,7 @@ import sys
 
 import click
 
-from rayft.cli.common import config_argument, load_cli_config, overrides_argument
+from rayft.cli.common import config_argument, load_cli_config, open_run_log, overrides_argument
 
 # 128 + SIGTERM, as a shell reports a process ended by SIGTERM; schedulers treat it as preempted.
 SIGTERM_EXIT_CODE = 143
@@ -31,6 +31,7 @@ def train(config_path: str, overrides: tuple[str, ...], resume: bool) -> None:
     from rayft.training import torchrun
 
     cfg = load_cli_config(config_path, overrides)
+    open_run_log(cfg)
     try:
         if torchrun.launched_by_torchrun():  # one rank of `torchrun --no-python rayft train CONFIG`
             result = torchrun.train(cfg, resume=resume)

@@ -117,12 +117,22 @@ def set_dotted(tree: dict[str, Any], key: str, value: Any, defaults: dict[str, A
     for depth, part in enumerate(parts[:-1]):
         where = ".".join(parts[: depth + 1])
         child = _child(node, part, where)
-        default = _child(default, part, where) if isinstance(default, (dict, list)) else None
+        default = _default_child(default, part)
         if child is None:
             child = copy.deepcopy(default) if isinstance(default, (dict, list)) else {}
             _assign(node, part, child, key)
         node = child
     _assign(node, parts[-1], value, key)
+
+
+def _default_child(default: Any, part: str) -> Any:
+    """The default under ``part``, or None where the defaults have none (say, a list item that the
+    config file has and the defaults do not)."""
+    if isinstance(default, dict):
+        return default.get(part)
+    if isinstance(default, list) and part.isdigit() and int(part) < len(default):
+        return default[int(part)]
+    return None
 
 
 def _child(node: Any, part: str, where: str) -> Any:

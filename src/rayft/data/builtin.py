@@ -8,7 +8,7 @@ splits never share a question, whatever sizes are asked for.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from itertools import islice
 from typing import Any
 
@@ -53,3 +53,18 @@ def load_builtin(path: str, split: str, max_rows: int | None) -> list[dict[str, 
         raise DataError(f"dataset {path!r}: split {split!r} does not exist; built-in sets have splits {SPLITS}")
     count = max_rows or DEFAULT_ROWS[split]
     return list(islice(BUILTIN_DATASETS[name](split), count))
+
+
+def builtin_eval_note(eval_paths: Sequence[str], train_paths: Sequence[str] = ()) -> str | None:
+    """A caveat to print beside an evaluation on a built-in set (None when no eval set is built-in):
+    its problems are held out, but they come from the same generator, so a gain there is an
+    in-distribution result and says nothing about a public benchmark such as GSM8K."""
+    builtin = sorted({p for p in eval_paths if is_builtin(p)})
+    if not builtin:
+        return None
+    same = any(p in builtin for p in train_paths)
+    source = " (the generator the training data also came from)" if same else ""
+    return (
+        f"measured on held-out problems of rayft's built-in generator {', '.join(builtin)}{source}: an "
+        "in-distribution check, not a GSM8K result; configs/gsm8k-local.yaml runs the same pipeline on real GSM8K"
+    )

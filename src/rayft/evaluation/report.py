@@ -16,6 +16,7 @@ from typing import Any
 from rayft.errors import StorageError
 from rayft.evaluation.runner import CorpusScores, Examples, ModelRun
 from rayft.evaluation.stats import PairedTest, corpus_paired_test, paired_test
+from rayft.evaluation.summary import CompareSummary, MetricSummary, ModelSummary, PairComparison
 
 MAX_DISAGREEMENTS = 50
 _PALETTE = ("#4269d0", "#efb118", "#ff725c", "#6cc5b0", "#3ca951", "#a463f2")
@@ -38,27 +39,27 @@ def write_jsonl(path: Path, rows: Iterable[Mapping[str, Any]]) -> Path:
     return write_text_atomic(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
 
 
-def metrics_summary(run: ModelRun) -> dict[str, Any]:
-    """Per metric: value, interval, n, and the interval method."""
-    return {name: est.to_dict() | {"kind": run.kinds[name]} for name, est in run.metrics.items()}
+def metrics_summary(run: ModelRun) -> dict[str, MetricSummary]:
+    """Per metric: value, interval, n, the interval method and the metric's kind."""
+    return {name: MetricSummary(est, run.kinds[name]) for name, est in run.metrics.items()}
 
 
-def model_summary(run: ModelRun) -> dict[str, Any]:
+def model_summary(run: ModelRun) -> ModelSummary:
     """What was evaluated and how it did, for eval.json and compare.json."""
-    return {
-        "source": run.source.source,
-        "resolved": run.source.describe(),
-        "kind": run.source.kind,
-        "step": run.source.step,
-        "training_metrics": run.source.metrics,
-        "lineage": run.source.lineage,
-        "fingerprint": run.fingerprint,
-        "metrics": metrics_summary(run),
-        "primary_metric": run.primary,
-        "generation_errors": run.errors,
-        "generated_tokens": run.generated_tokens,
-        "elapsed_s": round(run.elapsed_s, 3),
-    }
+    return ModelSummary(
+        source=run.source.source,
+        resolved=run.source.describe(),
+        kind=run.source.kind,
+        step=run.source.step,
+        training_metrics=run.source.metrics,
+        lineage=run.source.lineage,
+        fingerprint=run.fingerprint,
+        metrics=metrics_summary(run),
+        primary_metric=run.primary,
+        generation_errors=run.errors,
+        generated_tokens=run.generated_tokens,
+        elapsed_s=round(run.elapsed_s, 3),
+    )
 
 
 def prediction_rows(run: ModelRun, examples: Examples) -> list[dict[str, Any]]:
@@ -88,12 +89,12 @@ def prediction_rows(run: ModelRun, examples: Examples) -> list[dict[str, Any]]:
 
 def pair_tests(
     runs: Sequence[ModelRun], confidence: float, alpha: float, samples: int, seed: int
-) -> list[dict[str, Any]]:
+) -> list[PairComparison]:
     """Paired tests of every metric for every pair of models (difference = later - earlier)."""
     out = []
     for i, a in enumerate(runs):
         for b in runs[i + 1 :]:
-            tests: dict[str, Any] = {}
+            tests: dict[str, PairedTest] = {}
             for name, kind in a.kinds.items():
                 if name not in b.kinds:
                     continue
@@ -107,21 +108,21 @@ def pair_tests(
                     "binary" if kind == "binary" and b.kinds[name] == "binary" else "continuous",
                     va, vb, confidence=confidence, alpha=alpha, samples=samples, seed=seed,
                 )  # fmt: skip
-                tests[name] = test.to_dict()
-            out.append({"a": a.label, "b": b.label, "tests": tests})
+                tests[name] = test
+            out.append(PairComparison(a.label, b.label, tests))
     return out
 
 
 def corpus_pair_test(
     a: CorpusScores, b: CorpusScores, *, confidence: float, alpha: float, samples: int, seed: int
-) -> dict[str, Any]:
+) -> PairedTest:
     """A corpus metric's paired test: the metric's own test for the p-value, a paired bootstrap interval."""
     p = a.metric.paired_p_value(a.outputs, b.outputs, a.references, samples, seed)
     test = corpus_paired_test(
         a.statistics, b.statistics, a.metric.from_statistics, test=a.metric.test, p_value=p,
         confidence=confidence, alpha=alpha, samples=samples, seed=seed,
     )  # fmt: skip
-    return test.to_dict()
+    return test
 
 
 def comparison_examples(runs: Sequence[ModelRun], examples: Examples) -> list[dict[str, Any]]:
@@ -160,27 +161,26 @@ def level_text(confidence: float) -> str:
     return f"{confidence * 100:.4g}%"
 
 
-def difference_interval(test: Mapping[str, Any], fallback: float | None = None) -> str:
+def difference_interval(test: PairedTest, fallback: float | None = None) -> str:
     """A paired difference's interval with its own level, e.g. '95% CI [+0.012, +0.088]'.
 
     Each test carries the level of its interval (an exact test's is 1 - significance);
-    summaries written before tests did use ``fallback``.
+    ``fallback`` stands in where a test has none.
     """
-    level = test.get("confidence", fallback)
-    bounds = f"[{test.get('diff_ci_low', math.nan):+.3f}, {test.get('diff_ci_high', math.nan):+.3f}]"
-    return f"{level_text(level)} CI {bounds}" if isinstance(level, int | float) else f"CI {bounds}"
+    level = test.confidence if math.isfinite(test.confidence) else fallback
+    bounds = f"[{test.diff_ci_low:+.3f}, {test.diff_ci_high:+.3f}]"
+    return f"{level_text(level)} CI {bounds}" if level is not None else f"CI {bounds}"
 
 
-def pair_lines(summary: Mapping[str, Any]) -> list[str]:
+def pair_lines(summary: CompareSummary) -> list[str]:
     """One console line per pair and metric: difference, interval, test, p-value and verdict."""
     lines = []
-    for pair in summary["pairs"]:
-        for name, test in pair["tests"].items():
-            verdict = "significant" if test["significant"] else "not significant"
+    for pair in summary.pairs:
+        for name, test in pair.tests.items():
+            verdict = "significant" if test.significant else "not significant"
             lines.append(
-                f"{pair['b']} - {pair['a']} {name}: {test['difference']:+.3f} "
-                f"{difference_interval(test, summary.get('confidence'))}, {test['test']} p={test['p_value']:.4g} "
-                f"({verdict})"
+                f"{pair.b} - {pair.a} {name}: {test.difference:+.3f} "
+                f"{difference_interval(test, summary.confidence)}, {test.test} p={test.p_value:.4g} ({verdict})"
             )
     return lines
 
@@ -189,30 +189,30 @@ def _fmt(value: float, scale: float = 1.0) -> str:
     return f"{value * scale:.3f}" if scale == 1.0 else f"{value * scale:.1f}"
 
 
-def console_table(summary_models: Mapping[str, Mapping[str, Any]], confidence: float) -> str:
+def console_table(summary_models: Mapping[str, ModelSummary], confidence: float) -> str:
     """A plain-text table: one row per model and metric, with the interval."""
     head = ("model", "metric", "value", f"{level_text(confidence)} interval", "n")
     rows = [head]
     for label, model in summary_models.items():
-        for name, m in model["metrics"].items():
-            rows.append((label, name, _fmt(m["value"]), f"[{_fmt(m['ci_low'])}, {_fmt(m['ci_high'])}]", str(m["n"])))
+        for name, m in model.metrics.items():
+            e = m.estimate
+            rows.append((label, name, _fmt(e.value), f"[{_fmt(e.ci_low)}, {_fmt(e.ci_high)}]", str(e.n)))
     widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)) for row in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join(lines)
 
 
-def render_markdown(summary: Mapping[str, Any], rows: Sequence[dict[str, Any]]) -> str:
+def render_markdown(summary: CompareSummary, rows: Sequence[dict[str, Any]]) -> str:
     """compare.md: metrics with intervals, paired tests, and the examples where models disagree."""
-    conf = summary["confidence"]
-    out = [f"# Comparison: {' vs '.join(summary['models'])}", ""]
-    out += [f"Task `{summary['task']}`, {summary['num_examples']} examples.", ""]
+    conf = summary.confidence
+    out = [f"# Comparison: {' vs '.join(summary.models)}", ""]
+    out += [f"Task `{summary.task}`, {summary.num_examples} examples.", ""]
     out += ["## Metrics", "", f"| model | metric | value | {level_text(conf)} interval | n |", "|---|---|---|---|---|"]
-    for label, model in summary["models"].items():
-        for name, m in model["metrics"].items():
-            out.append(
-                f"| {label} | {name} | {_fmt(m['value'])} | [{_fmt(m['ci_low'])}, {_fmt(m['ci_high'])}] | {m['n']} |"
-            )
+    for label, model in summary.models.items():
+        for name, metric in model.metrics.items():
+            m = metric.estimate
+            out.append(f"| {label} | {name} | {_fmt(m.value)} | [{_fmt(m.ci_low)}, {_fmt(m.ci_high)}] | {m.n} |")
     out += [
         "",
         "## Paired tests",
@@ -220,14 +220,14 @@ def render_markdown(summary: Mapping[str, Any], rows: Sequence[dict[str, Any]]) 
         "| pair | metric | test | difference (b - a) | interval | p-value | significant |",
     ]
     out.append("|---|---|---|---|---|---|---|")
-    for pair in summary["pairs"]:
-        for name, t in pair["tests"].items():
+    for pair in summary.pairs:
+        for name, t in pair.tests.items():
             out.append(
-                f"| {pair['b']} vs {pair['a']} | {name} | {t['test']} | {t['difference']:+.3f} | "
-                f"{difference_interval(t, conf)} | {t['p_value']:.4g} | "
-                f"{'yes' if t['significant'] else 'no'} |"
+                f"| {pair.b} vs {pair.a} | {name} | {t.test} | {t.difference:+.3f} | "
+                f"{difference_interval(t, conf)} | {t.p_value:.4g} | "
+                f"{'yes' if t.significant else 'no'} |"
             )
-    shown = disagreements(rows, summary["primary_metric"])
+    shown = disagreements(rows, summary.primary_metric)
     out += ["", f"## Examples where the models disagree ({len(shown)} shown)", ""]
     for row in shown:
         out += [
@@ -257,11 +257,12 @@ pre{white-space:pre-wrap;background:#f8f8f8;border:1px solid #e5e5e5;padding:.5r
 """
 
 
-def _svg_chart(summary: Mapping[str, Any]) -> str:
+def _svg_chart(summary: CompareSummary) -> str:
     """A grouped bar chart of every metric per model, with interval whiskers (inline SVG)."""
-    models = list(summary["models"])
-    metrics = list(dict.fromkeys(name for m in summary["models"].values() for name in m["metrics"]))
-    scale = max([1.0] + [m["metrics"][n]["ci_high"] for m in summary["models"].values() for n in m["metrics"]])
+    models = list(summary.models)
+    metrics = list(dict.fromkeys(name for m in summary.models.values() for name in m.metrics))
+    highs = [metric.estimate.ci_high for m in summary.models.values() for metric in m.metrics.values()]
+    scale = max([1.0, *highs])
     width, height, left, bottom, top = 900, 330, 60, 60, 30
     plot_h = height - bottom - top
     group_w = (width - left - 20) / max(len(metrics), 1)
@@ -276,25 +277,26 @@ def _svg_chart(summary: Mapping[str, Any]) -> str:
     for gi, name in enumerate(metrics):
         x0 = left + gi * group_w + (group_w - bar_w * len(models)) / 2
         for mi, label in enumerate(models):
-            m = summary["models"][label]["metrics"].get(name)
-            if m is None:
+            metric = summary.models[label].metrics.get(name)
+            if metric is None:
                 continue
+            m = metric.estimate
             x = x0 + mi * bar_w
-            h = plot_h * m["value"] / scale
+            h = plot_h * m.value / scale
             y = top + plot_h - h
             color = _PALETTE[mi % len(_PALETTE)]
             parts.append(
                 f'<rect x="{x:.1f}" y="{y:.1f}" width="{bar_w - 4:.1f}" height="{h:.1f}" fill="{color}">'
-                f"<title>{html.escape(label)} {html.escape(name)}: {m['value']:.3f}</title></rect>"
+                f"<title>{html.escape(label)} {html.escape(name)}: {m.value:.3f}</title></rect>"
             )
-            lo, hi = (top + plot_h - plot_h * m[k] / scale for k in ("ci_low", "ci_high"))
+            lo, hi = (top + plot_h - plot_h * v / scale for v in (m.ci_low, m.ci_high))
             cx = x + (bar_w - 4) / 2
             parts.append(f'<line x1="{cx:.1f}" x2="{cx:.1f}" y1="{lo:.1f}" y2="{hi:.1f}" stroke="#222"/>')
             for yy in (lo, hi):
                 parts.append(f'<line x1="{cx - 5:.1f}" x2="{cx + 5:.1f}" y1="{yy:.1f}" y2="{yy:.1f}" stroke="#222"/>')
             label_y = min(y, hi) - 4  # above the bar and its whisker
             parts.append(
-                f'<text x="{cx:.1f}" y="{label_y:.1f}" font-size="11" text-anchor="middle">{m["value"]:.2f}</text>'
+                f'<text x="{cx:.1f}" y="{label_y:.1f}" font-size="11" text-anchor="middle">{m.value:.2f}</text>'
             )
         label_x = left + gi * group_w + group_w / 2
         parts.append(
@@ -309,47 +311,48 @@ def _svg_chart(summary: Mapping[str, Any]) -> str:
     return "\n".join(parts)
 
 
-def render_html(summary: Mapping[str, Any], rows: Sequence[dict[str, Any]]) -> str:
+def render_html(summary: CompareSummary, rows: Sequence[dict[str, Any]]) -> str:
     """compare.html: one self-contained page (no scripts, fonts or styles from the network)."""
     e = html.escape
-    conf = summary["confidence"]
-    body = [f"<h1>Comparison: {e(' vs '.join(summary['models']))}</h1>"]
+    conf = summary.confidence
+    body = [f"<h1>Comparison: {e(' vs '.join(summary.models))}</h1>"]
     body.append(
-        f'<p class="meta">Task <b>{e(summary["task"])}</b>, {summary["num_examples"]} examples, '
+        f'<p class="meta">Task <b>{e(summary.task)}</b>, {summary.num_examples} examples, '
         f"{level_text(conf)} intervals on metrics. Generated by rayft.</p>"
     )
     body += ["<h2>Models</h2>", "<table><tr><th>label</th><th>model</th><th>step</th><th>fingerprint</th></tr>"]
-    for label, model in summary["models"].items():
-        fp = (model["fingerprint"].get("sha256") or "")[:16]
+    for label, model in summary.models.items():
+        fp = (model.fingerprint.get("sha256") or "")[:16]
         body.append(
-            f"<tr><td>{e(label)}</td><td>{e(model['resolved'])}</td><td>{e(str(model['step'] or ''))}</td>"
+            f"<tr><td>{e(label)}</td><td>{e(model.resolved)}</td><td>{e(str(model.step or ''))}</td>"
             f"<td><code>{e(fp)}</code></td></tr>"
         )
     body += ["</table>", "<h2>Metrics</h2>", _svg_chart(summary)]
     body.append(
         f"<table><tr><th>model</th><th>metric</th><th>value</th><th>{level_text(conf)} interval</th><th>n</th></tr>"
     )
-    for label, model in summary["models"].items():
-        for name, m in model["metrics"].items():
+    for label, model in summary.models.items():
+        for name, metric in model.metrics.items():
+            m = metric.estimate
             body.append(
-                f"<tr><td>{e(label)}</td><td>{e(name)}</td><td>{m['value']:.3f}</td>"
-                f"<td>[{m['ci_low']:.3f}, {m['ci_high']:.3f}]</td><td>{m['n']}</td></tr>"
+                f"<tr><td>{e(label)}</td><td>{e(name)}</td><td>{m.value:.3f}</td>"
+                f"<td>[{m.ci_low:.3f}, {m.ci_high:.3f}]</td><td>{m.n}</td></tr>"
             )
     body += ["</table>", "<h2>Paired tests</h2>"]
     body.append(
         "<table><tr><th>pair</th><th>metric</th><th>test</th><th>difference (b &minus; a)</th><th>interval</th>"
         "<th>p-value</th><th>significant</th></tr>"
     )
-    for pair in summary["pairs"]:
-        for name, t in pair["tests"].items():
-            sig = '<span class="yes">yes</span>' if t["significant"] else '<span class="no">no</span>'
+    for pair in summary.pairs:
+        for name, t in pair.tests.items():
+            sig = '<span class="yes">yes</span>' if t.significant else '<span class="no">no</span>'
             body.append(
-                f"<tr><td>{e(pair['b'])} vs {e(pair['a'])}</td><td>{e(name)}</td><td>{e(t['test'])}</td>"
-                f"<td>{t['difference']:+.3f}</td><td>{difference_interval(t, conf)}</td>"
-                f"<td>{t['p_value']:.4g}</td><td>{sig}</td></tr>"
+                f"<tr><td>{e(pair.b)} vs {e(pair.a)}</td><td>{e(name)}</td><td>{e(t.test)}</td>"
+                f"<td>{t.difference:+.3f}</td><td>{difference_interval(t, conf)}</td>"
+                f"<td>{t.p_value:.4g}</td><td>{sig}</td></tr>"
             )
     body.append("</table>")
-    shown = disagreements(rows, summary["primary_metric"])
+    shown = disagreements(rows, summary.primary_metric)
     body.append(f"<h2>Examples where the models disagree ({len(shown)} shown)</h2>")
     if not shown:
         body.append("<p>The models agree on every example.</p>")

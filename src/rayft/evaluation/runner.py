@@ -11,19 +11,23 @@ import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 import numpy as np
 
 from rayft.config.data import DatasetConfig
 from rayft.config.evaluation import EvalConfig
 from rayft.config.generation import GenerationConfig
+from rayft.console import Progress
 from rayft.errors import DataError
 from rayft.evaluation.metrics import CorpusMetric
 from rayft.evaluation.sources import ResolvedSource
 from rayft.evaluation.stats import Estimate, corpus_estimate, estimate
 from rayft.evaluation.tasks import Task, build_prompt
 from rayft.generation.backend import Generation, Prompt
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 log = logging.getLogger("rayft.eval")
 
@@ -167,15 +171,20 @@ def choose_runtime(setting: str, ray_running: bool, address: str | None) -> Runt
     return "ray" if setting == "ray" else "local"
 
 
-def generate(prompts: Sequence[Prompt], cfg: GenerationConfig, runtime: Runtime) -> list[Generation]:
-    """One generation per prompt, in order, on the chosen runtime.
+def generate(
+    prompts: Sequence[Prompt], cfg: GenerationConfig, runtime: Runtime, *, what: str = "generate"
+) -> list[Generation]:
+    """One generation per prompt, in order, on the chosen runtime; progress (with ETA) is shown as
+    ``what``: done/total prompts.
 
     Prompts go to the backend longest first, so that each batch holds prompts of similar length
     (less left padding for local models); the results are put back in prompt order.
     """
     order = sorted(range(len(prompts)), key=lambda i: (-prompt_size(prompts[i]), i))
     ordered = [prompts[i] for i in order]
-    done = _generate_ray(ordered, cfg) if runtime == "ray" else _generate_local(ordered, cfg)
+    with Progress(what, len(prompts), unit="prompts") as progress:
+        generate_on = _generate_ray if runtime == "ray" else _generate_local
+        done = generate_on(ordered, cfg, progress)
     out: list[Generation] = [done[0]] * len(prompts) if done else []
     for position, index in enumerate(order):
         out[index] = done[position]
@@ -190,7 +199,9 @@ def prompt_size(prompt: Prompt) -> int:
     return sum(len(str(message.get("content", ""))) for message in prompt)
 
 
-def _generate_local(prompts: Sequence[Prompt], cfg: GenerationConfig) -> list[Generation]:
+def _generate_local(
+    prompts: Sequence[Prompt], cfg: GenerationConfig, progress: Progress | None = None
+) -> list[Generation]:
     from rayft.generation.factory import build_backend, sampling_params
 
     backend = build_backend(cfg)
@@ -203,16 +214,31 @@ def _generate_local(prompts: Sequence[Prompt], cfg: GenerationConfig) -> list[Ge
         except Exception as exc:  # a failed batch becomes errors on its rows, as in the Ray pool
             error = f"{type(exc).__name__}: {exc}"
             out += [Generation("", finish_reason="error", error=error) for _ in chunk]
+        if progress is not None:
+            progress.advance(len(chunk))
     return out
 
 
-def _generate_ray(prompts: Sequence[Prompt], cfg: GenerationConfig) -> list[Generation]:
+def _generate_ray(
+    prompts: Sequence[Prompt], cfg: GenerationConfig, progress: Progress | None = None
+) -> list[Generation]:
+    """Generate on the actor pool, one block per batch, collecting rows as they stream back."""
     import ray.data
 
-    from rayft.generation.ray_pool import generate_dataset
+    from rayft.generation.ray_pool import generate_dataset, prompt_table
 
-    ds = ray.data.from_items([{"row": i, "prompt": p} for i, p in enumerate(prompts)])
-    rows = sorted(generate_dataset(ds, cfg).take_all(), key=lambda r: int(r["row"]))
+    table = prompt_table(prompts)
+    step = max(1, cfg.batch_size)
+    blocks = [table.slice(start, step) for start in range(0, max(len(prompts), 1), step)]
+    rows: list[dict[str, Any]] = []
+    columns = ["row", "generation", "num_prompt_tokens", "num_generated_tokens", "finish_reason", "error"]
+    batches = generate_dataset(ray.data.from_arrow(blocks), cfg).iter_batches(batch_size=None, batch_format="pyarrow")
+    for batch in batches:
+        table = cast("pa.Table", batch)
+        rows += table.select(columns).to_pylist()
+        if progress is not None:
+            progress.advance(table.num_rows)
+    rows.sort(key=lambda r: int(r["row"]))
     if len(rows) != len(prompts):
         raise DataError(f"the generation pool returned {len(rows)} rows for {len(prompts)} prompts")
     return [
@@ -279,7 +305,8 @@ def run_model(
     """Generate with one model on every example and score the outputs."""
     log.info("eval: %s (%s) on %d examples, %s runtime", label, source.describe(), len(examples.items), runtime)
     started = time.monotonic()
-    generations = generate([e.prompt for e in examples.items], generation_config(ev, source, task), runtime)
+    prompts = [e.prompt for e in examples.items]
+    generations = generate(prompts, generation_config(ev, source, task), runtime, what=f"eval {label}")
     elapsed = time.monotonic() - started
     failed = sum(1 for g in generations if g.error)
     if failed:

@@ -10,6 +10,8 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+import pyarrow as pa
+
 from rayft.config.generation import GenerationConfig
 from rayft.generation.backend import Generation, Prompt
 
@@ -17,10 +19,26 @@ if TYPE_CHECKING:
     import ray.data
 
 OUTPUT_COLUMNS = ("generation", "finish_reason", "error", "num_prompt_tokens", "num_generated_tokens")
+COLUMN_TYPES: dict[str, pa.DataType] = {
+    "generation": pa.string(),
+    "finish_reason": pa.string(),
+    "error": pa.string(),
+    "generator": pa.string(),
+    "num_prompt_tokens": pa.int64(),
+    "num_generated_tokens": pa.int64(),
+}
+"""The Arrow type of each column the actor adds."""
+CHAT_TYPE = pa.list_(pa.struct([("role", pa.string()), ("content", pa.string())]))
+"""The Arrow type of a column of chat prompts."""
 
 
 class GenerateActor:
-    """A Ray Data callable class: one backend per actor, one generate call per batch."""
+    """A Ray Data callable class: one backend per actor, one generate call per batch.
+
+    Batches are Arrow tables in and out: the input columns pass through with their Arrow types
+    (a chat prompt stays a ``list<struct<role, content>>``) and the generation columns are added
+    with explicit types, so no column falls back to pickled Python objects.
+    """
 
     def __init__(self, cfg: GenerationConfig, prompt_column: str, seconds_column: str | None = None) -> None:
         from rayft.generation.factory import build_backend, sampling_params
@@ -30,18 +48,38 @@ class GenerateActor:
         self.prompt_column = prompt_column
         self.seconds_column = seconds_column
 
-    def __call__(self, batch: dict[str, Any]) -> dict[str, Any]:
+    def __call__(self, batch: pa.Table) -> pa.Table:
         started = time.perf_counter()
-        prompts = [to_prompt(p) for p in batch[self.prompt_column]]
+        prompts = [to_prompt(p) for p in batch.column(self.prompt_column).to_pylist()]
         try:
             generations = self.backend.generate(prompts, self.params)
         except Exception as exc:  # a failed batch becomes rows with an error, never lost rows
             generations = [Generation("", finish_reason="error", error=f"{type(exc).__name__}: {exc}")] * len(prompts)
-        out = {**batch, **generation_columns(generations), "generator": [self.backend.name] * len(prompts)}
+        columns = {**generation_columns(generations), "generator": [self.backend.name] * len(prompts)}
         if self.seconds_column:
             # Each row carries its share of the batch's time, so a sum over rows gives the stage's seconds.
-            out[self.seconds_column] = [(time.perf_counter() - started) / max(1, len(prompts))] * len(prompts)
-        return out
+            columns[self.seconds_column] = [(time.perf_counter() - started) / max(1, len(prompts))] * len(prompts)
+        return with_columns(batch, columns)
+
+
+def with_columns(table: pa.Table, columns: dict[str, list[Any]]) -> pa.Table:
+    """``table`` with ``columns`` added (or replaced), each with its declared Arrow type
+    (:data:`COLUMN_TYPES`; float64 for a time column)."""
+    for name, values in columns.items():
+        array = pa.array(values, type=COLUMN_TYPES.get(name, pa.float64()))
+        index = table.schema.get_field_index(name)
+        table = table.set_column(index, name, array) if index >= 0 else table.append_column(name, array)
+    return table
+
+
+def prompt_table(prompts: Sequence[Prompt], column: str = "prompt") -> pa.Table:
+    """Prompts as an Arrow table with a ``row`` index: text prompts as ``string``, chat prompts as
+    :data:`CHAT_TYPE` (one type for the whole column)."""
+    kinds = {isinstance(p, str) for p in prompts}
+    if len(kinds) > 1:
+        raise ValueError("prompts mix plain text and chat messages; build every prompt the same way")
+    prompt_type = pa.string() if kinds == {True} else CHAT_TYPE
+    return pa.table({"row": pa.array(range(len(prompts)), pa.int64()), column: pa.array(prompts, type=prompt_type)})
 
 
 def to_prompt(value: Any) -> Prompt:
@@ -77,7 +115,7 @@ def generate_dataset(
         GenerateActor,
         fn_constructor_kwargs={"cfg": cfg, "prompt_column": prompt_column, "seconds_column": seconds_column},
         batch_size=cfg.batch_size,
-        batch_format="numpy",
+        batch_format="pyarrow",
         compute=_actor_pool(cfg.concurrency),
         num_cpus=cfg.num_cpus_per_actor,
         num_gpus=cfg.num_gpus_per_actor,

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from rayft.cache import cache_root
 from rayft.config.model import ModelConfig
+from rayft.console import ignore_known_warnings
 from rayft.errors import ModelError
 from rayft.models.registry import BUILTIN_MODELS, CHATML_TEMPLATE
 from rayft.models.resolve import ModelSource, resolve_model_source
@@ -26,6 +27,8 @@ from rayft.models.resolve import ModelSource, resolve_model_source
 if TYPE_CHECKING:
     import torch
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+ignore_known_warnings()  # in every process that loads a model: Ray workers as well as the driver
 
 log = logging.getLogger(__name__)
 

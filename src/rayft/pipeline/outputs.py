@@ -3,6 +3,7 @@ records after every stage (also after a failure), and made durable by the run's 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from dataclasses import dataclass, field
@@ -10,7 +11,9 @@ from pathlib import Path
 from typing import Any
 
 from rayft.config import RayftConfig
+from rayft.data.builtin import builtin_eval_note
 from rayft.errors import StorageError
+from rayft.evaluation.summary import CompareSummary
 from rayft.pipeline.fingerprint import hash_object
 from rayft.pipeline.lineage import build_lineage, software_versions
 from rayft.pipeline.plan import StageDecision
@@ -39,8 +42,19 @@ def write_outputs(cfg: RayftConfig, run_dir: Path, progress: PipelineProgress) -
     lineage = build_lineage(cfg.name, list(progress.records.values()), hash_object(json.loads(cfg.model_dump_json())))
     write_text(lineage_path, json.dumps(lineage, indent=2, sort_keys=True))
     report_path = run_dir / REPORT_FILE
-    write_text(report_path, render_report(report_inputs(cfg.name, run_dir, progress)))
+    inputs = report_inputs(cfg.name, run_dir, progress)
+    seeds = [cfg.sdg.seeds.path] if "sdg" in cfg.model_fields_set else []
+    note = builtin_eval_note([ds.path for ds in cfg.eval.datasets], seeds) or ""
+    write_text(report_path, render_report(dataclasses.replace(inputs, headline_note=note)))
     return lineage_path, report_path
+
+
+def read_comparison(run_dir: Path, records: dict[str, StageRecord]) -> CompareSummary | None:
+    """The comparison the eval stage recorded (``eval/compare.json``), or None without one."""
+    if "eval" not in records or "json" not in records["eval"].outputs:
+        return None
+    path = records["eval"].output(run_dir, "json")
+    return CompareSummary.from_dict(json.loads(path.read_text(encoding="utf-8"))) if path.is_file() else None
 
 
 def report_inputs(name: str, run_dir: Path, progress: PipelineProgress) -> ReportInputs:
@@ -60,13 +74,11 @@ def report_inputs(name: str, run_dir: Path, progress: PipelineProgress) -> Repor
         path = records["train"].output(run_dir, "metrics")
         if path.is_file():
             metrics = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
-    compare: dict[str, Any] = {}
+    compare = read_comparison(run_dir, records)
     examples: list[dict[str, Any]] = []
-    if "eval" in records and "json" in records["eval"].outputs:
-        compare = json.loads(records["eval"].output(run_dir, "json").read_text(encoding="utf-8"))
-        if "examples" in records["eval"].outputs:
-            lines = records["eval"].output(run_dir, "examples").read_text(encoding="utf-8").splitlines()
-            examples = [json.loads(line) for line in lines if line.strip()]
+    if compare is not None and "examples" in records["eval"].outputs:
+        lines = records["eval"].output(run_dir, "examples").read_text(encoding="utf-8").splitlines()
+        examples = [json.loads(line) for line in lines if line.strip()]
     return ReportInputs(
         name=name,
         stages=rows,

@@ -10,6 +10,7 @@ from html import escape
 from typing import Any
 
 from rayft.evaluation.report import difference_interval, level_text
+from rayft.evaluation.summary import CompareSummary
 
 _COLORS = ("#2563eb", "#dc2626", "#059669", "#d97706", "#7c3aed")
 _CSS = """
@@ -42,7 +43,8 @@ class ReportInputs:
     sdg_summary: Mapping[str, Any] = field(default_factory=dict)
     train_metrics: Sequence[Mapping[str, Any]] = ()
     train_summary: Mapping[str, Any] = field(default_factory=dict)
-    compare_summary: Mapping[str, Any] = field(default_factory=dict)
+    compare_summary: CompareSummary | None = None
+    headline_note: str = ""
     examples: Sequence[Mapping[str, Any]] = ()
     export_summary: Mapping[str, Any] = field(default_factory=dict)
     software: Mapping[str, str] = field(default_factory=dict)
@@ -54,7 +56,7 @@ def render_report(inputs: ReportInputs) -> str:
         "<!doctype html><html lang='en'><head><meta charset='utf-8'>",
         f"<title>rayft run {escape(inputs.name)}</title><style>{_CSS}</style></head><body>",
         f"<h1>rayft run <code>{escape(inputs.name)}</code></h1>",
-        _headline(inputs.compare_summary),
+        _headline(inputs.compare_summary, inputs.headline_note),
         _stages_section(inputs.stages),
     ]
     if inputs.sdg_summary:
@@ -73,26 +75,22 @@ def render_report(inputs: ReportInputs) -> str:
     return "\n".join(parts)
 
 
-def _headline(summary: Mapping[str, Any]) -> str:
+def _headline(summary: CompareSummary | None, note: str = "") -> str:
     """One sentence at the top: the primary metric of each model and the first pair's verdict."""
-    primary = summary.get("primary_metric")
-    tests = [t for t in _pair_tests(summary) if t.get("metric") == primary]
-    if not primary or not tests:
+    found = summary.headline_test() if summary is not None else None
+    if summary is None or found is None:
         return ""
-    test = tests[0]
+    pair, test = found
     values = []
-    for label in (test.get("a"), test.get("b")):
-        metrics = summary.get("models", {}).get(label, {})
-        value = metrics.get("metrics", metrics).get(primary, {}).get("value")
-        if _finite(value):
-            values.append(f"{escape(str(label))} {value:.3f}")
-    verdict = (
-        "<span class='ok'>significant</span>" if test.get("significant") else "<span class='bad'>not significant</span>"
-    )
+    for label in (pair.a, pair.b):
+        metric = summary.models[label].metrics.get(summary.primary_metric) if label in summary.models else None
+        if metric is not None and _finite(metric.value):
+            values.append(f"{escape(label)} {metric.value:.3f}")
+    verdict = "<span class='ok'>significant</span>" if test.significant else "<span class='bad'>not significant</span>"
+    caveat = f"<p class='muted'>Note: {escape(note)}.</p>" if note else ""
     return (
-        f"<p style='font-size:1.1rem'><b>{escape(str(primary))}</b>: {' vs '.join(values)}; difference "
-        f"{test.get('difference', float('nan')):+.3f}, {escape(str(test.get('test', '')))} "
-        f"p = {test.get('p_value', float('nan')):.2g} ({verdict})</p>"
+        f"<p style='font-size:1.1rem'><b>{escape(summary.primary_metric)}</b>: {' vs '.join(values)}; difference "
+        f"{test.difference:+.3f}, {escape(test.test)} p = {test.p_value:.2g} ({verdict})</p>{caveat}"
     )
 
 
@@ -223,39 +221,29 @@ def svg_line_chart(
     return "".join(out)
 
 
-def _compare_section(summary: Mapping[str, Any]) -> str:
-    models = {label: m.get("metrics", m) for label, m in summary.get("models", {}).items()}
+def _compare_section(summary: CompareSummary) -> str:
     rows = []
-    for label, metrics in models.items():
-        for metric, m in metrics.items():
-            if not isinstance(m, Mapping) or "value" not in m:
-                continue
-            interval = f"[{m.get('ci_low', float('nan')):.3f}, {m.get('ci_high', float('nan')):.3f}]"
+    for label, model in summary.models.items():
+        for metric, m in model.metrics.items():
+            e = m.estimate
             rows.append(
-                f"<tr><td>{escape(str(label))}</td><td>{escape(str(metric))}</td>"
-                f"<td class='num'>{m['value']:.3f}</td><td class='num'>{interval}</td>"
-                f"<td class='num'>{m.get('n', '')}</td></tr>"
+                f"<tr><td>{escape(label)}</td><td>{escape(metric)}</td><td class='num'>{e.value:.3f}</td>"
+                f"<td class='num'>[{e.ci_low:.3f}, {e.ci_high:.3f}]</td><td class='num'>{e.n}</td></tr>"
             )
     tests = []
-    for pair in _pair_tests(summary):
-        significant = bool(pair.get("significant"))
-        verdict = "<span class='ok'>significant</span>" if significant else "<span class='bad'>not significant</span>"
-        diff = pair.get("difference")
-        diff_text = f"{diff:+.3f}" if isinstance(diff, int | float) else ""
-        if isinstance(pair.get("diff_ci_low"), int | float) and isinstance(pair.get("diff_ci_high"), int | float):
-            diff_text += f" ({difference_interval(pair, summary.get('confidence'))})"
-        tests.append(
-            f"<tr><td>{escape(str(pair.get('a', '')))} vs {escape(str(pair.get('b', '')))}</td>"
-            f"<td>{escape(str(pair.get('metric', '')))}</td><td>{escape(str(pair.get('test', '')))}</td>"
-            f"<td class='num'>{diff_text}</td><td class='num'>{pair.get('p_value', float('nan')):.3g}</td>"
-            f"<td>{verdict}</td></tr>"
-        )
-    level = summary.get("confidence")
-    interval_head = f"{level_text(level)} interval" if isinstance(level, int | float) else "interval"
+    for pair in summary.pairs:
+        for metric, t in pair.tests.items():
+            verdict = (
+                "<span class='ok'>significant</span>" if t.significant else "<span class='bad'>not significant</span>"
+            )
+            tests.append(
+                f"<tr><td>{escape(pair.a)} vs {escape(pair.b)}</td><td>{escape(metric)}</td><td>{escape(t.test)}</td>"
+                f"<td class='num'>{t.difference:+.3f} ({difference_interval(t, summary.confidence)})</td>"
+                f"<td class='num'>{t.p_value:.3g}</td><td>{verdict}</td></tr>"
+            )
     table = (
-        f"<table><tr><th>model</th><th>metric</th><th>value</th><th>{interval_head}</th><th>n</th></tr>"
-        + "".join(rows)
-        + "</table>"
+        f"<table><tr><th>model</th><th>metric</th><th>value</th><th>{level_text(summary.confidence)} interval</th>"
+        "<th>n</th></tr>" + "".join(rows) + "</table>"
     )
     paired = (
         "<table><tr><th>pair</th><th>metric</th><th>test</th><th>difference (interval)</th><th>p-value</th>"
@@ -263,25 +251,17 @@ def _compare_section(summary: Mapping[str, Any]) -> str:
         if tests
         else ""
     )
-    bars = _bar_chart(models)
+    bars = _bar_chart(summary)
     return f"<h2>Base vs fine-tuned</h2>{table}{paired}{bars}"
 
 
-def _pair_tests(summary: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """Flatten ``pairs: [{a, b, tests: {metric: test}}]`` into one row per pair and metric."""
-    rows = []
-    for pair in summary.get("pairs", []):
-        for metric, test in pair.get("tests", {}).items():
-            rows.append({"a": pair.get("a"), "b": pair.get("b"), "metric": metric, **test})
-    return rows
-
-
-def _bar_chart(models: Mapping[str, Any]) -> str:
+def _bar_chart(summary: CompareSummary) -> str:
     bars = []
-    for label, metrics in models.items():
-        for metric, m in metrics.items():
-            if isinstance(m, Mapping) and _finite(m.get("value")):
-                bars.append((f"{label} · {metric}", float(m["value"]), m.get("ci_low"), m.get("ci_high")))
+    for label, model in summary.models.items():
+        for metric, m in model.metrics.items():
+            e = m.estimate
+            if _finite(e.value):
+                bars.append((f"{label} · {metric}", float(e.value), e.ci_low, e.ci_high))
     if not bars:
         return ""
     width, row, left = 620, 26, 230

@@ -153,15 +153,15 @@ class EvalStage:
         out = ctx.run_dir / "eval"
         staging = staging_dir(out)
         if "train" not in ctx.records:
-            from rayft.recipes.evaluate import evaluate_model
+            from rayft.recipes import evaluate
 
-            single = evaluate_model(ctx.cfg, ctx.cfg.model.name, staging)
+            single = evaluate.run(ctx.cfg, ctx.cfg.model.name, staging)
             replace_dir(staging, out)
-            return StageOutput({"dir": out}, dict(getattr(single, "summary", {}) or {}))
-        from rayft.recipes.compare import compare_models
+            return StageOutput({"dir": out}, single.summary.to_dict())
+        from rayft.recipes import compare
 
         sources = {"base": ctx.cfg.model.name, "tuned": str(ctx.records["train"].output(ctx.run_dir, "final"))}
-        result = compare_models(ctx.cfg, sources, staging)
+        result = compare.run(ctx.cfg, sources, staging)
         replace_dir(staging, out)
         files = {
             "dir": out,
@@ -170,7 +170,7 @@ class EvalStage:
             "html": out / result.html_path.name,
             "examples": out / result.examples_path.name,
         }
-        return StageOutput(files, dict(result.summary))
+        return StageOutput(files, result.summary.to_dict())
 
 
 class ExportStage:
@@ -189,11 +189,11 @@ class ExportStage:
 
     def run(self, ctx: StageContext, *, fresh: bool) -> StageOutput:
         """Export (merged or as an adapter) and verify."""
-        from rayft.recipes.export import export_model
+        from rayft.recipes import export
 
         out = ctx.run_dir / "export"
         staging = staging_dir(out)
-        result = export_model(ctx.cfg, str(ctx.records["train"].output(ctx.run_dir, "final")), staging)
+        result = export.run(ctx.cfg, str(ctx.records["train"].output(ctx.run_dir, "final")), staging)
         replace_dir(staging, out)
         summary = {"merged": result.merged, **{f"verification.{k}": v for k, v in dict(result.verification).items()}}
         return StageOutput({"dir": out}, summary)

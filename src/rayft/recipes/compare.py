@@ -1,5 +1,7 @@
 """``rayft compare CONFIG --model base=SRC --model tuned=SRC``: models side by side on the same prompts.
 
+Public entry point: :func:`run` (also ``rayft.compare``).
+
 Reads top to bottom: resolve every source first (so a bad one fails before any generation),
 read the examples once, evaluate each model, run a paired test of every metric for every pair
 (McNemar for correct/incorrect, paired bootstrap for continuous metrics), and write
@@ -28,6 +30,7 @@ from rayft.evaluation.report import (
 )
 from rayft.evaluation.runner import load_examples
 from rayft.evaluation.sources import resolve_source
+from rayft.evaluation.summary import CompareSummary
 from rayft.evaluation.tasks import build_task
 from rayft.recipes.evaluate import evaluate_source, generation_runtime
 
@@ -39,20 +42,23 @@ EXAMPLES_FILE = "examples.jsonl"
 
 @dataclass(frozen=True)
 class CompareResult:
-    """The comparison's files, its summary (metrics with intervals, paired tests), and examples."""
+    """The comparison's files, its summary (metrics with intervals, paired tests), and examples.
+
+    ``summary`` is what ``compare.json`` holds; ``examples`` the rows of ``examples.jsonl``.
+    """
 
     output_dir: Path
     json_path: Path
     markdown_path: Path
     html_path: Path
     examples_path: Path
-    summary: dict[str, Any]
+    summary: CompareSummary
     examples: list[dict[str, Any]]
     table: str
 
 
-def compare_models(cfg: RayftConfig, sources: Mapping[str, str], output_dir: Path) -> CompareResult:
-    """Evaluate every labelled source on the same examples and compare them pairwise."""
+def run(cfg: RayftConfig, sources: Mapping[str, str], output_dir: Path) -> CompareResult:
+    """Evaluate every labelled source (label -> model source) on the same examples; compare them pairwise."""
     if len(sources) < 2:
         raise ConfigError(
             f"compare needs at least two models, got {len(sources)} ({', '.join(sources) or 'none'}); "
@@ -66,27 +72,32 @@ def compare_models(cfg: RayftConfig, sources: Mapping[str, str], output_dir: Pat
             evaluate_source(label, r, examples, task=task, cfg=cfg, runtime=runtime) for label, r in resolved.items()
         ]
     ev = cfg.eval
-    summary: dict[str, Any] = {
-        "task": task.name,
-        "num_examples": len(examples.items),
-        "num_fewshot": len(examples.fewshot),
-        "skipped_rows": examples.skipped,
-        "confidence": ev.confidence,
-        "significance": ev.significance,
-        "primary_metric": runs[0].primary,
-        "models": {run.label: model_summary(run) for run in runs},
-        "pairs": pair_tests(runs, ev.confidence, ev.significance, ev.bootstrap_samples, ev.seed),
-        "config": {"eval": json.loads(ev.model_dump_json())},
-    }
+    summary = CompareSummary(
+        task=task.name,
+        num_examples=len(examples.items),
+        num_fewshot=len(examples.fewshot),
+        skipped_rows=examples.skipped,
+        confidence=ev.confidence,
+        significance=ev.significance,
+        primary_metric=runs[0].primary,
+        models={r.label: model_summary(r) for r in runs},
+        pairs=pair_tests(runs, ev.confidence, ev.significance, ev.bootstrap_samples, ev.seed),
+        config={"eval": json.loads(ev.model_dump_json())},
+    )
     rows = comparison_examples(runs, examples)
     out = Path(output_dir)
     return CompareResult(
         output_dir=out,
-        json_path=write_text_atomic(out / JSON_FILE, json.dumps(summary, indent=2, ensure_ascii=False) + "\n"),
+        json_path=write_text_atomic(
+            out / JSON_FILE, json.dumps(summary.to_dict(), indent=2, ensure_ascii=False) + "\n"
+        ),
         markdown_path=write_text_atomic(out / MARKDOWN_FILE, render_markdown(summary, rows)),
         html_path=write_text_atomic(out / HTML_FILE, render_html(summary, rows)),
         examples_path=write_jsonl(out / EXAMPLES_FILE, rows),
         summary=summary,
         examples=rows,
-        table=console_table(summary["models"], ev.confidence),
+        table=console_table(summary.models, ev.confidence),
     )
+
+
+compare_models = run  # the recipe's former name

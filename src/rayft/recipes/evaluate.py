@@ -3,6 +3,8 @@
 Reads top to bottom: build the task, read the examples, resolve the model source (a run
 directory picks its checkpoint), generate on Ray Data or in-process, score, and write
 ``eval.json`` (metrics with intervals, config, model fingerprint) and ``predictions.jsonl``.
+
+Public entry point: :func:`run` (also ``rayft.evaluate``).
 """
 
 from __future__ import annotations
@@ -14,12 +16,12 @@ import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from rayft.config import RayftConfig
 from rayft.evaluation.report import console_table, model_summary, prediction_rows, write_jsonl, write_text_atomic
 from rayft.evaluation.runner import Examples, ModelRun, Runtime, choose_runtime, load_examples, run_model
 from rayft.evaluation.sources import ResolvedSource, fingerprint_source, resolve_source
+from rayft.evaluation.summary import EvalSummary, MetricSummary, ModelSummary
 from rayft.evaluation.tasks import Task, build_task
 
 log = logging.getLogger("rayft.eval")
@@ -30,43 +32,60 @@ PREDICTIONS_FILE = "predictions.jsonl"
 
 @dataclass(frozen=True)
 class EvalResult:
-    """What ``evaluate_model`` wrote and found."""
+    """What an evaluation wrote (``eval.json``, ``predictions.jsonl``) and found (``summary``)."""
 
     output_dir: Path
     json_path: Path
     predictions_path: Path
-    metrics: dict[str, dict[str, Any]]
-    primary_metric: str
-    num_examples: int
-    model: dict[str, Any]
+    summary: EvalSummary
     table: str
-    summary: dict[str, Any]
+
+    @property
+    def metrics(self) -> dict[str, MetricSummary]:
+        """Every metric of the model, with its interval."""
+        return self.summary.model.metrics
+
+    @property
+    def primary_metric(self) -> str:
+        """The task's headline metric."""
+        return self.summary.model.primary_metric
+
+    @property
+    def num_examples(self) -> int:
+        """How many examples were scored."""
+        return self.summary.num_examples
+
+    @property
+    def model(self) -> ModelSummary:
+        """What was evaluated and how it did."""
+        return self.summary.model
 
 
-def evaluate_model(cfg: RayftConfig, source: str, output_dir: Path, *, label: str = "model") -> EvalResult:
+def run(cfg: RayftConfig, source: str, output_dir: Path, *, label: str = "model") -> EvalResult:
     """Evaluate the model ``source`` on ``cfg.eval`` and write the report into ``output_dir``."""
     task = build_task(cfg.eval)
     examples = load_examples(cfg.eval, task)
     resolved = resolve_source(source, cfg.model, cfg.eval.checkpoint)
     with generation_runtime(cfg) as runtime:
-        run = evaluate_source(label, resolved, examples, task=task, cfg=cfg, runtime=runtime)
-    summary = model_summary(run)
-    report = {
-        "task": task.name,
-        "num_examples": len(examples.items),
-        "num_fewshot": len(examples.fewshot),
-        "skipped_rows": examples.skipped,
-        "confidence": cfg.eval.confidence,
-        **summary,
-        "config": {"eval": json.loads(cfg.eval.model_dump_json()), "model": json.loads(cfg.model.model_dump_json())},
-    }
-    output_dir = Path(output_dir)
-    json_path = write_text_atomic(output_dir / EVAL_FILE, json.dumps(report, indent=2, ensure_ascii=False) + "\n")
-    predictions = write_jsonl(output_dir / PREDICTIONS_FILE, prediction_rows(run, examples))
-    table = console_table({label: summary}, cfg.eval.confidence)
-    return EvalResult(
-        output_dir, json_path, predictions, summary["metrics"], run.primary, len(examples.items), summary, table, report
+        model_run = evaluate_source(label, resolved, examples, task=task, cfg=cfg, runtime=runtime)
+    summary = EvalSummary(
+        task=task.name,
+        num_examples=len(examples.items),
+        num_fewshot=len(examples.fewshot),
+        skipped_rows=examples.skipped,
+        confidence=cfg.eval.confidence,
+        model=model_summary(model_run),
+        config={"eval": json.loads(cfg.eval.model_dump_json()), "model": json.loads(cfg.model.model_dump_json())},
     )
+    output_dir = Path(output_dir)
+    text = json.dumps(summary.to_dict(), indent=2, ensure_ascii=False) + "\n"
+    json_path = write_text_atomic(output_dir / EVAL_FILE, text)
+    predictions = write_jsonl(output_dir / PREDICTIONS_FILE, prediction_rows(model_run, examples))
+    table = console_table({label: summary.model}, cfg.eval.confidence)
+    return EvalResult(output_dir, json_path, predictions, summary, table)
+
+
+evaluate_model = run  # the recipe's former name
 
 
 def evaluate_source(

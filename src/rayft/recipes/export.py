@@ -6,6 +6,8 @@ must change them; the merged model must match base+adapter within ``export.probe
 save merged weights (or the adapter alone) with tokenizer, chat template and generation config,
 reload the saved directory with ``from_pretrained`` and generate, write the model card, and only
 then move the finished directory into place.
+
+Public entry point: :func:`run` (also ``rayft.export``).
 """
 
 from __future__ import annotations
@@ -46,7 +48,7 @@ class ExportResult:
     verification: dict[str, Any]
 
 
-def export_model(cfg: RayftConfig, source: str, output_dir: Path, *, merge: bool | None = None) -> ExportResult:
+def run(cfg: RayftConfig, source: str, output_dir: Path, *, merge: bool | None = None) -> ExportResult:
     """Export the checkpoint ``source`` (or a run directory's chosen checkpoint) to ``output_dir``."""
     merge = cfg.export.merge if merge is None else merge
     resolved = resolve_source(source, cfg.model, cfg.eval.checkpoint)
@@ -73,6 +75,9 @@ def export_model(cfg: RayftConfig, source: str, output_dir: Path, *, merge: bool
         shutil.rmtree(staging, ignore_errors=True)
     log.info("exported %s to %s", resolved.checkpoint_dir, target)
     return ExportResult(target, merged, resolved.kind, verification)
+
+
+export_model = run  # the recipe's former name
 
 
 def _check_target(target: Path) -> None:

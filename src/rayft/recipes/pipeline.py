@@ -37,6 +37,7 @@ from typing import Any
 
 from rayft.config import RayftConfig, dump_config
 from rayft.config.tracking import MlflowArtifact
+from rayft.evaluation.summary import CompareSummary
 from rayft.pipeline.fingerprint import hash_object
 from rayft.pipeline.lineage import relative
 from rayft.pipeline.outputs import (
@@ -44,6 +45,7 @@ from rayft.pipeline.outputs import (
     REPORT_FILE,
     PipelineProgress,
     persist_pipeline_files,
+    read_comparison,
     write_outputs,
     write_text,
 )
@@ -58,7 +60,7 @@ from rayft.tracking.driver import PipelineTracker
 log = logging.getLogger("rayft.run")
 
 
-@dataclass
+@dataclass(frozen=True)
 class PipelineResult:
     """What ``rayft run`` did: each stage's decision and record, and where the report is."""
 
@@ -68,6 +70,10 @@ class PipelineResult:
     lineage_path: Path
     report_path: Path
     elapsed_s: dict[str, float] = field(default_factory=dict)
+
+    def comparison(self) -> CompareSummary | None:
+        """The eval stage's base vs fine-tuned comparison (its compare.json), when there is one."""
+        return read_comparison(self.run_dir, self.records)
 
 
 def run(
@@ -101,7 +107,7 @@ def run(
                 progress.decisions.append(decision)
                 if on_decision is not None:
                     on_decision(decision)
-                log.info("stage %s: %s (%s)", name, decision.action, decision.reason)
+                log.debug("stage %s: %s (%s)", name, decision.action, decision.reason)
                 if decision.action == "run":
                     run_stage(STAGES[name], inputs, ctx, progress, tracker=tracker)
                 else:

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from rayft.config import RayftConfig
 from rayft.config.sdg import SdgConfig
+from rayft.console import Progress
 from rayft.errors import DataError
 from rayft.runs.location import local_run_dir
 from rayft.runs.lock import run_lock
@@ -268,16 +269,19 @@ def generate_and_commit(
     filter_s = write_s = 0.0
     number = store.next_part()
     ds = build_dataset(seeds, stages, sdg)
-    for rows in complete_seed_batches(ds.iter_batches(batch_size=None, batch_format="pyarrow")):
-        t0 = time.monotonic()
-        filters.apply(rows)
-        t1 = time.monotonic()
-        seed_ids = sorted({r["seed_id"] for r in rows})
-        record = part_record(rows, seed_ids, stage_seconds(rows))
-        accepted = [r for r in rows if not r["reject_reason"]]
-        store.commit_part(number, accepted, [r for r in rows if r["reject_reason"]], record)
-        number += 1
-        filter_s, write_s = filter_s + t1 - t0, write_s + time.monotonic() - t1
+    what = f"sdg {sdg.generator}" + (f" ({sdg.teacher.model.name})" if sdg.generator != "symbolic" else "")
+    with Progress(what, len(seeds), unit="seeds") as progress:
+        for rows in complete_seed_batches(ds.iter_batches(batch_size=None, batch_format="pyarrow")):
+            t0 = time.monotonic()
+            filters.apply(rows)
+            t1 = time.monotonic()
+            seed_ids = sorted({r["seed_id"] for r in rows})
+            record = part_record(rows, seed_ids, stage_seconds(rows))
+            accepted = [r for r in rows if not r["reject_reason"]]
+            store.commit_part(number, accepted, [r for r in rows if r["reject_reason"]], record)
+            number += 1
+            filter_s, write_s = filter_s + t1 - t0, write_s + time.monotonic() - t1
+            progress.advance(len(seed_ids))
     return {"generate": time.monotonic() - started - filter_s - write_s, "filters": filter_s, "write_parts": write_s}
 
 

@@ -19,6 +19,7 @@ from typing import Any
 
 from rayft._ray_private import block_iterator_class, local_train_env, trainer_class
 from rayft.config.train import CheckpointConfig, FailureConfig, ScalingConfig
+from rayft.console import quiet_worker_console, ray_train_log_level
 from rayft.data.prepared import PreparedData
 from rayft.errors import RayftError, ResourceError, RunInterruptedError, TrainingError, exception_chain
 from rayft.runs import layout
@@ -194,6 +195,8 @@ def launch_ray(
             storage_path=plan.run_dir,
             failure_config=ray.train.FailureConfig(max_failures=failure.max_failures),
             checkpoint_config=_ray_checkpoint_config(checkpoint, plan.has_validation),
+            # Ray Train's RunConfig takes it at run time; its typed v1 signature does not list it
+            logging_config=ray.train.LoggingConfig(log_level=ray_train_log_level()),  # type: ignore[call-arg]
         ),
         torch_config=TorchConfig(backend="nccl" if use_gpu else "gloo", timeout_s=int(failure.collective_timeout_s)),
         datasets=_ray_datasets(prepared),
@@ -213,6 +216,7 @@ def ray_worker_entry(config: dict[str, Any]) -> None:
     runs Ray's task loop)."""
     plan: WorkerPlan = config["plan"]
     install_log_redaction()
+    quiet_worker_console()
     if config.get("idle_main_thread"):
         idle_main_thread()
     session = RaySession(Path(plan.run_dir), remote_uri=plan.remote_uri, num_to_keep=plan.checkpoint.num_to_keep)

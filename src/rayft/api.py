@@ -1,0 +1,132 @@
+"""rayft's Python API: the functions the package root exports (``rayft.train``, ``rayft.compare`` ...).
+
+Each function runs one recipe, exactly as the matching CLI command does, and returns its typed
+result. Importing this module is light (no torch, no ray): every function imports its recipe when
+it is called.
+
+    import rayft
+
+    cfg = rayft.load_config("configs/quickstart.yaml", ["train.max_steps=20"])
+    result = rayft.train(cfg)
+    print(result.final_dir, result.train_loss)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from rayft.config import RayftConfig
+from rayft.runs.location import local_run_dir
+
+if TYPE_CHECKING:
+    from rayft.pipeline.plan import StageDecision
+    from rayft.recipes.compare import CompareResult
+    from rayft.recipes.evaluate import EvalResult
+    from rayft.recipes.export import ExportResult
+    from rayft.recipes.pipeline import PipelineResult
+    from rayft.recipes.sdg import SdgResult
+    from rayft.recipes.train import TrainResult
+
+
+def train(cfg: RayftConfig, resume: bool = False) -> TrainResult:
+    """Fine-tune ``cfg.model`` on ``cfg.data`` into ``<storage_path>/<name>/`` (``rayft train``).
+
+    Args:
+        cfg: A config from :func:`rayft.load_config` (or built with :class:`rayft.RayftConfig`).
+        resume: Continue the run of the same name from its newest complete checkpoint.
+    """
+    from rayft.recipes import train as recipe
+
+    return recipe.run(cfg, resume=resume)
+
+
+def sdg(cfg: RayftConfig, output_dir: str | Path | None = None) -> SdgResult:
+    """Generate synthetic training data from ``cfg.sdg`` (``rayft sdg``); an interrupted run resumes.
+
+    Args:
+        cfg: The config.
+        output_dir: Where the data goes (default: ``sdg.output_dir``, else ``<storage_path>/<name>/sdg``).
+    """
+    from rayft.recipes import sdg as recipe
+
+    return recipe.run(cfg, output_dir=Path(output_dir) if output_dir is not None else None)
+
+
+def evaluate(
+    cfg: RayftConfig, model: str | None = None, output_dir: str | Path | None = None, *, label: str = "model"
+) -> EvalResult:
+    """Score one model on ``cfg.eval`` and write ``eval.json`` and ``predictions.jsonl`` (``rayft eval``).
+
+    Args:
+        cfg: The config.
+        model: A run directory, checkpoint, model directory, Hub id, .gguf file or built-in name
+            (default: the config's run directory if it exists, else ``model.name``).
+        output_dir: The report directory (default ``<storage_path>/<name>/eval``).
+        label: The model's name in the report.
+    """
+    from rayft.recipes import evaluate as recipe
+
+    run_dir = local_run_dir(cfg.storage_path, cfg.name, command="rayft.evaluate", fix="pass model= and output_dir=")
+    if model is None:
+        model = str(run_dir) if run_dir.is_dir() else cfg.model.name
+    return recipe.run(cfg, model, Path(output_dir) if output_dir is not None else run_dir / "eval", label=label)
+
+
+def compare(cfg: RayftConfig, models: Mapping[str, str], output_dir: str | Path | None = None) -> CompareResult:
+    """Evaluate two or more models on the same examples and test their differences (``rayft compare``).
+
+    Args:
+        cfg: The config.
+        models: Label -> model source, e.g. ``{"base": "smollm2-135m-instruct", "tuned": "runs/my-run"}``.
+        output_dir: The report directory (default ``<storage_path>/<name>/compare``).
+    """
+    from rayft.recipes import compare as recipe
+
+    if output_dir is None:
+        run_dir = local_run_dir(cfg.storage_path, cfg.name, command="rayft.compare", fix="pass output_dir=")
+        output_dir = run_dir / "compare"
+    return recipe.run(cfg, dict(models), Path(output_dir))
+
+
+def export(
+    src: str | Path, out: str | Path, cfg: RayftConfig | None = None, *, merge: bool | None = None
+) -> ExportResult:
+    """Turn a checkpoint (or a run directory's chosen checkpoint) into a verified Hugging Face model
+    directory (``rayft export``).
+
+    Args:
+        src: A run directory, a ``checkpoints/step-N`` directory or a ``final/`` directory.
+        out: The new model directory (must not exist, or be empty).
+        cfg: The config (its ``export`` and ``eval.checkpoint`` sections); defaults when None.
+        merge: Merge the LoRA adapter into the weights (default: ``export.merge``).
+    """
+    from rayft.recipes import export as recipe
+
+    return recipe.run(cfg if cfg is not None else RayftConfig(), str(src), Path(out), merge=merge)
+
+
+def run_pipeline(
+    cfg: RayftConfig,
+    *,
+    from_stage: str | None = None,
+    only: str | None = None,
+    force: bool = False,
+    address: str | None = None,
+    on_decision: Callable[[StageDecision], None] | None = None,
+) -> PipelineResult:
+    """Run the stages the config requests (sdg, train, eval, export) on one Ray (``rayft run``),
+    skipping those whose inputs did not change.
+
+    Args:
+        cfg: The config; its ``sdg``, ``train``/``data``, ``eval`` and ``export`` sections pick the stages.
+        from_stage: Rerun this stage and every later one.
+        only: Rerun this stage alone.
+        force: Rerun every selected stage even when its inputs did not change.
+        address: Join this Ray cluster instead of starting a local one.
+        on_decision: Called with each stage's decision (run, skip, reuse) before it runs.
+    """
+    from rayft.recipes import pipeline as recipe
+
+    return recipe.run(cfg, from_stage=from_stage, only=only, force=force, address=address, on_decision=on_decision)

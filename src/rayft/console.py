@@ -1,0 +1,236 @@
+"""What the console shows: rayft's own progress, and the warnings a user must act on.
+
+By default the console gets rayft's log lines (stage headers, plans, per-step training lines,
+generation progress with ETA, results) and every logger's warnings and errors; Ray's own
+informational output (Ray core, Ray Data's execution and progress logging, Ray Train's
+controller and reporting lines, Hugging Face progress bars) is kept off it. A command that has a
+run directory also writes everything, Ray's loggers included, to ``<run>/logs/rayft.log``.
+``rayft --verbose`` (or ``RAYFT_VERBOSE=1``) brings Ray's output back to the console.
+
+Internal module: the CLI and the recipes use it; it is not part of the public API.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import sys
+import time
+import warnings
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+VERBOSE_ENV = "RAYFT_VERBOSE"
+LOG_FILE = Path("logs") / "rayft.log"
+"""Where a run's log file goes, relative to its run directory."""
+
+_RAY_LOGGERS = ("ray", "ray.data", "ray.train")
+_FILE_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+_HANDLER_NAME = "rayft-log-file"
+
+
+def is_verbose() -> bool:
+    """Whether Ray's own output goes to the console too (``--verbose``, ``RAYFT_VERBOSE=1``)."""
+    return os.environ.get(VERBOSE_ENV, "0").strip() not in ("", "0", "false")
+
+
+class ConsoleFilter(logging.Filter):
+    """Lets through rayft's own records, and other loggers' warnings and errors (all when verbose)."""
+
+    def __init__(self, verbose: bool) -> None:
+        super().__init__()
+        self.verbose = verbose
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        """True for a record the console shows."""
+        own = record.name == "rayft" or record.name.startswith("rayft.")
+        return self.verbose or own or record.levelno >= logging.WARNING
+
+
+class ConsoleFormatter(logging.Formatter):
+    """``HH:MM:SS message`` for rayft's information, with the level and logger for anything else."""
+
+    def __init__(self) -> None:
+        super().__init__("%(asctime)s %(message)s", datefmt="%H:%M:%S")
+        self._detailed = logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
+
+    def format(self, record: logging.LogRecord) -> str:
+        """The record as one console line."""
+        if record.levelno == logging.INFO and record.name.startswith("rayft"):
+            return super().format(record)
+        return self._detailed.format(record)
+
+
+def setup_console(*, verbose: bool = False, debug: bool = False) -> None:
+    """Configure the console for a command: rayft's lines, and Ray's only when ``verbose``.
+
+    Sets ``RAYFT_VERBOSE`` so that the processes Ray starts from here (which inherit the
+    environment) follow the same choice, and, unless verbose, turns off Hugging Face's progress bars.
+    """
+    verbose = verbose or debug or is_verbose()
+    os.environ[VERBOSE_ENV] = "1" if verbose else "0"
+    if not verbose:
+        os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    root = logging.getLogger()
+    root.setLevel(logging.DEBUG if debug else logging.INFO)
+    for handler in [h for h in root.handlers if getattr(h, "_rayft_console", False)]:
+        root.removeHandler(handler)
+    handler = logging.StreamHandler(sys.stderr)
+    handler.addFilter(ConsoleFilter(verbose))
+    handler.setFormatter(ConsoleFormatter())
+    handler._rayft_console = True  # type: ignore[attr-defined]
+    root.addHandler(handler)
+
+
+def attach_log_file(run_dir: Path) -> Path | None:
+    """Write every log record (rayft's and Ray's loggers') to ``<run_dir>/logs/rayft.log`` as well.
+
+    Returns the file, or None when it cannot be created (the command then logs to the console alone).
+    """
+    path = Path(run_dir) / LOG_FILE
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        handler = logging.FileHandler(path, encoding="utf-8")
+    except OSError:
+        return None
+    handler.setFormatter(logging.Formatter(_FILE_FORMAT))
+    handler.set_name(_HANDLER_NAME)
+    for name in ("", *_RAY_LOGGERS):
+        logger = logging.getLogger(name)
+        for old in [h for h in logger.handlers if h.get_name() == _HANDLER_NAME]:
+            logger.removeHandler(old)
+            old.close()
+        logger.addHandler(handler)
+    return path
+
+
+def quiet_ray() -> None:
+    """Keep Ray's informational output off the console (unless verbose): Ray core's and Ray Data's
+    console handlers show errors and warnings only, and Ray Data logs no progress. Call it before
+    the work starts, once ``ray`` can be imported; the log file still gets everything."""
+    if is_verbose():
+        return
+    import ray.data
+
+    levels = {"ray": logging.ERROR, "ray.data": logging.WARNING}
+    for name, level in levels.items():
+        for handler in logging.getLogger(name).handlers:
+            if isinstance(handler, logging.StreamHandler) and not isinstance(handler, logging.FileHandler):
+                handler.setLevel(level)
+    context = ray.data.DataContext.get_current()
+    context.enable_progress_bars = False  # rayft shows its own progress
+    context.enable_operator_progress_bars = False
+    logging.getLogger("ray.data._internal.progress").addFilter(_not_progress_notice)
+
+
+def _not_progress_notice(record: logging.LogRecord) -> bool:
+    """False for Ray Data's notice that its progress bars are off (rayft turned them off)."""
+    return "Progress bars disabled" not in record.getMessage()
+
+
+class RayInfoFilter(logging.Filter):
+    """Drops the records below WARNING logged from inside the ``ray`` package (any logger name)."""
+
+    def __init__(self, ray_dir: str) -> None:
+        super().__init__()
+        self.ray_dir = ray_dir
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        """True for a record the console shows."""
+        return record.levelno >= logging.WARNING or not record.pathname.startswith(self.ray_dir)
+
+
+def quiet_worker_console() -> None:
+    """In a Ray worker process (unless verbose): keep Ray's informational records (say, Ray Train's
+    "Reporting training result" per step and rank) off the console handlers that Ray forwards to
+    the driver; rayft's own lines and every warning still go through."""
+    if is_verbose():
+        return
+    import ray
+
+    console_filter = RayInfoFilter(os.path.dirname(ray.__file__))
+    for name in ("", "ray", "ray.train"):
+        for handler in logging.getLogger(name).handlers:
+            if isinstance(handler, logging.StreamHandler) and not isinstance(handler, logging.FileHandler):
+                handler.addFilter(console_filter)
+
+
+def ignore_known_warnings() -> None:
+    """Silence third-party warnings that ask nothing of a rayft user (in this process): peft reads
+    transformers' deprecated ``is_gradient_checkpointing`` on every adapter it wraps."""
+    warnings.filterwarnings("ignore", message=r"`is_gradient_checkpointing` is deprecated", category=FutureWarning)
+
+
+def ray_train_log_level() -> str:
+    """The level of Ray Train's own console lines: INFO when verbose, else WARNING."""
+    return "INFO" if is_verbose() else "WARNING"
+
+
+def _clock(seconds: float) -> str:
+    if not math.isfinite(seconds) or seconds < 0:
+        return "?"
+    minutes, secs = divmod(round(seconds), 60)
+    return f"{minutes}m{secs:02d}s"
+
+
+def progress_line(what: str, done: int, total: int, elapsed_s: float, unit: str) -> str:
+    """``what: done/total unit (pct), rate unit/s, elapsed, eta`` (a pure formatter)."""
+    rate = done / elapsed_s if elapsed_s > 0 else math.nan
+    eta = (total - done) / rate if done and rate > 0 else math.nan
+    pct = 100.0 * done / total if total else 100.0
+    rate_text = f"{rate:.2f}" if math.isfinite(rate) else "?"
+    timing = f"{_clock(elapsed_s)} elapsed, eta {_clock(eta)}"
+    return f"{what}: {done}/{total} {unit} ({pct:.0f}%), {rate_text} {unit}/s, {timing}"
+
+
+class Progress:
+    """Progress of a counted piece of work, with rate and ETA.
+
+    On a terminal it is a live ``rich`` bar (the line is replaced as work completes); elsewhere
+    (a log file, CI) it logs a line on ``rayft.progress`` at most every ``every_s`` seconds, and
+    one at the end. Use as a context manager and call :meth:`advance`.
+    """
+
+    def __init__(self, what: str, total: int, *, unit: str = "items", every_s: float = 10.0) -> None:
+        self.what, self.total, self.unit, self.every_s = what, total, unit, every_s
+        self.done = 0
+        self._log = logging.getLogger("rayft.progress")
+        self._started = time.monotonic()
+        self._last_line = self._started
+        self._bar: Any = None
+        self._task: Any = None
+
+    def __enter__(self) -> Progress:
+        self._started = self._last_line = time.monotonic()
+        if sys.stderr.isatty() and not is_verbose():
+            from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+            from rich.progress import Progress as RichProgress
+
+            self._bar = RichProgress(
+                TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn(self.unit),
+                TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn(), transient=True,
+            )  # fmt: skip
+            self._bar.start()
+            self._task = self._bar.add_task(self.what, total=self.total)
+        else:
+            self._log.info(progress_line(self.what, 0, self.total, 0.0, self.unit))
+        return self
+
+    def advance(self, count: int) -> None:
+        """Record ``count`` more items done."""
+        self.done += count
+        now = time.monotonic()
+        if self._bar is not None:
+            self._bar.update(self._task, completed=self.done)
+        elif now - self._last_line >= self.every_s and self.done < self.total:
+            self._last_line = now
+            self._log.info(progress_line(self.what, self.done, self.total, now - self._started, self.unit))
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        if self._bar is not None:
+            self._bar.stop()
+        if kind is None:
+            elapsed = time.monotonic() - self._started
+            self._log.info(progress_line(self.what, self.done, self.total, elapsed, self.unit))

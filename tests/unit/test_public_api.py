@@ -1,0 +1,102 @@
+"""The public API: the exact names the package root exports, each importable, listed, and light."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import inspect
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import rayft
+
+PUBLIC = [
+    "CheckpointConfig", "CheckpointError", "CompareResult", "CompareSummary", "ConfigError", "DataConfig",
+    "DataError", "DatasetConfig", "Estimate", "EvalConfig", "EvalResult", "EvalSummary", "ExportConfig",
+    "ExportResult", "FailureConfig", "GenerationConfig", "LoggingConfig", "LoraConfig", "MetricSummary",
+    "MissingDependencyError", "ModelConfig", "ModelError", "ModelSummary", "PairComparison", "PairedTest",
+    "PipelineResult", "RayftConfig", "RayftError", "ResourceError", "RunInterruptedError", "RunStateError",
+    "ScalingConfig", "SdgConfig", "SdgResult", "StorageError", "TrainConfig", "TrainResult", "TrainingError",
+    "__version__", "compare", "evaluate", "export", "load_config", "run_pipeline", "sdg", "train",
+]  # fmt: skip
+RESULTS = ["TrainResult", "SdgResult", "EvalResult", "CompareResult", "ExportResult", "PipelineResult"]
+RECIPES = ["train", "sdg", "evaluate", "compare", "export", "pipeline"]
+
+LIGHT_CHECK = (
+    "import sys\n"
+    "import rayft\n"
+    "for name in rayft.__all__:\n"
+    "    getattr(rayft, name)\n"
+    "from rayft import train, sdg, evaluate, compare, export, run_pipeline, load_config\n"
+    "heavy = sorted(m for m in ('torch', 'ray', 'transformers', 'peft', 'datasets') if m in sys.modules)\n"
+    "print('HEAVY=' + ','.join(heavy))\n"
+)
+
+
+def test_the_public_names_are_pinned() -> None:
+    assert sorted(rayft.__all__) == sorted(PUBLIC)
+
+
+@pytest.mark.parametrize("name", PUBLIC)
+def test_each_public_name_is_importable_and_listed(name: str) -> None:
+    assert getattr(rayft, name) is not None
+    assert name in dir(rayft)
+    namespace: dict[str, object] = {}
+    exec(f"from rayft import {name}", namespace)
+    assert namespace[name] is getattr(rayft, name)
+
+
+def test_an_unknown_name_raises_attribute_error() -> None:
+    with pytest.raises(AttributeError, match="has no attribute 'trian'"):
+        rayft.trian  # noqa: B018
+
+
+def test_importing_every_public_name_loads_neither_torch_nor_ray() -> None:
+    out = subprocess.run([sys.executable, "-c", LIGHT_CHECK], capture_output=True, text=True, check=True)
+    assert "HEAVY=\n" in out.stdout, out.stdout
+
+
+def test_subpackages_of_the_same_name_do_not_replace_the_functions() -> None:
+    importlib.import_module("rayft.sdg.rows")
+    importlib.import_module("rayft.export.card")
+    assert inspect.isfunction(rayft.sdg) and inspect.isfunction(rayft.export)
+
+
+def test_function_signatures() -> None:
+    assert list(inspect.signature(rayft.load_config).parameters) == ["path", "overrides"]
+    train = inspect.signature(rayft.train)
+    assert list(train.parameters) == ["cfg", "resume"] and train.parameters["resume"].default is False
+    assert list(inspect.signature(rayft.compare).parameters)[:2] == ["cfg", "models"]
+    assert list(inspect.signature(rayft.export).parameters)[:2] == ["src", "out"]
+    for name in ("sdg", "evaluate", "run_pipeline"):
+        assert next(iter(inspect.signature(getattr(rayft, name)).parameters)) == "cfg"
+
+
+@pytest.mark.parametrize("name", RESULTS)
+def test_results_are_frozen_dataclasses(name: str) -> None:
+    cls = getattr(rayft, name)
+    assert dataclasses.is_dataclass(cls) and cls.__dataclass_params__.frozen  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_every_recipe_exposes_run(recipe: str) -> None:
+    module = importlib.import_module(f"rayft.recipes.{recipe}")
+    assert next(iter(inspect.signature(module.run).parameters)) == "cfg"
+
+
+def test_load_config_takes_a_path_and_dotted_overrides(tmp_path: Path) -> None:
+    path = tmp_path / "cfg.yaml"
+    path.write_text("name: nb\nlora: {r: 8}\n")
+    cfg = rayft.load_config(path, ["train.learning_rate=1e-4", "lora.r=4"])
+    assert isinstance(cfg, rayft.RayftConfig)
+    assert (cfg.name, cfg.lora.r, cfg.train.learning_rate) == ("nb", 4, 1e-4)
+    with pytest.raises(rayft.ConfigError, match="lora.rr"):
+        rayft.load_config(path, ["lora.rr=4"])
+
+
+def test_the_error_tree_has_one_root() -> None:
+    errors = [n for n in PUBLIC if n.endswith("Error")]
+    assert all(issubclass(getattr(rayft, n), rayft.RayftError) for n in errors)
