@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from rayft.config import dump_config
+from rayft.runs.lock import run_lock
 from rayft.runs.manifest import read_manifest
 from tests.helpers import read_metrics, tiny_config
 
@@ -43,6 +44,10 @@ def write_config(tmp_path: Path, model_dir: Path, *overrides: str) -> Path:
 
 def test_rayft_train_under_torchrun_trains_and_refuses_a_finished_run(tiny_model_dir: Path, tmp_path: Path) -> None:
     config = write_config(tmp_path, tiny_model_dir)
+    with run_lock(tmp_path / "runs" / "run", command="another driver"):  # a second job on the same run is refused
+        held = torchrun_train(config)
+    assert held.returncode != 0
+    assert f"pid {os.getpid()}" in held.stderr, held.stderr[-4000:]
     done = torchrun_train(config)
     assert done.returncode == 0, done.stderr[-4000:]
     run_dir = tmp_path / "runs" / "run"

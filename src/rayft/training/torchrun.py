@@ -165,6 +165,7 @@ def train(cfg: RayftConfig, *, resume: bool = False) -> TrainResult | None:
     import torch.distributed as dist
 
     from rayft.recipes import train as recipe
+    from rayft.runs.lock import RunLock
     from rayft.training.launcher import split_files, stop_on_sigterm
 
     started = time.monotonic()
@@ -172,10 +173,13 @@ def train(cfg: RayftConfig, *, resume: bool = False) -> TrainResult | None:
     location = check_torchrun_run(cfg, world)
     timeout = datetime.timedelta(seconds=cfg.failure.collective_timeout_s)
     dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo", timeout=timeout)
+    # Rank 0 is this run's driver: it holds the run's lock, so a second job on the same run is refused.
+    lock = RunLock(location.local_dir, command="rayft train (torchrun)")
     try:
         rank, first_of_node = dist.get_rank(), int(os.environ.get("LOCAL_RANK", "0")) == 0
         run_dir = location.local_dir
         prepared: list[PreparedData] = []
+        _in_turn(rank == 0, lock.acquire)
         _in_turn(rank == 0, lambda: recipe.claim_run_dir(cfg, resume=resume, location=location))
         _in_turn(rank == 0, lambda: prepared.append(_prepare(cfg, run_dir / "data")))
         _in_turn(rank != 0 and first_of_node, lambda: prepared.append(_prepare(cfg, None)))
@@ -187,6 +191,7 @@ def train(cfg: RayftConfig, *, resume: bool = False) -> TrainResult | None:
         dist.barrier()
         return recipe.collect_result(run_dir, prepared[0], time.monotonic() - started) if rank == 0 else None
     finally:
+        lock.release()  # a lock this rank never took is left alone
         dist.destroy_process_group()
 
 
