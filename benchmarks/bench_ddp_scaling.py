@@ -85,6 +85,8 @@ def main() -> None:
                 if round_index > 0:
                     results[workers].append(tokens_per_s)
     efficiency = [two / (2 * one) for one, two in zip(results[1], results[2], strict=True)]
+    print(f"machine: {os.cpu_count()} CPUs, load average over 1/5/15 min {os.getloadavg()} (other processes "
+          "compete with the 2-worker arm for the same cores)")  # fmt: skip
     print(f"tokens/s 1 worker: {[round(v) for v in results[1]]}, 2 workers: {[round(v) for v in results[2]]}")
     print(f"weak-scaling efficiency tokens/s(2) / (2 x tokens/s(1)): {statistics.median(efficiency):.2f} "
           f"({min(efficiency):.2f}-{max(efficiency):.2f}); target >= 0.9")  # fmt: skip

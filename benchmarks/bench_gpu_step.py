@@ -221,6 +221,11 @@ def main(argv: list[str] | None = None) -> list[Result]:
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
     print("command:", " ".join([Path(sys.executable).name, *sys.argv]), flush=True)
+    import torch
+
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print("no CUDA device here: nothing measured (--device cpu --arch qwen2-tiny runs a smoke test)")
+        return []
     from rayft.testing.architectures import architecture_config
 
     results = []

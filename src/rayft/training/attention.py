@@ -54,10 +54,13 @@ def uses_varlen(attn_implementation: str) -> bool:
 @functools.cache
 def register() -> None:
     """Make :data:`PER_EXAMPLE_SDPA` a valid ``attn_implementation`` in this process (once)."""
+    import torch
     from transformers import AttentionInterface
     from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, flash_attention_mask
 
-    AttentionInterface.register(PER_EXAMPLE_SDPA, per_example_sdpa)
+    # Left out of torch.compile (train.compile): its loop over the examples of a row reads their bounds as
+    # Python ints, which compiled code would specialise on, compiling again for every batch.
+    AttentionInterface.register(PER_EXAMPLE_SDPA, torch.compiler.disable(per_example_sdpa))  # type: ignore[no-untyped-call]
     # Masks as for flash attention: none without padding, else the 2D padding mask (which
     # per_example_sdpa refuses rather than ignores).
     ALL_MASK_ATTENTION_FUNCTIONS.register(PER_EXAMPLE_SDPA, flash_attention_mask)
