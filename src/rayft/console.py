@@ -84,6 +84,29 @@ def setup_console(*, verbose: bool = False, debug: bool = False) -> None:
     root.addHandler(handler)
 
 
+class LogFileHandler(logging.FileHandler):
+    """The run's log file. Its format is fixed: Ray sets the formatter of every handler of its
+    ``ray`` logger when it starts, and this handler serves that logger too."""
+
+    def setFormatter(self, fmt: logging.Formatter | None) -> None:  # noqa: N802 (logging's name)
+        """Set the format once; later calls are ignored."""
+        if self.formatter is None:
+            super().setFormatter(fmt)
+
+
+def _attach(handler: logging.Handler, names: tuple[str, ...]) -> None:
+    for name in names:
+        logger = logging.getLogger(name)
+        for old in [h for h in logger.handlers if h.get_name() == _HANDLER_NAME and h is not handler]:
+            logger.removeHandler(old)
+        if handler not in logger.handlers:
+            logger.addHandler(handler)
+
+
+def _log_file_handler() -> logging.Handler | None:
+    return next((h for h in logging.getLogger().handlers if h.get_name() == _HANDLER_NAME), None)
+
+
 def attach_log_file(run_dir: Path) -> Path | None:
     """Write every log record (rayft's and Ray's loggers') to ``<run_dir>/logs/rayft.log`` as well.
 
@@ -92,28 +115,29 @@ def attach_log_file(run_dir: Path) -> Path | None:
     path = Path(run_dir) / LOG_FILE
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        handler = logging.FileHandler(path, encoding="utf-8")
+        handler = LogFileHandler(path, encoding="utf-8")
     except OSError:
         return None
     handler.setFormatter(logging.Formatter(_FILE_FORMAT))
     handler.set_name(_HANDLER_NAME)
-    for name in ("", *_RAY_LOGGERS):
-        logger = logging.getLogger(name)
-        for old in [h for h in logger.handlers if h.get_name() == _HANDLER_NAME]:
-            logger.removeHandler(old)
-            old.close()
-        logger.addHandler(handler)
+    previous = _log_file_handler()
+    _attach(handler, ("", *_RAY_LOGGERS))
+    if previous is not None:
+        previous.close()
     return path
 
 
 def quiet_ray() -> None:
-    """Keep Ray's informational output off the console (unless verbose): Ray core's and Ray Data's
-    console handlers show errors and warnings only, and Ray Data logs no progress. Call it before
-    the work starts, once ``ray`` can be imported; the log file still gets everything."""
+    """Send Ray's loggers to the run's log file, and keep Ray's informational output off the console
+    (unless verbose): Ray core's console handler shows errors, Ray Data's warnings and errors, and
+    Ray Data logs no progress. Call it before Ray starts."""
+    import ray.data  # configures the ray.data logger anew: the log file is attached again below
+
+    handler = _log_file_handler()
+    if handler is not None:
+        _attach(handler, _RAY_LOGGERS)
     if is_verbose():
         return
-    import ray.data
-
     levels = {"ray": logging.ERROR, "ray.data": logging.WARNING}
     for name, level in levels.items():
         for handler in logging.getLogger(name).handlers:

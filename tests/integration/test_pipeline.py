@@ -90,12 +90,12 @@ def test_pipeline_runs_then_skips_then_reruns_what_changed(
     second = runner.invoke(cli, ["run", str(_write_config(tmp_path, tiny_model_dir, 6))], catch_exceptions=False)
     assert second.exit_code == 0, second.output
     for stage in ("sdg", "train", "eval", "export"):
-        assert f"[{stage}] skipped: up to date" in second.output
+        assert f"== {stage}: skipped (up to date)" in second.output
 
     third = runner.invoke(cli, ["run", str(_write_config(tmp_path, tiny_model_dir, 4))], catch_exceptions=False)
     assert third.exit_code == 0, third.output
-    assert "[sdg] skipped" in third.output and "[train] skipped" in third.output
-    assert "[eval] running: inputs changed" in third.output and "[export] skipped" in third.output
+    assert "== sdg: skipped" in third.output and "== train: skipped" in third.output
+    assert "== eval: running (inputs changed" in third.output and "== export: skipped" in third.output
     compare = json.loads((run_dir / "eval" / "compare.json").read_text())
     assert compare["models"]["base"]["metrics"][compare["primary_metric"]]["n"] == 4
 
