@@ -37,6 +37,10 @@ class RunStateError(RayftError):
     """The run directory is in a state that forbids the requested action (say, reuse without --resume)."""
 
 
+class ClusterError(RayftError):
+    """A Ray cluster cannot be reached or used: a wrong address, a refused token, no Jobs API."""
+
+
 class StorageError(RayftError):
     """The storage path cannot be written or read."""
 

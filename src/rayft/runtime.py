@@ -41,6 +41,8 @@ def ray_runtime(address: str | None = None, *, metrics: bool = False) -> Iterato
         yield
         return
     quiet_ray()
+    # A Ray Job's driver (rayft submit) runs with RAY_ADDRESS set to the cluster that runs the job.
+    address = address or os.environ.get("RAY_ADDRESS", "").strip() or None
     if address:
         log.info("joining the Ray cluster at %s", address)
         _join(address)
@@ -70,6 +72,13 @@ def log_metrics_endpoints() -> list[str]:
     for endpoint in endpoints:
         log.info("Ray exports metrics (rayft's among them) at http://%s/metrics", endpoint)
     return endpoints
+
+
+def ray_is_initialized() -> bool:
+    """Whether this process is connected to a Ray already."""
+    import ray
+
+    return bool(ray.is_initialized())
 
 
 def mark_started_here(started: bool = True) -> None:
@@ -109,26 +118,42 @@ def environment(variables: Mapping[str, str]) -> Iterator[None]:
                 os.environ[name] = value
 
 
+def check_address(address: str) -> str:
+    """Check within seconds that a Ray cluster to join answers at ``address`` and accepts this
+    process's token (where Ray itself would retry for 20 s and end in a traceback); return the
+    address to pass to ``ray.init``. Fails with a :class:`~rayft.errors.ClusterError` naming the fix."""
+    from rayft.cluster.address import parse_address
+    from rayft.cluster.probe import check_gcs, check_tcp, resolve_auto
+    from rayft.errors import ClusterError
+
+    target = resolve_auto(parse_address(address))
+    if target.kind == "jobs":
+        raise ClusterError(
+            f"--address {target.text} is a Ray Jobs API URL: a command given it on the command line runs as a Ray "
+            f"Job; in a config (scaling.address) use `rayft submit CONFIG --address {target.text}` instead."
+        )
+    if target.kind == "gcs":
+        check_gcs(target.text)
+    else:
+        check_tcp(target)
+    return target.text
+
+
 def _join(address: str) -> None:
-    """Connect to the cluster at ``address``, naming the fix when it refuses the connection."""
+    """Connect to the cluster at ``address`` (checked first by :func:`check_address`)."""
     import ray
 
-    from rayft.errors import exception_chain
+    from rayft.cluster.probe import token_fix
+    from rayft.errors import ClusterError, exception_chain
 
+    target = check_address(address)
     try:
-        ray.init(address=address, log_to_driver=True)
+        ray.init(address=target, log_to_driver=True)
     except Exception as exc:  # ray raises ConnectionError wrapping its AuthenticationError
-        text = f"{type(exc).__name__}: {exc}"
         chain = [f"{type(e).__name__}: {e}" for e in exception_chain(exc)]
         if any("InvalidAuthToken" in t or "AuthenticationError" in t for t in chain):
-            mode = os.environ.get("RAY_AUTH_MODE", "unset")
-            raise ConnectionError(
-                f"--address {address}: the Ray cluster requires token authentication and this process did not "
-                f"present a valid token (RAY_AUTH_MODE={mode}). Fix: export RAY_AUTH_MODE=token and provide the "
-                "cluster's token as RAY_AUTH_TOKEN, a file named by RAY_AUTH_TOKEN_PATH, or ~/.ray/auth_token "
-                "(`ray get-auth-token` on the head prints it)."
-            ) from exc
-        raise ConnectionError(
-            f"--address {address}: could not join the Ray cluster ({text.splitlines()[0][:300]}). Check that the "
+            raise ClusterError(token_fix(address)) from exc
+        raise ClusterError(
+            f"--address {address}: could not join the Ray cluster ({chain[0].splitlines()[0][:300]}). Check that the "
             "head is running (`ray status --address ...`) and that this address and port are reachable."
         ) from exc

@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from rayft.cli.address_opt import address_option
 from rayft.cli.common import config_argument, load_cli_config, overrides_argument
 
 if TYPE_CHECKING:
@@ -20,6 +21,7 @@ def data() -> None:
 @data.command(epilog="Example: rayft data prepare cfg.yaml data.packing=true data.max_seq_length=2048")
 @config_argument
 @overrides_argument
+@address_option("data-prepare")
 @click.option(
     "--in-process",
     is_flag=True,

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import click
 
+from rayft.cli.address_opt import address_option
 from rayft.cli.common import config_argument, load_cli_config, open_run_log, overrides_argument
 from rayft.config import RayftConfig, load_config
 from rayft.data.builtin import builtin_eval_note
@@ -42,6 +43,7 @@ def _default_output(cfg: RayftConfig, kind: str) -> Path:
 )
 @click.option("--checkpoint", default=None, help=_CHECKPOINT_HELP)
 @click.option("--output", type=click.Path(file_okay=False), default=None, help="Report directory [<run>/eval].")
+@address_option("eval")
 def eval_(
     config_path: str, overrides: tuple[str, ...], source: str | None, checkpoint: str | None, output: str | None
 ) -> None:
@@ -84,6 +86,7 @@ def _parse_models(items: tuple[str, ...]) -> dict[str, str]:
 )
 @click.option("--checkpoint", default=None, help=_CHECKPOINT_HELP)
 @click.option("--output", type=click.Path(file_okay=False), default=None, help="Report directory [<run>/compare].")
+@address_option("compare")
 def compare(
     config_path: str, overrides: tuple[str, ...], models: tuple[str, ...], checkpoint: str | None, output: str | None
 ) -> None:

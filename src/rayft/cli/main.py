@@ -67,6 +67,14 @@ def _register() -> None:
     cli.add_command(eval_cmd.compare)
     cli.add_command(eval_cmd.export)
     cli.add_command(k8s_cmd.k8s)
+    _register_cluster()
+
+
+def _register_cluster() -> None:
+    from rayft.cli import jobs_cmd, submit_cmd
+
+    cli.add_command(submit_cmd.submit)
+    cli.add_command(jobs_cmd.jobs)
 
 
 _register()

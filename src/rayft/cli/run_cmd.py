@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import click
 
+from rayft.cli.address_opt import address_option
 from rayft.cli.common import config_argument, load_cli_config, open_run_log, overrides_argument
 
 _STAGES = click.Choice(["sdg", "train", "eval", "export"])
@@ -15,16 +16,13 @@ _STAGES = click.Choice(["sdg", "train", "eval", "export"])
 @click.option("--from", "from_stage", type=_STAGES, help="Rerun this stage and every later one, keeping earlier ones.")
 @click.option("--only", type=_STAGES, help="Rerun this stage alone, using the earlier stages' outputs.")
 @click.option("--force", is_flag=True, help="Rerun every selected stage even when its inputs did not change.")
-@click.option(
-    "--address", help="Join this Ray cluster (ray://host:10001 or the head's address) instead of a local one."
-)
-def run(  # noqa: PLR0917 (click passes options positionally)
+@address_option("run")
+def run(
     config_path: str,
     overrides: tuple[str, ...],
     from_stage: str | None,
     only: str | None,
     force: bool,
-    address: str | None,
 ) -> None:
     """Run the stages CONFIG requests (its sdg, train, eval and export sections) in order on one Ray.
 
@@ -42,7 +40,7 @@ def run(  # noqa: PLR0917 (click passes options positionally)
 
     cfg = load_cli_config(config_path, overrides)
     open_run_log(cfg)
-    result = run_pipeline(cfg, from_stage=from_stage, only=only, force=force, address=address, on_decision=announce)
+    result = run_pipeline(cfg, from_stage=from_stage, only=only, force=force, on_decision=announce)
     click.echo("stage     action  seconds")
     for decision in result.decisions:
         click.echo(f"{decision.stage:<9} {decision.action:<7} {result.elapsed_s.get(decision.stage, 0.0):>7.1f}")

@@ -7,12 +7,14 @@ from typing import Any
 
 import click
 
+from rayft.cli.address_opt import address_option
 from rayft.cli.common import config_argument, load_cli_config, open_run_log, overrides_argument
 
 
 @click.command(epilog="Example: rayft sdg configs/sdg.yaml --seeds 50 --variations 3 sdg.generator=symbolic")
 @config_argument
 @overrides_argument
+@address_option("sdg")
 @click.option("--test-mode", is_flag=True, help="A smoke run on 2 seeds (seconds).")
 @click.option("--seeds", "num_seeds", type=click.IntRange(min=1), help="Number of seeds to use (sdg.num_seeds).")
 @click.option("--variations", type=click.IntRange(min=1), help="New rows per seed (sdg.variations).")

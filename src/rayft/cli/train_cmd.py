@@ -6,6 +6,7 @@ import sys
 
 import click
 
+from rayft.cli.address_opt import address_option
 from rayft.cli.common import config_argument, load_cli_config, open_run_log, overrides_argument
 
 # 128 + SIGTERM, as a shell reports a process ended by SIGTERM; schedulers treat it as preempted.
@@ -15,6 +16,7 @@ SIGTERM_EXIT_CODE = 143
 @click.command(epilog="Any config field can be overridden: rayft train cfg.yaml train.learning_rate=1e-4 lora.r=8")
 @config_argument
 @overrides_argument
+@address_option("train")
 @click.option("--resume", is_flag=True, help="Continue the run named in the config from its last complete checkpoint.")
 def train(config_path: str, overrides: tuple[str, ...], resume: bool) -> None:
     """Fine-tune the model of CONFIG (LoRA or full) on its data, on Ray Train workers.

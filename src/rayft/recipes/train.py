@@ -58,13 +58,15 @@ def run(cfg: RayftConfig, *, resume: bool = False, mirror_dir: Path | None = Non
         mirror_dir: Where the local mirror of a remote run goes (default: under the cache).
     """
     from rayft.data.prepare import prepare_data
-    from rayft.runtime import ray_runtime
+    from rayft.runtime import check_address, ray_is_initialized, ray_runtime
 
     started = time.monotonic()
     location = run_location(cfg, mirror_dir)
+    use_ray = cfg.scaling.num_workers > 0
+    if use_ray and cfg.scaling.address and not ray_is_initialized():
+        check_address(cfg.scaling.address)  # before the run directory is claimed
     with run_lock(location.local_dir, command="rayft train"):
         run_dir = claim_run_dir(cfg, resume=resume, location=location)
-        use_ray = cfg.scaling.num_workers > 0
         metrics = cfg.logging.prometheus.enabled
         with ray_runtime(cfg.scaling.address, metrics=metrics) if use_ray else contextlib.nullcontext():
             prepared = prepare_data(cfg.data, cfg.model, cfg.seed, report_dir=run_dir / "data", use_ray=use_ray)

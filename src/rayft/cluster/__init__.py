@@ -1,0 +1,1 @@
+"""Running rayft on a Ray cluster that is already up: addresses, probes, and Ray Jobs."""

@@ -1,0 +1,111 @@
+"""Ray Jobs for rayft: submit a command with its resolved config, follow, list, inspect and stop jobs."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from rayft.cluster.address import parse_address
+from rayft.cluster.job_plan import CONFIG_FILE, JobPlan, JobRequest, plan_job
+from rayft.errors import ClusterError
+
+log = logging.getLogger(__name__)
+
+TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")
+
+
+def jobs_url(address: str) -> str:
+    """The Jobs API URL that ``address`` leads to, checked to answer (and to accept this process's token)."""
+    from rayft.cluster.probe import check_jobs_api, dashboard_of, resolve_auto
+
+    target = resolve_auto(parse_address(address))
+    if target.kind == "client":
+        raise ClusterError(
+            f"--address {target.text} is a Ray Client address; Ray Jobs use the head's Jobs API: "
+            "--address http://HEAD:8265 (or the GCS address HEAD:6379, from which rayft finds it)"
+        )
+    url = dashboard_of(target.text) if target.kind == "gcs" else target.text
+    version = check_jobs_api(url)
+    _warn_version(url, version)
+    return url
+
+
+def _warn_version(url: str, version: str) -> None:
+    import ray
+
+    if version != ray.__version__:
+        log.warning(
+            "the cluster at %s runs Ray %s and this machine Ray %s; jobs may fail", url, version, ray.__version__
+        )
+
+
+def client(url: str) -> Any:
+    """A JobSubmissionClient for a checked Jobs API URL."""
+    from ray.job_submission import JobSubmissionClient
+
+    return JobSubmissionClient(url)
+
+
+def submit(url: str, request: JobRequest, config_yaml: str) -> JobPlan:
+    """Submit ``request`` with ``config_yaml`` uploaded beside it; return the plan (its id is the job's)."""
+    plan = plan_job(request)
+    with tempfile.TemporaryDirectory(prefix="rayft-job-") as staging:
+        package = Path(staging) / plan.config_module
+        package.mkdir()
+        # Ray names uploaded packages by their content: the job's id makes this one its own.
+        init = f'"""The config of the rayft Ray Job {plan.submission_id}."""\n'
+        (package / "__init__.py").write_text(init, encoding="utf-8")
+        (package / CONFIG_FILE).write_text(config_yaml, encoding="utf-8")
+        runtime_env = dict(plan.runtime_env)
+        runtime_env["py_modules"] = [str(package), *runtime_env.get("py_modules", [])]
+        client(url).submit_job(
+            entrypoint=plan.entrypoint,
+            submission_id=plan.submission_id,
+            runtime_env=runtime_env,
+            metadata=plan.metadata,
+            entrypoint_num_cpus=request.entrypoint_num_cpus,
+        )
+    return plan
+
+
+def follow_logs(url: str, job_id: str, write: Callable[[str], None]) -> None:
+    """Write the job's logs as they come (from the start) until the job ends, credentials masked."""
+    from rayft.security import redact
+
+    async def tail() -> None:
+        async for chunk in client(url).tail_job_logs(job_id):
+            write(redact(chunk))
+
+    asyncio.run(tail())
+
+
+def wait_until_done(url: str, job_id: str, timeout_s: float, poll_s: float = 1.0) -> Any:
+    """The job's details once it has ended, or after ``timeout_s`` (then its status is not terminal)."""
+    jobs = client(url)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        info = jobs.get_job_info(job_id)
+        if str(info.status) in TERMINAL or time.monotonic() > deadline:
+            return info
+        time.sleep(poll_s)
+
+
+def job_info(url: str, job_id: str) -> Any:
+    """The job's details; an unknown id fails naming `rayft jobs list`."""
+    try:
+        return client(url).get_job_info(job_id)
+    except RuntimeError as exc:
+        if "404" in str(exc) or "does not exist" in str(exc):
+            raise ClusterError(f"no job {job_id!r} at {url}; `rayft jobs list --address {url}` lists them") from exc
+        raise
+
+
+def status_name(info: Any) -> str:
+    """A job status as its plain name (SUCCEEDED...)."""
+    status = info.status
+    return str(getattr(status, "value", status))

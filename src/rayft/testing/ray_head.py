@@ -1,0 +1,108 @@
+"""A real Ray head (``ray start --head``, with or without the dashboard and its Jobs API) started
+for tests on free ports of 127.0.0.1, with its own temp dir and token, and stopped afterwards."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+_BIN = Path(sys.executable).parent
+
+
+@dataclass(frozen=True)
+class RayHead:
+    """A running head: its GCS address, Jobs API URL (None without the dashboard) and the
+    environment (token included) a client of it needs."""
+
+    gcs: str
+    jobs_url: str | None
+    env: dict[str, str]
+    temp_dir: Path
+    log: Path
+
+
+def free_port() -> int:
+    """A TCP port of 127.0.0.1 that nothing listens on now."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+@contextlib.contextmanager
+def ray_head(
+    *, num_cpus: int = 2, dashboard: bool = True, env: Mapping[str, str] | None = None, timeout_s: float = 120
+) -> Iterator[RayHead]:
+    """Start ``ray start --head --block`` with token authentication (a token of its own) and yield it."""
+    # Ray's socket paths must stay short: its temp dir cannot live under pytest's long tmp_path.
+    temp = Path(tempfile.mkdtemp(prefix="rft-", dir="/tmp"))
+    token = temp / "token"
+    token.write_text(secrets.token_hex(32))
+    path = f"{_BIN}{os.pathsep}{os.environ.get('PATH', '')}"  # the jobs' `python` is this one
+    head_env = {**os.environ, **(env or {}), "RAY_ADDRESS": "", "RAY_AUTH_MODE": "token",
+                "RAY_AUTH_TOKEN_PATH": str(token), "PATH": path}  # fmt: skip
+    gcs, dash = f"127.0.0.1:{free_port()}", free_port()
+    command = [
+        str(_BIN / "ray"), "start", "--head", "--block", f"--port={gcs.rpartition(':')[2]}", f"--num-cpus={num_cpus}",
+        "--node-ip-address=127.0.0.1", "--disable-usage-stats", f"--temp-dir={temp / 'ray'}",
+        f"--ray-client-server-port={free_port()}", f"--dashboard-agent-listen-port={free_port()}",
+        f"--metrics-export-port={free_port()}", f"--runtime-env-agent-port={free_port()}",
+        f"--dashboard-agent-grpc-port={free_port()}",
+        *([f"--dashboard-port={dash}", "--dashboard-host=127.0.0.1"] if dashboard else ["--include-dashboard=false"]),
+    ]  # fmt: skip
+    log = temp / "head.log"
+    with log.open("w") as out:
+        proc = subprocess.Popen(command, env=head_env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    client_env = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token)}
+    head = RayHead(gcs, f"http://127.0.0.1:{dash}" if dashboard else None, client_env, temp, log)
+    try:
+        _wait_until_up(head, proc, head_env, timeout_s)
+        yield head
+    finally:
+        _stop(proc)
+        shutil.rmtree(temp, ignore_errors=True)
+
+
+def _wait_until_up(head: RayHead, proc: subprocess.Popen[bytes], env: dict[str, str], timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    status = [str(_BIN / "ray"), "status", f"--address={head.gcs}"]
+    while subprocess.run(status, check=False, env=env, capture_output=True, timeout=60).returncode != 0 or (
+        head.jobs_url and not _http_up(head.jobs_url)
+    ):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"the Ray head did not start:\n{head.log.read_text()[-3000:]}")
+        time.sleep(1)
+
+
+def _http_up(url: str) -> bool:
+    import urllib.error
+    import urllib.request
+
+    try:
+        urllib.request.urlopen(f"{url}/api/version", timeout=2).close()
+    except urllib.error.HTTPError:
+        return True  # it answers (401 without the token)
+    except OSError:
+        return False
+    return True
+
+
+def _stop(proc: subprocess.Popen[bytes], grace_s: float = 10) -> None:
+    """SIGTERM the head's process group (its GCS, raylet, dashboard and workers), SIGKILL what is left."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=grace_s)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=30)

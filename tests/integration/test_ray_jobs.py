@@ -1,0 +1,190 @@
+"""Ray Jobs against a real `ray start --head` with its dashboard (token authentication on, as Ray's
+default here): `rayft submit` trains the tiny model and exits with the job's status, no credential
+value reaches the job, `rayft jobs stop` saves a checkpoint that `--resume` continues, and bad
+addresses fail within seconds in one line."""
+
+from __future__ import annotations
+
+import os
+import re
+import secrets
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from rayft.testing.ray_head import RayHead, free_port, ray_head
+from tests.helpers import read_metrics, train_losses
+
+pytestmark = pytest.mark.integration
+
+RAYFT = str(Path(sys.executable).parent / "rayft")
+SECRET = "hf_" + secrets.token_hex(16)
+
+
+@pytest.fixture(scope="module")
+def head() -> Iterator[RayHead]:
+    """One head for the module; its environment holds HF_TOKEN (as a cluster's nodes would)."""
+    with ray_head(num_cpus=2, env={"HF_TOKEN": SECRET}) as started:
+        yield started
+
+
+def _config(tmp_path: Path, model_dir: Path, name: str, *lines: str) -> Path:
+    config = tmp_path / f"{name}.yaml"
+    config.write_text(
+        f"name: {name}\nstorage_path: {tmp_path / 'runs'}\nmodel: {{name: {model_dir}}}\n"
+        "data:\n  datasets: [{path: 'builtin:arithmetic', max_rows: 40}]\n  validation_fraction: 0.1\n"
+        "scaling: {num_workers: 1}\nlora: {r: 4}\nlogging: {tensorboard: false}\n" + "".join(f"{x}\n" for x in lines)
+    )
+    return config
+
+
+def _rayft(*args: str, env: dict[str, str], timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    full = {**os.environ, "RAY_ADDRESS": "", **env}
+    return subprocess.run([RAYFT, *args], env=full, capture_output=True, text=True, timeout=timeout, check=False)
+
+
+def _job_id(output: str) -> str:
+    found = re.search(r"Submitted job (\S+)", output)
+    assert found, output
+    return found.group(1)
+
+
+def _stored_job(head: RayHead, job: str) -> str:
+    """The job as the head stores and serves it (entrypoint, runtime_env, metadata), raw JSON."""
+    import urllib.request
+
+    token = Path(head.env["RAY_AUTH_TOKEN_PATH"]).read_text().strip()
+    request = urllib.request.Request(f"{head.jobs_url}/api/jobs/{job}", headers={"Authorization": f"Bearer {token}"})
+    with urllib.request.urlopen(request, timeout=30) as reply:
+        return str(reply.read().decode())
+
+
+def test_submit_stop_and_resume_a_run_with_no_credential_value_in_the_job(
+    head: RayHead, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """Submit (not followed), stop mid-run through the SIGTERM path, resubmit with --resume and follow
+    it to success: the run directory is complete and its losses continue from the saved step."""
+    steps = 150
+    config = _config(
+        tmp_path, tiny_model_dir, "submitted",
+        f"train: {{max_steps: {steps}, micro_batch_size: 4, save_steps: 1000, eval_steps: {steps}}}",
+    )  # fmt: skip
+    workdir = tmp_path / "project"
+    workdir.mkdir()
+    env = {**head.env, "HF_TOKEN": SECRET}
+    submit = (
+        "submit",
+        str(config),
+        "--address",
+        str(head.jobs_url),
+        "--working-dir",
+        str(workdir),
+        "--env",
+        "HF_TOKEN",
+    )
+    started = _rayft(*submit, "--no-follow", env=env)
+    assert started.returncode == 0, started.stderr[-3000:]
+    job = _job_id(started.stdout)
+    run_dir = tmp_path / "runs" / "submitted"
+    deadline = time.monotonic() + 180
+    while not (run_dir / "metrics.jsonl").is_file() or len(train_losses(run_dir)) < 2:
+        assert time.monotonic() < deadline, "the job never started training"
+        time.sleep(0.5)
+    stopped = _rayft("jobs", "stop", job, "--address", str(head.jobs_url), env=head.env)
+    assert stopped.returncode == 0, stopped.stderr
+    assert f"Job {job} STOPPED" in stopped.stdout and "--resume" in stopped.stdout
+    saved = sorted(int(p.name.split("-")[1]) for p in (run_dir / "checkpoints").glob("step-*"))
+    assert len(saved) == 1 and 2 <= saved[0] < steps, saved
+    first_logs = _rayft("jobs", "logs", job, "--address", str(head.jobs_url), env=head.env, timeout=60).stdout
+    assert "stopped on SIGTERM after saving" in first_logs
+    assert "Credentials found in the cluster's environment: HF_TOKEN" in first_logs
+    losses_before = train_losses(run_dir)
+
+    resumed = _rayft(*submit, "--resume", env=env)
+    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+    second = _job_id(resumed.stdout)
+    assert f"Job {second} SUCCEEDED" in resumed.stderr
+    new_steps = [int(s) for s in re.findall(rf"step (\d+)/{steps}  loss", resumed.stdout)]
+    assert new_steps and new_steps[0] == saved[0] + 1 and new_steps[-1] == steps
+    losses = train_losses(run_dir)
+    assert sorted(losses) == list(range(1, steps + 1))
+    assert all(losses[s] == losses_before[s] for s in range(1, saved[0] + 1))
+    assert any("eval/loss" in r for r in read_metrics(run_dir))
+    assert (run_dir / "final" / "adapter_model.safetensors").is_file()
+    listed = _rayft("jobs", "list", "--address", head.gcs, env=head.env, timeout=60).stdout
+    assert re.search(rf"{job}\s+STOPPED\s+train\s+submitted", listed) and re.search(rf"{second}\s+SUCCEEDED", listed)
+
+    # The credential's name travels, its value nowhere: not in the jobs' specs as the head stores them,
+    # their logs, the uploaded configs, any of Ray's files, nor the run directory.
+    status = _rayft("jobs", "status", second, "--address", str(head.jobs_url), env=head.env, timeout=60).stdout
+    assert "--require-env HF_TOKEN" in status and "SUCCEEDED" in status
+    specs = _stored_job(head, job) + _stored_job(head, second)
+    assert "HF_TOKEN" in specs and "rayft_job_" in specs
+    for text in (specs, started.stdout, resumed.stdout, resumed.stderr, first_logs, status):
+        assert SECRET not in text
+    assert len(list(head.temp_dir.rglob("rayft_job_*/config.yaml"))) == 2, "each job's config travels with it"
+    for root in (head.temp_dir, run_dir):
+        leaks = [p for p in root.rglob("*") if p.is_file() and SECRET.encode() in p.read_bytes()]
+        assert not leaks, leaks
+
+
+def test_a_credential_missing_on_the_cluster_fails_the_job_at_once(head: RayHead, tmp_path: Path) -> None:
+    config = _config(tmp_path, tmp_path, "absent")
+    workdir = tmp_path / "project"
+    workdir.mkdir()
+    env = {**head.env, "RAYFT_ABSENT_API_KEY": "local-value-" + secrets.token_hex(8)}
+    done = _rayft("submit", str(config), "--address", str(head.jobs_url), "--working-dir", str(workdir),
+                  "--env", "RAYFT_ABSENT_API_KEY", env=env, timeout=120)  # fmt: skip
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "needs RAYFT_ABSENT_API_KEY in the cluster's environment" in done.stdout
+    assert env["RAYFT_ABSENT_API_KEY"] not in done.stdout + done.stderr
+
+
+# Every command that uses Ray, CONFIG standing for the config file.
+RAY_COMMANDS = [
+    ["train", "CONFIG"], ["sdg", "CONFIG", "--test-mode"], ["data", "prepare", "CONFIG"], ["eval", "CONFIG"],
+    ["compare", "CONFIG", "--model", "a=x", "--model", "b=y"], ["run", "CONFIG"],
+]  # fmt: skip
+
+
+def test_a_refused_token_is_one_line_within_seconds_on_every_command(head: RayHead, tmp_path: Path) -> None:
+    config = str(_config(tmp_path, tmp_path, "refused"))
+    no_token = {"RAY_AUTH_MODE": "disabled"}
+    joins = [(command, head.gcs) for command in RAY_COMMANDS]
+    jobs = [(["submit", "CONFIG"], str(head.jobs_url)), (["jobs", "list"], str(head.jobs_url))]
+    for command, address in [*joins, *jobs]:
+        args = [config if arg == "CONFIG" else arg for arg in command]
+        started = time.monotonic()
+        done = _rayft(*args, "--address", address, env=no_token, timeout=60)
+        elapsed = time.monotonic() - started
+        assert done.returncode == 2, (command, done.stdout, done.stderr)
+        assert "requires token authentication" in done.stderr and "RAY_AUTH_MODE=token" in done.stderr, command
+        assert "Traceback" not in done.stderr and "gcs_client" not in done.stderr, (command, done.stderr)
+        assert elapsed < 10, (command, elapsed)
+    assert not (tmp_path / "runs" / "refused").exists(), "a refused command writes nothing"
+
+
+def test_an_unreachable_address_names_it_and_how_to_start_a_head(tmp_path: Path) -> None:
+    config = _config(tmp_path, tmp_path, "unreachable")
+    for command, address in ((["train"], f"127.0.0.1:{free_port()}"), (["submit"], f"http://127.0.0.1:{free_port()}")):
+        started = time.monotonic()
+        done = _rayft(*command, str(config), "--address", address, env={}, timeout=60)
+        assert time.monotonic() - started < 10
+        assert done.returncode == 2, done.stderr
+        assert f"--address {address}" in done.stderr and "ray start --head" in done.stderr
+
+
+def test_a_head_without_the_jobs_api_says_so_and_names_the_fix(tmp_path: Path) -> None:
+    config = _config(tmp_path, tmp_path, "nojobs")
+    with ray_head(num_cpus=1, dashboard=False) as bare:
+        started = time.monotonic()
+        done = _rayft("submit", str(config), "--address", bare.gcs, env=bare.env, timeout=60)
+        assert time.monotonic() - started < 10
+    assert done.returncode == 2, done.stderr
+    assert (
+        "serves no Jobs API" in done.stderr and "ray[default]" in done.stderr and "--include-dashboard" in done.stderr
+    )
