@@ -29,8 +29,8 @@ test-unit: setup
 	$(VENV)/bin/pytest $(PYTEST_ARGS)
 
 lint: setup
-	$(VENV)/bin/ruff check src tests benchmarks scripts
-	$(VENV)/bin/ruff format --check src tests benchmarks scripts
+	$(VENV)/bin/ruff check src tests benchmarks scripts examples docs/hooks.py
+	$(VENV)/bin/ruff format --check src tests benchmarks scripts examples docs/hooks.py
 
 typecheck: setup
 	$(VENV)/bin/mypy
