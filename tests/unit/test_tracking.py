@@ -27,6 +27,7 @@ class ListSink:
         self.held, self.failures, self.delay_s = held or {}, failures, delay_s
         self.received: list[int] = []
         self.records: list[Record] = []
+        self.batches: list[int] = []  # the size of each request that got through
         self.closed = False
 
     def connect(self) -> dict[str, int]:
@@ -37,6 +38,7 @@ class ListSink:
         if self.failures > 0:
             self.failures -= 1
             raise ConnectionError("connection refused")
+        self.batches.append(len(records))
         self.received += [step for step, _, _ in records]
         self.records += records
 
@@ -70,6 +72,22 @@ def test_sender_skips_held_steps_of_each_metric_and_sends_the_rest_in_order() ->
     assert sink.received == [4, 5, 6, 7, 3] and sink.closed
     assert sink.records[-1][2] == {"save_s": 0.5}
     assert (report.sent, report.skipped, report.unsent_steps) == (5, 3, [])
+
+
+def test_sender_gathers_steps_into_one_request_per_interval_and_close_does_not_wait() -> None:
+    sink = ListSink(held={})
+    sender = BackgroundSender(sink, min_interval_s=30.0)
+    sender.log(1, {"loss": 1.0})
+    deadline = time.monotonic() + 5
+    while not sink.batches and time.monotonic() < deadline:  # the first record goes at once
+        time.sleep(0.01)
+    for step in range(2, 50):
+        sender.log(step, {"loss": 1.0})
+    started = time.monotonic()
+    report = sender.close()
+    assert time.monotonic() - started < 5  # close cuts the interval short
+    assert sink.batches == [1, 48]
+    assert report.sent == 49 and report.unsent_steps == []
 
 
 def test_sender_retries_with_backoff_until_the_tracker_answers() -> None:

@@ -1,8 +1,10 @@
 """Sending metrics to a tracker off the training thread: a bounded queue and one sender thread.
 
 The training loop only puts records on the queue (never blocks: a full queue drops the record and
-counts it); the thread sends them in batches, retrying with exponential backoff while the tracker
-is unreachable. Whatever could not be sent when the run ends is reported (it stays in metrics.jsonl).
+counts it); the thread sends them in batches, at most one request per ``min_interval_s`` (a request
+per step would cost a short step as much CPU as the step itself on a small machine), retrying with
+exponential backoff while the tracker is unreachable. Whatever could not be sent when the run ends is
+reported (it stays in metrics.jsonl).
 """
 
 from __future__ import annotations
@@ -70,7 +72,7 @@ class BackgroundSender:
 
     def __init__(
         self, sink: MetricSink, *, capacity: int = 10_000, batch: int = 200, retry_first_s: float = 0.5,
-        retry_max_s: float = 10.0,
+        retry_max_s: float = 10.0, min_interval_s: float = 1.0,
     ) -> None:  # fmt: skip
         self._sink = sink
         self._queue: queue.Queue[Record | None] = queue.Queue(maxsize=capacity)
@@ -78,7 +80,9 @@ class BackgroundSender:
         self._delay = backoff_delays(retry_first_s, retry_max_s)
         self._held: dict[str, int] = {}
         self._pending: list[Record] = []
+        self._min_interval_s = min_interval_s
         self._stop = threading.Event()
+        self._closing = threading.Event()  # close() was called: send what is queued without waiting
         self._failing = False  # the last attempt failed: an outage is going on
         self.report = SenderReport(sink.name)
         self._thread = threading.Thread(target=self._run, name=f"rayft-{sink.name}-sender", daemon=True)
@@ -94,6 +98,7 @@ class BackgroundSender:
     def close(self, timeout_s: float = 30.0, outage_timeout_s: float = 3.0) -> SenderReport:
         """Send what is queued (for up to ``timeout_s``, or ``outage_timeout_s`` while the tracker is
         unreachable), finish the tracker's run, and report."""
+        self._closing.set()
         with contextlib.suppress(queue.Full):  # a long outage: the thread is retrying, it gets the deadline below
             self._queue.put_nowait(None)
         deadline = time.monotonic() + timeout_s
@@ -125,6 +130,8 @@ class BackgroundSender:
             finished = self._fill()
             if self._pending and not self._retry(self._flush):
                 return
+            if not finished:
+                self._closing.wait(self._min_interval_s)  # let records gather into the next batch
         if not self._stop.is_set():
             self._retry(self._sink.close)
 
