@@ -58,7 +58,7 @@ def test_the_installed_ray_is_the_series_checked_and_pinned() -> None:
     assert pins == [f"ray[default,train,data,tune]~={_ray_private.CHECKED_RAY_SERIES}.0"]
     assert ray.__version__.startswith(f"{_ray_private.CHECKED_RAY_SERIES}."), (
         f"Ray {ray.__version__} is installed, but rayft's Ray internals were checked against "
-        f"{_ray_private.CHECKED_RAY_SERIES}.x (see README, Development: checking a newer Ray)"
+        f"{_ray_private.CHECKED_RAY_SERIES}.x (see docs/development.md: checking a newer Ray)"
     )
 
 

@@ -138,7 +138,7 @@ class K8sConfig(Section):
         ge=0,
         description=(
             "Retries of the whole job after a failure (RayJob and Kubeflow jobs); rayft already retries workers "
-            "(failure.max_failures), so 0 is usual. A retry of `rayft train` is not a resume: see the README."
+            "(failure.max_failures), so 0 is usual. A retry of `rayft train` is not a resume: see the cluster guide."
         ),
     )
     active_deadline_s: int | None = Field(

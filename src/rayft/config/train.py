@@ -94,7 +94,7 @@ class TrainConfig(Section):
         False,
         description=(
             "Compile each transformer block with torch.compile (the first steps pay the compilation). Packed "
-            "batches keep their shapes' variation small: see the README's performance section."
+            "batches keep their shapes' variation small: see the documentation's performance page."
         ),
     )
     mixed_precision: Literal["auto", "no", "bf16", "fp16"] = Field(
