@@ -92,8 +92,9 @@ def test_train_killed_and_resumed_logs_one_run_without_duplicates(
 
     config = train_config(tmp_path, tiny_model_dir, server.uri)
     # SIGKILL in the save of step 6, before it commits: the resume restarts from step 4, and steps 5-6,
-    # already sent, are computed again.
-    faults = {"RAYFT_FAULT_KILL_IN_SAVE": "6:before_commit", "RAYFT_FAULT_STEP_DELAY_S": "0.3"}
+    # already sent, are computed again. Steps are slower than the sender's one request a second, so
+    # step 5 has reached the server before the kill.
+    faults = {"RAYFT_FAULT_KILL_IN_SAVE": "6:before_commit", "RAYFT_FAULT_STEP_DELAY_S": "1.2"}
     killed = rayft(tmp_path, ["train", str(config)], faults)
     assert killed.returncode != 0
     run_dir = tmp_path / "runs" / "tracked"
