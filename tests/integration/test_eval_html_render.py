@@ -12,6 +12,7 @@ from rayft.config.model import ModelConfig
 from rayft.evaluation.report import comparison_examples, model_summary, pair_tests, render_html
 from rayft.evaluation.runner import Example, Examples, score_run
 from rayft.evaluation.sources import ResolvedSource
+from rayft.evaluation.summary import CompareSummary
 from rayft.evaluation.tasks import build_task
 from rayft.generation.backend import Generation
 
@@ -31,14 +32,16 @@ def _page() -> str:
         ]
         source = ResolvedSource(label, "model", ModelConfig(name=f"org/{label}"))
         runs.append(score_run(label, source, examples, gens, task=task, ev=EvalConfig(), elapsed_s=1.0))
-    summary = {
-        "task": "gsm8k",
-        "num_examples": 10,
-        "confidence": 0.95,
-        "primary_metric": "accuracy_flexible",
-        "models": {r.label: model_summary(r) for r in runs},
-        "pairs": pair_tests(runs, 0.95, 0.05, 200, 0),
-    }
+    summary = CompareSummary(
+        task="gsm8k",
+        num_examples=10,
+        num_fewshot=0,
+        confidence=0.95,
+        significance=0.05,
+        primary_metric="accuracy_flexible",
+        models={r.label: model_summary(r) for r in runs},
+        pairs=pair_tests(runs, 0.95, 0.05, 200, 0),
+    )
     return render_html(summary, comparison_examples(runs, examples))
 
 
