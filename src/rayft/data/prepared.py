@@ -26,7 +26,7 @@ import json
 import os
 import shutil
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -53,6 +53,17 @@ class PreparedSplit:
     num_examples: int
     num_tokens: int
     num_label_tokens: int
+
+    @classmethod
+    def of(cls, files: Sequence[str], units: Sequence[Mapping[str, Any]]) -> PreparedSplit:
+        """The split stored in ``files``, counted from the ``units`` written to them."""
+        return cls(
+            files=tuple(files),
+            num_units=len(units),
+            num_examples=sum(len(u["sample_ids"]) for u in units),
+            num_tokens=sum(u["num_tokens"] for u in units),
+            num_label_tokens=sum(u["num_label_tokens"] for u in units),
+        )
 
 
 @dataclass(frozen=True)
@@ -141,13 +152,7 @@ def write_split(staging: Path, root: Path, name: str, units: list[dict[str, Any]
         relative = f"{name}/part-{index:05d}.parquet"
         pq.write_table(pa.Table.from_pylist(units[start : start + ROWS_PER_FILE], schema=schema), staging / relative)
         files.append(str(root / relative))
-    return PreparedSplit(
-        files=tuple(files),
-        num_units=len(units),
-        num_examples=sum(len(u["sample_ids"]) for u in units),
-        num_tokens=sum(u["num_tokens"] for u in units),
-        num_label_tokens=sum(u["num_label_tokens"] for u in units),
-    )
+    return PreparedSplit.of(files, units)
 
 
 def _write_jsonl(path: Path, rows: Sequence[dict[str, Any]]) -> None:

@@ -39,13 +39,7 @@ def write_split(directory: Path, units: Sequence[dict[str, Any]], rows_per_file:
         path = directory / f"part-{index:05d}.parquet"
         pq.write_table(pa.Table.from_pylist(list(units[start : start + rows_per_file])), path)
         files.append(str(path))
-    return PreparedSplit(
-        files=tuple(files),
-        num_units=len(units),
-        num_examples=sum(len(u["sample_ids"]) for u in units),
-        num_tokens=sum(u["num_tokens"] for u in units),
-        num_label_tokens=sum(u["num_label_tokens"] for u in units),
-    )
+    return PreparedSplit.of(files, units)
 
 
 def write_prepared(
