@@ -17,6 +17,7 @@ from rayft.config.train import (
     ScalingConfig,
     TrainConfig,
 )
+from rayft.config.tune import TuneConfig
 
 
 class RayftConfig(Section):
@@ -63,4 +64,11 @@ class RayftConfig(Section):
     k8s: K8sConfig = Field(
         default_factory=K8sConfig,
         description="Kubernetes manifests (`rayft k8s render`, the Helm chart): image, namespace, storage, secrets.",
+    )
+    tune: TuneConfig | None = Field(
+        None,
+        description=(
+            "Hyper-parameter search (`rayft tune`; `rayft run` tunes before it trains): the search space over "
+            "dotted config paths, the metric, the search algorithm and the scheduler."
+        ),
     )
