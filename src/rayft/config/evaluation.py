@@ -48,8 +48,9 @@ class EvalConfig(Section):
         description=(
             "How outputs are scored: 'gsm8k' (lm-evaluation-harness prompt and strict/flexible "
             "answer extraction), 'exact_match', 'rouge' (ROUGE-L F1), 'bleu' (corpus BLEU, sacrebleu's paired test), "
-            "'bertscore' (needs rayft[bertscore] and a scoring model), 'sql' (normalised SQL "
-            "exact match), or 'custom' (the function named by eval.metric)."
+            "'bertscore' (needs rayft[bertscore] and a scoring model), 'sql' (execution accuracy "
+            "on each example's table in SQLite, normalised exact match, invalid-SQL rate), or 'custom' "
+            "(the function named by eval.metric)."
         ),
     )
     metric: str | None = Field(
@@ -61,6 +62,13 @@ class EvalConfig(Section):
     )
     question_field: str = Field("question", description="Column holding the prompt / question.")
     answer_field: str = Field("answer", description="Column holding the reference answer.")
+    table_field: str = Field(
+        "table",
+        description=(
+            "For task 'sql': column holding each example's table as JSON (name, header, types, rows), which "
+            "the predicted and reference queries run against in SQLite. Without it, only exact match is scored."
+        ),
+    )
     prompt_template: str | None = Field(
         None,
         description=(

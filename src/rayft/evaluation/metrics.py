@@ -42,12 +42,12 @@ _SQL_QUOTED = re.compile(r"('(?:[^']|'')*'|\"[^\"]*\")")
 
 def normalize_sql(sql: str) -> str:
     """Canonical text of a SQL query: case-folded outside quoted literals, whitespace collapsed,
-    no spaces around punctuation and operators, no trailing semicolon."""
+    no spaces around punctuation and operators, no trailing semicolon, literals in single quotes."""
     parts = _SQL_QUOTED.split(sql.strip().rstrip(";").strip())
     out = []
     for i, part in enumerate(parts):
-        if i % 2:  # a quoted literal: keep its case and spacing
-            out.append(part)
+        if i % 2:  # a quoted literal: keep its case and spacing; "x" and 'x' read the same
+            out.append("'" + part[1:-1].replace("'", "''") + "'" if part.startswith('"') else part)
         else:
             out.append(_SQL_SPACE_AROUND.sub(r"\1", _WS.sub(" ", part.lower())))
     return "".join(out).strip()

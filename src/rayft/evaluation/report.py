@@ -362,6 +362,7 @@ def render_html(summary: CompareSummary, rows: Sequence[dict[str, Any]]) -> str:
         for label, m in row["models"].items():
             verdict = {True: '<span class="ok">correct</span>', False: '<span class="bad">wrong</span>', None: ""}
             body.append(f"<p><b>{e(label)}</b> {verdict[m['correct']]}</p><pre>{e(m['output'])}</pre>")
+            body += [f'<p class="meta">{e(k)}: {e(str(v))}</p>' for k, v in m.get("extracted", {}).items()]
         body.append("</div>")
     return (
         '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'

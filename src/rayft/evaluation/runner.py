@@ -7,6 +7,7 @@ fails is kept: it scores as an empty output and its error is counted and written
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections.abc import Sequence
@@ -42,6 +43,7 @@ class Example:
     question: str
     reference: str
     prompt: Prompt
+    table: str | None = None  # the example's table as JSON, for tasks that execute (sql)
 
 
 @dataclass(frozen=True)
@@ -94,8 +96,14 @@ def _columns(ds: DatasetConfig, ev: EvalConfig) -> tuple[str, str]:
     return ds.field_mapping.get("question", ev.question_field), ds.field_mapping.get("answer", ev.answer_field)
 
 
-def read_pairs(ds: DatasetConfig, ev: EvalConfig) -> tuple[list[tuple[str, str, str]], list[dict[str, Any]]]:
-    """(id, question, reference) of every usable row of ``ds``, and the rows skipped with reasons."""
+Pair = tuple[str, str, str, "str | None"]
+"""(id, question, reference, table as JSON or None) of one row."""
+
+
+def read_pairs(ds: DatasetConfig, ev: EvalConfig, *, tables: bool = False) -> tuple[list[Pair], list[dict[str, Any]]]:
+    """(id, question, reference, table) of every usable row of ``ds``, and the rows skipped with reasons.
+
+    The table (``eval.table_field``) is read when ``tables`` is set and the column exists."""
     from rayft.data.sources import read_table, source_name
 
     table = read_table(ds)
@@ -107,30 +115,39 @@ def read_pairs(ds: DatasetConfig, ev: EvalConfig) -> tuple[list[tuple[str, str, 
             f"{', '.join(table.column_names)}); set eval.question_field / eval.answer_field, or the dataset's "
             "field_mapping {question: <column>, answer: <column>}"
         )
+    context = ds.field_mapping.get("table", ev.table_field)
+    columns = [question, answer, *([context] if tables and context in table.column_names else [])]
     name = source_name(ds)
-    pairs, skipped = [], []
-    for index, row in enumerate(table.select([question, answer]).to_pylist()):
+    pairs: list[Pair] = []
+    skipped: list[dict[str, Any]] = []
+    for index, row in enumerate(table.select(columns).to_pylist()):
         row_id = f"{name}:{index}"
         bad = [c for c in (question, answer) if not isinstance(row[c], str) or not row[c].strip()]
         if bad:
             skipped.append({"id": row_id, "reason": f"empty or non-text {', '.join(bad)}"})
             continue
-        pairs.append((row_id, row[question], row[answer]))
+        pairs.append((row_id, row[question], row[answer], _table_text(row.get(context)) if len(columns) > 2 else None))
     return pairs, skipped
+
+
+def _table_text(value: Any) -> str | None:
+    if value is None or isinstance(value, str):
+        return value
+    return json.dumps(value, default=str)
 
 
 def load_examples(ev: EvalConfig, task: Task) -> Examples:
     """The scored examples of ``ev``, with the few-shot examples already in their prompts."""
-    pairs: list[tuple[str, str, str]] = []
+    pairs: list[Pair] = []
     skipped: list[dict[str, Any]] = []
     for ds in ev.datasets:
-        rows, bad = read_pairs(ds, ev)
+        rows, bad = read_pairs(ds, ev, tables=task.uses_tables)
         pairs += rows
         skipped += bad
     if ev.fewshot_dataset is not None:
-        shots = [(q, a) for _, q, a in read_pairs(ev.fewshot_dataset, ev)[0][: ev.num_fewshot]]
+        shots = [(q, a) for _, q, a, _ in read_pairs(ev.fewshot_dataset, ev)[0][: ev.num_fewshot]]
     else:
-        shots = [(q, a) for _, q, a in pairs[: ev.num_fewshot]]
+        shots = [(q, a) for _, q, a, _ in pairs[: ev.num_fewshot]]
         pairs = pairs[ev.num_fewshot :]
     if len(shots) < ev.num_fewshot:
         raise DataError(f"eval.num_fewshot={ev.num_fewshot} but only {len(shots)} few-shot rows exist")
@@ -139,7 +156,10 @@ def load_examples(ev: EvalConfig, task: Task) -> Examples:
         raise DataError("the eval datasets leave no example to score; add rows or lower eval.num_fewshot")
     for item in skipped:
         log.warning("eval: skipped row %s (%s)", item["id"], item["reason"])
-    items = [Example(row_id, q, a, build_prompt(task, q, shots, **_prompt_options(ev))) for row_id, q, a in pairs]
+    if task.check_tables is not None:
+        task.check_tables([p[2] for p in pairs], [p[3] for p in pairs], [p[0] for p in pairs])
+    options = _prompt_options(ev)
+    items = [Example(row_id, q, a, build_prompt(task, q, shots, **options), t) for row_id, q, a, t in pairs]
     return Examples(items, shots, skipped)
 
 
@@ -266,7 +286,7 @@ def score_run(
     """Score one model's generations and estimate every metric with its interval."""
     outputs = ["" if g.error else g.text for g in generations]
     references = [e.reference for e in examples.items]
-    scored = task.score(outputs, references)
+    scored = task.score_all(outputs, references, [e.table for e in examples.items])
     names = list(dict.fromkeys(k for s in scored for k in s.scores))
     kinds: dict[str, str] = {}
     metrics: dict[str, Estimate] = {}

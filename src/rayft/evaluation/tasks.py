@@ -13,7 +13,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from rayft.config.evaluation import EvalConfig
-from rayft.evaluation import gsm8k
+from rayft.errors import DataError
+from rayft.evaluation import gsm8k, sql
 from rayft.evaluation import metrics as m
 from rayft.evaluation.stats import MetricKind
 from rayft.generation.backend import Prompt
@@ -28,6 +29,10 @@ class Scored:
 
 
 Scorer = Callable[[Sequence[str], Sequence[str]], list[Scored]]
+TableScorer = Callable[[Sequence[str], Sequence[str], Sequence["str | None"]], list[Scored]]
+"""Scores outputs against references on each example's table (JSON text; None when it has none)."""
+TableCheck = Callable[[Sequence[str], Sequence["str | None"], Sequence[str]], None]
+"""Checks references against their tables before generation (references, tables, example ids)."""
 
 
 @dataclass(frozen=True)
@@ -41,6 +46,21 @@ class Task:
     stop: tuple[str, ...] = ()
     gsm8k_prompt: bool = False
     corpus: dict[str, m.CorpusMetric] = field(default_factory=dict)
+    score_tables: TableScorer | None = None
+    check_tables: TableCheck | None = None
+
+    @property
+    def uses_tables(self) -> bool:
+        """Whether the task reads each example's table (``eval.table_field``)."""
+        return self.score_tables is not None
+
+    def score_all(
+        self, outputs: Sequence[str], references: Sequence[str], tables: Sequence[str | None]
+    ) -> list[Scored]:
+        """Score a batch, with each example's table when the task reads tables."""
+        if self.score_tables is not None:
+            return self.score_tables(outputs, references, tables)
+        return self.score(outputs, references)
 
     def kind(self, metric: str, values: Sequence[float]) -> MetricKind:
         """The declared kind of a metric; metrics a user function adds are binary when all 0/1."""
@@ -114,6 +134,38 @@ def _custom(path: str) -> Scorer:
     return score
 
 
+def _score_sql(outputs: Sequence[str], references: Sequence[str], tables: Sequence[str | None]) -> list[Scored]:
+    missing = [i for i, t in enumerate(tables) if t is None]
+    if missing and len(missing) < len(tables):
+        raise DataError(
+            f"sql task: {len(missing)} of {len(tables)} examples have no table (first: example {missing[0]}); give "
+            "every example a table for execution accuracy, or none to score by exact match only"
+        )
+    scored = []
+    for index, (output, reference, table) in enumerate(zip(outputs, references, tables, strict=True)):
+        scores: dict[str, float] = {}
+        extracted: dict[str, str] = {}
+        if table is not None:
+            correct, got = sql.score_execution(output, reference, table, f"example {index}")
+            scores = {"execution_accuracy": float(correct), "invalid_sql_rate": float(got.error is not None)}
+            extracted = {"result": got.error or repr(list(got.rows[:5]))[:200]}
+        scores["exact_match"] = m.sql_exact_match(output, reference)
+        scored.append(Scored(scores, extracted))
+    return scored
+
+
+def _sql_task(cfg: EvalConfig) -> Task:
+    kinds: dict[str, MetricKind] = dict.fromkeys(("execution_accuracy", "exact_match", "invalid_sql_rate"), "binary")
+    return Task(
+        "sql",
+        kinds,
+        "execution_accuracy",
+        lambda outputs, references: _score_sql(outputs, references, [None] * len(outputs)),
+        score_tables=_score_sql,
+        check_tables=sql.check_references,
+    )
+
+
 def _gsm8k_task(cfg: EvalConfig) -> Task:
     kinds: dict[str, MetricKind] = {"accuracy_strict": "binary", "accuracy_flexible": "binary"}
     return Task("gsm8k", kinds, "accuracy_flexible", _score_gsm8k, gsm8k.STOP_SEQUENCES, gsm8k_prompt=True)
@@ -142,7 +194,7 @@ def _custom_task(cfg: EvalConfig) -> Task:
 TASKS: dict[str, Callable[[EvalConfig], Task]] = {
     "gsm8k": _gsm8k_task,
     "exact_match": _simple("exact_match", "exact_match", "binary", m.exact_match),
-    "sql": _simple("sql", "sql_exact_match", "binary", m.sql_exact_match),
+    "sql": _sql_task,
     "rouge": _simple("rouge", "rougeL_f1", "continuous", m.rouge_l),
     "bleu": _bleu_task,
     "bertscore": _bertscore_task,

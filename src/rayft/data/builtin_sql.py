@@ -1,0 +1,195 @@
+"""A built-in text-to-SQL set, generated offline from rayft's own schemas and question templates.
+
+Each example is a small table with typed columns (text, integer, real), a question about it in
+WikiSQL's style, and the query that answers it: ``SELECT col`` or an aggregate (COUNT, MIN, MAX,
+SUM, AVG) with one to three ``WHERE`` conditions joined by AND (``=``, ``>``, ``<``). Conditions
+are drawn from one row of the table, so every reference query returns a non-empty result.
+
+Rows have the columns ``instruction``, ``input`` (the question and the table's schema as text),
+``output`` (the SQL) and ``table``: the table itself as JSON (``name``, ``header``, ``types``,
+``rows``), which execution scoring (:mod:`rayft.evaluation.sql`) loads into SQLite.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+INSTRUCTION = "Translate the question into a SQL query over the table."
+
+Value = str | int | float
+Draw = Callable[[random.Random], Value]
+
+
+@dataclass(frozen=True)
+class Column:
+    """A column of a schema: its SQL name, the words a question uses for it, its type and values."""
+
+    name: str
+    words: str
+    type: str  # "text", "integer" or "real"
+    draw: Draw
+
+
+def _pick(*values: str) -> Draw:
+    return lambda rng: rng.choice(values)
+
+
+def _int(low: int, high: int) -> Draw:
+    return lambda rng: rng.randint(low, high)
+
+
+def _real(low: float, high: float) -> Draw:
+    return lambda rng: round(rng.uniform(low, high), 1)
+
+
+@dataclass(frozen=True)
+class Schema:
+    """A table kind: its name, the noun for its rows, the key text column, then the other columns."""
+
+    table: str
+    noun: str
+    key: Column
+    columns: tuple[Column, ...]
+
+
+_PEOPLE = _pick("Ada", "Bruno", "Chen", "Dara", "Elif", "Femi", "Goran", "Hiro", "Ivy", "Jana", "Kai", "Luis")
+SCHEMAS: tuple[Schema, ...] = (
+    Schema("players", "player", Column("name", "name", "text", _PEOPLE), (
+        Column("team", "team", "text", _pick("Lions", "Hawks", "Sharks", "Bears", "Wolves")),
+        Column("position", "position", "text", _pick("guard", "forward", "center", "keeper")),
+        Column("age", "age", "integer", _int(18, 39)),
+        Column("games", "games played", "integer", _int(1, 82)),
+        Column("points", "points per game", "real", _real(0.5, 35.0)),
+    )),
+    Schema("cities", "city", Column("city", "city", "text", _pick(
+        "Arlen", "Brisk", "Corvo", "Dunmore", "Elbury", "Fenwick", "Galt", "Harlow", "Istra", "Jarrow")), (
+        Column("country", "country", "text", _pick("Norland", "Sudia", "Estmark", "Westria")),
+        Column("population", "population", "integer", _int(5000, 900000)),
+        Column("area", "area in square kilometres", "real", _real(10.0, 950.0)),
+        Column("founded", "founding year", "integer", _int(1100, 1990)),
+    )),
+    Schema("products", "product", Column("product", "product", "text", _pick(
+        "kettle", "lamp", "desk", "chair", "blender", "heater", "fan", "mirror", "rug", "shelf")), (
+        Column("category", "category", "text", _pick("kitchen", "office", "living", "outdoor")),
+        Column("price", "price", "real", _real(4.0, 480.0)),
+        Column("stock", "units in stock", "integer", _int(0, 500)),
+        Column("rating", "rating", "real", _real(1.0, 5.0)),
+    )),
+    Schema("films", "film", Column("title", "title", "text", _pick(
+        "Red Harbor", "Night Train", "Glass Sky", "Iron Bloom", "Quiet Field", "Last Orbit", "Salt Road")), (
+        Column("director", "director", "text", _PEOPLE),
+        Column("genre", "genre", "text", _pick("drama", "comedy", "thriller", "documentary")),
+        Column("year", "release year", "integer", _int(1970, 2024)),
+        Column("runtime", "runtime in minutes", "integer", _int(75, 190)),
+        Column("gross", "box office in millions", "real", _real(0.2, 900.0)),
+    )),
+    Schema("employees", "employee", Column("employee", "employee", "text", _PEOPLE), (
+        Column("department", "department", "text", _pick("sales", "finance", "research", "support")),
+        Column("office", "office", "text", _pick("Lisbon", "Oslo", "Quito", "Pune", "Accra")),
+        Column("salary", "salary", "integer", _int(28000, 160000)),
+        Column("tenure", "years of tenure", "integer", _int(0, 30)),
+    )),
+)  # fmt: skip
+
+AGGREGATES = ("", "COUNT", "MIN", "MAX", "SUM", "AVG")
+_ASK = {
+    "": "What is the {words} of the {noun}",
+    "COUNT": "How many {noun}s are there",
+    "MIN": "What is the lowest {words} of a {noun}",
+    "MAX": "What is the highest {words} of a {noun}",
+    "SUM": "What is the total {words} of the {noun}s",
+    "AVG": "What is the average {words} of the {noun}s",
+}
+_SAYS = {"=": "is", ">": "is greater than", "<": "is less than"}
+
+
+@dataclass(frozen=True)
+class Table:
+    """A generated table: name, column names, SQL types and rows."""
+
+    name: str
+    header: tuple[str, ...]
+    types: tuple[str, ...]
+    rows: tuple[tuple[Value, ...], ...]
+
+    def to_json(self) -> str:
+        """The form stored in a row's ``table`` column."""
+        data = {"name": self.name, "header": list(self.header), "types": list(self.types), "rows": self.rows}
+        return json.dumps(data, separators=(",", ":"))
+
+    def schema_text(self) -> str:
+        """The schema as a model reads it: ``table: name (col type, ...)``."""
+        return f"table: {self.name} ({', '.join(f'{h} {t}' for h, t in zip(self.header, self.types, strict=True))})"
+
+
+def _make_table(schema: Schema, rng: random.Random) -> tuple[Table, list[Column]]:
+    columns = [schema.key, *rng.sample(schema.columns, k=rng.randint(3, len(schema.columns)))]
+    size = rng.randint(4, 7)
+    rows: dict[Value, tuple[Value, ...]] = {}
+    while len(rows) < size:  # key values are distinct: a row is named by its key
+        row = tuple(c.draw(rng) for c in columns)
+        rows.setdefault(row[0], row)
+    table = Table(schema.table, tuple(c.name for c in columns), tuple(c.type for c in columns), tuple(rows.values()))
+    return table, columns
+
+
+def _literal(value: Value) -> str:
+    return f"'{value}'" if isinstance(value, str) else str(value)
+
+
+def _condition(column: Column, value: Value, rng: random.Random) -> tuple[str, str]:
+    """(SQL condition, question phrase) true of a row holding ``value`` in ``column``."""
+    op = "=" if column.type == "text" else rng.choice(("=", ">", "<"))
+    if op == ">":
+        value = value - (1 if column.type == "integer" else 0.5)  # type: ignore[operator]
+    elif op == "<":
+        value = value + (1 if column.type == "integer" else 0.5)  # type: ignore[operator]
+    if isinstance(value, float):
+        value = round(value, 1)
+    return f"{column.name} {op} {_literal(value)}", f"the {column.words} {_SAYS[op]} {value}"
+
+
+def _example(rng: random.Random) -> dict[str, Any]:
+    schema = rng.choice(SCHEMAS)
+    table, columns = _make_table(schema, rng)
+    row = rng.choice(table.rows)
+    aggregate = rng.choice(AGGREGATES)
+    numeric = [i for i, c in enumerate(columns) if c.type != "text"]
+    if aggregate in ("SUM", "AVG", "MIN", "MAX") and numeric:
+        selected = rng.choice(numeric)
+    else:
+        aggregate = aggregate if aggregate in ("", "COUNT") else ""
+        selected = rng.randrange(len(columns))
+    others = [i for i in range(len(columns)) if i != selected]
+    where = sorted(rng.sample(others, k=min(len(others), rng.randint(1, 3))))
+    conditions = [_condition(columns[i], row[i], rng) for i in where]
+    target = f"{aggregate}({columns[selected].name})" if aggregate else columns[selected].name
+    sql = f"SELECT {target} FROM {table.name} WHERE {' AND '.join(c for c, _ in conditions)}"
+    ask = _ASK[aggregate].format(words=columns[selected].words, noun=schema.noun)
+    question = f"{ask} where {' and '.join(p for _, p in conditions)}?"
+    return {
+        "instruction": INSTRUCTION,
+        "input": f"question: {question} {table.schema_text()}",
+        "output": sql,
+        "table": table.to_json(),
+    }
+
+
+def iter_sql_examples(num_rows: int, seed: int = 0) -> Iterator[dict[str, Any]]:
+    """Yield ``num_rows`` examples with distinct inputs, deterministic for ``seed``."""
+    rng = random.Random(seed)
+    seen: set[str] = set()
+    attempts = 0
+    while len(seen) < num_rows:
+        attempts += 1
+        if attempts > num_rows * 50:
+            raise ValueError(f"cannot generate {num_rows} distinct text-to-SQL examples; ask for fewer rows")
+        example = _example(rng)
+        if example["input"] in seen:
+            continue
+        seen.add(example["input"])
+        yield example

@@ -1,0 +1,158 @@
+"""Text-to-SQL: execution scoring on SQLite, exact-match normalisation, the sql task, the built-in set."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from rayft.config.data import DatasetConfig
+from rayft.config.evaluation import EvalConfig
+from rayft.config.model import ModelConfig
+from rayft.data.builtin import load_builtin
+from rayft.data.builtin_sql import iter_sql_examples
+from rayft.errors import DataError
+from rayft.evaluation import metrics, sql
+from rayft.evaluation.report import pair_tests
+from rayft.evaluation.runner import Examples, load_examples, score_run
+from rayft.evaluation.sources import ResolvedSource
+from rayft.evaluation.tasks import build_task
+from rayft.generation.backend import Generation
+
+TABLE = json.dumps({
+    "name": "players",
+    "header": ["name", "team", "age", "points"],
+    "types": ["text", "text", "integer", "real"],
+    "rows": [["Ada", "Lions", 24, 12.5], ["Bruno", "Hawks", 31, 8.0], ["Chen", "Lions", 29, 20.25]],
+})  # fmt: skip
+REFERENCE = "SELECT name FROM players WHERE team = 'Lions'"
+
+
+def _score(predicted: str, reference: str = REFERENCE) -> tuple[bool, sql.Outcome]:
+    return sql.score_execution(predicted, reference, TABLE, "example 0")
+
+
+@pytest.mark.parametrize(
+    ("predicted", "correct"),
+    [
+        (REFERENCE, True),
+        ("select NAME from players where team='Lions' and age > 0;", True),  # other text, same result
+        ("SELECT name FROM players WHERE age < 30 AND points > 10", True),  # other query, same rows
+        ("SELECT name FROM players WHERE team = 'Hawks'", False),  # runs, different result
+        ("SELECT name, team FROM players WHERE team = 'Lions'", False),  # extra column
+        ("SELECT name FROM players", False),
+    ],
+)
+def test_execution_accuracy_compares_results_not_text(predicted: str, correct: bool) -> None:
+    ok, outcome = _score(predicted)
+    assert (ok, outcome.error) == (correct, None)
+
+
+def test_numbers_compare_with_tolerance_and_order_matters_only_with_order_by() -> None:
+    assert _score("SELECT AVG(points) * 1.0000000001 FROM players", "SELECT AVG(points) FROM players")[0]
+    assert _score("SELECT COUNT(*) + 0.0 FROM players", "SELECT COUNT(name) FROM players")[0]  # 3.0 == 3
+    ordered = "SELECT name FROM players ORDER BY age"
+    assert not _score("SELECT name FROM players ORDER BY age DESC", ordered)[0]
+    assert _score("SELECT name FROM players ORDER BY points DESC", "SELECT name FROM players")[0]
+
+
+@pytest.mark.parametrize(
+    ("predicted", "error"),
+    [
+        ("SELEC name FROM players", "syntax error"),
+        ("SELECT height FROM players", "no such column"),
+        ("SELECT name FROM players; DROP TABLE players", "one statement"),
+        ("DELETE FROM players", "not authorized"),
+        ("ATTACH DATABASE 'x.db' AS x", "not authorized"),
+        ("", "empty query"),
+    ],
+)
+def test_invalid_sql_is_an_outcome_not_an_exception(predicted: str, error: str) -> None:
+    ok, outcome = _score(predicted)
+    assert not ok and outcome.error is not None and error in outcome.error
+
+
+def test_a_runaway_query_is_stopped_by_the_step_limit(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sql, "MAX_INSTRUCTIONS", 200_000)
+    endless = "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) SELECT COUNT(*) FROM c"
+    ok, outcome = _score(endless)
+    assert not ok and outcome.error is not None and "time or step limit" in outcome.error
+
+
+def test_a_reference_that_does_not_run_is_a_data_error() -> None:
+    with pytest.raises(DataError, match=r"example 3: the reference query .* does not run"):
+        sql.check_references(["SELECT nope FROM players"], [TABLE], ["example 3"])
+    with pytest.raises(DataError, match="'types' must give one of"):
+        sql.parse_table({"header": ["a"], "types": ["date"], "rows": []}, "row 7")
+
+
+@pytest.mark.parametrize(
+    ("output", "reference", "score"),
+    [
+        ('SELECT a FROM t WHERE b = "x y"', "select a from t where b='x y';", 1.0),  # quotes, case, semicolon
+        ("SELECT  a\nFROM t", "SELECT a FROM t", 1.0),
+        ("SELECT a FROM t WHERE b = 'X'", "SELECT a FROM t WHERE b = 'x'", 0.0),  # literals keep case
+    ],
+)
+def test_exact_match_normalisation(output: str, reference: str, score: float) -> None:
+    assert metrics.sql_exact_match(output, reference) == score
+
+
+def test_sql_task_scores_every_metric_and_refuses_a_mix_of_tables() -> None:
+    task = build_task(EvalConfig(task="sql"))
+    outputs = [REFERENCE, "SELECT name FROM players WHERE age < 30 AND points > 10", "SELEC"]
+    scored = task.score_all(outputs, [REFERENCE] * 3, [TABLE] * 3)
+    assert [s.scores for s in scored] == [
+        {"execution_accuracy": 1.0, "invalid_sql_rate": 0.0, "exact_match": 1.0},
+        {"execution_accuracy": 1.0, "invalid_sql_rate": 0.0, "exact_match": 0.0},
+        {"execution_accuracy": 0.0, "invalid_sql_rate": 1.0, "exact_match": 0.0},
+    ]
+    assert [s.scores for s in task.score_all(outputs[:1], [REFERENCE], [None])] == [{"exact_match": 1.0}]
+    with pytest.raises(DataError, match="1 of 2 examples have no table"):
+        task.score_all(outputs[:2], [REFERENCE] * 2, [TABLE, None])
+
+
+def test_generator_is_deterministic_and_every_reference_returns_rows() -> None:
+    rows = list(iter_sql_examples(300, seed=3))
+    assert rows == list(iter_sql_examples(300, seed=3)) != list(iter_sql_examples(300, seed=4))
+    assert {"COUNT(", "MIN(", "MAX(", "SUM(", "AVG(", " AND ", " > ", " < "} <= {
+        token for r in rows for token in ("COUNT(", "MIN(", "MAX(", "SUM(", "AVG(", " AND ", " > ", " < ")
+        if token in r["output"]
+    }  # fmt: skip
+    for row in rows:
+        assert set(row) == {"instruction", "input", "output", "table"}
+        with sql.closing(sql.connect(sql.parse_table(row["table"]))) as conn:
+            result = sql.reference_outcome(conn, row["output"], row["input"]).rows
+        assert result and result[0][0] is not None, row
+
+
+def test_builtin_splits_are_disjoint_and_eval_reads_their_tables() -> None:
+    train = load_builtin("builtin:sql", "train", 200)
+    test = load_builtin("builtin:sql", "test", 20)
+    assert not {r["input"] for r in train} & {r["input"] for r in test}
+    ev = EvalConfig(
+        task="sql", question_field="input", answer_field="output", max_samples=20,
+        datasets=[DatasetConfig(path="builtin:sql", split="test", max_rows=20)],
+    )  # fmt: skip
+    task = build_task(ev)
+    examples = load_examples(ev, task)
+    assert [e.table for e in examples.items] == [r["table"] for r in test]
+
+
+def test_paired_comparison_of_execution_accuracy() -> None:
+    ev = EvalConfig(task="sql", bootstrap_samples=200)
+    task = build_task(ev)
+    from rayft.evaluation.runner import Example
+
+    examples = Examples([Example(f"t:{i}", "q", REFERENCE, "q", TABLE) for i in range(10)], [])
+    source = ResolvedSource("m", "model", ModelConfig(name="org/m"))
+
+    def run(label: str, right: int) -> object:
+        gens = [Generation(REFERENCE if i < right else "SELECT 1") for i in range(10)]
+        return score_run(label, source, examples, gens, task=task, ev=ev, elapsed_s=1.0)
+
+    base, tuned = run("base", 1), run("tuned", 9)
+    assert base.primary == "execution_accuracy"  # type: ignore[attr-defined]
+    test = pair_tests([base, tuned], 0.95, 0.05, 200, 0)[0].tests["execution_accuracy"]  # type: ignore[list-item]
+    assert test.test == "mcnemar_exact" and test.difference == pytest.approx(0.8)
+    assert test.p_value == pytest.approx(2 / 2**8) and test.significant
