@@ -1,6 +1,9 @@
 """Batched generation with Hugging Face ``generate``: left padding, chat templates, stop strings.
 
 Runs on CPU or GPU; optionally with a LoRA adapter applied on top of the base model, unmerged.
+Encoder-decoder models (T5, BART: ``is_encoder_decoder`` in their config) are loaded with
+``AutoModelForSeq2SeqLM``: the prompt goes to the encoder (right-padded, with the tokenizer's
+special tokens, as in training) and the output is the decoder's tokens after its start token.
 """
 
 from __future__ import annotations
@@ -22,6 +25,39 @@ def length_sorted_batches(lengths: Sequence[int], batch_size: int, *, sort: bool
     return [order[start : start + batch_size] for start in range(0, len(order), batch_size)]
 
 
+def is_encoder_decoder(model: ModelConfig) -> bool:
+    """Whether ``model`` is an encoder-decoder (``AutoModelForSeq2SeqLM``) model: from an explicit
+    ``model.architecture`` when the config has one, else from ``is_encoder_decoder`` in its HF config."""
+    declared = getattr(model, "architecture", None)
+    if declared in ("causal", "seq2seq"):
+        return bool(declared == "seq2seq")
+    if model.gguf_file or model.name.endswith(".gguf"):
+        return False
+    from transformers import AutoConfig
+
+    from rayft.models.loading import model_location
+    from rayft.models.resolve import resolve_model_source
+
+    if resolve_model_source(model.name, model.gguf_file, model.revision).kind == "builtin":
+        return False
+    location, kwargs = model_location(model)
+    return bool(getattr(AutoConfig.from_pretrained(location, **kwargs), "is_encoder_decoder", False))
+
+
+def load_generation_model(model: ModelConfig, device_type: str, *, encoder_decoder: bool) -> Any:
+    """The model to generate with: a causal LM, or an ``AutoModelForSeq2SeqLM``."""
+    from rayft.models.loading import load_causal_lm
+
+    if not encoder_decoder:
+        return load_causal_lm(model, device_type)
+    from transformers import AutoModelForSeq2SeqLM
+
+    from rayft.models.loading import model_location, resolve_dtype
+
+    location, kwargs = model_location(model)
+    return AutoModelForSeq2SeqLM.from_pretrained(location, dtype=resolve_dtype(model.dtype, device_type), **kwargs)
+
+
 class HFBackend:
     """Generation with transformers on one device; load once, call ``generate`` many times."""
 
@@ -36,13 +72,16 @@ class HFBackend:
     ) -> None:
         import torch
 
-        from rayft.models.loading import load_causal_lm, load_tokenizer
+        from rayft.models.loading import load_tokenizer
 
         self._device = device or ("cuda" if torch.cuda.is_available() else "cpu")
         self._label = f"hf:{model.name}" + (f"+{adapter_path}" if adapter_path else "")
         self.tokenizer: PreTrainedTokenizerBase = load_tokenizer(model)
-        self.tokenizer.padding_side = "left"
-        loaded: Any = load_causal_lm(model, self._device)
+        self.encoder_decoder = is_encoder_decoder(model)
+        # A decoder-only model continues the prompt, so prompts are padded on the left; an encoder
+        # reads the whole prompt under its attention mask, and T5-style models are trained right-padded.
+        self.tokenizer.padding_side = "right" if self.encoder_decoder else "left"
+        loaded: Any = load_generation_model(model, self._device, encoder_decoder=self.encoder_decoder)
         if adapter_path:
             from peft import PeftModel
 
@@ -70,7 +109,8 @@ class HFBackend:
         prompts need little left padding; greedy results are the same in any order.
         """
         texts = [self.render(p) for p in prompts]
-        lengths = [len(ids) for ids in self.tokenizer(texts, add_special_tokens=False)["input_ids"]] if texts else []
+        special = self.encoder_decoder  # a seq2seq source ends with the tokenizer's EOS, as in training
+        lengths = [len(ids) for ids in self.tokenizer(texts, add_special_tokens=special)["input_ids"]] if texts else []
         out: list[Generation | None] = [None] * len(texts)
         for batch in length_sorted_batches(lengths, self.batch_size, sort=self.sort_by_length):
             for index, generation in zip(batch, self._generate_batch([texts[i] for i in batch], params), strict=True):
@@ -80,13 +120,15 @@ class HFBackend:
     def _generate_batch(self, texts: list[str], params: SamplingParams) -> list[Generation]:
         import torch
 
-        enc = self.tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
+        enc = self.tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=self.encoder_decoder)
         enc = {k: v.to(self._device) for k, v in enc.items()}
         if params.seed is not None:
             torch.manual_seed(params.seed)
         with torch.inference_mode():
             output = self.model.generate(**enc, **self._generate_kwargs(params))
-        prompt_len = enc["input_ids"].shape[1]
+        # generate returns the prompt then the new tokens for a decoder-only model, and the decoder
+        # start token then the new tokens for an encoder-decoder one.
+        prompt_len = 1 if self.encoder_decoder else enc["input_ids"].shape[1]
         eos_ids = self._eos_ids()
         results = []
         for row, ids in enumerate(output[:, prompt_len:].tolist()):

@@ -26,6 +26,18 @@ def import_vllm() -> Any:
     return vllm
 
 
+def refuse_encoder_decoder(model: ModelConfig) -> None:
+    """vLLM's engine serves decoder-only models; an encoder-decoder model (T5, BART) is refused here,
+    before any GPU is taken, with the backend that generates with it."""
+    from rayft.generation.hf import is_encoder_decoder
+
+    if is_encoder_decoder(model):
+        raise ModelError(
+            f"model {model.name!r} is an encoder-decoder model, which the vLLM backend does not generate with; "
+            "set eval.backend: hf (or sdg.teacher.backend: hf) to generate with transformers"
+        )
+
+
 class VLLMBackend:
     """One vLLM engine per process (per Ray actor); loads the model once."""
 
@@ -37,6 +49,7 @@ class VLLMBackend:
         gpu_memory_utilization: float = 0.9,
         tensor_parallel_size: int = 1,
     ) -> None:
+        refuse_encoder_decoder(model)
         vllm = import_vllm()
         from rayft.models.loading import model_location
 
