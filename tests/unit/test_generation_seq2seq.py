@@ -52,7 +52,8 @@ def test_outputs_are_the_new_tokens_and_batching_changes_nothing(tiny_t5: Path) 
     singles = [one_by_one.generate([p], params)[0] for p in PROMPTS]
     assert batched.generate(PROMPTS, params) == singles
     # The reference: the model's own generate on one prompt, minus the decoder start token.
-    enc = one_by_one.tokenizer(PROMPTS[0], return_tensors="pt")
+    eos = one_by_one.tokenizer.eos_token_id
+    enc = {"input_ids": torch.tensor([[*one_by_one.tokenizer(PROMPTS[0])["input_ids"], eos]])}  # as in training
     with torch.inference_mode():
         ids = one_by_one.model.generate(**enc, max_new_tokens=6, do_sample=False)[0].tolist()
     assert ids[0] == one_by_one.model.config.decoder_start_token_id

@@ -96,9 +96,12 @@ class HFBackend:
         return self._label
 
     def render(self, prompt: Prompt) -> str:
-        """The exact text fed to the model: chat prompts go through the chat template."""
+        """The exact text fed to the model: chat prompts go through the chat template, or, for a model
+        without one (T5, BART), their contents joined by blank lines, as such models are trained."""
         if isinstance(prompt, str):
             return prompt
+        if self.tokenizer.chat_template is None:
+            return "\n\n".join(str(message.get("content", "")) for message in prompt)
         text = self.tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
         return str(text)
 
@@ -109,8 +112,7 @@ class HFBackend:
         prompts need little left padding; greedy results are the same in any order.
         """
         texts = [self.render(p) for p in prompts]
-        special = self.encoder_decoder  # a seq2seq source ends with the tokenizer's EOS, as in training
-        lengths = [len(ids) for ids in self.tokenizer(texts, add_special_tokens=special)["input_ids"]] if texts else []
+        lengths = [len(ids) for ids in self._encode(texts)] if texts else []
         out: list[Generation | None] = [None] * len(texts)
         for batch in length_sorted_batches(lengths, self.batch_size, sort=self.sort_by_length):
             for index, generation in zip(batch, self._generate_batch([texts[i] for i in batch], params), strict=True):
@@ -120,8 +122,8 @@ class HFBackend:
     def _generate_batch(self, texts: list[str], params: SamplingParams) -> list[Generation]:
         import torch
 
-        enc = self.tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=self.encoder_decoder)
-        enc = {k: v.to(self._device) for k, v in enc.items()}
+        padded = self.tokenizer.pad({"input_ids": self._encode(texts)}, return_tensors="pt")
+        enc = {k: v.to(self._device) for k, v in padded.items()}
         if params.seed is not None:
             torch.manual_seed(params.seed)
         with torch.inference_mode():
@@ -135,6 +137,16 @@ class HFBackend:
             n_prompt = int(enc["attention_mask"][row].sum())
             results.append(self._to_generation(ids, n_prompt, eos_ids, params))
         return results
+
+    def _encode(self, texts: list[str]) -> list[list[int]]:
+        """Token ids of prompts: as they are for a decoder-only model (a chat template adds its own
+        special tokens); for an encoder-decoder, with the tokenizer's special tokens and ending with
+        EOS, as its training sources are."""
+        ids: list[list[int]] = self.tokenizer(texts, add_special_tokens=self.encoder_decoder)["input_ids"]
+        eos = self.tokenizer.eos_token_id
+        if not self.encoder_decoder or eos is None:
+            return ids
+        return [row if row and row[-1] == eos else [*row, eos] for row in ids]
 
     def _generate_kwargs(self, params: SamplingParams) -> dict[str, Any]:
         kwargs: dict[str, Any] = {
