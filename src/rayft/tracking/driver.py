@@ -11,6 +11,7 @@ import contextlib
 import contextvars
 import json
 import logging
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +28,11 @@ log = logging.getLogger("rayft.tracking")
 
 # The MLflow run of the pipeline stage being run, for the training run it starts to log into.
 _STAGE_RUN: contextvars.ContextVar[str | None] = contextvars.ContextVar("rayft_stage_run", default=None)
+
+PARENT_RUN_ENV = "RAYFT_MLFLOW_PARENT_RUN_ID"
+"""A training run started while this is set opens its MLflow run nested under that run (a sweep's
+trials under the sweep). An environment variable, not a context variable: a trial trains on other
+threads of its process."""
 
 
 @dataclass
@@ -61,7 +67,8 @@ def start_training(cfg: RayftConfig, run_dir: Path, lineage: dict[str, Any]) -> 
     if mlflow_cfg is not None:
         stage_run = _STAGE_RUN.get()
         run_id = ids.get("mlflow", {}).get("run_id") or stage_run
-        trackers.mlflow = open_mlflow(mlflow_cfg, mlflow_cfg.run_name or cfg.name, run_id=run_id)
+        parent_id = os.environ.get(PARENT_RUN_ENV) or None
+        trackers.mlflow = open_mlflow(mlflow_cfg, mlflow_cfg.run_name or cfg.name, run_id=run_id, parent_id=parent_id)
         trackers.owns_mlflow = stage_run is None
         if trackers.mlflow is not None:
             trackers.mlflow.log_params(config_params(dump_config(cfg)))
@@ -75,6 +82,24 @@ def start_training(cfg: RayftConfig, run_dir: Path, lineage: dict[str, Any]) -> 
             run_id = new_run_id()
         state.write_ids(run_dir, "wandb", {"run_id": run_id, "name": cfg.name})
     return trackers
+
+
+@contextlib.contextmanager
+def nested_under(parent_run_id: str | None) -> Iterator[None]:
+    """Training runs started inside open their MLflow run nested under ``parent_run_id`` (None: no
+    change). The previous value is restored on the way out."""
+    if parent_run_id is None:
+        yield
+        return
+    before = os.environ.get(PARENT_RUN_ENV)
+    os.environ[PARENT_RUN_ENV] = parent_run_id
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(PARENT_RUN_ENV, None)
+        else:
+            os.environ[PARENT_RUN_ENV] = before
 
 
 def open_mlflow(cfg: MlflowConfig, name: str, *, run_id: str | None = None, parent_id: str | None = None) -> Any:
