@@ -28,6 +28,14 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny_t5_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A random-init 2-layer T5 v1.1 (gated feed-forward) with the tiny tokenizer, no chat template."""
+    from rayft.testing import build_tiny_t5
+
+    return build_tiny_t5(tmp_path_factory.mktemp("tiny-t5"))
+
+
+@pytest.fixture(scope="session")
 def ray_session() -> Iterator[None]:
     """One local Ray (2 CPUs) shared by every integration test of the session."""
     import ray

@@ -97,10 +97,27 @@ class DataConfig(Section):
     max_seq_length: int = Field(
         1024, gt=8, description="Longest token sequence a training example (or a pack) may have."
     )
+    max_source_length: int | None = Field(
+        None,
+        gt=0,
+        description=(
+            "Encoder-decoder models: longest source (encoder input) in tokens, EOS included; unset, "
+            "max_seq_length. Causal models ignore it."
+        ),
+    )
+    max_target_length: int | None = Field(
+        None,
+        gt=0,
+        description=(
+            "Encoder-decoder models: longest target (decoder labels) in tokens, EOS included; unset, "
+            "max_seq_length. Causal models ignore it."
+        ),
+    )
     overlong: Literal["truncate", "drop", "error"] = Field(
         "truncate",
         description=(
-            "What to do with an example longer than max_seq_length: cut it, drop it (counted and "
+            "What to do with an example longer than max_seq_length (an encoder-decoder's source or "
+            "target longer than max_source_length / max_target_length): cut it, drop it (counted and "
             "reported), or stop with an error naming the row."
         ),
     )
@@ -111,7 +128,7 @@ class DataConfig(Section):
         False,
         description=(
             "Pack several examples into each sequence up to max_seq_length; positions restart and "
-            "attention never crosses examples."
+            "attention never crosses examples. Causal models only: refused for encoder-decoder models."
         ),
     )
     max_rejected_fraction: float = Field(
@@ -132,3 +149,7 @@ class DataConfig(Section):
         None,
         description="Where tokenized datasets are cached (default: $RAYFT_CACHE/datasets, or ~/.cache/rayft/datasets).",
     )
+
+    def seq2seq_limits(self) -> tuple[int, int]:
+        """(max source, max target tokens) of an encoder-decoder's examples."""
+        return self.max_source_length or self.max_seq_length, self.max_target_length or self.max_seq_length

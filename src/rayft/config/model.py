@@ -15,16 +15,26 @@ _HUB_KERNEL = re.compile(r"^[\w.-]+/[\w.-]+(@[\w.-]+)?(:[\w.-]+)?$")
 ATTENTION_IMPLEMENTATIONS = ("sdpa", "eager", "flex_attention", "flash_attention_2", "flash_attention_3")
 
 Dtype = Literal["auto", "float32", "bfloat16", "float16"]
+Architecture = Literal["auto", "causal", "seq2seq"]
 
 
 class ModelConfig(Section):
-    """Which causal LM to load, and how."""
+    """Which model to load (a causal LM or an encoder-decoder), and how."""
 
     name: str = Field(
         "smollm2-135m-instruct",
         description=(
             "The model: a built-in offline name (smollm2-135m-instruct), a Hugging Face Hub id "
             "(Qwen/Qwen2.5-0.5B-Instruct), a local model directory, or a path to a .gguf file."
+        ),
+    )
+    architecture: Architecture = Field(
+        "auto",
+        description=(
+            "'causal' (decoder-only, AutoModelForCausalLM) or 'seq2seq' (encoder-decoder such as T5, Flan-T5, "
+            "mT5 or BART, AutoModelForSeq2SeqLM). 'auto' reads is_encoder_decoder from the model's config. An "
+            "encoder-decoder model is trained on source/target pairs: the prompt feeds the encoder, the loss is "
+            "on the target tokens the decoder predicts, and packing is not available."
         ),
     )
     revision: str | None = Field(
@@ -98,7 +108,8 @@ class LoraConfig(Section):
         "all-linear",
         description=(
             "Module names (or suffixes) that receive adapters; 'all-linear' adapts every linear "
-            "layer but the output head."
+            "layer but the output head (for T5 and BART these are named explicitly in the adapter: "
+            "q, k, v, o, wi (or wi_0, wi_1), wo; q_proj, k_proj, v_proj, out_proj, fc1, fc2)."
         ),
     )
     modules_to_save: list[str] = Field(

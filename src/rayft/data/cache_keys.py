@@ -75,11 +75,20 @@ def tokenizer_files_fingerprint(model: ModelConfig) -> str | None:
 
 
 def cache_key(
-    data: DataConfig, seed: int, tokenizer_hash: str, sources: Sequence[Source], records: Sequence[Record]
+    data: DataConfig,
+    seed: int,
+    tokenizer_hash: str,
+    sources: Sequence[Source],
+    records: Sequence[Record],
+    *,
+    seq2seq: bool = False,
 ) -> str:
-    """The content key: the selected rows, their formats, the tokenizer and the settings that shape the output."""
+    """The content key: the selected rows, their formats, the tokenizer and the settings that shape the
+    output (``seq2seq``: source/target pairs for an encoder-decoder, with their own length limits)."""
     settings = data.model_dump(mode="json", include={"datasets", "validation_datasets", "max_seq_length",
                                                      "overlong", "train_on_prompt", "packing"})  # fmt: skip
+    if seq2seq:
+        settings["seq2seq_limits"] = list(data.seq2seq_limits())
     for entry in (*settings["datasets"], *settings["validation_datasets"]):
         entry.pop("max_rows", None)  # the rows themselves are hashed below
     digest = hashlib.sha256()

@@ -11,6 +11,10 @@ over the batch's rows laid end to end, computed here on the host so that the for
 waits on the device to find them. ``max_length`` is rounded up to a power of two (at most the row
 width): ``torch.compile`` specialises on a Python int, so exact per-batch maxima would compile
 the blocks again for every new value, while powers of two give a handful of values in all.
+
+An encoder-decoder's micro-batch (:func:`collate_pairs`) is padded the usual way instead: the sources
+right-padded with an ``attention_mask``, the targets right-padded with -100 to their own width; the
+model makes its decoder input from the labels.
 """
 
 from __future__ import annotations
@@ -37,6 +41,12 @@ class MicroBatch:
     sample_ids: list[int]
     cu_seq_lens: torch.Tensor | None = None
     max_length: int = 0
+    attention_mask: torch.Tensor | None = None  # an encoder-decoder's source padding (see collate_pairs)
+
+    @property
+    def seq2seq(self) -> bool:
+        """Whether this is an encoder-decoder's batch: sources in ``input_ids``, targets in ``labels``."""
+        return self.attention_mask is not None
 
     def varlen_kwargs(self) -> dict[str, Any]:
         """The examples' bounds for variable-length attention: ``cu_seq_lens_q/k`` (int32 offsets of
@@ -50,8 +60,8 @@ class MicroBatch:
 
     @property
     def num_computed_tokens(self) -> int:
-        """Tokens the model computes, padding included."""
-        return int(self.input_ids.numel())
+        """Tokens the model computes, padding included (an encoder-decoder's: sources and targets)."""
+        return int(self.input_ids.numel()) + (int(self.labels.numel()) if self.seq2seq else 0)
 
     def to(self, device: Any) -> MicroBatch:
         """The same batch with its tensors on ``device``."""
@@ -64,13 +74,19 @@ class MicroBatch:
             self.sample_ids,
             None if self.cu_seq_lens is None else self.cu_seq_lens.to(device),
             self.max_length,
+            None if self.attention_mask is None else self.attention_mask.to(device),
         )
 
 
-def collate(units: Sequence[dict[str, Any]], pad_token_id: int, pad_to_multiple_of: int = 1) -> MicroBatch:
-    """Right-pad units to a common length (a multiple of ``pad_to_multiple_of``) and stack them."""
+def collate(
+    units: Sequence[dict[str, Any]], pad_token_id: int, pad_to_multiple_of: int = 1, *, seq2seq: bool = False
+) -> MicroBatch:
+    """Right-pad units to a common length (a multiple of ``pad_to_multiple_of``) and stack them
+    (an encoder-decoder's units with ``seq2seq``: see :func:`collate_pairs`)."""
     import torch
 
+    if seq2seq:
+        return collate_pairs(units, pad_token_id)
     longest = max(len(u["input_ids"]) for u in units)
     width = -(-longest // pad_to_multiple_of) * pad_to_multiple_of
     input_ids = torch.full((len(units), width), pad_token_id, dtype=torch.long)
@@ -88,6 +104,29 @@ def collate(units: Sequence[dict[str, Any]], pad_token_id: int, pad_to_multiple_
     num_label_tokens = int((labels != IGNORE_INDEX).sum())
     cu_seq_lens, max_length = sequence_bounds(positions)
     return MicroBatch(input_ids, labels, positions, num_tokens, num_label_tokens, sample_ids, cu_seq_lens, max_length)
+
+
+def collate_pairs(units: Sequence[dict[str, Any]], pad_token_id: int) -> MicroBatch:
+    """An encoder-decoder's micro-batch: sources right-padded with ``pad_token_id`` and an attention
+    mask, targets right-padded with -100 (no loss, and the model's decoder input sees its pad token)."""
+    import torch
+
+    source_width = max(len(u["input_ids"]) for u in units)
+    target_width = max(len(u["labels"]) for u in units)
+    input_ids = torch.full((len(units), source_width), pad_token_id, dtype=torch.long)
+    mask = torch.zeros((len(units), source_width), dtype=torch.long)
+    labels = torch.full((len(units), target_width), IGNORE_INDEX, dtype=torch.long)
+    for row, unit in enumerate(units):
+        n, m = len(unit["input_ids"]), len(unit["labels"])
+        input_ids[row, :n] = torch.tensor(unit["input_ids"], dtype=torch.long)
+        mask[row, :n] = 1
+        labels[row, :m] = torch.tensor(unit["labels"], dtype=torch.long)
+    positions = torch.arange(source_width, dtype=torch.long).repeat(len(units), 1)
+    sample_ids = [int(s) for u in units for s in u["sample_ids"]]
+    return MicroBatch(
+        input_ids, labels, positions, num_tokens=sum(int(u["num_tokens"]) for u in units),
+        num_label_tokens=int((labels != IGNORE_INDEX).sum()), sample_ids=sample_ids, attention_mask=mask,
+    )  # fmt: skip
 
 
 def sequence_bounds(position_ids: torch.Tensor) -> tuple[torch.Tensor, int]:

@@ -84,12 +84,19 @@ def make_unit(ids: list[int], labels: list[int], positions: list[int], sample_id
     }
 
 
-def make_units(examples: list[dict[str, Any]], packing: bool, max_seq_length: int, seed: int) -> list[dict[str, Any]]:
-    """Training units: one per example, or packs of examples (in a seeded order)."""
+def make_units(
+    examples: list[dict[str, Any]], packing: bool, max_seq_length: int, seed: int, *, seq2seq: bool = False
+) -> list[dict[str, Any]]:
+    """Training units: one per example, or packs of examples (in a seeded order). An encoder-decoder's
+    unit holds a source and a target (see :mod:`rayft.data.seq2seq`): its ``num_tokens`` counts both."""
     if not packing:
-        return [
+        units = [
             make_unit(e["input_ids"], e["labels"], list(range(len(e["input_ids"]))), [e["sample_id"]]) for e in examples
         ]
+        if seq2seq:
+            for unit in units:
+                unit["num_tokens"] += len(unit["labels"])
+        return units
     packs = plan_packs([len(e["input_ids"]) for e in examples], max_seq_length)
     random.Random(seed).shuffle(packs)
     return build_units(examples, packs)

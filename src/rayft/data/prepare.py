@@ -67,8 +67,11 @@ def prepare(
     With ``use_ray`` and no Ray initialised yet, Ray is started (or ``ray_address`` joined) only
     when there is something to tokenize, and shut down afterwards.
     """
+    from rayft.models.architecture import refuse_packing, resolve_architecture
     from rayft.models.loading import load_tokenizer
 
+    refuse_packing(model, data.packing)
+    seq2seq = resolve_architecture(model) == "seq2seq"
     started = time.monotonic()
     fingerprint = tokenizer_files_fingerprint(model)
     tokenizer = None if fingerprint else load_tokenizer(model)
@@ -78,7 +81,7 @@ def prepare(
     records = plan_records([len(s.rows) for s in sources], [s.config.weight for s in sources],
                            train_sources=len(data.datasets), validation_fraction=data.validation_fraction,
                            seed=seed)  # fmt: skip
-    key = cache_key(data, seed, str(fingerprint), sources, records)
+    key = cache_key(data, seed, str(fingerprint), sources, records, seq2seq=seq2seq)
     root = data_cache_dir(data) / key
     prepared = PreparedData.load(root)
     reused = prepared is not None
@@ -87,7 +90,7 @@ def prepare(
     else:
         tokenizer = tokenizer if tokenizer is not None else load_tokenizer(model)
         prepared = build(data, seed, tokenizer, sources, records, root=root, key=key, use_ray=use_ray,
-                         ray_address=ray_address)  # fmt: skip
+                         ray_address=ray_address, seq2seq=seq2seq)  # fmt: skip
     log_summary(prepared)
     write_report(prepared, report_dir)
     check_rejected(prepared, data.max_rejected_fraction, report_dir)
@@ -105,18 +108,24 @@ def build(
     key: str,
     use_ray: bool,
     ray_address: str | None = None,
+    seq2seq: bool = False,
 ) -> PreparedData:
-    """Tokenize every record, pack or not, and write the cache directory atomically."""
+    """Tokenize every record, pack or not, and write the cache directory atomically. ``seq2seq``:
+    source/target pairs for an encoder-decoder model (:mod:`rayft.data.seq2seq`)."""
     import pyarrow as pa
 
+    from rayft.data.seq2seq import refuse_unpaired_formats
     from rayft.data.tokenize import TextTokenizer, TokenizeJob
 
+    if seq2seq:
+        refuse_unpaired_formats([s.format.format for s in sources])
     job = TokenizeJob(
         TextTokenizer.from_hf(tokenizer),
         tuple((s.config, s.format) for s in sources),
         data.max_seq_length,
         data.overlong,
         data.train_on_prompt,
+        data.seq2seq_limits() if seq2seq else None,
     )
     inputs = pa.table({
         "sample_id": pa.array([r.sample_id for r in records], pa.int64()),
@@ -129,6 +138,7 @@ def build(
     rejected = collect_rejected(rows, records, sources, data.overlong)
     splits = {name: [row for row, rec in zip(rows, records, strict=True) if rec.split == name and not row["reason"]]
               for name in SPLITS}  # fmt: skip
-    units = {name: make_units(examples, data.packing, data.max_seq_length, seed) for name, examples in splits.items()}
+    units = {name: make_units(examples, data.packing, data.max_seq_length, seed, seq2seq=seq2seq)
+             for name, examples in splits.items()}  # fmt: skip
     stats = compute_stats(rows, records, sources, units, data)
-    return write_prepared(root, key, units=units, rejected=rejected, stats=stats, data=data)
+    return write_prepared(root, key, units=units, rejected=rejected, stats=stats, data=data, seq2seq=seq2seq)

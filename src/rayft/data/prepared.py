@@ -7,12 +7,15 @@ Every unit has these columns:
 ==================  ===============  ==========================================================
 column              type             meaning
 ==================  ===============  ==========================================================
-input_ids           list<int32>      token ids
+input_ids           list<int32>      token ids (an encoder-decoder's: the source)
 labels              list<int32>      target ids, -100 where no loss is taken (prompt, and the
-                                     first token of every packed example after the first)
+                                     first token of every packed example after the first); an
+                                     encoder-decoder's: the target tokens, all trained, a
+                                     sequence of their own length
+                                     (see :mod:`rayft.data.seq2seq`)
 position_ids        list<int32>      positions, restarting at 0 for every example in the unit
 sample_ids          list<int64>      ids of the examples in the unit (row index in the mixture)
-num_tokens          int32            len(input_ids)
+num_tokens          int32            len(input_ids) (an encoder-decoder's: + len(labels))
 num_label_tokens    int32            count of labels != -100
 ==================  ===============  ==========================================================
 
@@ -77,6 +80,7 @@ class PreparedData:
     packed: bool
     max_seq_length: int
     stats: dict[str, Any] = field(default_factory=dict)
+    seq2seq: bool = False  # units are encoder-decoder source/target pairs (see rayft.data.seq2seq)
 
     def to_json(self) -> str:
         """Serialise for the manifest written last into ``root``."""
@@ -109,6 +113,7 @@ def write_prepared(
     rejected: list[dict[str, Any]],
     stats: dict[str, Any],
     data: DataConfig,
+    seq2seq: bool = False,
 ) -> PreparedData:
     """Write the units, the rejected rows and the manifest (last) into a temp dir, then rename it to ``root``."""
     try:
@@ -124,7 +129,9 @@ def write_prepared(
         splits = {name: write_split(staging, root, name, units[name]) for name in SPLITS}
         _write_jsonl(staging / REJECTED_FILE, rejected)
         validation = splits["validation"] if splits["validation"].num_units else None
-        prepared = PreparedData(key, str(root), splits["train"], validation, data.packing, data.max_seq_length, stats)
+        prepared = PreparedData(
+            key, str(root), splits["train"], validation, data.packing, data.max_seq_length, stats, seq2seq
+        )
         (staging / MANIFEST).write_text(prepared.to_json())
         if PreparedData.load(root) is None:  # another process may have finished the same key first
             shutil.rmtree(root, ignore_errors=True)

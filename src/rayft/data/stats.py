@@ -28,7 +28,8 @@ def collect_rejected(
         if row["reason"] == "over_length" and overlong == "error":
             raise DataError(
                 f"dataset {source!r} row {record.row}: {row['detail']} (data.overlong=error); raise "
-                "data.max_seq_length, or set data.overlong=truncate or drop"
+                "data.max_seq_length (an encoder-decoder's: data.max_source_length / max_target_length), or "
+                "set data.overlong=truncate or drop"
             )
         rejected.append({"row_id": f"{source}:{record.row}", "source": source, "row": record.row,
                          "split": record.split, "reason": row["reason"], "detail": row["detail"]})  # fmt: skip

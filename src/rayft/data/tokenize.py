@@ -22,6 +22,7 @@ from typing import Any
 from rayft.config.data import DatasetConfig
 from rayft.data.formats import BadRowError, Example, ResolvedFormat, make_example
 from rayft.data.prepared import IGNORE_INDEX
+from rayft.data.seq2seq import Pair, fit, source_target, with_eos
 from rayft.errors import DataError
 
 Span = tuple[int, int]
@@ -80,12 +81,15 @@ class TextTokenizer:
         )
         return str(rendered[0])
 
-    def encode(self, texts: list[str]) -> tuple[list[list[int]], list[list[tuple[int, int]]]]:
-        """Token ids and character offsets of ``texts``, without special tokens added."""
+    def encode(
+        self, texts: list[str], *, special_tokens: bool = False
+    ) -> tuple[list[list[int]], list[list[tuple[int, int]]]]:
+        """Token ids and character offsets of ``texts``, with the tokenizer's special tokens added
+        only when ``special_tokens`` (as an encoder-decoder's inputs and targets are tokenized)."""
         if self.fast:
-            encodings = self.backend.encode_batch(texts, add_special_tokens=False)
+            encodings = self.backend.encode_batch(texts, add_special_tokens=special_tokens)
             return [list(e.ids) for e in encodings], [list(e.offsets) for e in encodings]
-        encoded = self.backend(texts, add_special_tokens=False, return_offsets_mapping=True)
+        encoded = self.backend(texts, add_special_tokens=special_tokens, return_offsets_mapping=True)
         return [list(i) for i in encoded["input_ids"]], [list(o) for o in encoded["offset_mapping"]]
 
 
@@ -145,6 +149,7 @@ class TokenizeJob:
     max_seq_length: int
     overlong: str
     train_on_prompt: bool
+    seq2seq_limits: tuple[int, int] | None = None  # (max source, max target tokens) of an encoder-decoder
 
     def __call__(self, batch: dict[str, Any]) -> dict[str, Any]:
         """Tokenize a batch with columns ``sample_id``, ``dataset``, ``row`` (JSON text)."""
@@ -155,8 +160,11 @@ def tokenize_rows(job: TokenizeJob, sample_ids: list[int], datasets: list[int], 
     """Columns ``sample_id, input_ids, labels, length, truncated, reason, detail`` for a batch of rows.
 
     A rejected row keeps its sample id with empty ids and its reason; ``length`` is the
-    untruncated token count.
+    untruncated token count. An encoder-decoder job makes source/target pairs instead
+    (:func:`tokenize_pairs`).
     """
+    if job.seq2seq_limits is not None:
+        return tokenize_pairs(job, job.seq2seq_limits, sample_ids, datasets, rows)
     rendered: list[Rendered | BadRowError] = []
     for dataset, row in zip(datasets, rows, strict=True):
         ds, fmt = job.datasets[int(dataset)]
@@ -179,6 +187,36 @@ def tokenize_rows(job: TokenizeJob, sample_ids: list[int], datasets: list[int], 
             ids.append(eos)
             labels.append(eos)
         _append(out, *finish(ids, labels, job.max_seq_length, job.overlong))
+    return {"sample_id": [int(s) for s in sample_ids], **out}
+
+
+def tokenize_pairs(
+    job: TokenizeJob, limits: tuple[int, int], sample_ids: list[int], datasets: list[int], rows: list[str]
+) -> dict[str, Any]:
+    """:func:`tokenize_rows` for an encoder-decoder: ``input_ids`` is the source, ``labels`` the target
+    (every token trained), ``length`` their untruncated sum (see :mod:`rayft.data.seq2seq`)."""
+    tokenizer = job.tokenizer
+    chat = tokenizer.chat_text if tokenizer.chat_template is not None else None
+    pairs: list[Pair | BadRowError] = []
+    for dataset, row in zip(datasets, rows, strict=True):
+        ds, fmt = job.datasets[int(dataset)]
+        try:
+            pairs.append(source_target(make_example(json.loads(row), ds, fmt), chat))
+        except BadRowError as bad:
+            pairs.append(bad)
+    texts = [(p.source, p.target) if isinstance(p, Pair) else ("", "") for p in pairs]
+    sources, _ = tokenizer.encode([t[0] for t in texts], special_tokens=True)
+    targets, _ = tokenizer.encode([t[1] for t in texts], special_tokens=True)
+    out: dict[str, list[Any]] = {k: [] for k in ("input_ids", "labels", "length", "truncated", "reason", "detail")}
+    for index, item in enumerate(pairs):
+        if isinstance(item, BadRowError):
+            _append(out, [], [], 0, False, item.reason, item.detail)
+            continue
+        source = with_eos(sources[index], tokenizer.eos_token_id)
+        target = with_eos(targets[index], tokenizer.eos_token_id)
+        length = len(source) + len(target)
+        source, target, truncated, over = fit(source, target, limits, job.overlong)
+        _append(out, source, target, length, truncated, "over_length" if over else "", over)
     return {"sample_id": [int(s) for s in sample_ids], **out}
 
 

@@ -11,7 +11,12 @@ from rayft.errors import CheckpointError
 
 
 def probe_batch(tokenizer: Any, prompts: Sequence[str]) -> dict[str, Any]:
-    """Probe inputs: each prompt rendered with the chat template, left-padded into one batch."""
+    """Probe inputs: each prompt rendered with the chat template, left-padded into one batch. A
+    tokenizer without a chat template (an encoder-decoder's, such as T5's) takes the prompts as plain
+    text with its special tokens, right-padded as an encoder's input is."""
+    if not getattr(tokenizer, "chat_template", None):
+        tokenizer.padding_side = "right"
+        return dict(tokenizer(list(prompts), return_tensors="pt", padding=True))
     texts = [
         str(tokenizer.apply_chat_template([{"role": "user", "content": p}], tokenize=False, add_generation_prompt=True))
         for p in prompts
@@ -20,13 +25,29 @@ def probe_batch(tokenizer: Any, prompts: Sequence[str]) -> dict[str, Any]:
     return dict(tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False))
 
 
+def is_encoder_decoder(model: Any) -> bool:
+    """Whether ``model`` (or the base model of a PEFT wrapper) is an encoder-decoder."""
+    return bool(getattr(model.config, "is_encoder_decoder", False))
+
+
 def probe_logits(model: Any, batch: dict[str, Any]) -> Any:
-    """Logits (in float64, whatever the model's dtype) of every non-padding position of the probe batch."""
+    """Logits (in float64, whatever the model's dtype) of every non-padding position of the probe batch
+    (an encoder-decoder's decoder is fed the probe tokens too, so that both halves are compared)."""
     import torch
 
+    extra = {"decoder_input_ids": batch["input_ids"]} if is_encoder_decoder(model) else {}
     with torch.inference_mode():
-        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], **extra).logits
     return logits.double()[batch["attention_mask"].bool()]
+
+
+def model_class_of(directory: Path) -> Any:
+    """The transformers auto class that loads the model saved in ``directory``: AutoModelForSeq2SeqLM
+    for an encoder-decoder, AutoModelForCausalLM otherwise."""
+    from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM
+
+    config = json.loads((directory / "config.json").read_text(encoding="utf-8"))
+    return AutoModelForSeq2SeqLM if config.get("is_encoder_decoder") else AutoModelForCausalLM
 
 
 def max_abs_diff(a: Any, b: Any) -> float:
@@ -72,7 +93,10 @@ def eos_ids(directory: Path, tokenizer: Any) -> list[int]:
 
 
 def end_of_turn_id(tokenizer: Any) -> int | None:
-    """The token that ends an assistant turn in the chat template (``<|im_end|>``, ``<|eot_id|>``, ...)."""
+    """The token that ends an assistant turn in the chat template (``<|im_end|>``, ``<|eot_id|>``, ...);
+    None without a chat template."""
+    if not getattr(tokenizer, "chat_template", None):
+        return None
     rendered = str(
         tokenizer.apply_chat_template(
             [{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}], tokenize=False
@@ -98,7 +122,8 @@ def generate_check(model: Any, tokenizer: Any, prompt: str, eos: Sequence[int], 
             eos_token_id=list(eos),
             pad_token_id=tokenizer.pad_token_id,
         )
-    new = out[0, batch["input_ids"].shape[1] :].tolist()
+    # A causal LM's output continues the prompt; an encoder-decoder's is the decoder's, after its start token.
+    new = out[0, 1 if is_encoder_decoder(model) else batch["input_ids"].shape[1] :].tolist()
     if not new:
         raise CheckpointError("the exported model generated no token for the probe prompt")
     return str(tokenizer.decode(new, skip_special_tokens=True))

@@ -1,4 +1,4 @@
-"""Loading tokenizers and causal LMs from any source, converting the offline built-in once.
+"""Loading tokenizers and models (causal LMs, encoder-decoders) from any source, converting the built-in once.
 
 torch and transformers are imported inside the functions: this module is safe to import from
 the CLI.
@@ -21,6 +21,7 @@ from rayft.cache import cache_root
 from rayft.config.model import ModelConfig
 from rayft.console import ignore_known_warnings
 from rayft.errors import ModelError
+from rayft.models.architecture import resolve_architecture
 from rayft.models.registry import BUILTIN_MODELS, CHATML_TEMPLATE
 from rayft.models.resolve import ModelSource, resolve_model_source
 
@@ -138,10 +139,14 @@ def load_tokenizer(cfg: ModelConfig) -> PreTrainedTokenizerBase:
     with _hub_errors(cfg.name):
         tokenizer = AutoTokenizer.from_pretrained(location, **kwargs)
     where = f"GGUF file {kwargs['gguf_file']!r}" if "gguf_file" in kwargs else f"the tokenizer of {cfg.name!r}"
-    template, warning = choose_chat_template(cfg.chat_template, getattr(tokenizer, "chat_template", None), where)
-    if warning:
-        log.warning(warning)
-    tokenizer.chat_template = template
+    shipped = getattr(tokenizer, "chat_template", None)
+    if not (cfg.chat_template or shipped) and resolve_architecture(cfg) == "seq2seq":
+        tokenizer.chat_template = None  # an encoder-decoder without a template is prompted with plain text
+    else:
+        template, warning = choose_chat_template(cfg.chat_template, shipped, where)
+        if warning:
+            log.warning(warning)
+        tokenizer.chat_template = template
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token or tokenizer.unk_token
     return tokenizer
@@ -172,13 +177,20 @@ def resolve_dtype(name: str, device_type: str) -> torch.dtype:
     return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
 
 
-def load_causal_lm(cfg: ModelConfig, device_type: str = "cpu") -> PreTrainedModel:
-    """Load the causal LM described by ``cfg`` (weights from safetensors, or dequantized GGUF)."""
-    from transformers import AutoModelForCausalLM
+def auto_model_class(cfg: ModelConfig) -> Any:
+    """``AutoModelForSeq2SeqLM`` for an encoder-decoder model (see :func:`resolve_architecture`), else
+    ``AutoModelForCausalLM``."""
+    from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM
 
+    return AutoModelForSeq2SeqLM if resolve_architecture(cfg) == "seq2seq" else AutoModelForCausalLM
+
+
+def load_causal_lm(cfg: ModelConfig, device_type: str = "cpu") -> PreTrainedModel:
+    """Load the model described by ``cfg`` (weights from safetensors, or dequantized GGUF): a causal
+    LM, or an encoder-decoder when ``cfg`` names one (:func:`auto_model_class`)."""
     location, kwargs = model_location(cfg)
-    with _hub_errors(cfg.name):
-        model = AutoModelForCausalLM.from_pretrained(
+    with _hub_errors(cfg.name), _architecture_errors(cfg):
+        model: PreTrainedModel = auto_model_class(cfg).from_pretrained(
             location,
             dtype=resolve_dtype(cfg.dtype, device_type),
             attn_implementation=cfg.attn_implementation,
@@ -192,7 +204,7 @@ def empty_causal_lm(cfg: ModelConfig, device_type: str = "cpu", location: str | 
     device: every parameter and buffer has its shape and dtype but no storage, and nothing is read
     but the config. A distributed strategy fills it from rank 0."""
     import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoConfig
 
     source, kwargs = model_location(cfg)
     if location is not None:
@@ -200,8 +212,8 @@ def empty_causal_lm(cfg: ModelConfig, device_type: str = "cpu", location: str | 
     with _hub_errors(cfg.name):
         config = AutoConfig.from_pretrained(source, **kwargs)
     remote = {"trust_remote_code": True} if cfg.trust_remote_code else {}
-    with torch.device("meta"):
-        return AutoModelForCausalLM.from_config(  # type: ignore[no-untyped-call]
+    with torch.device("meta"), _architecture_errors(cfg):
+        return auto_model_class(cfg).from_config(
             config, dtype=resolve_dtype(cfg.dtype, device_type), attn_implementation=cfg.attn_implementation, **remote
         )
 
@@ -214,6 +226,21 @@ def _hub_errors(name: str) -> Iterator[None]:
         raise ModelError(
             f"model.name: could not load {name!r}: {exc}. If this machine cannot reach the Hugging "
             "Face Hub, use a local directory, a .gguf file, or the built-in 'smollm2-135m-instruct'."
+        ) from exc
+
+
+@contextlib.contextmanager
+def _architecture_errors(cfg: ModelConfig) -> Iterator[None]:
+    try:
+        yield
+    except ValueError as exc:
+        if "Unrecognized configuration class" not in str(exc):
+            raise
+        kind = resolve_architecture(cfg)
+        other = "causal" if kind == "seq2seq" else "seq2seq"
+        raise ModelError(
+            f"model.architecture={cfg.architecture!r}: {cfg.name!r} cannot be loaded as a {kind} model ({exc}); "
+            f"set model.architecture=auto (read from the model's config) or {other}"
         ) from exc
 
 

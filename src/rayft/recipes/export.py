@@ -184,14 +184,14 @@ def export_lora(resolved: ResolvedSource, staging: Path, cfg: ExportConfig, *, m
 def export_full(resolved: ResolvedSource, staging: Path, cfg: ExportConfig) -> dict[str, Any]:
     """Save and verify a full fine-tuning checkpoint; return the verification record."""
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoTokenizer
 
     from rayft.export import verify as v
 
     assert resolved.checkpoint_dir is not None
     checkpoint = Path(resolved.checkpoint_dir)
     tokenizer = AutoTokenizer.from_pretrained(checkpoint)
-    model: Any = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32)
+    model: Any = v.model_class_of(checkpoint).from_pretrained(checkpoint, dtype=torch.float32)
     model.to(getattr(torch, cfg.verify_dtype)).eval()
     batch = v.probe_batch(tokenizer, cfg.probe_prompts)
     reference = v.probe_logits(model, batch) if cfg.verify else None
@@ -210,9 +210,10 @@ def export_full(resolved: ResolvedSource, staging: Path, cfg: ExportConfig) -> d
 
 def _load_for_verification(directory: Path, cfg: ExportConfig) -> Any:
     import torch
-    from transformers import AutoModelForCausalLM
 
-    model: Any = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32)
+    from rayft.export import verify as v
+
+    model: Any = v.model_class_of(directory).from_pretrained(directory, dtype=torch.float32)
     return model.to(getattr(torch, cfg.verify_dtype)).eval()
 
 

@@ -122,6 +122,7 @@ def build_worker_plan(
     """Decide the step schedule and package everything the workers need (``remote_uri``: where
     they upload checkpoints and final/ when ``storage_path`` is a URI)."""
     world = max(cfg.scaling.num_workers, 1)
+    check_model_fits_data(cfg, prepared)
     schedule = make_schedule(cfg, prepared, world)
     has_validation = prepared.validation is not None and prepared.validation.num_units >= world
     if prepared.validation is not None and not has_validation:
@@ -140,6 +141,23 @@ def build_worker_plan(
         shuffle_window=cfg.data.shuffle_buffer_size, has_validation=has_validation, lineage=lineage,
         remote_uri=remote_uri,
     )  # fmt: skip
+
+
+def check_model_fits_data(cfg: RayftConfig, prepared: PreparedData) -> None:
+    """Refuse float16 for the model families that overflow in it, and units prepared for the other
+    kind of model (causal sequences for an encoder-decoder, or source/target pairs for a causal LM)."""
+    from rayft.models.architecture import refuse_fp16, resolve_architecture
+
+    refuse_fp16(cfg.model, cfg.train.mixed_precision)
+    seq2seq = resolve_architecture(cfg.model) == "seq2seq"
+    if seq2seq != prepared.seq2seq:
+        made, wanted = (
+            ("source/target pairs", "a causal LM") if prepared.seq2seq else ("causal sequences", "an encoder-decoder")
+        )
+        raise DataError(
+            f"data: the prepared dataset {prepared.root} holds {made}, but model.name={cfg.model.name!r} is {wanted}; "
+            "prepare the data with this model (rayft data prepare with the same config), or set model.architecture"
+        )
 
 
 def make_schedule(cfg: RayftConfig, prepared: PreparedData, world: int) -> Schedule:

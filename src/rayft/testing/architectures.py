@@ -30,6 +30,28 @@ ARCHITECTURES: dict[str, tuple[str, dict[str, Any]]] = {
         "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 4096,
         "rope_theta": 1000000.0, "rms_norm_eps": 1e-6, "tie_word_embeddings": True,
     }),
+    # Encoder-decoders (T5: gated-GELU feed-forward wi_0/wi_1 in v1.1 and Flan-T5; plain ReLU wi in the original).
+    "t5-v1.1-base": ("T5Config", {
+        "vocab_size": 32128, "d_model": 768, "d_kv": 64, "d_ff": 2048, "num_layers": 12, "num_decoder_layers": 12,
+        "num_heads": 12, "feed_forward_proj": "gated-gelu", "tie_word_embeddings": False,
+        "decoder_start_token_id": 0, "pad_token_id": 0, "eos_token_id": 1,
+    }),
+    "t5-3b": ("T5Config", {
+        "vocab_size": 32128, "d_model": 1024, "d_kv": 128, "d_ff": 16384, "num_layers": 24, "num_decoder_layers": 24,
+        "num_heads": 32, "feed_forward_proj": "relu", "tie_word_embeddings": True,
+        "decoder_start_token_id": 0, "pad_token_id": 0, "eos_token_id": 1,
+    }),
+    "t5-11b": ("T5Config", {
+        "vocab_size": 32128, "d_model": 1024, "d_kv": 128, "d_ff": 65536, "num_layers": 24, "num_decoder_layers": 24,
+        "num_heads": 128, "feed_forward_proj": "relu", "tie_word_embeddings": True,
+        "decoder_start_token_id": 0, "pad_token_id": 0, "eos_token_id": 1,
+    }),
+    # T5 v1.1's shapes scaled down: seconds on a CPU.
+    "t5-tiny": ("T5Config", {
+        "vocab_size": 4096, "d_model": 128, "d_kv": 32, "d_ff": 256, "num_layers": 2, "num_decoder_layers": 2,
+        "num_heads": 4, "feed_forward_proj": "gated-gelu", "tie_word_embeddings": False,
+        "decoder_start_token_id": 0, "pad_token_id": 0, "eos_token_id": 1,
+    }),
 }  # fmt: skip
 
 
@@ -44,14 +66,16 @@ def architecture_config(name: str, **overrides: Any) -> Any:
 
 
 def random_model(name: str, *, dtype: Any, device: Any, attn_implementation: str = "sdpa", seed: int = 0) -> Any:
-    """A random-initialised causal LM of the named architecture, built directly on ``device``."""
+    """A random-initialised model of the named architecture (a causal LM, or an encoder-decoder for
+    the T5 entries), built directly on ``device``."""
     import torch
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM
 
     torch.manual_seed(seed)
     config = architecture_config(name)
+    auto: Any = AutoModelForSeq2SeqLM if config.is_encoder_decoder else AutoModelForCausalLM
     with torch.device(device):
-        return AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation=attn_implementation)  # type: ignore[no-untyped-call]
+        return auto.from_config(config, dtype=dtype, attn_implementation=attn_implementation)
 
 
 def linear_parameters(model: Any) -> int:

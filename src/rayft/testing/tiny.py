@@ -22,8 +22,9 @@ _CORPUS = [
 ]
 
 
-def build_tiny_tokenizer(out_dir: str | Path, vocab_size: int = 512) -> Path:
-    """Train a byte-level BPE tokenizer on a small built-in corpus and save it (with a chat template)."""
+def build_tiny_tokenizer(out_dir: str | Path, vocab_size: int = 512, *, chat_template: bool = True) -> Path:
+    """Train a byte-level BPE tokenizer on a small built-in corpus and save it (with a ChatML chat
+    template unless ``chat_template`` is false)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -43,7 +44,7 @@ def build_tiny_tokenizer(out_dir: str | Path, vocab_size: int = 512) -> Path:
         pad_token="<pad>",
         unk_token="<|endoftext|>",
     )
-    wrapped.chat_template = CHATML_TEMPLATE
+    wrapped.chat_template = CHATML_TEMPLATE if chat_template else None
     out = Path(out_dir)
     wrapped.save_pretrained(out)
     return out
@@ -82,5 +83,29 @@ def build_tiny_model(
     model = LlamaForCausalLM(config)
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.save_pretrained(out, safe_serialization=True)
+    return out
+
+
+def build_tiny_t5(out_dir: str | Path, *, d_model: int = 32, num_layers: int = 2, seed: int = 0) -> Path:
+    """Save a random-init T5 v1.1-architecture encoder-decoder (gated feed-forward ``wi_0``/``wi_1``,
+    untied head) and its tokenizer, which has no chat template (as T5's has none), to ``out_dir``."""
+    import torch
+    from transformers import AutoTokenizer, T5Config, T5ForConditionalGeneration
+
+    out = Path(out_dir)
+    build_tiny_tokenizer(out, chat_template=False)
+    tokenizer = AutoTokenizer.from_pretrained(out)
+    config = T5Config(  # type: ignore[call-arg] # the stubs lack PretrainedConfig's keyword arguments
+        vocab_size=len(tokenizer), d_model=d_model, d_kv=d_model // 4, d_ff=d_model * 2, num_layers=num_layers,
+        num_decoder_layers=num_layers, num_heads=4, feed_forward_proj="gated-gelu", tie_word_embeddings=False,
+        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+        decoder_start_token_id=tokenizer.pad_token_id,
+    )  # fmt: skip
+    torch.manual_seed(seed)
+    model = T5ForConditionalGeneration(config)
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.generation_config.decoder_start_token_id = tokenizer.pad_token_id
     model.save_pretrained(out, safe_serialization=True)
     return out

@@ -8,7 +8,8 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from rayft.config.model import LoraConfig, ModelConfig
 from rayft.errors import ModelError
-from rayft.models.loading import empty_causal_lm, load_causal_lm, resolve_dtype
+from rayft.models.architecture import lora_targets
+from rayft.models.loading import auto_model_class, empty_causal_lm, load_causal_lm, resolve_dtype
 from rayft.training.attention import use_training_attention
 
 if TYPE_CHECKING:
@@ -76,10 +77,12 @@ def prepare_training_model(
     compile_blocks: bool,
     restore_dir: Path | None = None,
 ) -> Any:
-    """Turn a loaded causal LM into the one a worker trains: training attention for the device,
-    the LoRA adapter (restored from ``restore_dir`` when given), activation checkpointing of every
-    block, and each block compiled."""
-    use_training_attention(net, attn_implementation, device_type)
+    """Turn a loaded model into the one a worker trains: training attention for the device (causal
+    LMs; an encoder-decoder keeps its configured attention, which takes the padding mask), the LoRA
+    adapter (restored from ``restore_dir`` when given), activation checkpointing of every block, and
+    each block compiled."""
+    if not is_seq2seq(net):
+        use_training_attention(net, attn_implementation, device_type)
     if method == "lora":
         net = _attach_adapter(net, lora, restore_dir)
     if gradient_checkpointing:
@@ -108,10 +111,15 @@ def compile_each_block(net: Any) -> int:
     return len(blocks)
 
 
-def _load_full_from(directory: Path, cfg: ModelConfig, device_type: str) -> Any:
-    from transformers import AutoModelForCausalLM
+def is_seq2seq(net: Any) -> bool:
+    """Whether ``net`` (inside DDP / PEFT wrappers) is an encoder-decoder model."""
+    inner = unwrap(net)
+    base = inner.get_base_model() if hasattr(inner, "get_base_model") else inner
+    return bool(getattr(base.config, "is_encoder_decoder", False))
 
-    return AutoModelForCausalLM.from_pretrained(
+
+def _load_full_from(directory: Path, cfg: ModelConfig, device_type: str) -> Any:
+    return auto_model_class(cfg).from_pretrained(
         directory,
         dtype=resolve_dtype(cfg.dtype, device_type),
         attn_implementation=cfg.attn_implementation,
@@ -124,13 +132,17 @@ def _attach_adapter(net: Any, lora: LoraConfig, restore_dir: Path | None) -> Any
 
     if restore_dir is not None:
         return PeftModel.from_pretrained(net, str(restore_dir), is_trainable=True)
+    seq2seq = is_seq2seq(net)
+    targets: list[str] | str = lora.target_modules
+    if seq2seq:
+        targets = lora_targets(net.config.model_type, [n for n, _ in net.named_modules()], targets)
     peft_cfg = PeftLoraConfig(
         r=lora.r,
         lora_alpha=lora.alpha,  # type: ignore[arg-type] # PEFT types it int, uses it as a float
         lora_dropout=lora.dropout,
-        target_modules=lora.target_modules,
+        target_modules=targets,
         modules_to_save=lora.modules_to_save or None,
-        task_type="CAUSAL_LM",
+        task_type="SEQ_2_SEQ_LM" if seq2seq else "CAUSAL_LM",
     )
     return get_peft_model(net, peft_cfg)
 

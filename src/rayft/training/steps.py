@@ -53,6 +53,8 @@ def token_loss_sum(
     import torch
     from torch.nn.functional import cross_entropy
 
+    if batch.seq2seq:
+        return pair_loss_sum(model, batch, precision)
     targets = batch.labels[:, 1:]
     kwargs: dict[str, Any] = batch.varlen_kwargs() if varlen else {}
     keep_logits = _takes_logits_to_keep(model)
@@ -76,9 +78,37 @@ def token_loss_sum(
     )
 
 
-def step_options(attn_implementation: str, fused_loss: str, device_type: str) -> dict[str, Any]:
+def pair_loss_sum(model: Any, batch: MicroBatch, precision: Precision) -> torch.Tensor:
+    """Sum of cross-entropies over the target tokens of an encoder-decoder's micro-batch: the model
+    encodes the sources (with their padding mask) and decodes the targets shifted right behind its
+    decoder start token, as transformers builds them from ``labels``. The decoder's logits cover the
+    targets alone (short next to a causal LM's prompt and response), so no fused loss is needed."""
+    import torch
+    from torch.nn.functional import cross_entropy
+
+    autocast = (
+        torch.autocast(device_type=batch.input_ids.device.type, dtype=precision.autocast_dtype)
+        if precision.autocast_dtype is not None
+        else contextlib.nullcontext()
+    )
+    with autocast:
+        out = model(
+            input_ids=batch.input_ids, attention_mask=batch.attention_mask, labels=batch.labels, use_cache=False
+        )
+    logits = out.logits.float()
+    return cross_entropy(
+        logits.reshape(-1, logits.size(-1)), batch.labels.reshape(-1), ignore_index=IGNORE_INDEX, reduction="sum"
+    )
+
+
+def step_options(
+    attn_implementation: str, fused_loss: str, device_type: str, *, seq2seq: bool = False
+) -> dict[str, Any]:
     """The ``loss`` and ``varlen`` arguments of :func:`train_step` and :func:`evaluate` for the
-    configured attention and ``train.fused_loss`` on ``device_type``."""
+    configured attention and ``train.fused_loss`` on ``device_type`` (an encoder-decoder takes the
+    plain loss over its targets and padded attention: :func:`pair_loss_sum`)."""
+    if seq2seq:
+        return {"loss": "none", "varlen": False}
     chosen = training_attention(attn_implementation, device_type)
     return {"loss": resolve_loss(fused_loss, device_type), "varlen": uses_varlen(chosen)}
 
@@ -143,18 +173,20 @@ def evaluate(
     lockstep: bool = False,
     loss: LossKind = "none",
     varlen: bool = False,
+    seq2seq: bool = False,
 ) -> tuple[float, int]:
     """Mean token loss over every worker's validation batches, and the label-token count.
 
     Runs the module a DDP wrapper holds, not the wrapper, so that no worker waits on a collective
     inside the forward pass. A sharded model gathers its blocks in every forward: with ``lockstep`` every
-    worker runs as many forwards as the one with the most batches (the extra ones are idle).
+    worker runs as many forwards as the one with the most batches (the extra ones are idle; an
+    encoder-decoder's with ``seq2seq``).
     """
     import torch
 
     inner = unwrap(model)
     if lockstep:
-        batches = in_lockstep(list(batches))
+        batches = in_lockstep(list(batches), seq2seq=seq2seq)
     was_training = inner.training
     inner.eval()
     loss_sum, tokens = 0.0, 0
@@ -167,8 +199,9 @@ def evaluate(
     return total_loss / max(total_tokens, 1.0), int(total_tokens)
 
 
-def in_lockstep(batches: list[MicroBatch]) -> list[MicroBatch]:
-    """``batches`` followed by idle ones (one token, no label) up to the most any worker has."""
+def in_lockstep(batches: list[MicroBatch], *, seq2seq: bool = False) -> list[MicroBatch]:
+    """``batches`` followed by idle ones (one token, no label) up to the most any worker has
+    (with ``seq2seq``, an encoder-decoder's: one source token, one unlabelled target)."""
     import torch
 
     most = max(all_gather_objects(len(batches)))
@@ -179,6 +212,7 @@ def in_lockstep(batches: list[MicroBatch]) -> list[MicroBatch]:
         num_tokens=0,
         num_label_tokens=0,
         sample_ids=[],
+        attention_mask=torch.ones((1, 1), dtype=torch.long) if seq2seq else None,
     )
     return batches + [idle] * (most - len(batches))
 

@@ -17,6 +17,7 @@ from typing import Any
 from rayft.config.train import TrainConfig
 from rayft.data.collate import MicroBatch, collate
 from rayft.errors import TrainingError
+from rayft.models.architecture import model_type, resolve_architecture
 from rayft.runs import layout
 from rayft.runs.checkpoints import remove_incomplete, resume_checkpoint
 from rayft.runs.remote import RemoteRun
@@ -71,13 +72,15 @@ class Worker:
     checkpoints: Checkpointer
     stopped_on_request: bool = False
     window: ThroughputWindow = field(default_factory=ThroughputWindow)
+    seq2seq: bool = False  # an encoder-decoder model, trained on source/target pairs
 
 
 def run_worker(plan: WorkerPlan, session: TrainSession) -> TrainerState:
     """Train from the start or from the latest checkpoint to the end of the schedule."""
     worker = setup_worker(plan, session)
     try:
-        for batches in step_batches(plan, session, worker.state.step, worker.tokenizer.pad_token_id):
+        pad = worker.tokenizer.pad_token_id
+        for batches in step_batches(plan, session, worker.state.step, pad, seq2seq=worker.seq2seq):
             plan.faults.before_step(session.rank, worker.state.step + 1)
             plan.faults.log_samples(session.rank, worker.state.step + 1, [i for b in batches for i in b.sample_ids])
             stats = run_step(worker, batches)
@@ -122,7 +125,7 @@ def setup_worker(plan: WorkerPlan, session: TrainSession) -> Worker:
             gradient_checkpointing=plan.train.gradient_checkpointing, restore_dir=restore_dir,
             weights=session.rank == 0 or not parallel.weights_from_rank0, compile_blocks=plan.train.compile,
         )  # fmt: skip
-        precision = resolve_precision(plan.train.mixed_precision, session.device.type)
+        precision = resolve_precision(plan.train.mixed_precision, session.device.type, model_type(plan.model))
         check_device_memory(model, plan.train, parallel, precision, session)
         model, optimizer = parallel.prepare(
             model, lambda net: build_optimizer(net, plan.train), parallel_setup(plan.train, session, precision)
@@ -142,7 +145,8 @@ def setup_worker(plan: WorkerPlan, session: TrainSession) -> Worker:
         session, model_files(plan), tokenizer, faults=plan.faults, background=plan.checkpoint.async_upload
     )
     return Worker(
-        plan, session, parallel, model, optimizer, scheduler, scaler, tokenizer, precision, logger, state, saver
+        plan, session, parallel, model, optimizer, scheduler, scaler, tokenizer, precision, logger, state, saver,
+        seq2seq=resolve_architecture(plan.model) == "seq2seq",
     )  # fmt: skip
 
 
@@ -247,10 +251,11 @@ def open_live(plan: WorkerPlan, session: TrainSession) -> MetricLogger:
 
 
 def step_batches(
-    plan: WorkerPlan, session: TrainSession, start_step: int, pad_token_id: int
+    plan: WorkerPlan, session: TrainSession, start_step: int, pad_token_id: int, *, seq2seq: bool = False
 ) -> Iterator[list[MicroBatch]]:
     """The micro-batches of every remaining optimizer step, epoch after epoch, resuming exactly
-    after the units consumed before ``start_step``."""
+    after the units consumed before ``start_step`` (an encoder-decoder's source/target pairs with
+    ``seq2seq``)."""
     sched, train = plan.schedule, plan.train
     step = start_step
     while step < sched.total_steps:
@@ -260,7 +265,7 @@ def step_batches(
             micro_batch_size=train.micro_batch_size, units_per_rank=sched.units_per_rank,
             skip_units=units_before_step(sched, step, train.micro_batch_size, train.gradient_accumulation_steps),
         )  # fmt: skip
-        collated = (collate(chunk, pad_token_id) for chunk in units)
+        collated = (collate(chunk, pad_token_id, seq2seq=seq2seq) for chunk in units)
         for group in micro_batches(collated, train.gradient_accumulation_steps):
             yield [b.to(session.device) for b in group]
             step += 1
@@ -287,7 +292,8 @@ def run_step(worker: Worker, batches: list[MicroBatch]) -> StepStats:
 def kernel_options(worker: Worker) -> dict[str, Any]:
     """The loss and attention arguments of the run's steps (see :func:`rayft.training.steps.step_options`)."""
     plan = worker.plan
-    return step_options(plan.model.attn_implementation, plan.train.fused_loss, worker.session.device.type)
+    device_type = worker.session.device.type
+    return step_options(plan.model.attn_implementation, plan.train.fused_loss, device_type, seq2seq=worker.seq2seq)
 
 
 def after_step(worker: Worker, stats: StepStats) -> None:
@@ -334,13 +340,15 @@ def run_evaluation(worker: Worker) -> None:
     plan, state = worker.plan, worker.state
     size = plan.train.eval_micro_batch_size or plan.train.micro_batch_size
     units = (u for window in worker.session.windows("validation", plan.shuffle_window) for u in window)
-    batches = (collate(chunk, worker.tokenizer.pad_token_id) for chunk in micro_batches(units, size))
+    pad = worker.tokenizer.pad_token_id
+    batches = (collate(chunk, pad, seq2seq=worker.seq2seq) for chunk in micro_batches(units, size))
     loss, _ = evaluate(
         worker.model,
         batches,
         precision=worker.precision,
         device=worker.session.device,
         lockstep=worker.parallel.sharded,
+        seq2seq=worker.seq2seq,
         **kernel_options(worker),
     )
     state.record_eval(loss, plan.train.early_stopping_patience)

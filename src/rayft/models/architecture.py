@@ -1,0 +1,98 @@
+"""Whether a model is a causal LM or an encoder-decoder, read from its config without loading weights.
+
+A local directory's ``config.json`` is read as JSON (no transformers import); a Hub model's config is
+fetched by transformers. The built-in models and GGUF files are causal LMs.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+from rayft.config.model import ModelConfig
+from rayft.errors import ConfigError, ModelError
+from rayft.models.resolve import resolve_model_source
+
+Kind = Literal["causal", "seq2seq"]
+
+# LoRA targets named explicitly for encoder-decoder families whose linear layers are known: every
+# attention projection and both feed-forward matrices (T5 v1.1, Flan-T5 and mT5 gate theirs: wi_0, wi_1).
+SEQ2SEQ_LORA_TARGETS: dict[str, tuple[str, ...]] = {
+    "t5": ("q", "k", "v", "o", "wi", "wi_0", "wi_1", "wo"),
+    "mt5": ("q", "k", "v", "o", "wi", "wi_0", "wi_1", "wo"),
+    "umt5": ("q", "k", "v", "o", "wi", "wi_0", "wi_1", "wo"),
+    "bart": ("q_proj", "k_proj", "v_proj", "out_proj", "fc1", "fc2"),
+    "mbart": ("q_proj", "k_proj", "v_proj", "out_proj", "fc1", "fc2"),
+}
+
+
+def model_config_dict(cfg: ModelConfig) -> dict[str, Any]:
+    """The model's config as a dict ({} for the built-in models and GGUF files, which are causal LMs)."""
+    source = resolve_model_source(cfg.name, cfg.gguf_file, cfg.revision)
+    if source.kind == "builtin" or source.gguf_file:
+        return {}
+    return dict(_config_dict(source.location, source.kind, cfg.revision, cfg.trust_remote_code))
+
+
+@functools.cache
+def _config_dict(location: str, kind: str, revision: str | None, trust_remote_code: bool) -> dict[str, Any]:
+    local = Path(location) / "config.json"
+    if local.is_file():
+        return dict(json.loads(local.read_text()))
+    if kind != "hub":
+        return {}
+    from transformers import AutoConfig
+
+    try:
+        config = AutoConfig.from_pretrained(location, revision=revision, trust_remote_code=trust_remote_code)
+    except OSError as exc:
+        raise ModelError(
+            f"model.name: could not read the config of {location!r}: {exc}. Use a local model directory, or set "
+            "model.architecture=causal or seq2seq"
+        ) from exc
+    return dict(config.to_dict())
+
+
+def resolve_architecture(cfg: ModelConfig) -> Kind:
+    """'seq2seq' or 'causal': ``model.architecture`` when set, else the config's ``is_encoder_decoder``."""
+    if cfg.architecture != "auto":
+        return cfg.architecture
+    return "seq2seq" if model_config_dict(cfg).get("is_encoder_decoder") else "causal"
+
+
+def model_type(cfg: ModelConfig) -> str:
+    """The transformers ``model_type`` of the model ('t5', 'bart', 'llama', ...; '' when unknown)."""
+    return str(model_config_dict(cfg).get("model_type", ""))
+
+
+def refuse_packing(cfg: ModelConfig, packing: bool) -> None:
+    """ConfigError when ``data.packing`` is on for an encoder-decoder model."""
+    if packing and resolve_architecture(cfg) == "seq2seq":
+        raise ConfigError(
+            f"data.packing=true: model.name={cfg.name!r} is an encoder-decoder model, whose encoder input and "
+            "decoder targets are separate sequences that cannot be concatenated with others'; set "
+            "data.packing=false (batches are padded instead)"
+        )
+
+
+def refuse_fp16(cfg: ModelConfig, mixed_precision: str) -> None:
+    """ConfigError when ``train.mixed_precision`` or ``model.dtype`` asks float16 for a model family
+    that overflows in it (T5, mT5; see :func:`rayft.training.precision.check_float16`)."""
+    from rayft.training.precision import check_float16
+
+    if mixed_precision == "fp16":
+        check_float16(model_type(cfg), f"train.mixed_precision=fp16 for model.name={cfg.name!r}")
+    if cfg.dtype == "float16":
+        check_float16(model_type(cfg), f"model.dtype=float16 for model.name={cfg.name!r}")
+
+
+def lora_targets(model_type_name: str, module_names: list[str], configured: list[str] | str) -> list[str] | str:
+    """The LoRA target modules: ``configured``, except that 'all-linear' on a known encoder-decoder family
+    becomes its explicit list (the names among :data:`SEQ2SEQ_LORA_TARGETS` that the model has)."""
+    known = SEQ2SEQ_LORA_TARGETS.get(model_type_name)
+    if configured != "all-linear" or known is None:
+        return configured
+    leaves = {name.rsplit(".", 1)[-1] for name in module_names}
+    return [name for name in known if name in leaves]
