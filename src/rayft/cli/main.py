@@ -56,7 +56,7 @@ def cli(ctx: click.Context, debug: bool, verbose: bool) -> None:
 
 
 def _register() -> None:
-    from rayft.cli import config_cmd, data_cmd, eval_cmd, k8s_cmd, run_cmd, sdg_cmd, train_cmd
+    from rayft.cli import config_cmd, data_cmd, eval_cmd, infer_cmd, k8s_cmd, run_cmd, sdg_cmd, train_cmd
 
     cli.add_command(config_cmd.config)
     cli.add_command(train_cmd.train)
@@ -66,6 +66,7 @@ def _register() -> None:
     cli.add_command(eval_cmd.eval_)
     cli.add_command(eval_cmd.compare)
     cli.add_command(eval_cmd.export)
+    cli.add_command(infer_cmd.chat)
     cli.add_command(k8s_cmd.k8s)
     _register_cluster()
 

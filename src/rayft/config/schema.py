@@ -7,6 +7,7 @@ from pydantic import Field
 from rayft.config.base import Section
 from rayft.config.data import DataConfig
 from rayft.config.evaluation import EvalConfig, ExportConfig
+from rayft.config.inference import InferenceConfig
 from rayft.config.k8s import K8sConfig
 from rayft.config.model import LoraConfig, ModelConfig
 from rayft.config.sdg import SdgConfig
@@ -60,6 +61,10 @@ class RayftConfig(Section):
     )
     export: ExportConfig = Field(
         default_factory=ExportConfig, description="Export of a checkpoint to a Hugging Face model (rayft export)."
+    )
+    inference: InferenceConfig = Field(
+        default_factory=InferenceConfig,
+        description="Using a model: sampling of rayft chat, and sampling and scaling of rayft generate.",
     )
     k8s: K8sConfig = Field(
         default_factory=K8sConfig,

@@ -59,3 +59,44 @@ def truncate_at_stop(text: str, stop: Sequence[str]) -> tuple[str, bool]:
     """Cut ``text`` at the first stop sequence; the flag says whether one was found."""
     cut = min((i for i in (text.find(s) for s in stop if s) if i >= 0), default=-1)
     return (text[:cut], True) if cut >= 0 else (text, False)
+
+
+def stop_prefix_len(text: str, stop: Sequence[str]) -> int:
+    """Characters at the end of ``text`` that could be the start of a stop sequence (so a stream
+    holds them back until the next piece says whether the stop sequence follows)."""
+    longest = 0
+    for s in stop:
+        for size in range(min(len(s) - 1, len(text)), longest, -1):
+            if text.endswith(s[:size]):
+                longest = size
+                break
+    return longest
+
+
+class StopFilter:
+    """Streams text pieces without the stop sequences: :meth:`feed` returns what is safe to show,
+    :attr:`stopped` says a stop sequence was reached (nothing more is shown), :meth:`flush` the rest."""
+
+    def __init__(self, stop: Sequence[str]) -> None:
+        self.stop = tuple(s for s in stop if s)
+        self.text = ""
+        self.shown = 0
+        self.stopped = False
+
+    def feed(self, piece: str) -> str:
+        """The part of the text so far that can be shown now."""
+        if self.stopped:
+            return ""
+        self.text += piece
+        cut, self.stopped = truncate_at_stop(self.text, self.stop)
+        end = len(cut) if self.stopped else len(self.text) - stop_prefix_len(self.text, self.stop)
+        return self._show(end)
+
+    def flush(self) -> str:
+        """What was held back, at the end of the stream."""
+        return "" if self.stopped else self._show(len(self.text))
+
+    def _show(self, end: int) -> str:
+        out = self.text[self.shown : end]
+        self.shown = max(self.shown, end)
+        return out

@@ -8,11 +8,19 @@ special tokens, as in training) and the output is the decoder's tokens after its
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import threading
+from collections.abc import Generator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from rayft.config.model import ModelConfig
-from rayft.generation.backend import FinishReason, Generation, Prompt, SamplingParams, truncate_at_stop
+from rayft.generation.backend import (
+    FinishReason,
+    Generation,
+    Prompt,
+    SamplingParams,
+    StopFilter,
+    truncate_at_stop,
+)
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -118,6 +126,60 @@ class HFBackend:
             for index, generation in zip(batch, self._generate_batch([texts[i] for i in batch], params), strict=True):
                 out[index] = generation
         return [g for g in out if g is not None]
+
+    def count_tokens(self, prompt: Prompt) -> int:
+        """Tokens of the rendered prompt."""
+        return len(self.tokenizer(self.render(prompt), add_special_tokens=False)["input_ids"])
+
+    def context_tokens(self) -> int | None:
+        """The longest sequence the model takes (prompt and completion), when its config says."""
+        value = getattr(self.model.config, "max_position_embeddings", None)
+        return int(value) if isinstance(value, int) else None
+
+    def stream(self, prompt: Prompt, params: SamplingParams, stop: threading.Event) -> Generator[str, None, None]:
+        """Generate for one prompt, yielding the text as it is decoded (without stop sequences).
+
+        Generation runs on a thread; setting ``stop`` (or closing the iterator) ends it after the
+        current token. An error of the generation thread is raised here.
+        """
+        import torch
+        from transformers import StoppingCriteria, StoppingCriteriaList, TextIteratorStreamer
+
+        class _Stop(StoppingCriteria):
+            def __call__(self, input_ids: Any, scores: Any, **kwargs: Any) -> Any:
+                return torch.full((input_ids.shape[0],), stop.is_set(), dtype=torch.bool, device=input_ids.device)
+
+        enc = self.tokenizer(self.render(prompt), return_tensors="pt", add_special_tokens=False)
+        streamer = TextIteratorStreamer(self.tokenizer, skip_prompt=True, skip_special_tokens=True)
+        kwargs = {**{k: v.to(self._device) for k, v in enc.items()}, **self._generate_kwargs(params)}
+        kwargs.update(streamer=streamer, stopping_criteria=StoppingCriteriaList([_Stop()]))
+        failure: list[BaseException] = []
+        thread = threading.Thread(target=self._generate_into, args=(kwargs, params.seed, failure), daemon=True)
+        thread.start()
+        shown = StopFilter(params.stop)
+        try:
+            for piece in streamer:
+                yield shown.feed(piece)
+                if shown.stopped:
+                    break
+            yield shown.flush()
+        finally:
+            stop.set()
+            thread.join()
+        if failure:
+            raise failure[0]
+
+    def _generate_into(self, kwargs: dict[str, Any], seed: int | None, failure: list[BaseException]) -> None:
+        import torch
+
+        try:
+            if seed is not None:
+                torch.manual_seed(seed)
+            with torch.inference_mode():
+                self.model.generate(**kwargs)
+        except BaseException as exc:  # handed to the reading thread, which raises it
+            failure.append(exc)
+            kwargs["streamer"].end()
 
     def _generate_batch(self, texts: list[str], params: SamplingParams) -> list[Generation]:
         import torch

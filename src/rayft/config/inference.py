@@ -1,0 +1,44 @@
+"""Config section for using a model: ``rayft chat`` (in this process) and ``rayft generate`` (on Ray Data)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from rayft.config.base import Section
+from rayft.config.generation import EndpointConfig
+
+
+class InferenceConfig(Section):
+    """How ``rayft chat`` and ``rayft generate`` sample, and how ``rayft generate`` scales.
+
+    The model is the command's SOURCE (a run directory picks its checkpoint with ``eval.checkpoint``);
+    a LoRA checkpoint is applied to its base model, unmerged.
+    """
+
+    backend: Literal["hf", "vllm", "openai"] = Field(
+        "hf",
+        description=(
+            "Backend of rayft generate: 'hf' (transformers generate, CPU or GPU), 'vllm' (a GPU and "
+            "pip install 'rayft[vllm]'), or 'openai' (an OpenAI-compatible server at inference.endpoint; "
+            "SOURCE is sent as the model name). rayft chat always runs transformers in-process."
+        ),
+    )
+    max_new_tokens: int = Field(512, gt=0, description="Longest reply or completion, in tokens.")
+    temperature: float = Field(
+        0.7, ge=0, description="Sampling temperature; 0 is greedy decoding (the same prompt, the same output)."
+    )
+    top_p: float = Field(0.9, gt=0, le=1, description="Nucleus sampling mass (with temperature > 0).")
+    stop: list[str] = Field(default_factory=list, description="Stop sequences; a reply is cut before the first one.")
+    seed: int | None = Field(None, description="Sampling seed (with temperature > 0); unset: a fresh one each run.")
+    system_prompt: str | None = Field(
+        None, description="System message a chat session starts with (/system changes it during the session)."
+    )
+    batch_size: int = Field(16, gt=0, description="Prompts per generate call and per Ray Data batch (rayft generate).")
+    num_workers: int = Field(1, gt=0, description="Generation actors (model replicas) in the Ray Data pool.")
+    num_cpus_per_worker: float = Field(1.0, gt=0, description="CPUs reserved by each generation actor.")
+    num_gpus_per_worker: float = Field(0.0, ge=0, description="GPUs reserved by each generation actor (0: CPU).")
+    endpoint: EndpointConfig = Field(
+        default_factory=EndpointConfig, description="The OpenAI-compatible server (backend 'openai' only)."
+    )

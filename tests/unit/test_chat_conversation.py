@@ -1,0 +1,106 @@
+"""The chat session's state machine (commands, history, context fitting) and the streamed stop filter."""
+
+from __future__ import annotations
+
+import pytest
+
+from rayft.generation.backend import StopFilter, stop_prefix_len
+from rayft.inference.conversation import Conversation, fit_history, step
+
+
+def _run(lines: list[str], start: Conversation | None = None) -> tuple[Conversation, list[str]]:
+    """Feed lines, answering every user message with 'reply N'; the actions taken, in order."""
+    conversation, actions = start or Conversation(), []
+    for line in lines:
+        decided = step(conversation, line)
+        actions.append(decided.action)
+        conversation = decided.conversation
+        if decided.action == "generate":
+            conversation = conversation.with_reply(f"reply {actions.count('generate')}")
+    return conversation, actions
+
+
+def test_messages_alternate_after_the_system_prompt() -> None:
+    conversation, actions = _run(["hi", "", "  ", "and then?"], Conversation("Be brief."))
+    assert actions == ["generate", "nothing", "nothing", "generate"]
+    assert conversation.messages() == [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": "reply 1"},
+        {"role": "user", "content": "and then?"},
+        {"role": "assistant", "content": "reply 2"},
+    ]
+
+
+def test_reset_keeps_the_system_prompt_and_system_starts_over() -> None:
+    conversation, _ = _run(["hi", "/reset"], Conversation("Be brief."))
+    assert conversation == Conversation("Be brief.")
+    conversation, _ = _run(["hi", "/system   You are a pirate.  ", "ahoy"])
+    assert conversation.messages() == [
+        {"role": "system", "content": "You are a pirate."},
+        {"role": "user", "content": "ahoy"},
+        {"role": "assistant", "content": "reply 2"},
+    ]
+
+
+@pytest.mark.parametrize(
+    ("line", "action", "text"),
+    [
+        ("/exit", "exit", ""),
+        ("/quit", "exit", ""),
+        ("/system", "print", "system prompt: 'Be brief.'; set it with /system TEXT"),
+        ("/help", "print", "/system TEXT  set the system prompt"),
+        ("/sytem hi", "print", "unknown command '/sytem'; the commands are:\n  /reset"),
+    ],
+)
+def test_commands_say_what_they_did(line: str, action: str, text: str) -> None:
+    start = Conversation("Be brief.", (("user", "hi"), ("assistant", "hello")))
+    decided = step(start, line)
+    assert (decided.action, decided.conversation) == (action, start)
+    assert text in decided.text
+
+
+def test_a_message_keeps_its_inner_whitespace_and_a_slash_inside_is_text() -> None:
+    decided = step(Conversation(), "  indented, with a/slash\n")
+    assert decided.conversation.turns == (("user", "  indented, with a/slash"),)
+
+
+def test_fit_history_drops_the_oldest_exchanges_first() -> None:
+    turns = (("user", "a" * 10), ("assistant", "b" * 10), ("user", "c" * 10), ("assistant", "d" * 10), ("user", "e"))
+    conversation = Conversation("sys", turns)
+
+    def count(messages: list[dict[str, str]]) -> int:
+        return sum(len(m["content"]) for m in messages)
+
+    assert fit_history(conversation, count, 100) == conversation
+    assert fit_history(conversation, count, 30).turns == turns[2:]
+    assert fit_history(conversation, count, 10).turns == turns[4:]
+    assert fit_history(conversation, count, 1) == Conversation("sys", turns[4:])  # the question always stays
+
+
+def test_failed_reply_leaves_no_dangling_message() -> None:
+    decided = step(Conversation(), "hi")
+    assert decided.conversation.without_last_turn() == Conversation()
+
+
+@pytest.mark.parametrize(
+    ("pieces", "stop", "shown"),
+    [
+        (["Hel", "lo wor", "ld"], (), ["Hel", "lo wor", "ld", ""]),
+        (["The answer", " is 4.\nQue", "stion: next"], ("Question:",), ["The answer", " is 4.\n", "", ""]),
+        (["ab", "cX", "d"], ("abcd",), ["", "abcX", "d", ""]),
+        (["x</s", "trong>"], ("</stop>",), ["x", "</strong>", ""]),
+        (["done<|e", "nd|>junk"], ("<|end|>",), ["done", "", ""]),
+    ],
+)
+def test_stop_filter_never_shows_a_stop_sequence(pieces: list[str], stop: tuple[str, ...], shown: list[str]) -> None:
+    stream = StopFilter(stop)
+    out = [stream.feed(piece) for piece in pieces] + [stream.flush()]
+    assert out == shown
+    assert "".join(out) == "".join(pieces).split(stop[0])[0] if stop else "".join(pieces)
+
+
+def test_stop_prefix_len() -> None:
+    assert stop_prefix_len("abc<|e", ["<|end|>", "\n\n"]) == 3
+    assert stop_prefix_len("abc\n", ["<|end|>", "\n\n"]) == 1
+    assert stop_prefix_len("abc", ["<|end|>"]) == 0
