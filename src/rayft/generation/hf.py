@@ -129,7 +129,7 @@ class HFBackend:
 
     def count_tokens(self, prompt: Prompt) -> int:
         """Tokens of the rendered prompt."""
-        return len(self.tokenizer(self.render(prompt), add_special_tokens=False)["input_ids"])
+        return len(self._encode([self.render(prompt)])[0])
 
     def context_tokens(self) -> int | None:
         """The longest sequence the model takes (prompt and completion), when its config says."""
@@ -149,7 +149,7 @@ class HFBackend:
             def __call__(self, input_ids: Any, scores: Any, **kwargs: Any) -> Any:
                 return torch.full((input_ids.shape[0],), stop.is_set(), dtype=torch.bool, device=input_ids.device)
 
-        enc = self.tokenizer(self.render(prompt), return_tensors="pt", add_special_tokens=False)
+        enc = self.tokenizer.pad({"input_ids": self._encode([self.render(prompt)])}, return_tensors="pt")
         streamer = TextIteratorStreamer(self.tokenizer, skip_prompt=True, skip_special_tokens=True)
         kwargs = {**{k: v.to(self._device) for k, v in enc.items()}, **self._generate_kwargs(params)}
         kwargs.update(streamer=streamer, stopping_criteria=StoppingCriteriaList([_Stop()]))
