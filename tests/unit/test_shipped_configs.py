@@ -55,3 +55,21 @@ def test_gsm8k_local_config_seeds_from_train_and_evaluates_on_test(tmp_path: Pat
     assert [d.path for d in cfg.sdg.decontamination.datasets] == [str(test)]
     assert cfg.eval.task == "gsm8k" and cfg.model.name == "smollm2-135m-instruct"
     assert not any(p.startswith("builtin:") for p in (cfg.sdg.seeds.path, *(d.path for d in cfg.eval.datasets)))
+
+
+def test_t5_text_to_sql_is_the_zero3_gpu_setup() -> None:
+    cfg = load_config(CONFIGS[0].parent / "t5-text-to-sql.yaml")
+    assert requested_stages(cfg.model_fields_set) == ["train", "eval", "export"]
+    assert cfg.model.name == "google-t5/t5-3b" and cfg.model.dtype == "bfloat16"
+    assert (cfg.train.method, cfg.train.strategy, cfg.train.mixed_precision) == ("full", "deepspeed", "bf16")
+    assert cfg.scaling.num_workers == 3 and cfg.scaling.use_gpu is True
+    assert cfg.data.packing is False and cfg.data.datasets[0].path == "htriedman/wikisql"
+    assert cfg.eval.task == "sql" and cfg.eval.backend == "hf" and cfg.eval.use_chat_template is False
+    # eval prompts with the text training rendered: the instruction, then the input
+    wikisql_instruction = "Translate the following into a SQL query"
+    source = cfg.data.datasets[0].input_template or ""
+    assert source.format(instruction=wikisql_instruction, input="Q") == (cfg.eval.prompt_template or "").format(
+        question="Q"
+    )
+    train_split, eval_split = cfg.data.datasets[0].split, cfg.eval.datasets[0].split
+    assert train_split == "train[:98%]" and eval_split == "train[98%:]"  # disjoint slices of the one split
