@@ -12,7 +12,7 @@ from rayft.errors import ModelError
 from rayft.generation.backend import SamplingParams
 from rayft.generation.hf import HFBackend, is_encoder_decoder
 from rayft.generation.vllm import refuse_encoder_decoder
-from rayft.testing.tiny import build_tiny_tokenizer
+from rayft.testing.tiny import build_tiny_t5
 
 PROMPTS = [
     "question: How many players are there where the age is 30? table: players (name text, age integer)",
@@ -23,20 +23,12 @@ PROMPTS = [
 
 @pytest.fixture(scope="module")
 def tiny_t5(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    import torch
-    from transformers import AutoTokenizer, T5Config, T5ForConditionalGeneration
+    from transformers import GenerationConfig
 
-    out = build_tiny_tokenizer(tmp_path_factory.mktemp("t5"))
-    tokenizer = AutoTokenizer.from_pretrained(out)
-    config = T5Config(
-        vocab_size=len(tokenizer), d_model=32, d_ff=64, d_kv=8, num_heads=4, num_layers=2,
-        pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
-        decoder_start_token_id=tokenizer.pad_token_id,
-    )  # fmt: skip
-    torch.manual_seed(0)
-    model = T5ForConditionalGeneration(config)
-    model.generation_config.suppress_tokens = [tokenizer.pad_token_id]  # random weights favour it
-    model.save_pretrained(out)
+    out = build_tiny_t5(tmp_path_factory.mktemp("t5"))
+    generation = GenerationConfig.from_pretrained(out)
+    generation.suppress_tokens = [generation.pad_token_id]  # random weights favour it; it ends nothing
+    generation.save_pretrained(out)
     return out
 
 
@@ -60,6 +52,10 @@ def test_outputs_are_the_new_tokens_and_batching_changes_nothing(tiny_t5: Path) 
     assert singles[0].text == one_by_one.tokenizer.decode(ids[1:], skip_special_tokens=True)
     assert singles[0].num_prompt_tokens == enc["input_ids"].shape[1]
     assert 0 < singles[0].num_generated_tokens <= 6
+    # T5 has no chat template: a chat prompt is its messages' contents joined by blank lines.
+    chat = [{"role": "system", "content": "Translate."}, {"role": "user", "content": PROMPTS[1]}]
+    assert batched.render(chat) == f"Translate.\n\n{PROMPTS[1]}"
+    assert batched.generate([chat], params) == batched.generate([f"Translate.\n\n{PROMPTS[1]}"], params)
 
 
 def test_vllm_refuses_an_encoder_decoder_model(tiny_t5: Path) -> None:

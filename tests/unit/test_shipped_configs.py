@@ -73,3 +73,13 @@ def test_t5_text_to_sql_is_the_zero3_gpu_setup() -> None:
     )
     train_split, eval_split = cfg.data.datasets[0].split, cfg.eval.datasets[0].split
     assert train_split == "train[:98%]" and eval_split == "train[98%:]"  # disjoint slices of the one split
+
+
+def test_t5_sql_cpu_learns_the_builtin_set_offline() -> None:
+    cfg = load_config(CONFIGS[0].parent / "t5-sql-cpu.yaml")
+    assert requested_stages(cfg.model_fields_set) == ["train", "eval", "export"]
+    assert cfg.scaling.use_gpu is not True and cfg.train.method == "full" and cfg.data.packing is False
+    assert [(d.path, d.split) for d in cfg.data.datasets] == [("builtin:sql", "train")]
+    assert [(d.path, d.split) for d in cfg.eval.datasets] == [("builtin:sql", "test")]
+    assert cfg.eval.task == "sql" and cfg.eval.question_field == "input" and cfg.eval.prompt_template == "{question}"
+    assert cfg.data.datasets[0].input_template == "{input}"  # eval prompts with the training source

@@ -34,36 +34,11 @@ def length_sorted_batches(lengths: Sequence[int], batch_size: int, *, sort: bool
 
 
 def is_encoder_decoder(model: ModelConfig) -> bool:
-    """Whether ``model`` is an encoder-decoder (``AutoModelForSeq2SeqLM``) model: from an explicit
-    ``model.architecture`` when the config has one, else from ``is_encoder_decoder`` in its HF config."""
-    declared = getattr(model, "architecture", None)
-    if declared in ("causal", "seq2seq"):
-        return bool(declared == "seq2seq")
-    if model.gguf_file or model.name.endswith(".gguf"):
-        return False
-    from transformers import AutoConfig
+    """Whether ``model`` is an encoder-decoder (``AutoModelForSeq2SeqLM``) model: ``model.architecture``,
+    or, when 'auto', ``is_encoder_decoder`` in its config (:func:`rayft.models.architecture.resolve_architecture`)."""
+    from rayft.models.architecture import resolve_architecture
 
-    from rayft.models.loading import model_location
-    from rayft.models.resolve import resolve_model_source
-
-    if resolve_model_source(model.name, model.gguf_file, model.revision).kind == "builtin":
-        return False
-    location, kwargs = model_location(model)
-    return bool(getattr(AutoConfig.from_pretrained(location, **kwargs), "is_encoder_decoder", False))
-
-
-def load_generation_model(model: ModelConfig, device_type: str, *, encoder_decoder: bool) -> Any:
-    """The model to generate with: a causal LM, or an ``AutoModelForSeq2SeqLM``."""
-    from rayft.models.loading import load_causal_lm
-
-    if not encoder_decoder:
-        return load_causal_lm(model, device_type)
-    from transformers import AutoModelForSeq2SeqLM
-
-    from rayft.models.loading import model_location, resolve_dtype
-
-    location, kwargs = model_location(model)
-    return AutoModelForSeq2SeqLM.from_pretrained(location, dtype=resolve_dtype(model.dtype, device_type), **kwargs)
+    return resolve_architecture(model) == "seq2seq"
 
 
 class HFBackend:
@@ -80,7 +55,7 @@ class HFBackend:
     ) -> None:
         import torch
 
-        from rayft.models.loading import load_tokenizer
+        from rayft.models.loading import load_causal_lm, load_tokenizer
 
         self._device = device or ("cuda" if torch.cuda.is_available() else "cpu")
         self._label = f"hf:{model.name}" + (f"+{adapter_path}" if adapter_path else "")
@@ -89,7 +64,7 @@ class HFBackend:
         # A decoder-only model continues the prompt, so prompts are padded on the left; an encoder
         # reads the whole prompt under its attention mask, and T5-style models are trained right-padded.
         self.tokenizer.padding_side = "right" if self.encoder_decoder else "left"
-        loaded: Any = load_generation_model(model, self._device, encoder_decoder=self.encoder_decoder)
+        loaded: Any = load_causal_lm(model, self._device)  # AutoModelForSeq2SeqLM for an encoder-decoder
         if adapter_path:
             from peft import PeftModel
 

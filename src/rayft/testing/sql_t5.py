@@ -1,0 +1,65 @@
+"""A small random-initialised T5 for the built-in text-to-SQL set, built offline in seconds.
+
+Its tokenizer is a byte-level BPE trained on the training split of ``builtin:sql`` (never the test
+split), so schema words and SQL keywords are single tokens and a question and its query are short
+sequences; the model is T5 v1.1's architecture scaled down (``t5-tiny`` in
+:mod:`rayft.testing.architectures`). ``configs/t5-sql-cpu.yaml`` fine-tunes it:
+
+    python -m rayft.testing.sql_t5 runs/t5-sql-cpu-model
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+SPECIAL_TOKENS = ["<pad>", "</s>", "<unk>"]  # T5's ids: pad 0 (also the decoder start), EOS 1, unknown 2
+SHAPE = {"d_model": 256, "d_kv": 64, "d_ff": 512, "num_layers": 3, "num_decoder_layers": 3, "num_heads": 4}
+
+
+def build_sql_tokenizer(out_dir: str | Path, *, vocab_size: int = 1024, rows: int = 3000) -> Path:
+    """Train the tokenizer on the first ``rows`` rows of builtin:sql's train split and save it."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    from rayft.data.builtin import load_builtin
+
+    texts = [text for row in load_builtin("builtin:sql", "train", rows) for text in (row["input"], row["output"])]
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+    )
+    tok.train_from_iterator(texts, trainer=trainer)
+    wrapped = PreTrainedTokenizerFast(  # type: ignore[no-untyped-call]
+        tokenizer_object=tok, eos_token="</s>", pad_token="<pad>", unk_token="<unk>"
+    )
+    out = Path(out_dir)
+    wrapped.save_pretrained(out)
+    return out
+
+
+def build_sql_t5(out_dir: str | Path, *, seed: int = 0) -> Path:
+    """Save the tokenizer and a random-initialised T5 sized to it to ``out_dir``."""
+    import torch
+    from transformers import AutoTokenizer, T5ForConditionalGeneration
+
+    from rayft.testing.architectures import architecture_config
+
+    out = build_sql_tokenizer(out_dir)
+    tokenizer = AutoTokenizer.from_pretrained(out)
+    config = architecture_config("t5-tiny", vocab_size=len(tokenizer), **SHAPE)
+    torch.manual_seed(seed)
+    model = T5ForConditionalGeneration(config)
+    model.generation_config.decoder_start_token_id = tokenizer.pad_token_id
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.save_pretrained(out, safe_serialization=True)
+    return out
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 2:
+        raise SystemExit("usage: python -m rayft.testing.sql_t5 OUT_DIR")
+    print(build_sql_t5(sys.argv[1]))
