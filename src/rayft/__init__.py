@@ -2,7 +2,7 @@
 
 The public API is what this package root exports (``rayft.__all__``): the recipe functions
 (:func:`load_config`, :func:`train`, :func:`sdg`, :func:`evaluate`, :func:`compare`,
-:func:`export`, :func:`run_pipeline`), the config classes, the error tree, and the typed results.
+:func:`export`, :func:`generate`, :func:`run_pipeline`), the config classes, the error tree, and the typed results.
 Every other module is internal and may change between versions.
 
 The root stays light: names are resolved on first use (PEP 562), and importing any of them,
@@ -26,6 +26,7 @@ _EXPORTS: dict[str, str] = {
     "evaluate": "rayft.api",
     "compare": "rayft.api",
     "export": "rayft.api",
+    "generate": "rayft.api",
     "run_pipeline": "rayft.api",
     # config classes
     "RayftConfig": "rayft.config.schema",
@@ -60,6 +61,7 @@ _EXPORTS: dict[str, str] = {
     "EvalResult": "rayft.recipes.evaluate",
     "CompareResult": "rayft.recipes.compare",
     "ExportResult": "rayft.recipes.export",
+    "GenerateResult": "rayft.recipes.generate",
     "PipelineResult": "rayft.recipes.pipeline",
     "EvalSummary": "rayft.evaluation.summary",
     "CompareSummary": "rayft.evaluation.summary",
@@ -86,6 +88,7 @@ __all__ = [
     "ExportConfig",
     "ExportResult",
     "FailureConfig",
+    "GenerateResult",
     "GenerationConfig",
     "LoggingConfig",
     "LoraConfig",
@@ -113,6 +116,7 @@ __all__ = [
     "compare",
     "evaluate",
     "export",
+    "generate",
     "load_config",
     "run_pipeline",
     "sdg",
@@ -150,7 +154,7 @@ sys.modules[__name__].__class__ = _Root
 
 
 if TYPE_CHECKING:
-    from rayft.api import compare, evaluate, export, run_pipeline, sdg, train
+    from rayft.api import compare, evaluate, export, generate, run_pipeline, sdg, train
     from rayft.config.data import DataConfig, DatasetConfig
     from rayft.config.evaluation import EvalConfig, ExportConfig
     from rayft.config.generation import GenerationConfig
@@ -177,6 +181,7 @@ if TYPE_CHECKING:
     from rayft.recipes.compare import CompareResult
     from rayft.recipes.evaluate import EvalResult
     from rayft.recipes.export import ExportResult
+    from rayft.recipes.generate import GenerateResult
     from rayft.recipes.pipeline import PipelineResult
     from rayft.recipes.sdg import SdgResult
     from rayft.recipes.train import TrainResult

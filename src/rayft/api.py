@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from rayft.recipes.compare import CompareResult
     from rayft.recipes.evaluate import EvalResult
     from rayft.recipes.export import ExportResult
+    from rayft.recipes.generate import GenerateResult
     from rayft.recipes.pipeline import PipelineResult
     from rayft.recipes.sdg import SdgResult
     from rayft.recipes.train import TrainResult
@@ -105,6 +106,38 @@ def export(
     from rayft.recipes import export as recipe
 
     return recipe.run(cfg if cfg is not None else RayftConfig(), str(src), Path(out), merge=merge)
+
+
+def generate(
+    source: str | Path,
+    input_path: str | Path,
+    output_path: str | Path,
+    cfg: RayftConfig | None = None,
+    *,
+    prompt_field: str | None = None,
+    rejects_path: str | Path | None = None,
+) -> GenerateResult:
+    """Generate a completion for every prompt of a JSON Lines file on Ray Data (``rayft generate``).
+
+    Args:
+        source: A run directory, checkpoint, model directory, Hub id, .gguf file or built-in name
+            (for ``inference.backend: openai``, the model name the server is asked for).
+        input_path: One JSON object per line, with a ``prompt`` string or a ``messages`` list.
+        output_path: The JSON Lines output: every usable row, in input order, with its generation.
+        cfg: The config (its ``inference`` section, ``eval.checkpoint``, ``scaling.address``); defaults when None.
+        prompt_field: The column holding the prompt (default ``prompt``, else ``messages``).
+        rejects_path: Where rejected lines are listed (default ``<output>.rejects.jsonl``).
+    """
+    from rayft.recipes import generate as recipe
+
+    return recipe.run(
+        cfg if cfg is not None else RayftConfig(),
+        str(source),
+        Path(input_path),
+        Path(output_path),
+        prompt_field=prompt_field,
+        rejects_path=Path(rejects_path) if rejects_path is not None else None,
+    )
 
 
 def run_pipeline(

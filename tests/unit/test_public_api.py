@@ -16,21 +16,30 @@ import rayft
 PUBLIC = [
     "CheckpointConfig", "CheckpointError", "CompareResult", "CompareSummary", "ConfigError", "DataConfig",
     "DataError", "DatasetConfig", "Estimate", "EvalConfig", "EvalResult", "EvalSummary", "ExportConfig",
-    "ExportResult", "FailureConfig", "GenerationConfig", "LoggingConfig", "LoraConfig", "MetricSummary",
+    "ExportResult", "FailureConfig", "GenerateResult", "GenerationConfig", "LoggingConfig", "LoraConfig",
+    "MetricSummary",
     "MissingDependencyError", "ModelConfig", "ModelError", "ModelSummary", "PairComparison", "PairedTest",
     "PipelineResult", "RayftConfig", "RayftError", "ResourceError", "RunInterruptedError", "RunStateError",
     "ScalingConfig", "SdgConfig", "SdgResult", "StorageError", "TrainConfig", "TrainResult", "TrainingError",
-    "__version__", "compare", "evaluate", "export", "load_config", "run_pipeline", "sdg", "train",
+    "__version__", "compare", "evaluate", "export", "generate", "load_config", "run_pipeline", "sdg", "train",
 ]  # fmt: skip
-RESULTS = ["TrainResult", "SdgResult", "EvalResult", "CompareResult", "ExportResult", "PipelineResult"]
-RECIPES = ["train", "sdg", "evaluate", "compare", "export", "pipeline"]
+RESULTS = [
+    "TrainResult",
+    "SdgResult",
+    "EvalResult",
+    "CompareResult",
+    "ExportResult",
+    "GenerateResult",
+    "PipelineResult",
+]
+RECIPES = ["train", "sdg", "evaluate", "compare", "export", "generate", "chat", "pipeline"]
 
 LIGHT_CHECK = (
     "import sys\n"
     "import rayft\n"
     "for name in rayft.__all__:\n"
     "    getattr(rayft, name)\n"
-    "from rayft import train, sdg, evaluate, compare, export, run_pipeline, load_config\n"
+    "from rayft import train, sdg, evaluate, compare, export, generate, run_pipeline, load_config\n"
     "heavy = sorted(m for m in ('torch', 'ray', 'transformers', 'peft', 'datasets') if m in sys.modules)\n"
     "print('HEAVY=' + ','.join(heavy))\n"
 )
@@ -71,6 +80,7 @@ def test_function_signatures() -> None:
     assert list(train.parameters) == ["cfg", "resume"] and train.parameters["resume"].default is False
     assert list(inspect.signature(rayft.compare).parameters)[:2] == ["cfg", "models"]
     assert list(inspect.signature(rayft.export).parameters)[:2] == ["src", "out"]
+    assert list(inspect.signature(rayft.generate).parameters)[:4] == ["source", "input_path", "output_path", "cfg"]
     for name in ("sdg", "evaluate", "run_pipeline"):
         assert next(iter(inspect.signature(getattr(rayft, name)).parameters)) == "cfg"
 

@@ -14,20 +14,28 @@ ADDRESS_HELP = (
     "Job, as `rayft submit` does). Sets scaling.address. Unset: a local Ray for this command."
 )
 
+LOCAL_HELP = (
+    "Join a Ray cluster: auto (the one this machine belongs to) or HEAD:6379 (the head's GCS address; from "
+    "a machine of the cluster's network). Sets scaling.address. Unset: a local Ray for this command."
+)
 
-def address_option(command: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+
+def address_option(command: str, *, as_job: bool = True) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Add ``--address`` to the click command function ``command`` (a name of
     :data:`rayft.cluster.job_plan.COMMANDS`): a Jobs API URL submits the same command line as a Ray
-    Job; any other address becomes the override ``scaling.address=ADDRESS``."""
+    Job; any other address becomes the override ``scaling.address=ADDRESS``. A command that reads
+    and writes files on this machine (``as_job=False``) refuses a Jobs API URL instead."""
 
     def decorate(function: Callable[..., Any]) -> Callable[..., Any]:
-        @click.option("--address", default=None, metavar="ADDRESS", help=ADDRESS_HELP)
+        @click.option("--address", default=None, metavar="ADDRESS", help=ADDRESS_HELP if as_job else LOCAL_HELP)
         @functools.wraps(function)
         def wrapper(*args: Any, address: str | None, **kwargs: Any) -> Any:
             if address is not None:
                 from rayft.cluster.address import parse_address
 
                 if parse_address(address).kind == "jobs":
+                    if not as_job:
+                        _refuse_job(command, address)
                     _submit_instead(command, address, kwargs)
                 from rayft.runtime import check_address
 
@@ -38,6 +46,16 @@ def address_option(command: str) -> Callable[[Callable[..., Any]], Callable[...,
         return wrapper
 
     return decorate
+
+
+def _refuse_job(command: str, address: str) -> None:
+    from rayft.errors import ConfigError
+
+    raise ConfigError(
+        f"--address {address}: `rayft {command}` reads and writes files on this machine, so it joins the "
+        "cluster rather than running as a Ray Job; give the head's GCS address (HEAD:6379), or run it on a "
+        "node of the cluster with --address auto"
+    )
 
 
 def _submit_instead(command: str, address: str, params: dict[str, Any]) -> None:

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import click
 
+from rayft.cli.address_opt import address_option
 from rayft.config import RayftConfig, load_config
 
 _SOURCE_HELP = (
@@ -73,3 +75,77 @@ def chat(source: str, overrides: tuple[str, ...], *, config_path: str | None, ch
 
     cfg = _with_inference(_load(config_path, overrides, checkpoint), sampling)
     recipe.run(cfg, source, device=None if device == "auto" else device)
+
+
+@click.command(epilog="Example: rayft generate runs/my-run --input prompts.jsonl --output out.jsonl --temperature 0")
+@click.argument("source")
+@click.argument("overrides", nargs=-1, metavar="[KEY=VALUE]...")
+@click.option(
+    "--input",
+    "input_path",
+    required=True,
+    type=click.Path(dir_okay=False),
+    help="JSON Lines file, one prompt per line: a 'prompt' string or a 'messages' list of chat turns.",
+)
+@click.option(
+    "--output",
+    "output_path",
+    required=True,
+    type=click.Path(dir_okay=False),
+    help="JSON Lines file written (atomically) with every usable input row and its generation.",
+)
+@click.option(
+    "--field",
+    "prompt_field",
+    default=None,
+    help="Column holding the prompt (a string, or a list of chat turns) [prompt, else messages].",
+)
+@click.option(
+    "--rejects",
+    "rejects_path",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Where the rejected lines go, with line number, reason and text [OUTPUT's name .rejects.jsonl].",
+)
+@sampling_options
+@click.option(
+    "--backend",
+    type=click.Choice(["hf", "vllm", "openai"]),
+    default=None,
+    help="Generation backend [inference.backend: hf]; openai sends SOURCE as the model name to "
+    "inference.endpoint.base_url.",
+)
+@click.option("--batch-size", type=int, default=None, help="Prompts per batch [inference.batch_size: 16].")
+@click.option("--num-workers", type=int, default=None, help="Model replicas on Ray [inference.num_workers: 1].")
+@address_option("generate", as_job=False)
+def generate(
+    source: str,
+    overrides: tuple[str, ...],
+    *,
+    input_path: str,
+    output_path: str,
+    prompt_field: str | None,
+    rejects_path: str | None,
+    config_path: str | None,
+    checkpoint: str | None,
+    **settings: Any,
+) -> None:
+    """Generate a completion for every prompt of a JSON Lines file, on a Ray Data actor pool.
+
+    The output keeps the input's order and other columns, and adds generation, finish_reason, error,
+    num_prompt_tokens and num_generated_tokens. Lines that cannot be prompted (not JSON, no prompt,
+    a wrong type) are listed with their line number, reason and text in the rejects file and counted
+    in the summary; none is dropped silently. Chat prompts go through the model's chat template.
+    """
+    from rayft.recipes import generate as recipe
+
+    cfg = _with_inference(_load(config_path, overrides, checkpoint), settings)
+    result = recipe.run(
+        cfg,
+        source,
+        Path(input_path),
+        Path(output_path),
+        prompt_field=prompt_field,
+        rejects_path=Path(rejects_path) if rejects_path else None,
+    )
+    click.echo(result.summary())

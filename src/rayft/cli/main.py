@@ -67,6 +67,7 @@ def _register() -> None:
     cli.add_command(eval_cmd.compare)
     cli.add_command(eval_cmd.export)
     cli.add_command(infer_cmd.chat)
+    cli.add_command(infer_cmd.generate)
     cli.add_command(k8s_cmd.k8s)
     _register_cluster()
 

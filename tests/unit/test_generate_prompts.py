@@ -1,0 +1,152 @@
+"""`rayft generate` without a model: reading prompts and rejecting bad lines, the output rows, the
+atomic writer, and the generation section built for a source."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from rayft.config import load_config
+from rayft.errors import DataError
+from rayft.generation.backend import Generation
+from rayft.inference.prompts import REASONS, read_prompts
+from rayft.recipes.generate import (
+    default_rejects_path,
+    generation_config,
+    output_rows,
+    run,
+    write_jsonl_atomic,
+)
+
+LINES = [
+    '{"id": 1, "prompt": "What is 2 + 2?"}',
+    "",
+    '{"id": 2, "messages": [{"role": "user", "content": "hi"}], "meta": {"k": [1, 2]}}',
+    '{"id": 3, "prompt": "x", "messages": [{"role": "user", "content": "ignored"}]}',
+    '{"id": 4, "conversations": [{"from": "human", "value": "shared gpt"}]}',
+    "not json at all",
+    "[1, 2]",
+    '{"id": 6, "prompt": "   "}',
+    '{"id": 7, "prompt": 42}',
+    '{"id": 8, "messages": [{"role": "wizard", "content": "abracadabra"}]}',
+    '{"id": 9, "messages": ["just a string"]}',
+    '{"id": 10, "prompt": null}',
+]
+
+
+def _parse(lines: list[str], field: str | None = None) -> tuple[list[tuple[int, object]], list[tuple[int, str]]]:
+    parsed = read_prompts([line.encode() + b"\n" for line in lines], field)
+    return [(r.line, r.prompt) for r in parsed.rows], [(r.line, r.reason) for r in parsed.rejected]
+
+
+def test_every_line_is_a_prompt_or_a_rejected_row_with_its_line_number() -> None:
+    rows, rejected = _parse(LINES)
+    assert rows == [
+        (1, "What is 2 + 2?"),
+        (3, [{"role": "user", "content": "hi"}]),
+        (4, "x"),  # 'prompt' wins over 'messages'
+    ]
+    assert rejected == [
+        (5, "missing_field"),  # ShareGPT turns under another column need --field conversations
+        (6, "not_json"),
+        (7, "not_object"),
+        (8, "empty_field"),
+        (9, "wrong_type"),
+        (10, "unknown_role"),
+        (11, "wrong_type"),
+        (12, "missing_field"),
+    ]
+    assert {reason for _, reason in rejected} <= set(REASONS)
+
+
+def test_field_names_the_prompt_column_and_sharegpt_turns_are_read() -> None:
+    rows, rejected = _parse(LINES[:5], "conversations")
+    assert rows == [(5, [{"role": "user", "content": "shared gpt"}])]
+    assert [line for line, _ in rejected] == [1, 3, 4]
+
+
+def test_rejected_rows_say_what_is_wrong_and_keep_the_text() -> None:
+    parsed = read_prompts([b'{"id": 1, "text": "hello"}\n', b"\xff\xfe{}\n", b'{"prompt": ' + b"9" * 3000 + b"}\n"])
+    missing, not_utf8, wrong = (r.to_dict() for r in parsed.rejected)
+    assert missing == {
+        "line": 1,
+        "reason": "missing_field",
+        "detail": "no 'prompt' or 'messages' field (fields: 'id', 'text'); choose the column with --field",
+        "value": '{"id": 1, "text": "hello"}',
+    }
+    assert not_utf8["reason"] == "not_utf8" and not_utf8["line"] == 2
+    assert wrong["detail"] == "'prompt' is a int; give a string or a list of chat turns"
+    assert len(wrong["value"]) == 2003 and wrong["value"].endswith("...")
+    assert parsed.rejected_by_reason() == {"missing_field": 1, "not_utf8": 1, "wrong_type": 1}
+
+
+def test_output_rows_carry_the_other_columns_in_input_order() -> None:
+    parsed = read_prompts([line.encode() for line in LINES[:4]])
+    generations = [Generation("4", 5, 1, "stop"), Generation("", finish_reason="error", error="boom"),
+                   Generation("y", 2, 3, "length")]  # fmt: skip
+    out = list(output_rows(parsed.rows, generations))
+    assert [row["id"] for row in out] == [1, 2, 3]
+    assert out[1]["meta"] == {"k": [1, 2]} and out[1]["messages"] == [{"role": "user", "content": "hi"}]
+    assert out[0] | {} == {"id": 1, "prompt": "What is 2 + 2?", "generation": "4", "finish_reason": "stop",
+                           "error": None, "num_prompt_tokens": 5, "num_generated_tokens": 1}  # fmt: skip
+    assert (out[1]["error"], out[2]["finish_reason"]) == ("boom", "length")
+
+
+def test_the_writer_never_leaves_half_a_file(tmp_path: Path) -> None:
+    path = tmp_path / "out.jsonl"
+    write_jsonl_atomic(path, [{"a": 1}])
+
+    def rows_then_crash():  # type: ignore[no-untyped-def]
+        yield {"a": 2}
+        raise RuntimeError("crash mid-write")
+
+    with pytest.raises(RuntimeError, match="crash mid-write"):
+        write_jsonl_atomic(path, rows_then_crash())
+    assert [json.loads(line) for line in path.read_text().splitlines()] == [{"a": 1}]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.jsonl"]  # no temporary file left
+
+
+def test_default_rejects_path() -> None:
+    assert default_rejects_path(Path("d/out.jsonl")) == Path("d/out.rejects.jsonl")
+    assert default_rejects_path(Path("d/results")) == Path("d/results.rejects.jsonl")
+
+
+def test_generation_config_takes_the_inference_section(tmp_path: Path) -> None:
+    tiny_model_dir = tmp_path / "model"
+    tiny_model_dir.mkdir()
+    (tiny_model_dir / "config.json").write_text("{}")  # a model directory, as far as resolving goes
+    cfg = load_config(None, ["inference.temperature=0", "inference.num_workers=2", "inference.batch_size=4"])
+    gen, described = generation_config(cfg, str(tiny_model_dir))
+    assert (gen.model.name, gen.adapter_path, gen.temperature, gen.concurrency, gen.batch_size) == (
+        str(tiny_model_dir.resolve()), None, 0.0, 2, 4)  # fmt: skip
+    assert described == str(tiny_model_dir.resolve())
+    remote = load_config(None, ["inference.backend=openai", "inference.endpoint.base_url=http://h:9/v1"])
+    gen, described = generation_config(remote, "served-model")
+    assert (gen.backend, gen.model.name, described) == ("openai", "served-model", "served-model at http://h:9/v1")
+
+
+def test_inputs_are_checked_before_anything_loads(tmp_path: Path) -> None:
+    cfg = load_config(None, [])
+    with pytest.raises(DataError, match="--input '.*missing.jsonl' is not a file"):
+        run(cfg, "smollm2-135m-instruct", tmp_path / "missing.jsonl", tmp_path / "out.jsonl")
+    source = tmp_path / "in.jsonl"
+    source.write_text("oops\n[]\n")
+    with pytest.raises(DataError, match="--output .* is the input file"):
+        run(cfg, "smollm2-135m-instruct", source, source)
+    with pytest.raises(DataError, match=r"no line has a usable prompt \(2 rejected, listed in .*in.rejects.jsonl\)"):
+        run(cfg, "smollm2-135m-instruct", source, tmp_path / "in.out.jsonl", rejects_path=tmp_path / "in.rejects.jsonl")
+    assert [json.loads(x)["reason"] for x in (tmp_path / "in.rejects.jsonl").read_text().splitlines()] == [
+        "not_json", "not_object"]  # fmt: skip
+
+
+def test_a_jobs_address_is_refused_with_the_fix(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from rayft.cli.main import cli
+
+    args = ["generate", "m", "--input", "a.jsonl", "--output", "b.jsonl", "--address", "http://head:8265"]
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 2
+    assert "joins the cluster rather than running as a Ray Job; give the head's GCS address" in result.output
