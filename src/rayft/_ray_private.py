@@ -45,6 +45,8 @@ PRIVATE_SYMBOLS: tuple[str, ...] = (
     "ray.data._internal.logical.interfaces.source_operator:SourceOperator.output_data",
     "ray._private.log_monitor:RAY_LOG_MONITOR_MANY_FILES_THRESHOLD",
     "ray.train.v2._internal.constants:ENABLE_PREEMPTION_WATCHER_ENV_VAR",
+    "ray.train.v2._internal.execution.callback:WorkerGroupCallback",
+    "ray.train.v2._internal.execution.worker_group.worker_group:WorkerGroup.get_worker_group_state",
 )
 
 # Ray settings of a Ray that rayft starts itself (never of a cluster it joins), passed as
@@ -251,3 +253,32 @@ def block_iterator_class() -> type | None:
             return iter(bundles), None, None
 
     return BlockIterator
+
+
+def placement_group_recorder(directory: str) -> Any:
+    """A Ray Train callback that records the placement group of each worker group it starts as an
+    empty file named by its id in ``directory``; None where this Ray's internals differ.
+
+    Ray Train removes its workers' placement group when a run ends, and (with its cleaner, which a
+    local rayft Ray drops, see :func:`trainer_class`) when its controller dies; a sweep's trial
+    that Tune stops or pauses kills the controller, so the sweep removes the recorded groups
+    itself (:mod:`rayft.tuning.reaper`). Independent of :data:`SWITCH_ENV`: without it, a stopped
+    trial's workers' resources would stay reserved.
+    """
+    base = _load("ray.train.v2._internal.execution.callback:WorkerGroupCallback")
+    if base is None or _load(PRIVATE_SYMBOLS[-1]) is None:
+        return None
+
+    class PlacementGroupRecorder(base):  # type: ignore[misc, valid-type]
+        """Writes ``<directory>/<placement group id>`` once the worker group has started."""
+
+        def __init__(self, directory: str) -> None:
+            self._directory = directory
+
+        def after_worker_group_start(self, worker_group: Any) -> None:
+            group = worker_group.get_worker_group_state().placement_group_handle.placement_group
+            os.makedirs(self._directory, exist_ok=True)
+            with open(os.path.join(self._directory, group.id.hex()), "w", encoding="utf-8"):
+                pass
+
+    return PlacementGroupRecorder(directory)

@@ -97,19 +97,22 @@ def run_location(cfg: RayftConfig, mirror_dir: Path | None = None) -> RunLocatio
     return location
 
 
-def claim_run_dir(cfg: RayftConfig, *, resume: bool, location: RunLocation | None = None) -> Path:
+def claim_run_dir(
+    cfg: RayftConfig, *, resume: bool, location: RunLocation | None = None, retune: bool = False
+) -> Path:
     """Create (or reopen with ``resume``) the run's store and save the resolved config in it; return
     the directory training writes into (the run directory, or the local mirror of a remote run).
 
     Refuses to reuse a run's name without ``--resume``, and to resume with changed settings that
     would make the result a mix of two different runs (:func:`rayft.runs.planner.plan_train_start`).
-    A URI is probed (a marker object written and deleted) before anything else.
+    A URI is probed (a marker object written and deleted) before anything else. With ``retune``,
+    a resume may also change the optimiser settings of :data:`rayft.runs.planner.RETUNABLE_CHANGES`.
     """
     store = open_store(location or run_location(cfg))
     store.probe()
     text = dump_config(cfg)
     plan = plan_train_start(
-        store.where, cfg.name, store.state(), store.saved_config(), yaml.safe_load(text), resume=resume
+        store.where, cfg.name, store.state(), store.saved_config(), yaml.safe_load(text), resume=resume, retune=retune
     )
     store.begin(plan, text)
     log.info("run %r: %s at %s", cfg.name, plan.reason, store.where)

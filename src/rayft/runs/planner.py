@@ -31,6 +31,17 @@ RESUMABLE_CHANGES = (
 )
 """Settings that may change when a run is resumed: they do not change what was already trained."""
 
+RETUNABLE_CHANGES = (
+    "train.learning_rate",
+    "train.min_learning_rate",
+    "train.warmup_steps",
+    "train.weight_decay",
+    "train.max_grad_norm",
+)
+"""Optimiser settings a run may also change when it continues from a checkpoint with new
+hyper-parameters on purpose (Population Based Training's exploit): they change how the next steps
+update the weights, never the shape of the model, the data or the steps already taken."""
+
 StartAction = Literal["start", "resume", "keep", "replace"]
 
 
@@ -57,7 +68,14 @@ class StartPlan:
 
 
 def plan_train_start(
-    where: str, name: str, state: RunState, saved: dict[str, Any] | None, wanted: dict[str, Any], *, resume: bool
+    where: str,
+    name: str,
+    state: RunState,
+    saved: dict[str, Any] | None,
+    wanted: dict[str, Any],
+    *,
+    resume: bool,
+    retune: bool = False,
 ) -> StartPlan:
     """``rayft train``: start or resume the run ``name`` at ``where``, or raise why not.
 
@@ -68,6 +86,7 @@ def plan_train_start(
         saved: The config saved in the run (None when there is none).
         wanted: The config to run with, as it is saved (``yaml.safe_load(dump_config(cfg))``).
         resume: Whether ``--resume`` was given.
+        retune: Continue with new optimiser hyper-parameters (:data:`RETUNABLE_CHANGES` may also differ).
 
     Raises:
         RunStateError: the run is finished, exists without ``--resume``, or is missing with it.
@@ -88,7 +107,7 @@ def plan_train_start(
         )
     if not resume:
         return StartPlan("start", "new run")
-    check_resumable(saved or {}, wanted)
+    check_resumable(saved or {}, wanted, allowed=RESUMABLE_CHANGES + RETUNABLE_CHANGES if retune else None)
     return StartPlan("resume", _resume_reason(state))
 
 
@@ -128,16 +147,30 @@ def plan_stage_start(
     return StartPlan("start", "new run")
 
 
-def check_resumable(saved: dict[str, Any], wanted: dict[str, Any]) -> None:
-    """Refuse a resume whose config differs from the saved one outside :data:`RESUMABLE_CHANGES`."""
+def check_resumable(saved: dict[str, Any], wanted: dict[str, Any], allowed: tuple[str, ...] | None = None) -> None:
+    """Refuse a resume whose config differs from the saved one outside ``allowed`` (default
+    :data:`RESUMABLE_CHANGES`)."""
     before, after = _flatten(saved), _flatten(wanted)
     changed = sorted(k for k in before.keys() | after.keys() if before.get(k) != after.get(k))
-    blocking = [k for k in changed if not k.startswith(RESUMABLE_CHANGES)]
+    blocking = [k for k in changed if not k.startswith(allowed or RESUMABLE_CHANGES)]
     if blocking:
         details = ", ".join(f"{k}: {before.get(k)!r} -> {after.get(k)!r}" for k in blocking)
         raise ConfigError(
             f"--resume with a different config: {details}. Resume with the original settings, or start a new run "
             "under another name."
+        )
+
+
+def check_retunable(paths: list[str] | tuple[str, ...]) -> None:
+    """Refuse config paths that a run cannot change while it continues from a checkpoint (what
+    Population Based Training perturbs): only :data:`RETUNABLE_CHANGES` can be."""
+    refused = [path for path in paths if path not in RETUNABLE_CHANGES]
+    if refused:
+        raise ConfigError(
+            f"tune.pbt: {', '.join(refused)} cannot be perturbed: a trial that copies another's checkpoint keeps "
+            f"its model, data and steps, so only optimiser settings may change ({', '.join(RETUNABLE_CHANGES)}). "
+            "Search the others with scheduler asha, hyperband or fifo, or list only those in "
+            "tune.pbt.hyperparam_mutations."
         )
 
 

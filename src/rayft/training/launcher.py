@@ -12,7 +12,7 @@ import logging
 import os
 import signal
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -169,8 +169,11 @@ def launch_ray(
     scaling: ScalingConfig,
     failure: FailureConfig,
     checkpoint: CheckpointConfig,
+    *,
+    callbacks: Sequence[Any] = (),
 ) -> None:
-    """Run the worker loop on ``scaling.num_workers`` Ray Train workers and wait for the end."""
+    """Run the worker loop on ``scaling.num_workers`` Ray Train workers and wait for the end
+    (``callbacks``: Ray Train callbacks of the run, such as one that forwards its reports to Tune)."""
     import ray
     import ray.train
     from ray.train.torch import TorchConfig
@@ -195,6 +198,7 @@ def launch_ray(
             storage_path=plan.run_dir,
             failure_config=ray.train.FailureConfig(max_failures=failure.max_failures),
             checkpoint_config=_ray_checkpoint_config(checkpoint, plan.has_validation),
+            callbacks=list(callbacks),
             # Ray Train's RunConfig takes it at run time; its typed v1 signature does not list it
             logging_config=ray.train.LoggingConfig(log_level=ray_train_log_level()),  # type: ignore[call-arg]
         ),

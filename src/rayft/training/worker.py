@@ -135,6 +135,8 @@ def setup_worker(plan: WorkerPlan, session: TrainSession) -> Worker:
         torch.manual_seed(plan.seed + 1 + session.rank)  # distinct dropout streams per worker
         if restore_dir is not None:
             state = restore_training_state(restore_dir, parallel, model, optimizer, scheduler, rank=session.rank)
+            if plan.retuned:
+                apply_optimizer_settings(optimizer, scheduler, plan.train)
             log.info("rank %d resumed from %s at step %d", session.rank, restore_dir, state.step)
     scaler = torch.amp.GradScaler("cuda") if precision.use_grad_scaler else None
     logger = open_loggers(plan, session, state.step)
@@ -202,6 +204,17 @@ def build_optimizer(model: Any, train: TrainConfig) -> Any:
     return torch.optim.AdamW(
         parameter_groups(model, train.weight_decay), lr=train.learning_rate, betas=train.adam_betas, eps=train.adam_eps
     )
+
+
+def apply_optimizer_settings(optimizer: Any, scheduler: Any, train: TrainConfig) -> None:
+    """Set ``train``'s learning rate and weight decay on a restored optimizer and scheduler (whose
+    saved state holds the earlier ones), at the scheduler's current step: the next update uses them."""
+    scheduler.base_lrs = [train.learning_rate] * len(optimizer.param_groups)
+    for index, group in enumerate(optimizer.param_groups):
+        group["initial_lr"] = train.learning_rate
+        group["lr"] = train.learning_rate * scheduler.lr_lambdas[index](scheduler.last_epoch)
+        if index == 0:  # the matrices; the second group (biases, norms) never decays
+            group["weight_decay"] = train.weight_decay
 
 
 def build_scheduler(optimizer: Any, train: TrainConfig, total_steps: int) -> Any:

@@ -33,3 +33,6 @@ class WorkerPlan:
     lineage: dict[str, Any] = field(default_factory=dict)
     faults: Faults = field(default_factory=Faults)
     remote_uri: str | None = None  # the run's URI when storage_path is one: checkpoints and final/ go there too
+    # Continue from the checkpoint with this plan's optimiser settings (learning rate, weight decay)
+    # instead of the ones saved in it: a trial of a sweep that took another trial's checkpoint.
+    retuned: bool = False

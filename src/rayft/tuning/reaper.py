@@ -1,0 +1,66 @@
+"""Removing the placement groups of stopped trials' workers.
+
+Tune stops a trial (an early stop, a PBT pause) by ending the trial's process, and with it the
+Ray Train controller it started; the workers' placement group outlives them, holding the
+resources that the next trial needs. Each trial records its groups in its run directory
+(:func:`rayft._ray_private.placement_group_recorder`); they are removed when the trial starts
+again and, by :class:`reaper_callback`, once Tune no longer runs the trial.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger("rayft.tune")
+
+GROUPS_DIR = ".placement-groups"
+"""In a trial's run directory: one empty file per placement group its runs reserved, named by id."""
+
+
+def remove_recorded_groups(run_dir: Path) -> int:
+    """Remove every placement group recorded under ``run_dir`` (those already gone are skipped);
+    returns how many records were cleared."""
+    import ray
+    from ray.util.placement_group import PlacementGroup, remove_placement_group
+
+    directory = run_dir / GROUPS_DIR
+    if not directory.is_dir():
+        return 0
+    cleared = 0
+    for record in directory.iterdir():
+        with contextlib.suppress(Exception):  # removed already, or a stray file: nothing holds it
+            remove_placement_group(PlacementGroup(ray.PlacementGroupID(bytes.fromhex(record.name))))
+            log.debug("removed placement group %s of %s", record.name, run_dir.name)
+        record.unlink(missing_ok=True)
+        cleared += 1
+    return cleared
+
+
+def reaper_callback(run_dir_of: Any, interval_s: float = 1.0) -> Any:
+    """A Tune callback of the sweep's driver that removes the recorded placement groups of every
+    trial Tune is not running (``run_dir_of(trial_id)``: its run directory), at most every
+    ``interval_s`` and when the sweep ends."""
+    from ray.tune import Callback
+
+    class PlacementGroupReaper(Callback):
+        def __init__(self) -> None:
+            self._last = 0.0
+
+        def on_step_end(self, iteration: int, trials: list[Any], **info: Any) -> None:
+            now = time.monotonic()
+            if now - self._last < interval_s:
+                return
+            self._last = now
+            for trial in trials:
+                if trial.status != "RUNNING":
+                    remove_recorded_groups(run_dir_of(trial.trial_id))
+
+        def on_experiment_end(self, trials: list[Any], **info: Any) -> None:
+            for trial in trials:
+                remove_recorded_groups(run_dir_of(trial.trial_id))
+
+    return PlacementGroupReaper()

@@ -1,0 +1,229 @@
+"""Running a sweep on Ray Tune: the checks before anything starts, the scheduler and search
+algorithm of ``tune``, a fresh or restored ``Tuner``, and what each trial became.
+
+The sweep lives under ``<storage_path>/<sweep name>/``: Tune's experiment state, ``sweep.yaml`` (the
+config it runs), ``trials/<trial id>/`` (each trial's rayft run directory) and the results.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rayft.config import RayftConfig, dump_config
+from rayft.config.tune import TuneConfig
+from rayft.errors import ConfigError
+from rayft.runs import layout
+from rayft.runs.location import RunLocation, join_uri
+
+log = logging.getLogger("rayft.tune")
+
+SWEEP_CONFIG_FILE = "sweep.yaml"
+TRIALS_DIR = "trials"
+TUNE_CHECKPOINTS_TO_KEEP = 4  # pointers of a few bytes; PBT copies a trial's latest
+
+
+@dataclass(frozen=True)
+class SweepPlace:
+    """Where a sweep lives: Tune's ``storage_path`` and ``name``, and the local directory of its
+    state (itself, or a mirror of a URI)."""
+
+    storage: str
+    name: str
+    location: RunLocation
+
+    @property
+    def uri(self) -> str:
+        """The sweep directory as Tune addresses it."""
+        return join_uri(self.storage, self.name) if self.location.remote_uri else str(Path(self.storage) / self.name)
+
+    @property
+    def trials_root(self) -> str:
+        """Where the trials' rayft run directories go."""
+        return join_uri(self.uri, TRIALS_DIR) if self.location.remote_uri else str(Path(self.uri) / TRIALS_DIR)
+
+
+def sweep_place(cfg: RayftConfig, tune: TuneConfig) -> SweepPlace:
+    """The sweep's place under ``cfg.storage_path``."""
+    from rayft.cache import cache_root
+    from rayft.runs.location import plan_run_location
+
+    name = tune.sweep_name(cfg.name)
+    location = plan_run_location(cfg.storage_path, name, cache_root())
+    storage = cfg.storage_path if location.remote_uri else str(Path(cfg.storage_path).resolve())
+    return SweepPlace(storage, name, location)
+
+
+def check_sweep(cfg: RayftConfig) -> TuneConfig:
+    """Everything about the sweep that can be refused before Ray starts; returns ``cfg.tune``."""
+    from rayft.runs.location import is_remote
+    from rayft.runs.planner import check_retunable
+    from rayft.tuning.space import check_search_space
+
+    tune = cfg.tune
+    if tune is None:
+        raise ConfigError(
+            "rayft tune: the config has no tune section; add one, e.g. tune: {search_space: "
+            "{train.learning_rate: {loguniform: [1.0e-5, 1.0e-3]}}}"
+        )
+    if cfg.scaling.num_workers < 1:
+        raise ConfigError(
+            f"scaling.num_workers={cfg.scaling.num_workers}: each trial trains on Ray Train workers; "
+            "set scaling.num_workers=1 or more"
+        )
+    check_search_space(cfg)
+    if tune.scheduler == "pbt":
+        check_retunable(tuple(tune.mutations))
+        if is_remote(cfg.storage_path):
+            raise ConfigError(
+                f"storage_path={cfg.storage_path}: scheduler pbt copies checkpoints between trials on a shared "
+                "filesystem; give a directory (a shared mount on a cluster), or use scheduler asha"
+            )
+    return tune
+
+
+def check_saved_sweep(place: SweepPlace, text: str) -> None:
+    """Refuse to continue a sweep of the same name that was started with another config."""
+    saved = place.location.local_dir / SWEEP_CONFIG_FILE
+    if saved.is_file() and saved.read_text(encoding="utf-8") != text:
+        raise ConfigError(
+            f"tune: a sweep named {place.name!r} with another config exists at {place.uri}; rerun it with its "
+            f"own config ({saved}) to continue it, or set tune.name to start another"
+        )
+
+
+def make_scheduler(tune: TuneConfig, evaluations: int) -> Any:
+    """Tune's trial scheduler for ``tune.scheduler``; ``evaluations``: the reports one training run
+    makes (the default ``max_t``)."""
+    from ray.tune.schedulers import (
+        AsyncHyperBandScheduler,
+        FIFOScheduler,
+        HyperBandScheduler,
+        PopulationBasedTraining,
+    )
+
+    from rayft.tuning.space import to_ray_mutations
+
+    max_t = tune.max_t or max(evaluations, 1)
+    if tune.scheduler == "asha":
+        return AsyncHyperBandScheduler(
+            time_attr="training_iteration", max_t=max_t, grace_period=min(tune.grace_period, max_t),
+            reduction_factor=tune.reduction_factor,
+        )  # fmt: skip
+    if tune.scheduler == "hyperband":
+        return HyperBandScheduler(time_attr="training_iteration", max_t=max_t, reduction_factor=tune.reduction_factor)
+    if tune.scheduler == "pbt":
+        return PopulationBasedTraining(
+            time_attr="training_iteration", perturbation_interval=tune.pbt.perturbation_interval,
+            hyperparam_mutations=to_ray_mutations(tune), quantile_fraction=tune.pbt.quantile_fraction,
+            resample_probability=tune.pbt.resample_probability,
+        )  # fmt: skip
+    return FIFOScheduler()
+
+
+def make_search(tune: TuneConfig) -> Any:
+    """Tune's search algorithm for ``tune.search_algorithm``."""
+    from ray.tune.search.basic_variant import BasicVariantGenerator
+
+    if tune.search_algorithm != "optuna":
+        return BasicVariantGenerator(random_state=tune.seed)
+    try:
+        from ray.tune.search.optuna import OptunaSearch
+
+        return OptunaSearch(seed=tune.seed)
+    except (ImportError, AssertionError):  # Ray asserts that optuna is importable
+        raise ConfigError(
+            "tune.search_algorithm optuna needs Optuna: pip install 'rayft[optuna]' (or choose random or grid)"
+        ) from None
+
+
+def trial_dirname(trial: Any) -> str:
+    """Tune's directory of a trial: its id (its rayft run is trials/<id>/)."""
+    return str(trial.trial_id)
+
+
+def make_trainable(setup: Any) -> Any:
+    """The trial function with the sweep's setup bound, and the resources of the trial's driver.
+
+    The driver only builds and waits for a ``TorchTrainer`` whose workers reserve their own
+    resources (``scaling``); it takes a token share of the node's memory so that Tune can place
+    it without holding a CPU that training needs. How many trials run at once is bounded by
+    ``max_concurrent_trials`` (:func:`rayft.tuning.plan.plan_concurrency`).
+    """
+    from functools import partial
+
+    from ray import tune
+
+    from rayft.tuning.trial import run_trial
+
+    function: Callable[[dict[str, Any]], None] = partial(run_trial, setup=setup)
+    return tune.with_resources(function, {"memory": 1})
+
+
+def build_tuner(
+    tune_cfg: TuneConfig, place: SweepPlace, setup: Any, *, concurrent: int, evaluations: int
+) -> Any:
+    """A new ``Tuner`` of the sweep, or the one restored from its state (finished trials are kept,
+    unfinished and errored ones continue from their last checkpoint)."""
+    import ray.tune
+    from ray import tune
+
+    from rayft.tuning.reaper import reaper_callback
+    from rayft.tuning.space import to_ray_space
+
+    trainable = make_trainable(setup)
+    if tune.Tuner.can_restore(place.uri):
+        log.info("tune: continuing the sweep at %s", place.uri)
+        return tune.Tuner.restore(place.uri, trainable, resume_unfinished=True, resume_errored=True)
+    return tune.Tuner(
+        trainable,
+        param_space=to_ray_space(tune_cfg),
+        tune_config=tune.TuneConfig(
+            metric=tune_cfg.metric, mode=tune_cfg.mode, num_samples=tune_cfg.num_samples,
+            scheduler=make_scheduler(tune_cfg, evaluations), search_alg=make_search(tune_cfg),
+            max_concurrent_trials=concurrent, trial_dirname_creator=trial_dirname,
+        ),
+        run_config=ray.tune.RunConfig(
+            name=place.name, storage_path=place.storage, verbose=1,
+            checkpoint_config=ray.tune.CheckpointConfig(num_to_keep=TUNE_CHECKPOINTS_TO_KEEP),
+            failure_config=ray.tune.FailureConfig(max_failures=0),
+            callbacks=[reaper_callback(lambda trial_id: trial_run_dir(place, trial_id))],
+        ),
+    )  # fmt: skip
+
+
+def evaluations_per_run(cfg: RayftConfig, total_steps: int) -> int:
+    """The reports one training run makes: one per checkpoint, the last step's included (a trial
+    saves at every evaluation, :func:`rayft.tuning.trial.trial_config`)."""
+    every = cfg.train.save_steps
+    if cfg.train.eval_steps is not None:
+        every = min(every, cfg.train.eval_steps)
+    return -(-total_steps // every)
+
+
+def save_sweep_config(place: SweepPlace, text: str) -> None:
+    """Write ``sweep.yaml`` into the sweep directory."""
+    directory = place.location.local_dir
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / SWEEP_CONFIG_FILE).write_text(text, encoding="utf-8")
+
+
+def sweep_text(cfg: RayftConfig) -> str:
+    """The sweep's config as it is saved (the run config with its tune section)."""
+    return dump_config(cfg)
+
+
+def trial_run_dir(place: SweepPlace, trial_id: str) -> Path:
+    """The local run directory of a trial (its mirror when the sweep is on a URI)."""
+    from rayft.cache import cache_root
+    from rayft.runs.location import plan_run_location
+
+    return plan_run_location(place.trials_root, trial_id, cache_root()).local_dir
+
+
+def has_final(run_dir: Path) -> bool:
+    """Whether a trial's run wrote final/ (trained to the end)."""
+    return (run_dir / layout.FINAL_DIR / "manifest.json").is_file() or (run_dir / layout.FINAL_DIR).is_dir()

@@ -1,0 +1,261 @@
+"""One trial of a sweep: a complete rayft training run, driven from a Tune function trainable.
+
+As Ray recommends for Train V2, the trial's function builds and fits a ``TorchTrainer`` (the same
+one ``rayft train`` launches). Every report of the run (one per checkpoint; each carries a fresh
+validation loss) reaches Tune with a small Tune checkpoint that points at the rayft checkpoint, so
+that the scheduler decides on it, a restored sweep continues the trial from it, and Population
+Based Training can hand it to another trial, which then continues from a copy of it with its own,
+perturbed optimiser settings.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import queue
+import shutil
+import tempfile
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+from rayft.config import RayftConfig
+from rayft.errors import CheckpointError
+from rayft.runs import layout
+from rayft.runs.checkpoints import scan_checkpoints
+
+log = logging.getLogger("rayft.tune")
+
+POINTER_FILE = "rayft_checkpoint.json"
+"""The file of a Tune checkpoint: which rayft checkpoint it stands for."""
+EXPLOITS_FILE = "exploits.jsonl"
+"""In a trial's run directory: one line per checkpoint it took from another trial (PBT)."""
+
+TrialStart = Literal["start", "resume", "adopt"]
+
+
+@dataclass(frozen=True)
+class TrialSetup:
+    """What the sweep hands every trial: the base config and where the trials' runs go."""
+
+    base: RayftConfig
+    trials_root: str  # <storage_path>/<sweep name>/trials, a directory or a URI
+    own_ray: bool  # the sweep's driver started this Ray (rayft's lean local runtime applies)
+
+
+@dataclass(frozen=True)
+class Pointer:
+    """A Tune checkpoint's content: the rayft checkpoint ``run_dir/checkpoints/<name>`` of ``step``."""
+
+    run_dir: str
+    name: str
+    step: int
+
+    @property
+    def path(self) -> Path:
+        """The rayft checkpoint directory."""
+        return Path(self.run_dir) / layout.CHECKPOINTS_DIR / self.name
+
+
+def trial_config(setup: TrialSetup, params: Mapping[str, Any], trial_id: str) -> RayftConfig:
+    """The trial's config: the sampled ``params`` set at their dotted paths, run as ``trial_id``
+    under the sweep's trials/, saving a checkpoint at every evaluation (each is a report to Tune)."""
+    from rayft.tuning.space import apply_params
+
+    cfg = apply_params(setup.base, dict(params))
+    train = cfg.train
+    if train.eval_steps is not None and train.eval_steps < train.save_steps:
+        train = train.model_copy(update={"save_steps": train.eval_steps})
+    return cfg.model_copy(update={"name": trial_id, "storage_path": setup.trials_root, "train": train})
+
+
+def plan_trial_start(run_dir: Path, pointer: Pointer | None, finished: bool, exists: bool) -> TrialStart:
+    """How the trial begins. Pure: ``adopt`` when Tune hands it another trial's checkpoint (PBT's
+    exploit); ``resume`` when its own run exists (a restored sweep, a retried trial); else ``start``."""
+    if pointer is not None and Path(pointer.run_dir).resolve() != run_dir.resolve():
+        return "adopt"
+    if exists or finished:
+        return "resume"
+    return "start"
+
+
+def read_pointer(directory: Path) -> Pointer:
+    """The pointer in a Tune checkpoint directory."""
+    data = json.loads((directory / POINTER_FILE).read_text(encoding="utf-8"))
+    return Pointer(str(data["run_dir"]), str(data["name"]), int(data["step"]))
+
+
+def write_pointer(directory: Path, pointer: Pointer) -> None:
+    """Write ``pointer`` into a Tune checkpoint directory."""
+    (directory / POINTER_FILE).write_text(json.dumps(dataclasses.asdict(pointer)) + "\n", encoding="utf-8")
+
+
+def adopt_checkpoint(pointer: Pointer, run_dir: Path, params: Mapping[str, Any], name: str) -> Pointer:
+    """Make another trial's checkpoint this trial's only one: its checkpoints are replaced by a copy
+    of the source (weights, optimizer, data position) and its saved config by the source's (under
+    this trial's run ``name``), so that the run continues from there with ``params`` (only
+    optimiser settings may differ). Records the exploit in :data:`EXPLOITS_FILE`. Returns the
+    checkpoint continued from."""
+    source = pointer.path
+    if not source.is_dir():  # the source trial has pruned it since it reported: take its newest
+        complete = [c for c in scan_checkpoints(source.parent) if c.complete]
+        if not complete:
+            raise CheckpointError(
+                f"PBT: the checkpoint {source} to copy is gone and {source.parent} holds no complete one; "
+                "raise checkpoint.num_to_keep so that trials keep the checkpoints others may copy"
+            )
+        newest = max(complete, key=lambda c: c.step)
+        log.warning("PBT: %s was pruned; copying the source trial's newest checkpoint %s", source, newest.name)
+        pointer = Pointer(pointer.run_dir, newest.name, newest.step)
+        source = pointer.path
+    checkpoints = run_dir / layout.CHECKPOINTS_DIR
+    shutil.rmtree(checkpoints, ignore_errors=True)
+    checkpoints.mkdir(parents=True)
+    shutil.copytree(source, checkpoints / pointer.name)
+    saved = yaml.safe_load((Path(pointer.run_dir) / layout.CONFIG_FILE).read_text(encoding="utf-8"))
+    saved["name"] = name
+    (run_dir / layout.CONFIG_FILE).write_text(yaml.safe_dump(saved, sort_keys=False), encoding="utf-8")
+    record = {"step": pointer.step, "source": str(source), "params": dict(params)}
+    with (run_dir / EXPLOITS_FILE).open("a", encoding="utf-8") as out:
+        out.write(json.dumps(record, default=str) + "\n")
+    log.info("PBT: continuing from a copy of %s (step %d) with %s", source, pointer.step, dict(params))
+    return pointer
+
+
+def report_to_tune(item: Mapping[str, Any], run_dir: Path) -> None:
+    """Report one Train report to Tune: its metrics, and its checkpoint as a :class:`Pointer`."""
+    from ray import tune
+
+    metrics = {k: v for k, v in item["metrics"].items() if isinstance(v, (int, float))}
+    path = item.get("checkpoint")
+    if path is None:
+        tune.report(metrics)
+        return
+    name = Path(path).name
+    step = layout.parse_step_dir_name(name)
+    with tempfile.TemporaryDirectory(prefix="rayft-tune-") as directory:
+        write_pointer(Path(directory), Pointer(str(run_dir), name, int(step if step is not None else 0)))
+        tune.report(metrics, checkpoint=tune.Checkpoint.from_directory(directory))
+
+
+def forward_reports_class() -> type:
+    """A Ray Train callback (run by Train's controller) that puts every report on a Ray queue."""
+    from ray.train.v2.api.callback import UserCallback
+
+    class ForwardReports(UserCallback):
+        """Puts rank 0's metrics and the checkpoint's path of every report on ``reports``."""
+
+        def __init__(self, reports: Any) -> None:
+            self._reports = reports
+
+        def after_report(self, run_context: Any, metrics: list[dict[str, Any]], checkpoint: Any) -> None:
+            self._reports.put({"metrics": dict(metrics[0]), "checkpoint": checkpoint.path if checkpoint else None})
+
+    return ForwardReports
+
+
+def fit_forwarding(fit: Callable[[Any], None], run_dir: Path) -> None:
+    """Run ``fit(callback)`` in a thread while this one reports what the callback forwards to
+    Tune (``tune.report`` must be called from the trial's own thread); re-raise its error."""
+    from ray.util.queue import Empty, Queue
+
+    reports = Queue(actor_options={"num_cpus": 0})
+    errors: list[BaseException] = []
+
+    def target() -> None:
+        try:
+            fit(forward_reports_class()(reports))
+        except BaseException as exc:  # re-raised in the trial's thread below
+            errors.append(exc)
+
+    thread = threading.Thread(target=target, name="rayft-trial-fit", daemon=True)
+    thread.start()
+    while True:
+        alive = thread.is_alive()
+        try:
+            item = reports.get(timeout=0.5)
+        except (Empty, queue.Empty):
+            if not alive:
+                break
+            continue
+        report_to_tune(item, run_dir)
+    thread.join()
+    if errors:
+        raise errors[0]
+
+
+def run_trial(params: dict[str, Any], setup: TrialSetup) -> None:
+    """The Tune function trainable: train this trial's config, reporting every checkpoint to Tune."""
+    from ray import tune
+
+    from rayft.runtime import mark_started_here
+
+    mark_started_here(setup.own_ray)
+    trial_id = tune.get_context().get_trial_id()
+    cfg = trial_config(setup, params, trial_id)
+    train_trial(cfg, params, tune.get_checkpoint())
+
+
+def train_trial(cfg: RayftConfig, params: Mapping[str, Any], checkpoint: Any) -> None:
+    """Claim (or take over) the trial's run directory, prepare its data (shared through the cache
+    while the params leave the data alone), and launch its ``TorchTrainer``."""
+    from rayft._ray_private import placement_group_recorder
+    from rayft.data.prepare import prepare_data
+    from rayft.recipes.train import build_worker_plan, claim_run_dir, run_location
+    from rayft.runs.lock import run_lock
+    from rayft.runs.store import open_store
+    from rayft.tracking.driver import start_training
+    from rayft.training.launcher import launch_ray
+    from rayft.tuning.reaper import GROUPS_DIR, remove_recorded_groups
+
+    location = run_location(cfg)
+    run_dir = location.local_dir
+    pointer = None
+    if checkpoint is not None:
+        with checkpoint.as_directory() as directory:
+            pointer = read_pointer(Path(directory))
+    with run_lock(run_dir, command="rayft tune"):
+        state = open_store(location).state()
+        start = plan_trial_start(run_dir, pointer, state.finished, state.exists)
+        if state.finished and start == "resume":
+            report_final(run_dir)
+            return
+        if start == "adopt" and pointer is not None:
+            adopt_checkpoint(pointer, run_dir, params, cfg.name)
+        run_dir = claim_run_dir(cfg, resume=start != "start", location=location, retune=start == "adopt")
+        prepared = prepare_data(cfg.data, cfg.model, cfg.seed, report_dir=run_dir / "data", use_ray=True)
+        plan = build_worker_plan(cfg, prepared, run_dir, remote_uri=location.remote_uri)
+        plan = dataclasses.replace(plan, retuned=start == "adopt")
+        trackers = start_training(cfg, run_dir, plan.lineage)
+
+        remove_recorded_groups(run_dir)  # of this trial's earlier run, which Tune stopped
+        recorder = placement_group_recorder(str(run_dir / GROUPS_DIR))
+
+        def fit(callback: Any) -> None:
+            callbacks = [callback] if recorder is None else [callback, recorder]
+            launch_ray(plan, prepared, cfg.scaling, cfg.failure, cfg.checkpoint, callbacks=callbacks)
+
+        try:
+            fit_forwarding(fit, run_dir)
+        except BaseException:
+            trackers.finish(succeeded=False)
+            raise
+        trackers.finish(
+            succeeded=True, artifacts={"config": run_dir / layout.CONFIG_FILE, "final": run_dir / layout.FINAL_DIR}
+        )
+
+
+def report_final(run_dir: Path) -> None:
+    """A trial whose run had already finished (its driver was stopped just after): report its end."""
+    from ray import tune
+
+    from rayft.runs.manifest import read_manifest
+
+    manifest = read_manifest(run_dir / layout.FINAL_DIR)
+    if manifest is not None:
+        tune.report({"step": float(manifest.step), **manifest.metrics})
