@@ -2,7 +2,8 @@
 
 The public API is what this package root exports (``rayft.__all__``): the recipe functions
 (:func:`load_config`, :func:`train`, :func:`sdg`, :func:`evaluate`, :func:`compare`,
-:func:`export`, :func:`generate`, :func:`run_pipeline`), the config classes, the error tree, and the typed results.
+:func:`export`, :func:`generate`, :func:`run_pipeline`, :func:`tune`), the config classes, the error tree, and the
+typed results.
 Every other module is internal and may change between versions.
 
 The root stays light: names are resolved on first use (PEP 562), and importing any of them,
@@ -22,6 +23,7 @@ _EXPORTS: dict[str, str] = {
     # functions
     "load_config": "rayft.config.loader",
     "train": "rayft.api",
+    "tune": "rayft.api",
     "sdg": "rayft.api",
     "evaluate": "rayft.api",
     "compare": "rayft.api",
@@ -35,6 +37,7 @@ _EXPORTS: dict[str, str] = {
     "DataConfig": "rayft.config.data",
     "DatasetConfig": "rayft.config.data",
     "TrainConfig": "rayft.config.train",
+    "TuneConfig": "rayft.config.tune",
     "ScalingConfig": "rayft.config.train",
     "CheckpointConfig": "rayft.config.train",
     "FailureConfig": "rayft.config.train",
@@ -57,6 +60,7 @@ _EXPORTS: dict[str, str] = {
     "RunInterruptedError": "rayft.errors",
     # results
     "TrainResult": "rayft.recipes.train",
+    "TuneResult": "rayft.recipes.tune",
     "SdgResult": "rayft.recipes.sdg",
     "EvalResult": "rayft.recipes.evaluate",
     "CompareResult": "rayft.recipes.compare",
@@ -112,6 +116,8 @@ __all__ = [
     "TrainConfig",
     "TrainResult",
     "TrainingError",
+    "TuneConfig",
+    "TuneResult",
     "__version__",
     "compare",
     "evaluate",
@@ -121,6 +127,7 @@ __all__ = [
     "run_pipeline",
     "sdg",
     "train",
+    "tune",
 ]
 
 
@@ -154,7 +161,7 @@ sys.modules[__name__].__class__ = _Root
 
 
 if TYPE_CHECKING:
-    from rayft.api import compare, evaluate, export, generate, run_pipeline, sdg, train
+    from rayft.api import compare, evaluate, export, generate, run_pipeline, sdg, train, tune
     from rayft.config.data import DataConfig, DatasetConfig
     from rayft.config.evaluation import EvalConfig, ExportConfig
     from rayft.config.generation import GenerationConfig
@@ -163,6 +170,7 @@ if TYPE_CHECKING:
     from rayft.config.schema import RayftConfig
     from rayft.config.sdg import SdgConfig
     from rayft.config.train import CheckpointConfig, FailureConfig, LoggingConfig, ScalingConfig, TrainConfig
+    from rayft.config.tune import TuneConfig
     from rayft.errors import (
         CheckpointError,
         ConfigError,
@@ -185,3 +193,4 @@ if TYPE_CHECKING:
     from rayft.recipes.pipeline import PipelineResult
     from rayft.recipes.sdg import SdgResult
     from rayft.recipes.train import TrainResult
+    from rayft.recipes.tune import TuneResult

@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from rayft.recipes.pipeline import PipelineResult
     from rayft.recipes.sdg import SdgResult
     from rayft.recipes.train import TrainResult
+    from rayft.recipes.tune import TuneResult
 
 
 def train(cfg: RayftConfig, resume: bool = False) -> TrainResult:
@@ -41,6 +42,20 @@ def train(cfg: RayftConfig, resume: bool = False) -> TrainResult:
     from rayft.recipes import train as recipe
 
     return recipe.run(cfg, resume=resume)
+
+
+def tune(cfg: RayftConfig) -> TuneResult:
+    """Search the hyper-parameters of ``cfg.tune`` with Ray Tune, each trial a full training run,
+    into ``<storage_path>/<sweep name>/`` (``rayft tune``). A sweep of the same name and config
+    that was interrupted continues: finished trials are kept, the others continue from their
+    last checkpoint.
+
+    Args:
+        cfg: A config with a ``tune`` section (:class:`rayft.TuneConfig`).
+    """
+    from rayft.recipes import tune as recipe
+
+    return recipe.run(cfg)
 
 
 def sdg(cfg: RayftConfig, output_dir: str | Path | None = None) -> SdgResult:

@@ -73,8 +73,8 @@ def test_bad_job_requests_are_refused_with_the_fix() -> None:
         plan_job(_request(command="sdg", resume=True))
     with pytest.raises(ConfigError, match=r"--env 'HF_TOKEN=hf_abc': not an environment variable name"):
         plan_job(_request(env_names=("HF_TOKEN=hf_abc",)))
-    with pytest.raises(ConfigError, match=r"--command 'tune': not a rayft command"):
-        plan_job(_request(command="tune"))
+    with pytest.raises(ConfigError, match=r"--command 'serve': not a rayft command"):
+        plan_job(_request(command="serve"))
 
 
 def test_the_exit_status_follows_the_job() -> None:

@@ -21,7 +21,8 @@ PUBLIC = [
     "MissingDependencyError", "ModelConfig", "ModelError", "ModelSummary", "PairComparison", "PairedTest",
     "PipelineResult", "RayftConfig", "RayftError", "ResourceError", "RunInterruptedError", "RunStateError",
     "ScalingConfig", "SdgConfig", "SdgResult", "StorageError", "TrainConfig", "TrainResult", "TrainingError",
-    "__version__", "compare", "evaluate", "export", "generate", "load_config", "run_pipeline", "sdg", "train",
+    "TuneConfig", "TuneResult", "__version__", "compare", "evaluate", "export", "generate", "load_config",
+    "run_pipeline", "sdg", "train", "tune",
 ]  # fmt: skip
 RESULTS = [
     "TrainResult",
@@ -31,15 +32,16 @@ RESULTS = [
     "ExportResult",
     "GenerateResult",
     "PipelineResult",
+    "TuneResult",
 ]
-RECIPES = ["train", "sdg", "evaluate", "compare", "export", "generate", "chat", "pipeline"]
+RECIPES = ["train", "sdg", "evaluate", "compare", "export", "generate", "chat", "pipeline", "tune"]
 
 LIGHT_CHECK = (
     "import sys\n"
     "import rayft\n"
     "for name in rayft.__all__:\n"
     "    getattr(rayft, name)\n"
-    "from rayft import train, sdg, evaluate, compare, export, generate, run_pipeline, load_config\n"
+    "from rayft import train, sdg, evaluate, compare, export, generate, run_pipeline, load_config, tune\n"
     "heavy = sorted(m for m in ('torch', 'ray', 'transformers', 'peft', 'datasets') if m in sys.modules)\n"
     "print('HEAVY=' + ','.join(heavy))\n"
 )

@@ -56,10 +56,11 @@ def cli(ctx: click.Context, debug: bool, verbose: bool) -> None:
 
 
 def _register() -> None:
-    from rayft.cli import config_cmd, data_cmd, eval_cmd, infer_cmd, k8s_cmd, run_cmd, sdg_cmd, train_cmd
+    from rayft.cli import config_cmd, data_cmd, eval_cmd, infer_cmd, k8s_cmd, run_cmd, sdg_cmd, train_cmd, tune_cmd
 
     cli.add_command(config_cmd.config)
     cli.add_command(train_cmd.train)
+    cli.add_command(tune_cmd.tune)
     cli.add_command(data_cmd.data)
     cli.add_command(run_cmd.run)
     cli.add_command(sdg_cmd.sdg)

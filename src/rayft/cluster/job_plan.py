@@ -21,7 +21,7 @@ from typing import Any
 
 from rayft.errors import ConfigError
 
-COMMANDS = ("train", "run", "sdg", "eval", "compare", "data-prepare")
+COMMANDS = ("train", "tune", "run", "sdg", "eval", "compare", "data-prepare")
 # The rayft command line of each --command (data-prepare is a subcommand of `rayft data`).
 COMMAND_ARGS = {name: name.split("-") if name == "data-prepare" else [name] for name in COMMANDS}
 CONFIG_FILE = "config.yaml"

@@ -97,9 +97,7 @@ def run_location(cfg: RayftConfig, mirror_dir: Path | None = None) -> RunLocatio
     return location
 
 
-def claim_run_dir(
-    cfg: RayftConfig, *, resume: bool, location: RunLocation | None = None, retune: bool = False
-) -> Path:
+def claim_run_dir(cfg: RayftConfig, *, resume: bool, location: RunLocation | None = None, retune: bool = False) -> Path:
     """Create (or reopen with ``resume``) the run's store and save the resolved config in it; return
     the directory training writes into (the run directory, or the local mirror of a remote run).
 

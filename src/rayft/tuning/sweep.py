@@ -18,12 +18,16 @@ from rayft.config.tune import TuneConfig
 from rayft.errors import ConfigError
 from rayft.runs import layout
 from rayft.runs.location import RunLocation, join_uri
+from rayft.tuning.results import SweepResult, TrialRecord, TrialStatus
 
 log = logging.getLogger("rayft.tune")
 
 SWEEP_CONFIG_FILE = "sweep.yaml"
 TRIALS_DIR = "trials"
 TUNE_CHECKPOINTS_TO_KEEP = 4  # pointers of a few bytes; PBT copies a trial's latest
+TRIAL_DRIVER_RESOURCES: dict[str, float] = {"memory": 1.0}
+"""What a trial's own process reserves: a token byte of memory, so that Tune can place it without
+holding a CPU that the trial's training workers need (they reserve ``scaling`` themselves)."""
 
 
 @dataclass(frozen=True)
@@ -160,12 +164,10 @@ def make_trainable(setup: Any) -> Any:
     from rayft.tuning.trial import run_trial
 
     function: Callable[[dict[str, Any]], None] = partial(run_trial, setup=setup)
-    return tune.with_resources(function, {"memory": 1})
+    return tune.with_resources(function, TRIAL_DRIVER_RESOURCES)
 
 
-def build_tuner(
-    tune_cfg: TuneConfig, place: SweepPlace, setup: Any, *, concurrent: int, evaluations: int
-) -> Any:
+def build_tuner(tune_cfg: TuneConfig, place: SweepPlace, setup: Any, *, concurrent: int, evaluations: int) -> Any:
     """A new ``Tuner`` of the sweep, or the one restored from its state (finished trials are kept,
     unfinished and errored ones continue from their last checkpoint)."""
     import ray.tune
@@ -224,6 +226,94 @@ def trial_run_dir(place: SweepPlace, trial_id: str) -> Path:
     return plan_run_location(place.trials_root, trial_id, cache_root()).local_dir
 
 
-def has_final(run_dir: Path) -> bool:
-    """Whether a trial's run wrote final/ (trained to the end)."""
-    return (run_dir / layout.FINAL_DIR / "manifest.json").is_file() or (run_dir / layout.FINAL_DIR).is_dir()
+def empty_result(tune: TuneConfig, place: SweepPlace) -> SweepResult:
+    """The result of a sweep that ended before any trial did."""
+    from rayft.tuning.results import SweepResult
+
+    return SweepResult(place.name, tune.metric, tune.mode, [], None)
+
+
+def sweep_result(tune: TuneConfig, place: SweepPlace, grid: Any) -> SweepResult:
+    """What each trial of Tune's ``ResultGrid`` became, from its reports and its rayft run."""
+    from rayft.tuning.results import SweepResult, pick_best
+
+    trials = [trial_record(tune, place, result) for result in grid]
+    trials.sort(key=lambda t: t.trial_id)
+    return SweepResult(place.name, tune.metric, tune.mode, trials, pick_best(trials, tune.mode))
+
+
+def trial_record(tune: TuneConfig, place: SweepPlace, result: Any) -> TrialRecord:
+    """One trial: its values, metric history (Tune's reports), steps and why it stopped."""
+    from rayft.tuning.results import TrialRecord
+
+    trial_id = Path(str(result.path)).name
+    run_dir = trial_run_dir(place, trial_id)
+    history = report_history(result.metrics_dataframe, tune.metric)
+    metrics = result.metrics or {}
+    metric = metrics.get(tune.metric)
+    values = [value for _, value in history]
+    best = (min(values) if tune.mode == "min" else max(values)) if values else None
+    steps = trained_steps(run_dir, metrics)
+    status, reason = trial_outcome(tune, run_dir, result.error, len(history), steps)
+    return TrialRecord(
+        trial_id=trial_id, params=dict(result.config or {}), metric=float(metric) if metric is not None else None,
+        best_metric=best, steps=steps, status=status, stop_reason=reason, run_dir=str(run_dir), history=history,
+    )  # fmt: skip
+
+
+def report_history(frame: Any, metric: str) -> list[tuple[int, float]]:
+    """(step, metric) of every report Tune recorded."""
+    if frame is None or metric not in getattr(frame, "columns", ()) or "step" not in frame.columns:
+        return []
+    rows = frame[["step", metric]].dropna()
+    return [(int(step), float(value)) for step, value in zip(rows["step"], rows[metric], strict=True)]
+
+
+def trained_steps(run_dir: Path, metrics: dict[str, Any]) -> int:
+    """Steps the trial's run trained: its final/ manifest's, else its newest checkpoint's, else its last report's."""
+    from rayft.runs.checkpoints import scan_checkpoints
+    from rayft.runs.manifest import read_manifest
+
+    manifest = read_manifest(run_dir / layout.FINAL_DIR)
+    if manifest is not None:
+        return manifest.step
+    steps = [c.step for c in scan_checkpoints(run_dir / layout.CHECKPOINTS_DIR) if c.complete]
+    return max([int(metrics.get("step", 0) or 0), *steps])
+
+
+def trial_outcome(
+    tune: TuneConfig, run_dir: Path, error: BaseException | None, reports: int, steps: int
+) -> tuple[TrialStatus, str]:
+    """Finished (final/ written), stopped by the scheduler (ended without final/) or failed."""
+    if error is not None:
+        return "ERROR", f"error: {error_line(error)}"
+    if (run_dir / layout.FINAL_DIR).is_dir():
+        return "TERMINATED", f"finished: trained all {steps} steps"
+    return "STOPPED_EARLY", f"stopped early by {tune.scheduler} after {reports} report(s), at step {steps}"
+
+
+def error_line(error: BaseException) -> str:
+    """The line of a trial's error that names it (Ray wraps it in its own traceback)."""
+    lines = [line.strip() for line in str(error).strip().splitlines() if line.strip()]
+    named = [line for line in lines if "Error:" in line and not line.startswith("Traceback")]
+    return (named[-1] if named else lines[-1] if lines else type(error).__name__)[:300]
+
+
+def output_files(place: SweepPlace) -> list[Path]:
+    """The sweep's result files."""
+    from rayft.tuning.results import BEST_YAML, TUNE_HTML, TUNE_JSON
+
+    directory = place.location.local_dir
+    return [directory / name for name in (TUNE_JSON, BEST_YAML, TUNE_HTML, SWEEP_CONFIG_FILE)]
+
+
+def upload_outputs(place: SweepPlace) -> None:
+    """With a URI ``storage_path``, copy the result files from the local mirror to the sweep's URI."""
+    if place.location.remote_uri is None:
+        return
+    from rayft.runs.remote import RemoteRun
+
+    remote = RemoteRun(place.uri)
+    for path in output_files(place):
+        if path.is_file():
+            remote.upload_file(path, path.name)

@@ -46,6 +46,7 @@ class TrialSetup:
     base: RayftConfig
     trials_root: str  # <storage_path>/<sweep name>/trials, a directory or a URI
     own_ray: bool  # the sweep's driver started this Ray (rayft's lean local runtime applies)
+    parent_run_id: str | None = None  # the sweep's MLflow run, which trials' runs nest under
 
 
 @dataclass(frozen=True)
@@ -194,11 +195,13 @@ def run_trial(params: dict[str, Any], setup: TrialSetup) -> None:
     from ray import tune
 
     from rayft.runtime import mark_started_here
+    from rayft.tracking.driver import nested_under
 
     mark_started_here(setup.own_ray)
     trial_id = tune.get_context().get_trial_id()
     cfg = trial_config(setup, params, trial_id)
-    train_trial(cfg, params, tune.get_checkpoint())
+    with nested_under(setup.parent_run_id):
+        train_trial(cfg, params, tune.get_checkpoint())
 
 
 def train_trial(cfg: RayftConfig, params: Mapping[str, Any], checkpoint: Any) -> None:

@@ -1,0 +1,141 @@
+"""``rayft tune CONFIG``: a hyper-parameter search over fine-tuning runs on Ray Tune.
+
+Reads top to bottom: check the search before anything starts, start Ray, decide how many trials
+fit at once, prepare the data once (trials share it through the cache), run (or continue) the
+sweep, and write what each trial became: tune.json, best.yaml, tune.html and a console table.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from rayft.config import RayftConfig
+from rayft.errors import ConfigError
+from rayft.tuning.results import SweepResult
+from rayft.tuning.sweep import SweepPlace
+
+log = logging.getLogger("rayft.tune")
+
+
+@dataclass(frozen=True)
+class TuneResult:
+    """What a sweep produced.
+
+    ``sweep_dir`` is local (the sweep directory, or its mirror when ``storage_path`` is a URI);
+    it holds tune.json, best.yaml (when a trial reported the metric) and tune.html.
+    """
+
+    sweep_dir: Path
+    result: SweepResult
+    concurrent: int
+    table: str
+    elapsed_s: float
+
+    @property
+    def best_config(self) -> Path | None:
+        """best.yaml: the best trial's full config, runnable with ``rayft train``."""
+        from rayft.tuning.results import BEST_YAML
+
+        path = self.sweep_dir / BEST_YAML
+        return path if path.is_file() else None
+
+
+def run(cfg: RayftConfig) -> TuneResult:
+    """Run the sweep of ``cfg.tune`` over ``cfg``, or continue it: a sweep of the same name started
+    with the same config continues where it stopped (finished trials are kept, the others continue
+    from their last checkpoint).
+
+    Raises:
+        ConfigError: no tune section, a search space path or value that does not fit the config, a
+            PBT mutation of a setting that shapes the model, or a sweep of that name with another config.
+        ResourceError: not even one trial fits the cluster.
+    """
+    from rayft.runtime import check_address, ray_is_initialized, ray_runtime
+    from rayft.tracking.sweep import SweepTracker
+    from rayft.tuning import sweep
+
+    started = time.monotonic()
+    tune = sweep.check_sweep(cfg)
+    place = sweep.sweep_place(cfg, tune)
+    text = sweep.sweep_text(cfg)
+    sweep.check_saved_sweep(place, text)
+    if cfg.scaling.address and not ray_is_initialized():
+        check_address(cfg.scaling.address)
+    with ray_runtime(cfg.scaling.address, metrics=cfg.logging.prometheus.enabled):
+        concurrent = plan_trials(cfg)
+        evaluations = prepare_once(cfg)
+        sweep.save_sweep_config(place, text)
+        tracker = SweepTracker.start(cfg, place.location.local_dir, place.name)
+        try:
+            result = run_tuner(cfg, place, tracker.parent_run_id, concurrent=concurrent, evaluations=evaluations)
+        except BaseException:
+            tracker.finish(sweep.empty_result(tune, place), succeeded=False, files=[])
+            raise
+    outcome = finish(cfg, place, result, concurrent, time.monotonic() - started)
+    tracker.finish(result, succeeded=True, files=sweep.output_files(place))
+    return outcome
+
+
+def plan_trials(cfg: RayftConfig) -> int:
+    """How many trials run at once (logged with the reason); fails when none fits."""
+    import ray
+
+    from rayft.tuning.plan import plan_concurrency
+    from rayft.tuning.sweep import TRIAL_DRIVER_RESOURCES
+
+    nodes = [{k: float(v) for k, v in n["Resources"].items()} for n in ray.nodes() if n.get("Alive")]
+    plan = plan_concurrency(cfg, ray.cluster_resources(), nodes, driver=TRIAL_DRIVER_RESOURCES)
+    log.info("tune: %s", plan.reason)
+    return plan.concurrent
+
+
+def prepare_once(cfg: RayftConfig) -> int:
+    """Prepare the base config's data (trials whose values leave the data alone reuse it from the
+    cache) and return how many reports one training run makes."""
+    from rayft.data.prepare import prepare_data
+    from rayft.recipes.train import make_schedule
+    from rayft.tuning.sweep import evaluations_per_run
+
+    assert cfg.tune is not None
+    prepared = prepare_data(cfg.data, cfg.model, cfg.seed, report_dir=None, use_ray=True)
+    if cfg.tune.metric.startswith("eval/") and prepared.validation is None:
+        raise ConfigError(
+            f"tune.metric={cfg.tune.metric}: the run has no validation data to evaluate; set "
+            "data.validation_fraction (e.g. 0.1) or data.validation_datasets, or tune on train/loss"
+        )
+    schedule = make_schedule(cfg, prepared, cfg.scaling.num_workers)
+    return evaluations_per_run(cfg, schedule.total_steps)
+
+
+def run_tuner(
+    cfg: RayftConfig, place: SweepPlace, parent_run_id: str | None, *, concurrent: int, evaluations: int
+) -> SweepResult:
+    """Fit the new or restored ``Tuner`` of the sweep (trials' tracker runs nested under
+    ``parent_run_id``); what each trial became."""
+    from rayft.runtime import owns_ray
+    from rayft.tuning import sweep
+    from rayft.tuning.trial import TrialSetup
+
+    assert cfg.tune is not None
+    setup = TrialSetup(cfg, place.trials_root, owns_ray(), parent_run_id)
+    tuner = sweep.build_tuner(cfg.tune, place, setup, concurrent=concurrent, evaluations=evaluations)
+    grid = tuner.fit()
+    return sweep.sweep_result(cfg.tune, place, grid)
+
+
+def finish(cfg: RayftConfig, place: SweepPlace, result: SweepResult, concurrent: int, elapsed_s: float) -> TuneResult:
+    """Write tune.json, best.yaml and tune.html; the console table."""
+    from rayft.tuning import sweep
+    from rayft.tuning.results import render_table, write_sweep_outputs
+
+    directory = place.location.local_dir
+    write_sweep_outputs(directory, result, cfg)
+    sweep.upload_outputs(place)
+    best = result.best
+    if best is not None and best.metric is not None and not math.isnan(best.metric):
+        log.info("tune: best trial %s with %s=%.4f %s", best.trial_id, result.metric, best.metric, best.params)
+    return TuneResult(directory, result, concurrent, render_table(result), elapsed_s)
