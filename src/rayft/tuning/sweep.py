@@ -140,7 +140,7 @@ def make_search(tune: TuneConfig) -> Any:
         return OptunaSearch(seed=tune.seed)
     except (ImportError, AssertionError):  # Ray asserts that optuna is importable
         raise ConfigError(
-            "tune.search_algorithm optuna needs Optuna: pip install 'rayft[optuna]' (or choose random or grid)"
+            "tune.search_algorithm optuna needs Optuna: pip install 'rayft[tune]' (or choose random or grid)"
         ) from None
 
 
