@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from contextlib import closing
 
 import pytest
 
@@ -13,9 +14,10 @@ from rayft.data.builtin import load_builtin
 from rayft.data.builtin_sql import iter_sql_examples
 from rayft.errors import DataError
 from rayft.evaluation import metrics, sql
-from rayft.evaluation.report import pair_tests
-from rayft.evaluation.runner import Examples, load_examples, score_run
+from rayft.evaluation.report import comparison_examples, model_summary, pair_tests, render_html
+from rayft.evaluation.runner import Examples, ModelRun, load_examples, score_run
 from rayft.evaluation.sources import ResolvedSource
+from rayft.evaluation.summary import CompareSummary
 from rayft.evaluation.tasks import build_task
 from rayft.generation.backend import Generation
 
@@ -121,7 +123,7 @@ def test_generator_is_deterministic_and_every_reference_returns_rows() -> None:
     }  # fmt: skip
     for row in rows:
         assert set(row) == {"instruction", "input", "output", "table"}
-        with sql.closing(sql.connect(sql.parse_table(row["table"]))) as conn:
+        with closing(sql.connect(sql.parse_table(row["table"]))) as conn:
             result = sql.reference_outcome(conn, row["output"], row["input"]).rows
         assert result and result[0][0] is not None, row
 
@@ -147,12 +149,20 @@ def test_paired_comparison_of_execution_accuracy() -> None:
     examples = Examples([Example(f"t:{i}", "q", REFERENCE, "q", TABLE) for i in range(10)], [])
     source = ResolvedSource("m", "model", ModelConfig(name="org/m"))
 
-    def run(label: str, right: int) -> object:
+    def run(label: str, right: int) -> ModelRun:
         gens = [Generation(REFERENCE if i < right else "SELECT 1") for i in range(10)]
         return score_run(label, source, examples, gens, task=task, ev=ev, elapsed_s=1.0)
 
     base, tuned = run("base", 1), run("tuned", 9)
-    assert base.primary == "execution_accuracy"  # type: ignore[attr-defined]
-    test = pair_tests([base, tuned], 0.95, 0.05, 200, 0)[0].tests["execution_accuracy"]  # type: ignore[list-item]
+    assert base.primary == "execution_accuracy"
+    test = pair_tests([base, tuned], 0.95, 0.05, 200, 0)[0].tests["execution_accuracy"]
     assert test.test == "mcnemar_exact" and test.difference == pytest.approx(0.8)
     assert test.p_value == pytest.approx(2 / 2**8) and test.significant
+    summary = CompareSummary(
+        task="sql", num_examples=10, num_fewshot=0, confidence=0.95, significance=0.05,
+        primary_metric="execution_accuracy", models={r.label: model_summary(r) for r in (base, tuned)},
+        pairs=pair_tests([base, tuned], 0.95, 0.05, 200, 0),
+    )  # fmt: skip
+    page = render_html(summary, comparison_examples([base, tuned], examples))
+    assert all(name in page for name in ("execution_accuracy", "exact_match", "invalid_sql_rate"))
+    assert "result: [(&#x27;Ada&#x27;,), (&#x27;Chen&#x27;,)]" in page  # the executed result beside the output
