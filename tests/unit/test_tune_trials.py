@@ -69,12 +69,14 @@ def test_adopting_a_checkpoint_copies_it_and_the_sources_config_under_this_trial
     (checkpoint / "adapter_model.safetensors").write_bytes(b"weights")
     (source_run / "config.yaml").write_text(dump_config(load_config(None, ["name=a", "lora.r=4"])))
     (run / "checkpoints" / "step-000006").mkdir(parents=True)
+    (run / "final").mkdir()
     (run / "config.yaml").write_text(dump_config(load_config(None, ["name=b", "lora.r=8"])))
 
     used = adopt_checkpoint(Pointer(str(source_run), "step-000004", 4), run, {"train.learning_rate": 1e-3}, "b")
 
     assert used.step == 4
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step-000004"]
+    assert not (run / "final").exists()
     assert (run / "checkpoints" / "step-000004" / "adapter_model.safetensors").read_bytes() == b"weights"
     saved = load_config(run / "config.yaml")
     assert (saved.name, saved.lora.r) == ("b", 4)

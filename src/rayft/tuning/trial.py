@@ -100,8 +100,8 @@ def adopt_checkpoint(pointer: Pointer, run_dir: Path, params: Mapping[str, Any],
     """Make another trial's checkpoint this trial's only one: its checkpoints are replaced by a copy
     of the source (weights, optimizer, data position) and its saved config by the source's (under
     this trial's run ``name``), so that the run continues from there with ``params`` (only
-    optimiser settings may differ). Records the exploit in :data:`EXPLOITS_FILE`. Returns the
-    checkpoint continued from."""
+    optimiser settings may differ); a final/ it wrote meanwhile goes. Records the exploit in
+    :data:`EXPLOITS_FILE`. Returns the checkpoint continued from."""
     source = pointer.path
     if not source.is_dir():  # the source trial has pruned it since it reported: take its newest
         complete = [c for c in scan_checkpoints(source.parent) if c.complete]
@@ -115,6 +115,7 @@ def adopt_checkpoint(pointer: Pointer, run_dir: Path, params: Mapping[str, Any],
         pointer = Pointer(pointer.run_dir, newest.name, newest.step)
         source = pointer.path
     checkpoints = run_dir / layout.CHECKPOINTS_DIR
+    shutil.rmtree(run_dir / layout.FINAL_DIR, ignore_errors=True)  # it ended before Tune exploited it
     shutil.rmtree(checkpoints, ignore_errors=True)
     checkpoints.mkdir(parents=True)
     shutil.copytree(source, checkpoints / pointer.name)
