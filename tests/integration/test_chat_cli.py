@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -71,3 +72,24 @@ def test_chat_session_over_stdin(tmp_path: Path, tiny_model_dir: Path) -> None:
     ):
         assert note in done.stderr
     assert "never" not in done.stdout + done.stderr.split("unknown command")[-1]
+
+
+def test_ctrl_c_stops_the_reply_not_the_session(tiny_model_dir: Path) -> None:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    # Greedy, the tiny model never emits EOS: only Ctrl-C can end this reply before 2000 tokens.
+    command = [sys.executable, "-m", "rayft", "chat", str(tiny_model_dir), "--temperature", "0",
+               "--max-new-tokens", "2000", "--device", "cpu"]  # fmt: skip
+    with subprocess.Popen(
+        command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env
+    ) as chat:
+        assert chat.stdin is not None and chat.stdout is not None and chat.stderr is not None
+        chat.stdin.write(b"hi\n")
+        chat.stdin.flush()
+        first = chat.stdout.read(1)  # the reply has started streaming
+        chat.send_signal(signal.SIGINT)
+        chat.stdin.write(b"/system\n/exit\n")
+        chat.stdin.close()
+        assert chat.wait(timeout=60) == 0
+        stdout, stderr = first + chat.stdout.read(), chat.stderr.read().decode()
+    assert "(reply stopped)" in stderr and "system prompt: none" in stderr, stderr
+    assert 0 < len(stdout) < 2000
