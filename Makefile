@@ -22,8 +22,9 @@ $(STAMP): pyproject.toml constraints/cpu.txt
 quickstart: setup
 	$(VENV)/bin/rayft run configs/quickstart.yaml
 
+# --durations: every CI log lists the slowest tests (the suite must stay within CI's time budget).
 test: setup
-	$(VENV)/bin/pytest -m "$(PYTEST_MARKERS)" $(PYTEST_ARGS)
+	$(VENV)/bin/pytest -m "$(PYTEST_MARKERS)" --durations=25 $(PYTEST_ARGS)
 
 test-unit: setup
 	$(VENV)/bin/pytest $(PYTEST_ARGS)
