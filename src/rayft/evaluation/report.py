@@ -8,30 +8,17 @@ from __future__ import annotations
 import html
 import json
 import math
-import os
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from rayft.errors import StorageError
 from rayft.evaluation.runner import CorpusScores, Examples, ModelRun
 from rayft.evaluation.stats import PairedTest, corpus_paired_test, paired_test
 from rayft.evaluation.summary import CompareSummary, MetricSummary, ModelSummary, PairComparison
+from rayft.files import write_text_atomic
 
 MAX_DISAGREEMENTS = 50
 _PALETTE = ("#4269d0", "#efb118", "#ff725c", "#6cc5b0", "#3ca951", "#a463f2")
-
-
-def write_text_atomic(path: Path, text: str) -> Path:
-    """Write ``text`` to ``path`` through a temporary file in the same directory and a rename."""
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-        tmp.write_text(text, encoding="utf-8")
-        os.replace(tmp, path)
-    except OSError as exc:
-        raise StorageError(f"cannot write {path} ({exc.strerror}); choose a writable output directory") from exc
-    return path
 
 
 def write_jsonl(path: Path, rows: Iterable[Mapping[str, Any]]) -> Path:

@@ -5,15 +5,14 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from rayft.config import RayftConfig
 from rayft.data.builtin import builtin_eval_note
-from rayft.errors import StorageError
 from rayft.evaluation.summary import CompareSummary
+from rayft.files import write_text_atomic
 from rayft.pipeline.fingerprint import hash_object
 from rayft.pipeline.lineage import build_lineage, software_versions
 from rayft.pipeline.plan import StageDecision
@@ -103,13 +102,5 @@ def persist_pipeline_files(store: RunStore) -> None:
 
 
 def write_text(path: Path, text: str) -> None:
-    """Write a file atomically (temp file beside it, then rename)."""
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        temp = path.with_name(f".{path.name}.tmp")
-        temp.write_text(text, encoding="utf-8")
-        os.replace(temp, path)
-    except OSError as exc:
-        raise StorageError(
-            f"storage_path: cannot write {path} ({exc.strerror}); choose a writable directory with storage_path=..."
-        ) from exc
+    """Write one of the pipeline's files atomically (a write error names storage_path)."""
+    write_text_atomic(path, text, where="storage_path", fix="choose a writable directory with storage_path=...")

@@ -26,12 +26,12 @@ from rayft.evaluation.report import (
     render_html,
     render_markdown,
     write_jsonl,
-    write_text_atomic,
 )
 from rayft.evaluation.runner import load_examples
 from rayft.evaluation.sources import resolve_source
 from rayft.evaluation.summary import CompareSummary
 from rayft.evaluation.tasks import build_task
+from rayft.files import write_text_atomic
 from rayft.recipes.evaluate import evaluate_source, generation_runtime
 
 JSON_FILE = "compare.json"

@@ -18,11 +18,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rayft.config import RayftConfig
-from rayft.evaluation.report import console_table, model_summary, prediction_rows, write_jsonl, write_text_atomic
+from rayft.evaluation.report import console_table, model_summary, prediction_rows, write_jsonl
 from rayft.evaluation.runner import Examples, ModelRun, Runtime, choose_runtime, load_examples, run_model
 from rayft.evaluation.sources import ResolvedSource, fingerprint_source, resolve_source
 from rayft.evaluation.summary import EvalSummary, MetricSummary, ModelSummary
 from rayft.evaluation.tasks import Task, build_task
+from rayft.files import write_text_atomic
 
 log = logging.getLogger("rayft.eval")
 

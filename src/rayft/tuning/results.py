@@ -120,7 +120,7 @@ def sweep_json(result: SweepResult) -> str:
 
 def write_sweep_outputs(sweep_dir: Path, result: SweepResult, base_cfg: RayftConfig) -> None:
     """Write tune.json, best.yaml (when a trial reported the metric) and tune.html into ``sweep_dir``."""
-    from rayft.evaluation.report import write_text_atomic
+    from rayft.files import write_text_atomic
     from rayft.tuning.report_html import render_sweep_html
 
     write_text_atomic(sweep_dir / TUNE_JSON, sweep_json(result))
