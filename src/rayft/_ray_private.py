@@ -82,6 +82,11 @@ LOCAL_RAY_TRAIN_ENV: dict[str, str] = {
     # starts just as training does. A local Ray that lives and dies with one rayft command is never
     # drained by an autoscaler, so there is nothing for it to watch.
     "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "0",
+    # The controller looks at its workers every 2 s: it consumes a reported checkpoint, and notices
+    # that the workers finished, up to 2 s late, and the end of a run waits on several such looks
+    # (6-7 s from the last step until fit() returns, for a tiny 6-step run on 2 CPUs). Looking twice
+    # a second, a few small actor calls, ends every run about 5 s sooner (1.3-1.4 s measured).
+    "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.5",
 }
 
 

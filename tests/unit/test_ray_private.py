@@ -39,13 +39,13 @@ def test_the_private_names_are_used_as_this_ray_defines_them() -> None:
     import ray
     from ray.data import Dataset
     from ray.data._internal.iterator.iterator_impl import DataIteratorImpl
-    from ray.train.v2._internal.constants import ENABLE_PREEMPTION_WATCHER_ENV_VAR
+    from ray.train.v2._internal.constants import ENABLE_PREEMPTION_WATCHER_ENV_VAR, HEALTH_CHECK_INTERVAL_S_ENV_VAR
 
     assert 'kwargs.pop("_system_config"' in inspect.getsource(ray.init)
     base = object()
     assert DataIteratorImpl(base)._base_dataset is base  # type: ignore[arg-type]
     assert "self._logical_plan" in inspect.getsource(Dataset.__init__)
-    assert ENABLE_PREEMPTION_WATCHER_ENV_VAR in LOCAL_RAY_TRAIN_ENV
+    assert set(LOCAL_RAY_TRAIN_ENV) == {ENABLE_PREEMPTION_WATCHER_ENV_VAR, HEALTH_CHECK_INTERVAL_S_ENV_VAR}
     trainer_source = inspect.getsource(resolve("ray.train.v2.api.data_parallel_trainer:DataParallelTrainer.fit"))
     assert "scaling_policy=" in trainer_source and "_create_default_callbacks()" in trainer_source
 
@@ -67,8 +67,9 @@ def test_a_local_ray_runs_lean_unless_the_user_exported_a_setting() -> None:
     config = local_system_config({"RAY_worker_niceness": "15"})
     assert set(config) == set(LOCAL_RAY_SYSTEM_CONFIG) - {"worker_niceness"}
     assert local_init_kwargs({}) == {"_system_config": LOCAL_RAY_SYSTEM_CONFIG}
-    assert local_train_env({}) == {"RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "0"} == LOCAL_RAY_TRAIN_ENV
-    assert local_train_env({"RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "1"}) == {}
+    train_env = {"RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "0", "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.5"}
+    assert local_train_env({}) == train_env == LOCAL_RAY_TRAIN_ENV
+    assert local_train_env({"RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "1"}) == {"RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.5"}
     assert local_process_env({}) == {"RAY_LOG_MONITOR_MANY_FILES_THRESHOLD": "0"} == LOCAL_RAY_PROCESS_ENV
     assert local_process_env({"RAY_LOG_MONITOR_MANY_FILES_THRESHOLD": "1000"}) == {}
 
