@@ -104,3 +104,16 @@ def test_stop_prefix_len() -> None:
     assert stop_prefix_len("abc<|e", ["<|end|>", "\n\n"]) == 3
     assert stop_prefix_len("abc\n", ["<|end|>", "\n\n"]) == 1
     assert stop_prefix_len("abc", ["<|end|>"]) == 0
+
+
+@pytest.mark.parametrize("command", ["chat", "generate"])
+def test_option_values_are_checked_like_the_config_before_a_model_loads(command: str) -> None:
+    from click.testing import CliRunner
+
+    from rayft.cli.main import cli
+
+    files = ["--input", "in.jsonl", "--output", "out.jsonl"] if command == "generate" else []
+    result = CliRunner().invoke(cli, [command, "some/model", *files, "--temperature", "-1", "--top-p", "2"])
+    assert result.exit_code == 2
+    assert "Invalid config (command-line options), 2 problem(s)" in result.output
+    assert "inference.temperature" in result.output and "inference.top_p" in result.output

@@ -12,10 +12,6 @@ import click
 from rayft.cli.address_opt import address_option
 from rayft.config import RayftConfig, load_config
 
-_SOURCE_HELP = (
-    "SOURCE is a run directory (--checkpoint picks its checkpoint), a checkpoints/step-N or final/ "
-    "directory, an exported model directory, a Hub id, a .gguf file or a built-in name."
-)
 _CHECKPOINT_HELP = "Checkpoint of a run directory: latest (default), best (lowest eval/loss), final, or step-N."
 
 
@@ -42,7 +38,8 @@ def sampling_options(function: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--config", "config_path", type=click.Path(dir_okay=False), default=None,
                      help="Config file (optional); its inference section gives the defaults of the options below."),
         click.option("--checkpoint", default=None, help=_CHECKPOINT_HELP),
-        click.option("--max-new-tokens", type=int, default=None, help="Longest reply [inference.max_new_tokens: 512]."),
+        click.option("--max-new-tokens", type=int, default=None,
+                     help="Longest reply or completion, in tokens [inference.max_new_tokens: 512]."),
         click.option("--temperature", type=float, default=None,
                      help="Sampling temperature, 0 = greedy [inference.temperature: 0.7]."),
         click.option("--top-p", type=float, default=None, help="Nucleus sampling mass [inference.top_p: 0.9]."),
@@ -65,6 +62,9 @@ def sampling_options(function: Callable[..., Any]) -> Callable[..., Any]:
 def chat(source: str, overrides: tuple[str, ...], *, config_path: str | None, checkpoint: str | None,
          device: str, **sampling: Any) -> None:  # fmt: skip
     """Chat with a model in this process, with the chat template it was trained with.
+
+    SOURCE is a run directory (--checkpoint picks its checkpoint), a checkpoints/step-N or final/
+    directory, an exported model directory, a Hub id, a .gguf file or a built-in name.
 
     Replies stream as they are generated. Type /reset to clear the conversation, /system TEXT to set
     the system prompt (and start over), /help for the commands, /exit or Ctrl-D to quit; Ctrl-C stops
@@ -131,6 +131,9 @@ def generate(
     **settings: Any,
 ) -> None:
     """Generate a completion for every prompt of a JSON Lines file, on a Ray Data actor pool.
+
+    SOURCE is a model as for rayft chat (a run directory, checkpoint, export, Hub id, .gguf file or
+    built-in name), or with --backend openai the model name the server is asked for.
 
     The output keeps the input's order and other columns, and adds generation, finish_reason, error,
     num_prompt_tokens and num_generated_tokens. Lines that cannot be prompted (not JSON, no prompt,
