@@ -68,3 +68,43 @@ def test_missing_local_file_and_mixed_types(tmp_path: Path) -> None:
     path.write_text('{"answer": "7"}\n{"answer": {"x": 1}}\n')
     with pytest.raises(DataError, match="column 'answer'"):
         read_table(DatasetConfig(path=str(path)))
+
+
+def test_source_files_become_text_rows_and_bad_encodings_are_kept_for_the_report(tmp_path: Path) -> None:
+    from rayft.data.formats import BadRowError, make_example, resolve_format
+
+    (tmp_path / "pkg" / "sub").mkdir(parents=True)
+    (tmp_path / "pkg" / "a.rs").write_text("fn main() {}\n")
+    (tmp_path / "pkg" / "sub" / "b.rs").write_bytes(b'let s = "caf\xe9";\n')  # Latin-1, not UTF-8
+    (tmp_path / "pkg" / "notes.txt").write_text("not matched\n")
+    (tmp_path / "pkg" / ".git").mkdir()
+    (tmp_path / "pkg" / ".git" / "c.rs").write_text("hidden\n")
+    ds = DatasetConfig(path=str(tmp_path / "pkg"), files="**/*.rs", format="text")
+    rows = read_table(ds).to_pylist()
+    assert [(r["path"], r["text"]) for r in rows] == [("a.rs", "fn main() {}\n"), ("sub/b.rs", None)]
+    assert rows[1]["encoding_error"] == "not UTF-8: byte 0xe9 at offset 12 (invalid continuation byte)"
+    fmt = resolve_format(ds, list(rows[0]))
+    assert make_example(rows[0], ds, fmt).response == "fn main() {}\n"
+    with pytest.raises(BadRowError, match=r"bad_encoding: sub/b.rs: not UTF-8: byte 0xe9"):
+        make_example(rows[1], ds, fmt)
+
+
+def test_source_files_are_chunked_at_line_ends(tmp_path: Path) -> None:
+    from rayft.data.sources import chunk_text
+
+    text = "one\ntwo\nthree\n" + "x" * 25 + "\nend"
+    pieces = chunk_text(text, 10)
+    assert "".join(pieces) == text and all(len(p) <= 10 for p in pieces)
+    assert pieces[:2] == ["one\ntwo\n", "three\n"]
+    (tmp_path / "m.py").write_text(text)
+    rows = read_table(DatasetConfig(path=str(tmp_path), files="*.py", chunk_chars=10)).to_pylist()
+    assert [r["chunk"] for r in rows] == list(range(len(pieces))) and {r["path"] for r in rows} == {"m.py"}
+
+
+def test_source_files_errors_name_the_glob_and_the_fix(tmp_path: Path) -> None:
+    with pytest.raises(DataError, match=r"no file matches files='\*\*/\*.rs'.*fix the glob"):
+        read_table(DatasetConfig(path=str(tmp_path), files="**/*.rs"))
+    with pytest.raises(DataError, match=r"needs path to be a local directory"):
+        read_table(DatasetConfig(path=str(tmp_path / "missing"), files="*.py"))
+    with pytest.raises(ValueError, match=r"chunk_chars=10 is set without files"):
+        DatasetConfig(path=str(tmp_path), chunk_chars=10)

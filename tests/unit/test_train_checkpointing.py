@@ -41,6 +41,7 @@ def test_a_checkpoint_saved_from_its_objects_restores_them(
         TrainerState,
         TrainingObjects,
         restore_training_state,
+        write_model_files,
     )
     from rayft.training.faults import Faults
     from rayft.training.parallel import parallelism
@@ -50,8 +51,12 @@ def test_a_checkpoint_saved_from_its_objects_restores_them(
     parallel = parallelism("ddp", world_size=1)
     files = ModelFiles("lora", 4, "train:\n  method: lora\n", {"method": "lora", "world_size": 1})
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+
+    def write_model(model: object, directory: Path, state: dict[str, object] | None) -> None:
+        write_model_files(model, tokenizer, files, directory, state_dict=state)
+
     saver = Checkpointer(
-        LocalSession({}, tmp_path, device="cpu"), files, tokenizer, faults=Faults(), background=background
+        LocalSession({}, tmp_path, device="cpu"), files, write_model, faults=Faults(), background=background
     )
     state = TrainerState(step=1, last_train_loss=2.5)
     saver.save(TrainingObjects(parallel, model, optimizer, scheduler), state)

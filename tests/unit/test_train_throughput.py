@@ -48,6 +48,7 @@ def test_tokens_per_s_is_the_training_rate_for_any_logging_window(logging_steps:
         logger=logger,
         scheduler=SimpleNamespace(get_last_lr=lambda: [1e-4]),
         window=ThroughputWindow(clock=clock),
+        objective=SimpleNamespace(throughput_unit="tokens"),
     )
     for _ in range(30):
         clock.now += 1.0

@@ -23,6 +23,9 @@ class DatasetConfig(Section):
     )
     name: str | None = Field(None, description="A short label for reports; defaults to the path's last component.")
     config_name: str | None = Field(None, description="Hub dataset configuration (e.g. 'main' for openai/gsm8k).")
+    data_dir: str | None = Field(
+        None, description="Directory inside a Hub dataset repo to read (e.g. 'data/rust' of bigcode/the-stack-smol)."
+    )
     split: str = Field("train", description="Split to read from a Hub dataset.")
     revision: str | None = Field(None, description="Hub dataset revision.")
     format: DataFormat = Field(
@@ -65,6 +68,22 @@ class DatasetConfig(Section):
         description="Mixing weight against the other datasets (relative share of training rows).",
     )
     max_rows: int | None = Field(None, gt=0, description="Read at most this many rows (all when unset).")
+    files: str | None = Field(
+        None,
+        description=(
+            "Read the local directory 'path' as source files: a glob relative to it (e.g. '**/*.rs'). Each file "
+            "becomes rows with columns text, path (relative) and chunk, for format 'text'; a file that is not "
+            "UTF-8 becomes a row rejected as bad_encoding (reported in rejected.jsonl, counted)."
+        ),
+    )
+    chunk_chars: int | None = Field(
+        None,
+        gt=0,
+        description=(
+            "With files: cut each file into rows of at most this many characters, at line ends (a longer "
+            "line is cut where it passes the limit); unset: one row per file."
+        ),
+    )
 
     @model_validator(mode="after")
     def _template_needs_templates(self) -> DatasetConfig:
@@ -72,6 +91,11 @@ class DatasetConfig(Section):
             raise ValueError(
                 "format 'template' needs both input_template and output_template; set them or "
                 "choose another format (alpaca, messages, prompt_completion, text, auto)"
+            )
+        if self.chunk_chars is not None and self.files is None:
+            raise ValueError(
+                f"chunk_chars={self.chunk_chars} is set without files; set files (a glob such as '**/*.py') or "
+                "remove chunk_chars"
             )
         return self
 

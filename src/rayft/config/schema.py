@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from rayft.config.base import Section
 from rayft.config.data import DataConfig
@@ -11,6 +11,7 @@ from rayft.config.inference import InferenceConfig
 from rayft.config.k8s import K8sConfig
 from rayft.config.model import LoraConfig, ModelConfig
 from rayft.config.sdg import SdgConfig
+from rayft.config.task import TaskConfig
 from rayft.config.train import (
     CheckpointConfig,
     FailureConfig,
@@ -66,6 +67,10 @@ class RayftConfig(Section):
         default_factory=InferenceConfig,
         description="Using a model: sampling of rayft chat, and sampling and scaling of rayft generate.",
     )
+    task: TaskConfig = Field(
+        default_factory=TaskConfig,
+        description="A custom task (a model other than a causal LM) that `rayft train` runs instead of model/data.",
+    )
     k8s: K8sConfig = Field(
         default_factory=K8sConfig,
         description="Kubernetes manifests (`rayft k8s render`, the Helm chart): image, namespace, storage, secrets.",
@@ -77,3 +82,22 @@ class RayftConfig(Section):
             "dotted config paths, the metric, the search algorithm and the scheduler."
         ),
     )
+
+    @model_validator(mode="after")
+    def _task_replaces_model_and_data(self) -> RayftConfig:
+        if self.task.path is None:
+            return self
+        # Compared with the defaults rather than model_fields_set, so that a dumped config reloads.
+        unused = [name for name in ("model", "lora", "data") if getattr(self, name) != type(getattr(self, name))()]
+        if unused:
+            raise ValueError(
+                f"task.path={self.task.path!r} is set, so the task builds the model and the data, but the config "
+                f"also sets {', '.join(unused)}; remove {'them' if len(unused) > 1 else 'it'} (task options go in "
+                "task.options)"
+            )
+        if self.train.strategy != "ddp":
+            raise ValueError(
+                f"train.strategy={self.train.strategy!r}: a custom task (task.path) trains with 'ddp' (each worker "
+                "holds the whole model); set train.strategy=ddp"
+            )
+        return self

@@ -33,9 +33,12 @@ REASONS = {
     "unknown_role": "a conversation turn has a role that is not system/user/assistant",
     "over_length": "the example is longer than max_seq_length (overlong: drop)",
     "all_labels_masked": "no token is left to train on (often: truncation cut the whole response)",
+    "bad_encoding": "a source file is not valid UTF-8 text (see its detail for the first bad byte)",
 }
 """Reason code -> what it means; the codes appear in rejected.jsonl and in the stats."""
 
+# Set on the row of a source file that could not be decoded (DatasetConfig.files); the row is rejected.
+ENCODING_ERROR_COLUMN = "encoding_error"
 ROLE_ALIASES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant", "system": "system"}
 MESSAGE_COLUMNS = ("messages", "conversations")
 PROMPT_ALIASES = ("prompt", "question", "query")
@@ -154,6 +157,8 @@ def _required_fields(ds: DatasetConfig, fmt: str, columns: Sequence[str], mappin
 
 def make_example(row: Mapping[str, Any], ds: DatasetConfig, fmt: ResolvedFormat) -> Example:
     """Turn one row into an :class:`Example`; raises :class:`BadRowError` when it cannot."""
+    if row.get(ENCODING_ERROR_COLUMN):
+        raise BadRowError("bad_encoding", f"{row.get('path')}: {row[ENCODING_ERROR_COLUMN]}")
     if fmt.format == "messages":
         return Example(messages=_conversation(row.get(fmt.columns["messages"]), fmt.columns["messages"], ds))
     if fmt.format == "text":

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from rayft.config.data import DataConfig, DatasetConfig
 from rayft.data.builtin import is_builtin, load_builtin
-from rayft.data.formats import ResolvedFormat, resolve_format
+from rayft.data.formats import ENCODING_ERROR_COLUMN, ResolvedFormat, resolve_format
 from rayft.errors import DataError
 
 if TYPE_CHECKING:
@@ -47,6 +47,8 @@ def read_table(ds: DatasetConfig) -> pa.Table:
         table = pa.Table.from_pylist(load_builtin(ds.path, ds.split, ds.max_rows))
     elif "://" in ds.path:
         table = _read_uri(ds)
+    elif ds.files is not None:
+        table = _read_source_files(ds, Path(ds.path).expanduser())
     elif _looks_local(ds.path):
         table = _read_local(ds, Path(ds.path).expanduser())
     else:
@@ -180,6 +182,67 @@ def _inconsistent_column(rows: list[dict[str, Any]]) -> str | None:
     return next((k for k, v in kinds.items() if len(v) > 1), None)
 
 
+def _read_source_files(ds: DatasetConfig, directory: Path) -> pa.Table:
+    """Every file under ``directory`` matching ``ds.files`` (sorted; none under a hidden directory)
+    as text rows (see :func:`source_file_rows`)."""
+    import pyarrow as pa
+
+    if not directory.is_dir():
+        raise DataError(
+            f"dataset {ds.path!r}: files={ds.files!r} needs path to be a local directory ({directory.resolve()} is "
+            "not one); point path at the directory that holds the source files"
+        )
+    matched = [f for f in sorted(directory.glob(ds.files or "")) if f.is_file() and not any(
+        part.startswith(".") for part in f.relative_to(directory).parts)]  # fmt: skip
+    if not matched:
+        raise DataError(f"dataset {ds.path!r}: no file matches files={ds.files!r} under {directory.resolve()}; "
+                        "fix the glob (e.g. '**/*.py' for every .py file at any depth)")  # fmt: skip
+    rows = [row for f in matched for row in source_file_rows(f.read_bytes(), f.relative_to(directory).as_posix(),
+                                                             ds.chunk_chars)]  # fmt: skip
+    bad = sum(1 for row in rows if row[ENCODING_ERROR_COLUMN])
+    log.info("data: %s: %d files as %d rows (%d not UTF-8)", source_name(ds), len(matched), len(rows), bad)
+    return pa.Table.from_pylist(rows, schema=_SOURCE_SCHEMA())
+
+
+def _SOURCE_SCHEMA() -> pa.Schema:  # noqa: N802 - a constant built late (pyarrow is imported when used)
+    import pyarrow as pa
+
+    return pa.schema([("text", pa.string()), ("path", pa.string()), ("chunk", pa.int32()),
+                      (ENCODING_ERROR_COLUMN, pa.string())])  # fmt: skip
+
+
+def source_file_rows(data: bytes, path: str, chunk_chars: int | None) -> list[dict[str, Any]]:
+    """The rows of one source file: its text (in pieces of at most ``chunk_chars`` characters, cut
+    at line ends), or one row without text naming the first byte that is not UTF-8."""
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        error = f"not UTF-8: byte 0x{data[exc.start]:02x} at offset {exc.start} ({exc.reason})"
+        return [{"text": None, "path": path, "chunk": 0, ENCODING_ERROR_COLUMN: error}]
+    pieces = chunk_text(text, chunk_chars) if chunk_chars else [text]
+    return [{"text": piece, "path": path, "chunk": i, ENCODING_ERROR_COLUMN: None} for i, piece in enumerate(pieces)]
+
+
+def chunk_text(text: str, limit: int) -> list[str]:
+    """``text`` cut into pieces of at most ``limit`` characters, at line ends where a line fits; the
+    pieces joined give ``text`` back."""
+    lines = [
+        part[start : start + limit]  # a line longer than a piece is cut where it passes the limit
+        for part in text.splitlines(keepends=True)
+        for start in range(0, len(part), limit)
+    ]
+    pieces: list[str] = []
+    current = ""
+    for line in lines:
+        if current and len(current) + len(line) > limit:
+            pieces.append(current)
+            current = ""
+        current += line
+    if current:
+        pieces.append(current)
+    return pieces
+
+
 def _read_uri(ds: DatasetConfig) -> pa.Table:
     import pyarrow.dataset as pads
 
@@ -198,7 +261,9 @@ def _read_hub(ds: DatasetConfig) -> pa.Table:
     import datasets
 
     try:
-        loaded = datasets.load_dataset(ds.path, ds.config_name, split=ds.split, revision=ds.revision)
+        loaded = datasets.load_dataset(
+            ds.path, ds.config_name, data_dir=ds.data_dir, split=ds.split, revision=ds.revision
+        )
     except Exception as exc:  # the Hub client raises many kinds (offline, not found, bad config)
         raise DataError(
             f"dataset {ds.path!r} (config {ds.config_name!r}, split {ds.split!r}) cannot be loaded from the Hugging "

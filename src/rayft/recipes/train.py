@@ -17,6 +17,7 @@ import yaml
 
 from rayft import __version__
 from rayft.config import RayftConfig, dump_config
+from rayft.config.task import TaskConfig
 from rayft.data.prepared import PreparedData
 from rayft.errors import DataError, RunStateError
 from rayft.runs import layout
@@ -57,7 +58,6 @@ def run(cfg: RayftConfig, *, resume: bool = False, mirror_dir: Path | None = Non
         resume: Continue the run of the same name from its newest complete checkpoint.
         mirror_dir: Where the local mirror of a remote run goes (default: under the cache).
     """
-    from rayft.data.prepare import prepare_data
     from rayft.runtime import check_address, ray_is_initialized, ray_runtime
 
     started = time.monotonic()
@@ -69,7 +69,7 @@ def run(cfg: RayftConfig, *, resume: bool = False, mirror_dir: Path | None = Non
         run_dir = claim_run_dir(cfg, resume=resume, location=location)
         metrics = cfg.logging.prometheus.enabled
         with ray_runtime(cfg.scaling.address, metrics=metrics) if use_ray else contextlib.nullcontext():
-            prepared = prepare_data(cfg.data, cfg.model, cfg.seed, report_dir=run_dir / "data", use_ray=use_ray)
+            prepared = prepare_inputs(cfg, run_dir, use_ray=use_ray)
             plan = build_worker_plan(cfg, prepared, run_dir, remote_uri=location.remote_uri)
             trackers = start_training(cfg, run_dir, plan.lineage)
             try:
@@ -117,6 +117,33 @@ def claim_run_dir(cfg: RayftConfig, *, resume: bool, location: RunLocation | Non
     return store.local_dir
 
 
+def prepare_inputs(cfg: RayftConfig, run_dir: Path, *, use_ray: bool) -> PreparedData:
+    """The training units: the tokenized data (prepared once, cached), or the example indices of
+    a custom task (``task.path``), whose datasets the task builds here and again on every worker."""
+    if cfg.task.path is None:
+        from rayft.data.prepare import prepare_data
+
+        return prepare_data(cfg.data, cfg.model, cfg.seed, report_dir=run_dir / "data", use_ray=use_ray)
+    from rayft.custom import load_task
+    from rayft.training.objective import write_task_units
+
+    task_cfg = worker_task(cfg)
+    assert task_cfg is not None and task_cfg.path is not None
+    data = load_task(task_cfg.path, task_cfg.options).build_datasets(cfg.seed)
+    log.info("task %s: %d training and %d validation examples", cfg.task.path, len(data.train),
+             len(data.validation or ()))  # fmt: skip
+    return write_task_units(run_dir / "data" / "task-units", data, key=f"task:{cfg.task.path}")
+
+
+def worker_task(cfg: RayftConfig) -> TaskConfig | None:
+    """The custom task the workers run, its .py file made absolute (None for a causal LM)."""
+    from rayft.custom import resolve_task_path
+
+    if cfg.task.path is None:
+        return None
+    return cfg.task.model_copy(update={"path": resolve_task_path(cfg.task.path, Path.cwd())})
+
+
 def build_worker_plan(
     cfg: RayftConfig, prepared: PreparedData, run_dir: Path, *, remote_uri: str | None = None
 ) -> WorkerPlan:
@@ -140,7 +167,7 @@ def build_worker_plan(
         model=cfg.model, lora=cfg.lora, train=cfg.train, logging=cfg.logging, checkpoint=cfg.checkpoint,
         seed=cfg.seed, run_dir=str(run_dir), resolved_config=dump_config(cfg), schedule=schedule,
         shuffle_window=cfg.data.shuffle_buffer_size, has_validation=has_validation, lineage=lineage,
-        remote_uri=remote_uri,
+        remote_uri=remote_uri, task=worker_task(cfg),
     )  # fmt: skip
 
 

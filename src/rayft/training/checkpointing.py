@@ -50,6 +50,7 @@ class TrainerState:
     real_tokens: int = 0
     computed_tokens: int = 0
     checkpoint_blocked_s: float = 0.0
+    eval_metrics: dict[str, float] = field(default_factory=dict)  # a task's last figures but the loss (eval/accuracy)
 
     def record_eval(self, loss: float, patience: int | None) -> None:
         """Track the best validation loss and decide early stopping."""
@@ -64,7 +65,7 @@ class TrainerState:
     def metrics(self) -> dict[str, float]:
         """The figures attached to a checkpoint (and used to rank checkpoints)."""
         values = {"step": float(self.step), "train/loss": self.last_train_loss, "eval/loss": self.last_eval_loss}
-        return {k: float(v) for k, v in values.items() if v is not None}
+        return {k: float(v) for k, v in values.items() if v is not None} | self.eval_metrics
 
 
 @dataclass
@@ -153,16 +154,21 @@ class TrainingObjects:
     scaler: Any = None  # the fp16 GradScaler, when there is one
 
 
+WriteModel = Callable[[Any, Path, "dict[str, Any] | None"], None]
+"""Writes the model files of a checkpoint: (model, directory, state dict snapshot or None for the
+live weights); :meth:`rayft.training.objective.Objective.write_model`."""
+
+
 class Checkpointer:
     """Saves one worker's checkpoints through its session, at most one save in flight
     (in one background thread when ``background``)."""
 
     def __init__(
-        self, session: TrainSession, files: ModelFiles, tokenizer: Any, *, faults: Faults, background: bool
+        self, session: TrainSession, files: ModelFiles, write_model: WriteModel, *, faults: Faults, background: bool
     ) -> None:
         self.session = session
         self.files = files
-        self.tokenizer = tokenizer
+        self.write_model = write_model
         self.faults = faults
         self.writer = CheckpointWriter(background=background)
 
@@ -178,11 +184,11 @@ class Checkpointer:
         snapshot = take_snapshot(objects, state, rank=self.session.rank, method=self.files.method)
         session, faults, files = self.session, self.faults, self.files
         if session.rank == 0:
-            inner, tokenizer = unwrap(objects.model), self.tokenizer
+            inner, write_model = unwrap(objects.model), self.write_model
 
             def job() -> None:
                 staging = session.staging_dir(snapshot.step)
-                write_snapshot(snapshot, inner, tokenizer, files, staging, faults=faults)
+                write_snapshot(snapshot, inner, write_model, files, staging, faults=faults)
                 faults.kill_if(snapshot.step, "before_commit")
                 session.commit_checkpoint(snapshot.metrics, staging, snapshot.step)
 
@@ -236,13 +242,13 @@ def rng_state_bytes() -> bytes:
 
 
 def write_snapshot(
-    snapshot: Snapshot, model: Any, tokenizer: Any, files: ModelFiles, directory: Path, *, faults: Faults
+    snapshot: Snapshot, model: Any, write_model: WriteModel, files: ModelFiles, directory: Path, *, faults: Faults
 ) -> None:
     """Write a whole checkpoint into ``directory``, its manifest last."""
     import torch
 
     shutil.rmtree(directory, ignore_errors=True)
-    write_model_files(model, tokenizer, files, directory, state_dict=snapshot.model_state)
+    write_model(model, directory, snapshot.model_state)
     faults.kill_if(snapshot.step, "model_files")
     trainer = directory / layout.TRAINER_SUBDIR
     trainer.mkdir(parents=True, exist_ok=True)
@@ -344,7 +350,7 @@ def _as_random_state(value: Any) -> tuple[Any, ...]:
 
 def save_final(
     model: Any,
-    tokenizer: Any,
+    write_model: WriteModel,
     files: ModelFiles,
     state: TrainerState,
     run_dir: Path,
@@ -356,7 +362,7 @@ def save_final(
     target = run_dir / layout.FINAL_DIR
     staging = run_dir / f".{layout.FINAL_DIR}.partial-{os.getpid()}"
     shutil.rmtree(staging, ignore_errors=True)
-    write_model_files(model, tokenizer, files, staging, state_dict=weights)
+    write_model(model, staging, weights)
     write_manifest(staging, state.step, state.metrics(), files.lineage | {"final": True})
     shutil.rmtree(target, ignore_errors=True)
     os.replace(staging, target)

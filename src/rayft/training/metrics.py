@@ -91,23 +91,22 @@ class ConsoleLogger:
     def log(self, step: int, metrics: dict[str, float]) -> None:
         """Print the line (evaluation results get their own line)."""
         if "eval/loss" in metrics:
-            log.info(
-                "step %d/%d  eval/loss %.4f  eval/perplexity %.2f",
-                step,
-                self._total,
-                metrics["eval/loss"],
-                metrics.get("eval/perplexity", math.nan),
-            )
+            figures = "  ".join(f"{name} {value:.4f}" for name, value in metrics.items() if name.startswith("eval/"))
+            log.info("step %d/%d  %s", step, self._total, figures)
             return
         if "train/loss" not in metrics:
             return
         done = step - self._start_step
         elapsed = time.monotonic() - self._start
         eta = elapsed / done * (self._total - step) if done > 0 else math.nan
+        rate, unit = next(
+            ((value, name[len("train/") : -len("_per_s")]) for name, value in metrics.items()
+             if name.startswith("train/") and name.endswith("_per_s")), (math.nan, "tokens"),
+        )  # fmt: skip
         log.info(
-            "step %d/%d  loss %.4f  lr %.2e  grad_norm %.3f  %.0f tok/s  eta %s",
+            "step %d/%d  loss %.4f  lr %.2e  grad_norm %.3f  %.0f %s/s  eta %s",
             step, self._total, metrics["train/loss"], metrics.get("train/learning_rate", math.nan),
-            metrics.get("train/grad_norm", math.nan), metrics.get("train/tokens_per_s", math.nan), _clock(eta),
+            metrics.get("train/grad_norm", math.nan), rate, "tok" if unit == "tokens" else unit, _clock(eta),
         )  # fmt: skip
 
     def close(self) -> None:

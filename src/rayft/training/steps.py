@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -130,7 +130,7 @@ def train_step(
     model: Any,
     optimizer: torch.optim.Optimizer,
     scheduler: Any,
-    batches: list[MicroBatch],
+    batches: list[Any],
     *,
     parallel: Parallelism,
     precision: Precision,
@@ -140,9 +140,12 @@ def train_step(
     device: torch.device,
     loss: LossKind = "none",
     varlen: bool = False,
+    loss_fn: Callable[[Any, Any], torch.Tensor] | None = None,
 ) -> StepStats:
     """Accumulate gradients over ``batches``, clip, and take one optimizer step (as ``parallel``,
-    the run's strategy, does each of these). ``loss`` and ``varlen``: see :func:`token_loss_sum`."""
+    the run's strategy, does each of these). ``loss`` and ``varlen``: see :func:`token_loss_sum`;
+    ``loss_fn(model, batch)`` replaces it when given (the sum of the batch's ``num_label_tokens``
+    loss terms, see :class:`rayft.training.objective.Objective`)."""
     import torch
 
     local = [sum(b.num_label_tokens for b in batches), sum(b.num_tokens for b in batches)]
@@ -153,7 +156,10 @@ def train_step(
     loss_sum = torch.zeros((), dtype=torch.float64, device=device)
     for index, batch in enumerate(batches):
         with parallel.accumulating(model, last=index == len(batches) - 1):
-            batch_loss = token_loss_sum(model, batch, precision, loss=loss, varlen=varlen)
+            if loss_fn is not None:
+                batch_loss = loss_fn(model, batch)
+            else:
+                batch_loss = token_loss_sum(model, batch, precision, loss=loss, varlen=varlen)
             parallel.backward(model, batch_loss * scale, scaler)
         loss_sum += batch_loss.detach().double()
     grad_norm = parallel.step(model, optimizer, scaler, max_grad_norm)

@@ -15,9 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from rayft.config.train import TrainConfig
-from rayft.data.collate import MicroBatch, collate
 from rayft.errors import TrainingError
-from rayft.models.architecture import model_type, resolve_architecture
 from rayft.runs import layout
 from rayft.runs.checkpoints import remove_incomplete, resume_checkpoint
 from rayft.runs.remote import RemoteRun
@@ -40,12 +38,13 @@ from rayft.training.metrics import (
     TensorBoardLogger,
     ThroughputWindow,
 )
-from rayft.training.model import build_training_model, count_parameters, parameter_groups
+from rayft.training.model import count_parameters, parameter_groups
+from rayft.training.objective import CausalLm, Objective, TaskObjective
 from rayft.training.parallel import Parallelism, ParallelSetup, parallelism
 from rayft.training.plan import is_due, learning_rate_factor, units_before_step
 from rayft.training.precision import Precision, resolve_precision
 from rayft.training.session import TrainSession, all_reduce_sum
-from rayft.training.steps import StepStats, evaluate, step_options, train_step
+from rayft.training.steps import StepStats, train_step
 from rayft.training.worker_plan import WorkerPlan
 
 log = logging.getLogger("rayft.train")
@@ -65,22 +64,20 @@ class Worker:
     optimizer: Any
     scheduler: Any
     scaler: Any
-    tokenizer: Any
+    objective: Objective
     precision: Precision
     logger: MetricLogger
     state: TrainerState
     checkpoints: Checkpointer
     stopped_on_request: bool = False
     window: ThroughputWindow = field(default_factory=ThroughputWindow)
-    seq2seq: bool = False  # an encoder-decoder model, trained on source/target pairs
 
 
 def run_worker(plan: WorkerPlan, session: TrainSession) -> TrainerState:
     """Train from the start or from the latest checkpoint to the end of the schedule."""
     worker = setup_worker(plan, session)
     try:
-        pad = worker.tokenizer.pad_token_id
-        for batches in step_batches(plan, session, worker.state.step, pad, seq2seq=worker.seq2seq):
+        for batches in step_batches(plan, session, worker.state.step, worker.objective):
             plan.faults.before_step(session.rank, worker.state.step + 1)
             plan.faults.log_samples(session.rank, worker.state.step + 1, [i for b in batches for i in b.sample_ids])
             stats = run_step(worker, batches)
@@ -110,22 +107,18 @@ def setup_worker(plan: WorkerPlan, session: TrainSession) -> Worker:
     """Seed, load the model (restored if a checkpoint exists), and build the optimizer."""
     import torch
 
-    from rayft.models.loading import load_tokenizer
-
     torch.manual_seed(plan.seed)
-    tokenizer = load_tokenizer(plan.model)
+    objective = build_objective(plan)
     checkpoints = Path(plan.run_dir) / layout.CHECKPOINTS_DIR
     if session.rank == 0:
         remove_incomplete(checkpoints)  # staging directories of saves a crash interrupted
     parallel = parallelism(plan.train.strategy, session.world_size)
     with session.restored_checkpoint() as candidate:
         restore_dir = resume_checkpoint(candidate, checkpoints)
-        model = build_training_model(
-            plan.model, plan.lora, plan.train.method, session.device.type,
-            gradient_checkpointing=plan.train.gradient_checkpointing, restore_dir=restore_dir,
-            weights=session.rank == 0 or not parallel.weights_from_rank0, compile_blocks=plan.train.compile,
-        )  # fmt: skip
-        precision = resolve_precision(plan.train.mixed_precision, session.device.type, model_type(plan.model))
+        model = objective.build_model(
+            restore_dir, device_type=session.device.type, weights=session.rank == 0 or not parallel.weights_from_rank0
+        )
+        precision = resolve_precision(plan.train.mixed_precision, session.device.type, objective.model_type)
         check_device_memory(model, plan.train, parallel, precision, session)
         model, optimizer = parallel.prepare(
             model, lambda net: build_optimizer(net, plan.train), parallel_setup(plan.train, session, precision)
@@ -144,17 +137,32 @@ def setup_worker(plan: WorkerPlan, session: TrainSession) -> Worker:
     if session.rank == 0:
         log.info("training %s parameters of %s (%.2f%%)", f"{trainable:,}", f"{total:,}", 100 * trainable / total)
     saver = Checkpointer(
-        session, model_files(plan), tokenizer, faults=plan.faults, background=plan.checkpoint.async_upload
+        session, model_files(plan), objective.write_model, faults=plan.faults, background=plan.checkpoint.async_upload
     )
     return Worker(
-        plan, session, parallel, model, optimizer, scheduler, scaler, tokenizer, precision, logger, state, saver,
-        seq2seq=resolve_architecture(plan.model) == "seq2seq",
+        plan, session, parallel, model, optimizer, scheduler, scaler, objective, precision, logger, state, saver
     )  # fmt: skip
+
+
+def build_objective(plan: WorkerPlan) -> Objective:
+    """What this run trains: the plan's causal LM, or its custom task (with the task's datasets)."""
+    if plan.task is None:
+        from rayft.models.architecture import model_type, resolve_architecture
+        from rayft.models.loading import load_tokenizer
+
+        seq2seq = resolve_architecture(plan.model) == "seq2seq"
+        return CausalLm(plan, load_tokenizer(plan.model), model_files(plan), model_type(plan.model), seq2seq)
+    from rayft.custom import load_task
+
+    task = load_task(plan.task.path or "", plan.task.options)
+    return TaskObjective(task, task.build_datasets(plan.seed), plan.resolved_config)
 
 
 def model_files(plan: WorkerPlan) -> ModelFiles:
     """What the run writes beside the weights; every manifest records the method, the base model
-    and the driver's lineage (world size, data key)."""
+    (or the task) and the driver's lineage (world size, data key). A task's model is saved whole."""
+    if plan.task is not None:
+        return ModelFiles("full", 0, plan.resolved_config, {"method": "task", "task": plan.task.path, **plan.lineage})
     lineage = {"method": plan.train.method, "base_model": plan.model.name, **plan.lineage}
     return ModelFiles(plan.train.method, plan.lora.r, plan.resolved_config, lineage)
 
@@ -263,12 +271,9 @@ def open_live(plan: WorkerPlan, session: TrainSession) -> MetricLogger:
     return live
 
 
-def step_batches(
-    plan: WorkerPlan, session: TrainSession, start_step: int, pad_token_id: int, *, seq2seq: bool = False
-) -> Iterator[list[MicroBatch]]:
+def step_batches(plan: WorkerPlan, session: TrainSession, start_step: int, objective: Objective) -> Iterator[list[Any]]:
     """The micro-batches of every remaining optimizer step, epoch after epoch, resuming exactly
-    after the units consumed before ``start_step`` (an encoder-decoder's source/target pairs with
-    ``seq2seq``)."""
+    after the units consumed before ``start_step``."""
     sched, train = plan.schedule, plan.train
     step = start_step
     while step < sched.total_steps:
@@ -278,7 +283,7 @@ def step_batches(
             micro_batch_size=train.micro_batch_size, units_per_rank=sched.units_per_rank,
             skip_units=units_before_step(sched, step, train.micro_batch_size, train.gradient_accumulation_steps),
         )  # fmt: skip
-        collated = (collate(chunk, pad_token_id, seq2seq=seq2seq) for chunk in units)
+        collated = (objective.collate(chunk) for chunk in units)
         for group in micro_batches(collated, train.gradient_accumulation_steps):
             yield [b.to(session.device) for b in group]
             step += 1
@@ -286,12 +291,14 @@ def step_batches(
                 return
 
 
-def run_step(worker: Worker, batches: list[MicroBatch]) -> StepStats:
+def run_step(worker: Worker, batches: list[Any]) -> StepStats:
     """One optimizer step; a non-finite loss stops the run with a clear error."""
+    objective, precision = worker.objective, worker.precision
     stats = train_step(
-        worker.model, worker.optimizer, worker.scheduler, batches, parallel=worker.parallel, precision=worker.precision,
+        worker.model, worker.optimizer, worker.scheduler, batches, parallel=worker.parallel, precision=precision,
         scaler=worker.scaler, max_grad_norm=worker.plan.train.max_grad_norm,
-        world_size=worker.session.world_size, device=worker.session.device, **kernel_options(worker),
+        world_size=worker.session.world_size, device=worker.session.device,
+        loss_fn=lambda model, batch: objective.loss_sum(model, batch, precision),
     )  # fmt: skip
     worker.state.step += 1
     if not math.isfinite(stats.loss):
@@ -300,13 +307,6 @@ def run_step(worker: Worker, batches: list[MicroBatch]) -> StepStats:
             "set train.max_grad_norm, or check the data for empty or corrupt rows"
         )
     return stats
-
-
-def kernel_options(worker: Worker) -> dict[str, Any]:
-    """The loss and attention arguments of the run's steps (see :func:`rayft.training.steps.step_options`)."""
-    plan = worker.plan
-    device_type = worker.session.device.type
-    return step_options(plan.model.attn_implementation, plan.train.fused_loss, device_type, seq2seq=worker.seq2seq)
 
 
 def after_step(worker: Worker, stats: StepStats) -> None:
@@ -335,37 +335,35 @@ def record_throughput(worker: Worker, stats: StepStats) -> None:
 
 
 def step_metrics(worker: Worker, stats: StepStats) -> dict[str, float]:
-    """The per-step metrics, with tokens/s over the steps since the last log line."""
+    """The per-step metrics, with tokens/s (examples/s for a custom task) over the steps since the
+    last log line."""
+    unit = worker.objective.throughput_unit
     metrics = {
         "train/loss": stats.loss,
         "train/learning_rate": float(worker.scheduler.get_last_lr()[0]),
         "train/grad_norm": stats.grad_norm,
-        "train/tokens_per_s": worker.window.take_tokens_per_s(),
+        f"train/{unit}_per_s": worker.window.take_tokens_per_s(),
         "train/epoch": worker.state.step / worker.plan.schedule.steps_per_epoch,
-        "train/padding_efficiency": worker.state.real_tokens / max(worker.state.computed_tokens, 1),
     }
+    if unit == "tokens":
+        metrics["train/padding_efficiency"] = worker.state.real_tokens / max(worker.state.computed_tokens, 1)
     worker.state.last_train_loss = stats.loss
     return metrics
 
 
 def run_evaluation(worker: Worker) -> None:
-    """Validation loss and perplexity over every worker's shard; updates early stopping."""
+    """Validation figures over every worker's shard (loss and perplexity, or a task's loss and
+    metrics); updates early stopping, and the figures travel with the next checkpoint."""
     plan, state = worker.plan, worker.state
     size = plan.train.eval_micro_batch_size or plan.train.micro_batch_size
     units = (u for window in worker.session.windows("validation", plan.shuffle_window) for u in window)
-    pad = worker.tokenizer.pad_token_id
-    batches = (collate(chunk, pad, seq2seq=worker.seq2seq) for chunk in micro_batches(units, size))
-    loss, _ = evaluate(
-        worker.model,
-        batches,
-        precision=worker.precision,
-        device=worker.session.device,
+    figures = worker.objective.evaluate(
+        worker.model, units, batch_size=size, precision=worker.precision, device=worker.session.device,
         lockstep=worker.parallel.sharded,
-        seq2seq=worker.seq2seq,
-        **kernel_options(worker),
-    )
-    state.record_eval(loss, plan.train.early_stopping_patience)
-    worker.logger.log(state.step, {"eval/loss": loss, "eval/perplexity": math.exp(min(loss, 50.0))})
+    )  # fmt: skip
+    state.record_eval(figures["eval/loss"], plan.train.early_stopping_patience)
+    state.eval_metrics = {name: v for name, v in figures.items() if name not in ("eval/loss", "eval/perplexity")}
+    worker.logger.log(state.step, figures)
     if state.stopped_early:
         log.info("early stopping at step %d: no lower validation loss in %d evaluations", state.step,
                  plan.train.early_stopping_patience)  # fmt: skip
@@ -388,7 +386,9 @@ def finish(worker: Worker) -> None:
         weights = worker.parallel.model_state(worker.model, worker.plan.train.method, worker.session.rank)
     if worker.session.rank == 0:
         files = worker.checkpoints.files
-        save_final(worker.model, worker.tokenizer, files, worker.state, Path(worker.plan.run_dir), weights=weights)
+        save_final(
+            worker.model, worker.objective.write_model, files, worker.state, Path(worker.plan.run_dir), weights=weights
+        )
         if worker.plan.remote_uri:
             worker.logger.close()  # flush the last metrics before they are uploaded
             RemoteRun(worker.plan.remote_uri).upload_final(Path(worker.plan.run_dir))

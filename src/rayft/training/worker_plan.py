@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rayft.config.model import LoraConfig, ModelConfig
+from rayft.config.task import TaskConfig
 from rayft.config.train import CheckpointConfig, LoggingConfig, TrainConfig
 from rayft.training.faults import Faults
 from rayft.training.plan import Schedule
@@ -36,3 +37,4 @@ class WorkerPlan:
     # Continue from the checkpoint with this plan's optimiser settings (learning rate, weight decay)
     # instead of the ones saved in it: a trial of a sweep that took another trial's checkpoint.
     retuned: bool = False
+    task: TaskConfig | None = None  # a custom task (its path made absolute for the workers) instead of model/data

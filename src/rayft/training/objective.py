@@ -1,0 +1,301 @@
+"""What the training loop trains: the one seam between the loop and the model it runs.
+
+The loop (:mod:`rayft.training.worker`) owns the workers, the data order, the optimizer and
+schedule, checkpoints, resume and logging; an :class:`Objective` owns what depends on the model:
+how it is built (or restored), how units become a micro-batch, the loss of a micro-batch, the
+evaluation figures, and the model files of a checkpoint. :class:`CausalLm` is the fine-tuning of
+``model`` on tokenized ``data``; :class:`TaskObjective` runs a :class:`rayft.custom.CustomTask`,
+whose training units are example indices (see :func:`task_units`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+from rayft.errors import DataError
+from rayft.runs import layout
+from rayft.security import redact
+from rayft.training.batches import Unit, micro_batches
+from rayft.training.model import unwrap
+from rayft.training.session import all_reduce_sum
+
+if TYPE_CHECKING:
+    import torch
+
+    from rayft.custom import CustomTask, TaskData
+    from rayft.data.prepared import PreparedData
+    from rayft.training.checkpointing import ModelFiles
+    from rayft.training.precision import Precision
+    from rayft.training.worker_plan import WorkerPlan
+
+TASK_WEIGHTS_FILE = "model.safetensors"
+_UNITS_PER_FILE = 4096
+
+
+class Objective(Protocol):
+    """The model-specific part of the loop."""
+
+    @property
+    def throughput_unit(self) -> str:
+        """What ``train/<unit>_per_s`` counts: 'tokens' or 'examples'."""
+        ...
+
+    @property
+    def model_type(self) -> str:
+        """The transformers model type ('t5', 'llama'; '' for a task), for the precision checks."""
+        ...
+
+    def build_model(self, restore_dir: Path | None, *, device_type: str, weights: bool) -> Any:
+        """The model to train (on the CPU or the meta device), restored from ``restore_dir`` if given."""
+        ...
+
+    def collate(self, units: list[Unit]) -> Any:
+        """One training micro-batch: ``to(device)``, ``sample_ids`` and the counts of a
+        :class:`rayft.data.collate.MicroBatch` (``num_label_tokens`` is the number of loss terms)."""
+        ...
+
+    def loss_sum(self, model: Any, batch: Any, precision: Precision) -> torch.Tensor:
+        """The sum of the micro-batch's ``num_label_tokens`` loss terms."""
+        ...
+
+    def evaluate(
+        self, model: Any, units: Iterable[Unit], *, batch_size: int, precision: Precision, device: torch.device,
+        lockstep: bool,
+    ) -> dict[str, float]:  # fmt: skip
+        """Figures over every worker's validation units, ``eval/loss`` first (every rank joins)."""
+        ...
+
+    def write_model(self, model: Any, directory: Path, state_dict: dict[str, Any] | None) -> None:
+        """The model files of a checkpoint or of ``final/`` (``state_dict``: a snapshot to write
+        instead of the live weights)."""
+        ...
+
+
+@dataclass(frozen=True)
+class CausalLm:
+    """Fine-tuning ``plan.model`` (LoRA or full) on token units with a next-token loss, or, with
+    ``seq2seq``, an encoder-decoder on source/target pairs with the loss on every target token."""
+
+    plan: WorkerPlan
+    tokenizer: Any
+    files: ModelFiles
+    model_type: str = ""
+    seq2seq: bool = False
+    throughput_unit: str = "tokens"
+
+    def build_model(self, restore_dir: Path | None, *, device_type: str, weights: bool) -> Any:
+        """:func:`rayft.training.model.build_training_model` for the plan's model and method."""
+        from rayft.training.model import build_training_model
+
+        plan = self.plan
+        return build_training_model(
+            plan.model, plan.lora, plan.train.method, device_type, restore_dir=restore_dir, weights=weights,
+            gradient_checkpointing=plan.train.gradient_checkpointing, compile_blocks=plan.train.compile,
+        )  # fmt: skip
+
+    def collate(self, units: list[Unit]) -> Any:
+        """Token units padded into one :class:`~rayft.data.collate.MicroBatch`."""
+        from rayft.data.collate import collate
+
+        return collate(units, self.tokenizer.pad_token_id, seq2seq=self.seq2seq)
+
+    def loss_sum(self, model: Any, batch: Any, precision: Precision) -> torch.Tensor:
+        """:func:`rayft.training.steps.token_loss_sum` with the run's loss and attention kernels."""
+        from rayft.training.steps import token_loss_sum
+
+        return token_loss_sum(model, batch, precision, **self._kernels(batch.input_ids.device.type))
+
+    def evaluate(
+        self, model: Any, units: Iterable[Unit], *, batch_size: int, precision: Precision, device: torch.device,
+        lockstep: bool,
+    ) -> dict[str, float]:  # fmt: skip
+        """Validation loss and perplexity."""
+        from rayft.training.steps import evaluate
+
+        batches = (self.collate(chunk) for chunk in micro_batches(iter(units), batch_size))
+        loss, _ = evaluate(model, batches, precision=precision, device=device, lockstep=lockstep,
+                           seq2seq=self.seq2seq, **self._kernels(device.type))  # fmt: skip
+        return {"eval/loss": loss, "eval/perplexity": math.exp(min(loss, 50.0))}
+
+    def write_model(self, model: Any, directory: Path, state_dict: dict[str, Any] | None) -> None:
+        """Weights or adapter, tokenizer, generation config and resolved config."""
+        from rayft.training.checkpointing import write_model_files
+
+        write_model_files(model, self.tokenizer, self.files, directory, state_dict=state_dict)
+
+    def _kernels(self, device_type: str) -> dict[str, Any]:
+        from rayft.training.steps import step_options
+
+        plan = self.plan
+        return step_options(plan.model.attn_implementation, plan.train.fused_loss, device_type, seq2seq=self.seq2seq)
+
+
+def task_units(num_examples: int) -> list[dict[str, Any]]:
+    """The training units of a task's split: one per example, its index as the sample id (one
+    loss term each)."""
+    return [{"sample_ids": [index], "num_tokens": 1, "num_label_tokens": 1} for index in range(num_examples)]
+
+
+def write_task_units(directory: Path, data: TaskData, key: str) -> PreparedData:
+    """The index units of a task's splits as parquet files under ``directory`` (rewritten on every
+    start: they depend only on the split sizes), so that the loop shards, shuffles and resumes a
+    task's examples exactly as it does token units."""
+    import shutil
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from rayft.data.prepared import PreparedData, PreparedSplit
+
+    shutil.rmtree(directory, ignore_errors=True)
+    splits: dict[str, PreparedSplit | None] = {"train": None, "validation": None}
+    for name, examples in (("train", data.train), ("validation", data.validation)):
+        if not examples:
+            continue
+        units = task_units(len(examples))
+        (directory / name).mkdir(parents=True)
+        files = []
+        for index, start in enumerate(range(0, len(units), _UNITS_PER_FILE)):
+            path = directory / name / f"part-{index:05d}.parquet"
+            pq.write_table(pa.Table.from_pylist(units[start : start + _UNITS_PER_FILE]), path)
+            files.append(str(path))
+        splits[name] = PreparedSplit.of(files, units)
+    train = splits["train"]
+    if train is None:
+        raise DataError("the task's build_datasets returned no training examples; return a non-empty train sequence")
+    return PreparedData(key, str(directory), train, splits["validation"], packed=False, max_seq_length=1)
+
+
+@dataclass(frozen=True)
+class TaskBatch:
+    """A task's collated batch, with the counts the loop reads (every example is one loss term)."""
+
+    data: Any
+    sample_ids: list[int]
+
+    @property
+    def num_label_tokens(self) -> int:
+        """Loss terms: the examples."""
+        return len(self.sample_ids)
+
+    num_tokens = num_label_tokens
+    num_computed_tokens = num_label_tokens
+
+    def to(self, device: Any) -> TaskBatch:
+        """The same batch with its tensors on ``device``."""
+        return replace(self, data=to_device(self.data, device))
+
+
+def to_device(data: Any, device: Any) -> Any:
+    """``data`` with every tensor in it (nested in dicts, lists and tuples) moved to ``device``."""
+    if hasattr(data, "to") and callable(data.to) and not isinstance(data, type):
+        return data.to(device)
+    if isinstance(data, Mapping):
+        return {key: to_device(value, device) for key, value in data.items()}
+    if isinstance(data, list | tuple):
+        return type(data)(to_device(value, device) for value in data)
+    return data
+
+
+def weighted_means(sums: Sequence[float], count: float, names: Sequence[str]) -> dict[str, float]:
+    """``{name: sum / count}``: the figures of every worker summed, divided by every worker's examples."""
+    return {name: value / max(count, 1.0) for name, value in zip(names, sums, strict=True)}
+
+
+@dataclass(frozen=True)
+class TaskObjective:
+    """A custom task: its model, batches, loss and metrics, over the examples ``data`` holds."""
+
+    task: CustomTask
+    data: TaskData
+    resolved_config: str
+    throughput_unit: str = "examples"
+    model_type: str = ""
+
+    def build_model(self, restore_dir: Path | None, *, device_type: str, weights: bool) -> Any:
+        """The task's model, its weights (and buffers) restored from ``restore_dir`` if given."""
+        model = self.task.build_model()
+        if restore_dir is not None:
+            from safetensors.torch import load_file
+
+            model.load_state_dict(load_file(str(restore_dir / TASK_WEIGHTS_FILE)))
+        return model
+
+    def collate(self, units: list[Unit], *, split: str = "train") -> TaskBatch:
+        """The examples the units index, collated by the task."""
+        examples = self.data.train if split == "train" else self.data.validation
+        assert examples is not None  # a validation split exists only when the task returned one
+        ids = [int(unit["sample_ids"][0]) for unit in units]
+        return TaskBatch(self.task.collate([examples[i] for i in ids]), ids)
+
+    def loss_sum(self, model: Any, batch: TaskBatch, precision: Precision) -> torch.Tensor:
+        """The task's mean loss times the batch's examples."""
+        with autocast(precision, device_of(batch.data)):
+            return self.task.loss(model, batch.data) * batch.num_label_tokens
+
+    def evaluate(
+        self, model: Any, units: Iterable[Unit], *, batch_size: int, precision: Precision, device: torch.device,
+        lockstep: bool,
+    ) -> dict[str, float]:  # fmt: skip
+        """The task's loss and metrics over every worker's validation examples (the module a DDP
+        wrapper holds runs, in eval mode, without gradients)."""
+        import torch
+
+        inner = unwrap(model)
+        was_training = inner.training
+        inner.eval()
+        names: list[str] = []
+        sums: list[float] = []
+        count = 0
+        with torch.no_grad():
+            for batch in self._batches(units, batch_size, device):
+                n = batch.num_label_tokens
+                with autocast(precision, device):
+                    figures = {"loss": float(self.task.loss(inner, batch.data)), **self.task.metrics(inner, batch.data)}
+                if not names:
+                    names, sums = sorted(figures), [0.0] * len(figures)
+                sums = [total + float(figures[name]) * n for total, name in zip(sums, names, strict=True)]
+                count += n
+        inner.train(was_training)
+        *totals, examples = all_reduce_sum([*sums, float(count)], device)
+        means = weighted_means(totals, examples, names)
+        return {"eval/loss": means.pop("loss"), **{f"eval/{name}": value for name, value in means.items()}}
+
+    def _batches(self, units: Iterable[Unit], batch_size: int, device: torch.device) -> Iterator[TaskBatch]:
+        for chunk in micro_batches(iter(units), batch_size):
+            yield self.collate(chunk, split="validation").to(device)
+
+    def write_model(self, model: Any, directory: Path, state_dict: dict[str, Any] | None) -> None:
+        """``model.safetensors`` (every tensor of the state dict, buffers included) and the resolved config."""
+        from safetensors.torch import save_file
+
+        state = state_dict if state_dict is not None else unwrap(model).state_dict()
+        directory.mkdir(parents=True, exist_ok=True)
+        # Own copies: safetensors refuses tensors that share storage.
+        save_file({name: t.detach().cpu().clone().contiguous() for name, t in state.items()},
+                  str(directory / TASK_WEIGHTS_FILE))  # fmt: skip
+        (directory / layout.CHECKPOINT_CONFIG_FILE).write_text(redact(self.resolved_config), encoding="utf-8")
+
+
+def device_of(data: Any) -> torch.device:
+    """The device of the first tensor in ``data`` (CPU when it holds none)."""
+    import torch
+
+    if isinstance(data, torch.Tensor):
+        return data.device
+    values = data.values() if isinstance(data, Mapping) else data if isinstance(data, list | tuple) else ()
+    return next((device_of(v) for v in values), torch.device("cpu"))
+
+
+def autocast(precision: Precision, device: torch.device) -> contextlib.AbstractContextManager[Any]:
+    """Autocast to the run's mixed-precision dtype (nothing on CPU, where runs are fp32)."""
+    import torch
+
+    if precision.autocast_dtype is None:
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device.type, dtype=precision.autocast_dtype)

@@ -1,0 +1,78 @@
+"""The bring-your-own-model example: a ResNet-style CNN on scikit-learn's digits (a custom task) trains
+on 2 Ray Train workers with DDP to a held-out accuracy, and a run whose worker is killed resumes to
+the same per-step losses and final weights, bitwise."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from rayft.config import load_config
+from tests.helpers import read_metrics, train_losses
+
+pytestmark = pytest.mark.integration
+
+REPO = Path(__file__).resolve().parents[2]
+CONFIG = REPO / "examples" / "digits_cnn" / "digits.yaml"
+# 1,438 training digits, 2 workers x 16: 45 steps per epoch; 2 epochs, a checkpoint every 15 steps.
+COMMON = ("train.num_epochs=2", "train.micro_batch_size=16", "train.save_steps=15", "train.eval_steps=45")
+STEPS = 90
+ACCURACY = 0.9
+
+
+def kill_a_worker_after(run_dir: Path, step: int, seen: list[int]) -> threading.Thread:
+    """SIGKILL one Ray Train worker once metrics.jsonl shows ``step``; record the step seen."""
+    import psutil
+
+    def watch() -> None:
+        metrics = run_dir / "metrics.jsonl"
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            steps = [r["step"] for r in read_metrics(run_dir) if "train/loss" in r] if metrics.exists() else []
+            if steps and max(steps) >= step:
+                workers = [p for p in psutil.process_iter(["cmdline"])
+                           if "ray::RayTrainWorker" in " ".join(p.info["cmdline"] or [])]  # fmt: skip
+                if workers:
+                    seen.append(max(steps))
+                    os.kill(workers[-1].pid, signal.SIGKILL)
+                    return
+            time.sleep(0.005)
+
+    thread = threading.Thread(target=watch, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_digits_cnn_reaches_its_accuracy_and_resumes_exactly_after_a_worker_is_killed(
+    ray_session: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from safetensors.torch import load_file
+
+    import rayft
+
+    monkeypatch.chdir(REPO)  # the config names the task's file relative to the repository
+    reference = rayft.train(load_config(CONFIG, [f"storage_path={tmp_path / 'ref'}", *COMMON]))
+    assert reference.steps == STEPS
+    accuracy = [r["eval/accuracy"] for r in read_metrics(reference.run_dir) if "eval/accuracy" in r]
+    assert len(accuracy) == 2 and accuracy[-1] >= ACCURACY, accuracy
+
+    monkeypatch.setenv("RAYFT_FAULT_STEP_DELAY_S", "0.05")  # time for the watcher to see step 15
+    seen: list[int] = []
+    watcher = kill_a_worker_after(tmp_path / "killed" / "digits-cnn", 15, seen)
+    resumed = rayft.train(load_config(CONFIG, [f"storage_path={tmp_path / 'killed'}", *COMMON]))
+    watcher.join(timeout=5)
+
+    assert seen and seen[0] < STEPS, f"no worker was killed during training ({seen})"
+    assert train_losses(resumed.run_dir) == train_losses(reference.run_dir)  # bitwise, every step
+    assert [r["step"] for r in read_metrics(resumed.run_dir) if "train/loss" in r] == list(range(1, STEPS + 1))
+    expected, got = (
+        load_file(reference.final_dir / "model.safetensors"),
+        load_file(resumed.final_dir / "model.safetensors"),
+    )
+    assert expected.keys() == got.keys() and all(got[name].equal(t) for name, t in expected.items())
+    assert [r for r in read_metrics(resumed.run_dir) if "eval/accuracy" in r][-1]["eval/accuracy"] == accuracy[-1]
