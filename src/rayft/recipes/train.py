@@ -150,7 +150,8 @@ def build_worker_plan(
     """Decide the step schedule and package everything the workers need (``remote_uri``: where
     they upload checkpoints and final/ when ``storage_path`` is a URI)."""
     world = max(cfg.scaling.num_workers, 1)
-    check_model_fits_data(cfg, prepared)
+    if cfg.task.path is None:  # a task's model and units are its own
+        check_model_fits_data(cfg, prepared)
     schedule = make_schedule(cfg, prepared, world)
     has_validation = prepared.validation is not None and prepared.validation.num_units >= world
     if prepared.validation is not None and not has_validation:
