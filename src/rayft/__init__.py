@@ -46,6 +46,10 @@ _EXPORTS: dict[str, str] = {
     "EvalConfig": "rayft.config.evaluation",
     "ExportConfig": "rayft.config.evaluation",
     "GenerationConfig": "rayft.config.generation",
+    "TaskConfig": "rayft.config.task",
+    # bring your own model
+    "CustomTask": "rayft.custom",
+    "TaskData": "rayft.custom",
     # errors
     "RayftError": "rayft.errors",
     "ConfigError": "rayft.errors",
@@ -82,6 +86,7 @@ __all__ = [
     "CompareResult",
     "CompareSummary",
     "ConfigError",
+    "CustomTask",
     "DataConfig",
     "DataError",
     "DatasetConfig",
@@ -113,6 +118,8 @@ __all__ = [
     "SdgConfig",
     "SdgResult",
     "StorageError",
+    "TaskConfig",
+    "TaskData",
     "TrainConfig",
     "TrainResult",
     "TrainingError",
@@ -169,8 +176,10 @@ if TYPE_CHECKING:
     from rayft.config.model import LoraConfig, ModelConfig
     from rayft.config.schema import RayftConfig
     from rayft.config.sdg import SdgConfig
+    from rayft.config.task import TaskConfig
     from rayft.config.train import CheckpointConfig, FailureConfig, LoggingConfig, ScalingConfig, TrainConfig
     from rayft.config.tune import TuneConfig
+    from rayft.custom import CustomTask, TaskData
     from rayft.errors import (
         CheckpointError,
         ConfigError,

@@ -14,7 +14,8 @@ import pytest
 import rayft
 
 PUBLIC = [
-    "CheckpointConfig", "CheckpointError", "CompareResult", "CompareSummary", "ConfigError", "DataConfig",
+    "CheckpointConfig", "CheckpointError", "CompareResult", "CompareSummary", "ConfigError", "CustomTask",
+    "DataConfig", "TaskConfig", "TaskData",
     "DataError", "DatasetConfig", "Estimate", "EvalConfig", "EvalResult", "EvalSummary", "ExportConfig",
     "ExportResult", "FailureConfig", "GenerateResult", "GenerationConfig", "LoggingConfig", "LoraConfig",
     "MetricSummary",
