@@ -1,6 +1,6 @@
 """The bring-your-own-model example: a ResNet-style CNN on scikit-learn's digits (a custom task) trains
-on 2 Ray Train workers with DDP to a held-out accuracy, and a run whose worker is killed resumes to
-the same per-step losses and final weights, bitwise."""
+on 2 Ray Train workers with DDP to a held-out accuracy, a run whose worker is killed resumes to the
+same per-step losses and final weights, bitwise, and the config's sweep runs under `rayft tune`."""
 
 from __future__ import annotations
 
@@ -77,3 +77,24 @@ def test_digits_cnn_reaches_its_accuracy_and_resumes_exactly_after_a_worker_is_k
     )
     assert expected.keys() == got.keys() and all(got[name].equal(t) for name, t in expected.items())
     assert [r for r in read_metrics(resumed.run_dir) if "eval/accuracy" in r][-1]["eval/accuracy"] == accuracy[-1]
+
+
+def test_digits_cnn_sweep_runs_under_rayft_tune(
+    ray_session: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import rayft
+
+    monkeypatch.chdir(REPO)
+    cfg = load_config(CONFIG, [
+        f"storage_path={tmp_path}", "scaling.num_workers=1", "train.max_steps=12", "train.eval_steps=6",
+        "train.save_steps=6", "tune.num_samples=2", "tune.scheduler=fifo",
+    ])  # fmt: skip
+    outcome = rayft.tune(cfg)
+
+    trials = outcome.result.trials
+    assert len(trials) == 2 and all(t.status == "TERMINATED" and t.steps == 12 for t in trials), trials
+    assert all(t.metric is not None and 0.0 <= t.metric <= 1.0 for t in trials)
+    assert len({t.params["train.learning_rate"] for t in trials}) == 2
+    assert outcome.best_config is not None
+    best = load_config(outcome.best_config)
+    assert best.task.path is not None and best.task.path.endswith("examples/digits_cnn/task.py:DigitsTask")

@@ -144,6 +144,12 @@ def worker_task(cfg: RayftConfig) -> TaskConfig | None:
     return cfg.task.model_copy(update={"path": resolve_task_path(cfg.task.path, Path.cwd())})
 
 
+def with_worker_task(cfg: RayftConfig) -> RayftConfig:
+    """``cfg`` with its custom task's .py file made absolute (unchanged without a task), for
+    drivers that do not run in this working directory (the trials of a sweep)."""
+    return cfg if cfg.task.path is None else cfg.model_copy(update={"task": worker_task(cfg)})
+
+
 def build_worker_plan(
     cfg: RayftConfig, prepared: PreparedData, run_dir: Path, *, remote_uri: str | None = None
 ) -> WorkerPlan:

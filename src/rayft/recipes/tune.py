@@ -54,11 +54,13 @@ def run(cfg: RayftConfig) -> TuneResult:
             PBT mutation of a setting that shapes the model, or a sweep of that name with another config.
         ResourceError: not even one trial fits the cluster.
     """
+    from rayft.recipes.train import with_worker_task
     from rayft.runtime import check_address, ray_is_initialized, ray_runtime
     from rayft.tracking.sweep import SweepTracker
     from rayft.tuning import sweep
 
     started = time.monotonic()
+    cfg = with_worker_task(cfg)  # trials run in directories of their own: a task's .py file by absolute path
     tune = sweep.check_sweep(cfg)
     place = sweep.sweep_place(cfg, tune)
     text = sweep.sweep_text(cfg)
@@ -96,12 +98,18 @@ def plan_trials(cfg: RayftConfig) -> int:
 def prepare_once(cfg: RayftConfig) -> int:
     """Prepare the base config's data (trials whose values leave the data alone reuse it from the
     cache) and return how many reports one training run makes."""
+    import tempfile
+
     from rayft.data.prepare import prepare_data
-    from rayft.recipes.train import make_schedule
+    from rayft.recipes.train import make_schedule, prepare_inputs
     from rayft.tuning.sweep import evaluations_per_run
 
     assert cfg.tune is not None
-    prepared = prepare_data(cfg.data, cfg.model, cfg.seed, report_dir=None, use_ray=True)
+    if cfg.task.path is not None:  # a custom task's units are counted here and written by each trial
+        with tempfile.TemporaryDirectory(prefix="rayft-task-units-") as scratch:
+            prepared = prepare_inputs(cfg, Path(scratch), use_ray=True)
+    else:
+        prepared = prepare_data(cfg.data, cfg.model, cfg.seed, report_dir=None, use_ray=True)
     if cfg.tune.metric.startswith("eval/") and prepared.validation is None:
         raise ConfigError(
             f"tune.metric={cfg.tune.metric}: the run has no validation data to evaluate; set "

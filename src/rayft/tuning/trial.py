@@ -209,8 +209,7 @@ def train_trial(cfg: RayftConfig, params: Mapping[str, Any], checkpoint: Any) ->
     """Claim (or take over) the trial's run directory, prepare its data (shared through the cache
     while the params leave the data alone), and launch its ``TorchTrainer``."""
     from rayft._ray_private import placement_group_recorder
-    from rayft.data.prepare import prepare_data
-    from rayft.recipes.train import build_worker_plan, claim_run_dir, run_location
+    from rayft.recipes.train import build_worker_plan, claim_run_dir, prepare_inputs, run_location
     from rayft.runs.lock import run_lock
     from rayft.runs.store import open_store
     from rayft.tracking.driver import start_training
@@ -232,7 +231,7 @@ def train_trial(cfg: RayftConfig, params: Mapping[str, Any], checkpoint: Any) ->
         if start == "adopt" and pointer is not None:
             adopt_checkpoint(pointer, run_dir, params, cfg.name)
         run_dir = claim_run_dir(cfg, resume=start != "start", location=location, retune=start == "adopt")
-        prepared = prepare_data(cfg.data, cfg.model, cfg.seed, report_dir=run_dir / "data", use_ray=True)
+        prepared = prepare_inputs(cfg, run_dir, use_ray=True)
         plan = build_worker_plan(cfg, prepared, run_dir, remote_uri=location.remote_uri)
         plan = dataclasses.replace(plan, retuned=start == "adopt")
         trackers = start_training(cfg, run_dir, plan.lineage)
