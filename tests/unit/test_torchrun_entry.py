@@ -28,3 +28,9 @@ def test_a_uri_storage_path_is_refused_under_torchrun() -> None:
     cfg = load_config(None, ["scaling.num_workers=2", "storage_path=s3://bucket/runs"])
     with pytest.raises(ConfigError, match=r"storage_path='s3://bucket/runs/rayft-run': under torchrun every rank"):
         check_torchrun_run(cfg, 2)
+
+
+def test_a_custom_task_is_refused_under_torchrun(tmp_path: Path) -> None:
+    cfg = load_config(None, ["scaling.num_workers=2", f"storage_path={tmp_path}", "task.path=pkg.mod:Task"])
+    with pytest.raises(ConfigError, match=r"task.path='pkg.mod:Task': a custom task trains on Ray .* torchrun"):
+        check_torchrun_run(cfg, 2)

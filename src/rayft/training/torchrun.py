@@ -204,6 +204,11 @@ def check_torchrun_run(cfg: RayftConfig, world: int) -> Any:
             f"torchrun started {world} processes but scaling.num_workers is {cfg.scaling.num_workers}; set "
             f"scaling.num_workers={world}, or start nnodes x nproc-per-node = {cfg.scaling.num_workers} processes"
         )
+    if cfg.task.path is not None:
+        raise ConfigError(
+            f"task.path={cfg.task.path!r}: a custom task trains on Ray (scaling.num_workers >= 1) or in-process "
+            "(scaling.num_workers: 0), not under torchrun; start it with `rayft train CONFIG` instead"
+        )
     location = run_location(cfg)
     if location.remote_uri is not None:
         raise ConfigError(
