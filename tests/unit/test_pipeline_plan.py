@@ -17,6 +17,8 @@ ALL = ["sdg", "train", "eval", "export"]
 def test_requested_stages_follow_pipeline_order() -> None:
     assert requested_stages({"export", "model", "sdg", "train", "eval"}) == ALL
     assert requested_stages({"train", "model"}) == ["train"]
+    assert requested_stages({"tune", "eval"}) == ["tune", "train", "eval"]
+    assert requested_stages({"tune", "export"}) == ["tune", "train", "export"]
 
 
 def test_config_without_stage_or_with_missing_dependency_is_refused() -> None:

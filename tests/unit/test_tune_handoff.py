@@ -17,8 +17,8 @@ def saved(**train: Any) -> dict[str, Any]:
     return RayftConfig(train={"learning_rate": 3e-4, **train}).model_dump(mode="json")
 
 
-def test_same_training_is_reused_whatever_the_name_and_logging() -> None:
-    trial = saved() | {"name": "s-t2", "storage_path": "runs/s", "logging": {"console": False}}
+def test_same_training_is_reused_whatever_the_name_logging_and_checkpoint_cadence() -> None:
+    trial = saved(save_steps=2) | {"name": "s-t2", "storage_path": "runs/s", "logging": {"console": False}}
     handoff = plan_handoff(best(), scheduler="asha", trial_config=trial, wanted=saved(), trial_finished=True)
     assert handoff.action == "reuse" and "trial t2 already trained this config" in handoff.reason
 

@@ -7,7 +7,7 @@ import click
 from rayft.cli.address_opt import address_option
 from rayft.cli.common import config_argument, load_cli_config, open_run_log, overrides_argument
 
-_STAGES = click.Choice(["sdg", "train", "eval", "export"])
+_STAGES = click.Choice(["sdg", "tune", "train", "eval", "export"])
 
 
 @click.command(epilog="Example: rayft run configs/quickstart.yaml train.max_steps=50 --from eval")

@@ -1,8 +1,9 @@
 """Which pipeline stages run, which are skipped, and why: pure decisions, no I/O.
 
-A stage is *requested* when its section (``sdg``, ``train``, ``eval``, ``export``) is written in the
-config. ``--only`` and ``--from`` narrow the stages that may run; a stage that may run is skipped
-when its recorded fingerprint equals the fingerprint of its inputs now, unless it is forced.
+A stage is *requested* when its section (``sdg``, ``tune``, ``train``, ``eval``, ``export``) is written
+in the config; a ``tune`` section also requests ``train``, which trains the best trial's config.
+``--only`` and ``--from`` narrow the stages that may run; a stage that may run is skipped when its
+recorded fingerprint equals the fingerprint of its inputs now, unless it is forced.
 """
 
 from __future__ import annotations
@@ -13,10 +14,13 @@ from typing import Literal
 
 from rayft.errors import ConfigError, StorageError
 
-STAGES = ("sdg", "train", "eval", "export")
+STAGES = ("sdg", "tune", "train", "eval", "export")
 """Every stage, in the order it runs."""
 
-NEEDS = {"sdg": (), "train": (), "eval": (), "export": ("train",)}
+IMPLIES = {"tune": ("train",)}
+"""Stages a written section requests besides its own (a sweep is there to train its best trial)."""
+
+NEEDS = {"sdg": (), "tune": (), "train": (), "eval": (), "export": ("train",)}
 """Stages whose outputs a stage cannot do without (eval compares with train when both are requested)."""
 
 REMOTE_STAGES = ("train",)
@@ -40,6 +44,7 @@ class StageDecision:
 def requested_stages(sections_set: Iterable[str]) -> list[str]:
     """The stages named in the config, in pipeline order; an error when it names none."""
     written = set(sections_set)
+    written |= {implied for s in STAGES if s in written for implied in IMPLIES.get(s, ())}
     stages = [s for s in STAGES if s in written]
     if not stages:
         raise ConfigError(

@@ -1,4 +1,4 @@
-"""The four stages of ``rayft run``, one small object each: what its fingerprint covers
+"""The stages of ``rayft run``, one small object each: what its fingerprint covers
 (:meth:`inputs`) and how it runs into its directory of the pipeline (:meth:`run`), returning the
 files it produced and the summary its record keeps. Whether a stage runs at all is decided by
 :func:`rayft.pipeline.plan.decide` from that fingerprint; the recipe carries it out.
@@ -19,8 +19,9 @@ from rayft import __version__
 from rayft.config import RayftConfig, dump_config
 from rayft.pipeline.inputs import final_manifest_hash, local_files, model_identity, train_data_config
 from rayft.pipeline.records import StageRecord
+from rayft.pipeline.tune_stage import TuneStage, adopt_trial_run, plan_train_handoff, tuned_config
 from rayft.runs.location import is_remote, join_uri
-from rayft.runs.planner import plan_stage_start
+from rayft.runs.planner import StartPlan, plan_stage_start
 from rayft.runs.store import RunStore, move_aside, open_store
 from rayft.security import mask_uri
 
@@ -94,16 +95,18 @@ class TrainStage:
     name = "train"
 
     def inputs(self, ctx: StageContext) -> dict[str, Any]:
-        """Model, adapter, resolved data (with the synthetic data's hash), optimisation settings, world size."""
-        data = json.loads(train_data_config(ctx.cfg, ctx.run_dir, ctx.records).model_dump_json())
+        """Model, adapter, resolved data (with the synthetic data's hash), optimisation settings, world size;
+        after a sweep, with the best trial's values."""
+        cfg = tuned_config(ctx)
+        data = json.loads(train_data_config(cfg, ctx.run_dir, ctx.records).model_dump_json())
         return {
-            "model": model_identity(ctx.cfg),
-            "lora": json.loads(ctx.cfg.lora.model_dump_json()),
+            "model": model_identity(cfg),
+            "lora": json.loads(cfg.lora.model_dump_json()),
             "data": data,
             "files": local_files(data),
-            "train": json.loads(ctx.cfg.train.model_dump_json()),
-            "num_workers": ctx.cfg.scaling.num_workers,
-            "seed": ctx.cfg.seed,
+            "train": json.loads(cfg.train.model_dump_json()),
+            "num_workers": cfg.scaling.num_workers,
+            "seed": cfg.seed,
             "rayft": __version__,
         }
 
@@ -122,14 +125,22 @@ class TrainStage:
         plan = plan_stage_start(
             store.where, ctx.cfg.name, store.state(), store.saved_config(), wanted, can_replace=store.can_replace
         )
+        handoff = plan_train_handoff(ctx, wanted)
+        extra = {"handoff": handoff[0].action, "handoff_reason": handoff[0].reason} if handoff else {}
+        if handoff is not None and handoff[0].action == "reuse" and plan.action != "keep":
+            adopt_trial_run(handoff[1], out, train_cfg)
+            plan = StartPlan("keep", "the sweep's best trial trained it")
+        if handoff is not None:
+            log.info("stage train: after the sweep, %s", handoff[0].reason)
         log.info("stage train: %s: %s", store.where, plan.reason)
         files = {"dir": out, "final": out / "final", "metrics": out / "metrics.jsonl"}
         kept = kept_summary(store) if plan.action == "keep" else None
         if kept is not None:
-            return StageOutput(files, kept)
+            return StageOutput(files, kept | extra)
         if plan.action == "replace":
             move_aside(out)
-        return StageOutput(files, train_summary(train.run(train_cfg, resume=plan.action == "resume", mirror_dir=out)))
+        trained = train.run(train_cfg, resume=plan.action == "resume", mirror_dir=out)
+        return StageOutput(files, train_summary(trained) | extra)
 
 
 class EvalStage:
@@ -199,16 +210,17 @@ class ExportStage:
         return StageOutput({"dir": out}, summary)
 
 
-STAGES: dict[str, Stage] = {s.name: s for s in (SdgStage(), TrainStage(), EvalStage(), ExportStage())}
+STAGES: dict[str, Stage] = {s.name: s for s in (SdgStage(), TuneStage(), TrainStage(), EvalStage(), ExportStage())}
 """Every stage by name (the order they run in is :data:`rayft.pipeline.plan.STAGES`)."""
 
 
 def train_stage_config(ctx: StageContext) -> RayftConfig:
-    """The config of the train stage: the run ``train`` under the pipeline's directory (or URI)."""
-    cfg = ctx.cfg
+    """The config of the train stage: the run ``train`` under the pipeline's directory (or URI); after
+    a sweep, with the best trial's values (and no tune section)."""
+    cfg = tuned_config(ctx)
     storage = join_uri(cfg.storage_path, cfg.name) if is_remote(cfg.storage_path) else str(ctx.run_dir)
     data = train_data_config(cfg, ctx.run_dir, ctx.records)
-    return cfg.model_copy(update={"storage_path": storage, "name": "train", "data": data})
+    return cfg.model_copy(update={"storage_path": storage, "name": "train", "data": data, "tune": None})
 
 
 def kept_summary(store: RunStore) -> dict[str, Any] | None:

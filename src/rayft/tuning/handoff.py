@@ -16,6 +16,10 @@ from rayft.tuning.results import TrialRecord
 TRAINING_KEYS = ("model", "lora", "data", "train", "seed")
 """Top-level config sections that decide what a training run computes (plus scaling.num_workers)."""
 
+CADENCE_KEYS = ("save_steps",)
+"""``train`` fields that change when checkpoints are written, not what is trained (a trial saves at
+every evaluation, since each one is a report to the scheduler)."""
+
 
 @dataclasses.dataclass(frozen=True)
 class TrainHandoff:
@@ -28,7 +32,9 @@ class TrainHandoff:
 def training_identity(config: Mapping[str, Any]) -> dict[str, Any]:
     """The parts of a resolved config (as saved, a mapping) that decide what training computes."""
     scaling = config.get("scaling") or {}
-    return {**{key: config.get(key) for key in TRAINING_KEYS}, "num_workers": scaling.get("num_workers")}
+    identity = {key: config.get(key) for key in TRAINING_KEYS}
+    identity["train"] = {k: v for k, v in (identity["train"] or {}).items() if k not in CADENCE_KEYS}
+    return {**identity, "num_workers": scaling.get("num_workers")}
 
 
 def plan_handoff(
