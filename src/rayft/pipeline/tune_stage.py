@@ -79,12 +79,12 @@ class TuneStage:
         out = ctx.run_dir / SWEEP_DIR
         if fresh:
             move_aside(out)
-        tune_recipe.run(tune_stage_config(ctx))
-        result = load_sweep_result(out)
+        done = tune_recipe.run(tune_stage_config(ctx))
+        log.info("stage tune: %d trial(s), %d at once\n%s", len(done.result.trials), done.concurrent, done.table)
         files = {"dir": out, "json": out / TUNE_JSON, "html": out / TUNE_HTML}
         if (out / BEST_YAML).is_file():
             files["best_yaml"] = out / BEST_YAML
-        return StageOutput(files, sweep_summary(result))
+        return StageOutput(files, sweep_summary(done.result))
 
 
 def sweep_summary(result: SweepResult) -> dict[str, Any]:
