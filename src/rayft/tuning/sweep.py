@@ -128,12 +128,13 @@ def make_scheduler(tune: TuneConfig, evaluations: int) -> Any:
     return FIFOScheduler()
 
 
-def make_search(tune: TuneConfig) -> Any:
-    """Tune's search algorithm for ``tune.search_algorithm``."""
+def make_search(tune: TuneConfig, concurrent: int) -> Any:
+    """Tune's search algorithm for ``tune.search_algorithm``, running at most ``concurrent`` trials
+    at once (Tune limits a searcher such as Optuna's itself, through ``max_concurrent_trials``)."""
     from ray.tune.search.basic_variant import BasicVariantGenerator
 
     if tune.search_algorithm != "optuna":
-        return BasicVariantGenerator(random_state=tune.seed)
+        return BasicVariantGenerator(random_state=tune.seed, max_concurrent=concurrent)
     try:
         from ray.tune.search.optuna import OptunaSearch
 
@@ -185,7 +186,7 @@ def build_tuner(tune_cfg: TuneConfig, place: SweepPlace, setup: Any, *, concurre
         param_space=to_ray_space(tune_cfg),
         tune_config=tune.TuneConfig(
             metric=tune_cfg.metric, mode=tune_cfg.mode, num_samples=tune_cfg.num_samples,
-            scheduler=make_scheduler(tune_cfg, evaluations), search_alg=make_search(tune_cfg),
+            scheduler=make_scheduler(tune_cfg, evaluations), search_alg=make_search(tune_cfg, concurrent),
             max_concurrent_trials=concurrent, trial_dirname_creator=trial_dirname,
         ),
         run_config=ray.tune.RunConfig(
