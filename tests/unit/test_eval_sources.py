@@ -105,3 +105,12 @@ def test_model_names_keep_the_configured_settings(tmp_path: Path) -> None:
     assert (other.name, other.dtype, other.revision) == ("org/b", "bfloat16", None)
     with pytest.raises(ModelError, match="neither a model directory"):
         resolve_source(str(tmp_path), default)
+
+
+def test_a_custom_task_checkpoint_is_refused_with_how_to_load_it(tmp_path: Path) -> None:
+    final = tmp_path / "run" / "final"
+    final.mkdir(parents=True)
+    (final / "model.safetensors").write_bytes(b"weights")
+    write_manifest(final, 9, {"eval/accuracy": 0.9}, {"method": "task", "task": "tasks.py:Digits", "final": True})
+    with pytest.raises(ModelError, match=r"custom task's model \(tasks.py:Digits\), not a language model.*load_file"):
+        resolve_source(str(final), ModelConfig())

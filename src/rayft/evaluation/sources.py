@@ -70,6 +70,12 @@ def resolve_source(source: str, default_model: ModelConfig, checkpoint: str = "l
     metrics = dict(manifest.metrics) if manifest else {}
     lineage = dict(manifest.info) if manifest else {}
     step = manifest.step if manifest else None
+    if lineage.get("method") == "task":
+        raise ModelError(
+            f"{directory} holds a custom task's model ({lineage.get('task')}), not a language model; rayft eval, "
+            "compare, export, chat and generate take language models. Load its weights with "
+            "safetensors.torch.load_file on model.safetensors into the task's build_model()"
+        )
     if (directory / layout.ADAPTER_CONFIG).is_file():
         base = base_model_of_adapter(directory, default_model)
         return ResolvedSource(source, "lora", base, str(directory), str(directory), step, metrics, lineage)
