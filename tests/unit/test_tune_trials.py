@@ -132,3 +132,20 @@ def test_restored_optimizer_takes_the_new_rate_at_the_current_point_of_the_sched
     optimizer.step()
     scheduler.step()
     assert scheduler.get_last_lr()[0] == pytest.approx(2e-3 * scheduler.lr_lambdas[0](5))
+
+
+def test_a_sweep_continues_only_with_its_own_config(tmp_path: Path) -> None:
+    from rayft.tuning.sweep import check_saved_sweep, save_sweep_config, sweep_place
+
+    cfg = load_config(None, [f"storage_path={tmp_path}", "name=s", SPACE])
+    assert cfg.tune is not None
+    place = sweep_place(cfg, cfg.tune)
+    save_sweep_config(place, dump_config(cfg))
+    check_saved_sweep(
+        place, dump_config(load_config(None, [f"storage_path={tmp_path}", "name=s", SPACE, "scaling.num_workers=1"]))
+    )
+    other = load_config(None, [f"storage_path={tmp_path}", "name=s", SPACE, "train.max_steps=5"])
+    with pytest.raises(
+        ConfigError, match=r"sweep 's-tune' .* another config \(train.max_steps: None -> 5\).*tune.name"
+    ):
+        check_saved_sweep(place, dump_config(other))

@@ -150,7 +150,7 @@ def plan_stage_start(
 def check_resumable(saved: dict[str, Any], wanted: dict[str, Any], allowed: tuple[str, ...] | None = None) -> None:
     """Refuse a resume whose config differs from the saved one outside ``allowed`` (default
     :data:`RESUMABLE_CHANGES`)."""
-    before, after = _flatten(saved), _flatten(wanted)
+    before, after = flatten(saved), flatten(wanted)
     changed = sorted(k for k in before.keys() | after.keys() if before.get(k) != after.get(k))
     blocking = [k for k in changed if not k.startswith(allowed or RESUMABLE_CHANGES)]
     if blocking:
@@ -178,10 +178,11 @@ def _resume_reason(state: RunState) -> str:
     return f"resuming from step {max(state.steps)}" if state.steps else "resuming (no checkpoint yet)"
 
 
-def _flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
+def flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
+    """A nested config as ``{dotted.path: value}``."""
     if isinstance(tree, dict):
         out: dict[str, Any] = {}
         for key, value in tree.items():
-            out.update(_flatten(value, f"{prefix}{key}."))
+            out.update(flatten(value, f"{prefix}{key}."))
         return out
     return {prefix.rstrip("."): tree}

@@ -25,6 +25,8 @@ log = logging.getLogger("rayft.tune")
 SWEEP_CONFIG_FILE = "sweep.yaml"
 TRIALS_DIR = "trials"
 TUNE_CHECKPOINTS_TO_KEEP = 4  # pointers of a few bytes; PBT copies a trial's latest
+SWEEP_RESUMABLE_CHANGES = ("scaling.", "failure.", "logging.", "k8s.")
+"""Settings a sweep may continue under when they changed: where and how its trials run, not what they train."""
 TRIAL_DRIVER_RESOURCES: dict[str, float] = {"memory": 1.0}
 """What a trial's own process reserves: a token byte of memory, so that Tune can place it without
 holding a CPU that the trial's training workers need (they reserve ``scaling`` themselves)."""
@@ -90,12 +92,23 @@ def check_sweep(cfg: RayftConfig) -> TuneConfig:
 
 
 def check_saved_sweep(place: SweepPlace, text: str) -> None:
-    """Refuse to continue a sweep of the same name that was started with another config."""
-    saved = place.location.local_dir / SWEEP_CONFIG_FILE
-    if saved.is_file() and saved.read_text(encoding="utf-8") != text:
+    """Refuse to continue a sweep of the same name that was started with another config (where and
+    how its workers run, :data:`SWEEP_RESUMABLE_CHANGES`, may differ)."""
+    import yaml
+
+    from rayft.runs.planner import flatten
+
+    saved_file = place.location.local_dir / SWEEP_CONFIG_FILE
+    if not saved_file.is_file():
+        return
+    before, after = flatten(yaml.safe_load(saved_file.read_text(encoding="utf-8"))), flatten(yaml.safe_load(text))
+    changed = sorted(k for k in before.keys() | after.keys() if before.get(k) != after.get(k))
+    blocking = [k for k in changed if not k.startswith(SWEEP_RESUMABLE_CHANGES)]
+    if blocking:
+        details = ", ".join(f"{k}: {before.get(k)!r} -> {after.get(k)!r}" for k in blocking[:5])
         raise ConfigError(
-            f"tune: a sweep named {place.name!r} with another config exists at {place.uri}; rerun it with its "
-            f"own config ({saved}) to continue it, or set tune.name to start another"
+            f"tune: the sweep {place.name!r} at {place.uri} was started with another config ({details}); rerun it "
+            f"with its own config ({saved_file}) to continue it, or set tune.name to start another sweep"
         )
 
 
