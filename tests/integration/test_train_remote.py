@@ -52,6 +52,11 @@ def train_remote(cfg: RayftConfig, prepared: PreparedData, *, resume: bool = Fal
     return run_dir
 
 
+def remote_records(remote: RemoteRun) -> list[dict[str, Any]]:
+    """The records of the run's metrics.jsonl under its URI."""
+    return [json.loads(line) for line in (remote.read_text("metrics.jsonl") or "").splitlines()]
+
+
 def test_a_run_on_s3_continues_on_a_fresh_machine_from_the_remote_checkpoint(  # noqa: PLR0917 - fixtures
     ray_session: None, tiny_model_dir: Path, prepared: PreparedData, tmp_path: Path, s3_server: Any,
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
@@ -76,11 +81,15 @@ def test_a_run_on_s3_continues_on_a_fresh_machine_from_the_remote_checkpoint(  #
     assert remote.is_file("config.yaml") and remote.is_file("metrics.jsonl")
     assert not remote.is_file("final/rayft_checkpoint.json")
 
+    logged = {r["step"]: r["time"] for r in remote_records(remote) if "train/loss" in r}
     shutil.rmtree(tmp_path / "cache")  # the machine is gone; only the bucket remains
     caplog.set_level(logging.INFO, logger="rayft")
     mirror = train_remote(cfg, prepared, resume=True)
 
-    assert "downloaded checkpoint" in caplog.text and f"step-{newest:06d}" in caplog.text
+    # the steps up to the checkpoint are the records of the first attempt, the later ones new
+    relogged = {r["step"]: r["time"] for r in remote_records(remote) if "train/loss" in r}
+    assert all(relogged[step] == logged[step] for step in range(1, newest + 1))
+    assert min(relogged[step] for step in range(newest + 1, 9)) > max(logged.values())
     assert train_losses(mirror) == train_losses(reference)  # the steps after the checkpoint continue exactly
     assert [r["step"] for r in read_metrics(mirror) if "train/loss" in r] == list(range(1, 9))
     ref_weights, got_weights = adapter_tensors(reference / "final"), adapter_tensors(mirror / "final")
@@ -90,8 +99,7 @@ def test_a_run_on_s3_continues_on_a_fresh_machine_from_the_remote_checkpoint(  #
     assert {"config.yaml", "metrics.jsonl", "final/rayft_checkpoint.json", "final/adapter_model.safetensors"} <= files
     assert sorted(c.name for c in remote.scan_checkpoints()) == ["step-000006", "step-000008"]  # num_to_keep=2
     assert all(f"checkpoints/{c}/rayft_checkpoint.json" in files for c in ["step-000006", "step-000008"])
-    remote_metrics = [json.loads(line) for line in (remote.read_text("metrics.jsonl") or "").splitlines()]
-    assert [r["step"] for r in remote_metrics if "train/loss" in r] == list(range(1, 9))
+    assert [r["step"] for r in remote_records(remote) if "train/loss" in r] == list(range(1, 9))
     assert DUMMY_SECRET_KEY not in (remote.read_text("config.yaml") or "")
     assert DUMMY_SECRET_KEY not in caplog.text
     final = tmp_path / "downloaded-final"

@@ -14,13 +14,13 @@ import pytest
 
 from rayft.errors import CheckpointError, RunInterruptedError
 from rayft.runs.checkpoints import publish_checkpoint, resume_checkpoint
+from rayft.runs.layout import STOP_REQUEST_FILE
 from rayft.runs.manifest import verify_checkpoint, write_manifest
 from rayft.security import MASK, RedactingFilter, redact, secret_values
 from rayft.training.checkpointing import CheckpointWriter
 from rayft.training.faults import Faults, faults_from_env
 from rayft.training.launcher import stop_on_sigterm
 from rayft.training.plan import missing_resources
-from rayft.training.worker import STOP_REQUEST_FILE
 
 CANARY = "canary-hf-0123456789abcdef"
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import re
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -16,10 +17,12 @@ from rayft.errors import CheckpointError, RunStateError, StorageError
 from rayft.pipeline.plan import check_remote_stages
 from rayft.recipes.train import claim_run_dir, run_location
 from rayft.runs import layout
-from rayft.runs.location import is_remote, join_uri, mirror_dir, plan_run_location
-from rayft.runs.manifest import write_manifest
+from rayft.runs.location import is_remote, join_uri, mirror_dir, plan_run_location, worker_dir
+from rayft.runs.manifest import verify_checkpoint, write_manifest
 from rayft.runs.remote import RemoteRun, sync_checkpoint
+from rayft.runs.store import open_store
 from rayft.security import MASK, mask_uri, redact
+from rayft.tracking.state import read_ids, write_ids
 
 
 @pytest.fixture(scope="module")
@@ -187,6 +190,8 @@ def test_a_remote_run_is_claimed_refused_and_resumed_on_a_fresh_machine(storage:
 
     # the run saved two checkpoints and some metrics, then the machine went away
     (mirror / layout.METRICS_FILE).write_text('{"step": 2, "train/loss": 1.5}\n{"step": 4, "train/loss": 1.2}\n')
+    write_ids(mirror, "mlflow", {"run_id": "0123abcd"})
+    open_store(location).persist(layout.TRACKING_FILE)
     for step in (2, 4):
         sync_checkpoint(remote, make_checkpoint(mirror / "checkpoints", step), mirror, num_to_keep=None)
     remote.upload_file(make_checkpoint(tmp_path / "x", 6) / "adapter_model.safetensors",
@@ -200,8 +205,10 @@ def test_a_remote_run_is_claimed_refused_and_resumed_on_a_fresh_machine(storage:
         claim_run_dir(cfg(storage, "train.learning_rate=1e-3"), resume=True)
 
     mirror = claim_run_dir(cfg(storage, "train.max_steps=50"), resume=True)
-    assert sorted(p.name for p in (mirror / "checkpoints").iterdir()) == ["step-000004"]
+    assert not (mirror / "checkpoints").exists()  # the workers fetch it, each on its own node
+    assert remote.download_latest_checkpoint(mirror / "checkpoints") == mirror / "checkpoints" / "step-000004"
     assert '"step": 4' in (mirror / layout.METRICS_FILE).read_text()
+    assert read_ids(mirror) == {"mlflow": {"run_id": "0123abcd"}}  # the same tracker runs continue
     assert [c.step for c in remote.scan_checkpoints()] == [2, 4]  # the unfinished upload is gone
     assert "max_steps: 50" in (remote.read_text(layout.CONFIG_FILE) or "")
 
@@ -257,3 +264,64 @@ def test_commands_that_write_only_locally_refuse_a_uri_and_name_the_fix(tmp_path
     with pytest.raises(StorageError, match=r"set sdg.output_dir=/a/local/dir, or use a local storage_path"):
         resolve_output_dir(cfg(uri), None)
     assert resolve_output_dir(cfg(uri, f"sdg.output_dir={tmp_path}"), None) == tmp_path
+
+
+def test_workers_of_a_remote_run_work_apart_from_the_drivers_mirror(tmp_path: Path) -> None:
+    run_uri = "s3://bucket/runs/demo?endpoint_override=127.0.0.1:9000&secret_key=abcdef123456"
+    node = worker_dir(run_uri, tmp_path / "node-cache")
+    assert node.parent.parent == tmp_path / "node-cache" / "workers" and node.name == "demo"
+    assert worker_dir(run_uri, tmp_path) != plan_run_location("s3://bucket/runs", "demo", tmp_path).local_dir
+    assert worker_dir(run_uri.replace("abcdef123456", "zzz"), tmp_path / "node-cache") == node  # a rotated key
+    assert worker_dir("s3://bucket/runs/other", tmp_path / "node-cache") != node
+
+
+def test_a_stop_request_reaches_a_worker_through_the_uri_alone(storage: str, tmp_path: Path) -> None:
+    from rayft.training.stop import StopRequest, StopWatch
+
+    run_uri = join_uri(storage, "demo")
+    driver, node = tmp_path / "driver-mirror", tmp_path / "worker-dir"
+    StopRequest(driver, run_uri).send()  # as the SIGTERM handler does; the marker goes up in a thread
+    watch = StopWatch(node, run_uri, poll_s=0.05)
+    try:
+        deadline = time.monotonic() + 10
+        while not watch.requested() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert watch.requested() and not (node / layout.STOP_REQUEST_FILE).exists()
+    finally:
+        watch.close()
+    StopRequest(driver, run_uri).clear()
+    assert not RemoteRun(run_uri).is_file(layout.STOP_REQUEST_FILE) and not (driver / layout.STOP_REQUEST_FILE).exists()
+    quiet = StopWatch(node, run_uri, poll_s=0.05)
+    time.sleep(0.2)
+    assert not quiet.requested()
+    quiet.close()
+
+
+def test_the_driver_fetches_what_rank_0_uploaded_from_another_node(storage: str, tmp_path: Path) -> None:
+    remote = RemoteRun(join_uri(storage, "demo"))
+    node, driver = tmp_path / "node", tmp_path / "driver"
+    (node / layout.METRICS_FILE).parent.mkdir(parents=True)
+    (node / layout.METRICS_FILE).write_text('{"step": 8}\n')
+    (node / layout.TRACKING_UNSENT_FILE).write_text('{"mlflow": {"unsent_steps": [3]}}')
+    (node / layout.FINAL_DIR).mkdir()
+    make_checkpoint(tmp_path / "src", 8)
+    (tmp_path / "src" / "step-000008").rename(node / layout.FINAL_DIR)
+    remote.upload_final(node)
+
+    remote.download_results(driver)
+    assert (driver / layout.METRICS_FILE).read_text() == '{"step": 8}\n'
+    assert (driver / layout.TRACKING_UNSENT_FILE).is_file()
+    assert not verify_checkpoint(driver / layout.FINAL_DIR)
+    kept = (driver / layout.FINAL_DIR / "adapter_model.safetensors").stat().st_ino
+    remote.download_results(driver)  # the same final/ is already there: kept, not downloaded again
+    assert (driver / layout.FINAL_DIR / "adapter_model.safetensors").stat().st_ino == kept
+
+
+def test_a_checkpoint_already_on_the_node_is_not_downloaded_again(storage: str, tmp_path: Path) -> None:
+    remote = RemoteRun(join_uri(storage, "demo"))
+    remote.upload_checkpoint(make_checkpoint(tmp_path / "src", 4))
+    first = remote.download_latest_checkpoint(tmp_path / "node")
+    assert first == tmp_path / "node" / "step-000004"
+    inode = (first / "adapter_model.safetensors").stat().st_ino
+    assert remote.download_latest_checkpoint(tmp_path / "node") == first
+    assert (first / "adapter_model.safetensors").stat().st_ino == inode

@@ -26,6 +26,7 @@ from rayft.runs.lock import run_lock
 from rayft.runs.planner import plan_train_start
 from rayft.runs.store import open_store
 from rayft.tracking.driver import start_training
+from rayft.tracking.state import read_ids
 from rayft.training.plan import Schedule, plan_schedule
 from rayft.training.worker_plan import WorkerPlan
 
@@ -67,11 +68,16 @@ def run(cfg: RayftConfig, *, resume: bool = False, mirror_dir: Path | None = Non
         check_address(cfg.scaling.address)  # before the run directory is claimed
     with run_lock(location.local_dir, command="rayft train"):
         run_dir = claim_run_dir(cfg, resume=resume, location=location)
+        store = open_store(location)
         metrics = cfg.logging.prometheus.enabled
         with ray_runtime(cfg.scaling.address, metrics=metrics) if use_ray else contextlib.nullcontext():
             prepared = prepare_inputs(cfg, run_dir, use_ray=use_ray)
+            store.persist(layout.DATA_DIR)
             plan = build_worker_plan(cfg, prepared, run_dir, remote_uri=location.remote_uri)
             trackers = start_training(cfg, run_dir, plan.lineage)
+            # The tracker runs travel with the run (a resume elsewhere continues them) and with the plan.
+            store.persist(layout.TRACKING_FILE)
+            plan = dataclasses.replace(plan, tracker_ids=read_ids(run_dir))
             try:
                 launch(cfg, plan, prepared)
             except BaseException:
@@ -217,13 +223,18 @@ def make_schedule(cfg: RayftConfig, prepared: PreparedData, world: int) -> Sched
 
 
 def launch(cfg: RayftConfig, plan: WorkerPlan, prepared: PreparedData) -> None:
-    """Run the workers: in-process for ``num_workers: 0``, on Ray Train otherwise."""
+    """Run the workers: in-process for ``num_workers: 0``, on Ray Train otherwise. For a run at a
+    URI, what the workers uploaded at the end (final/, metrics) is then fetched into the driver's
+    mirror: rank 0 may have written it on another node."""
+    from rayft.runs.remote import RemoteRun
     from rayft.training.launcher import launch_local, launch_ray
 
     if cfg.scaling.num_workers == 0:
         launch_local(plan, prepared, cfg.checkpoint, cfg.failure)
     else:
         launch_ray(plan, prepared, cfg.scaling, cfg.failure, cfg.checkpoint)
+    if plan.remote_uri is not None:
+        RemoteRun(plan.remote_uri).download_results(Path(plan.run_dir))
 
 
 def collect_result(run_dir: Path, prepared: PreparedData, elapsed_s: float) -> TrainResult:

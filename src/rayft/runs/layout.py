@@ -6,6 +6,8 @@
         config.yaml                 resolved config of the run
         metrics.jsonl               one JSON object per logged step / evaluation
         tensorboard/                TensorBoard event files
+        tracking.json               the MLflow / W&B run ids a restart or --resume continues
+        tracking-unsent.json        metric records a tracker could not be sent (reported at the end)
         data/rejected.jsonl         rows the data plane rejected, with reasons
         checkpoints/step-000100/    one directory per saved step (see below)
         final/                      the trained model, loadable with from_pretrained
@@ -32,6 +34,11 @@ TENSORBOARD_DIR = "tensorboard"
 REJECTED_FILE = "data/rejected.jsonl"
 CHECKPOINTS_DIR = "checkpoints"
 FINAL_DIR = "final"
+DATA_DIR = "data"
+TRACKING_FILE = "tracking.json"
+TRACKING_UNSENT_FILE = "tracking-unsent.json"
+STOP_REQUEST_FILE = ".rayft-stop-requested"
+"""Written on SIGTERM into the run (its directory, or under its URI); the workers save and stop when they see it."""
 
 CHECKPOINT_CONFIG_FILE = "rayft_config.yaml"
 TRAINER_SUBDIR = "trainer"

@@ -20,6 +20,8 @@ from rayft.security import mask_uri
 _URI = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 MIRRORS_DIR = "runs"
 """The folder of the cache that holds the local mirrors of remote runs."""
+WORKERS_DIR = "workers"
+"""The folder of a node's cache that holds the working directories of a remote run's workers there."""
 
 
 def is_remote(storage_path: str) -> bool:
@@ -42,6 +44,19 @@ def mirror_dir(storage_uri: str, name: str, cache: Path) -> Path:
     """
     digest = hashlib.sha256(mask_uri(storage_uri).encode("utf-8")).hexdigest()[:12]
     return cache / MIRRORS_DIR / digest / name
+
+
+def worker_dir(run_uri: str, cache: Path) -> Path:
+    """Where the Ray workers of the remote run at ``run_uri`` stage their files on their own node:
+    ``<cache>/workers/<hash>/<run name>``, ``cache`` being that node's cache.
+
+    Apart from the driver's mirror (``<cache>/runs/...``) even when both are on one machine: the
+    workers never read or write the driver's files, so no node relies on another's disk.
+    """
+    masked = mask_uri(run_uri)
+    digest = hashlib.sha256(masked.encode("utf-8")).hexdigest()[:12]
+    name = masked.partition("?")[0].rstrip("/").rsplit("/", 1)[-1] or "run"
+    return cache / WORKERS_DIR / digest / name
 
 
 @dataclass(frozen=True)

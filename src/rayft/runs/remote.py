@@ -32,8 +32,10 @@ log = logging.getLogger("rayft.train")
 PROBE_FILE = ".rayft-write-probe"
 """The marker object written and deleted to check, before training, that the URI is writable."""
 
-LOG_PATHS = (layout.METRICS_FILE, layout.TENSORBOARD_DIR, "data")
-"""What of the run directory besides checkpoints is uploaded at each checkpoint and at the end."""
+WORKER_LOGS = (layout.METRICS_FILE, layout.TENSORBOARD_DIR, layout.TRACKING_UNSENT_FILE)
+"""What rank 0 writes besides checkpoints and final/, uploaded at each checkpoint and at the end."""
+LOG_PATHS = (*WORKER_LOGS, layout.DATA_DIR)
+"""What of the run directory besides checkpoints a resumed run fetches (``data/`` is the driver's)."""
 
 
 class RemoteRun:
@@ -90,6 +92,28 @@ class RemoteRun:
             return None
         with self._fs.open_input_stream(self._path(rel)) as handle:
             return bytes(handle.read()).decode("utf-8")
+
+    def write_text(self, rel: str, text: str) -> None:
+        """Write a small file of the run (replacing what was there)."""
+        target = self._path(rel)
+        self._fs.create_dir(target.rsplit("/", 1)[0], recursive=True)
+        with self._fs.open_output_stream(target) as sink:
+            sink.write(text.encode("utf-8"))
+
+    def checkpoint_location(self, name: str) -> tuple[Any, str]:
+        """The pyarrow filesystem and the path in it of the checkpoint folder ``name`` (what a Ray
+        Train ``Checkpoint`` is made of)."""
+        return self._fs, self._path(f"{layout.CHECKPOINTS_DIR}/{name}")
+
+    @property
+    def filesystem(self) -> Any:
+        """The run's pyarrow filesystem (credentials inside; never shown)."""
+        return self._fs
+
+    @property
+    def root(self) -> str:
+        """The run's path in :attr:`filesystem` (no scheme, no credentials)."""
+        return str(self._root)
 
     def is_file(self, rel: str) -> bool:
         """Whether a file of the run exists."""
@@ -211,6 +235,9 @@ class RemoteRun:
         complete = [c for c in self.scan_checkpoints() if c.complete]
         for info in reversed(complete):
             rel = f"{layout.CHECKPOINTS_DIR}/{info.name}"
+            if self._same_as_local(rel, local_root / info.name):
+                log.info("checkpoint %s is already at %s", self.uri_of(rel), local_root / info.name)
+                return local_root / info.name
             staging = local_root / f".{info.name}.download-{os.getpid()}"
             self.download_tree(rel, staging)
             problems = verify_checkpoint(staging)
@@ -229,11 +256,19 @@ class RemoteRun:
             )
         return None
 
+    def _same_as_local(self, rel: str, local: Path) -> bool:
+        """Whether ``local`` is a published copy of the remote folder ``rel`` (the same manifest:
+        published local copies were verified before they were renamed into place)."""
+        manifest = local / layout.MANIFEST_FILE
+        if not manifest.is_file():
+            return False
+        return manifest.read_text(encoding="utf-8") == self.read_text(f"{rel}/{layout.MANIFEST_FILE}")
+
     # --- the rest of the run directory ---------------------------------------------------------------------
 
-    def upload_logs(self, run_dir: Path) -> None:
-        """Upload metrics.jsonl, tensorboard/ and data/ (what exists of them) from the local run directory."""
-        for rel in LOG_PATHS:
+    def upload_logs(self, run_dir: Path, paths: tuple[str, ...] = WORKER_LOGS) -> None:
+        """Upload ``paths`` of the local run directory (what exists of them; by default rank 0's logs)."""
+        for rel in paths:
             path = run_dir / rel
             if path.is_file():
                 self.upload_file(path, rel)
@@ -241,9 +276,9 @@ class RemoteRun:
                 for file in sorted(p for p in path.rglob("*") if p.is_file()):
                     self.upload_file(file, f"{rel}/{file.relative_to(path).as_posix()}")
 
-    def download_logs(self, run_dir: Path) -> None:
-        """Download metrics.jsonl, tensorboard/ and data/ (what exists of them) into the local run directory."""
-        for rel in LOG_PATHS:
+    def download_logs(self, run_dir: Path, paths: tuple[str, ...] = LOG_PATHS) -> None:
+        """Download ``paths`` (what exists of them) into the local run directory."""
+        for rel in paths:
             if self.is_file(rel):
                 self.download_file(rel, run_dir / rel)
                 continue
@@ -255,6 +290,21 @@ class RemoteRun:
         self.upload_logs(run_dir)
         self.upload_tree(run_dir / layout.FINAL_DIR, layout.FINAL_DIR)
         log.info("uploaded %s", self.uri_of(layout.FINAL_DIR))
+
+    def download_results(self, run_dir: Path) -> None:
+        """Bring what the workers uploaded at the end (final/, rank 0's logs) into a local run
+        directory that did not write them (the driver's mirror); a final/ already there with the
+        same manifest is kept."""
+        self.download_logs(run_dir, WORKER_LOGS)
+        final = run_dir / layout.FINAL_DIR
+        uploaded = self.is_file(f"{layout.FINAL_DIR}/{layout.MANIFEST_FILE}")
+        if not uploaded or self._same_as_local(layout.FINAL_DIR, final):
+            return
+        staging = run_dir / f".{layout.FINAL_DIR}.download-{os.getpid()}"
+        self.download_tree(layout.FINAL_DIR, staging)
+        shutil.rmtree(final, ignore_errors=True)
+        os.replace(staging, final)
+        log.info("downloaded %s to %s", self.uri_of(layout.FINAL_DIR), final)
 
 
 def sync_checkpoint(remote: RemoteRun, checkpoint: Path, run_dir: Path, num_to_keep: int | None) -> None:

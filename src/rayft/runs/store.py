@@ -22,7 +22,7 @@ from rayft.runs.checkpoints import remove_incomplete, scan_checkpoints
 from rayft.runs.location import RunLocation
 from rayft.runs.manifest import Manifest, read_manifest
 from rayft.runs.planner import RunState, StartPlan
-from rayft.runs.remote import RemoteRun
+from rayft.runs.remote import LOG_PATHS, RemoteRun
 
 log = logging.getLogger("rayft.runs")
 
@@ -55,7 +55,8 @@ class RunStore(Protocol):
         """Carry out ``plan`` and save ``config_text`` as the run's config (nothing for ``keep``)."""
 
     def persist(self, rel: str) -> None:
-        """Make a file written under ``local_dir`` durable (a no-op for a directory; an upload for a URI)."""
+        """Make a file or folder written under ``local_dir`` durable (a no-op for a directory; an
+        upload for a URI; a missing one is skipped)."""
 
 
 class LocalRunStore:
@@ -131,8 +132,9 @@ class RemoteRunStore:
         return self.remote.manifest(layout.FINAL_DIR)
 
     def begin(self, plan: StartPlan, config_text: str) -> None:
-        """Reset the mirror; on resume drop unfinished uploads and fetch the logs and the newest checkpoint
-        that verifies, so a run continues on a machine that never saw it; save and upload the config."""
+        """Reset the mirror; on resume drop unfinished uploads and fetch the logs and the tracker run
+        ids, so a run continues on a machine that never saw it (the workers fetch the checkpoint they
+        resume from themselves, on their own nodes); save and upload the config."""
         if plan.action == "keep":
             return
         if plan.action == "replace":
@@ -140,15 +142,14 @@ class RemoteRunStore:
         shutil.rmtree(self.local_dir, ignore_errors=True)
         if plan.action == "resume":
             self.remote.remove_incomplete()
-            self.remote.download_logs(self.local_dir)
-            self.remote.download_latest_checkpoint(self.local_dir / layout.CHECKPOINTS_DIR)
+            self.remote.download_logs(self.local_dir, (*LOG_PATHS, layout.TRACKING_FILE))
         write_text(self.local_dir / layout.CONFIG_FILE, config_text)
         self.persist(layout.CONFIG_FILE)
         log.info("run stored at %s, written through the local mirror %s", self.remote.where, self.local_dir)
 
     def persist(self, rel: str) -> None:
-        """Upload one file of the mirror to the same place under the URI."""
-        self.remote.upload_file(self.local_dir / rel, rel)
+        """Upload a file or folder of the mirror to the same place under the URI."""
+        self.remote.upload_logs(self.local_dir, (rel,))
 
 
 def open_store(location: RunLocation) -> RunStore:

@@ -73,6 +73,51 @@ def ray_head(
         shutil.rmtree(temp, ignore_errors=True)
 
 
+@contextlib.contextmanager
+def ray_worker_node(
+    head: RayHead,
+    *,
+    num_cpus: int = 1,
+    resources: Mapping[str, float] | None = None,
+    env: Mapping[str, str] | None = None,
+    timeout_s: float = 60,
+) -> Iterator[Path]:
+    """Join a second node to ``head`` on this machine (``ray start --address``), with ports of its
+    own, the custom ``resources`` that place work on it, and its own environment (``env``: a
+    ``RAYFT_CACHE`` of its own, say); yield its log file. The head's token authenticates it."""
+    import json
+
+    path = f"{_BIN}{os.pathsep}{os.environ.get('PATH', '')}"
+    node_env = {**os.environ, **(env or {}), **head.env, "RAY_ADDRESS": "", "PATH": path}
+    worker_port = free_port()
+    command = [
+        str(_BIN / "ray"), "start", "--block", f"--address={head.gcs}", f"--num-cpus={num_cpus}",
+        f"--resources={json.dumps(dict(resources or {}))}", "--node-ip-address=127.0.0.1", "--disable-usage-stats",
+        f"--node-manager-port={free_port()}", f"--object-manager-port={free_port()}",
+        f"--metrics-export-port={free_port()}", f"--runtime-env-agent-port={free_port()}",
+        f"--dashboard-agent-listen-port={free_port()}", f"--dashboard-agent-grpc-port={free_port()}",
+        f"--min-worker-port={worker_port}", f"--max-worker-port={worker_port + 200}",
+        "--object-store-memory=100000000",
+    ]  # fmt: skip
+    log = head.temp_dir / f"node-{worker_port}.log"
+    with log.open("w") as out:
+        proc = subprocess.Popen(command, env=node_env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        _wait_for_node(proc, log, timeout_s)
+        yield log
+    finally:
+        _stop(proc, grace_s=3)
+
+
+def _wait_for_node(proc: subprocess.Popen[bytes], log: Path, timeout_s: float) -> None:
+    """Until ``ray start`` says the node is up (it prints this once its raylet has registered)."""
+    deadline = time.monotonic() + timeout_s
+    while "Ray runtime started" not in log.read_text(errors="replace"):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"the Ray worker node did not join:\n{log.read_text()[-3000:]}")
+        time.sleep(0.2)
+
+
 def _wait_until_up(head: RayHead, proc: subprocess.Popen[bytes], env: dict[str, str], timeout_s: float) -> None:
     deadline = time.monotonic() + timeout_s
     status = [str(_BIN / "ray"), "status", f"--address={head.gcs}"]

@@ -7,8 +7,10 @@ import os
 from pathlib import Path
 from typing import Any
 
-TRACKING_FILE = "tracking.json"
-UNSENT_FILE = "tracking-unsent.json"
+from rayft.runs.layout import TRACKING_FILE, TRACKING_UNSENT_FILE
+
+UNSENT_FILE = TRACKING_UNSENT_FILE
+__all__ = ["TRACKING_FILE", "UNSENT_FILE", "read_ids", "write_ids"]
 
 
 def read_ids(run_dir: Path) -> dict[str, Any]:

@@ -48,11 +48,16 @@ def record_report(run_dir: Path, report: SenderReport) -> None:
 
 
 def tracker_loggers(
-    logging_cfg: LoggingConfig, run_dir: Path, resolved_config: str, lineage: dict[str, Any]
+    logging_cfg: LoggingConfig,
+    run_dir: Path,
+    resolved_config: str,
+    lineage: dict[str, Any],
+    ids: dict[str, Any] | None = None,
 ) -> list[TrackerLogger]:
-    """The tracker loggers of rank 0 for the trackers the driver opened (their ids are in
-    ``tracking.json``)."""
-    ids = state.read_ids(run_dir)
+    """The tracker loggers of rank 0 for the trackers the driver opened: ``ids`` as the driver
+    recorded them in ``tracking.json`` (handed over in the worker plan, as rank 0 may run on a node
+    that cannot read the driver's files), else read from ``run_dir``."""
+    ids = state.read_ids(run_dir) if ids is None else ids
     loggers: list[TrackerLogger] = []
     if logging_cfg.mlflow is not None and "mlflow" in ids:
         from rayft.tracking.mlflow_run import MlflowMetricSink

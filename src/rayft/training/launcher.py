@@ -10,6 +10,7 @@ import contextlib
 import dataclasses
 import logging
 import os
+import shutil
 import signal
 import threading
 from collections.abc import Iterator, Sequence
@@ -24,13 +25,16 @@ from rayft.data.prepared import PreparedData
 from rayft.errors import RayftError, ResourceError, RunInterruptedError, TrainingError, exception_chain
 from rayft.runs import layout
 from rayft.runs.checkpoints import scan_checkpoints
+from rayft.runs.location import worker_dir
+from rayft.runs.remote import RemoteRun
 from rayft.runtime import environment, local_idle_main_thread, owns_ray
 from rayft.security import install_log_redaction
 from rayft.training.faults import faults_from_env
 from rayft.training.plan import missing_resources
 from rayft.training.session import LocalSession, RaySession
 from rayft.training.shards import parquet_row_counts, plan_shards, read_shard_tables
-from rayft.training.worker import STOP_REQUEST_FILE, run_worker
+from rayft.training.stop import StopRequest
+from rayft.training.worker import run_worker
 from rayft.training.worker_plan import WorkerPlan
 
 log = logging.getLogger("rayft.train")
@@ -53,7 +57,7 @@ def launch_local(
     session = LocalSession(
         split_files(prepared), Path(plan.run_dir), num_to_keep=checkpoint.num_to_keep, remote_uri=plan.remote_uri
     )
-    with stop_on_sigterm(Path(plan.run_dir), (failure or FailureConfig()).sigterm_grace_s):
+    with stop_on_sigterm(Path(plan.run_dir), (failure or FailureConfig()).sigterm_grace_s, plan.remote_uri):
         run_worker(plan, session)
 
 
@@ -64,15 +68,16 @@ class _StopRequest:
 
 
 @contextlib.contextmanager
-def stop_on_sigterm(run_dir: Path, grace_s: float) -> Iterator[None]:
-    """On SIGTERM, ask the workers to save a checkpoint and stop (through a file in the run
-    directory they check after every step), then raise :class:`RunInterruptedError` naming the saved
-    checkpoint. If they have not finished within ``grace_s``, the launch is interrupted.
+def stop_on_sigterm(run_dir: Path, grace_s: float, remote_uri: str | None = None) -> Iterator[None]:
+    """On SIGTERM, ask the workers to save a checkpoint and stop (:class:`StopRequest`: a file in
+    the run directory and, for a run at ``remote_uri``, a marker under the URI, which workers on
+    other nodes poll), then raise :class:`RunInterruptedError` naming the saved checkpoint. If they
+    have not finished within ``grace_s``, the launch is interrupted.
 
     Outside the main thread (where signals cannot be handled) this does nothing.
     """
-    stop_file = run_dir / STOP_REQUEST_FILE
-    stop_file.unlink(missing_ok=True)
+    stop = StopRequest(run_dir, remote_uri)
+    stop.clear()
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -83,7 +88,7 @@ def stop_on_sigterm(run_dir: Path, grace_s: float) -> Iterator[None]:
             return
         request.requested = True
         log.warning("SIGTERM: saving a checkpoint and stopping within %g s (failure.sigterm_grace_s)", grace_s)
-        stop_file.write_text("SIGTERM\n", encoding="utf-8")
+        stop.send()
         # A real SIGINT to the main thread: it also wakes a blocking wait (interrupt_main would not).
         main = threading.main_thread().ident
         request.timer = threading.Timer(grace_s, signal.pthread_kill, args=(main, signal.SIGINT))
@@ -101,27 +106,37 @@ def stop_on_sigterm(run_dir: Path, grace_s: float) -> Iterator[None]:
             raise
         raise RunInterruptedError(
             f"SIGTERM: the workers did not save within failure.sigterm_grace_s={grace_s:g} s; the run stopped. "
-            f"Rerun the same command with --resume to continue from {_latest_step_text(run_dir)}."
+            f"Rerun the same command with --resume to continue from {_latest_step_text(run_dir, remote_uri)}."
         ) from None
     finally:
         signal.signal(signal.SIGTERM, previous)
         signal.signal(signal.SIGINT, previous_sigint)
         if request.timer is not None:
             request.timer.cancel()
-        stop_file.unlink(missing_ok=True)
-    if request.requested and not (run_dir / layout.FINAL_DIR).is_dir():
+        stop.clear()
+    if request.requested and not _finished(run_dir, remote_uri):
         raise RunInterruptedError(
-            f"stopped on SIGTERM after saving {_latest_step_text(run_dir)}; rerun the same command with --resume "
-            "to continue from it"
+            f"stopped on SIGTERM after saving {_latest_step_text(run_dir, remote_uri)}; rerun the same command "
+            "with --resume to continue from it"
         )
 
 
-def _latest_step_text(run_dir: Path) -> str:
-    steps = [c for c in scan_checkpoints(run_dir / layout.CHECKPOINTS_DIR) if c.complete]
+def _finished(run_dir: Path, remote_uri: str | None) -> bool:
+    if remote_uri:
+        return RemoteRun(remote_uri).is_file(f"{layout.FINAL_DIR}/{layout.MANIFEST_FILE}")
+    return (run_dir / layout.FINAL_DIR).is_dir()
+
+
+def _latest_step_text(run_dir: Path, remote_uri: str | None = None) -> str:
+    remote = RemoteRun(remote_uri) if remote_uri else None
+    found = remote.scan_checkpoints() if remote else scan_checkpoints(run_dir / layout.CHECKPOINTS_DIR)
+    steps = [c for c in found if c.complete]
     if not steps:
         return "the start (no checkpoint was committed)"
     latest = max(steps, key=lambda c: c.step)
-    return f"checkpoint {run_dir / layout.CHECKPOINTS_DIR / latest.name} (step {latest.step})"
+    rel = f"{layout.CHECKPOINTS_DIR}/{latest.name}"
+    where = remote.uri_of(rel) if remote else run_dir / rel
+    return f"checkpoint {where} (step {latest.step})"
 
 
 def worker_resources(scaling: ScalingConfig, use_gpu: bool) -> dict[str, float]:
@@ -195,7 +210,7 @@ def launch_ray(
         ),
         run_config=ray.train.RunConfig(
             name=layout.CHECKPOINTS_DIR,
-            storage_path=plan.run_dir,
+            **ray_storage(plan),
             failure_config=ray.train.FailureConfig(max_failures=failure.max_failures),
             checkpoint_config=_ray_checkpoint_config(checkpoint, plan.has_validation),
             callbacks=list(callbacks),
@@ -208,23 +223,40 @@ def launch_ray(
     )
     train_env = local_train_env(os.environ) if own_ray else {}
     with (
-        stop_on_sigterm(Path(plan.run_dir), failure.sigterm_grace_s),
+        stop_on_sigterm(Path(plan.run_dir), failure.sigterm_grace_s, plan.remote_uri),
         environment(train_env),
         _unwrapped_failures(failure),
     ):
         trainer.fit()
 
 
+def ray_storage(plan: WorkerPlan) -> dict[str, Any]:
+    """Ray Train's storage: the run directory, or, for a run at a URI, the URI itself (its
+    filesystem and the path in it, so that no credential is part of a path Ray shows), which
+    every node reaches."""
+    if plan.remote_uri is None:
+        return {"storage_path": plan.run_dir}
+    remote = RemoteRun(plan.remote_uri)
+    return {"storage_path": remote.root, "storage_filesystem": remote.filesystem}
+
+
 def ray_worker_entry(config: dict[str, Any]) -> None:
     """The function each Ray Train worker runs (in a thread of its own; the process's main thread
-    runs Ray's task loop)."""
+    runs Ray's task loop). For a run at a URI the worker works in a directory of its own node."""
     plan: WorkerPlan = config["plan"]
     install_log_redaction()
     quiet_worker_console()
     if config.get("idle_main_thread"):
         idle_main_thread()
+    if plan.remote_uri is not None:
+        from rayft.cache import cache_root
+
+        plan = dataclasses.replace(plan, run_dir=str(worker_dir(plan.remote_uri, cache_root())))
     session = RaySession(Path(plan.run_dir), remote_uri=plan.remote_uri, num_to_keep=plan.checkpoint.num_to_keep)
     run_worker(plan, session)
+    if plan.remote_uri is not None and (Path(plan.run_dir) / layout.FINAL_DIR / layout.MANIFEST_FILE).is_file():
+        # final/ is uploaded: the URI holds the whole run, nothing of it needs to stay on this node
+        shutil.rmtree(plan.run_dir, ignore_errors=True)
 
 
 def idle_main_thread() -> bool:

@@ -22,7 +22,7 @@ from rayft.runs.checkpoints import (
     publish_checkpoint,
     scan_checkpoints,
 )
-from rayft.runs.remote import RemoteRun, sync_checkpoint
+from rayft.runs.remote import WORKER_LOGS, RemoteRun, sync_checkpoint
 from rayft.runs.selection import choose_resume
 from rayft.training.batches import Unit
 from rayft.training.shards import iter_windows, parquet_row_counts, plan_shards, read_shard_tables
@@ -142,8 +142,13 @@ class LocalSession:
 
     @contextlib.contextmanager
     def restored_checkpoint(self) -> Iterator[Path | None]:
-        """The latest complete checkpoint under the run's checkpoints/ directory, if any."""
-        yield latest_valid_checkpoint(self._run_dir / layout.CHECKPOINTS_DIR)
+        """The latest complete checkpoint under the run's checkpoints/ directory, if any; with a
+        remote ``storage_path``, the newest remote one that verifies, downloaded there first."""
+        root = self._run_dir / layout.CHECKPOINTS_DIR
+        if self._remote is not None:
+            yield self._remote.download_latest_checkpoint(root)
+            return
+        yield latest_valid_checkpoint(root)
 
     def staging_dir(self, step: int) -> Path:
         """A hidden directory beside the checkpoint's final place (same filesystem: one rename)."""
@@ -163,7 +168,14 @@ class LocalSession:
 
 
 class RaySession:
-    """Runs under Ray Train V2: one of ``world_size`` workers of a TorchTrainer."""
+    """Runs under Ray Train V2: one of ``world_size`` workers of a TorchTrainer.
+
+    With a local ``storage_path`` (a directory every node sees) the workers write into the run
+    directory. With a URI, ``run_dir`` is this worker's own directory on its node
+    (:func:`rayft.runs.location.worker_dir`), never the driver's mirror: rank 0 writes its
+    checkpoints, logs and final/ there and uploads them (manifest last); a resuming worker downloads
+    the checkpoint into it (once per node); Ray Train keeps the run's checkpoints under the URI.
+    """
 
     def __init__(self, run_dir: Path, *, remote_uri: str | None = None, num_to_keep: int | None = None) -> None:
         import ray.train
@@ -172,6 +184,8 @@ class RaySession:
         self._run_dir = run_dir
         self._remote = RemoteRun(remote_uri) if remote_uri else None
         self._num_to_keep = num_to_keep
+        if self._remote is not None and self.rank == 0:
+            pull_worker_logs(self._remote, run_dir)
 
     @property
     def rank(self) -> int:
@@ -211,6 +225,12 @@ class RaySession:
         import ray.train
 
         root = self._run_dir / layout.CHECKPOINTS_DIR
+        if self._remote is not None:
+            # Every checkpoint Ray knows of was uploaded complete before it was reported: the newest
+            # complete one under the URI is at least as new. Ranks of one node download it once.
+            with node_lock(self._run_dir / DOWNLOAD_LOCK):
+                yield self._remote.download_latest_checkpoint(root)
+            return
         checkpoint = ray.train.get_checkpoint()
         if checkpoint is None:
             yield latest_valid_checkpoint(root)
@@ -227,14 +247,15 @@ class RaySession:
 
     def staging_dir(self, step: int) -> Path:
         """A hidden directory beside the checkpoint's final place in the run directory (a local
-        directory, a shared mount, or the local mirror of a remote run)."""
+        directory, a shared mount, or, with a URI, this worker's own directory on its node)."""
         return staging_path(self._run_dir / layout.CHECKPOINTS_DIR, step)
 
     def commit_checkpoint(self, metrics: dict[str, float], staging: Path | None, step: int) -> None:
         """Report the checkpoint to Ray Train; its "upload" is the rename of the staging directory
-        into place, so storage never holds a half-copied ``step-N/``, followed, with a remote
-        ``storage_path``, by the upload (manifest last; Ray Train prunes the mirror, this prunes the
-        remote run). Ranks other than 0 report the metrics only (rank 0 wrote every rank's files)."""
+        into place, so storage never holds a half-copied ``step-N/``; with a remote ``storage_path``,
+        the upload of the staging directory to the URI (manifest last) with rank 0's logs, and Ray
+        Train, whose storage is the URI, prunes there. Ranks other than 0 report the metrics only
+        (rank 0 wrote every rank's files)."""
         import ray.train
         from ray.train import Checkpoint
 
@@ -242,6 +263,15 @@ class RaySession:
             ray.train.report(metrics, checkpoint_dir_name=layout.step_dir_name(step))
             return
         root = self._run_dir / layout.CHECKPOINTS_DIR
+        remote = self._remote
+
+        def upload(checkpoint: Checkpoint, dir_name: str) -> Checkpoint:
+            assert remote is not None
+            remote.upload_tree(Path(checkpoint.path), f"{layout.CHECKPOINTS_DIR}/{dir_name}")
+            remote.upload_logs(self._run_dir)
+            keep_only_newest(Path(checkpoint.path), root / dir_name)
+            filesystem, path = remote.checkpoint_location(dir_name)
+            return Checkpoint(path, filesystem=filesystem)
 
         def rename_into_place(checkpoint: Checkpoint, dir_name: str) -> Checkpoint:
             target = root / dir_name
@@ -254,9 +284,48 @@ class RaySession:
             metrics,
             checkpoint=Checkpoint.from_directory(str(staging)),
             checkpoint_dir_name=layout.step_dir_name(step),
-            checkpoint_upload_fn=rename_into_place,
+            checkpoint_upload_fn=rename_into_place if remote is None else upload,
             delete_local_checkpoint_after_upload=False,
         )
+
+
+DOWNLOAD_LOCK = ".checkpoint-download.lock"
+"""The lock file, in a worker's directory, that makes the ranks of one node download a checkpoint once."""
+
+
+@contextlib.contextmanager
+def node_lock(path: Path) -> Iterator[None]:
+    """Hold an exclusive lock on ``path`` (created if missing) among the processes of this machine."""
+    import fcntl
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a+b") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def pull_worker_logs(remote: RemoteRun, run_dir: Path) -> None:
+    """Give rank 0's directory the run's logs as the URI holds them (the steps up to the last
+    uploaded checkpoint), replacing what an earlier attempt on this node left there."""
+    for rel in (*WORKER_LOGS, layout.FINAL_DIR):
+        path = run_dir / rel
+        if path.is_dir():
+            shutil.rmtree(path)
+        else:
+            path.unlink(missing_ok=True)
+    remote.download_logs(run_dir, WORKER_LOGS)
+
+
+def keep_only_newest(staging: Path, target: Path) -> None:
+    """Keep the checkpoint just uploaded on this node too (a restart here needs no download), in
+    place of the older ones: the URI holds the run's checkpoints."""
+    publish_checkpoint(staging, target)
+    for info in scan_checkpoints(target.parent):
+        if info.name != target.name:
+            shutil.rmtree(target.parent / info.name, ignore_errors=True)
 
 
 def staging_path(root: Path, step: int) -> Path:

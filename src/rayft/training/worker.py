@@ -45,12 +45,10 @@ from rayft.training.plan import is_due, learning_rate_factor, units_before_step
 from rayft.training.precision import Precision, resolve_precision
 from rayft.training.session import TrainSession, all_reduce_sum
 from rayft.training.steps import StepStats, train_step
+from rayft.training.stop import StopWatch
 from rayft.training.worker_plan import WorkerPlan
 
 log = logging.getLogger("rayft.train")
-
-# Written into the run directory by the driver on SIGTERM; the workers save and stop when they see it.
-STOP_REQUEST_FILE = ".rayft-stop-requested"
 
 
 @dataclass
@@ -69,6 +67,7 @@ class Worker:
     logger: MetricLogger
     state: TrainerState
     checkpoints: Checkpointer
+    stop: StopWatch
     stopped_on_request: bool = False
     window: ThroughputWindow = field(default_factory=ThroughputWindow)
 
@@ -89,13 +88,14 @@ def run_worker(plan: WorkerPlan, session: TrainSession) -> TrainerState:
         worker.checkpoints.drain(timeout_s=120.0)
         raise
     finally:
+        worker.stop.close()
         worker.logger.close()
     return worker.state
 
 
 def stop_requested(worker: Worker) -> bool:
     """Whether the driver asked the run to stop (SIGTERM); all workers agree on the same step."""
-    local = (Path(worker.plan.run_dir) / STOP_REQUEST_FILE).exists()
+    local = worker.stop.requested()
     if worker.session.world_size > 1:
         local = all_reduce_sum([float(local)], worker.session.device)[0] > 0
     if local:
@@ -139,8 +139,10 @@ def setup_worker(plan: WorkerPlan, session: TrainSession) -> Worker:
     saver = Checkpointer(
         session, model_files(plan), objective.write_model, faults=plan.faults, background=plan.checkpoint.async_upload
     )
+    # Rank 0 watches a remote run's URI for a stop request (the others learn it at the next step).
+    stop = StopWatch(Path(plan.run_dir), plan.remote_uri if session.rank == 0 else None)
     return Worker(
-        plan, session, parallel, model, optimizer, scheduler, scaler, objective, precision, logger, state, saver
+        plan, session, parallel, model, optimizer, scheduler, scaler, objective, precision, logger, state, saver, stop
     )  # fmt: skip
 
 
@@ -251,7 +253,8 @@ def open_loggers(plan: WorkerPlan, session: TrainSession, start_step: int) -> Me
     if plan.logging.mlflow is not None or plan.logging.wandb is not None:
         from rayft.tracking.worker import tracker_loggers
 
-        loggers.extend(tracker_loggers(plan.logging, run_dir, plan.resolved_config, plan.lineage))
+        ids = plan.tracker_ids or None
+        loggers.extend(tracker_loggers(plan.logging, run_dir, plan.resolved_config, plan.lineage, ids))
     return MultiLogger(loggers)
 
 

@@ -38,3 +38,4 @@ class WorkerPlan:
     # instead of the ones saved in it: a trial of a sweep that took another trial's checkpoint.
     retuned: bool = False
     task: TaskConfig | None = None  # a custom task (its path made absolute for the workers) instead of model/data
+    tracker_ids: dict[str, Any] = field(default_factory=dict)  # the tracker runs to log into (tracking.json)
