@@ -325,3 +325,16 @@ def test_a_checkpoint_already_on_the_node_is_not_downloaded_again(storage: str, 
     inode = (first / "adapter_model.safetensors").stat().st_ino
     assert remote.download_latest_checkpoint(tmp_path / "node") == first
     assert (first / "adapter_model.safetensors").stat().st_ino == inode
+
+
+def test_tracker_run_ids_follow_a_remote_run_to_another_machine(storage: str, tmp_path: Path) -> None:
+    location = plan_run_location(storage, "demo", tmp_path / "first-machine")
+    write_ids(location.local_dir, "mlflow", {"run_id": "parent-run"})
+    open_store(location).persist(layout.TRACKING_FILE)
+
+    elsewhere = plan_run_location(storage, "demo", tmp_path / "second-machine")
+    open_store(elsewhere).fetch(layout.TRACKING_FILE)
+    assert read_ids(elsewhere.local_dir) == {"mlflow": {"run_id": "parent-run"}}
+    write_ids(elsewhere.local_dir, "wandb", {"run_id": "w1"})
+    open_store(elsewhere).fetch(layout.TRACKING_FILE)  # a local copy is newer: kept
+    assert read_ids(elsewhere.local_dir)["wandb"] == {"run_id": "w1"}

@@ -23,7 +23,8 @@ def train(config_path: str, overrides: tuple[str, ...], resume: bool) -> None:
 
     Writes <storage_path>/<name>/: config.yaml, metrics.jsonl, tensorboard/, checkpoints/step-N/
     and final/, which loads with from_pretrained (full) or PeftModel.from_pretrained (LoRA).
-    A URI storage_path (s3://, gs://...) is written through a local mirror and uploaded as it goes.
+    A URI storage_path (s3://, gs://...) is uploaded as it goes by the workers, from their own nodes;
+    the driver keeps a local mirror (config, data report, and final/ fetched at the end).
     On SIGTERM it saves a checkpoint, prints how to resume, and exits with code 143.
     Started by torchrun (`torchrun --nproc-per-node N --no-python rayft train CONFIG`), each process
     trains as one of the scaling.num_workers ranks, without Ray.

@@ -18,6 +18,7 @@ from rayft.pipeline.lineage import build_lineage, software_versions
 from rayft.pipeline.plan import StageDecision
 from rayft.pipeline.records import RECORDS_DIR, StageRecord
 from rayft.pipeline.report import ReportInputs, StageRow, render_report
+from rayft.runs.layout import TRACKING_FILE
 from rayft.runs.store import RunStore
 
 CONFIG_FILE = "pipeline.yaml"
@@ -94,7 +95,7 @@ def report_inputs(name: str, run_dir: Path, progress: PipelineProgress) -> Repor
 def persist_pipeline_files(store: RunStore) -> None:
     """Make the pipeline's own files (config, stage records, lineage, report) durable beside ``train/``."""
     run_dir = store.local_dir
-    names = [CONFIG_FILE, LINEAGE_FILE, REPORT_FILE]
+    names = [CONFIG_FILE, LINEAGE_FILE, REPORT_FILE, TRACKING_FILE]
     names += [f"{RECORDS_DIR}/{p.name}" for p in sorted((run_dir / RECORDS_DIR).glob("*.json"))]
     for rel in names:
         if (run_dir / rel).is_file():

@@ -52,6 +52,7 @@ from rayft.pipeline.outputs import (
 from rayft.pipeline.plan import StageDecision, check_remote_stages, decide, requested_stages, runnable_stages
 from rayft.pipeline.records import StageRecord, outputs_exist, read_record, write_record
 from rayft.pipeline.stages import STAGES, Stage, StageContext
+from rayft.runs.layout import TRACKING_FILE
 from rayft.runs.location import RunLocation, plan_run_location
 from rayft.runs.lock import run_lock
 from rayft.runs.store import open_store
@@ -100,7 +101,9 @@ def run(
     ctx = StageContext(cfg, run_dir, progress.records)
     with run_lock(run_dir, command="rayft run"):
         write_text(run_dir / CONFIG_FILE, dump_config(cfg))
+        store.fetch(TRACKING_FILE)  # the tracker runs of an earlier attempt, made on another machine
         tracker = PipelineTracker.start(cfg, run_dir)
+        store.persist(TRACKING_FILE)
         with ray_runtime(address or cfg.scaling.address, metrics=cfg.logging.prometheus.enabled):
             for name in requested:
                 decision, inputs = decide_stage(STAGES[name], ctx, allowed=allowed, forced=forced)

@@ -58,6 +58,10 @@ class RunStore(Protocol):
         """Make a file or folder written under ``local_dir`` durable (a no-op for a directory; an
         upload for a URI; a missing one is skipped)."""
 
+    def fetch(self, rel: str) -> None:
+        """Bring a file of the run that this machine lacks into ``local_dir`` (a no-op for a
+        directory; a download, when the URI has it, for a URI)."""
+
 
 class LocalRunStore:
     """A run in a local (or mounted) directory."""
@@ -101,6 +105,9 @@ class LocalRunStore:
 
     def persist(self, rel: str) -> None:
         """Nothing to do: the file is already in the run directory."""
+
+    def fetch(self, rel: str) -> None:
+        """Nothing to do: the run directory is here."""
 
 
 class RemoteRunStore:
@@ -150,6 +157,11 @@ class RemoteRunStore:
     def persist(self, rel: str) -> None:
         """Upload a file or folder of the mirror to the same place under the URI."""
         self.remote.upload_logs(self.local_dir, (rel,))
+
+    def fetch(self, rel: str) -> None:
+        """Download a file of the run when the mirror lacks it and the URI has it."""
+        if not (self.local_dir / rel).exists() and self.remote.is_file(rel):
+            self.remote.download_file(rel, self.local_dir / rel)
 
 
 def open_store(location: RunLocation) -> RunStore:

@@ -228,8 +228,9 @@ class RaySession:
         if self._remote is not None:
             # Every checkpoint Ray knows of was uploaded complete before it was reported: the newest
             # complete one under the URI is at least as new. Ranks of one node download it once.
-            with node_lock(self._run_dir / DOWNLOAD_LOCK):
-                yield self._remote.download_latest_checkpoint(root)
+            with node_lock(self._run_dir / DOWNLOAD_LOCK):  # released before the ranks meet in collectives
+                found = self._remote.download_latest_checkpoint(root)
+            yield found
             return
         checkpoint = ray.train.get_checkpoint()
         if checkpoint is None:
