@@ -256,3 +256,8 @@ def test_cli_names_the_fix_on_bad_input() -> None:
     result = CliRunner().invoke(cli, ["k8s", "render", str(GSM8K), *CLUSTER, "scaling.resources_per_worker={GPU: 1.5}"])
     assert result.exit_code == 2
     assert "Error: scaling.resources_per_worker.GPU=1.5" in result.output
+
+
+def test_a_rayjob_can_run_a_sweep() -> None:
+    rayjob = by_kind(render(cluster_config("k8s.command=tune"), "rayjob"), "RayJob")
+    assert rayjob["spec"]["entrypoint"].split()[:2] == ["rayft", "tune"]

@@ -81,7 +81,7 @@ class K8sConfig(Section):
         "IfNotPresent", description="When the kubelet pulls the image."
     )
     namespace: str = Field("rayft", pattern=_DNS_LABEL, max_length=63, description="Namespace of every manifest.")
-    command: Literal["run", "train", "sdg", "eval"] | None = Field(
+    command: Literal["run", "train", "tune", "sdg", "eval"] | None = Field(
         None,
         description=(
             "The rayft command the workload runs on the config (`rayft <command> <config>`); unset: `run` (the "
