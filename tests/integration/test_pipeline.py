@@ -75,6 +75,8 @@ def test_pipeline_runs_then_skips_then_reruns_what_changed(
         assert record["fingerprint"] and all((run_dir / p).exists() for p in record["outputs"].values())
     assert (run_dir / "train" / "final" / "adapter_model.safetensors").is_file()
     assert (run_dir / "export" / "model.safetensors").is_file()
+    log = (run_dir / "logs" / "rayft.log").read_text()
+    assert f"to {run_dir / 'export'}\n" in log and "export.partial" not in log, "the log names the export's place"
     compare = json.loads((run_dir / "eval" / "compare.json").read_text())
     assert set(compare["models"]) == {"base", "tuned"} and compare["pairs"][0]["tests"]
 

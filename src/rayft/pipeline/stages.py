@@ -204,7 +204,8 @@ class ExportStage:
 
         out = ctx.run_dir / "export"
         staging = staging_dir(out)
-        result = export.run(ctx.cfg, str(ctx.records["train"].output(ctx.run_dir, "final")), staging)
+        final = str(ctx.records["train"].output(ctx.run_dir, "final"))
+        result = export.run(ctx.cfg, final, staging, destination=out)
         replace_dir(staging, out)
         summary = {"merged": result.merged, **{f"verification.{k}": v for k, v in dict(result.verification).items()}}
         return StageOutput({"dir": out}, summary)

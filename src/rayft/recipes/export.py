@@ -48,8 +48,14 @@ class ExportResult:
     verification: dict[str, Any]
 
 
-def run(cfg: RayftConfig, source: str, output_dir: Path, *, merge: bool | None = None) -> ExportResult:
-    """Export the checkpoint ``source`` (or a run directory's chosen checkpoint) to ``output_dir``."""
+def run(
+    cfg: RayftConfig, source: str, output_dir: Path, *, merge: bool | None = None, destination: Path | None = None
+) -> ExportResult:
+    """Export the checkpoint ``source`` (or a run directory's chosen checkpoint) to ``output_dir``.
+
+    ``destination``: where the caller moves ``output_dir`` once this returns (the pipeline's export
+    stage writes into a staging directory, then renames it into place); the log line names it.
+    """
     merge = cfg.export.merge if merge is None else merge
     resolved = resolve_source(source, cfg.model, cfg.eval.checkpoint)
     if resolved.kind == "model":
@@ -73,7 +79,7 @@ def run(cfg: RayftConfig, source: str, output_dir: Path, *, merge: bool | None =
         _publish(staging, target)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-    log.info("exported %s to %s", resolved.checkpoint_dir, target)
+    log.info("exported %s to %s", resolved.checkpoint_dir, destination or target)
     return ExportResult(target, merged, resolved.kind, verification)
 
 
