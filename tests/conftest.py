@@ -8,6 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from rayft.data.prepared import PreparedData
+from tests.helpers import RESUME_RUN, tiny_config, train_on
+
 SHARED = Path(__file__).resolve().parents[1].parent / "shared"
 GSM8K_TRAIN = SHARED / "datasets" / "gsm8k" / "train.jsonl"
 
@@ -45,3 +48,24 @@ def ray_session() -> Iterator[None]:
     start_local_ray(num_cpus=2)
     yield
     ray.shutdown()
+
+
+@pytest.fixture(scope="session")
+def arithmetic_units(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> PreparedData:
+    """64 training and 8 validation units of arithmetic problems (sample ids 0..63 for training)."""
+    from rayft.config import ModelConfig
+    from rayft.models.loading import load_tokenizer
+    from rayft.testing.units import arithmetic_prepared
+
+    tokenizer = load_tokenizer(ModelConfig(name=str(tiny_model_dir)))
+    return arithmetic_prepared(tmp_path_factory.mktemp("units"), tokenizer, num_train=64, num_validation=8)
+
+
+@pytest.fixture(scope="session")
+def uninterrupted_run(
+    ray_session: None, tiny_model_dir: Path, arithmetic_units: PreparedData, tmp_path_factory: pytest.TempPathFactory
+) -> Path:
+    """The run directory of :data:`RESUME_RUN` trained without interruption on 2 workers: the
+    reference of every test that kills a run and resumes it (trained once per session)."""
+    storage = tmp_path_factory.mktemp("uninterrupted")
+    return train_on(tiny_config(tiny_model_dir, storage, *RESUME_RUN), arithmetic_units)

@@ -9,6 +9,10 @@ from typing import Any
 from rayft.config import RayftConfig, load_config
 from rayft.data.prepared import PreparedData
 
+# 64 units, 2 workers x 4 per micro-batch: 8 steps per epoch, so 12 steps cross an epoch boundary; a
+# checkpoint every 3 steps; LoRA dropout on, so that a resume must restore the RNG states too.
+RESUME_RUN = ("train.max_steps=12", "train.save_steps=3", "train.eval_steps=null", "lora.dropout=0.1")
+
 
 def tiny_config(model_dir: Path, storage: Path, *overrides: str) -> RayftConfig:
     """A config for the tiny model: 2 workers, small LoRA, frequent saves."""

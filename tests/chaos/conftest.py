@@ -54,11 +54,6 @@ def run_driver(*args: object, timeout_s: float = 300, **kwargs: object) -> subpr
 
 
 @pytest.fixture(scope="session")
-def prepared(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> PreparedData:
+def prepared(arithmetic_units: PreparedData) -> PreparedData:
     """64 training and 8 validation units of arithmetic problems (sample ids 0..63 for training)."""
-    from rayft.config import ModelConfig
-    from rayft.models.loading import load_tokenizer
-    from rayft.testing.units import arithmetic_prepared
-
-    tokenizer = load_tokenizer(ModelConfig(name=str(tiny_model_dir)))
-    return arithmetic_prepared(tmp_path_factory.mktemp("units"), tokenizer, num_train=64, num_validation=8)
+    return arithmetic_units

@@ -17,18 +17,16 @@ import pytest
 from rayft.data.prepared import PreparedData
 from rayft.runs.checkpoints import scan_checkpoints
 from tests.chaos.conftest import chaos_seed, chaos_trials, start_driver
-from tests.helpers import read_metrics, tiny_config, train_losses, train_on
+from tests.helpers import RESUME_RUN, read_metrics, tiny_config, train_losses, train_on
 
 pytestmark = pytest.mark.chaos
 
-COMMON = ("train.max_steps=12", "train.save_steps=3", "train.eval_steps=null", "lora.dropout=0.1")
+COMMON = RESUME_RUN
 
 
 @pytest.fixture(scope="module")
-def reference(
-    ray_session: None, tiny_model_dir: Path, prepared: PreparedData, tmp_path_factory: pytest.TempPathFactory
-) -> dict[int, float]:
-    return train_losses(train_on(tiny_config(tiny_model_dir, tmp_path_factory.mktemp("ref"), *COMMON), prepared))
+def reference(uninterrupted_run: Path) -> dict[int, float]:
+    return train_losses(uninterrupted_run)
 
 
 def gcs_address() -> str:

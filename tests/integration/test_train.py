@@ -15,7 +15,7 @@ import pytest
 
 from rayft.data.prepared import PreparedData
 from rayft.runs.manifest import read_manifest, verify_checkpoint
-from tests.helpers import adapter_tensors, read_metrics, tiny_config, train_losses, train_on
+from tests.helpers import RESUME_RUN, adapter_tensors, read_metrics, tiny_config, train_losses, train_on
 
 pytestmark = pytest.mark.integration
 
@@ -49,13 +49,8 @@ def _watch_worker_threads(stop: threading.Event, seen: set[tuple[str, bool]]) ->
 
 
 @pytest.fixture(scope="module")
-def prepared(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> PreparedData:
-    from rayft.config import ModelConfig
-    from rayft.models.loading import load_tokenizer
-    from rayft.testing.units import arithmetic_prepared
-
-    tokenizer = load_tokenizer(ModelConfig(name=str(tiny_model_dir)))
-    return arithmetic_prepared(tmp_path_factory.mktemp("units"), tokenizer, num_train=64, num_validation=8)
+def prepared(arithmetic_units: PreparedData) -> PreparedData:
+    return arithmetic_units
 
 
 def test_lora_on_two_workers(ray_session: None, tiny_model_dir: Path, prepared: PreparedData, tmp_path: Path) -> None:
@@ -175,16 +170,13 @@ def _kill_a_worker_after(run_dir: Path, step: int, seen: list[int]) -> threading
 
 
 def test_resume_after_a_worker_is_killed_matches_an_uninterrupted_run(
-    ray_session: None, tiny_model_dir: Path, prepared: PreparedData, tmp_path: Path
+    uninterrupted_run: Path, tiny_model_dir: Path, prepared: PreparedData, tmp_path: Path
 ) -> None:
-    # 64 units, 2 workers x 4 per micro-batch: 8 steps per epoch; 12 steps cross an epoch boundary.
-    common = ("train.max_steps=12", "train.save_steps=3", "train.eval_steps=null")
-    reference = train_on(tiny_config(tiny_model_dir, tmp_path / "ref", *common), prepared)
-
+    reference = uninterrupted_run
     interrupted_dir = tmp_path / "killed" / "run"
     seen: list[int] = []
     watcher = _kill_a_worker_after(interrupted_dir, 5, seen)
-    interrupted = train_on(tiny_config(tiny_model_dir, tmp_path / "killed", *common), prepared)
+    interrupted = train_on(tiny_config(tiny_model_dir, tmp_path / "killed", *RESUME_RUN), prepared)
     watcher.join(timeout=5)
 
     assert seen, "no worker was killed"
