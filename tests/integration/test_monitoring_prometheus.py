@@ -149,10 +149,15 @@ def test_ray_training_metrics_reach_prometheus_through_ray(tiny_model_dir: Path,
 
     ray_tmp = Path(tempfile.mkdtemp(prefix="rp", dir="/tmp"))  # Ray's socket paths have a length limit
     command = train_command(
-        tmp_path, tiny_model_dir, "live-ray", workers=2, steps=40, extra=["logging.prometheus=true"]
+        tmp_path, tiny_model_dir, "live-ray", workers=2, steps=16, extra=["logging.prometheus=true"]
+    )
+    # Ray's processes export their gauges to its metrics agent every 10 s by default: once a second,
+    # 16 steps of ~0.5 s give Prometheus several exports to scrape instead of one or two.
+    ray_env = env(
+        tmp_path, RAY_TMPDIR=str(ray_tmp), RAYFT_FAULT_STEP_DELAY_S="0.5", RAY_metrics_report_interval_ms="1000"
     )
     process = subprocess.Popen(
-        command, cwd=REPO, env=env(tmp_path, RAY_TMPDIR=str(ray_tmp), RAYFT_FAULT_STEP_DELAY_S="0.5"),
+        command, cwd=REPO, env=ray_env,
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
     output: list[str] = []
