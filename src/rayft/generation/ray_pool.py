@@ -111,6 +111,11 @@ def generate_dataset(
 
     With ``seconds_column``, each row also gets its share of its batch's generation time.
     """
+    from rayft.models.resolve import anchored_name
+
+    model = cfg.model.model_copy(update={"name": anchored_name(cfg.model.name)})
+    adapter = anchored_name(cfg.adapter_path) if cfg.adapter_path else None
+    cfg = cfg.model_copy(update={"model": model, "adapter_path": adapter})
     return ds.map_batches(
         GenerateActor,
         fn_constructor_kwargs={"cfg": cfg, "prompt_column": prompt_column, "seconds_column": seconds_column},

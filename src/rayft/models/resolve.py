@@ -34,3 +34,17 @@ def resolve_model_source(name: str, gguf_file: str | None = None, revision: str 
     if name.startswith((".", "/", "~")) or name.count("/") > 1:
         return ModelSource("local", str(path), gguf_file=gguf_file)
     return ModelSource("hub", name, gguf_file=gguf_file, revision=revision)
+
+
+def anchored_name(name: str) -> str:
+    """A model name whose relative local path is made absolute against this process's directory.
+
+    Ray's workers run in a directory of their own, where a relative path names nothing (and would be
+    taken for a Hub id); the driver anchors it before the name travels to them.
+    """
+    if name in BUILTIN_MODELS:
+        return name
+    path = Path(name).expanduser()
+    if path.is_absolute() or not (path.is_dir() or (path.suffix == ".gguf" and path.is_file())):
+        return name
+    return str(path.resolve())

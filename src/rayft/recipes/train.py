@@ -20,6 +20,7 @@ from rayft.config import RayftConfig, dump_config
 from rayft.config.task import TaskConfig
 from rayft.data.prepared import PreparedData
 from rayft.errors import DataError, RunStateError
+from rayft.models.resolve import anchored_name
 from rayft.runs import layout
 from rayft.runs.location import RunLocation, plan_run_location
 from rayft.runs.lock import run_lock
@@ -176,8 +177,10 @@ def build_worker_plan(
         "run": cfg.name, "data_key": prepared.key, "world_size": world, "rayft_version": __version__,
         "rejected_rows": int(prepared.stats.get("rejected_total", 0) or 0),
     }  # fmt: skip
+    # workers run in another directory: a relative local model path is anchored here
+    model = cfg.model.model_copy(update={"name": anchored_name(cfg.model.name)})
     return WorkerPlan(
-        model=cfg.model, lora=cfg.lora, train=cfg.train, logging=cfg.logging, checkpoint=cfg.checkpoint,
+        model=model, lora=cfg.lora, train=cfg.train, logging=cfg.logging, checkpoint=cfg.checkpoint,
         seed=cfg.seed, run_dir=str(run_dir), resolved_config=dump_config(cfg), schedule=schedule,
         shuffle_window=cfg.data.shuffle_buffer_size, has_validation=has_validation, lineage=lineage,
         remote_uri=remote_uri, task=worker_task(cfg),
