@@ -2,11 +2,12 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.rayft-installed
-# Tiers: unit tests run by default in pytest; CI runs every CPU tier.
-PYTEST_MARKERS ?= not gpu
+# Tiers: unit tests run by default in pytest; CI runs unit, integration and chaos; `make test-slow`
+# runs the slow tier (real SmolLM2 runs, torch.compile and flex_attention compiling on CPU).
+PYTEST_MARKERS ?= not gpu and not slow
 PYTEST_ARGS ?=
 
-.PHONY: setup quickstart test test-unit lint typecheck bench gpu-check clean
+.PHONY: setup quickstart test test-slow test-unit lint typecheck bench gpu-check clean
 
 setup: $(STAMP)
 
@@ -25,6 +26,9 @@ quickstart: setup
 # --durations: every CI log lists the slowest tests (the suite must stay within CI's time budget).
 test: setup
 	$(VENV)/bin/pytest -m "$(PYTEST_MARKERS)" --durations=25 $(PYTEST_ARGS)
+
+test-slow: setup
+	$(VENV)/bin/pytest -m "slow and not gpu" --durations=25 $(PYTEST_ARGS)
 
 test-unit: setup
 	$(VENV)/bin/pytest $(PYTEST_ARGS)
