@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -131,7 +132,11 @@ def run_tuner(
     assert cfg.tune is not None
     setup = TrialSetup(cfg, place.trials_root, owns_ray(), parent_run_id)
     tuner = sweep.build_tuner(cfg.tune, place, setup, concurrent=concurrent, evaluations=evaluations)
-    grid = tuner.fit()
+    with warnings.catch_warnings():
+        # Tune's advice for PBT to reuse trial processes: a trial's process only builds and waits
+        # for its trainer, whose workers start afresh either way.
+        warnings.filterwarnings("ignore", message="Consider boosting PBT performance")
+        grid = tuner.fit()
     return sweep.sweep_result(cfg.tune, place, grid)
 
 

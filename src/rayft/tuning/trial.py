@@ -31,7 +31,7 @@ from rayft.runs.checkpoints import scan_checkpoints
 
 log = logging.getLogger("rayft.tune")
 
-POINTER_FILE = "rayft_checkpoint.json"
+POINTER_FILE = "rayft_pointer.json"
 """The file of a Tune checkpoint: which rayft checkpoint it stands for."""
 EXPLOITS_FILE = "exploits.jsonl"
 """In a trial's run directory: one line per checkpoint it took from another trial (PBT)."""
