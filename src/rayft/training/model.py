@@ -88,6 +88,10 @@ def prepare_training_model(
     if gradient_checkpointing:
         net.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     net.config.use_cache = False
+    # from_pretrained returns a model in eval mode, from_config (the meta-device build) in train mode, and a
+    # fresh adapter's modules train: every build trains with the model's own dropout (T5's, LoRA's) switched on,
+    # so that a resumed or sharded worker runs the same computation as a fresh one.
+    net.train()
     if compile_blocks:
         compile_each_block(net)
     return net
