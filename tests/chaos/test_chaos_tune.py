@@ -1,0 +1,98 @@
+"""The driver of a sweep dies: SIGKILL of ``rayft tune`` once one trial has finished and the next has
+saved a checkpoint; the same command again continues the sweep. The finished trial is not run
+again, and the interrupted one continues from its checkpoint instead of starting over."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from rayft.runs.checkpoints import scan_checkpoints
+from rayft.runs.layout import MANIFEST_FILE
+from tests.chaos.test_chaos_driver import gcs_address
+from tests.helpers import read_metrics
+
+pytestmark = pytest.mark.chaos
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def tune_command(config: Path) -> list[str]:
+    """``rayft tune CONFIG`` on the tests' shared Ray."""
+    return [sys.executable, "-m", "rayft", "tune", str(config), "--address", gcs_address()]
+
+
+def wait_until(process: subprocess.Popen[str], ready: object, timeout_s: float = 240) -> None:
+    """Poll ``ready()`` while the driver runs."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        assert process.poll() is None, f"the sweep ended early:\n{process.communicate()[1][-3000:]}"
+        if ready():  # type: ignore[operator]
+            return
+        time.sleep(0.05)
+    process.kill()
+    raise AssertionError(f"the sweep did not get there within {timeout_s} s")
+
+
+def test_a_killed_sweep_continues_without_rerunning_finished_trials(
+    ray_session: None, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    config = tmp_path / "sweep.yaml"
+    config.write_text(
+        yaml.safe_dump({
+            "name": "sw", "storage_path": str(tmp_path / "runs"), "model": {"name": str(tiny_model_dir)},
+            "scaling": {"num_workers": 1},
+            "data": {"datasets": [{"path": "builtin:arithmetic", "max_rows": 48}], "validation_fraction": 0.2},
+            "train": {"micro_batch_size": 4, "max_steps": 6, "save_steps": 2, "eval_steps": 2},
+            "lora": {"r": 4}, "logging": {"tensorboard": False},
+            "tune": {
+                "search_algorithm": "grid", "max_concurrent_trials": 1,
+                "search_space": {"train.learning_rate": {"grid": [3.0e-3, 1.0e-3]}},
+            },
+        })
+    )  # fmt: skip
+    trials = tmp_path / "runs" / "sw-tune" / "trials"
+
+    def finished() -> list[Path]:
+        return sorted(p for p in trials.glob("*") if (p / "final").is_dir()) if trials.is_dir() else []
+
+    def second_has_checkpoint() -> bool:
+        started = [p for p in trials.glob("*") if not (p / "final").is_dir()] if finished() else []
+        return any(c.complete for p in started for c in scan_checkpoints(p / "checkpoints"))
+
+    env = {**os.environ, "PYTHONPATH": os.environ.get("PYTHONPATH", "")}
+    driver = subprocess.Popen(
+        tune_command(config), cwd=REPO, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        start_new_session=True,
+    )  # fmt: skip
+    wait_until(driver, second_has_checkpoint)
+    os.killpg(driver.pid, signal.SIGKILL)
+    driver.communicate()
+    (done,) = finished()
+    before = (done / "final" / MANIFEST_FILE).stat().st_mtime_ns, (done / "metrics.jsonl").read_text()
+    (second,) = [p for p in trials.iterdir() if p.is_dir() and p != done]
+    saved = max(c.step for c in scan_checkpoints(second / "checkpoints") if c.complete)
+
+    again = subprocess.run(
+        tune_command(config), check=False, cwd=REPO, env=env, text=True, capture_output=True, timeout=300
+    )
+    assert again.returncode == 0, again.stderr[-3000:]
+
+    after = (done / "final" / MANIFEST_FILE).stat().st_mtime_ns, (done / "metrics.jsonl").read_text()
+    assert after == before  # the finished trial did not train again
+    steps = [r["step"] for r in read_metrics(second) if "train/loss" in r]
+    assert steps == list(range(1, 7)), steps  # each step logged once
+    logs = tmp_path / "runs" / "sw-tune" / "logs" / "rayft.log"
+    text = again.stdout + again.stderr + (logs.read_text() if logs.is_file() else "")
+    assert f"resumed from {second / 'checkpoints'}" in text and f"at step {saved}" in text, text[-3000:]
+    assert saved >= 2 and (second / "final").is_dir()
+    result = json.loads((tmp_path / "runs" / "sw-tune" / "tune.json").read_text())
+    assert sorted(t["status"] for t in result["trials"]) == ["TERMINATED", "TERMINATED"]
