@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 from rayft.config.model import ModelConfig
@@ -41,3 +42,15 @@ def test_adapter_only_and_full_cards(tmp_path: Path) -> None:
     full = render_model_card(_source(tmp_path, "full"), {}, merged=False)
     assert "full-finetune" in full and "(full fine-tuning)" in full
     assert base_model_id("org/model") == "org/model"
+
+
+def test_an_encoder_decoder_card_loads_with_the_seq2seq_classes(tmp_path: Path) -> None:
+    model_dir = tmp_path / "t5"
+    model_dir.mkdir()
+    (model_dir / "config.json").write_text('{"model_type": "t5", "is_encoder_decoder": true}')
+    source = _source(tmp_path, "full")
+    seq2seq = dataclasses.replace(source, model=ModelConfig(name=str(model_dir)))
+    full = render_model_card(seq2seq, {}, merged=False)
+    assert "AutoModelForSeq2SeqLM.from_pretrained" in full and "AutoModelForCausalLM" not in full
+    lora = dataclasses.replace(seq2seq, kind="lora")
+    assert "AutoPeftModelForSeq2SeqLM" in render_model_card(lora, {}, merged=False)

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from rayft.evaluation.sources import ResolvedSource
+from rayft.models.architecture import resolve_architecture
 from rayft.models.registry import BUILTIN_MODELS
 from rayft.runs import layout
 
@@ -48,25 +49,40 @@ def render_model_card(resolved: ResolvedSource, verification: dict[str, Any], *,
     ]
     lines += [f"| {name} | {value:.4f} |" for name, value in sorted(resolved.metrics.items()) if name != "step"]
     lines += ["", "## Verification", "", "```json", json.dumps(verification, indent=2), "```", "", "## Usage", ""]
-    lines += _usage(base, merged=merged, lora=resolved.kind == "lora")
+    seq2seq = resolve_architecture(resolved.model) == "seq2seq"
+    lines += _usage(base, merged=merged, lora=resolved.kind == "lora", seq2seq=seq2seq)
     config = Path(resolved.checkpoint_dir or "") / layout.CHECKPOINT_CONFIG_FILE
     if config.is_file():
         lines += ["", "## Training config", "", "```yaml", config.read_text(encoding="utf-8").rstrip(), "```"]
     return "\n".join(lines) + "\n"
 
 
-def _usage(base: str, *, merged: bool, lora: bool) -> list[str]:
+def _usage(base: str, *, merged: bool, lora: bool, seq2seq: bool = False) -> list[str]:
     if lora and not merged:
+        peft_class = "AutoPeftModelForSeq2SeqLM" if seq2seq else "AutoPeftModelForCausalLM"
         return [
             "```python",
-            "from peft import AutoPeftModelForCausalLM",
+            f"from peft import {peft_class}",
             "from transformers import AutoTokenizer",
             "",
-            'model = AutoPeftModelForCausalLM.from_pretrained("path/to/this/directory")',
+            f'model = {peft_class}.from_pretrained("path/to/this/directory")',
             'tokenizer = AutoTokenizer.from_pretrained("path/to/this/directory")',
             "```",
             "",
             f"The adapter applies to `{base}`.",
+        ]
+    if seq2seq:
+        return [
+            "```python",
+            "from transformers import AutoModelForSeq2SeqLM, AutoTokenizer",
+            "",
+            'model = AutoModelForSeq2SeqLM.from_pretrained("path/to/this/directory")',
+            'tokenizer = AutoTokenizer.from_pretrained("path/to/this/directory")',
+            'inputs = tokenizer("Which city hosted the 1998 final?", return_tensors="pt")',
+            "print(tokenizer.decode(model.generate(**inputs, max_new_tokens=64)[0], skip_special_tokens=True))",
+            "```",
+            "",
+            "The encoder reads the source as training built it; the decoder writes the target.",
         ]
     return [
         "```python",
