@@ -10,10 +10,12 @@ from __future__ import annotations
 import random
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import TypeVar
 
 NAMES = ("Maya", "Omar", "Lena", "Tariq", "Ines", "Kofi", "Hana", "Diego", "Priya", "Jonas", "Amara", "Felix")
 ITEMS = ("marbles", "stickers", "pencils", "shells", "stamps", "cookies", "cards", "beads")
 PLACES = ("market", "library", "school fair", "bakery", "garden shop")
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -104,16 +106,29 @@ GENERATORS: tuple[Callable[[random.Random], _Problem], ...] = (
 
 def iter_arithmetic_problems(num_rows: int, seed: int = 0) -> Iterator[dict[str, str]]:
     """Yield ``num_rows`` distinct problems as ``{"question", "answer"}`` rows, GSM8K-style."""
-    rng = random.Random(seed)
-    seen: set[str] = set()
-    attempts = 0
-    while len(seen) < num_rows:
-        attempts += 1
-        if attempts > num_rows * 50:
-            raise ValueError(f"cannot generate {num_rows} distinct problems; ask for fewer rows")
-        problem = rng.choice(GENERATORS)(rng)
-        if problem.question in seen:
-            continue
-        seen.add(problem.question)
+    problems = distinct_examples(lambda rng: rng.choice(GENERATORS)(rng), _question, num_rows, seed, "problems")
+    for problem in problems:
         answer = "\n".join((*problem.steps, f"#### {problem.result}"))
         yield {"question": problem.question, "answer": answer}
+
+
+def _question(problem: _Problem) -> str:
+    return problem.question
+
+
+def distinct_examples(
+    make: Callable[[random.Random], T], key: Callable[[T], str], num_rows: int, seed: int, what: str
+) -> Iterator[T]:
+    """Yield ``num_rows`` results of ``make`` with distinct ``key``s, deterministic for ``seed``; a
+    generator that keeps repeating itself (50 tries per row) is an error naming ``what``."""
+    rng = random.Random(seed)
+    seen: set[str] = set()
+    for _ in range(num_rows * 50):
+        if len(seen) == num_rows:
+            return
+        item = make(rng)
+        if key(item) not in seen:
+            seen.add(key(item))
+            yield item
+    if len(seen) < num_rows:
+        raise ValueError(f"cannot generate {num_rows} distinct {what}; ask for fewer rows")

@@ -18,6 +18,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from rayft.data.builtin_arithmetic import distinct_examples
+
 INSTRUCTION = "Translate the question into a SQL query over the table."
 
 Value = str | int | float
@@ -181,15 +183,8 @@ def _example(rng: random.Random) -> dict[str, Any]:
 
 def iter_sql_examples(num_rows: int, seed: int = 0) -> Iterator[dict[str, Any]]:
     """Yield ``num_rows`` examples with distinct inputs, deterministic for ``seed``."""
-    rng = random.Random(seed)
-    seen: set[str] = set()
-    attempts = 0
-    while len(seen) < num_rows:
-        attempts += 1
-        if attempts > num_rows * 50:
-            raise ValueError(f"cannot generate {num_rows} distinct text-to-SQL examples; ask for fewer rows")
-        example = _example(rng)
-        if example["input"] in seen:
-            continue
-        seen.add(example["input"])
-        yield example
+    yield from distinct_examples(_example, _input, num_rows, seed, "text-to-SQL examples")
+
+
+def _input(example: dict[str, Any]) -> str:
+    return str(example["input"])

@@ -231,17 +231,23 @@ def render_markdown(summary: CompareSummary, rows: Sequence[dict[str, Any]]) -> 
     return "\n".join(out) + "\n"
 
 
-_CSS = """
+# The page style rayft's HTML reports share (compare.html, tune.html).
+BASE_CSS = """
 body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:2rem auto;max-width:1100px;color:#222;
 padding:0 1rem}
 h1{font-size:1.6rem}h2{font-size:1.25rem;margin-top:2rem;border-bottom:1px solid #ddd;padding-bottom:.3rem}
 table{border-collapse:collapse;margin:.5rem 0;font-size:.92rem}
 th,td{border:1px solid #ccc;padding:.35rem .6rem;text-align:left;vertical-align:top}
-th{background:#f3f4f6}.yes{color:#0a7d32;font-weight:600}.no{color:#666}
+th{background:#f3f4f6}
+"""
+_CSS = (
+    BASE_CSS
+    + """.yes{color:#0a7d32;font-weight:600}.no{color:#666}
 .ok{color:#0a7d32;font-weight:600}.bad{color:#b42318;font-weight:600}
 pre{white-space:pre-wrap;background:#f8f8f8;border:1px solid #e5e5e5;padding:.5rem;margin:.2rem 0;font-size:.85rem}
 .meta{color:#555;font-size:.9rem}.example{border:1px solid #ddd;border-radius:6px;padding:.6rem 1rem;margin:1rem 0}
 """
+)
 
 
 def _svg_chart(summary: CompareSummary) -> str:

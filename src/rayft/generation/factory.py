@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from rayft.config.generation import GenerationConfig
+from rayft.config.inference import InferenceConfig
 from rayft.generation.backend import GenerationBackend, SamplingParams
 
 
@@ -35,8 +36,8 @@ def build_backend(cfg: GenerationConfig) -> GenerationBackend:
     return BACKENDS[cfg.backend](cfg)
 
 
-def sampling_params(cfg: GenerationConfig) -> SamplingParams:
-    """The sampling parameters of a generation config."""
+def sampling_params(cfg: GenerationConfig | InferenceConfig) -> SamplingParams:
+    """The sampling parameters of a generation config (or of the inference section, which has the same)."""
     return SamplingParams(
         max_new_tokens=cfg.max_new_tokens,
         temperature=cfg.temperature,

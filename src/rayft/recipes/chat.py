@@ -17,9 +17,9 @@ from dataclasses import dataclass
 from typing import TextIO
 
 from rayft.config import RayftConfig
-from rayft.config.inference import InferenceConfig
 from rayft.evaluation.sources import ResolvedSource, resolve_source
 from rayft.generation.backend import SamplingParams
+from rayft.generation.factory import sampling_params
 from rayft.generation.hf import HFBackend
 from rayft.inference.conversation import Conversation, fit_history, step
 
@@ -33,17 +33,6 @@ class ChatIO:
     read_line: Callable[[], str | None]
     replies: TextIO
     notes: TextIO
-
-
-def sampling_params(inference: InferenceConfig) -> SamplingParams:
-    """The sampling parameters of the inference section."""
-    return SamplingParams(
-        max_new_tokens=inference.max_new_tokens,
-        temperature=inference.temperature,
-        top_p=inference.top_p,
-        stop=tuple(inference.stop),
-        seed=inference.seed,
-    )
 
 
 def load_model(cfg: RayftConfig, source: str, device: str | None = None) -> tuple[HFBackend, ResolvedSource]:

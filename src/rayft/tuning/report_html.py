@@ -10,18 +10,16 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from rayft.config.tune import TuneConfig
+from rayft.evaluation.report import BASE_CSS
 from rayft.tuning.results import SweepResult, TrialRecord
 
 PALETTE = ("#4269d0", "#efb118", "#ff725c", "#6cc5b0", "#3ca951", "#ff8ab7", "#a463f2", "#97bbf5", "#9c6b4e")
-_CSS = """
-body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:2rem auto;max-width:1100px;color:#222;
-padding:0 1rem}
-h1{font-size:1.6rem}h2{font-size:1.25rem;margin-top:2rem;border-bottom:1px solid #ddd;padding-bottom:.3rem}
-table{border-collapse:collapse;margin:.5rem 0;font-size:.92rem}
-th,td{border:1px solid #ccc;padding:.35rem .6rem;text-align:left;vertical-align:top}
-th{background:#f3f4f6}.best{background:#ecfdf3;font-weight:600}.meta{color:#555;font-size:.9rem}
+_CSS = (
+    BASE_CSS
+    + """.best{background:#ecfdf3;font-weight:600}.meta{color:#555;font-size:.9rem}
 .charts{display:flex;flex-wrap:wrap;gap:1rem}
 """
+)
 _W, _H, _LEFT, _RIGHT, _TOP, _BOTTOM = 520, 300, 64, 16, 20, 44
 Scale = Callable[[float], float]
 
