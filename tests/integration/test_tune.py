@@ -1,5 +1,5 @@
 """``rayft tune`` on the shared local Ray (2 CPUs) with the tiny model: a sweep that cannot fit
-fails fast, ASHA over a grid stops a learning rate that cannot learn early and runs every grid point
+fails fast, ASHA over a grid stops a far too high learning rate early and runs every grid point
 once, and PBT continues an exploited trial from a copy of the better trial's checkpoint."""
 
 from __future__ import annotations
@@ -48,21 +48,22 @@ def test_asha_over_a_grid_stops_the_bad_trial_early_and_runs_each_point_once(
 ) -> None:
     from rayft.recipes.tune import run
 
-    # The bad rate (far too low to learn: the loss stays at the untrained one) comes last, so it starts
-    # once both good trials have reported at the first rung; 12 steps leave it far from its end then.
+    # The bad rate (far too high: its first evaluation is worse than the untrained model's, where the
+    # good rates' are better) comes last, so it starts once both good trials have reported at the
+    # first rung; 12 steps leave it far from its end then.
     cfg = sweep_config(
         tiny_model_dir, tmp_path, "train.max_steps=12", "tune.scheduler=asha", "tune.search_algorithm=grid",
-        "tune.grace_period=1", "tune.search_space={train.learning_rate: {grid: [1.0e-2, 3.0e-3, 1.0e-9]}}",
+        "tune.grace_period=1", "tune.search_space={train.learning_rate: {grid: [1.0e-2, 3.0e-3, 2.0]}}",
     )  # fmt: skip
     outcome = run(cfg)
 
     trials = {t.params["train.learning_rate"]: t for t in outcome.result.trials}
-    assert sorted(trials) == [1.0e-9, 3.0e-3, 1.0e-2] and len(outcome.result.trials) == 3
-    bad = trials[1.0e-9]
+    assert sorted(trials) == [3.0e-3, 1.0e-2, 2.0] and len(outcome.result.trials) == 3
+    bad = trials[2.0]
     assert bad.status == "STOPPED_EARLY" and len(bad.history) == 1 and bad.steps < 12, bad
     assert "stopped early by asha after 1 report(s)" in bad.stop_reason
     assert any(t.status == "TERMINATED" and t.steps == 12 for t in outcome.result.trials)
-    assert outcome.result.best is not None and outcome.result.best.params["train.learning_rate"] != 1.0e-9
+    assert outcome.result.best is not None and outcome.result.best.params["train.learning_rate"] != 2.0
     assert not (Path(bad.run_dir) / "final").exists()
     saved = json.loads((outcome.sweep_dir / "tune.json").read_text())
     assert len(saved["trials"]) == 3
