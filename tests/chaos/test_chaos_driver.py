@@ -49,14 +49,25 @@ def wait_for_step(process: subprocess.Popen[str], run_dir: Path, step: int, time
     raise AssertionError(f"step {step} not reached within {timeout_s} s")
 
 
-def wait_for_no_train_workers(timeout_s: float = 90) -> None:
-    """Ray ends a dead driver's actors; wait until no Ray Train worker process is left."""
+def started_at(driver: subprocess.Popen[str]) -> float:
+    """When the driver process started (read while it runs: a reaped pid has no start time)."""
+    import psutil
+
+    return float(psutil.Process(driver.pid).create_time())
+
+
+def wait_for_no_train_workers(since: float, timeout_s: float = 90) -> None:
+    """Ray ends a dead driver's actors; wait until none of its Ray Train worker processes is left.
+
+    The driver's workers are the ones started after it: a Ray Train worker of another Ray on the
+    same machine (a run beside the tests) is older and not this driver's to end.
+    """
     import psutil
 
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        if not any("ray::RayTrainWorker" in " ".join(p.info["cmdline"] or [])
-                   for p in psutil.process_iter(["cmdline"])):  # fmt: skip
+        if not any("ray::RayTrainWorker" in " ".join(p.info["cmdline"] or []) and p.info["create_time"] >= since
+                   for p in psutil.process_iter(["cmdline", "create_time"])):  # fmt: skip
             return
         time.sleep(0.5)
     raise AssertionError(f"Ray Train workers still running {timeout_s} s after their driver died")
@@ -85,11 +96,12 @@ def test_killing_the_driver_then_resume_continues_from_the_last_committed_checkp
         what = f"trial {trial} (seed {chaos_seed()}): driver killed after step {kill_step}"
         storage = tmp_path / f"trial-{trial}"
         driver = start_driver(prepared, tiny_model_dir, storage, *COMMON, address=gcs_address())
+        since = started_at(driver)
         wait_for_step(driver, storage / "run", kill_step)
         driver.send_signal(signal.SIGKILL)
         killed_at = time.time()
         driver.communicate()
-        wait_for_no_train_workers()
+        wait_for_no_train_workers(since)
         last = max(committed_steps(storage / "run"), default=0)
         assert last >= 3, what
 
@@ -104,6 +116,7 @@ def test_sigterm_saves_a_checkpoint_of_the_current_step_and_resume_continues_fro
     settings = (*COMMON, "train.save_steps=100", "failure.sigterm_grace_s=120")  # no periodic save before step 12
     slow = {"RAYFT_FAULT_STEP_DELAY_S": "0.5"}  # steps of ~0.5 s, so that the signal lands mid-run
     driver = start_driver(prepared, tiny_model_dir, tmp_path, *settings, address=gcs_address(), env=slow)
+    since = started_at(driver)
     wait_for_step(driver, tmp_path / "run", 4)
     driver.send_signal(signal.SIGTERM)
     started = time.monotonic()
@@ -117,7 +130,7 @@ def test_sigterm_saves_a_checkpoint_of_the_current_step_and_resume_continues_fro
     assert f"Stopped: stopped on SIGTERM after saving checkpoint {tmp_path / 'run' / 'checkpoints'}" in err
     assert "--resume" in err
     assert not (tmp_path / "run" / "final").exists()
-    wait_for_no_train_workers()
+    wait_for_no_train_workers(since)
 
     run_dir = train_on(tiny_config(tiny_model_dir, tmp_path, *settings), prepared, resume=True)
     assert resumed_after(run_dir, ended_at) == saved[0]
