@@ -15,7 +15,7 @@ from rayft.tracking.driver import PARENT_RUN_ENV, nested_under, start_training
 from rayft.tracking.sweep import SweepTracker
 from tests.unit.test_tune_results import sweep
 
-pytest.importorskip("mlflow")
+pytest.importorskip("mlflow", reason="needs the mlflow extra: pip install 'rayft[mlflow]'")
 
 
 def test_trials_nest_under_the_sweep_run_which_gets_the_best_trial(

@@ -42,21 +42,15 @@ def build_sql_tokenizer(out_dir: str | Path, *, vocab_size: int = 1024, rows: in
 
 def build_sql_t5(out_dir: str | Path, *, seed: int = 0) -> Path:
     """Save the tokenizer and a random-initialised T5 sized to it to ``out_dir``."""
-    import torch
-    from transformers import AutoTokenizer, T5ForConditionalGeneration
+    from transformers import AutoTokenizer
 
     from rayft.testing.architectures import architecture_config
+    from rayft.testing.tiny import save_random_t5
 
     out = build_sql_tokenizer(out_dir)
     tokenizer = AutoTokenizer.from_pretrained(out)
     config = architecture_config("t5-tiny", vocab_size=len(tokenizer), **SHAPE)
-    torch.manual_seed(seed)
-    model = T5ForConditionalGeneration(config)
-    model.generation_config.decoder_start_token_id = tokenizer.pad_token_id
-    model.generation_config.eos_token_id = tokenizer.eos_token_id
-    model.generation_config.pad_token_id = tokenizer.pad_token_id
-    model.save_pretrained(out, safe_serialization=True)
-    return out
+    return save_random_t5(config, tokenizer, out, seed)
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ chat templates, EOS handling and prompt masking behave as with real instruct mod
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from rayft.models.registry import CHATML_TEMPLATE
 
@@ -90,8 +91,7 @@ def build_tiny_model(
 def build_tiny_t5(out_dir: str | Path, *, d_model: int = 32, num_layers: int = 2, seed: int = 0) -> Path:
     """Save a random-init T5 v1.1-architecture encoder-decoder (gated feed-forward ``wi_0``/``wi_1``,
     untied head) and its tokenizer, which has no chat template (as T5's has none), to ``out_dir``."""
-    import torch
-    from transformers import AutoTokenizer, T5Config, T5ForConditionalGeneration
+    from transformers import AutoTokenizer, T5Config
 
     out = Path(out_dir)
     build_tiny_tokenizer(out, chat_template=False)
@@ -102,6 +102,15 @@ def build_tiny_t5(out_dir: str | Path, *, d_model: int = 32, num_layers: int = 2
         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
         decoder_start_token_id=tokenizer.pad_token_id,
     )  # fmt: skip
+    return save_random_t5(config, tokenizer, out, seed)
+
+
+def save_random_t5(config: Any, tokenizer: Any, out: Path, seed: int) -> Path:
+    """Initialise a T5 from ``config`` with ``seed`` and save it into ``out`` (beside its tokenizer),
+    its generation config starting and ending where the tokenizer's pad and EOS tokens say."""
+    import torch
+    from transformers import T5ForConditionalGeneration
+
     torch.manual_seed(seed)
     model = T5ForConditionalGeneration(config)
     model.generation_config.eos_token_id = tokenizer.eos_token_id
