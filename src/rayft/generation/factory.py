@@ -13,7 +13,14 @@ def _hf(cfg: GenerationConfig) -> GenerationBackend:
     from rayft.generation.hf import HFBackend
 
     device = "cuda" if cfg.num_gpus_per_actor > 0 else "cpu"
-    return HFBackend(cfg.model, adapter_path=cfg.adapter_path, device=device, batch_size=cfg.batch_size)
+    return HFBackend(
+        cfg.model,
+        adapter_path=cfg.adapter_path,
+        device=device,
+        batch_size=cfg.batch_size,
+        kv_cache=cfg.kv_cache,
+        compile=cfg.compile,
+    )
 
 
 def _vllm(cfg: GenerationConfig) -> GenerationBackend:

@@ -4,6 +4,7 @@ Runs on CPU or GPU; optionally with a LoRA adapter applied on top of the base mo
 Encoder-decoder models (T5, BART: ``is_encoder_decoder`` in their config) are loaded with
 ``AutoModelForSeq2SeqLM``: the prompt goes to the encoder (right-padded, with the tokenizer's
 special tokens, as in training) and the output is the decoder's tokens after its start token.
+A decoder-only model can decode with a static KV cache and a compiled step (:mod:`rayft.generation.kv_cache`).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from rayft.generation.backend import (
     StopFilter,
     truncate_at_stop,
 )
+from rayft.generation.kv_cache import Compile, KVCache, cache_length, filled_batch, plan_cache
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -52,6 +54,8 @@ class HFBackend:
         device: str | None = None,
         batch_size: int = 16,
         sort_by_length: bool = True,
+        kv_cache: KVCache = "dynamic",
+        compile: Compile = False,
     ) -> None:
         import torch
 
@@ -72,6 +76,8 @@ class HFBackend:
         self.model: Any = loaded.to(self._device).eval()
         self.batch_size = batch_size
         self.sort_by_length = sort_by_length  # batches of similar prompt lengths (less left padding)
+        device_type = torch.device(self._device).type
+        self.cache = plan_cache(kv_cache, compile, device_type, encoder_decoder=self.encoder_decoder)
 
     @property
     def name(self) -> str:
@@ -115,7 +121,8 @@ class HFBackend:
         """Generate for one prompt, yielding the text as it is decoded (without stop sequences).
 
         Generation runs on a thread; setting ``stop`` (or closing the iterator) ends it after the
-        current token. An error of the generation thread is raised here.
+        current token. An error of the generation thread is raised here. One interactive prompt
+        decodes with the dynamic cache, whatever the backend's cache plan.
         """
         import torch
         from transformers import StoppingCriteria, StoppingCriteriaList, TextIteratorStreamer
@@ -159,21 +166,45 @@ class HFBackend:
     def _generate_batch(self, texts: list[str], params: SamplingParams) -> list[Generation]:
         import torch
 
-        padded = self.tokenizer.pad({"input_ids": self._encode(texts)}, return_tensors="pt")
+        count = len(texts)
+        ids = self._encode(filled_batch(texts, self.batch_size) if self.cache.compile else texts)
+        padded = self.tokenizer.pad({"input_ids": ids}, return_tensors="pt")
         enc = {k: v.to(self._device) for k, v in padded.items()}
+        cache = self._cache_kwargs(max(len(row) for row in ids), params.max_new_tokens)
         if params.seed is not None:
             torch.manual_seed(params.seed)
         with torch.inference_mode():
-            output = self.model.generate(**enc, **self._generate_kwargs(params))
+            output = self.model.generate(**enc, **self._generate_kwargs(params), **cache)
         # generate returns the prompt then the new tokens for a decoder-only model, and the decoder
         # start token then the new tokens for an encoder-decoder one.
         prompt_len = 1 if self.encoder_decoder else enc["input_ids"].shape[1]
         eos_ids = self._eos_ids()
         results = []
-        for row, ids in enumerate(output[:, prompt_len:].tolist()):
+        for row, generated in enumerate(output[:count, prompt_len:].tolist()):
             n_prompt = int(enc["attention_mask"][row].sum())
-            results.append(self._to_generation(ids, n_prompt, eos_ids, params))
+            results.append(self._to_generation(generated, n_prompt, eos_ids, params))
         return results
+
+    def _cache_kwargs(self, longest_prompt: int, max_new_tokens: int) -> dict[str, Any]:
+        """``generate`` arguments of the cache plan: nothing for the dynamic cache; a static cache of a
+        bucketed length, and the compilation switched on or off explicitly (transformers compiles a
+        static cache's step on CUDA by default)."""
+        if not self.cache.static:
+            return {}
+        kwargs: dict[str, Any] = {
+            "cache_implementation": "static",
+            "max_cache_len": cache_length(longest_prompt, max_new_tokens),
+        }
+        if not self.cache.compile:
+            return {**kwargs, "disable_compile": True}
+        from transformers import CompileConfig
+
+        config = CompileConfig()
+        if self.model.device.type != "cuda":
+            # transformers compiles only on accelerators unless this private flag is set
+            # (tests/unit/test_generation_cache.py fails if compilation stops happening on CPU).
+            config._compile_all_devices = True  # type: ignore[assignment]
+        return {**kwargs, "compile_config": config}
 
     def _encode(self, texts: list[str]) -> list[list[int]]:
         """Token ids of prompts: as they are for a decoder-only model (a chat template adds its own

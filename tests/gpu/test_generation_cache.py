@@ -1,0 +1,66 @@
+"""The GPU tier's generation check (run by ``make gpu-check``): on CUDA the HF backend's default
+plan decodes with a static KV cache and a compiled step, and its greedy completions equal the
+dynamic cache's. No Ray: only torch, transformers and the tiny model's tokenizer.
+``RAYFT_GPU_TIER_DEVICE=cpu`` runs it on the CPU with the static cache and compilation asked for.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytestmark = pytest.mark.gpu
+
+PROMPTS = [
+    "1 2",
+    "The quick brown fox jumps over the lazy dog. 0 1 2 3 4 5 6 7 8 9",
+    "SELECT name",
+    "A baker has 12 apples and buys 7 more. How many apples does the baker have?",
+    "instruction input output",
+]
+
+
+@pytest.fixture(scope="module")
+def device() -> str:
+    import torch
+
+    wanted = os.environ.get("RAYFT_GPU_TIER_DEVICE", "cuda")
+    if wanted == "cuda" and not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU (RAYFT_GPU_TIER_DEVICE=cpu checks the tier on the CPU)")
+    return wanted
+
+
+def _backend(model_dir: Path, device: str, **options: Any) -> Any:
+    from rayft.config.model import ModelConfig
+    from rayft.generation.hf import HFBackend
+
+    # float32: the comparison is of the cache, not of bf16 rounding in two attention lengths.
+    return HFBackend(ModelConfig(name=str(model_dir), dtype="float32"), device=device, batch_size=2, **options)
+
+
+def _completions(backend: Any) -> list[tuple[str, int, str]]:
+    from rayft.generation.backend import SamplingParams
+
+    params = SamplingParams(max_new_tokens=12, temperature=0.0)
+    return [(g.text, g.num_generated_tokens, g.finish_reason) for g in backend.generate(PROMPTS, params)]
+
+
+@pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")  # inductor on CPU
+def test_default_plan_compiles_a_static_cache_and_generates_what_the_dynamic_one_does(
+    device: str, tiny_model_dir: Path
+) -> None:
+    import torch._dynamo.utils
+
+    from rayft.generation.kv_cache import CachePlan
+
+    dynamic = _completions(_backend(tiny_model_dir, device, kv_cache="dynamic", compile=False))
+    options = {"kv_cache": "auto", "compile": "auto"} if device == "cuda" else {"kv_cache": "static", "compile": True}
+    fast = _backend(tiny_model_dir, device, **options)
+    assert fast.cache == CachePlan(static=True, compile=True)
+    graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+    assert _completions(fast) == dynamic
+    assert _completions(fast) == dynamic  # the second pass reuses the compiled step
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == graphs + 1
