@@ -9,6 +9,7 @@ import pytest
 from pydantic import ValidationError
 
 from rayft.config.generation import GenerationConfig
+from rayft.config.inference import InferenceConfig
 from rayft.errors import ConfigError
 from rayft.generation.kv_cache import CachePlan, bucket, cache_length, filled_batch, plan_cache
 
@@ -38,15 +39,32 @@ def test_plan_takes_the_fast_path_of_each_device(
     assert plan_cache(kv_cache, compile, device, encoder_decoder=False) == expected  # type: ignore[arg-type]
 
 
-def test_plan_refuses_what_cannot_work_and_keeps_encoder_decoders_dynamic() -> None:
+def test_plan_refuses_what_cannot_work_and_keeps_other_models_dynamic() -> None:
     assert plan_cache("auto", "auto", "cuda", encoder_decoder=True) == CachePlan(static=False, compile=False)
+    uncompilable = plan_cache("auto", "auto", "cuda", encoder_decoder=False, compilable=False)
+    assert uncompilable == CachePlan(static=False, compile=False)
+    assert plan_cache("static", "auto", "cuda", encoder_decoder=False, compilable=False).compile is False
     with pytest.raises(ConfigError, match="compile true needs generation.kv_cache 'static'"):
         plan_cache("dynamic", True, "cuda", encoder_decoder=False)
     with pytest.raises(ConfigError, match="'static' with compile 'auto' is for decoder-only models"):
         plan_cache("static", "auto", "cuda", encoder_decoder=True)
     with pytest.raises(ValidationError, match="compile true needs kv_cache 'static'"):
         GenerationConfig(kv_cache="dynamic", compile=True)
-    assert GenerationConfig(compile="true").compile is True  # type: ignore[arg-type]  # a CLI override's text
+    with pytest.raises(ValidationError, match="compile true needs kv_cache 'static'"):
+        InferenceConfig(kv_cache="dynamic", compile=True)
+
+
+def test_settings_reach_the_generation_section_of_eval_sdg_and_rayft_generate() -> None:
+    from rayft.config import load_config
+    from rayft.recipes.generate import generation_config
+
+    overrides = ["eval.generation.kv_cache=static", "sdg.teacher.compile=false", "inference.backend=openai",
+                 "inference.kv_cache=static", "inference.compile=true"]  # fmt: skip
+    cfg = load_config(None, overrides)
+    assert (cfg.eval.generation.kv_cache, cfg.eval.generation.compile) == ("static", "auto")
+    assert (cfg.sdg.teacher.kv_cache, cfg.sdg.teacher.compile) == ("auto", False)
+    gen_cfg, _ = generation_config(cfg, "some-model")
+    assert (gen_cfg.kv_cache, gen_cfg.compile) == ("static", True)
 
 
 def test_static_cache_lengths_come_in_a_few_sizes() -> None:

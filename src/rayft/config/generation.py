@@ -9,6 +9,30 @@ from pydantic import Field, model_validator
 from rayft.config.base import Section
 from rayft.config.model import ModelConfig
 
+KVCacheSetting = Literal["auto", "dynamic", "static"]
+CompileSetting = bool | Literal["auto"]
+KV_CACHE_DESCRIPTION = (
+    "KV cache of the 'hf' backend: 'dynamic' grows by one position per token; 'static' is allocated once per "
+    "batch (longest prompt + max_new_tokens, rounded up to a few sizes) so that torch.compile can capture the "
+    "decoding step; 'auto' is static on a GPU (for models transformers compiles as one graph) and dynamic on "
+    "CPU, where static was no faster (docs/performance.md). Greedy completions are the same with either."
+)
+COMPILE_DESCRIPTION = (
+    "torch.compile the decoding step of the 'hf' backend (needs a static cache). The first batch pays the "
+    "compilation, and a short batch is filled up to batch_size so that one shape is compiled (sampled "
+    "completions then differ from uncompiled ones; greedy ones do not). 'auto': on where kv_cache 'auto' "
+    "would take the static cache (a GPU), off on CPU."
+)
+
+
+def check_compile(kv_cache: KVCacheSetting, compile: CompileSetting) -> None:
+    """Refuse compilation with a dynamic cache, whose shapes change at every token."""
+    if compile is True and kv_cache == "dynamic":
+        raise ValueError(
+            "compile true needs kv_cache 'static' (or 'auto'): a dynamic cache changes shape at every "
+            "token, so the compiled step would recompile; set kv_cache: static or compile: false"
+        )
+
 
 class EndpointConfig(Section):
     """An OpenAI-compatible HTTP endpoint (backend 'openai'): where it is and how hard to try."""
@@ -56,24 +80,8 @@ class GenerationConfig(Section):
     )
     seed: int | None = Field(None, description="Sampling seed (with temperature > 0).")
     batch_size: int = Field(16, gt=0, description="Prompts per generate call (and per Ray Data batch).")
-    kv_cache: Literal["auto", "dynamic", "static"] = Field(
-        "auto",
-        description=(
-            "KV cache of the 'hf' backend: 'dynamic' grows by one position per token; 'static' is allocated "
-            "once per batch (longest prompt + max_new_tokens, rounded up to a few sizes) so that torch.compile "
-            "can capture the decoding step; 'auto' is static on a GPU and dynamic on CPU, where static was no "
-            "faster (docs/performance.md). Greedy completions are the same with either."
-        ),
-    )
-    compile: bool | Literal["auto"] = Field(
-        "auto",
-        description=(
-            "torch.compile the decoding step of the 'hf' backend (needs a static cache). The first batch pays "
-            "the compilation, and a short batch is filled up to batch_size so that one shape is compiled "
-            "(sampled completions then differ from uncompiled ones; greedy ones do not). 'auto': on with a "
-            "static cache on a GPU, off on CPU."
-        ),
-    )
+    kv_cache: KVCacheSetting = Field("auto", description=KV_CACHE_DESCRIPTION)
+    compile: CompileSetting = Field("auto", description=COMPILE_DESCRIPTION)
     concurrency: int = Field(1, gt=0, description="Generation actors (model replicas) in the Ray Data actor pool.")
     num_cpus_per_actor: float = Field(1.0, gt=0, description="CPUs reserved by each actor.")
     num_gpus_per_actor: float = Field(0.0, ge=0, description="GPUs reserved by each actor (0 runs on CPU).")
@@ -83,9 +91,5 @@ class GenerationConfig(Section):
 
     @model_validator(mode="after")
     def _check_compile(self) -> GenerationConfig:
-        if self.compile is True and self.kv_cache == "dynamic":
-            raise ValueError(
-                "compile true needs kv_cache 'static' (or 'auto'): a dynamic cache changes shape at every "
-                "token, so the compiled step would recompile; set kv_cache: static or compile: false"
-            )
+        check_compile(self.kv_cache, self.compile)
         return self

@@ -4,10 +4,17 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from rayft.config.base import Section
-from rayft.config.generation import EndpointConfig
+from rayft.config.generation import (
+    COMPILE_DESCRIPTION,
+    KV_CACHE_DESCRIPTION,
+    CompileSetting,
+    EndpointConfig,
+    KVCacheSetting,
+    check_compile,
+)
 
 
 class InferenceConfig(Section):
@@ -36,9 +43,16 @@ class InferenceConfig(Section):
         None, description="System message a chat session starts with (/system changes it during the session)."
     )
     batch_size: int = Field(16, gt=0, description="Prompts per generate call and per Ray Data batch (rayft generate).")
+    kv_cache: KVCacheSetting = Field("auto", description=f"rayft generate: {KV_CACHE_DESCRIPTION}")
+    compile: CompileSetting = Field("auto", description=f"rayft generate: {COMPILE_DESCRIPTION}")
     num_workers: int = Field(1, gt=0, description="Generation actors (model replicas) in the Ray Data pool.")
     num_cpus_per_worker: float = Field(1.0, gt=0, description="CPUs reserved by each generation actor.")
     num_gpus_per_worker: float = Field(0.0, ge=0, description="GPUs reserved by each generation actor (0: CPU).")
     endpoint: EndpointConfig = Field(
         default_factory=EndpointConfig, description="The OpenAI-compatible server (backend 'openai' only)."
     )
+
+    @model_validator(mode="after")
+    def _check_compile(self) -> InferenceConfig:
+        check_compile(self.kv_cache, self.compile)
+        return self

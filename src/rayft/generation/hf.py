@@ -13,6 +13,7 @@ import threading
 from collections.abc import Generator, Sequence
 from typing import TYPE_CHECKING, Any
 
+from rayft.config.generation import CompileSetting, KVCacheSetting
 from rayft.config.model import ModelConfig
 from rayft.generation.backend import (
     FinishReason,
@@ -22,7 +23,7 @@ from rayft.generation.backend import (
     StopFilter,
     truncate_at_stop,
 )
-from rayft.generation.kv_cache import Compile, KVCache, cache_length, filled_batch, plan_cache
+from rayft.generation.kv_cache import cache_length, filled_batch, plan_cache
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -54,8 +55,8 @@ class HFBackend:
         device: str | None = None,
         batch_size: int = 16,
         sort_by_length: bool = True,
-        kv_cache: KVCache = "dynamic",
-        compile: Compile = False,
+        kv_cache: KVCacheSetting = "dynamic",
+        compile: CompileSetting = False,
     ) -> None:
         import torch
 
@@ -69,6 +70,7 @@ class HFBackend:
         # reads the whole prompt under its attention mask, and T5-style models are trained right-padded.
         self.tokenizer.padding_side = "right" if self.encoder_decoder else "left"
         loaded: Any = load_causal_lm(model, self._device)  # AutoModelForSeq2SeqLM for an encoder-decoder
+        compilable = bool(getattr(loaded, "_can_compile_fullgraph", False))  # the model class says so
         if adapter_path:
             from peft import PeftModel
 
@@ -77,7 +79,9 @@ class HFBackend:
         self.batch_size = batch_size
         self.sort_by_length = sort_by_length  # batches of similar prompt lengths (less left padding)
         device_type = torch.device(self._device).type
-        self.cache = plan_cache(kv_cache, compile, device_type, encoder_decoder=self.encoder_decoder)
+        self.cache = plan_cache(
+            kv_cache, compile, device_type, encoder_decoder=self.encoder_decoder, compilable=compilable
+        )
 
     @property
     def name(self) -> str:

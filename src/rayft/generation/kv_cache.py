@@ -13,12 +13,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal, TypeVar
+from typing import TypeVar
 
+from rayft.config.generation import CompileSetting, KVCacheSetting
 from rayft.errors import ConfigError
 
-KVCache = Literal["auto", "dynamic", "static"]
-Compile = bool | Literal["auto"]
 T = TypeVar("T")
 
 
@@ -30,12 +29,21 @@ class CachePlan:
     compile: bool
 
 
-def plan_cache(kv_cache: KVCache, compile: Compile, device_type: str, *, encoder_decoder: bool) -> CachePlan:
+def plan_cache(
+    kv_cache: KVCacheSetting,
+    compile: CompileSetting,
+    device_type: str,
+    *,
+    encoder_decoder: bool,
+    compilable: bool = True,
+) -> CachePlan:
     """The cache and compilation for a backend on ``device_type`` ('cuda', 'cpu', ...).
 
-    'auto' picks the measured fast path: on CUDA a static cache with a compiled decoding step; on
-    any other device a dynamic cache, uncompiled (on CPU neither was faster: docs/performance.md),
-    unless ``compile`` is true, which needs a static cache. Encoder-decoder models keep the dynamic cache.
+    'auto' picks the measured fast path: on CUDA a static cache with a compiled decoding step, for
+    a model that declares it compiles as one graph (``compilable``: transformers'
+    ``_can_compile_fullgraph``); otherwise a dynamic cache, uncompiled (on CPU neither was faster:
+    docs/performance.md), unless ``compile`` is true, which needs a static cache. Encoder-decoder
+    models keep the dynamic cache.
 
     Raises:
         ConfigError: ``compile`` true with a dynamic cache, or a static cache or compilation asked
@@ -51,9 +59,9 @@ def plan_cache(kv_cache: KVCache, compile: Compile, device_type: str, *, encoder
             f"generation.kv_cache {kv_cache!r} with compile {compile!r} is for decoder-only models, and this "
             "model is an encoder-decoder; set generation.kv_cache: auto and generation.compile: auto"
         )
-    fast_path = device_type == "cuda" and not encoder_decoder
+    fast_path = device_type == "cuda" and not encoder_decoder and compilable
     static = kv_cache == "static" or (kv_cache == "auto" and (fast_path or compile is True))
-    compiled = static and (compile is True or (compile == "auto" and device_type == "cuda"))
+    compiled = static and (compile is True or (compile == "auto" and fast_path))
     return CachePlan(static=static, compile=compiled)
 
 

@@ -157,7 +157,8 @@ def generation_config(cfg: RayftConfig, source: str) -> tuple[GenerationConfig, 
     gen_cfg = GenerationConfig(
         backend=inference.backend, model=model, adapter_path=adapter, max_new_tokens=inference.max_new_tokens,
         temperature=inference.temperature, top_p=inference.top_p, stop=list(inference.stop), seed=inference.seed,
-        batch_size=inference.batch_size, concurrency=inference.num_workers,
+        batch_size=inference.batch_size, kv_cache=inference.kv_cache, compile=inference.compile,
+        concurrency=inference.num_workers,
         num_cpus_per_actor=inference.num_cpus_per_worker, num_gpus_per_actor=inference.num_gpus_per_worker,
         endpoint=inference.endpoint,
     )  # fmt: skip
