@@ -105,3 +105,60 @@ def test_pbt_continues_an_exploited_trial_from_the_better_trials_checkpoint(
         assert after[0]["train/learning_rate"] / new_lr == pytest.approx(donor[step + 1] / donor_lr)
     assert exploited[0].steps == 6 and exploited[0].status == "TERMINATED"
     assert load_config(trial / "config.yaml").train.learning_rate == new_lr
+
+
+def test_optuna_and_hyperband_rank_trials_on_an_evaluation_task_metric(
+    ray_session: None, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    from ray.tune.search.optuna import OptunaSearch
+
+    from rayft.recipes.tune import run
+
+    # Four trials of two reports each (steps 4 and 8), all running at once (half a CPU per worker), so
+    # that Tune adds them together: HyperBand (max_t 2, factor 2) runs the first two to the end in its
+    # first bracket and the other two in its second, where it pauses the first to reach one report
+    # until the other has reported, then keeps one of them and stops the other after its first report.
+    cfg = sweep_config(
+        tiny_model_dir, tmp_path, "train.max_steps=8", "train.save_steps=4", "train.eval_steps=4",
+        "scaling.resources_per_worker={CPU: 0.5}", "tune.search_algorithm=optuna",
+        "tune.scheduler=hyperband", "tune.reduction_factor=2", "tune.num_samples=4", "tune.seed=3",
+        "tune.search_space={train.learning_rate: {loguniform: [1.0e-4, 1.0e-2]}, lora.r: {choice: [2, 4]}}",
+        "tune.metric=eval_task/accuracy_flexible", "tune.mode=max", "tune.eval_rows=3",
+        "eval.datasets=[{path: 'builtin:arithmetic', split: test, max_rows: 8}]", "eval.generation.max_new_tokens=4",
+    )  # fmt: skip
+    outcome = run(cfg)
+    trials = outcome.result.trials
+    assert outcome.concurrent == 4 and len(trials) == 4
+
+    # Every value lies in the space and is one Optuna's study proposed.
+    study = OptunaSearch()
+    study.restore_from_dir(str(outcome.sweep_dir))
+    proposed = sorted((t.params["train.learning_rate"], t.params["lora.r"]) for t in study._ot_study.trials)
+    assert sorted((t.params["train.learning_rate"], t.params["lora.r"]) for t in trials) == proposed
+    assert all(1.0e-4 <= lr <= 1.0e-2 and r in (2, 4) for lr, r in proposed), proposed
+    # HyperBand stopped exactly one trial at its second bracket's rung, after one report (training goes
+    # on while Tune decides, so its run may have reached its end meanwhile); the others reported twice.
+    stopped = [t for t in trials if t.status == "STOPPED_EARLY"]
+    assert len(stopped) == 1 and len(stopped[0].history) == 1, [(t.status, t.history) for t in trials]
+    assert "stopped early by hyperband after 1 report(s)" in stopped[0].stop_reason
+    assert all(len(t.history) == 2 and t.steps == 8 for t in trials if t is not stopped[0])
+    # Tune saw each checkpoint once, in order, across the pause and resume of a trial.
+    for trial in trials:
+        rows = [
+            json.loads(line) for line in (outcome.sweep_dir / trial.trial_id / "result.json").read_text().splitlines()
+        ]
+        assert [r["training_iteration"] for r in rows] == list(range(1, len(rows) + 1))
+        assert [r["step"] for r in rows] == [4, 8][: len(rows)], rows
+    # Each report carried the evaluation task's accuracy of the checkpoint it reported, scored on 3 rows.
+    for trial in trials:
+        scored = [json.loads(line) for line in (Path(trial.run_dir) / "task_scores.jsonl").read_text().splitlines()]
+        by_step = {r["step"]: r["scores"]["eval_task/accuracy_flexible"] for r in scored}
+        assert all(r["rows"] == 3 for r in scored)
+        assert [step for step, _ in trial.history] == sorted(by_step)[: len(trial.history)], (trial.history, scored)
+        assert all(by_step[step] == value and 0 <= value <= 1 for step, value in trial.history)
+    saved = json.loads((outcome.sweep_dir / "tune.json").read_text())
+    assert saved["metric"] == "eval_task/accuracy_flexible" and len(saved["trials"]) == 4
+    assert all(t["history"] for t in saved["trials"])
+    best = load_config(outcome.sweep_dir / "best.yaml")
+    assert best.train.learning_rate == outcome.result.best.params["train.learning_rate"]
+    assert "eval_task/accuracy_flexible" in outcome.table

@@ -143,8 +143,10 @@ class TuneConfig(Section):
         "eval/loss",
         min_length=1,
         description=(
-            "The reported metric trials are ranked (and early-stopped) on: eval/loss, train/loss, or any metric "
-            "the run reports, such as an evaluation task's accuracy."
+            "The reported metric trials are ranked (and early-stopped) on: eval/loss, train/loss, a custom "
+            "task's eval/<name>, or eval_task/<name>, a metric of the evaluation task (eval.task) that each "
+            "trial scores its checkpoints with, e.g. eval_task/accuracy_flexible (gsm8k) or "
+            "eval_task/execution_accuracy (sql)."
         ),
     )
     mode: Literal["min", "max"] = Field("min", description="Whether a lower (min) or higher (max) metric is better.")
@@ -178,6 +180,14 @@ class TuneConfig(Section):
             "Dotted config path -> domain, e.g. train.learning_rate: {loguniform: [1.0e-5, 1.0e-3]}, "
             "lora.r: {choice: [8, 16, 32]}, train.warmup_steps: {randint: [0, 50]} (high excluded), "
             "train.micro_batch_size: {grid: [1, 2]}."
+        ),
+    )
+    eval_rows: int | None = Field(
+        None,
+        gt=0,
+        description=(
+            "With an eval_task/<name> metric: the rows of eval.datasets each trial scores at every report "
+            "(the first ones, after few-shot examples). Unset: eval.max_samples."
         ),
     )
     max_concurrent_trials: int | None = Field(

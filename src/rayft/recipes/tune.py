@@ -137,7 +137,7 @@ def run_tuner(
         # for its trainer, whose workers start afresh either way.
         warnings.filterwarnings("ignore", message="Consider boosting PBT performance")
         grid = tuner.fit()
-    return sweep.sweep_result(cfg.tune, place, grid)
+    return sweep.sweep_result(cfg.tune, place, grid, evaluations)
 
 
 def finish(cfg: RayftConfig, place: SweepPlace, result: SweepResult, concurrent: int, elapsed_s: float) -> TuneResult:
@@ -146,6 +146,12 @@ def finish(cfg: RayftConfig, place: SweepPlace, result: SweepResult, concurrent:
     from rayft.tuning.results import render_table, write_sweep_outputs
 
     directory = place.location.local_dir
+    for orphan in sweep.orphan_runs(place, result):
+        log.warning(
+            "tune: %s belongs to no trial of the sweep (a trial started after Tune last saved the sweep's state "
+            "before its driver stopped; its place in the search ran again as a new trial); remove it when unneeded",
+            orphan,
+        )
     write_sweep_outputs(directory, result, cfg)
     sweep.upload_outputs(place)
     best = result.best

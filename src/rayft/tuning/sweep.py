@@ -27,6 +27,10 @@ TRIALS_DIR = "trials"
 TUNE_CHECKPOINTS_TO_KEEP = 4  # pointers of a few bytes; PBT copies a trial's latest
 SWEEP_RESUMABLE_CHANGES = ("scaling.", "failure.", "logging.", "k8s.")
 """Settings a sweep may continue under when they changed: where and how its trials run, not what they train."""
+OPTUNA_MISSING = (
+    "tune.search_algorithm=optuna needs Optuna, which is not installed: pip install 'rayft[tune]' "
+    "(or set tune.search_algorithm to random or grid)"
+)
 TRIAL_DRIVER_RESOURCES: dict[str, float] = {"memory": 1.0}
 """What a trial's own process reserves: a token byte of memory, so that Tune can place it without
 holding a CPU that the trial's training workers need (they reserve ``scaling`` themselves)."""
@@ -68,6 +72,7 @@ def check_sweep(cfg: RayftConfig) -> TuneConfig:
     from rayft.runs.location import is_remote
     from rayft.runs.planner import check_retunable
     from rayft.tuning.space import check_search_space
+    from rayft.tuning.task_eval import check_metric
 
     tune = cfg.tune
     if tune is None:
@@ -81,6 +86,8 @@ def check_sweep(cfg: RayftConfig) -> TuneConfig:
             "set scaling.num_workers=1 or more"
         )
     check_search_space(cfg)
+    check_metric(cfg)
+    check_search_algorithm(tune)
     if tune.scheduler == "pbt":
         check_retunable(tuple(tune.mutations))
         if is_remote(cfg.storage_path):
@@ -89,6 +96,14 @@ def check_sweep(cfg: RayftConfig) -> TuneConfig:
                 "filesystem; give a directory (a shared mount on a cluster), or use scheduler asha"
             )
     return tune
+
+
+def check_search_algorithm(tune: TuneConfig) -> None:
+    """Refuse ``search_algorithm: optuna`` without Optuna installed, before Ray starts."""
+    import importlib.util
+
+    if tune.search_algorithm == "optuna" and importlib.util.find_spec("optuna") is None:
+        raise ConfigError(OPTUNA_MISSING)
 
 
 def check_saved_sweep(place: SweepPlace, text: str) -> None:
@@ -153,9 +168,7 @@ def make_search(tune: TuneConfig, concurrent: int) -> Any:
 
         return OptunaSearch(seed=tune.seed)
     except (ImportError, AssertionError):  # Ray asserts that optuna is importable
-        raise ConfigError(
-            "tune.search_algorithm optuna needs Optuna: pip install 'rayft[tune]' (or choose random or grid)"
-        ) from None
+        raise ConfigError(OPTUNA_MISSING) from None
 
 
 def trial_dirname(trial: Any) -> str:
@@ -247,16 +260,17 @@ def empty_result(tune: TuneConfig, place: SweepPlace) -> SweepResult:
     return SweepResult(place.name, tune.metric, tune.mode, [], None)
 
 
-def sweep_result(tune: TuneConfig, place: SweepPlace, grid: Any) -> SweepResult:
-    """What each trial of Tune's ``ResultGrid`` became, from its reports and its rayft run."""
+def sweep_result(tune: TuneConfig, place: SweepPlace, grid: Any, evaluations: int | None = None) -> SweepResult:
+    """What each trial of Tune's ``ResultGrid`` became, from its reports and its rayft run
+    (``evaluations``: the reports one whole training run makes)."""
     from rayft.tuning.results import SweepResult, pick_best
 
-    trials = [trial_record(tune, place, result) for result in grid]
+    trials = [trial_record(tune, place, result, evaluations) for result in grid]
     trials.sort(key=lambda t: t.trial_id)
     return SweepResult(place.name, tune.metric, tune.mode, trials, pick_best(trials, tune.mode))
 
 
-def trial_record(tune: TuneConfig, place: SweepPlace, result: Any) -> TrialRecord:
+def trial_record(tune: TuneConfig, place: SweepPlace, result: Any, evaluations: int | None = None) -> TrialRecord:
     """One trial: its values, metric history (Tune's reports), steps and why it stopped."""
     from rayft.tuning.results import TrialRecord
 
@@ -268,7 +282,8 @@ def trial_record(tune: TuneConfig, place: SweepPlace, result: Any) -> TrialRecor
     values = [value for _, value in history]
     best = (min(values) if tune.mode == "min" else max(values)) if values else None
     steps = trained_steps(run_dir, metrics)
-    status, reason = trial_outcome(tune, run_dir, result.error, len(history), steps)
+    full = rung_reports(tune, evaluations)
+    status, reason = trial_outcome(tune, run_dir, result.error, len(history), steps, full_reports=full)
     return TrialRecord(
         trial_id=trial_id, params=dict(result.config or {}), metric=float(metric) if metric is not None else None,
         best_metric=best, steps=steps, status=status, stop_reason=reason, run_dir=str(run_dir), history=history,
@@ -295,15 +310,35 @@ def trained_steps(run_dir: Path, metrics: dict[str, Any]) -> int:
     return max([int(metrics.get("step", 0) or 0), *steps])
 
 
+def rung_reports(tune: TuneConfig, evaluations: int | None) -> int | None:
+    """The reports an asha or hyperband trial makes unless the scheduler stops it (None for the
+    other schedulers, or when the run's evaluations are not known)."""
+    if tune.scheduler not in ("asha", "hyperband") or evaluations is None:
+        return None
+    return min(tune.max_t or evaluations, evaluations)
+
+
 def trial_outcome(
-    tune: TuneConfig, run_dir: Path, error: BaseException | None, reports: int, steps: int
+    tune: TuneConfig,
+    run_dir: Path,
+    error: BaseException | None,
+    reports: int,
+    steps: int,
+    *,
+    full_reports: int | None = None,
 ) -> tuple[TrialStatus, str]:
-    """Finished (final/ written), stopped by the scheduler (ended without final/) or failed."""
+    """Finished (final/ written), stopped by the scheduler (ended without final/, or after fewer
+    than ``full_reports`` reports: training goes on while Tune decides, and may have reached its end
+    before the stop took effect) or failed."""
     if error is not None:
         return "ERROR", f"error: {error_line(error)}"
-    if (run_dir / layout.FINAL_DIR).is_dir():
+    finished = (run_dir / layout.FINAL_DIR).is_dir()
+    if finished and (full_reports is None or reports >= full_reports):
         return "TERMINATED", f"finished: trained all {steps} steps"
-    return "STOPPED_EARLY", f"stopped early by {tune.scheduler} after {reports} report(s), at step {steps}"
+    reason = f"stopped early by {tune.scheduler} after {reports} report(s)"
+    if finished:
+        return "STOPPED_EARLY", f"{reason} (training reached its end, step {steps}, before the stop took effect)"
+    return "STOPPED_EARLY", f"{reason}, at step {steps}"
 
 
 def error_line(error: BaseException) -> str:
@@ -311,6 +346,15 @@ def error_line(error: BaseException) -> str:
     lines = [line.strip() for line in str(error).strip().splitlines() if line.strip()]
     named = [line for line in lines if "Error:" in line and not line.startswith("Traceback")]
     return (named[-1] if named else lines[-1] if lines else type(error).__name__)[:300]
+
+
+def orphan_runs(place: SweepPlace, result: SweepResult) -> list[Path]:
+    """Run directories under trials/ that belong to no trial of the sweep: trials Tune started after
+    it last saved its state (at the start, then every 10 s or more) before the driver stopped; the
+    restored sweep does not know them and ran their place in the search as new trials."""
+    root = place.location.local_dir / TRIALS_DIR
+    known = {t.trial_id for t in result.trials}
+    return sorted(p for p in root.iterdir() if p.is_dir() and p.name not in known) if root.is_dir() else []
 
 
 def output_files(place: SweepPlace) -> list[Path]:

@@ -129,11 +129,16 @@ def adopt_checkpoint(pointer: Pointer, run_dir: Path, params: Mapping[str, Any],
     return pointer
 
 
-def report_to_tune(item: Mapping[str, Any], run_dir: Path) -> None:
-    """Report one Train report to Tune: its metrics, and its checkpoint as a :class:`Pointer`."""
+Scorer = Callable[[str], dict[str, float]]
+"""Scores a reported checkpoint (its path) with the evaluation task (:mod:`rayft.tuning.task_eval`)."""
+
+
+def report_to_tune(item: Mapping[str, Any], run_dir: Path, scores: dict[str, float] | None = None) -> None:
+    """Report one Train report to Tune: its metrics (with ``scores``, the evaluation task's scores
+    of its checkpoint), and its checkpoint as a :class:`Pointer`."""
     from ray import tune
 
-    metrics = {k: v for k, v in item["metrics"].items() if isinstance(v, (int, float))}
+    metrics = {k: v for k, v in item["metrics"].items() if isinstance(v, (int, float))} | (scores or {})
     path = item.get("checkpoint")
     if path is None:
         tune.report(metrics)
@@ -161,9 +166,12 @@ def forward_reports_class() -> type:
     return ForwardReports
 
 
-def fit_forwarding(fit: Callable[[Any], None], run_dir: Path) -> None:
+def fit_forwarding(fit: Callable[[Any], None], run_dir: Path, score: Scorer | None = None) -> None:
     """Run ``fit(callback)`` in a thread while this one reports what the callback forwards to
-    Tune (``tune.report`` must be called from the trial's own thread); re-raise its error."""
+    Tune (``tune.report`` must be called from the trial's own thread); re-raise its error.
+
+    With ``score``, each report's checkpoint is scored here first (training goes on meanwhile); a
+    report without a checkpoint carries the last scores, since the model it reports was not saved."""
     from ray.util.queue import Empty, Queue
 
     reports = Queue(actor_options={"num_cpus": 0})
@@ -177,6 +185,7 @@ def fit_forwarding(fit: Callable[[Any], None], run_dir: Path) -> None:
 
     thread = threading.Thread(target=target, name="rayft-trial-fit", daemon=True)
     thread.start()
+    scores: dict[str, float] = {}
     while True:
         alive = thread.is_alive()
         try:
@@ -185,7 +194,9 @@ def fit_forwarding(fit: Callable[[Any], None], run_dir: Path) -> None:
             if not alive:
                 break
             continue
-        report_to_tune(item, run_dir)
+        if score is not None and item.get("checkpoint") is not None:
+            scores = score(str(item["checkpoint"]))
+        report_to_tune(item, run_dir, scores)
     thread.join()
     if errors:
         raise errors[0]
@@ -215,6 +226,7 @@ def train_trial(cfg: RayftConfig, params: Mapping[str, Any], checkpoint: Any) ->
     from rayft.tracking.driver import start_training
     from rayft.training.launcher import launch_ray
     from rayft.tuning.reaper import GROUPS_DIR, remove_recorded_groups
+    from rayft.tuning.task_eval import CheckpointScorer
 
     location = run_location(cfg)
     run_dir = location.local_dir
@@ -222,11 +234,16 @@ def train_trial(cfg: RayftConfig, params: Mapping[str, Any], checkpoint: Any) ->
     if checkpoint is not None:
         with checkpoint.as_directory() as directory:
             pointer = read_pointer(Path(directory))
+    scorer = CheckpointScorer.for_trial(cfg, run_dir, location.remote_uri)
     with run_lock(run_dir, command="rayft tune"):
         state = open_store(location).state()
         start = plan_trial_start(run_dir, pointer, state.finished, state.exists)
+        where = f" from {pointer.path} (step {pointer.step})" if pointer is not None else ""
+        log.info("tune: trial %s: %s%s", cfg.name, start, where)
+        caught_up = catch_up(run_dir, pointer, scorer) if start == "resume" else 0
         if state.finished and start == "resume":
-            report_final(run_dir)
+            if not caught_up and pointer is None:
+                report_final(run_dir)
             return
         if start == "adopt" and pointer is not None:
             adopt_checkpoint(pointer, run_dir, params, cfg.name)
@@ -244,7 +261,7 @@ def train_trial(cfg: RayftConfig, params: Mapping[str, Any], checkpoint: Any) ->
             launch_ray(plan, prepared, cfg.scaling, cfg.failure, cfg.checkpoint, callbacks=callbacks)
 
         try:
-            fit_forwarding(fit, run_dir)
+            fit_forwarding(fit, run_dir, scorer)
         except BaseException:
             trackers.finish(succeeded=False)
             raise
@@ -253,12 +270,43 @@ def train_trial(cfg: RayftConfig, params: Mapping[str, Any], checkpoint: Any) ->
         )
 
 
+def unreported_checkpoints(run_dir: Path, pointer: Pointer | None) -> list[Pointer]:
+    """The complete checkpoints of the trial's run newer than the one Tune handed back (all of them
+    without one), oldest first: saved after the last report Tune recorded, before Tune paused the
+    trial or the sweep's driver stopped."""
+    after = pointer.step if pointer is not None else -1
+    found = scan_checkpoints(run_dir / layout.CHECKPOINTS_DIR)
+    return [Pointer(str(run_dir), c.name, c.step) for c in found if c.complete and c.step > after]
+
+
+def catch_up(run_dir: Path, pointer: Pointer | None, score: Scorer | None) -> int:
+    """Report to Tune, with their metrics and as checkpoints, the checkpoints it has not seen, so
+    that its count of reports (the schedulers' time) and its history match the run, which goes on
+    from the newest; returns how many. A checkpoint's evaluation-task scores are the recorded
+    ones, else it is scored now."""
+    from rayft.runs.manifest import read_manifest
+    from rayft.tuning.task_eval import recorded_scores
+
+    missed = unreported_checkpoints(run_dir, pointer)
+    for checkpoint in missed:
+        manifest = read_manifest(checkpoint.path)
+        metrics = dict(manifest.metrics) if manifest is not None else {}
+        scores = recorded_scores(run_dir, checkpoint.step) if score is not None else {}
+        if score is not None and not scores:
+            scores = score(str(checkpoint.path))
+        log.info("tune: reporting %s, saved after the last report of this trial", checkpoint.path)
+        report_to_tune({"metrics": {"step": float(checkpoint.step), **metrics}, "checkpoint": str(checkpoint.path)},
+                       run_dir, scores)  # fmt: skip
+    return len(missed)
+
+
 def report_final(run_dir: Path) -> None:
     """A trial whose run had already finished (its driver was stopped just after): report its end."""
     from ray import tune
 
     from rayft.runs.manifest import read_manifest
+    from rayft.tuning.task_eval import recorded_scores
 
     manifest = read_manifest(run_dir / layout.FINAL_DIR)
     if manifest is not None:
-        tune.report({"step": float(manifest.step), **manifest.metrics})
+        tune.report({"step": float(manifest.step), **manifest.metrics, **recorded_scores(run_dir, manifest.step)})
