@@ -78,9 +78,9 @@ class HFBackend:
         self.model: Any = loaded.to(self._device).eval()
         self.batch_size = batch_size
         self.sort_by_length = sort_by_length  # batches of similar prompt lengths (less left padding)
-        device_type = torch.device(self._device).type
+        self._device_type = torch.device(self._device).type
         self.cache = plan_cache(
-            kv_cache, compile, device_type, encoder_decoder=self.encoder_decoder, compilable=compilable
+            kv_cache, compile, self._device_type, encoder_decoder=self.encoder_decoder, compilable=compilable
         )
 
     @property
@@ -204,7 +204,7 @@ class HFBackend:
         from transformers import CompileConfig
 
         config = CompileConfig()
-        if self.model.device.type != "cuda":
+        if self._device_type != "cuda":
             # transformers compiles only on accelerators unless this private flag is set
             # (tests/unit/test_generation_cache.py fails if compilation stops happening on CPU).
             config._compile_all_devices = True  # type: ignore[assignment]
