@@ -119,3 +119,15 @@ def test_run_directories_of_trials_the_sweep_does_not_know_are_found(tmp_path: P
     for name in ("a1", "b2"):
         (tmp_path / "sw-tune" / "trials" / name).mkdir(parents=True)
     assert orphan_runs(place, result) == [tmp_path / "sw-tune" / "trials" / "b2"]
+
+
+def test_a_trial_that_scores_on_gpus_reserves_them_and_the_plan_counts_them() -> None:
+    from rayft.tuning.plan import plan_concurrency
+    from rayft.tuning.sweep import trial_driver_resources
+
+    gpu = ["scaling.use_gpu=true", "scaling.num_workers=1", "eval.num_gpus_per_worker=1"]
+    assert trial_driver_resources(sweep(*gpu)) == {"memory": 1.0}  # eval/loss: nothing to score
+    scoring = sweep(*gpu, "tune.metric=eval_task/accuracy_flexible", "tune.mode=max", "tune.num_samples=8")
+    assert trial_driver_resources(scoring) == {"memory": 1.0, "GPU": 1.0}
+    plan = plan_concurrency(scoring, {"CPU": 16.0, "GPU": 4.0, "memory": 1e12}, driver=trial_driver_resources(scoring))
+    assert plan.concurrent == 2 and plan.per_trial["GPU"] == 2.0, plan.reason

@@ -88,10 +88,10 @@ def plan_trials(cfg: RayftConfig) -> int:
     import ray
 
     from rayft.tuning.plan import plan_concurrency
-    from rayft.tuning.sweep import TRIAL_DRIVER_RESOURCES
+    from rayft.tuning.sweep import trial_driver_resources
 
     nodes = [{k: float(v) for k, v in n["Resources"].items()} for n in ray.nodes() if n.get("Alive")]
-    plan = plan_concurrency(cfg, ray.cluster_resources(), nodes, driver=TRIAL_DRIVER_RESOURCES)
+    plan = plan_concurrency(cfg, ray.cluster_resources(), nodes, driver=trial_driver_resources(cfg))
     log.info("tune: %s", plan.reason)
     return plan.concurrent
 

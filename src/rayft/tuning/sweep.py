@@ -36,6 +36,17 @@ TRIAL_DRIVER_RESOURCES: dict[str, float] = {"memory": 1.0}
 holding a CPU that the trial's training workers need (they reserve ``scaling`` themselves)."""
 
 
+def trial_driver_resources(cfg: RayftConfig) -> dict[str, float]:
+    """What a trial's own process reserves: :data:`TRIAL_DRIVER_RESOURCES`, and, when it scores its
+    checkpoints with the evaluation task (an ``eval_task/`` metric), ``eval.num_gpus_per_worker``
+    GPUs to generate on (none: it generates on its CPU)."""
+    from rayft.tuning.task_eval import eval_task_metric
+
+    scoring = cfg.tune is not None and eval_task_metric(cfg.tune.metric) is not None
+    gpus = cfg.eval.num_gpus_per_worker if scoring else 0.0
+    return {**TRIAL_DRIVER_RESOURCES, **({"GPU": gpus} if gpus > 0 else {})}
+
+
 @dataclass(frozen=True)
 class SweepPlace:
     """Where a sweep lives: Tune's ``storage_path`` and ``name``, and the local directory of its
@@ -181,7 +192,8 @@ def make_trainable(setup: Any) -> Any:
 
     The driver only builds and waits for a ``TorchTrainer`` whose workers reserve their own
     resources (``scaling``); it takes a token share of the node's memory so that Tune can place
-    it without holding a CPU that training needs. How many trials run at once is bounded by
+    it without holding a CPU that training needs (and the GPUs it scores checkpoints on,
+    :func:`trial_driver_resources`). How many trials run at once is bounded by
     ``max_concurrent_trials`` (:func:`rayft.tuning.plan.plan_concurrency`).
     """
     from functools import partial
@@ -191,7 +203,7 @@ def make_trainable(setup: Any) -> Any:
     from rayft.tuning.trial import run_trial
 
     function: Callable[[dict[str, Any]], None] = partial(run_trial, setup=setup)
-    return tune.with_resources(function, TRIAL_DRIVER_RESOURCES)
+    return tune.with_resources(function, trial_driver_resources(setup.base))
 
 
 def build_tuner(tune_cfg: TuneConfig, place: SweepPlace, setup: Any, *, concurrent: int, evaluations: int) -> Any:
