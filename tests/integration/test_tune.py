@@ -1,6 +1,7 @@
 """``rayft tune`` on the shared local Ray (2 CPUs) with the tiny model: a sweep that cannot fit
 fails fast, ASHA over a grid stops a far too high learning rate early and runs every grid point
-once, and PBT continues an exploited trial from a copy of the better trial's checkpoint."""
+once, PBT continues an exploited trial from a copy of the better trial's checkpoint, and Optuna's
+TPE with HyperBand ranks trials on an evaluation task's accuracy."""
 
 from __future__ import annotations
 
@@ -110,6 +111,7 @@ def test_pbt_continues_an_exploited_trial_from_the_better_trials_checkpoint(
 def test_optuna_and_hyperband_rank_trials_on_an_evaluation_task_metric(
     ray_session: None, tiny_model_dir: Path, tmp_path: Path
 ) -> None:
+    pytest.importorskip("optuna", reason="needs the tune extra: pip install 'rayft[tune]'")
     from ray.tune.search.optuna import OptunaSearch
 
     from rayft.recipes.tune import run
