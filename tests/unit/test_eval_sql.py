@@ -11,7 +11,7 @@ from rayft.config.data import DatasetConfig
 from rayft.config.evaluation import EvalConfig
 from rayft.config.model import ModelConfig
 from rayft.data.builtin import load_builtin
-from rayft.data.builtin_sql import iter_sql_examples
+from rayft.data.builtin_sql import SCHEMAS, iter_sql_examples
 from rayft.errors import DataError
 from rayft.evaluation import metrics, sql
 from rayft.evaluation.report import comparison_examples, model_summary, pair_tests, render_html
@@ -126,6 +126,19 @@ def test_generator_is_deterministic_and_every_reference_returns_rows() -> None:
         with closing(sql.connect(sql.parse_table(row["table"]))) as conn:
             result = sql.reference_outcome(conn, row["output"], row["input"]).rows
         assert result and result[0][0] is not None, row
+
+
+def test_generator_questions_name_what_their_query_selects() -> None:
+    """The question alone determines the query: a count counts the key column (its question names no
+    column), any other query selects the column whose words the question uses."""
+    words = {c.name: c.words for schema in SCHEMAS for c in (schema.key, *schema.columns)}
+    for row in iter_sql_examples(300, seed=5):
+        target = row["output"].split(" FROM ")[0].removeprefix("SELECT ")
+        column = target.split("(")[-1].rstrip(")")
+        if target.startswith("COUNT("):
+            assert column == json.loads(row["table"])["header"][0], row
+        else:
+            assert f" {words[column]} of " in row["input"], row
 
 
 def test_builtin_splits_are_disjoint_and_eval_reads_their_tables() -> None:

@@ -1,8 +1,8 @@
 """A built-in text-to-SQL set, generated offline from rayft's own schemas and question templates.
 
 Each example is a small table with typed columns (text, integer, real), a question about it in
-WikiSQL's style, and the query that answers it: ``SELECT col`` or an aggregate (COUNT, MIN, MAX,
-SUM, AVG) with one to three ``WHERE`` conditions joined by AND (``=``, ``>``, ``<``). Conditions
+WikiSQL's style, and the query that answers it: ``SELECT col`` or an aggregate (COUNT of the key
+column, MIN, MAX, SUM, AVG) with one to three ``WHERE`` conditions joined by AND (``=``, ``>``, ``<``). Conditions
 are drawn from one row of the table, so every reference query returns a non-empty result.
 
 Rows have the columns ``instruction``, ``input`` (the question and the table's schema as text),
@@ -169,7 +169,10 @@ def _example(rng: random.Random) -> dict[str, Any]:
     others = [i for i in range(len(columns)) if i != selected]
     where = sorted(rng.sample(others, k=min(len(others), rng.randint(1, 3))))
     conditions = [_condition(columns[i], row[i], rng) for i in where]
-    target = f"{aggregate}({columns[selected].name})" if aggregate else columns[selected].name
+    # a count's question names no column ("How many players are there"): it counts the key column, so
+    # the question alone determines the query
+    counted = columns[0].name if aggregate == "COUNT" else columns[selected].name
+    target = f"{aggregate}({counted})" if aggregate else counted
     sql = f"SELECT {target} FROM {table.name} WHERE {' AND '.join(c for c, _ in conditions)}"
     ask = _ASK[aggregate].format(words=columns[selected].words, noun=schema.noun)
     question = f"{ask} where {' and '.join(p for _, p in conditions)}?"
