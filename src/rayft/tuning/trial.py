@@ -166,12 +166,16 @@ def forward_reports_class() -> type:
     return ForwardReports
 
 
-def fit_forwarding(fit: Callable[[Any], None], run_dir: Path, score: Scorer | None = None) -> None:
+def fit_forwarding(
+    fit: Callable[[Any], None], run_dir: Path, score: Scorer | None = None, last_step: int | None = None
+) -> None:
     """Run ``fit(callback)`` in a thread while this one reports what the callback forwards to
     Tune (``tune.report`` must be called from the trial's own thread); re-raise its error.
 
     With ``score``, each report's checkpoint is scored here first (training goes on meanwhile); a
-    report without a checkpoint carries the last scores, since the model it reports was not saved."""
+    report without a checkpoint carries the last scores, since the model it reports was not saved.
+    The report of ``last_step`` (the run's last) waits for the run to end: ASHA and HyperBand end a
+    trial at its last report, which must not cut the writing of its final/ short."""
     from ray.util.queue import Empty, Queue
 
     reports = Queue(actor_options={"num_cpus": 0})
@@ -196,6 +200,10 @@ def fit_forwarding(fit: Callable[[Any], None], run_dir: Path, score: Scorer | No
             continue
         if score is not None and item.get("checkpoint") is not None:
             scores = score(str(item["checkpoint"]))
+        if last_step is not None and float(item["metrics"].get("step", 0)) >= last_step:
+            thread.join()
+            if errors:
+                raise errors[0]
         report_to_tune(item, run_dir, scores)
     thread.join()
     if errors:
@@ -261,7 +269,7 @@ def train_trial(cfg: RayftConfig, params: Mapping[str, Any], checkpoint: Any) ->
             launch_ray(plan, prepared, cfg.scaling, cfg.failure, cfg.checkpoint, callbacks=callbacks)
 
         try:
-            fit_forwarding(fit, run_dir, scorer)
+            fit_forwarding(fit, run_dir, scorer, last_step=plan.schedule.total_steps)
         except BaseException:
             trackers.finish(succeeded=False)
             raise
