@@ -44,7 +44,7 @@ def test_a_metric_some_source_reports_is_accepted() -> None:
 
 def test_a_metric_no_source_reports_names_the_known_ones_and_the_fix() -> None:
     known = "train/loss, eval/loss, eval_task/accuracy_strict, eval_task/accuracy_flexible"
-    guess = r"did you mean eval_task/accuracy_strict or eval_task/accuracy_flexible\? Set tune.metric"
+    guess = r"Did you mean eval_task/accuracy_strict or eval_task/accuracy_flexible\? Set tune.metric"
     with pytest.raises(
         ConfigError, match=rf"tune.metric='accuracy' is reported by no source.* reports {known} .*{guess}"
     ):

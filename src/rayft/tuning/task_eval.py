@@ -93,7 +93,7 @@ def _metric_fix(cfg: RayftConfig, names: list[str]) -> str:
         )
     leaf = metric.rsplit("/", 1)[-1]
     guesses = [n for n in names if leaf and leaf in n.rsplit("/", 1)[-1]] or difflib.get_close_matches(metric, names)
-    hint = f"did you mean {' or '.join(guesses[:3])}? " if guesses else ""
+    hint = f"Did you mean {' or '.join(guesses[:3])}? " if guesses else ""
     return (
         f"{known} (eval_task/<name>: the metrics of eval.task={cfg.eval.task}). {hint}Set tune.metric to one of "
         "them, or eval.task to the evaluation task that scores it"
