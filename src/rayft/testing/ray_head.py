@@ -13,7 +13,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -49,7 +49,7 @@ def ray_head(
     token = temp / "token"
     token.write_text(secrets.token_hex(32))
     path = f"{_BIN}{os.pathsep}{os.environ.get('PATH', '')}"  # the jobs' `python` is this one
-    head_env = {**os.environ, **(env or {}), "RAY_ADDRESS": "", "RAY_AUTH_MODE": "token",
+    head_env = {**_train_env(), **os.environ, **(env or {}), "RAY_ADDRESS": "", "RAY_AUTH_MODE": "token",
                 "RAY_AUTH_TOKEN_PATH": str(token), "PATH": path}  # fmt: skip
     gcs, dash = f"127.0.0.1:{free_port()}", free_port()
     command = [
@@ -118,15 +118,31 @@ def _wait_for_node(proc: subprocess.Popen[bytes], log: Path, timeout_s: float) -
         time.sleep(0.2)
 
 
+def _train_env() -> dict[str, str]:
+    """The Ray Train settings of rayft's own Ray (its controller looks at the workers twice a
+    second, no preemption watcher) for a test head's processes, which the runs and jobs on it
+    inherit: a run then ends seconds sooner after its last step. An exported variable wins."""
+    from rayft._ray_private import LOCAL_RAY_TRAIN_ENV
+
+    return dict(LOCAL_RAY_TRAIN_ENV)
+
+
 def _wait_until_up(head: RayHead, proc: subprocess.Popen[bytes], env: dict[str, str], timeout_s: float) -> None:
+    """Until ``ray status`` answers, then the Jobs API (with the dashboard). ``ray start`` prints
+    that the runtime started first: each ``ray status`` before that costs a Python start with Ray
+    imported, seconds of CPU on a small machine, for a certain failure."""
     deadline = time.monotonic() + timeout_s
     status = [str(_BIN / "ray"), "status", f"--address={head.gcs}"]
-    while subprocess.run(status, check=False, env=env, capture_output=True, timeout=60).returncode != 0 or (
-        head.jobs_url and not _http_up(head.jobs_url)
-    ):
-        if proc.poll() is not None or time.monotonic() > deadline:
-            raise RuntimeError(f"the Ray head did not start:\n{head.log.read_text()[-3000:]}")
-        time.sleep(1)
+    checks: tuple[Callable[[], bool], ...] = (
+        lambda: "Ray runtime started" in head.log.read_text(errors="replace"),
+        lambda: subprocess.run(status, check=False, env=env, capture_output=True, timeout=60).returncode == 0,
+        lambda: head.jobs_url is None or _http_up(head.jobs_url),
+    )
+    for check in checks:
+        while not check():
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"the Ray head did not start:\n{head.log.read_text()[-3000:]}")
+            time.sleep(0.2)
 
 
 def _http_up(url: str) -> bool:
