@@ -1,19 +1,10 @@
 """`rayft run` end to end at tiny sizes: sdg -> train (2 workers) -> eval (base vs tuned) -> export, then
-a rerun that skips every stage, and a changed eval section that reruns eval alone."""
+a rerun that skips every stage, and a changed eval section that reruns eval alone (`rayft run --address`
+on a running head: tests/integration/test_ray_jobs.py)."""
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
-import secrets
-import shutil
-import signal
-import socket
-import subprocess
-import sys
-import tempfile
-import time
 from pathlib import Path
 
 import pytest
@@ -100,60 +91,3 @@ def test_pipeline_runs_then_skips_then_reruns_what_changed(
     assert "== eval: running (inputs changed" in third.output and "== export: skipped" in third.output
     compare = json.loads((run_dir / "eval" / "compare.json").read_text())
     assert compare["models"]["base"]["metrics"][compare["primary_metric"]]["n"] == 4
-
-
-def test_run_joins_an_existing_cluster_with_address(tmp_path: Path) -> None:
-    """`rayft run --address` joins a running Ray head (started here with `ray start --block`), names the fix
-    when the head's token authentication refuses it, and leaves the cluster up."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    bin_dir = Path(sys.executable).parent
-    # Ray's socket paths must stay short: its temp dir cannot live under pytest's long tmp_path.
-    ray_tmp = Path(tempfile.mkdtemp(prefix="rft-", dir="/tmp"))
-    token = ray_tmp / "token"
-    token.write_text(secrets.token_hex(32))
-    # Ray 2.60 heads use token authentication; this test's token is its own, not ~/.ray's.
-    env = {**os.environ, "RAY_ADDRESS": "", "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token)}
-    address = f"127.0.0.1:{port}"
-    head_log = tmp_path / "head.log"
-    with head_log.open("w") as head_out:
-        head = subprocess.Popen(
-            [str(bin_dir / "ray"), "start", "--head", "--block", f"--port={port}", "--num-cpus=1",
-             "--include-dashboard=false", "--disable-usage-stats", f"--temp-dir={ray_tmp / 'ray'}"],
-            env=env, stdout=head_out, stderr=subprocess.STDOUT, start_new_session=True,
-        )  # fmt: skip
-
-    def cluster_up() -> bool:
-        status = [str(bin_dir / "ray"), "status", f"--address={address}"]
-        return subprocess.run(status, check=False, env=env, capture_output=True, timeout=60).returncode == 0
-
-    try:
-        deadline = time.monotonic() + 120
-        while not cluster_up():
-            assert time.monotonic() < deadline and head.poll() is None, head_log.read_text()[-3000:]
-            time.sleep(2)
-        config = tmp_path / "sdg-only.yaml"
-        config.write_text(
-            f"name: joined\nstorage_path: {tmp_path / 'runs'}\n"
-            "sdg: {seeds: {path: 'builtin:arithmetic', max_rows: 4}, num_seeds: 4, variations: 1}\n"
-        )
-        command = [str(bin_dir / "rayft"), "run", str(config), "--address", address]
-        no_token = {**env, "RAY_AUTH_MODE": "disabled"}
-        refused = subprocess.run(command, check=False, env=no_token, capture_output=True, text=True, timeout=300)
-        assert refused.returncode != 0
-        assert "requires token authentication" in refused.stderr and "RAY_AUTH_MODE=token" in refused.stderr
-        done = subprocess.run(command, check=False, env=env, capture_output=True, text=True, timeout=300)
-        assert done.returncode == 0, done.stderr[-3000:]
-        assert f"joining the Ray cluster at {address}" in done.stderr
-        assert "Started a local Ray instance" not in done.stderr
-        assert (tmp_path / "runs" / "joined" / "stages" / "sdg.json").is_file()
-        assert cluster_up(), "the joined cluster must be left running"
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(head.pid, signal.SIGTERM)
-        try:
-            head.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            os.killpg(head.pid, signal.SIGKILL)
-        shutil.rmtree(ray_tmp, ignore_errors=True)

@@ -1,7 +1,7 @@
 """Ray Jobs against a real `ray start --head` with its dashboard (token authentication on, as Ray's
 default here): `rayft submit` trains the tiny model and exits with the job's status, no credential
-value reaches the job, `rayft jobs stop` saves a checkpoint that `--resume` continues, and bad
-addresses fail within seconds in one line."""
+value reaches the job, `rayft jobs stop` saves a checkpoint that `--resume` continues, `rayft run
+--address` joins the head and leaves it up, and bad addresses fail within seconds in one line."""
 
 from __future__ import annotations
 
@@ -142,6 +142,27 @@ def test_a_credential_missing_on_the_cluster_fails_the_job_at_once(head: RayHead
     assert done.returncode == 2, done.stdout + done.stderr
     assert "needs RAYFT_ABSENT_API_KEY in the cluster's environment" in done.stdout
     assert env["RAYFT_ABSENT_API_KEY"] not in done.stdout + done.stderr
+
+
+def test_run_joins_an_existing_cluster_with_address(head: RayHead, tmp_path: Path) -> None:
+    """`rayft run --address` joins a running Ray head, names the fix when the head's token
+    authentication refuses it, and leaves the cluster up."""
+    config = tmp_path / "sdg-only.yaml"
+    config.write_text(
+        f"name: joined\nstorage_path: {tmp_path / 'runs'}\n"
+        "sdg: {seeds: {path: 'builtin:arithmetic', max_rows: 4}, num_seeds: 4, variations: 1}\n"
+    )
+    refused = _rayft("run", str(config), "--address", head.gcs, env={**head.env, "RAY_AUTH_MODE": "disabled"})
+    assert refused.returncode != 0
+    assert "requires token authentication" in refused.stderr and "RAY_AUTH_MODE=token" in refused.stderr
+    done = _rayft("run", str(config), "--address", head.gcs, env=head.env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert f"joining the Ray cluster at {head.gcs}" in done.stderr
+    assert "Started a local Ray instance" not in done.stderr
+    assert (tmp_path / "runs" / "joined" / "stages" / "sdg.json").is_file()
+    status = [str(Path(sys.executable).parent / "ray"), "status", f"--address={head.gcs}"]
+    up = subprocess.run(status, check=False, env={**os.environ, **head.env}, capture_output=True, timeout=60)
+    assert up.returncode == 0, "the joined cluster must be left running"
 
 
 # Every command that uses Ray, CONFIG standing for the config file.
