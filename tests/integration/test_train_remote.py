@@ -15,12 +15,13 @@ import pytest
 from rayft.config import RayftConfig
 from rayft.data.prepared import PreparedData
 from rayft.runs.remote import RemoteRun
-from tests.helpers import adapter_tensors, read_metrics, tiny_config, train_losses, train_on
+from tests.helpers import RESUME_RUN, adapter_tensors, read_metrics, tiny_config, train_losses
 
 pytestmark = pytest.mark.integration
 
-# 64 units, 2 workers x 4 per micro-batch: 8 steps; a checkpoint every 2.
-COMMON = ("train.max_steps=8", "train.save_steps=2", "train.eval_steps=null", "failure.max_failures=0")
+# The session's uninterrupted run (12 steps, a checkpoint every 3, LoRA dropout on) is the reference;
+# without retries, so that an injected failure ends the first attempt.
+COMMON = (*RESUME_RUN, "failure.max_failures=0")
 
 
 @pytest.fixture(scope="module")
@@ -33,13 +34,8 @@ def s3_server() -> Iterator[Any]:
 
 
 @pytest.fixture(scope="module")
-def prepared(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> PreparedData:
-    from rayft.config import ModelConfig
-    from rayft.models.loading import load_tokenizer
-    from rayft.testing.units import arithmetic_prepared
-
-    tokenizer = load_tokenizer(ModelConfig(name=str(tiny_model_dir)))
-    return arithmetic_prepared(tmp_path_factory.mktemp("units"), tokenizer, num_train=64, num_validation=8)
+def prepared(arithmetic_units: PreparedData) -> PreparedData:
+    return arithmetic_units
 
 
 def train_remote(cfg: RayftConfig, prepared: PreparedData, *, resume: bool = False) -> Path:
@@ -58,25 +54,25 @@ def remote_records(remote: RemoteRun) -> list[dict[str, Any]]:
 
 
 def test_a_run_on_s3_continues_on_a_fresh_machine_from_the_remote_checkpoint(  # noqa: PLR0917 - fixtures
-    ray_session: None, tiny_model_dir: Path, prepared: PreparedData, tmp_path: Path, s3_server: Any,
+    uninterrupted_run: Path, tiny_model_dir: Path, prepared: PreparedData, tmp_path: Path, s3_server: Any,
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
 ) -> None:  # fmt: skip
     from rayft.recipes.train import run_location
     from rayft.testing.object_store import DUMMY_SECRET_KEY
 
     monkeypatch.setenv("RAYFT_CACHE", str(tmp_path / "cache"))
-    reference = train_on(tiny_config(tiny_model_dir, tmp_path / "ref", *COMMON), prepared)
+    reference = uninterrupted_run
     uri = s3_server.bucket_uri("remote-train", "runs")
     cfg = tiny_config(tiny_model_dir, uri, *COMMON)
     remote = RemoteRun(run_location(cfg).remote_uri or "")
 
-    monkeypatch.setenv("RAYFT_FAULT_RAISE", "0:5")
-    with pytest.raises(Exception, match="injected failure on rank 0 at step 5"):
+    monkeypatch.setenv("RAYFT_FAULT_RAISE", "0:7")
+    with pytest.raises(Exception, match="injected failure on rank 0 at step 7"):
         train_remote(cfg, prepared)
     monkeypatch.delenv("RAYFT_FAULT_RAISE")
-    # step 4's save runs in the background: the failure may cut its upload short (no manifest: incomplete)
+    # step 6's save runs in the background: the failure may cut its upload short (no manifest: incomplete)
     uploaded = [(c.step, c.complete) for c in remote.scan_checkpoints()]
-    assert uploaded in ([(2, True), (4, True)], [(2, True), (4, False)], [(2, True)]), uploaded
+    assert uploaded in ([(3, True), (6, True)], [(3, True), (6, False)], [(3, True)]), uploaded
     newest = max(step for step, complete in uploaded if complete)
     assert remote.is_file("config.yaml") and remote.is_file("metrics.jsonl")
     assert not remote.is_file("final/rayft_checkpoint.json")
@@ -89,17 +85,17 @@ def test_a_run_on_s3_continues_on_a_fresh_machine_from_the_remote_checkpoint(  #
     # the steps up to the checkpoint are the records of the first attempt, the later ones new
     relogged = {r["step"]: r["time"] for r in remote_records(remote) if "train/loss" in r}
     assert all(relogged[step] == logged[step] for step in range(1, newest + 1))
-    assert min(relogged[step] for step in range(newest + 1, 9)) > max(logged.values())
+    assert min(relogged[step] for step in range(newest + 1, 13)) > max(logged.values())
     assert train_losses(mirror) == train_losses(reference)  # the steps after the checkpoint continue exactly
-    assert [r["step"] for r in read_metrics(mirror) if "train/loss" in r] == list(range(1, 9))
+    assert [r["step"] for r in read_metrics(mirror) if "train/loss" in r] == list(range(1, 13))
     ref_weights, got_weights = adapter_tensors(reference / "final"), adapter_tensors(mirror / "final")
     assert all(got_weights[name].equal(tensor) for name, tensor in ref_weights.items())
 
     files = set(remote.list_files(""))
     assert {"config.yaml", "metrics.jsonl", "final/rayft_checkpoint.json", "final/adapter_model.safetensors"} <= files
-    assert sorted(c.name for c in remote.scan_checkpoints()) == ["step-000006", "step-000008"]  # num_to_keep=2
-    assert all(f"checkpoints/{c}/rayft_checkpoint.json" in files for c in ["step-000006", "step-000008"])
-    assert [r["step"] for r in remote_records(remote) if "train/loss" in r] == list(range(1, 9))
+    assert sorted(c.name for c in remote.scan_checkpoints()) == ["step-000009", "step-000012"]  # num_to_keep=2
+    assert all(f"checkpoints/{c}/rayft_checkpoint.json" in files for c in ["step-000009", "step-000012"])
+    assert [r["step"] for r in remote_records(remote) if "train/loss" in r] == list(range(1, 13))
     assert DUMMY_SECRET_KEY not in (remote.read_text("config.yaml") or "")
     assert DUMMY_SECRET_KEY not in caplog.text
     final = tmp_path / "downloaded-final"
