@@ -158,8 +158,11 @@ def _http_up(url: str) -> bool:
     return True
 
 
-def _stop(proc: subprocess.Popen[bytes], grace_s: float = 10) -> None:
-    """SIGTERM the head's process group (its GCS, raylet, dashboard and workers), SIGKILL what is left."""
+def _stop(proc: subprocess.Popen[bytes], grace_s: float = 3) -> None:
+    """SIGTERM the head's process group (its GCS, raylet, dashboard and workers), SIGKILL what is left.
+
+    Every process of the group gets the SIGTERM itself; a test head's state is thrown away with its
+    temp dir, so whatever has not exited after a short grace is killed rather than waited for."""
     with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, signal.SIGTERM)
     with contextlib.suppress(subprocess.TimeoutExpired):
