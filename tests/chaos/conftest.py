@@ -32,21 +32,12 @@ def start_driver(
     prepared: PreparedData, model_dir: Path, storage: Path, *overrides: str, env: Mapping[str, str] | None = None,
     resume: bool = False, address: str | None = None,
 ) -> subprocess.Popen[str]:  # fmt: skip
-    """Start ``tests.chaos.driver`` in a subprocess (stdout and stderr captured as text). It joins the
-    tests' Ray, so it sets Ray Train's settings of rayft's own Ray itself (the controller looks at the
-    workers twice a second): a stop or the end of the run is noticed seconds sooner."""
-    from rayft._ray_private import LOCAL_RAY_TRAIN_ENV
-
+    """Start ``tests.chaos.driver`` in a subprocess (stdout and stderr captured as text)."""
     args = [sys.executable, "-m", "tests.chaos.driver", prepared.root, str(model_dir), str(storage), *overrides]
     args += ["--resume"] if resume else []
     args += ["--address", address] if address else []
     return subprocess.Popen(
-        args,
-        cwd=REPO,
-        env={**LOCAL_RAY_TRAIN_ENV, **os.environ, **(env or {})},
-        text=True,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
+        args, cwd=REPO, env={**os.environ, **(env or {})}, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE
     )
 
 

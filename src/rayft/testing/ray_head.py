@@ -13,7 +13,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -128,21 +128,14 @@ def _train_env() -> dict[str, str]:
 
 
 def _wait_until_up(head: RayHead, proc: subprocess.Popen[bytes], env: dict[str, str], timeout_s: float) -> None:
-    """Until ``ray status`` answers, then the Jobs API (with the dashboard). ``ray start`` prints
-    that the runtime started first: each ``ray status`` before that costs a Python start with Ray
-    imported, seconds of CPU on a small machine, for a certain failure."""
     deadline = time.monotonic() + timeout_s
     status = [str(_BIN / "ray"), "status", f"--address={head.gcs}"]
-    checks: tuple[Callable[[], bool], ...] = (
-        lambda: "Ray runtime started" in head.log.read_text(errors="replace"),
-        lambda: subprocess.run(status, check=False, env=env, capture_output=True, timeout=60).returncode == 0,
-        lambda: head.jobs_url is None or _http_up(head.jobs_url),
-    )
-    for check in checks:
-        while not check():
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"the Ray head did not start:\n{head.log.read_text()[-3000:]}")
-            time.sleep(0.2)
+    while subprocess.run(status, check=False, env=env, capture_output=True, timeout=60).returncode != 0 or (
+        head.jobs_url and not _http_up(head.jobs_url)
+    ):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"the Ray head did not start:\n{head.log.read_text()[-3000:]}")
+        time.sleep(1)
 
 
 def _http_up(url: str) -> bool:
