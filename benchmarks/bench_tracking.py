@@ -6,7 +6,9 @@ Arms alternate none / mlflow after one warm-up of each; the step time of a run i
 between the ``time`` stamps of consecutive steps in metrics.jsonl (steady state, logging every step).
 The per-call cost is what the training thread pays per logged step (a queue put): measured over
 2,000 calls of the six metrics of a step, with the sender thread sending to the live server, then
-after the server is killed (the sender retrying in the background).
+after the server is killed (the sender retrying in the background). Step times on a shared machine
+move by several percent between runs, more than the 1% judged: the CPU the logging costs per step, in
+rayft's process and in the server's, is measured too (:func:`logging_cpu_ms`), and does not move so.
 
     .venv/bin/python benchmarks/bench_tracking.py [--repeats 2] [--steps 60] [--model smollm2-135m-instruct]
 
@@ -26,6 +28,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 METRICS = {"train/loss": 1.0, "train/learning_rate": 1e-4, "train/grad_norm": 0.5, "train/tokens_per_s": 1e3,
@@ -70,6 +73,27 @@ def log_call_us(uri: str, run_id: str, root: Path, calls: int = 2000) -> float:
     return elapsed / calls * 1e6
 
 
+def logging_cpu_ms(server: Any, run_id: str, root: Path, step_s: float, steps: int = 20) -> tuple[float, float]:
+    """CPU milliseconds per training step spent on MLflow logging at the real step cadence: in this
+    process (the queue puts and the sender thread, the training thread otherwise sleeping) and in the
+    server's process tree. CPU time, unlike step time, does not move with other load on the machine."""
+    import psutil
+
+    from rayft.tracking.mlflow_run import MlflowMetricSink
+    from rayft.tracking.worker import TrackerLogger
+
+    tree = [psutil.Process(server.process.pid), *psutil.Process(server.process.pid).children(recursive=True)]
+    server_cpu = lambda: sum(sum(p.cpu_times()[:2]) for p in tree)  # noqa: E731
+    logger = TrackerLogger(MlflowMetricSink(server.uri, run_id), root)
+    time.sleep(2.0)  # connected
+    own, served = time.process_time(), server_cpu()
+    for step in range(steps):
+        logger.log(10_000 + step, METRICS)
+        time.sleep(step_s)
+    logger.close()
+    return (time.process_time() - own) / steps * 1000, (server_cpu() - served) / steps * 1000
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--repeats", type=int, default=2)
@@ -95,9 +119,12 @@ def main() -> None:
             client = MlflowClient(tracking_uri=server.uri)
             run_id = client.create_run(client.create_experiment("bench-calls")).info.run_id
             live_us = log_call_us(server.uri, run_id, root)
+            none_ms = statistics.median(results["none"])
+            client_cpu, server_cpu = logging_cpu_ms(server, run_id, root, none_ms / 1000)
             server.kill()
             dead_us = log_call_us(server.uri, run_id, root)
     none_ms, mlflow_ms = statistics.median(results["none"]), statistics.median(results["mlflow"])
+    pairs = [m / n for n, m in zip(results["none"], results["mlflow"], strict=True)]
     print(
         f"{args.model} model, in-process, {args.steps} steps, logging every step, {args.repeats} runs per arm (median)"
     )
@@ -105,6 +132,11 @@ def main() -> None:
     print(
         f"  runs       none {[round(x, 2) for x in results['none']]}  mlflow {[round(x, 2) for x in results['mlflow']]}"
     )
+    print(f"  ratio of each none/mlflow pair run back to back {[round(x, 3) for x in pairs]} "
+          f"(median {statistics.median(pairs):.3f})")  # fmt: skip
+    print(f"  CPU per step spent on logging at a {none_ms:.0f} ms step: rayft's process {client_cpu:.2f} ms "
+          f"({client_cpu / none_ms * 100:.3f}% of a step), the MLflow server {server_cpu:.2f} ms "
+          f"({server_cpu / none_ms * 100:.3f}%; elsewhere on a real cluster)")  # fmt: skip
     print(f"  log() on the training thread: live server {live_us:.1f} us/step ({live_us / 10 / none_ms:.3f}% of a "
           f"step), dead server {dead_us:.1f} us/step ({dead_us / 10 / none_ms:.3f}% of a step)")  # fmt: skip
 

@@ -62,10 +62,15 @@ class Server:
 
 
 @contextlib.contextmanager
-def _running(command: list[str], directory: Path, health_url: str, base_uri: str) -> Iterator[Server]:
+def _running(
+    command: list[str], directory: Path, health_url: str, base_uri: str, env: dict[str, str] | None = None
+) -> Iterator[Server]:
     log = directory / "server.log"
     with open(log, "wb") as out:
-        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, cwd=directory, start_new_session=True)
+        process = subprocess.Popen(
+            command, stdout=out, stderr=subprocess.STDOUT, cwd=directory, start_new_session=True,
+            env={**os.environ, **(env or {})},
+        )  # fmt: skip
     server = Server(base_uri, process, directory)
     try:
         wait_http(health_url, process, log)
@@ -87,7 +92,10 @@ def mlflow_server(directory: Path) -> Iterator[Server]:
         "--artifacts-destination", str(directory / "artifacts"), "--workers", "1",
     ]  # fmt: skip
     base = f"http://127.0.0.1:{port}"
-    with _running(command, directory, f"{base}/health", base) as server:
+    # MLflow's job runner (seven task-queue consumers for server-side jobs rayft never submits) would
+    # take both cores of a small machine for its first seconds: tests and benchmarks keep it off.
+    quiet = {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+    with _running(command, directory, f"{base}/health", base, env=quiet) as server:
         yield server
 
 
