@@ -11,6 +11,7 @@ move by several percent between runs, more than the 1% judged: the CPU the loggi
 rayft's process and in the server's, is measured too (:func:`logging_cpu_ms`), and does not move so.
 
     .venv/bin/python benchmarks/bench_tracking.py [--repeats 2] [--steps 60] [--model smollm2-135m-instruct]
+        [--cpu-only STEP_MS]
 
 ``--model`` runs the arms on another model (the quickstart's built-in SmolLM2-135M-Instruct: its
 step on a CPU is seconds long, so the 1% target is judged against a step users actually take).
@@ -73,7 +74,9 @@ def log_call_us(uri: str, run_id: str, root: Path, calls: int = 2000) -> float:
     return elapsed / calls * 1e6
 
 
-def logging_cpu_ms(server: Any, run_id: str, root: Path, step_s: float, steps: int = 20) -> tuple[float, float]:
+def logging_cpu_ms(
+    server: Any, run_id: str, root: Path, *, step_s: float, interval_s: float, steps: int = 20
+) -> tuple[float, float]:
     """CPU milliseconds per training step spent on MLflow logging at the real step cadence: in this
     process (the queue puts and the sender thread, the training thread otherwise sleeping) and in the
     server's process tree. CPU time, unlike step time, does not move with other load on the machine."""
@@ -84,7 +87,7 @@ def logging_cpu_ms(server: Any, run_id: str, root: Path, step_s: float, steps: i
 
     tree = [psutil.Process(server.process.pid), *psutil.Process(server.process.pid).children(recursive=True)]
     server_cpu = lambda: sum(sum(p.cpu_times()[:2]) for p in tree)  # noqa: E731
-    logger = TrackerLogger(MlflowMetricSink(server.uri, run_id), root)
+    logger = TrackerLogger(MlflowMetricSink(server.uri, run_id), root, min_interval_s=interval_s)
     time.sleep(2.0)  # connected
     own, served = time.process_time(), server_cpu()
     for step in range(steps):
@@ -94,35 +97,8 @@ def logging_cpu_ms(server: Any, run_id: str, root: Path, step_s: float, steps: i
     return (time.process_time() - own) / steps * 1000, (server_cpu() - served) / steps * 1000
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--repeats", type=int, default=2)
-    parser.add_argument("--steps", type=int, default=60)
-    parser.add_argument("--model", default="tiny", help="tiny (random-init, default) or a model name or path")
-    args = parser.parse_args()
-    sys.path.insert(0, str(REPO / "src"))
-    from mlflow.tracking import MlflowClient
-
-    from rayft.testing import build_tiny_model
-    from rayft.testing.servers import mlflow_server
-
-    with tempfile.TemporaryDirectory(prefix="bench-tracking-") as tmp:
-        root = Path(tmp)
-        model = build_tiny_model(root / "model") if args.model == "tiny" else args.model
-        with mlflow_server(root / "mlflow") as server:
-            results: dict[str, list[float]] = {"none": [], "mlflow": []}
-            for i in range(args.repeats + 1):  # the first pair warms caches up and is dropped
-                for arm in ("none", "mlflow"):
-                    ms = run_arm(root, model, f"{arm}-{i}", args.steps, server.uri if arm == "mlflow" else None)
-                    if i > 0:
-                        results[arm].append(ms)
-            client = MlflowClient(tracking_uri=server.uri)
-            run_id = client.create_run(client.create_experiment("bench-calls")).info.run_id
-            live_us = log_call_us(server.uri, run_id, root)
-            none_ms = statistics.median(results["none"])
-            client_cpu, server_cpu = logging_cpu_ms(server, run_id, root, none_ms / 1000)
-            server.kill()
-            dead_us = log_call_us(server.uri, run_id, root)
+def print_step_times(args: argparse.Namespace, results: dict[str, list[float]]) -> None:
+    """Print the step-time arms."""
     none_ms, mlflow_ms = statistics.median(results["none"]), statistics.median(results["mlflow"])
     pairs = [m / n for n, m in zip(results["none"], results["mlflow"], strict=True)]
     print(
@@ -134,9 +110,49 @@ def main() -> None:
     )
     print(f"  ratio of each none/mlflow pair run back to back {[round(x, 3) for x in pairs]} "
           f"(median {statistics.median(pairs):.3f})")  # fmt: skip
-    print(f"  CPU per step spent on logging at a {none_ms:.0f} ms step: rayft's process {client_cpu:.2f} ms "
-          f"({client_cpu / none_ms * 100:.3f}% of a step), the MLflow server {server_cpu:.2f} ms "
-          f"({server_cpu / none_ms * 100:.3f}%; elsewhere on a real cluster)")  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=60)
+    parser.add_argument("--model", default="tiny", help="tiny (random-init, default) or a model name or path")
+    parser.add_argument("--cpu-only", type=float, metavar="STEP_MS",
+                        help="skip the step-time arms; measure the logging CPU at this step time")  # fmt: skip
+    args = parser.parse_args()
+    sys.path.insert(0, str(REPO / "src"))
+    from mlflow.tracking import MlflowClient
+
+    from rayft.config.tracking import MlflowConfig
+    from rayft.testing import build_tiny_model
+    from rayft.testing.servers import mlflow_server
+
+    interval_s = MlflowConfig.model_fields["send_interval_s"].default
+    with tempfile.TemporaryDirectory(prefix="bench-tracking-") as tmp:
+        root = Path(tmp)
+        model = build_tiny_model(root / "model") if args.model == "tiny" else args.model
+        with mlflow_server(root / "mlflow") as server:
+            results: dict[str, list[float]] = {"none": [], "mlflow": []}
+            for i in range(0 if args.cpu_only else args.repeats + 1):  # the first pair warms caches up and is dropped
+                for arm in ("none", "mlflow"):
+                    ms = run_arm(root, model, f"{arm}-{i}", args.steps, server.uri if arm == "mlflow" else None)
+                    if i > 0:
+                        results[arm].append(ms)
+            client = MlflowClient(tracking_uri=server.uri)
+            run_id = client.create_run(client.create_experiment("bench-calls")).info.run_id
+            live_us = log_call_us(server.uri, run_id, root)
+            none_ms = args.cpu_only or statistics.median(results["none"])
+            cpu = {
+                s: logging_cpu_ms(server, run_id, root, step_s=none_ms / 1000, interval_s=s) for s in (1.0, interval_s)
+            }
+            server.kill()
+            dead_us = log_call_us(server.uri, run_id, root)
+    if not args.cpu_only:
+        print_step_times(args, results)
+    for interval, (client_cpu, server_cpu) in cpu.items():
+        print(f"  CPU per {none_ms:.0f} ms step spent on logging, a request every {interval:g} s: rayft's process "
+              f"{client_cpu:.2f} ms ({client_cpu / none_ms * 100:.3f}% of a step), the MLflow server "
+              f"{server_cpu:.2f} ms ({server_cpu / none_ms * 100:.3f}%; another machine's in a cluster)")  # fmt: skip
     print(f"  log() on the training thread: live server {live_us:.1f} us/step ({live_us / 10 / none_ms:.3f}% of a "
           f"step), dead server {dead_us:.1f} us/step ({dead_us / 10 / none_ms:.3f}% of a step)")  # fmt: skip
 

@@ -58,7 +58,8 @@ train: {{max_steps: 8, micro_batch_size: 4, learning_rate: 3.0e-3, save_steps: 2
 scaling: {{num_workers: 0}}
 logging:
   tensorboard: false
-  mlflow: {{tracking_uri: "{tracking_uri}", experiment: tracking-test, artifacts: [config, final]}}
+  mlflow: {{tracking_uri: "{tracking_uri}", experiment: tracking-test, artifacts: [config, final],
+           send_interval_s: 1}}
   wandb: {{project: rayft-test, mode: offline}}
 """
     )

@@ -63,7 +63,7 @@ def tracker_loggers(
         from rayft.tracking.mlflow_run import MlflowMetricSink
 
         sink = MlflowMetricSink(logging_cfg.mlflow.tracking_uri, ids["mlflow"]["run_id"])
-        loggers.append(TrackerLogger(sink, run_dir))
+        loggers.append(TrackerLogger(sink, run_dir, min_interval_s=logging_cfg.mlflow.send_interval_s))
     if logging_cfg.wandb is not None and "wandb" in ids:
         from rayft.tracking.wandb_run import WandbMetricSink
 
