@@ -105,6 +105,25 @@ def build_tiny_t5(out_dir: str | Path, *, d_model: int = 32, num_layers: int = 2
     return save_random_t5(config, tokenizer, out, seed)
 
 
+def build_tiny_bart(out_dir: str | Path, *, d_model: int = 32, num_layers: int = 2, seed: int = 0) -> Path:
+    """Save a random-init BART encoder-decoder (``q_proj``/``k_proj``/``v_proj``/``out_proj`` attention,
+    ``fc1``/``fc2`` feed-forward, tied embeddings) and the tiny tokenizer without a chat template to
+    ``out_dir``; the decoder starts from EOS, as BART's does."""
+    from transformers import AutoTokenizer, BartConfig
+
+    out = Path(out_dir)
+    build_tiny_tokenizer(out, chat_template=False)
+    tokenizer = AutoTokenizer.from_pretrained(out)
+    eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
+    config = BartConfig(
+        vocab_size=len(tokenizer), d_model=d_model, encoder_layers=num_layers, decoder_layers=num_layers,
+        encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=d_model * 2,
+        decoder_ffn_dim=d_model * 2, max_position_embeddings=512, bos_token_id=eos, eos_token_id=eos,
+        pad_token_id=pad, decoder_start_token_id=eos, forced_eos_token_id=eos,
+    )  # fmt: skip
+    return save_random_bart(config, tokenizer, out, seed)
+
+
 def save_random_t5(config: Any, tokenizer: Any, out: Path, seed: int) -> Path:
     """Initialise a T5 from ``config`` with ``seed`` and save it into ``out`` (beside its tokenizer),
     its generation config starting and ending where the tokenizer's pad and EOS tokens say."""
@@ -112,9 +131,22 @@ def save_random_t5(config: Any, tokenizer: Any, out: Path, seed: int) -> Path:
     from transformers import T5ForConditionalGeneration
 
     torch.manual_seed(seed)
-    model = T5ForConditionalGeneration(config)
+    return _save_seq2seq(T5ForConditionalGeneration(config), tokenizer, out, tokenizer.pad_token_id)
+
+
+def save_random_bart(config: Any, tokenizer: Any, out: Path, seed: int) -> Path:
+    """Initialise a BART from ``config`` with ``seed`` and save it into ``out`` (beside its tokenizer)."""
+    import torch
+    from transformers import BartForConditionalGeneration
+
+    torch.manual_seed(seed)
+    return _save_seq2seq(BartForConditionalGeneration(config), tokenizer, out, config.decoder_start_token_id)
+
+
+def _save_seq2seq(model: Any, tokenizer: Any, out: Path, decoder_start: int) -> Path:
+    """Save an encoder-decoder whose generation starts from ``decoder_start`` and ends at the tokenizer's EOS."""
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.generation_config.pad_token_id = tokenizer.pad_token_id
-    model.generation_config.decoder_start_token_id = tokenizer.pad_token_id
+    model.generation_config.decoder_start_token_id = decoder_start
     model.save_pretrained(out, safe_serialization=True)
     return out
