@@ -1,7 +1,7 @@
 """An encoder-decoder (the tiny random T5) through the same loop on 2 Ray Train workers (gloo, CPU):
 LoRA under DDP, resumed bitwise after a worker is killed, and exported merged; full fine-tuning
-under DeepSpeed ZeRO-3 with optimizer and parameters offloaded to the CPU trains as under DDP and
-exports whole. Every export loads with AutoModelForSeq2SeqLM and generates."""
+under DeepSpeed ZeRO-3 with optimizer and parameters offloaded to the CPU, and under FSDP2, trains
+as under DDP and exports whole. Every export loads with AutoModelForSeq2SeqLM and generates."""
 
 from __future__ import annotations
 
@@ -85,7 +85,7 @@ def test_lora_trains_resumes_bitwise_after_a_kill_and_exports_merged(
     _generates(result.output_dir)
 
 
-def test_full_fine_tuning_under_zero3_with_offload_trains_as_ddp_and_exports(
+def test_full_fine_tuning_under_zero3_with_offload_and_fsdp2_trains_as_ddp_and_exports(
     ray_session: None, tiny_t5_dir: Path, prepared: PreparedData, tmp_path: Path
 ) -> None:
     from safetensors.torch import load_file
@@ -94,16 +94,16 @@ def test_full_fine_tuning_under_zero3_with_offload_trains_as_ddp_and_exports(
 
     ddp = train_on(tiny_config(tiny_t5_dir, tmp_path / "ddp", *FULL), prepared)
     zero3 = train_on(tiny_config(tiny_t5_dir, tmp_path / "zero3", *FULL, *ZERO3_OFFLOAD), prepared)
+    fsdp = train_on(tiny_config(tiny_t5_dir, tmp_path / "fsdp", *FULL, "train.strategy=fsdp"), prepared)
 
-    a, b = train_losses(zero3), train_losses(ddp)
-    assert a.keys() == b.keys() == {1, 2}
-    assert all(a[step] == pytest.approx(b[step], rel=1e-4) for step in a)
-    got, want = (
-        load_file(str(zero3 / "final" / "model.safetensors")),
-        load_file(str(ddp / "final" / "model.safetensors")),
-    )
-    assert got.keys() == want.keys()
-    assert all((got[name] - tensor).abs().max() < 1e-5 for name, tensor in want.items())
+    want = load_file(str(ddp / "final" / "model.safetensors"))
+    for sharded in (zero3, fsdp):
+        a, b = train_losses(sharded), train_losses(ddp)
+        assert a.keys() == b.keys() == {1, 2}
+        assert all(a[step] == pytest.approx(b[step], rel=1e-4) for step in a), sharded
+        got = load_file(str(sharded / "final" / "model.safetensors"))
+        assert got.keys() == want.keys()
+        assert all((got[name] - tensor).abs().max() < 1e-5 for name, tensor in want.items()), sharded
 
     result = export_model(load_config(None, [f"model.name={tiny_t5_dir}"]), str(zero3), tmp_path / "export")
     assert result.kind == "full" and result.verification["reload_generate_ok"] is True
