@@ -24,15 +24,13 @@ import sys
 import time
 from pathlib import Path
 
-from rayft.config import load_config
-from rayft.evaluation.runner import generation_config, load_examples
-from rayft.evaluation.sources import resolve_source
-from rayft.evaluation.tasks import build_task
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench_generation_order import quickstart_eval
 from rayft.generation.backend import Generation, Prompt, SamplingParams
 from rayft.generation.hf import HFBackend
 from rayft.generation.kv_cache import CachePlan
 
-REPO = Path(__file__).resolve().parents[1]
 ARMS = {
     "dynamic": CachePlan(static=False, compile=False),
     "static": CachePlan(static=True, compile=False),
@@ -67,12 +65,7 @@ def main() -> None:
     from rayft.generation.factory import sampling_params
 
     torch.set_num_threads(args.threads)
-    cfg = load_config(REPO / "configs" / "quickstart.yaml", [
-        f"eval.max_samples={args.prompts}", f"eval.generation.max_new_tokens={args.max_new_tokens}",
-    ])  # fmt: skip
-    task = build_task(cfg.eval)
-    prompts = [e.prompt for e in load_examples(cfg.eval, task).items]
-    gen_cfg = generation_config(cfg.eval, resolve_source(cfg.model.name, cfg.model), task)
+    prompts, gen_cfg = quickstart_eval(args.prompts, args.max_new_tokens)
     backend = HFBackend(gen_cfg.model, device=args.device, batch_size=gen_cfg.batch_size)
     params = sampling_params(gen_cfg)
 

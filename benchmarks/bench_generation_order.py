@@ -21,11 +21,24 @@ import time
 from pathlib import Path
 
 from rayft.config import load_config
+from rayft.config.generation import GenerationConfig
 from rayft.evaluation.runner import generation_config, load_examples
 from rayft.evaluation.sources import resolve_source
 from rayft.evaluation.tasks import build_task
+from rayft.generation.backend import Prompt
 
 REPO = Path(__file__).resolve().parents[1]
+
+
+def quickstart_eval(prompts: int, max_new_tokens: int) -> tuple[list[Prompt], GenerationConfig]:
+    """The quickstart eval's first ``prompts`` prompts and its generation settings, with
+    ``max_new_tokens`` (shared by the generation benchmarks)."""
+    cfg = load_config(REPO / "configs" / "quickstart.yaml", [
+        f"eval.max_samples={prompts}", f"eval.generation.max_new_tokens={max_new_tokens}",
+    ])  # fmt: skip
+    task = build_task(cfg.eval)
+    items = [e.prompt for e in load_examples(cfg.eval, task).items]
+    return items, generation_config(cfg.eval, resolve_source(cfg.model.name, cfg.model), task)
 
 
 def main() -> None:
@@ -38,12 +51,7 @@ def main() -> None:
 
     from rayft.evaluation import runner
 
-    cfg = load_config(REPO / "configs" / "quickstart.yaml", [
-        f"eval.max_samples={args.prompts}", f"eval.generation.max_new_tokens={args.max_new_tokens}",
-    ])  # fmt: skip
-    task = build_task(cfg.eval)
-    prompts = [e.prompt for e in load_examples(cfg.eval, task).items]
-    gen_cfg = generation_config(cfg.eval, resolve_source(cfg.model.name, cfg.model), task)
+    prompts, gen_cfg = quickstart_eval(args.prompts, args.max_new_tokens)
     arms = {"prompt order": runner._generate_local, "longest first": lambda p, c: runner.generate(p, c, "local")}
     rates: dict[str, list[float]] = {name: [] for name in arms}
     texts: dict[str, list[str]] = {}

@@ -14,14 +14,6 @@ import pytest
 
 pytestmark = pytest.mark.gpu
 
-PROMPTS = [
-    "1 2",
-    "The quick brown fox jumps over the lazy dog. 0 1 2 3 4 5 6 7 8 9",
-    "SELECT name",
-    "A baker has 12 apples and buys 7 more. How many apples does the baker have?",
-    "instruction input output",
-]
-
 
 @pytest.fixture(scope="module")
 def device() -> str:
@@ -41,13 +33,6 @@ def _backend(model_dir: Path, device: str, **options: Any) -> Any:
     return HFBackend(ModelConfig(name=str(model_dir), dtype="float32"), device=device, batch_size=2, **options)
 
 
-def _completions(backend: Any) -> list[tuple[str, int, str]]:
-    from rayft.generation.backend import SamplingParams
-
-    params = SamplingParams(max_new_tokens=12, temperature=0.0)
-    return [(g.text, g.num_generated_tokens, g.finish_reason) for g in backend.generate(PROMPTS, params)]
-
-
 @pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")  # inductor on CPU
 def test_default_plan_compiles_a_static_cache_and_generates_what_the_dynamic_one_does(
     device: str, tiny_model_dir: Path
@@ -55,12 +40,13 @@ def test_default_plan_compiles_a_static_cache_and_generates_what_the_dynamic_one
     import torch._dynamo.utils
 
     from rayft.generation.kv_cache import CachePlan
+    from rayft.testing.generation import greedy_completions
 
-    dynamic = _completions(_backend(tiny_model_dir, device, kv_cache="dynamic", compile=False))
+    dynamic = greedy_completions(_backend(tiny_model_dir, device, kv_cache="dynamic", compile=False))
     options = {"kv_cache": "auto", "compile": "auto"} if device == "cuda" else {"kv_cache": "static", "compile": True}
     fast = _backend(tiny_model_dir, device, **options)
     assert fast.cache == CachePlan(static=True, compile=True)
     graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
-    assert _completions(fast) == dynamic
-    assert _completions(fast) == dynamic  # the second pass reuses the compiled step
+    assert greedy_completions(fast) == dynamic
+    assert greedy_completions(fast) == dynamic  # the second pass reuses the compiled step
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == graphs + 1

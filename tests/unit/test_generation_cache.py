@@ -13,14 +13,6 @@ from rayft.config.inference import InferenceConfig
 from rayft.errors import ConfigError
 from rayft.generation.kv_cache import CachePlan, bucket, cache_length, filled_batch, plan_cache
 
-PROMPTS = [
-    "1 2",
-    "The quick brown fox jumps over the lazy dog. 0 1 2 3 4 5 6 7 8 9",
-    "SELECT name",
-    "A baker has 12 apples and buys 7 more. How many apples does the baker have?",
-    "instruction input output",
-]
-
 
 @pytest.mark.parametrize(
     ("kv_cache", "compile", "device", "expected"),
@@ -80,12 +72,11 @@ def test_static_cache_lengths_come_in_a_few_sizes() -> None:
 
 def _completions(model_dir: Path, **options: object) -> list[tuple[str, int, str]]:
     from rayft.config.model import ModelConfig
-    from rayft.generation.backend import SamplingParams
     from rayft.generation.hf import HFBackend
+    from rayft.testing.generation import greedy_completions
 
     backend = HFBackend(ModelConfig(name=str(model_dir)), device="cpu", batch_size=2, **options)  # type: ignore[arg-type]
-    params = SamplingParams(max_new_tokens=12, temperature=0.0)
-    return [(g.text, g.num_generated_tokens, g.finish_reason) for g in backend.generate(PROMPTS, params)]
+    return greedy_completions(backend)
 
 
 def test_static_cache_generates_what_the_dynamic_one_does(tiny_model_dir: Path) -> None:
