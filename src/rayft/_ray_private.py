@@ -47,6 +47,7 @@ PRIVATE_SYMBOLS: tuple[str, ...] = (
     "ray.train.v2._internal.constants:ENABLE_PREEMPTION_WATCHER_ENV_VAR",
     "ray.train.v2._internal.execution.callback:WorkerGroupCallback",
     "ray.train.v2._internal.execution.worker_group.worker_group:WorkerGroup.get_worker_group_state",
+    "ray.tune.logger.logger:LoggerCallback._restore_from_remote",
 )
 
 # Ray settings of a Ray that rayft starts itself (never of a cluster it joins), passed as
@@ -260,6 +261,9 @@ def block_iterator_class() -> type | None:
     return BlockIterator
 
 
+_WORKER_GROUP_STATE = "ray.train.v2._internal.execution.worker_group.worker_group:WorkerGroup.get_worker_group_state"
+
+
 def placement_group_recorder(directory: str) -> Any:
     """A Ray Train callback that records the placement group of each worker group it starts as an
     empty file named by its id in ``directory``; None where this Ray's internals differ.
@@ -271,7 +275,7 @@ def placement_group_recorder(directory: str) -> Any:
     trial's workers' resources would stay reserved.
     """
     base = _load("ray.train.v2._internal.execution.callback:WorkerGroupCallback")
-    if base is None or _load(PRIVATE_SYMBOLS[-1]) is None:
+    if base is None or _load(_WORKER_GROUP_STATE) is None:
         return None
 
     class PlacementGroupRecorder(base):  # type: ignore[misc, valid-type]
@@ -287,3 +291,39 @@ def placement_group_recorder(directory: str) -> Any:
                 pass
 
     return PlacementGroupRecorder(directory)
+
+
+def trial_result_loggers() -> list[Any]:
+    """Tune's JSON and CSV logger callbacks (a trial's result.json and progress.csv), made to keep
+    every report of a trial that Tune pauses and restarts; [] where this Ray's internals differ
+    (Tune then adds its own).
+
+    When a trial starts again from a checkpoint, Tune's loggers copy the file back from the sweep's
+    storage over the driver's local copy, which they then append to. Within one driver the local
+    copy is the newest: the stored one is as old as the last sync, so a trial paused and restarted
+    before a sync (a HyperBand rung, synchronous PBT) lost the reports it made in between, and with
+    them the schedulers' history that the sweep's results read back. These copy the stored file back
+    only where the driver has no local copy (a restored sweep). Independent of :data:`SWITCH_ENV`.
+    """
+    if _load("ray.tune.logger.logger:LoggerCallback._restore_from_remote") is None:
+        return []
+    from pathlib import Path
+
+    from ray.tune.logger import CSVLoggerCallback, JsonLoggerCallback
+
+    class KeepLocalCopy:
+        """Copy a trial's file back from storage only where this driver has none."""
+
+        def _restore_from_remote(self, file_name: str, trial: Any) -> None:
+            if Path(trial.local_path, file_name).exists():
+                return
+            super()._restore_from_remote(file_name, trial)  # type: ignore[misc]
+
+    class JsonLogger(KeepLocalCopy, JsonLoggerCallback):
+        """Tune's result.json logger that keeps this driver's copy."""
+
+    class CsvLogger(KeepLocalCopy, CSVLoggerCallback):
+        """Tune's progress.csv logger that keeps this driver's copy."""
+
+    loggers: list[Any] = [JsonLogger(), CsvLogger()]  # type: ignore[no-untyped-call]
+    return loggers

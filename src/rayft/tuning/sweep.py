@@ -162,7 +162,7 @@ def make_scheduler(tune: TuneConfig, evaluations: int) -> Any:
         return PopulationBasedTraining(
             time_attr="training_iteration", perturbation_interval=tune.pbt.perturbation_interval,
             hyperparam_mutations=to_ray_mutations(tune), quantile_fraction=tune.pbt.quantile_fraction,
-            resample_probability=tune.pbt.resample_probability,
+            resample_probability=tune.pbt.resample_probability, synch=tune.pbt.synch,
         )  # fmt: skip
     return FIFOScheduler()
 
@@ -212,6 +212,7 @@ def build_tuner(tune_cfg: TuneConfig, place: SweepPlace, setup: Any, *, concurre
     import ray.tune
     from ray import tune
 
+    from rayft._ray_private import trial_result_loggers
     from rayft.tuning.reaper import reaper_callback
     from rayft.tuning.space import to_ray_space
 
@@ -231,7 +232,7 @@ def build_tuner(tune_cfg: TuneConfig, place: SweepPlace, setup: Any, *, concurre
             name=place.name, storage_path=place.storage, verbose=1,
             checkpoint_config=ray.tune.CheckpointConfig(num_to_keep=TUNE_CHECKPOINTS_TO_KEEP),
             failure_config=ray.tune.FailureConfig(max_failures=0),
-            callbacks=[reaper_callback(lambda trial_id: trial_run_dir(place, trial_id))],
+            callbacks=[reaper_callback(lambda trial_id: trial_run_dir(place, trial_id)), *trial_result_loggers()],
         ),
     )  # fmt: skip
 
