@@ -1,6 +1,6 @@
 """``rayft tune`` on the shared local Ray (2 CPUs) with the tiny model: a sweep that cannot fit
 fails fast, ASHA over a grid stops a far too high learning rate early and runs every grid point
-once, PBT continues an exploited trial from a copy of the better trial's checkpoint, and Optuna's
+once, synchronous PBT continues an exploited trial from a copy of the better trial's checkpoint, and Optuna's
 TPE with HyperBand ranks trials on an evaluation task's accuracy."""
 
 from __future__ import annotations
@@ -78,10 +78,15 @@ def test_pbt_continues_an_exploited_trial_from_the_better_trials_checkpoint(
 ) -> None:
     from rayft.recipes.tune import run
 
+    # Synchronous PBT: both trials meet at their second report (step 4) whichever starts first, and the
+    # one trained at the far too low rate copies the other. (Asynchronous PBT ranks a trial against the
+    # others' latest reports as it reports: the tiny model trains in well under a second between
+    # reports, so a trial that starts a second late may find the other already past its last report.)
     cfg = sweep_config(
         tiny_model_dir, tmp_path, "train.max_steps=6", "checkpoint.num_to_keep=null", "tune.scheduler=pbt",
         "tune.search_algorithm=grid", "tune.search_space={train.learning_rate: {grid: [3.0e-3, 1.0e-6]}}",
-        "tune.pbt.perturbation_interval=1", "tune.pbt.quantile_fraction=0.5", "tune.pbt.resample_probability=0",
+        "tune.pbt.perturbation_interval=2", "tune.pbt.synch=true", "tune.pbt.quantile_fraction=0.5",
+        "tune.pbt.resample_probability=0",
         "tune.pbt.hyperparam_mutations={train.learning_rate: {choice: [1.0e-3, 2.0e-3, 3.0e-3]}}",
     )  # fmt: skip
     outcome = run(cfg)

@@ -111,6 +111,15 @@ class PbtConfig(Section):
             "(multiplied by 0.8 or 1.2, or moved to a neighbouring choice)."
         ),
     )
+    synch: bool = Field(
+        False,
+        description=(
+            "Synchronous PBT: a trial that reaches a perturbation point waits (paused) until every live trial "
+            "has reached it, then the bottom quantile copies the top one together. Decisions no longer depend "
+            "on which trial happens to report first, at the cost of idle workers and a restart of every trial "
+            "at each point. False: each trial is compared with the others' latest reports as it reports."
+        ),
+    )
     hyperparam_mutations: dict[str, Domain] | None = Field(
         None,
         description=(
