@@ -28,6 +28,9 @@ log = logging.getLogger(__name__)
 SWITCH_ENV = "RAYFT_RAY_PRIVATE"
 CHECKED_RAY_SERIES = "2.60"
 
+_WORKER_GROUP_STATE = "ray.train.v2._internal.execution.worker_group.worker_group:WorkerGroup.get_worker_group_state"
+_RESTORE_FROM_REMOTE = "ray.tune.logger.logger:LoggerCallback._restore_from_remote"
+
 # Every private name used below, as "module:attribute.path" (the canary test resolves each).
 PRIVATE_SYMBOLS: tuple[str, ...] = (
     "ray:init",  # its private keyword argument _system_config (checked apart)
@@ -46,8 +49,8 @@ PRIVATE_SYMBOLS: tuple[str, ...] = (
     "ray._private.log_monitor:RAY_LOG_MONITOR_MANY_FILES_THRESHOLD",
     "ray.train.v2._internal.constants:ENABLE_PREEMPTION_WATCHER_ENV_VAR",
     "ray.train.v2._internal.execution.callback:WorkerGroupCallback",
-    "ray.train.v2._internal.execution.worker_group.worker_group:WorkerGroup.get_worker_group_state",
-    "ray.tune.logger.logger:LoggerCallback._restore_from_remote",
+    _WORKER_GROUP_STATE,
+    _RESTORE_FROM_REMOTE,
 )
 
 # Ray settings of a Ray that rayft starts itself (never of a cluster it joins), passed as
@@ -261,9 +264,6 @@ def block_iterator_class() -> type | None:
     return BlockIterator
 
 
-_WORKER_GROUP_STATE = "ray.train.v2._internal.execution.worker_group.worker_group:WorkerGroup.get_worker_group_state"
-
-
 def placement_group_recorder(directory: str) -> Any:
     """A Ray Train callback that records the placement group of each worker group it starts as an
     empty file named by its id in ``directory``; None where this Ray's internals differ.
@@ -305,7 +305,7 @@ def trial_result_loggers() -> list[Any]:
     them the schedulers' history that the sweep's results read back. These copy the stored file back
     only where the driver has no local copy (a restored sweep). Independent of :data:`SWITCH_ENV`.
     """
-    if _load("ray.tune.logger.logger:LoggerCallback._restore_from_remote") is None:
+    if _load(_RESTORE_FROM_REMOTE) is None:
         return []
     from pathlib import Path
 

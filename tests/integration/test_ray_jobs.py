@@ -160,9 +160,7 @@ def test_run_joins_an_existing_cluster_with_address(head: RayHead, tmp_path: Pat
     assert f"joining the Ray cluster at {head.gcs}" in done.stderr
     assert "Started a local Ray instance" not in done.stderr
     assert (tmp_path / "runs" / "joined" / "stages" / "sdg.json").is_file()
-    status = [str(Path(sys.executable).parent / "ray"), "status", f"--address={head.gcs}"]
-    up = subprocess.run(status, check=False, env={**os.environ, **head.env}, capture_output=True, timeout=60)
-    assert up.returncode == 0, "the joined cluster must be left running"
+    assert head.gcs_answers(), "the joined cluster must be left running"
 
 
 # Every command that uses Ray, CONFIG standing for the config file.

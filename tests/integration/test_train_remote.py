@@ -33,11 +33,6 @@ def s3_server() -> Iterator[Any]:
         yield server
 
 
-@pytest.fixture(scope="module")
-def prepared(arithmetic_units: PreparedData) -> PreparedData:
-    return arithmetic_units
-
-
 def train_remote(cfg: RayftConfig, prepared: PreparedData, *, resume: bool = False) -> Path:
     """The recipe's claim and launch, with the run's URI handed to the workers; returns the mirror."""
     from rayft.recipes.train import build_worker_plan, claim_run_dir, launch, run_location
@@ -54,7 +49,7 @@ def remote_records(remote: RemoteRun) -> list[dict[str, Any]]:
 
 
 def test_a_run_on_s3_continues_on_a_fresh_machine_from_the_remote_checkpoint(  # noqa: PLR0917 - fixtures
-    uninterrupted_run: Path, tiny_model_dir: Path, prepared: PreparedData, tmp_path: Path, s3_server: Any,
+    uninterrupted_run: Path, tiny_model_dir: Path, arithmetic_units: PreparedData, tmp_path: Path, s3_server: Any,
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
 ) -> None:  # fmt: skip
     from rayft.recipes.train import run_location
@@ -68,7 +63,7 @@ def test_a_run_on_s3_continues_on_a_fresh_machine_from_the_remote_checkpoint(  #
 
     monkeypatch.setenv("RAYFT_FAULT_RAISE", "0:7")
     with pytest.raises(Exception, match="injected failure on rank 0 at step 7"):
-        train_remote(cfg, prepared)
+        train_remote(cfg, arithmetic_units)
     monkeypatch.delenv("RAYFT_FAULT_RAISE")
     # step 6's save runs in the background: the failure may cut its upload short (no manifest: incomplete)
     uploaded = [(c.step, c.complete) for c in remote.scan_checkpoints()]
@@ -80,7 +75,7 @@ def test_a_run_on_s3_continues_on_a_fresh_machine_from_the_remote_checkpoint(  #
     logged = {r["step"]: r["time"] for r in remote_records(remote) if "train/loss" in r}
     shutil.rmtree(tmp_path / "cache")  # the machine is gone; only the bucket remains
     caplog.set_level(logging.INFO, logger="rayft")
-    mirror = train_remote(cfg, prepared, resume=True)
+    mirror = train_remote(cfg, arithmetic_units, resume=True)
 
     # the steps up to the checkpoint are the records of the first attempt, the later ones new
     relogged = {r["step"]: r["time"] for r in remote_records(remote) if "train/loss" in r}

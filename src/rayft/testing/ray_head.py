@@ -31,6 +31,13 @@ class RayHead:
     temp_dir: Path
     log: Path
 
+    def gcs_answers(self, env: Mapping[str, str] | None = None) -> bool:
+        """Whether ``ray status`` reaches the head (with ``env``; default: this process's with the
+        client's token)."""
+        status = [str(_BIN / "ray"), "status", f"--address={self.gcs}"]
+        run_env = dict(env) if env is not None else {**os.environ, **self.env}
+        return subprocess.run(status, check=False, env=run_env, capture_output=True, timeout=60).returncode == 0
+
 
 def free_port() -> int:
     """A TCP port of 127.0.0.1 that nothing listens on now."""
@@ -129,10 +136,7 @@ def _train_env() -> dict[str, str]:
 
 def _wait_until_up(head: RayHead, proc: subprocess.Popen[bytes], env: dict[str, str], timeout_s: float) -> None:
     deadline = time.monotonic() + timeout_s
-    status = [str(_BIN / "ray"), "status", f"--address={head.gcs}"]
-    while subprocess.run(status, check=False, env=env, capture_output=True, timeout=60).returncode != 0 or (
-        head.jobs_url and not _http_up(head.jobs_url)
-    ):
+    while not head.gcs_answers(env) or (head.jobs_url and not _http_up(head.jobs_url)):
         if proc.poll() is not None or time.monotonic() > deadline:
             raise RuntimeError(f"the Ray head did not start:\n{head.log.read_text()[-3000:]}")
         time.sleep(1)

@@ -187,6 +187,11 @@ def fit_forwarding(
         except BaseException as exc:  # re-raised in the trial's thread below
             errors.append(exc)
 
+    def join() -> None:
+        thread.join()
+        if errors:
+            raise errors[0]
+
     thread = threading.Thread(target=target, name="rayft-trial-fit", daemon=True)
     thread.start()
     scores: dict[str, float] = {}
@@ -201,13 +206,9 @@ def fit_forwarding(
         if score is not None and item.get("checkpoint") is not None:
             scores = score(str(item["checkpoint"]))
         if last_step is not None and float(item["metrics"].get("step", 0)) >= last_step:
-            thread.join()
-            if errors:
-                raise errors[0]
+            join()
         report_to_tune(item, run_dir, scores)
-    thread.join()
-    if errors:
-        raise errors[0]
+    join()
 
 
 def run_trial(params: dict[str, Any], setup: TrialSetup) -> None:
