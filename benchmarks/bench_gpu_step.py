@@ -83,29 +83,43 @@ def gsm8k_like_examples(count: int, seed: int, vocab: int) -> list[dict[str, Any
     return examples
 
 
-def packed_batches(examples: list[dict[str, Any]], seq: int, rows: int, steps: int) -> list[Any]:
-    """Micro-batches of ``rows`` packed rows of at most ``seq`` tokens."""
+def packed_batches(examples: list[dict[str, Any]], seq: int, rows: int, steps: int) -> list[list[Any]]:
+    """Steps of one micro-batch each: ``rows`` packed rows of at most ``seq`` tokens."""
     from rayft.data.collate import collate
     from rayft.data.packing import build_units, plan_packs
 
     units = build_units(examples, plan_packs([len(e["input_ids"]) for e in examples], seq))
-    return [collate(units[i : i + rows], pad_token_id=0) for i in range(0, rows * steps, rows)]
+    return [[collate(units[i : i + rows], pad_token_id=0)] for i in range(0, rows * steps, rows)]
 
 
-def padded_batches(examples: list[dict[str, Any]], tokens_per_step: int, steps: int) -> list[Any]:
-    """Micro-batches of one example per row, with about ``tokens_per_step`` real tokens each."""
+def padded_batches(examples: list[dict[str, Any]], tokens_per_step: int, steps: int, slots: int) -> list[list[Any]]:
+    """Steps of about ``tokens_per_step`` real tokens, one example per row, cut into micro-batches of
+    at most ``slots`` padded positions (the packed arm's rows x seq): the same real tokens per optimizer
+    step and the same activation budget per forward as the packed arm, gradients accumulated over the
+    micro-batches (one micro-batch of a whole step's rows padded to the longest does not fit a GPU)."""
     from rayft.data.collate import collate
 
-    batches, current, size = [], [], 0
+    result, step, size = [], [], 0
     for example in examples:
-        current.append(example)
+        step.append(example)
         size += len(example["input_ids"])
         if size >= tokens_per_step:
-            batches.append(collate(current, pad_token_id=0))
-            current, size = [], 0
-            if len(batches) == steps:
+            result.append([collate(chunk, pad_token_id=0) for chunk in micro_batches_within(step, slots)])
+            step, size = [], 0
+            if len(result) == steps:
                 break
-    return batches
+    return result
+
+
+def micro_batches_within(examples: list[dict[str, Any]], slots: int) -> list[list[dict[str, Any]]]:
+    """Consecutive examples grouped so that rows x longest stays within ``slots`` positions."""
+    chunks: list[list[dict[str, Any]]] = [[]]
+    for example in examples:
+        longest = max([len(e["input_ids"]) for e in chunks[-1]] + [len(example["input_ids"])])
+        if chunks[-1] and longest * (len(chunks[-1]) + 1) > slots:
+            chunks.append([])
+        chunks[-1].append(example)
+    return chunks
 
 
 def best_attention(device_type: str) -> str:
@@ -148,7 +162,7 @@ def build(arch: str, method: str, attention: str, device: Any, compile_blocks: b
     return net, build_optimizer(net, TrainConfig(learning_rate=1e-5)), linear
 
 
-def run_arm(args: argparse.Namespace, arch: str, method: str, arm: str, batches: list[Any]) -> Result:
+def run_arm(args: argparse.Namespace, arch: str, method: str, arm: str, batches: list[list[Any]]) -> Result:
     """Warm up, then time ``--steps`` optimizer steps of one arm."""
     import torch
 
@@ -168,13 +182,13 @@ def run_arm(args: argparse.Namespace, arch: str, method: str, arm: str, batches:
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
     strategy = parallelism("ddp", 1)
     times, real_tokens, losses = [], [], []
-    for index, host_batch in enumerate(batches[: args.warmup + args.steps]):
-        batch = host_batch.to(device)
+    for index, host_batches in enumerate(batches[: args.warmup + args.steps]):
+        step_batches = [batch.to(device) for batch in host_batches]
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         start = time.perf_counter()
-        stats = train_step(model, optimizer, scheduler, [batch], parallel=strategy, precision=precision, scaler=None,
-                           max_grad_norm=1.0, world_size=1, device=device, **options)  # fmt: skip
+        stats = train_step(model, optimizer, scheduler, step_batches, parallel=strategy, precision=precision,
+                           scaler=None, max_grad_norm=1.0, world_size=1, device=device, **options)  # fmt: skip
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         if index >= args.warmup:
@@ -236,7 +250,8 @@ def main(argv: list[str] | None = None) -> list[Result]:
         examples = [e for e in examples if e["num_tokens"] <= args.seq]
         args.mean_context = mean_context(examples)
         packed = packed_batches(examples, args.seq, args.rows, total)
-        padded = padded_batches(examples, sum(b.num_tokens for b in packed) // len(packed), total)
+        real_per_step = sum(b.num_tokens for step in packed for b in step) // len(packed)
+        padded = padded_batches(examples, real_per_step, total, args.seq * args.rows)
         for method in args.methods.split(","):
             for arm, batches in (("padded", padded), ("rayft", packed)):
                 result = run_arm(args, arch, method, arm, batches)

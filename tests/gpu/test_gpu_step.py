@@ -124,7 +124,7 @@ def test_packed_loss_equals_one_by_one_with_every_attention(device: Any, attn: s
     import torch
 
     from rayft.training import attention
-    from rayft.training.attention import uses_varlen
+    from rayft.training.attention import row_multiple, uses_varlen
     from rayft.training.precision import Precision
 
     if attn == "flex_attention" and device.type != "cuda":
@@ -135,9 +135,11 @@ def test_packed_loss_equals_one_by_one_with_every_attention(device: Any, attn: s
     precision = Precision(torch.bfloat16 if flash else None, False)
     model = _model(device, dtype, attn=attn)
     examples = _examples(4096)
+    # Rows padded as training pads them for this kernel (flex_attention: whole 128-token blocks).
+    multiple = row_multiple(attn)
     packed = collate(build_units(examples, [list(range(6)), list(range(6, 12))]), pad_token_id=0,
-                     pad_to_multiple_of=64).to(device)  # fmt: skip
-    singles = [collate([e], pad_token_id=0).to(device) for e in examples]
+                     pad_to_multiple_of=max(64, multiple)).to(device)  # fmt: skip
+    singles = [collate([e], pad_token_id=0, pad_to_multiple_of=multiple).to(device) for e in examples]
     varlen = uses_varlen(attn)
     packed_loss, packed_grads = _loss_and_grads(model, [packed], precision, varlen=varlen)
     single_loss, single_grads = _loss_and_grads(model, singles, precision, varlen=varlen)

@@ -110,3 +110,21 @@ def test_attention_setting_takes_flex_and_hub_kernels_and_names_the_choices() ->
     assert uses_varlen("flash_attention_2") and uses_varlen("kernels-community/flash-attn")
     assert uses_varlen(PER_EXAMPLE_SDPA)
     assert not uses_varlen("sdpa") and not uses_varlen("flex_attention") and not uses_varlen("eager")
+
+
+@pytest.mark.parametrize(("attn", "width"), [("flex_attention", 128), ("sdpa", 37), ("eager", 37)])
+def test_training_rows_are_whole_flex_blocks_and_as_long_as_needed_otherwise(attn: str, width: int) -> None:
+    """flex_attention lowers rows shorter than a block to a decoding kernel that cannot train on
+    CUDA; training pads its rows to whole blocks for it (labels -100) and leaves other kernels alone."""
+    from types import SimpleNamespace
+
+    from rayft.data.prepared import IGNORE_INDEX
+    from rayft.training.objective import CausalLm
+
+    plan = SimpleNamespace(model=SimpleNamespace(attn_implementation=attn))
+    objective = CausalLm(plan, SimpleNamespace(pad_token_id=0), None)  # type: ignore[arg-type]
+    unit = {"input_ids": list(range(1, 38)), "labels": list(range(1, 38)), "position_ids": list(range(37)),
+            "sample_ids": [0], "num_tokens": 37, "num_label_tokens": 37}  # fmt: skip
+    batch = objective.collate([unit])
+    assert tuple(batch.input_ids.shape) == (1, width)
+    assert batch.labels[0, 37:].eq(IGNORE_INDEX).all() and batch.num_label_tokens == 37

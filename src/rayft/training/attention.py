@@ -51,6 +51,22 @@ def uses_varlen(attn_implementation: str) -> bool:
     )
 
 
+FLEX_BLOCK = 128
+"""flex_attention's block size: rows padded to a multiple of it always take its main kernel."""
+
+
+def row_multiple(attn_implementation: str) -> int:
+    """The multiple that training rows are right-padded to for this attention implementation.
+
+    flex_attention lowers a query shorter than one block (128 tokens) to its decoding kernel, which
+    torch's inductor cannot build for training (fp32 or grouped-query heads: "NoValidChoicesError:
+    flex_decoding", seen on an H100 with torch 2.11); rows of whole blocks take the training kernel
+    and also match the block mask's granularity. The padding forms its own block with labels -100,
+    so the loss is unchanged (see :mod:`rayft.data.collate`). Other kernels take rows as they are.
+    """
+    return FLEX_BLOCK if attn_implementation == "flex_attention" else 1
+
+
 @functools.cache
 def register() -> None:
     """Make :data:`PER_EXAMPLE_SDPA` a valid ``attn_implementation`` in this process (once)."""

@@ -101,8 +101,10 @@ class CausalLm:
     def collate(self, units: list[Unit]) -> Any:
         """Token units padded into one :class:`~rayft.data.collate.MicroBatch`."""
         from rayft.data.collate import collate
+        from rayft.training.attention import row_multiple
 
-        return collate(units, self.tokenizer.pad_token_id, seq2seq=self.seq2seq)
+        multiple = row_multiple(self.plan.model.attn_implementation)
+        return collate(units, self.tokenizer.pad_token_id, multiple, seq2seq=self.seq2seq)
 
     def loss_sum(self, model: Any, batch: Any, precision: Precision) -> torch.Tensor:
         """:func:`rayft.training.steps.token_loss_sum` with the run's loss and attention kernels."""
