@@ -32,7 +32,8 @@ dense bf16, 989 TFLOP/s (``--peak-tflops`` for other GPUs). Peak memory is
 ``torch.cuda.max_memory_allocated`` over each arm.
 
     python benchmarks/bench_gpu_step.py [--arch qwen2.5-1.5b,llama-3.2-1b] [--methods lora,full]
-        [--seq 2048] [--rows 4] [--steps 10] [--warmup 3] [--compile] [--json out.json]
+        [--seq 2048] [--rows 4] [--steps 10] [--warmup 3] [--compile] [--attn auto] [--fused-loss auto]
+        [--arms padded,rayft] [--json out.json]
     python benchmarks/bench_gpu_step.py --device cpu --arch qwen2-tiny --seq 256 --steps 2 --warmup 1  # smoke
 """
 
@@ -83,13 +84,19 @@ def gsm8k_like_examples(count: int, seed: int, vocab: int) -> list[dict[str, Any
     return examples
 
 
-def packed_batches(examples: list[dict[str, Any]], seq: int, rows: int, steps: int) -> list[list[Any]]:
-    """Steps of one micro-batch each: ``rows`` packed rows of at most ``seq`` tokens."""
+def packed_batches(examples: list[dict[str, Any]], seq: int, rows: int, steps: int, attn: str) -> list[list[Any]]:
+    """Steps of one micro-batch each: ``rows`` packed rows of at most ``seq`` tokens, padded as
+    training pads them for the attention kernel."""
     from rayft.data.collate import collate
     from rayft.data.packing import build_units, plan_packs
+    from rayft.training.attention import row_multiple
 
     units = build_units(examples, plan_packs([len(e["input_ids"]) for e in examples], seq))
-    return [[collate(units[i : i + rows], pad_token_id=0)] for i in range(0, rows * steps, rows)]
+    multiple = row_multiple(attn)
+    return [
+        [collate(units[i : i + rows], pad_token_id=0, pad_to_multiple_of=multiple)]
+        for i in range(0, rows * steps, rows)
+    ]
 
 
 def padded_batches(examples: list[dict[str, Any]], tokens_per_step: int, steps: int, slots: int) -> list[list[Any]]:
@@ -172,7 +179,7 @@ def run_arm(args: argparse.Namespace, arch: str, method: str, arm: str, batches:
 
     device = torch.device(args.device)
     attention = (best_attention(device.type) if args.attn == "auto" else args.attn) if arm == "rayft" else "eager"
-    fused = "auto" if arm == "rayft" else "none"
+    fused = args.fused_loss if arm == "rayft" else "none"
     if device.type == "cuda":
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(device)
@@ -228,7 +235,9 @@ def main(argv: list[str] | None = None) -> list[Result]:
     parser.add_argument("--rows", type=int, default=4, help="packed rows per step")
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--warmup", type=int, default=3)
-    parser.add_argument("--attn", default="auto")
+    parser.add_argument("--attn", default="auto", help="the rayft arm's attention (auto, sdpa, flex_attention, ...)")
+    parser.add_argument("--fused-loss", default="auto", help="the rayft arm's train.fused_loss (auto, chunked, none)")
+    parser.add_argument("--arms", default="padded,rayft", help="which arms to run")
     parser.add_argument("--compile", action="store_true")
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--peak-tflops", type=float, default=H100_BF16_TFLOPS)
@@ -249,11 +258,13 @@ def main(argv: list[str] | None = None) -> list[Result]:
         examples = gsm8k_like_examples(total * args.rows * args.seq // 150, seed=0, vocab=vocab)
         examples = [e for e in examples if e["num_tokens"] <= args.seq]
         args.mean_context = mean_context(examples)
-        packed = packed_batches(examples, args.seq, args.rows, total)
+        packed = packed_batches(examples, args.seq, args.rows, total, args.attn)
         real_per_step = sum(b.num_tokens for step in packed for b in step) // len(packed)
         padded = padded_batches(examples, real_per_step, total, args.seq * args.rows)
         for method in args.methods.split(","):
             for arm, batches in (("padded", padded), ("rayft", packed)):
+                if arm not in args.arms.split(","):
+                    continue
                 result = run_arm(args, arch, method, arm, batches)
                 results.append(result)
                 print(f"  {arch} {method} {arm}: {result.tokens_per_s:.0f} tokens/s, loss {result.final_loss:.3f}",
