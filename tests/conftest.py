@@ -69,3 +69,29 @@ def uninterrupted_run(
     reference of every test that kills a run and resumes it (trained once per session)."""
     storage = tmp_path_factory.mktemp("uninterrupted")
     return train_on(tiny_config(tiny_model_dir, storage, *RESUME_RUN), arithmetic_units)
+
+
+# Skip reasons that name a test component CI installs (`.ci/run`, `make setup`). Where CI=true, a test
+# skipped for one of them fails instead: a component that did not install must not pass silently.
+CI_COMPONENTS = ("chromium", "prometheus", "promtool", "moto", "optuna", "rayft[tune]", "rayft[mlflow]",
+                 "'mlflow'", "'mkdocs'", "'material'")  # fmt: skip
+
+
+def missing_ci_component(reason: str) -> str | None:
+    """The CI component a skip reason names, if any (matched case-insensitively)."""
+    lowered = reason.lower()
+    return next((name for name in CI_COMPONENTS if name in lowered), None)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    """Under CI=true, turn a skip for a missing CI component into a failure that names it."""
+    outcome = yield
+    report = outcome.get_result()
+    if not report.skipped or os.environ.get("CI", "").lower() != "true" or not isinstance(report.longrepr, tuple):
+        return
+    reason = str(report.longrepr[2])
+    component = missing_ci_component(reason)
+    if component is not None:
+        report.outcome = "failed"
+        report.longrepr = f"CI=true and a test component is missing ({component}): {reason}"
