@@ -85,11 +85,12 @@ def test_ctrl_c_stops_the_reply_not_the_session(tiny_model_dir: Path) -> None:
         assert chat.stdin is not None and chat.stdout is not None and chat.stderr is not None
         chat.stdin.write(b"hi\n")
         chat.stdin.flush()
-        first = chat.stdout.read(1)  # the reply has started streaming
+        first = chat.stdout.read(8)  # eight characters of the reply have streamed: it is generating
         chat.send_signal(signal.SIGINT)
         chat.stdin.write(b"/system\n/exit\n")
         chat.stdin.close()
         assert chat.wait(timeout=60) == 0
         stdout, stderr = first + chat.stdout.read(), chat.stderr.read().decode()
+    assert "line discarded" not in stderr, stderr  # the Ctrl-C reached the reply, not the prompt
     assert "(reply stopped)" in stderr and "system prompt: none" in stderr, stderr
     assert 0 < len(stdout) < 2000

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
 
 from rayft.generation.backend import StopFilter, stop_prefix_len
@@ -117,3 +119,38 @@ def test_option_values_are_checked_like_the_config_before_a_model_loads(command:
     assert result.exit_code == 2
     assert "Invalid config (command-line options), 2 problem(s)" in result.output
     assert "inference.temperature" in result.output and "inference.top_p" in result.output
+
+
+class _InterruptedBackend:
+    """A chat backend the user interrupts: before the first token, or after ``shown`` pieces."""
+
+    def __init__(self, shown: int | None) -> None:
+        self.shown = shown
+
+    def context_tokens(self) -> int:
+        if self.shown is None:
+            raise KeyboardInterrupt  # Ctrl-C while the history is fitted, before any token
+        return 1000
+
+    def count_tokens(self, messages: object) -> int:
+        return 1
+
+    def stream(self, messages: object, params: object, stop: object) -> Iterator[str]:
+        yield from ["Hel", "lo"][: self.shown]
+        raise KeyboardInterrupt
+
+
+@pytest.mark.parametrize(("shown", "reply", "turns"), [(None, "", 0), (0, "", 2), (2, "Hello\n", 2)])
+def test_ctrl_c_anywhere_in_a_turn_stops_the_reply_not_the_session(shown: int | None, reply: str, turns: int) -> None:
+    import io
+
+    from rayft.generation.backend import SamplingParams
+    from rayft.recipes.chat import ChatIO, _turn
+
+    replies, notes = io.StringIO(), io.StringIO()
+    chat = ChatIO(lambda: None, replies, notes)
+    asked = step(Conversation(), "hi").conversation
+    after, answered = _turn(_InterruptedBackend(shown), asked, SamplingParams(max_new_tokens=8), chat)  # type: ignore[arg-type]
+    assert "(reply stopped)" in notes.getvalue()
+    assert replies.getvalue() == ("" if shown is None else reply or "\n")
+    assert len(after.turns) == turns and answered == (0 if shown is None else 1)

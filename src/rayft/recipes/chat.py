@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from typing import TextIO
 
@@ -64,14 +64,29 @@ def run(cfg: RayftConfig, source: str, *, device: str | None = None, io: ChatIO 
             io.notes.write(decided.text + "\n")
             io.notes.flush()
         elif decided.action == "generate":
-            asked = fit_to_context(backend, conversation, params, io.notes)
-            try:
-                conversation = asked.with_reply(reply(backend, asked, params, io))
-            except Exception as exc:  # the session goes on without this turn
-                io.notes.write(f"(no reply: {type(exc).__name__}: {exc}; try again, or /reset)\n")
-                conversation = asked.without_last_turn()
-                continue
-            replies += 1
+            conversation, answered = _turn(backend, conversation, params, io)
+            replies += answered
+
+
+def _turn(
+    backend: HFBackend, conversation: Conversation, params: SamplingParams, io: ChatIO
+) -> tuple[Conversation, int]:
+    """One reply to the user's last line: the conversation after it, and 1 if a reply was made.
+
+    Ctrl-C anywhere in the turn stops the reply, never the session: before the first token (while
+    the history is fitted and the prompt encoded) the turn is dropped, during streaming the reply
+    keeps what was shown.
+    """
+    try:
+        asked = fit_to_context(backend, conversation, params, io.notes)
+    except KeyboardInterrupt:
+        io.notes.write("\n(reply stopped)\n")
+        return conversation.without_last_turn(), 0
+    try:
+        return asked.with_reply(reply(backend, asked, params, io)), 1
+    except Exception as exc:  # the session goes on without this turn
+        io.notes.write(f"(no reply: {type(exc).__name__}: {exc}; try again, or /reset)\n")
+        return asked.without_last_turn(), 0
 
 
 def _read(io: ChatIO) -> str | None:
@@ -103,16 +118,19 @@ def reply(backend: HFBackend, conversation: Conversation, params: SamplingParams
     """Stream the model's reply to ``conversation`` to ``io.replies``; Ctrl-C stops it early."""
     stop = threading.Event()
     pieces: list[str] = []
-    stream = backend.stream(conversation.messages(), params, stop)
+    stream: Generator[str, None, None] | None = None
     try:
+        stream = backend.stream(conversation.messages(), params, stop)
         for piece in stream:
             pieces.append(piece)
             io.replies.write(piece)
             io.replies.flush()
     except KeyboardInterrupt:
         stop.set()
-        stream.close()  # ends the generation thread
+        if stream is not None:
+            stream.close()  # ends the generation thread
         io.notes.write("\n(reply stopped)")
+        io.notes.flush()
     io.replies.write("\n")
     io.replies.flush()
     return "".join(pieces)
