@@ -34,7 +34,7 @@ REASONS = {
     "over_length": "the example is longer than max_seq_length (overlong: drop)",
     "all_labels_masked": "no token is left to train on (often: truncation cut the whole response)",
     "bad_encoding": "a line or source file is not valid UTF-8 text (see its detail for the first bad byte)",
-    "bad_json": "a line of a JSON Lines file is not a JSON object",
+    "bad_json": "a line of a JSON Lines file (or an item of a JSON list) is not a JSON object",
 }
 """Reason code -> what it means; the codes appear in rejected.jsonl and in the stats."""
 

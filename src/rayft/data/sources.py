@@ -134,7 +134,7 @@ def _read_file(ds: DatasetConfig, path: Path) -> pa.Table:
 
 def _read_json_rows(path: Path) -> list[dict[str, Any]]:
     """Every row of a JSON or JSON Lines file, or DataError listing the lines that are not JSON objects
-    (a table has no place for a bad row; preparation reports them per row instead, see :func:`read_sources`)."""
+    (a table has no place for a bad row; preparation reports them per row: :mod:`rayft.data.reader`)."""
     document = json_document(path)
     if document is not None:
         return _only_objects(path, document)
