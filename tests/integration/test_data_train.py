@@ -89,3 +89,27 @@ def test_rayft_train_cli_packed_on_two_mixed_formats(ray_session: None, tiny_mod
     assert any("eval/loss" in m for m in metrics)
     efficiency = [m["train/padding_efficiency"] for m in metrics if "train/padding_efficiency" in m]
     assert efficiency and efficiency[-1] > 0.7
+
+
+def test_splits_are_the_same_in_one_process_and_on_two_ray_workers(
+    ray_session: None, tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import pyarrow.parquet as pq
+
+    from rayft.config import load_config
+    from rayft.data import executors
+    from rayft.data.prepare import prepare_data
+
+    cfg = load_config(None, [f"model.name={tiny_model_dir}", "data.validation_fraction=0.2",
+                             "data.datasets=[{path: 'builtin:arithmetic', max_rows: 40}, "
+                             "{path: 'builtin:sql', max_rows: 12, weight: 2.0}]"])  # fmt: skip
+    monkeypatch.setattr(executors, "block_rows", lambda *_, **__: 7)  # many small blocks over both workers
+    monkeypatch.setenv("RAYFT_DATA_CACHE", str(tmp_path / "ray"))
+    on_ray = prepare_data(cfg.data, cfg.model, 3, report_dir=None, use_ray=True)
+    monkeypatch.setattr(executors, "BATCH_ROWS", 5)
+    monkeypatch.setenv("RAYFT_DATA_CACHE", str(tmp_path / "local"))
+    local = prepare_data(cfg.data, cfg.model, 3, report_dir=None, use_ray=False)
+    assert local.key == on_ray.key and local.validation is not None and on_ray.validation is not None
+    for split in ("train", "validation"):
+        ours, theirs = (getattr(p, split).files for p in (local, on_ray))
+        assert [pq.read_table(f) for f in ours] == [pq.read_table(f) for f in theirs]

@@ -1,6 +1,6 @@
 """Content keys of prepared datasets: where the cache lives, the tokenizer's fingerprint (from its
-files when they are local, without importing transformers), and the key of exactly the rows,
-formats, tokenizer and settings that shape the output."""
+files when they are local, without importing transformers), the datasets' fingerprints (from their
+files, streamed), and the key of exactly the data, tokenizer and settings that shape the output."""
 
 from __future__ import annotations
 
@@ -9,18 +9,18 @@ import json
 import os
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from rayft.cache import cache_root
-from rayft.config.data import DataConfig
+from rayft.config.data import DataConfig, DatasetConfig
 from rayft.config.model import ModelConfig
+from rayft.data.builtin import is_builtin
+from rayft.data.sources import dataset_files
 
-if TYPE_CHECKING:
-    from rayft.data.sources import Source
-    from rayft.data.split_plan import Record
-
-
-PREPARE_VERSION = 1  # bump when the output of the same inputs changes
+# Bump when the output of the same inputs changes. 2: splits and mixtures from per-row hashes; keys
+# from file fingerprints.
+PREPARE_VERSION = 2
+_PIECE_BYTES = 1 << 20
 
 
 TOKENIZER_FILES = (
@@ -75,32 +75,70 @@ def tokenizer_files_fingerprint(model: ModelConfig) -> str | None:
 
 
 def cache_key(
-    data: DataConfig,
-    seed: int,
-    tokenizer_hash: str,
-    sources: Sequence[Source],
-    records: Sequence[Record],
-    *,
-    seq2seq: bool = False,
+    data: DataConfig, seed: int, tokenizer_hash: str, fingerprints: Sequence[str], *, seq2seq: bool = False
 ) -> str:
-    """The content key: the selected rows, their formats, the tokenizer and the settings that shape the
-    output (``seq2seq``: source/target pairs for an encoder-decoder, with their own length limits)."""
+    """The content key: the datasets' fingerprints (:func:`dataset_fingerprint`), the tokenizer and the
+    settings that shape the output (``seq2seq``: source/target pairs for an encoder-decoder, with their
+    own length limits). Which rows are selected follows from these and the seed."""
     settings = data.model_dump(mode="json", include={"datasets", "validation_datasets", "max_seq_length",
-                                                     "overlong", "train_on_prompt", "packing"})  # fmt: skip
+                                                     "overlong", "train_on_prompt", "packing",
+                                                     "validation_fraction"})  # fmt: skip
     if seq2seq:
         settings["seq2seq_limits"] = list(data.seq2seq_limits())
-    for entry in (*settings["datasets"], *settings["validation_datasets"]):
-        entry.pop("max_rows", None)  # the rows themselves are hashed below
-    digest = hashlib.sha256()
     header = {
         "version": PREPARE_VERSION,
         "seed": seed,
         "settings": settings,
-        "formats": [s.format.describe() for s in sources],
+        "datasets": list(fingerprints),
         "tokenizer": tokenizer_hash,
     }
-    digest.update(json.dumps(header, sort_keys=True).encode())
-    for record in records:
-        digest.update(f"\n{record.split}:{record.source}:".encode())
-        digest.update(sources[record.source].rows[record.row].encode())
-    return digest.hexdigest()[:24]
+    return hashlib.sha256(json.dumps(header, sort_keys=True).encode()).hexdigest()[:24]
+
+
+def dataset_fingerprint(ds: DatasetConfig) -> str | None:
+    """What a dataset's local files hold, from their names, sizes and streamed digests (see
+    :func:`file_fingerprint`), with memory that does not grow with the files.
+
+    A built-in set is fixed by its config (path, split, max_rows: in the settings). None for a URI
+    or a Hub dataset: their rows are read and hashed instead (:func:`rows_fingerprint`).
+    """
+    if is_builtin(ds.path):
+        return "builtin"
+    files = dataset_files(ds)
+    if files is None:
+        return None
+    base = Path(ds.path).expanduser()
+    digest = hashlib.sha256()
+    for path in files:
+        name = path.relative_to(base).as_posix() if path != base else path.name
+        digest.update(f"\n{name}\n{file_fingerprint(path)}".encode())
+    return "files:" + digest.hexdigest()
+
+
+def file_fingerprint(path: Path) -> str:
+    """One file's size and a digest streamed in 1 MiB pieces. A Parquet file's digest covers its footer
+    (schema, row groups, column statistics) only, so its modification time is part of the fingerprint
+    too; every other file is hashed whole, so a copy or a touch of it keeps its fingerprint."""
+    stat = path.stat()
+    digest = hashlib.sha256()
+    with path.open("rb", buffering=0) as file:
+        if path.suffix.lower() == ".parquet" and stat.st_size >= 12:
+            file.seek(stat.st_size - 8)
+            footer_size = int.from_bytes(file.read(4), "little")
+            file.seek(max(0, stat.st_size - 8 - footer_size))
+            digest.update(file.read(footer_size + 8))
+            return f"{stat.st_size}:{stat.st_mtime_ns}:footer:{digest.hexdigest()}"
+        piece = bytearray(_PIECE_BYTES)  # one buffer, refilled: memory stays one piece whatever the file's size
+        view = memoryview(piece)
+        while count := file.readinto(piece):
+            digest.update(view[:count])
+    return f"{stat.st_size}:{digest.hexdigest()}"
+
+
+def rows_fingerprint(rows: Sequence[str]) -> str:
+    """A hash of a dataset's rows as read (for the datasets that are not local files)."""
+    digest = hashlib.sha256()
+    for row in rows:
+        digest.update(row.encode())
+        digest.update(b"\n")
+    return "rows:" + digest.hexdigest()

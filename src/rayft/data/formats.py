@@ -33,12 +33,16 @@ REASONS = {
     "unknown_role": "a conversation turn has a role that is not system/user/assistant",
     "over_length": "the example is longer than max_seq_length (overlong: drop)",
     "all_labels_masked": "no token is left to train on (often: truncation cut the whole response)",
-    "bad_encoding": "a source file is not valid UTF-8 text (see its detail for the first bad byte)",
+    "bad_encoding": "a line or source file is not valid UTF-8 text (see its detail for the first bad byte)",
+    "bad_json": "a line of a JSON Lines file (or an item of a JSON list) is not a JSON object",
 }
 """Reason code -> what it means; the codes appear in rejected.jsonl and in the stats."""
 
 # Set on the row of a source file that could not be decoded (DatasetConfig.files); the row is rejected.
 ENCODING_ERROR_COLUMN = "encoding_error"
+# The only column of a row that the reader could not read (a line that is not JSON, not UTF-8, not an
+# object): [reason, detail]. The row stays in the plan so that it is reported and counted like any other.
+UNREADABLE_COLUMN = "_rayft_unreadable"
 ROLE_ALIASES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant", "system": "system"}
 MESSAGE_COLUMNS = ("messages", "conversations")
 PROMPT_ALIASES = ("prompt", "question", "query")
@@ -75,6 +79,8 @@ class ResolvedFormat:
     format: str
     columns: dict[str, str]
     detected: bool
+    # Columns that hold text in most rows of a JSON source: a number there is a wrong_type row, not text.
+    text_columns: frozenset[str] = frozenset()
 
     def describe(self) -> str:
         """A one-line description for logs and stats, e.g. ``prompt_completion (detected: prompt=question)``."""
@@ -157,12 +163,15 @@ def _required_fields(ds: DatasetConfig, fmt: str, columns: Sequence[str], mappin
 
 def make_example(row: Mapping[str, Any], ds: DatasetConfig, fmt: ResolvedFormat) -> Example:
     """Turn one row into an :class:`Example`; raises :class:`BadRowError` when it cannot."""
+    if row.get(UNREADABLE_COLUMN):
+        reason, detail = row[UNREADABLE_COLUMN]
+        raise BadRowError(str(reason), str(detail))
     if row.get(ENCODING_ERROR_COLUMN):
         raise BadRowError("bad_encoding", f"{row.get('path')}: {row[ENCODING_ERROR_COLUMN]}")
     if fmt.format == "messages":
         return Example(messages=_conversation(row.get(fmt.columns["messages"]), fmt.columns["messages"], ds))
     if fmt.format == "text":
-        return Example(response=_text(row, "text", fmt.columns))
+        return Example(response=_text(row, "text", fmt))
     prompt, response = _prompt_response(row, ds, fmt)
     if ds.use_chat_template:
         turns = ((("system", ds.system_prompt),) if ds.system_prompt else ()) + (
@@ -177,20 +186,20 @@ def make_example(row: Mapping[str, Any], ds: DatasetConfig, fmt: ResolvedFormat)
 
 def _prompt_response(row: Mapping[str, Any], ds: DatasetConfig, fmt: ResolvedFormat) -> tuple[str, str]:
     if fmt.format == "template":
-        values = {name: _text(row, name, fmt.columns) for name in template_fields(ds)}
+        values = {name: _text(row, name, fmt) for name in template_fields(ds)}
         return (ds.input_template or "").format(**values), (ds.output_template or "").format(**values)
     if fmt.format == "alpaca":
-        instruction, output = _text(row, "instruction", fmt.columns), _text(row, "output", fmt.columns)
-        extra = _text(row, "input", fmt.columns, optional=True) if "input" in fmt.columns else ""
+        instruction, output = _text(row, "instruction", fmt), _text(row, "output", fmt)
+        extra = _text(row, "input", fmt, optional=True) if "input" in fmt.columns else ""
         if ds.use_chat_template:
             return (f"{instruction}\n\n{extra}" if extra else instruction), output
         block = f"### Input:\n{extra}\n\n" if extra else ""
         return ALPACA_RAW.format(instruction=instruction, input_block=block), output
-    return _text(row, "prompt", fmt.columns), _text(row, "completion", fmt.columns)
+    return _text(row, "prompt", fmt), _text(row, "completion", fmt)
 
 
-def _text(row: Mapping[str, Any], name: str, columns: Mapping[str, str], *, optional: bool = False) -> str:
-    column = columns.get(name, name)
+def _text(row: Mapping[str, Any], name: str, fmt: ResolvedFormat, *, optional: bool = False) -> str:
+    column = fmt.columns.get(name, name)
     value = row.get(column)
     if value is None:
         if optional:
@@ -198,6 +207,9 @@ def _text(row: Mapping[str, Any], name: str, columns: Mapping[str, str], *, opti
         raise BadRowError("missing_field", f"field {name!r} (column {column!r}) is missing or null")
     if isinstance(value, bool) or not isinstance(value, str | int | float):
         raise BadRowError("wrong_type", f"field {name!r} (column {column!r}) is a {type(value).__name__}, not text")
+    if not isinstance(value, str) and column in fmt.text_columns:
+        raise BadRowError("wrong_type", f"field {name!r} (column {column!r}) is the number {value!r} where the "
+                                        "other rows hold text")  # fmt: skip
     text = str(value)
     if not text.strip() and not optional:
         raise BadRowError("empty_field", f"field {name!r} (column {column!r}) is empty")

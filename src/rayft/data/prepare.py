@@ -1,8 +1,9 @@
 """Preparing training data: read, mix, split, render, tokenize, pack, and cache as parquet units.
 
-Reads top to bottom: read every dataset and resolve its format, plan which rows go where (a pure
-planner), compute the cache key from exactly those rows plus the tokenizer and the settings, and
-either reuse the cached result or tokenize (Ray Data ``map_batches`` across the cluster's CPUs,
+Reads top to bottom: compute the cache key from the datasets' file fingerprints, the tokenizer and
+the settings, and either reuse the cached result, or read every dataset row by row (a bad row is
+kept as a rejected row) and resolve its format, plan which rows go where (a pure planner, from a
+seeded hash of each row's key), and tokenize (Ray Data ``map_batches`` across the cluster's CPUs,
 or in-process: same bytes) and write it. The manifest ``prepared.json`` is written last, inside a
 temporary directory that is renamed into place, so a crash never leaves a half-written cache
 that looks complete.
@@ -22,12 +23,19 @@ from typing import Any
 
 from rayft.config.data import DataConfig
 from rayft.config.model import ModelConfig
-from rayft.data.cache_keys import cache_key, data_cache_dir, tokenizer_files_fingerprint, tokenizer_fingerprint
+from rayft.data.cache_keys import (
+    cache_key,
+    data_cache_dir,
+    dataset_fingerprint,
+    rows_fingerprint,
+    tokenizer_files_fingerprint,
+    tokenizer_fingerprint,
+)
 from rayft.data.executors import tokenize_in_process, tokenize_on_ray
 from rayft.data.packing import make_units
 from rayft.data.prepared import SPLITS, PreparedData, write_prepared
+from rayft.data.reader import Source, read_sources
 from rayft.data.report import check_rejected, log_summary, write_report
-from rayft.data.sources import Source, read_sources
 from rayft.data.split_plan import Record, plan_records
 from rayft.data.stats import collect_rejected, compute_stats
 
@@ -77,17 +85,18 @@ def prepare(
     tokenizer = None if fingerprint else load_tokenizer(model)
     if tokenizer is not None:
         fingerprint = "loaded:" + tokenizer_fingerprint(tokenizer)
-    sources = read_sources(data)
-    records = plan_records([len(s.rows) for s in sources], [s.config.weight for s in sources],
-                           train_sources=len(data.datasets), validation_fraction=data.validation_fraction,
-                           seed=seed)  # fmt: skip
-    key = cache_key(data, seed, str(fingerprint), sources, records, seq2seq=seq2seq)
+    sources, fingerprints = _fingerprints(data)
+    key = cache_key(data, seed, str(fingerprint), fingerprints, seq2seq=seq2seq)
     root = data_cache_dir(data) / key
     prepared = PreparedData.load(root)
     reused = prepared is not None
     if prepared is not None:
         log.info("data: reusing the prepared dataset %s (no tokenization)", root)
     else:
+        sources = sources if sources is not None else read_sources(data)
+        records = plan_records([len(s.rows) for s in sources], [s.config.weight for s in sources],
+                               train_sources=len(data.datasets), validation_fraction=data.validation_fraction,
+                               seed=seed)  # fmt: skip
         tokenizer = tokenizer if tokenizer is not None else load_tokenizer(model)
         prepared = build(data, seed, tokenizer, sources, records, root=root, key=key, use_ray=use_ray,
                          ray_address=ray_address, seq2seq=seq2seq)  # fmt: skip
@@ -95,6 +104,17 @@ def prepare(
     write_report(prepared, report_dir)
     check_rejected(prepared, data.max_rejected_fraction, report_dir)
     return PrepareOutcome(prepared, reused, time.monotonic() - started)
+
+
+def _fingerprints(data: DataConfig) -> tuple[list[Source] | None, list[str]]:
+    """Every dataset's fingerprint, from its files where it has them. When one has none (a URI, a Hub
+    dataset), the datasets are read, its rows hashed, and the sources returned for reuse."""
+    datasets = [*data.datasets, *data.validation_datasets]
+    found = [dataset_fingerprint(ds) for ds in datasets]
+    if all(f is not None for f in found):
+        return None, [str(f) for f in found]
+    sources = read_sources(data)
+    return sources, [f if f is not None else rows_fingerprint(s.rows) for f, s in zip(found, sources, strict=True)]
 
 
 def build(

@@ -1,5 +1,7 @@
 """Reading a dataset's rows as one Arrow table, whatever it is: a local file or directory, a URI, a
-Hugging Face Hub dataset, or a built-in set.
+Hugging Face Hub dataset, or a built-in set (for evaluation and seeds), and the pieces that
+preparation's row-by-row reader (:mod:`rayft.data.reader`) shares with it: which files a dataset
+is, and JSON Lines read one line at a time.
 
 Errors name the dataset, the file (and line, for JSON Lines), the problem and the fix. Rows are
 returned as they are: checking and rendering them is the preparation step's job.
@@ -9,13 +11,14 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rayft.config.data import DataConfig, DatasetConfig
+from rayft.config.data import DatasetConfig
 from rayft.data.builtin import is_builtin, load_builtin
-from rayft.data.formats import ENCODING_ERROR_COLUMN, ResolvedFormat, resolve_format
+from rayft.data.formats import ENCODING_ERROR_COLUMN
 from rayft.errors import DataError
 
 if TYPE_CHECKING:
@@ -24,6 +27,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("rayft.data")
 
 SUFFIXES = (".jsonl", ".json", ".parquet", ".csv")
+BOM = b"\xef\xbb\xbf"
 _MAX_LISTED = 5
 
 
@@ -68,16 +72,29 @@ def _looks_local(path: str) -> bool:
 def _read_local(ds: DatasetConfig, path: Path) -> pa.Table:
     import pyarrow as pa
 
-    if not path.exists():
-        raise DataError(f"dataset path {ds.path!r}: no such file or directory ({path.resolve()}); fix data path")
-    files = _data_files(ds, path) if path.is_dir() else [path]
-    tables = [_read_file(ds, f) for f in files]
+    tables = [_read_file(ds, f) for f in _local_files(ds, path)]
     try:
         return pa.concat_tables(tables, promote_options="permissive") if len(tables) > 1 else tables[0]
     except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
         raise DataError(
             f"dataset {ds.path!r}: its files do not share one schema ({exc}); make the columns agree"
         ) from None
+
+
+def dataset_files(ds: DatasetConfig) -> list[Path] | None:
+    """The local files a dataset is read from, in reading order (DataError when there are none); None
+    for a dataset that is not local files (a built-in set, a URI, a Hub dataset)."""
+    if ds.path.startswith("stage:") or is_builtin(ds.path) or "://" in ds.path:
+        return None
+    if ds.files is not None:
+        return matched_source_files(ds, Path(ds.path).expanduser())
+    return _local_files(ds, Path(ds.path).expanduser()) if _looks_local(ds.path) else None
+
+
+def _local_files(ds: DatasetConfig, path: Path) -> list[Path]:
+    if not path.exists():
+        raise DataError(f"dataset path {ds.path!r}: no such file or directory ({path.resolve()}); fix data path")
+    return _data_files(ds, path) if path.is_dir() else [path]
 
 
 def _data_files(ds: DatasetConfig, directory: Path) -> list[Path]:
@@ -116,40 +133,86 @@ def _read_file(ds: DatasetConfig, path: Path) -> pa.Table:
 
 
 def _read_json_rows(path: Path) -> list[dict[str, Any]]:
-    text = path.read_text(encoding="utf-8")
-    stripped = text.lstrip()
-    if path.suffix.lower() == ".json" and stripped.startswith(("[", "{")):
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError:
-            data = None  # perhaps JSON Lines under a .json name
-        if isinstance(data, list):
-            return _only_objects(path, data)
-        if isinstance(data, dict):
-            lists = [v for v in data.values() if isinstance(v, list)]
-            if len(lists) == 1:
-                return _only_objects(path, lists[0])
-            raise DataError(f"{path}: a JSON object must hold exactly one list of rows (found {len(lists)})")
+    """Every row of a JSON or JSON Lines file, or DataError listing the lines that are not JSON objects
+    (a table has no place for a bad row; preparation reports them per row: :mod:`rayft.data.reader`)."""
+    document = json_document(path)
+    if document is not None:
+        return _only_objects(path, document)
     rows: list[dict[str, Any]] = []
     bad: list[str] = []
-    for number, line in enumerate(text.splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as exc:
-            bad.append(f"line {number}: {exc.msg}")
-            continue
-        if not isinstance(row, dict):
-            bad.append(f"line {number}: a {type(row).__name__}, not an object")
-            continue
-        rows.append(row)
+    for line in iter_json_lines(path):
+        if line.row is None:
+            bad.append(f"line {line.number}: {line.detail}")
+        else:
+            rows.append(line.row)
     if bad:
         listed = "; ".join(bad[:_MAX_LISTED]) + (
             f"; and {len(bad) - _MAX_LISTED} more" if len(bad) > _MAX_LISTED else ""
         )
         raise DataError(f"{path}: {len(bad)} line(s) are not JSON objects ({listed}); fix or remove them")
     return rows
+
+
+def json_document(path: Path) -> list[Any] | None:
+    """The rows of a ``.json`` file that holds one JSON document (a list of rows, or an object with one
+    such list); None for JSON Lines, whatever the suffix. A document is read whole: only JSON Lines stream."""
+    if path.suffix.lower() != ".json":
+        return None
+    with path.open("rb") as file:
+        head = file.read(64).lstrip(BOM).lstrip()
+    if not head.startswith((b"[", b"{")):
+        return None
+    try:
+        data = json.loads(path.read_bytes().removeprefix(BOM).decode("utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return None  # perhaps JSON Lines under a .json name
+    if isinstance(data, list):
+        return data
+    if isinstance(data, dict):
+        lists = [v for v in data.values() if isinstance(v, list)]
+        if len(lists) == 1:
+            return lists[0]
+        raise DataError(f"{path}: a JSON object must hold exactly one list of rows (found {len(lists)})")
+    return None
+
+
+@dataclass(frozen=True)
+class JsonLine:
+    """One non-blank line of a JSON Lines file: its 1-based number, and the row it holds, or why not."""
+
+    number: int
+    text: str
+    row: dict[str, Any] | None
+    reason: str = ""
+    detail: str = ""
+
+
+def iter_json_lines(path: Path) -> Iterator[JsonLine]:
+    """The non-blank lines of a JSON Lines file, read one line at a time (never the whole file).
+
+    A UTF-8 byte order mark opening the file is dropped. A line that is not UTF-8 (``bad_encoding``,
+    naming the first bad byte), not JSON, or not a JSON object (``bad_json``) comes back without a row.
+    """
+    with path.open("rb") as file:
+        for number, raw in enumerate(file, start=1):
+            line = raw.removeprefix(BOM) if number == 1 else raw
+            if line.strip():
+                yield _parse_line(number, line)
+
+
+def _parse_line(number: int, raw: bytes) -> JsonLine:
+    try:
+        text = raw.decode("utf-8").strip()
+    except UnicodeDecodeError as exc:
+        detail = f"not UTF-8: byte 0x{raw[exc.start]:02x} at offset {exc.start} of the line ({exc.reason})"
+        return JsonLine(number, "", None, "bad_encoding", detail)
+    try:
+        row = json.loads(text)
+    except json.JSONDecodeError as exc:
+        return JsonLine(number, text, None, "bad_json", f"not JSON: {exc.msg} at column {exc.colno}")
+    if not isinstance(row, dict):
+        return JsonLine(number, text, None, "bad_json", f"a {type(row).__name__}, not an object")
+    return JsonLine(number, text, row)
 
 
 def _only_objects(path: Path, data: list[Any]) -> list[dict[str, Any]]:
@@ -187,6 +250,16 @@ def _read_source_files(ds: DatasetConfig, directory: Path) -> pa.Table:
     as text rows (see :func:`source_file_rows`)."""
     import pyarrow as pa
 
+    matched = matched_source_files(ds, directory)
+    rows = [row for f in matched for row in source_file_rows(f.read_bytes(), f.relative_to(directory).as_posix(),
+                                                             ds.chunk_chars)]  # fmt: skip
+    bad = sum(1 for row in rows if row[ENCODING_ERROR_COLUMN])
+    log.info("data: %s: %d files as %d rows (%d not UTF-8)", source_name(ds), len(matched), len(rows), bad)
+    return pa.Table.from_pylist(rows, schema=_SOURCE_SCHEMA())
+
+
+def matched_source_files(ds: DatasetConfig, directory: Path) -> list[Path]:
+    """The files under ``directory`` that ``ds.files`` matches, sorted, none under a hidden directory."""
     if not directory.is_dir():
         raise DataError(
             f"dataset {ds.path!r}: files={ds.files!r} needs path to be a local directory ({directory.resolve()} is "
@@ -197,11 +270,7 @@ def _read_source_files(ds: DatasetConfig, directory: Path) -> pa.Table:
     if not matched:
         raise DataError(f"dataset {ds.path!r}: no file matches files={ds.files!r} under {directory.resolve()}; "
                         "fix the glob (e.g. '**/*.py' for every .py file at any depth)")  # fmt: skip
-    rows = [row for f in matched for row in source_file_rows(f.read_bytes(), f.relative_to(directory).as_posix(),
-                                                             ds.chunk_chars)]  # fmt: skip
-    bad = sum(1 for row in rows if row[ENCODING_ERROR_COLUMN])
-    log.info("data: %s: %d files as %d rows (%d not UTF-8)", source_name(ds), len(matched), len(rows), bad)
-    return pa.Table.from_pylist(rows, schema=_SOURCE_SCHEMA())
+    return matched
 
 
 def _SOURCE_SCHEMA() -> pa.Schema:  # noqa: N802 - a constant built late (pyarrow is imported when used)
@@ -272,29 +341,3 @@ def _read_hub(ds: DatasetConfig) -> pa.Table:
         ) from None
     table: pa.Table = loaded.with_format("arrow")[:]
     return table
-
-
-@dataclass(frozen=True)
-class Source:
-    """One dataset as read: its config, report label, resolved format and JSON rows."""
-
-    config: DatasetConfig
-    name: str
-    format: ResolvedFormat
-    rows: list[str]
-
-
-def read_sources(data: DataConfig) -> list[Source]:
-    """Read the training then the validation datasets, resolve their formats, and serialise rows as JSON."""
-    sources = []
-    for ds in [*data.datasets, *data.validation_datasets]:
-        table = read_table(ds)
-        fmt = resolve_format(ds, table.column_names)
-        name = source_name(ds)
-        log.info("data: %s: %d rows, format %s", name, table.num_rows, fmt.describe())
-        sources.append(Source(ds, name, fmt, _json_rows(table)))
-    return sources
-
-
-def _json_rows(table: pa.Table) -> list[str]:
-    return [json.dumps(row, sort_keys=True, ensure_ascii=False, default=str) for row in table.to_pylist()]

@@ -12,7 +12,7 @@ from rayft.data.prepared import SPLITS
 from rayft.errors import DataError
 
 if TYPE_CHECKING:
-    from rayft.data.sources import Source
+    from rayft.data.reader import Source
     from rayft.data.split_plan import Record
 
 
@@ -25,14 +25,16 @@ def collect_rejected(
         if not row["reason"]:
             continue
         source = sources[record.source].name
+        file, line = sources[record.source].origins.at(record.row)
         if row["reason"] == "over_length" and overlong == "error":
             raise DataError(
-                f"dataset {source!r} row {record.row}: {row['detail']} (data.overlong=error); raise "
-                "data.max_seq_length (an encoder-decoder's: data.max_source_length / max_target_length), or "
+                f"dataset {source!r} row {record.row}: {row['detail']} ({file} line {line}; data.overlong=error); "
+                "raise data.max_seq_length (an encoder-decoder's: data.max_source_length / max_target_length), or "
                 "set data.overlong=truncate or drop"
             )
-        rejected.append({"row_id": f"{source}:{record.row}", "source": source, "row": record.row,
-                         "split": record.split, "reason": row["reason"], "detail": row["detail"]})  # fmt: skip
+        rejected.append({"row_id": f"{source}:{record.row}", "source": source, "row": record.row, "file": file,
+                         "line": line, "split": record.split, "reason": row["reason"],
+                         "detail": row["detail"]})  # fmt: skip
     return rejected
 
 

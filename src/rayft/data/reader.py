@@ -1,0 +1,246 @@
+"""Reading datasets for preparation, row by row: every row as JSON text, with the file and line it
+came from, and a row that cannot be read kept as a rejected row instead of refusing its file.
+
+JSON Lines files are read one line at a time, Parquet one batch of rows at a time, CSV one block at
+a time; no file is ever held whole. A line that is not UTF-8 (``bad_encoding``), not JSON or not a
+JSON object (``bad_json``) becomes a row that holds only its reason (``UNREADABLE_COLUMN``), so that
+it is planned, reported in ``rejected.jsonl`` with its file and line, and counted against
+``data.max_rejected_fraction`` like any other bad row. A UTF-8 byte order mark opening a file is
+dropped. A JSON column that holds text in most rows is a text column: a number there makes its row
+``wrong_type`` (see :class:`~rayft.data.formats.ResolvedFormat`).
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+import logging
+from array import array
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from rayft.config.data import DataConfig, DatasetConfig
+from rayft.data.formats import UNREADABLE_COLUMN, ResolvedFormat, resolve_format
+from rayft.data.sources import (
+    dataset_files,
+    iter_json_lines,
+    json_document,
+    read_table,
+    source_file_rows,
+    source_name,
+)
+from rayft.errors import DataError
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+log = logging.getLogger("rayft.data")
+
+BATCH_ROWS = 4096  # rows of a Parquet or in-memory table converted at a time
+
+
+@dataclass
+class RowOrigins:
+    """Where each row of a source came from: its file and line, at 8 bytes a row (a line number in a
+    compact array; the file from the row ranges of each file)."""
+
+    files: list[str] = field(default_factory=list)
+    starts: list[int] = field(default_factory=list)
+    lines: array[int] = field(default_factory=lambda: array("q"))
+
+    def start_file(self, name: str) -> None:
+        """Rows added from now on come from the file ``name``."""
+        self.files.append(name)
+        self.starts.append(len(self.lines))
+
+    def at(self, row: int) -> tuple[str, int]:
+        """The file and line of row number ``row``."""
+        return self.files[bisect.bisect_right(self.starts, row) - 1], self.lines[row]
+
+
+@dataclass(frozen=True)
+class Source:
+    """One dataset as read: its config, report label, resolved format, JSON rows and their origins."""
+
+    config: DatasetConfig
+    name: str
+    format: ResolvedFormat
+    rows: list[str]
+    origins: RowOrigins
+
+
+class RowCollector:
+    """The rows of one dataset as they are read: their JSON text and origin, the columns seen, and how
+    often each column held text or a number (to find the text columns). Stops at ``limit`` rows."""
+
+    def __init__(self, limit: int | None) -> None:
+        self.limit = limit
+        self.rows: list[str] = []
+        self.origins = RowOrigins()
+        self.columns: dict[str, None] = {}  # ordered set
+        self.kinds: dict[str, list[int]] = {}  # column -> [rows with text, rows with a number]
+        self.unreadable = 0
+
+    def full(self) -> bool:
+        """Whether ``limit`` rows have been read."""
+        return self.limit is not None and len(self.rows) >= self.limit
+
+    def add(self, line: int, row: dict[str, Any], text: str | None = None) -> None:
+        """Keep a row (``text``: its JSON, when the file already holds it as one line)."""
+        for key, value in row.items():
+            self.columns.setdefault(key, None)
+            if isinstance(value, str) or (isinstance(value, int | float) and not isinstance(value, bool)):
+                self.kinds.setdefault(key, [0, 0])[0 if isinstance(value, str) else 1] += 1
+        self.rows.append(text if text is not None else json.dumps(row, ensure_ascii=False, default=str))
+        self.origins.lines.append(line)
+
+    def add_unreadable(self, line: int, reason: str, detail: str) -> None:
+        """Keep a row that could not be read, as its reason alone."""
+        self.unreadable += 1
+        self.rows.append(json.dumps({UNREADABLE_COLUMN: [reason, detail]}, ensure_ascii=False))
+        self.origins.lines.append(line)
+
+    def text_columns(self) -> frozenset[str]:
+        """Columns holding text in at least as many rows as numbers (and text in one row at least)."""
+        return frozenset(k for k, (text, number) in self.kinds.items() if text and text >= number)
+
+
+def read_sources(data: DataConfig) -> list[Source]:
+    """Read the training then the validation datasets row by row and resolve their formats."""
+    sources = []
+    for ds in [*data.datasets, *data.validation_datasets]:
+        rows = read_rows(ds)
+        name = source_name(ds)
+        _refuse_unreadable(ds, rows)
+        fmt = replace(resolve_format(ds, list(rows.columns)), text_columns=rows.text_columns())
+        log.info("data: %s: %d rows (%d unreadable), format %s", name, len(rows.rows), rows.unreadable,
+                 fmt.describe())  # fmt: skip
+        sources.append(Source(ds, name, fmt, rows.rows, rows.origins))
+    return sources
+
+
+def _refuse_unreadable(ds: DatasetConfig, rows: RowCollector) -> None:
+    """DataError for a dataset without one readable row: there is no column to find a format in."""
+    if not rows.rows:
+        raise DataError(f"dataset {ds.path!r} has no rows; check the path, split ({ds.split!r}) and max_rows")
+    if rows.columns:
+        return
+    file, line = rows.origins.at(0)
+    reason, detail = json.loads(rows.rows[0])[UNREADABLE_COLUMN]
+    raise DataError(
+        f"dataset {ds.path!r}: none of its {len(rows.rows)} rows can be read ({file} line {line}: {reason}, "
+        f"{detail}); check that it is UTF-8 JSON Lines, one object per line"
+    )
+
+
+def read_rows(ds: DatasetConfig) -> RowCollector:
+    """Every row of a dataset (at most ``max_rows``), read file by file without holding a file whole."""
+    rows = RowCollector(ds.max_rows)
+    files = dataset_files(ds)
+    if files is None:  # a built-in set, a URI or a Hub dataset: read as one table
+        rows.origins.start_file(ds.path)
+        _add_table(rows, read_table(ds), first_line=1)
+        return rows
+    base = Path(ds.path).expanduser()
+    for path in files:
+        if rows.full():
+            break
+        rows.origins.start_file(path.relative_to(base).as_posix() if ds.files is not None else str(path))
+        _add_file(rows, ds, path)
+    return rows
+
+
+def _add_file(rows: RowCollector, ds: DatasetConfig, path: Path) -> None:
+    import pyarrow as pa
+
+    suffix = path.suffix.lower()
+    try:
+        if ds.files is not None:
+            _add_source_file(rows, ds, path)
+        elif suffix in (".jsonl", ".json"):
+            _add_json(rows, path)
+        elif suffix == ".parquet":
+            _add_parquet(rows, path)
+        elif suffix == ".csv":
+            _add_csv(rows, path)
+        else:
+            raise DataError(
+                f"dataset {ds.path!r}: file {path} has an unsupported type; use one of .jsonl, .json, .parquet, .csv"
+            )
+    except (pa.ArrowInvalid, OSError) as exc:
+        raise DataError(
+            f"dataset {ds.path!r}: cannot read {path} ({exc}); check that it is valid {suffix[1:]}"
+        ) from None
+
+
+def _add_json(rows: RowCollector, path: Path) -> None:
+    document = json_document(path)
+    if document is not None:  # one JSON document: read whole, its items numbered from 1
+        for number, item in enumerate(document, start=1):
+            if rows.full():
+                return
+            if isinstance(item, dict):
+                rows.add(number, item)
+            else:
+                rows.add_unreadable(number, "bad_json", f"item {number} is a {type(item).__name__}, not an object")
+        return
+    for line in iter_json_lines(path):
+        if rows.full():
+            return
+        if line.row is None:
+            rows.add_unreadable(line.number, line.reason, line.detail)
+        else:
+            rows.add(line.number, line.row, line.text)
+
+
+def _add_parquet(rows: RowCollector, path: Path) -> None:
+    """Rows numbered from 1 within the file (Parquet has no lines)."""
+    import pyarrow.parquet as pq
+
+    number = 0
+    for batch in pq.ParquetFile(path).iter_batches(batch_size=BATCH_ROWS):
+        number = _add_batch(rows, batch, number + 1)
+        if rows.full():
+            return
+
+
+def _add_csv(rows: RowCollector, path: Path) -> None:
+    """Rows numbered by their line, the header being line 1 (a quoted value spanning lines counts once)."""
+    import pyarrow.csv as pacsv
+
+    number = 1
+    for batch in pacsv.open_csv(path):
+        number = _add_batch(rows, batch, number + 1)
+        if rows.full():
+            return
+
+
+def _add_table(rows: RowCollector, table: pa.Table, first_line: int) -> None:
+    number = first_line - 1
+    for batch in table.to_batches(max_chunksize=BATCH_ROWS):
+        number = _add_batch(rows, batch, number + 1)
+        if rows.full():
+            return
+
+
+def _add_batch(rows: RowCollector, batch: pa.RecordBatch, first_line: int) -> int:
+    """Add a batch's rows numbered from ``first_line``; the number of the last one."""
+    number = first_line - 1
+    for row in batch.to_pylist():
+        if rows.full():
+            break
+        number += 1
+        rows.add(number, row)
+    return number
+
+
+def _add_source_file(rows: RowCollector, ds: DatasetConfig, path: Path) -> None:
+    """A source file's text rows, each numbered by the line it starts on."""
+    line = 1
+    for row in source_file_rows(path.read_bytes(), path.relative_to(Path(ds.path).expanduser()).as_posix(),
+                                ds.chunk_chars):  # fmt: skip
+        if rows.full():
+            return
+        rows.add(line, row)
+        line += (row["text"] or "").count("\n")
