@@ -17,7 +17,7 @@ import sys
 import types
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.1.0"
+from rayft._version import __version__
 
 _EXPORTS: dict[str, str] = {
     # functions

@@ -11,7 +11,7 @@ from typing import Any
 
 import click
 
-from rayft import __version__
+from rayft._version import __version__
 from rayft.cli.common import CliState
 from rayft.console import setup_console
 from rayft.errors import RayftError

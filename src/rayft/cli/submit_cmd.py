@@ -87,6 +87,7 @@ def submit_config(
 ) -> NoReturn:
     """Submit ``cfg`` as a job running ``rayft COMMAND``, then follow it (or not) and exit."""
     import rayft
+    from rayft._version import __version__
     from rayft.cluster.job_plan import JobRequest
     from rayft.cluster.jobs import jobs_url, submit
     from rayft.config import dump_config
@@ -95,7 +96,7 @@ def submit_config(
     _warn_relative_storage(cfg)
     shipped = cfg.model_copy(update={"scaling": cfg.scaling.model_copy(update={"address": None})})
     request = JobRequest(
-        command=command, run_name=cfg.name, rayft_version=rayft.__version__, resume=resume,
+        command=command, run_name=cfg.name, rayft_version=__version__, resume=resume,
         extra_args=extra_args, working_dir=str(Path(working_dir).resolve()) if working_dir else None,
         source_dir=str(Path(rayft.__file__).parent) if working_dir else None, env_names=env_names,
         stop_grace_s=cfg.failure.sigterm_grace_s,

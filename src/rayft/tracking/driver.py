@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rayft import __version__
+from rayft._version import __version__
 from rayft.config import RayftConfig, dump_config
 from rayft.config.tracking import MlflowArtifact, MlflowConfig
 from rayft.tracking import state

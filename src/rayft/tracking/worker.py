@@ -7,7 +7,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from rayft import __version__
+from rayft._version import __version__
 from rayft.config.train import LoggingConfig
 from rayft.tracking import state
 from rayft.tracking.params import config_params, run_tags
