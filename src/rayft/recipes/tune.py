@@ -57,8 +57,8 @@ def run(cfg: RayftConfig) -> TuneResult:
     """
     from rayft.recipes.train import with_worker_task
     from rayft.runtime import check_address, ray_is_initialized, ray_runtime
-    from rayft.tracking.sweep import SweepTracker
     from rayft.tuning import sweep
+    from rayft.tuning.tracker import SweepTracker
 
     started = time.monotonic()
     cfg = with_worker_task(cfg)  # trials run in directories of their own: a task's .py file by absolute path
@@ -143,7 +143,8 @@ def run_tuner(
 def finish(cfg: RayftConfig, place: SweepPlace, result: SweepResult, concurrent: int, elapsed_s: float) -> TuneResult:
     """Write tune.json, best.yaml and tune.html; the console table."""
     from rayft.tuning import sweep
-    from rayft.tuning.results import render_table, write_sweep_outputs
+    from rayft.tuning.outputs import write_sweep_outputs
+    from rayft.tuning.results import render_table
 
     directory = place.location.local_dir
     for orphan in sweep.orphan_runs(place, result):

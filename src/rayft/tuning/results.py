@@ -118,20 +118,6 @@ def sweep_json(result: SweepResult) -> str:
     return json.dumps(data, indent=2, default=str, allow_nan=True) + "\n"
 
 
-def write_sweep_outputs(sweep_dir: Path, result: SweepResult, base_cfg: RayftConfig) -> None:
-    """Write tune.json, best.yaml (when a trial reported the metric) and tune.html into ``sweep_dir``."""
-    from rayft.files import write_text_atomic
-    from rayft.tuning.report_html import render_sweep_html
-
-    write_text_atomic(sweep_dir / TUNE_JSON, sweep_json(result))
-    text = best_yaml(result, base_cfg)
-    if text is not None:
-        write_text_atomic(sweep_dir / BEST_YAML, text)
-    else:
-        (sweep_dir / BEST_YAML).unlink(missing_ok=True)
-    write_text_atomic(sweep_dir / TUNE_HTML, render_sweep_html(result, base_cfg.tune))
-
-
 def load_sweep_result(path: Path) -> SweepResult:
     """Read tune.json back (``path`` is the file or the sweep directory).
 
