@@ -40,12 +40,13 @@ from rayft.training.metrics import (
 )
 from rayft.training.model import count_parameters, parameter_groups
 from rayft.training.objective import CausalLm, Objective, TaskObjective
-from rayft.training.parallel import Parallelism, ParallelSetup, parallelism
+from rayft.training.parallel import Parallelism, ParallelSetup
 from rayft.training.plan import is_due, learning_rate_factor, units_before_step
 from rayft.training.precision import Precision, resolve_precision
 from rayft.training.session import TrainSession, all_reduce_sum
 from rayft.training.steps import StepStats, train_step
 from rayft.training.stop import StopWatch
+from rayft.training.strategies import parallelism
 from rayft.training.worker_plan import WorkerPlan
 
 log = logging.getLogger("rayft.train")
