@@ -31,7 +31,7 @@ def address_option(command: str, *, as_job: bool = True) -> Callable[[Callable[.
         @functools.wraps(function)
         def wrapper(*args: Any, address: str | None, **kwargs: Any) -> Any:
             if address is not None:
-                from rayft.cluster.address import parse_address
+                from rayft.runtime.address import parse_address
 
                 if parse_address(address).kind == "jobs":
                     if not as_job:

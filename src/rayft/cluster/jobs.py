@@ -10,9 +10,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from rayft.cluster.address import parse_address
 from rayft.cluster.job_plan import CONFIG_FILE, JobPlan, JobRequest, plan_job
 from rayft.errors import ClusterError
+from rayft.runtime.address import parse_address
 
 log = logging.getLogger(__name__)
 
@@ -21,7 +21,7 @@ TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")
 
 def jobs_url(address: str) -> str:
     """The Jobs API URL that ``address`` leads to, checked to answer (and to accept this process's token)."""
-    from rayft.cluster.probe import check_jobs_api, dashboard_of, resolve_auto
+    from rayft.runtime.probe import check_jobs_api, dashboard_of, resolve_auto
 
     target = resolve_auto(parse_address(address))
     if target.kind == "client":
