@@ -27,9 +27,9 @@ from rayft.config import RayftConfig
 from rayft.config.evaluation import ExportConfig
 from rayft.config.model import LoraConfig
 from rayft.errors import CheckpointError, ConfigError, RunStateError
-from rayft.evaluation.sources import ResolvedSource, resolve_source
 from rayft.export.card import render_model_card
 from rayft.export.checks import check_adapter, check_against_base
+from rayft.models.sources import ResolvedSource, resolve_source
 from rayft.runs import layout
 
 log = logging.getLogger("rayft.export")

@@ -150,7 +150,7 @@ def generation_config(cfg: RayftConfig, source: str) -> tuple[GenerationConfig, 
     if inference.backend == "openai":
         model, described = ModelConfig(name=source), f"{source} at {inference.endpoint.base_url}"
     else:
-        from rayft.evaluation.sources import resolve_source
+        from rayft.models.sources import resolve_source
 
         resolved = resolve_source(source, cfg.model, cfg.eval.checkpoint)
         model, adapter, described = resolved.model, resolved.adapter_path, resolved.describe()

@@ -127,7 +127,7 @@ class CheckpointScorer:
     def __call__(self, checkpoint: str) -> dict[str, float]:
         """Score the reported checkpoint (its path as Ray Train reports it); records the scores."""
         from rayft.evaluation.runner import run_model
-        from rayft.evaluation.sources import resolve_source
+        from rayft.models.sources import resolve_source
 
         task, examples, ev = self._examples()
         name = Path(checkpoint).name

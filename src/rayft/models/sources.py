@@ -1,4 +1,5 @@
-"""Deciding what to load for a model source given to ``rayft eval / compare / export``.
+"""Deciding what to load for a model source given to ``rayft eval / compare / export / chat / generate``
+and to a sweep's task evaluation.
 
 A source is a Hub id, a built-in name, a .gguf file, a model directory, a checkpoint directory
 (``checkpoints/step-N`` or ``final/``) or a run directory, where ``eval.checkpoint`` picks one.
