@@ -32,7 +32,7 @@ def run(
     """
     from rayft.data.builtin import builtin_eval_note
     from rayft.pipeline.plan import StageDecision
-    from rayft.recipes.pipeline import run as run_pipeline
+    from rayft.pipeline.runner import run as run_pipeline
 
     def announce(decision: StageDecision) -> None:
         verb = {"run": "running", "skip": "skipped", "reuse": "reused", "failed": "failed"}[decision.action]
