@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING, Any
 from rayft.cache import cache_root
 from rayft.config.data import DataConfig
 from rayft.config.model import ModelConfig
+from rayft.models.loading import model_location
+from rayft.models.registry import CHATML_TEMPLATE
 
 if TYPE_CHECKING:
     from rayft.data.sources import Source
@@ -51,9 +53,6 @@ def tokenizer_files_fingerprint(model: ModelConfig) -> str | None:
     hashed by :func:`tokenizer_fingerprint`.
     """
     from importlib.metadata import version
-
-    from rayft.models.loading import model_location
-    from rayft.models.registry import CHATML_TEMPLATE
 
     if model.trust_remote_code or model.gguf_file:
         return None

@@ -23,12 +23,16 @@ from rayft.config.data import DatasetConfig
 from rayft.config.evaluation import EvalConfig
 from rayft.config.generation import GenerationConfig
 from rayft.console import Progress
+from rayft.data.sources import read_table, source_name
 from rayft.errors import DataError
 from rayft.evaluation.metrics import CorpusMetric
 from rayft.evaluation.stats import Estimate, corpus_estimate, estimate
 from rayft.evaluation.tasks import Task, build_prompt
 from rayft.generation.backend import Generation, Prompt
+from rayft.generation.factory import build_backend, sampling_params
+from rayft.generation.ray_pool import generate_dataset, prompt_table
 from rayft.models.sources import ResolvedSource, fingerprint_source
+from rayft.runtime import ray_runtime
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -107,8 +111,6 @@ def read_pairs(ds: DatasetConfig, ev: EvalConfig, *, tables: bool = False) -> tu
     """(id, question, reference, table) of every usable row of ``ds``, and the rows skipped with reasons.
 
     The table (``eval.table_field``) is read when ``tables`` is set and the column exists."""
-    from rayft.data.sources import read_table, source_name
-
     table = read_table(ds)
     question, answer = _columns(ds, ev)
     missing = [c for c in (question, answer) if c not in table.column_names]
@@ -225,8 +227,6 @@ def prompt_size(prompt: Prompt) -> int:
 def _generate_local(
     prompts: Sequence[Prompt], cfg: GenerationConfig, progress: Progress | None = None
 ) -> list[Generation]:
-    from rayft.generation.factory import build_backend, sampling_params
-
     backend = build_backend(cfg)
     params = sampling_params(cfg)
     out: list[Generation] = []
@@ -247,8 +247,6 @@ def _generate_ray(
 ) -> list[Generation]:
     """Generate on the actor pool, one block per batch, collecting rows as they stream back."""
     import ray.data
-
-    from rayft.generation.ray_pool import generate_dataset, prompt_table
 
     table = prompt_table(prompts)
     step = max(1, cfg.batch_size)
@@ -360,7 +358,5 @@ def generation_runtime(cfg: RayftConfig) -> Iterator[Runtime]:
     if runtime == "local":
         yield runtime
         return
-    from rayft.runtime import ray_runtime  # its callers import ray
-
     with ray_runtime(cfg.scaling.address):
         yield runtime

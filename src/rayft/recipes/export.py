@@ -27,8 +27,10 @@ from rayft.config import RayftConfig
 from rayft.config.evaluation import ExportConfig
 from rayft.config.model import LoraConfig
 from rayft.errors import CheckpointError, ConfigError, RunStateError
+from rayft.export import verify as v
 from rayft.export.card import render_model_card
 from rayft.export.checks import check_adapter, check_against_base
+from rayft.models.loading import load_causal_lm
 from rayft.models.sources import ResolvedSource, resolve_source
 from rayft.runs import layout
 
@@ -131,9 +133,6 @@ def export_lora(resolved: ResolvedSource, staging: Path, cfg: ExportConfig, *, m
     from peft import PeftModel
     from transformers import AutoTokenizer
 
-    from rayft.export import verify as v
-    from rayft.models.loading import load_causal_lm
-
     assert resolved.adapter_path is not None  # kind == "lora"
     checkpoint = Path(resolved.adapter_path)
     lora = training_lora(checkpoint)
@@ -192,8 +191,6 @@ def export_full(resolved: ResolvedSource, staging: Path, cfg: ExportConfig) -> d
     import torch
     from transformers import AutoTokenizer
 
-    from rayft.export import verify as v
-
     assert resolved.checkpoint_dir is not None
     checkpoint = Path(resolved.checkpoint_dir)
     tokenizer = AutoTokenizer.from_pretrained(checkpoint)
@@ -217,8 +214,6 @@ def export_full(resolved: ResolvedSource, staging: Path, cfg: ExportConfig) -> d
 def _load_for_verification(directory: Path, cfg: ExportConfig) -> Any:
     import torch
 
-    from rayft.export import verify as v
-
     model: Any = v.model_class_of(directory).from_pretrained(directory, dtype=torch.float32)
     return model.to(getattr(torch, cfg.verify_dtype)).eval()
 
@@ -228,8 +223,6 @@ def _verify_reload(
 ) -> dict[str, Any]:
     """Reload the export as a user would, compare its logits, check EOS, and generate."""
     from transformers import AutoTokenizer
-
-    from rayft.export import verify as v
 
     model = reload()
     tokenizer = AutoTokenizer.from_pretrained(staging)

@@ -26,8 +26,11 @@ from rayft.config import RayftConfig
 from rayft.config.generation import GenerationConfig
 from rayft.config.model import ModelConfig
 from rayft.errors import DataError, StorageError
+from rayft.evaluation.runner import generate
 from rayft.generation.backend import Generation, Prompt
 from rayft.inference.prompts import REASONS, PromptFile, PromptRow, read_prompts
+from rayft.models.sources import resolve_source
+from rayft.runtime import ray_runtime
 
 log = logging.getLogger("rayft.generate")
 
@@ -94,7 +97,6 @@ def run(
         log.warning("generate: the input's %s column(s) are replaced by the generation's in the output", clashes)
     gen_cfg, model = generation_config(cfg, source)
     log.info("generate: %d prompts from %s with %s (%s backend)", len(prompts.rows), input_path, model, gen_cfg.backend)
-    from rayft.runtime import ray_runtime
 
     with ray_runtime(cfg.scaling.address):
         generations = generate_by_kind([row.prompt for row in prompts.rows], gen_cfg)
@@ -150,8 +152,6 @@ def generation_config(cfg: RayftConfig, source: str) -> tuple[GenerationConfig, 
     if inference.backend == "openai":
         model, described = ModelConfig(name=source), f"{source} at {inference.endpoint.base_url}"
     else:
-        from rayft.models.sources import resolve_source
-
         resolved = resolve_source(source, cfg.model, cfg.eval.checkpoint)
         model, adapter, described = resolved.model, resolved.adapter_path, resolved.describe()
     gen_cfg = GenerationConfig(
@@ -168,8 +168,6 @@ def generation_config(cfg: RayftConfig, source: str) -> tuple[GenerationConfig, 
 def generate_by_kind(prompts: list[Prompt], gen_cfg: GenerationConfig) -> list[Generation]:
     """One generation per prompt, in order, on the Ray Data actor pool; text and chat prompts go in
     separate passes (a dataset column holds one type)."""
-    from rayft.evaluation.runner import generate
-
     out: list[Generation | None] = [None] * len(prompts)
     for chat in (False, True):
         indices = [i for i, p in enumerate(prompts) if isinstance(p, list) == chat]

@@ -13,6 +13,7 @@ import os
 from collections.abc import Iterator, Mapping
 
 from rayft._ray_private import local_init_kwargs, local_process_env
+from rayft.console import quiet_ray
 from rayft.errors import ClusterError, exception_chain
 from rayft.runtime.address import parse_address
 from rayft.runtime.probe import check_gcs, check_tcp, resolve_auto, token_fix
@@ -38,8 +39,6 @@ def ray_runtime(address: str | None = None, *, metrics: bool = False) -> Iterato
     A cluster started here is shut down on exit; one that was joined or already running is left.
     """
     import ray
-
-    from rayft.console import quiet_ray
 
     if ray.is_initialized():
         yield

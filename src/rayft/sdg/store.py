@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from rayft.errors import RunStateError, StorageError
-from rayft.sdg.rows import OUTPUT_COLUMNS
+from rayft.sdg.rows import OUTPUT_COLUMNS, ROW_DEFAULTS
 from rayft.sdg.stages import Row
 
 _DONE = re.compile(r"^part-(\d{6})\.done\.json$")
@@ -148,8 +148,6 @@ class SdgStore:
 
 def _table(rows: list[Row]) -> Any:
     import pyarrow as pa
-
-    from rayft.sdg.rows import ROW_DEFAULTS
 
     columns = {c: [r.get(c, ROW_DEFAULTS[c]) for r in rows] for c in OUTPUT_COLUMNS}
     schema = pa.schema([(c, pa.int64() if isinstance(ROW_DEFAULTS[c], int) else pa.string()) for c in OUTPUT_COLUMNS])

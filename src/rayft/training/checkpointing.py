@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rayft.errors import CheckpointError
+from rayft.export.checks import check_adapter
 from rayft.runs import layout
 from rayft.runs.manifest import write_manifest
 from rayft.security import redact
@@ -293,8 +294,6 @@ def check_written_adapter(directory: Path, r: int, *, modules: int) -> None:
     counts) unless it holds ``modules`` adapted modules, each with lora_A (r x in) and lora_B
     (out x r), finite, with no lora_B left all zero: the forms in which sharded trainers are known
     to save adapters empty, as one rank's slice, or untrained."""
-    from rayft.export.checks import check_adapter
-
     problems, summary = check_adapter(directory, expected_r=r)
     if summary is not None and len(summary.modules) != modules:
         problems.append(f"it adapts {len(summary.modules)} modules, but the model trains {modules}")

@@ -17,6 +17,7 @@ import yaml
 
 from rayft.config.schema import RayftConfig
 from rayft.errors import RunStateError
+from rayft.security import redact
 from rayft.tuning.space import apply_params
 
 TrialStatus = Literal["TERMINATED", "STOPPED_EARLY", "ERROR", "RUNNING", "PENDING", "PAUSED"]
@@ -96,8 +97,6 @@ def best_config(result: SweepResult, base_cfg: RayftConfig) -> RayftConfig | Non
 
 def best_yaml(result: SweepResult, base_cfg: RayftConfig) -> str | None:
     """best.yaml's text: a header that says where it comes from, then every field spelled out."""
-    from rayft.security import redact
-
     cfg = best_config(result, base_cfg)
     best = result.best
     if cfg is None or best is None:
