@@ -12,21 +12,20 @@ Public entry point: :func:`run` (also ``rayft.generate``).
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
-import os
 import time
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 from rayft.config import RayftConfig
 from rayft.config.generation import GenerationConfig
 from rayft.config.model import ModelConfig
 from rayft.errors import DataError, StorageError
 from rayft.evaluation.runner import generate
+from rayft.files import replacing
 from rayft.generation.backend import Generation, Prompt
 from rayft.inference.prompts import REASONS, PromptFile, PromptRow, read_prompts
 from rayft.models.sources import resolve_source
@@ -197,23 +196,9 @@ def write_jsonl_atomic(path: Path, rows: Iterable[Mapping[str, Any]]) -> Path:
     """Write one JSON object per line to a temporary file beside ``path``, then rename it into
     place: readers see the old file or the whole new one."""
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with _replacing(path) as handle:
+        with replacing(path, sync=True) as handle:
             for row in rows:
                 handle.write(json.dumps(row, ensure_ascii=False) + "\n")
     except OSError as exc:
         raise StorageError(f"cannot write {path} ({exc.strerror}); choose a writable location") from exc
     return path
-
-
-@contextlib.contextmanager
-def _replacing(path: Path) -> Iterator[IO[str]]:
-    temp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        with temp.open("w", encoding="utf-8") as handle:
-            yield handle
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(temp, path)
-    finally:
-        temp.unlink(missing_ok=True)

@@ -23,6 +23,7 @@ from rayft.config.sdg import SdgConfig
 from rayft.console import Progress
 from rayft.data.sources import read_table
 from rayft.errors import DataError
+from rayft.files import write_text_atomic
 from rayft.generation.ray_pool import generate_dataset
 from rayft.runs.location import local_run_dir
 from rayft.runs.lock import run_lock
@@ -30,7 +31,7 @@ from rayft.runtime import ray_runtime
 from rayft.sdg.filters import RowFilters
 from rayft.sdg.rows import SEED_COLUMNS, ParseStage, PromptStage, QualityStage, SymbolicStage, seed_id
 from rayft.sdg.stages import TIME_PREFIX, Row, Stage, apply_stage, check_plan, stage_seconds
-from rayft.sdg.store import SdgStore, atomic_write_text
+from rayft.sdg.store import SdgStore
 from rayft.sdg.summary import build_summary, part_record
 from rayft.sdg.teacher_checks import STAGE as TEACHER_CHECKS
 from rayft.sdg.teacher_checks import TeacherChecks, apply_teacher_checks
@@ -107,7 +108,7 @@ def generate(cfg: RayftConfig, out: Path, *, test_mode: bool = False) -> SdgResu
         wall_seconds=wall,
         extra={"generator": sdg.generator, "task": sdg.task, "config_hash": config_hash, "output_dir": str(store.root)},
     )
-    atomic_write_text(store.summary_json, json.dumps(summary, indent=2) + "\n")
+    write_text_atomic(store.summary_json, json.dumps(summary, indent=2) + "\n")
     return SdgResult(
         store.root,
         store.data_parquet,
