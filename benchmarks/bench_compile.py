@@ -25,7 +25,7 @@ import json, sys, time
 import torch
 sys.path.insert(0, "benchmarks")
 from bench_gpu_step import build, gsm8k_like_examples, packed_batches
-from rayft.training.parallel import parallelism
+from rayft.training.strategies import parallelism
 from rayft.training.precision import resolve_precision
 from rayft.training.steps import step_options, train_step
 arch, seq, rows, steps, warmup, compiled = sys.argv[1], *map(int, sys.argv[2:6]), sys.argv[6] == "1"

@@ -21,9 +21,9 @@ import time
 
 from rayft.config import load_config
 from rayft.evaluation.runner import generation_config, load_examples
-from rayft.evaluation.sources import resolve_source
 from rayft.evaluation.tasks import build_task
 from rayft.generation.backend import GenerationBackend, Prompt, SamplingParams
+from rayft.models.sources import resolve_source
 
 
 def run_arm(backend: GenerationBackend, prompts: list[Prompt], params: SamplingParams, batch: int) -> tuple[float, int]:

@@ -23,9 +23,9 @@ from pathlib import Path
 from rayft.config import load_config
 from rayft.config.generation import GenerationConfig
 from rayft.evaluation.runner import generation_config, load_examples
-from rayft.evaluation.sources import resolve_source
 from rayft.evaluation.tasks import build_task
 from rayft.generation.backend import Prompt
+from rayft.models.sources import resolve_source
 
 REPO = Path(__file__).resolve().parents[1]
 

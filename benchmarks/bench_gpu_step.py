@@ -173,9 +173,9 @@ def run_arm(args: argparse.Namespace, arch: str, method: str, arm: str, batches:
     """Warm up, then time ``--steps`` optimizer steps of one arm."""
     import torch
 
-    from rayft.training.parallel import parallelism
     from rayft.training.precision import resolve_precision
     from rayft.training.steps import step_options, train_step
+    from rayft.training.strategies import parallelism
 
     device = torch.device(args.device)
     attention = (best_attention(device.type) if args.attn == "auto" else args.attn) if arm == "rayft" else "eager"

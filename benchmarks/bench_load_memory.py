@@ -27,7 +27,8 @@ WORKER = """
 import json, resource, sys, torch, torch.distributed as dist
 from rayft.config import LoraConfig, ModelConfig
 from rayft.training.model import build_training_model
-from rayft.training.parallel import ParallelSetup, parallelism
+from rayft.training.parallel import ParallelSetup
+from rayft.training.strategies import parallelism
 from rayft.training.precision import Precision
 model_name, strategy, method, from_rank0, out = sys.argv[1:6]
 dist.init_process_group("gloo")

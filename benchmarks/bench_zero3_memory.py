@@ -49,7 +49,8 @@ ARCHS = {
 WORKER = """
 import gc, json, resource, sys, torch, torch.distributed as dist
 from transformers import T5Config, T5ForConditionalGeneration
-from rayft.training.parallel import ParallelSetup, parallelism
+from rayft.training.parallel import ParallelSetup
+from rayft.training.strategies import parallelism
 from rayft.training.precision import Precision
 from rayft.training.zero3 import DeepSpeedZero3
 d_model, d_ff, d_kv, heads, layers, steps = map(int, sys.argv[1:7])

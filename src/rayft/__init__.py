@@ -17,7 +17,7 @@ import sys
 import types
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.1.0"
+from rayft._version import __version__
 
 _EXPORTS: dict[str, str] = {
     # functions
@@ -70,7 +70,7 @@ _EXPORTS: dict[str, str] = {
     "CompareResult": "rayft.recipes.compare",
     "ExportResult": "rayft.recipes.export",
     "GenerateResult": "rayft.recipes.generate",
-    "PipelineResult": "rayft.recipes.pipeline",
+    "PipelineResult": "rayft.pipeline.runner",
     "EvalSummary": "rayft.evaluation.summary",
     "CompareSummary": "rayft.evaluation.summary",
     "ModelSummary": "rayft.evaluation.summary",
@@ -195,11 +195,11 @@ if TYPE_CHECKING:
     )
     from rayft.evaluation.stats import Estimate, PairedTest
     from rayft.evaluation.summary import CompareSummary, EvalSummary, MetricSummary, ModelSummary, PairComparison
+    from rayft.pipeline.runner import PipelineResult
     from rayft.recipes.compare import CompareResult
     from rayft.recipes.evaluate import EvalResult
     from rayft.recipes.export import ExportResult
     from rayft.recipes.generate import GenerateResult
-    from rayft.recipes.pipeline import PipelineResult
     from rayft.recipes.sdg import SdgResult
     from rayft.recipes.train import TrainResult
     from rayft.recipes.tune import TuneResult

@@ -22,11 +22,11 @@ from rayft.runs.location import local_run_dir
 
 if TYPE_CHECKING:
     from rayft.pipeline.plan import StageDecision
+    from rayft.pipeline.runner import PipelineResult
     from rayft.recipes.compare import CompareResult
     from rayft.recipes.evaluate import EvalResult
     from rayft.recipes.export import ExportResult
     from rayft.recipes.generate import GenerateResult
-    from rayft.recipes.pipeline import PipelineResult
     from rayft.recipes.sdg import SdgResult
     from rayft.recipes.train import TrainResult
     from rayft.recipes.tune import TuneResult
@@ -175,6 +175,6 @@ def run_pipeline(
         address: Join this Ray cluster instead of starting a local one.
         on_decision: Called with each stage's decision (run, skip, reuse) before it runs.
     """
-    from rayft.recipes import pipeline as recipe
+    from rayft.pipeline import runner
 
-    return recipe.run(cfg, from_stage=from_stage, only=only, force=force, address=address, on_decision=on_decision)
+    return runner.run(cfg, from_stage=from_stage, only=only, force=force, address=address, on_decision=on_decision)

@@ -1,26 +1,112 @@
-"""Writing small text files (configs, reports, JSON summaries) so that no reader sees half of one."""
+"""Writing files and directories so that no reader sees half of one: the one place rayft does it.
+
+A file is written under a temporary name beside it, then renamed over it; a directory is written
+whole under a staging name beside it, then renamed into place. Temporary and staging names are
+hidden and carry the process id, so that two processes writing the same thing never share one.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import IO
 
 from rayft.errors import StorageError
 
 
-def write_text_atomic(path: Path, text: str, *, where: str = "", fix: str = "choose a writable directory") -> Path:
-    """Write ``text`` to ``path`` through a temporary file beside it and a rename; return ``path``.
+def temp_path(path: Path, purpose: str = "tmp") -> Path:
+    """The hidden name beside ``path`` that a write of it goes through (``.NAME.PURPOSE-PID``)."""
+    return path.with_name(f".{path.name}.{purpose}-{os.getpid()}")
 
-    The temporary file's name carries the process id, so that two processes writing the same file
-    never write into one temporary file. ``where`` names the setting that chose the place (for
-    example ``storage_path``) and ``fix`` what to do, both in the error raised when the write fails.
+
+@contextlib.contextmanager
+def replacing(path: Path, *, sync: bool = False) -> Iterator[IO[str]]:
+    """A text file open for writing that replaces ``path`` when the block ends without an error:
+    readers see the old file or the whole new one. With ``sync`` it reaches the disk before the
+    rename (for files a crash must not leave empty). On an error the temporary file is removed and
+    the ``OSError`` or the block's exception propagates."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temp = temp_path(path)
+    try:
+        with temp.open("w", encoding="utf-8") as handle:
+            yield handle
+            if sync:
+                handle.flush()
+                os.fsync(handle.fileno())
+        os.replace(temp, path)
+    finally:
+        temp.unlink(missing_ok=True)
+
+
+def write_atomic(path: Path, write: Callable[[Path], None]) -> Path:
+    """:func:`replacing` for writers that take a path (Parquet, JSON Lines of a library): ``write``
+    writes the temporary file, which is then renamed over ``path``; return ``path``."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temp = temp_path(path)
+    try:
+        write(temp)
+        os.replace(temp, path)
+    finally:
+        temp.unlink(missing_ok=True)
+    return path
+
+
+def write_text_atomic(path: Path, text: str, *, where: str = "", fix: str = "choose a writable directory") -> Path:
+    """Write ``text`` to ``path`` through :func:`replacing`; return ``path``.
+
+    ``where`` names the setting that chose the place (for example ``storage_path``) and ``fix`` what
+    to do, both in the :class:`~rayft.errors.StorageError` raised when the write fails.
     """
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        temp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-        temp.write_text(text, encoding="utf-8")
-        os.replace(temp, path)
+        with replacing(path) as handle:
+            handle.write(text)
     except OSError as exc:
         prefix = f"{where}: " if where else ""
         raise StorageError(f"{prefix}cannot write {path} ({exc.strerror}); {fix}") from exc
     return path
+
+
+def staging_dir(target: Path, purpose: str = "partial") -> Path:
+    """An empty staging directory beside ``target`` (same filesystem, so the final rename is atomic),
+    removed first if a crashed write of this process id left one."""
+    staging = temp_path(target, purpose)
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    return staging
+
+
+def replace_dir(staging: Path, target: Path, *, sync: bool = False) -> Path:
+    """Put the fully written directory ``staging`` (beside ``target``) in place of ``target``; return
+    ``target``. An existing ``target`` is renamed aside first and deleted after, so it is missing
+    only between two renames. With ``sync`` the directory entries reach the disk (checkpoints)."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    old = None
+    if target.exists():
+        old = temp_path(target, "old")
+        shutil.rmtree(old, ignore_errors=True)
+        os.replace(target, old)
+    if sync:
+        fsync_dir(staging)
+    os.replace(staging, target)
+    if sync:
+        fsync_dir(target.parent)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+    return target
+
+
+def fsync_dir(path: Path) -> None:
+    """Flush a directory entry to disk (a no-op where directories cannot be opened)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)

@@ -181,9 +181,9 @@ def test_memory_estimate_is_within_20_percent_of_the_measured_peak(device: Any, 
     from rayft.testing.architectures import random_model
     from rayft.training.memory import estimate_worker_memory
     from rayft.training.model import count_parameters, prepare_training_model, training_dtype
-    from rayft.training.parallel import parallelism
     from rayft.training.precision import resolve_precision
     from rayft.training.steps import step_options, train_step
+    from rayft.training.strategies import parallelism
     from rayft.training.worker import build_optimizer
 
     if device.type != "cuda":

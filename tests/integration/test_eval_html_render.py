@@ -11,10 +11,10 @@ from rayft.config.evaluation import EvalConfig
 from rayft.config.model import ModelConfig
 from rayft.evaluation.report import comparison_examples, model_summary, pair_tests, render_html
 from rayft.evaluation.runner import Example, Examples, score_run
-from rayft.evaluation.sources import ResolvedSource
 from rayft.evaluation.summary import CompareSummary
 from rayft.evaluation.tasks import build_task
 from rayft.generation.backend import Generation
+from rayft.models.sources import ResolvedSource
 
 pytestmark = pytest.mark.integration
 

@@ -12,10 +12,10 @@ from collections.abc import Iterator
 import click
 import pytest
 
-from rayft.cluster.address import parse_address
-from rayft.cluster.entry import missing_env
+from rayft.cli.job_entry import missing_env
 from rayft.cluster.job_plan import JobRequest, exit_code, plan_job
 from rayft.errors import ClusterError, ConfigError
+from rayft.runtime.address import parse_address
 from rayft.testing.ray_head import free_port
 
 
@@ -51,7 +51,7 @@ def test_a_job_pins_the_installed_rayft_and_passes_credential_names_only() -> No
     plan = plan_job(_request(env_names=("HF_TOKEN", "WANDB_API_KEY"), stop_grace_s=120), token="abcd1234")
     assert plan.submission_id == "rayft-train-my-run-1-abcd1234"
     assert shlex.split(plan.entrypoint) == [
-        "python", "-m", "rayft.cluster.entry", "--config-module", "rayft_job_abcd1234",
+        "python", "-m", "rayft.cli.job_entry", "--config-module", "rayft_job_abcd1234",
         "--require-env", "HF_TOKEN", "--require-env", "WANDB_API_KEY", "--", "train",
     ]  # fmt: skip
     assert plan.runtime_env == {"env_vars": {"RAY_JOB_STOP_WAIT_TIME_S": "150"}, "pip": ["rayft==1.2.3"]}
@@ -115,7 +115,7 @@ def plain_http() -> Iterator[str]:
 
 
 def test_probes_name_the_address_and_the_fix_within_seconds(plain_http: str) -> None:
-    from rayft.cluster.probe import check_gcs, check_jobs_api
+    from rayft.runtime.probe import check_gcs, check_jobs_api
 
     closed = f"127.0.0.1:{free_port()}"
     started = time.monotonic()

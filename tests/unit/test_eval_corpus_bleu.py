@@ -13,9 +13,9 @@ from rayft.config.evaluation import EvalConfig
 from rayft.config.model import ModelConfig
 from rayft.evaluation.report import pair_tests
 from rayft.evaluation.runner import Example, Examples, ModelRun, score_run
-from rayft.evaluation.sources import ResolvedSource
 from rayft.evaluation.tasks import build_task
 from rayft.generation.backend import Generation
+from rayft.models.sources import ResolvedSource
 
 REFS = [
     "the cat sat on the mat",

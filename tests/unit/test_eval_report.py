@@ -20,10 +20,10 @@ from rayft.evaluation.report import (
     render_markdown,
 )
 from rayft.evaluation.runner import Example, Examples, ModelRun, choose_runtime, score_run
-from rayft.evaluation.sources import ResolvedSource
 from rayft.evaluation.summary import CompareSummary
 from rayft.evaluation.tasks import build_task
 from rayft.generation.backend import Generation
+from rayft.models.sources import ResolvedSource
 
 N = 12
 REFS = [f"... so the answer is {i}.\n#### {i}" for i in range(N)]

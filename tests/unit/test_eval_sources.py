@@ -9,7 +9,7 @@ import pytest
 
 from rayft.config import ModelConfig, dump_config, load_config
 from rayft.errors import CheckpointError, ModelError
-from rayft.evaluation.sources import resolve_source
+from rayft.models.sources import resolve_source
 from rayft.runs.manifest import write_manifest
 from rayft.runs.selection import CheckpointInfo, choose_checkpoint
 

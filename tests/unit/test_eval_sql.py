@@ -16,10 +16,10 @@ from rayft.errors import DataError
 from rayft.evaluation import metrics, sql
 from rayft.evaluation.report import comparison_examples, model_summary, pair_tests, render_html
 from rayft.evaluation.runner import Examples, ModelRun, load_examples, score_run
-from rayft.evaluation.sources import ResolvedSource
 from rayft.evaluation.summary import CompareSummary
 from rayft.evaluation.tasks import build_task
 from rayft.generation.backend import Generation
+from rayft.models.sources import ResolvedSource
 
 TABLE = json.dumps({
     "name": "players",

@@ -6,8 +6,8 @@ import dataclasses
 from pathlib import Path
 
 from rayft.config.model import ModelConfig
-from rayft.evaluation.sources import ResolvedSource
 from rayft.export.card import base_model_id, render_model_card
+from rayft.models.sources import ResolvedSource
 
 
 def _source(tmp_path: Path, kind: str = "lora") -> ResolvedSource:

@@ -49,7 +49,7 @@ def _inputs() -> ReportInputs:
 
 def test_report_is_self_contained_and_escaped() -> None:
     page = render_report(_inputs())
-    assert page.startswith("<!doctype html>") and page.rstrip().endswith("</html>")
+    assert page.startswith("<!DOCTYPE html>") and page.rstrip().endswith("</html>")
     assert not re.search(r"(src|href)=['\"]https?://", page), "the report must not load anything from the network"
     assert "<script" not in page
     assert "&lt;b&gt;2+2&lt;/b&gt;" in page and "<b>2+2</b>" not in page

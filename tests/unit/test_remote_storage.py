@@ -246,7 +246,7 @@ def test_rayft_run_refuses_stages_that_cannot_write_to_a_uri() -> None:
 
 
 def test_rayft_run_with_a_uri_refuses_a_config_with_other_stages_before_starting(tmp_path: Path) -> None:
-    from rayft.recipes import pipeline
+    from rayft.pipeline import runner as pipeline
 
     config = tmp_path / "pipeline.yaml"
     config.write_text(f"name: p\nstorage_path: {(tmp_path / 'remote').as_uri()}\ntrain: {{}}\neval: {{}}\n")

@@ -75,7 +75,8 @@ def test_rayft_train_is_refused_before_any_work_while_another_driver_holds_the_r
 
 
 def test_rayft_run_and_rayft_sdg_are_refused_while_another_driver_holds_their_directory(tmp_path: Path, holder) -> None:  # type: ignore[no-untyped-def]
-    from rayft.recipes import pipeline, sdg
+    from rayft.pipeline import runner as pipeline
+    from rayft.recipes import sdg
 
     config = tmp_path / "pipeline.yaml"
     config.write_text(f"name: demo\nstorage_path: {tmp_path}\ntrain: {{}}\n")

@@ -94,7 +94,7 @@ def test_packing_and_text_rows_are_refused_for_an_encoder_decoder(tiny_t5_dir: P
 
 
 def test_float16_is_refused_for_t5_with_the_reason(tiny_t5_dir: Path, tiny_model_dir: Path) -> None:
-    from rayft.training.precision import check_float16
+    from rayft.models.architecture import check_float16
 
     t5 = ModelConfig(name=str(tiny_t5_dir))
     with pytest.raises(ConfigError, match=r"train.mixed_precision=fp16 .* t5 models overflow in float16 .* use bf16"):

@@ -44,8 +44,8 @@ def test_a_checkpoint_saved_from_its_objects_restores_them(
         write_model_files,
     )
     from rayft.training.faults import Faults
-    from rayft.training.parallel import parallelism
     from rayft.training.session import LocalSession
+    from rayft.training.strategies import parallelism
 
     model, optimizer, scheduler = _trained_lora(tiny_model_dir)
     parallel = parallelism("ddp", world_size=1)

@@ -180,7 +180,8 @@ def test_a_missing_deepspeed_names_the_install_line(monkeypatch: pytest.MonkeyPa
 
 
 def test_one_worker_shares_nothing_whatever_the_strategy() -> None:
-    from rayft.training.parallel import TorchParallelism, parallelism
+    from rayft.training.parallel import TorchParallelism
+    from rayft.training.strategies import parallelism
 
     for strategy in ("ddp", "fsdp", "deepspeed"):
         single = parallelism(strategy, world_size=1)  # type: ignore[arg-type]

@@ -9,6 +9,7 @@ import pytest
 
 from rayft.config import RayftConfig, load_config
 from rayft.errors import RunStateError
+from rayft.tuning.outputs import write_sweep_outputs
 from rayft.tuning.report_html import render_sweep_html, trial_color
 from rayft.tuning.results import (
     SweepResult,
@@ -16,7 +17,6 @@ from rayft.tuning.results import (
     load_sweep_result,
     pick_best,
     render_table,
-    write_sweep_outputs,
 )
 
 BASE = RayftConfig(

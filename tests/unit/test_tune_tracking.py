@@ -12,7 +12,7 @@ import pytest
 
 from rayft.config import RayftConfig
 from rayft.tracking.driver import PARENT_RUN_ENV, nested_under, start_training
-from rayft.tracking.sweep import SweepTracker
+from rayft.tuning.tracker import SweepTracker
 from tests.unit.test_tune_results import sweep
 
 pytest.importorskip("mlflow", reason="needs the mlflow extra: pip install 'rayft[mlflow]'")

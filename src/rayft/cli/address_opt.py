@@ -8,6 +8,12 @@ from typing import Any
 
 import click
 
+from rayft.cli.common import load_cli_config
+from rayft.cli.submit_cmd import submit_config
+from rayft.errors import ConfigError
+from rayft.runtime import check_address
+from rayft.runtime.address import parse_address
+
 ADDRESS_HELP = (
     "Run on a Ray cluster: auto (the one this machine belongs to), HEAD:6379 (join the head's GCS "
     "directly; from a machine of the cluster's network) or http://HEAD:8265 (submit this command as a Ray "
@@ -31,14 +37,10 @@ def address_option(command: str, *, as_job: bool = True) -> Callable[[Callable[.
         @functools.wraps(function)
         def wrapper(*args: Any, address: str | None, **kwargs: Any) -> Any:
             if address is not None:
-                from rayft.cluster.address import parse_address
-
                 if parse_address(address).kind == "jobs":
                     if not as_job:
                         _refuse_job(command, address)
                     _submit_instead(command, address, kwargs)
-                from rayft.runtime import check_address
-
                 check_address(address)  # before the command writes anything: seconds, not Ray's 20 s
                 kwargs["overrides"] = (*kwargs["overrides"], f"scaling.address={address}")
             return function(*args, **kwargs)
@@ -49,8 +51,6 @@ def address_option(command: str, *, as_job: bool = True) -> Callable[[Callable[.
 
 
 def _refuse_job(command: str, address: str) -> None:
-    from rayft.errors import ConfigError
-
     raise ConfigError(
         f"--address {address}: `rayft {command}` reads and writes files on this machine, so it joins the "
         "cluster rather than running as a Ray Job; give the head's GCS address (HEAD:6379), or run it on a "
@@ -60,9 +60,6 @@ def _refuse_job(command: str, address: str) -> None:
 
 def _submit_instead(command: str, address: str, params: dict[str, Any]) -> None:
     """Submit the command being run, with its config and options, as a Ray Job at ``address``."""
-    from rayft.cli.common import load_cli_config
-    from rayft.cli.submit_cmd import submit_config
-
     cfg = load_cli_config(params["config_path"], params["overrides"])
     resume = bool(params.get("resume"))
     rest = {name: value for name, value in params.items() if name not in ("config_path", "overrides", "resume")}

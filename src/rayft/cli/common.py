@@ -8,8 +8,10 @@ from pathlib import Path
 
 import click
 
+from rayft.cache import cache_root
 from rayft.config import RayftConfig, load_config
 from rayft.console import attach_log_file
+from rayft.runs.location import is_remote
 
 log = logging.getLogger("rayft.cli")
 
@@ -35,12 +37,8 @@ def open_run_log(cfg: RayftConfig, directory: Path | None = None) -> Path | None
 
     With a URI as ``storage_path`` the file goes under the cache (``<cache>/logs/<name>/``).
     """
-    from rayft.runs.location import is_remote
-
     if directory is None:
         if is_remote(cfg.storage_path):
-            from rayft.cache import cache_root
-
             directory = cache_root() / "logs" / cfg.name
         else:
             directory = Path(cfg.storage_path).expanduser() / cfg.name

@@ -8,6 +8,7 @@ import click
 
 from rayft.cli.address_opt import address_option
 from rayft.cli.common import config_argument, load_cli_config, overrides_argument
+from rayft.runs.location import local_run_dir
 
 if TYPE_CHECKING:
     from rayft.data.prepare import PrepareOutcome
@@ -42,7 +43,6 @@ def prepare(config_path: str, overrides: tuple[str, ...], in_process: bool, repo
     from pathlib import Path
 
     from rayft.data.prepare import prepare as run_prepare
-    from rayft.runs.location import local_run_dir
 
     cfg = load_cli_config(config_path, overrides)
     if report_dir:

@@ -11,14 +11,13 @@ import click
 
 from rayft.cli.address_opt import address_option
 from rayft.config import RayftConfig, load_config
+from rayft.config.loader import validate_config
 
 _CHECKPOINT_HELP = "Checkpoint of a run directory: latest (default), best (lowest eval/loss), final, or step-N."
 
 
 def _with_inference(cfg: RayftConfig, values: dict[str, Any]) -> RayftConfig:
     """``cfg`` with the inference fields the command line set (validated like the config file)."""
-    from rayft.config.loader import validate_config
-
     given = {key: value for key, value in values.items() if value is not None}
     if not given:
         return cfg

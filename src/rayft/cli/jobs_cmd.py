@@ -8,7 +8,8 @@ from typing import Any
 
 import click
 
-from rayft.cli.submit_cmd import ADDRESS_HELP
+from rayft.cli.submit_cmd import ADDRESS_HELP, follow_to_end
+from rayft.security import redact
 
 _address_option = click.option("--address", default="auto", show_default=True, help=ADDRESS_HELP)
 
@@ -61,9 +62,7 @@ def status(job_id: str, address: str) -> None:
 @click.option("--follow", is_flag=True, help="Keep printing until the job ends; exit with its status.")
 def logs(job_id: str, address: str, follow: bool) -> None:
     """The job's logs so far (credential values of this machine's environment masked)."""
-    from rayft.cli.submit_cmd import follow_to_end
     from rayft.cluster.jobs import client, job_info, jobs_url
-    from rayft.security import redact
 
     url = jobs_url(address)
     job_info(url, job_id)

@@ -11,7 +11,20 @@ from typing import Any
 
 import click
 
-from rayft import __version__
+from rayft._version import __version__
+from rayft.cli import (
+    config_cmd,
+    data_cmd,
+    eval_cmd,
+    infer_cmd,
+    jobs_cmd,
+    k8s_cmd,
+    run_cmd,
+    sdg_cmd,
+    submit_cmd,
+    train_cmd,
+    tune_cmd,
+)
 from rayft.cli.common import CliState
 from rayft.console import setup_console
 from rayft.errors import RayftError
@@ -56,8 +69,6 @@ def cli(ctx: click.Context, debug: bool, verbose: bool) -> None:
 
 
 def _register() -> None:
-    from rayft.cli import config_cmd, data_cmd, eval_cmd, infer_cmd, k8s_cmd, run_cmd, sdg_cmd, train_cmd, tune_cmd
-
     cli.add_command(config_cmd.config)
     cli.add_command(train_cmd.train)
     cli.add_command(tune_cmd.tune)
@@ -74,8 +85,6 @@ def _register() -> None:
 
 
 def _register_cluster() -> None:
-    from rayft.cli import jobs_cmd, submit_cmd
-
     cli.add_command(submit_cmd.submit)
     cli.add_command(jobs_cmd.jobs)
 

@@ -6,6 +6,7 @@ import click
 
 from rayft.cli.address_opt import address_option
 from rayft.cli.common import config_argument, load_cli_config, open_run_log, overrides_argument
+from rayft.data.builtin import builtin_eval_note
 
 _STAGES = click.Choice(["sdg", "tune", "train", "eval", "export"])
 
@@ -30,9 +31,8 @@ def run(
     rerun skips the stages whose inputs did not change. The run directory also gets lineage.json
     and report.html.
     """
-    from rayft.data.builtin import builtin_eval_note
     from rayft.pipeline.plan import StageDecision
-    from rayft.recipes.pipeline import run as run_pipeline
+    from rayft.pipeline.runner import run as run_pipeline
 
     def announce(decision: StageDecision) -> None:
         verb = {"run": "running", "skip": "skipped", "reuse": "reused", "failed": "failed"}[decision.action]

@@ -8,9 +8,11 @@ from typing import NoReturn
 
 import click
 
+import rayft
+from rayft._version import __version__
 from rayft.cli.common import config_argument, load_cli_config, overrides_argument
-from rayft.cluster.job_plan import COMMANDS
-from rayft.config import RayftConfig
+from rayft.cluster.job_plan import COMMANDS, JobRequest, exit_code
+from rayft.config import RayftConfig, dump_config
 
 ADDRESS_HELP = (
     "The cluster: http://HEAD:8265 (its Jobs API), HEAD:6379 (its GCS address; rayft finds the Jobs API "
@@ -86,16 +88,13 @@ def submit_config(
     extra_args: tuple[str, ...] = (),
 ) -> NoReturn:
     """Submit ``cfg`` as a job running ``rayft COMMAND``, then follow it (or not) and exit."""
-    import rayft
-    from rayft.cluster.job_plan import JobRequest
     from rayft.cluster.jobs import jobs_url, submit
-    from rayft.config import dump_config
 
     url = jobs_url(address)
     _warn_relative_storage(cfg)
     shipped = cfg.model_copy(update={"scaling": cfg.scaling.model_copy(update={"address": None})})
     request = JobRequest(
-        command=command, run_name=cfg.name, rayft_version=rayft.__version__, resume=resume,
+        command=command, run_name=cfg.name, rayft_version=__version__, resume=resume,
         extra_args=extra_args, working_dir=str(Path(working_dir).resolve()) if working_dir else None,
         source_dir=str(Path(rayft.__file__).parent) if working_dir else None, env_names=env_names,
         stop_grace_s=cfg.failure.sigterm_grace_s,
@@ -111,7 +110,6 @@ def submit_config(
 
 def follow_to_end(url: str, job: str) -> NoReturn:
     """Follow the job's logs until it ends and exit with its status; Ctrl-C detaches."""
-    from rayft.cluster.job_plan import exit_code
     from rayft.cluster.jobs import follow_logs, status_name, wait_until_done
 
     try:

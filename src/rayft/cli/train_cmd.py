@@ -8,6 +8,7 @@ import click
 
 from rayft.cli.address_opt import address_option
 from rayft.cli.common import config_argument, load_cli_config, open_run_log, overrides_argument
+from rayft.errors import RunInterruptedError
 
 # 128 + SIGTERM, as a shell reports a process ended by SIGTERM; schedulers treat it as preempted.
 SIGTERM_EXIT_CODE = 143
@@ -29,7 +30,6 @@ def train(config_path: str, overrides: tuple[str, ...], resume: bool) -> None:
     Started by torchrun (`torchrun --nproc-per-node N --no-python rayft train CONFIG`), each process
     trains as one of the scaling.num_workers ranks, without Ray.
     """
-    from rayft.errors import RunInterruptedError
     from rayft.recipes.train import run
     from rayft.training import torchrun
 

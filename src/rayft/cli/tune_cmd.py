@@ -6,6 +6,7 @@ import click
 
 from rayft.cli.address_opt import address_option
 from rayft.cli.common import config_argument, load_cli_config, open_run_log, overrides_argument
+from rayft.runs.location import is_remote
 
 
 @click.command(epilog="Example: rayft tune configs/tune.yaml tune.num_samples=8 tune.scheduler=asha")
@@ -23,7 +24,6 @@ def tune(config_path: str, overrides: tuple[str, ...]) -> None:
     others continue from their last checkpoint.
     """
     from rayft.recipes.tune import run
-    from rayft.runs.location import is_remote
     from rayft.tuning.sweep import sweep_place
 
     cfg = load_cli_config(config_path, overrides)

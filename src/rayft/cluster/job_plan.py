@@ -1,7 +1,7 @@
 """What a Ray Job of rayft is made of (pure): its entrypoint, runtime environment and metadata.
 
 The resolved config travels as a small Python package uploaded with the job (a ``py_modules``
-entry holding ``config.yaml``); the job's entry (:mod:`rayft.cluster.entry`) finds it there and runs
+entry holding ``config.yaml``); the job's entry (:mod:`rayft.cli.job_entry`) finds it there and runs
 ``rayft <command> <that config>``. rayft itself is either pinned (``pip: rayft==<version>``, the
 version installed here) or shipped from this machine's source (``py_modules``) with ``--working-dir``.
 
@@ -64,7 +64,7 @@ def plan_job(request: JobRequest, token: str | None = None) -> JobPlan:
     _check(request)
     token = token or secrets.token_hex(4)
     module = f"rayft_job_{token}"
-    entry = ["python", "-m", "rayft.cluster.entry", "--config-module", module]
+    entry = ["python", "-m", "rayft.cli.job_entry", "--config-module", module]
     entry += [arg for name in request.env_names for arg in ("--require-env", name)]
     entry += ["--", *COMMAND_ARGS[request.command], *(["--resume"] if request.resume else []), *request.extra_args]
     runtime_env: dict[str, Any] = {

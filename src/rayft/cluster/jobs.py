@@ -10,9 +10,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from rayft.cluster.address import parse_address
 from rayft.cluster.job_plan import CONFIG_FILE, JobPlan, JobRequest, plan_job
 from rayft.errors import ClusterError
+from rayft.runtime.address import parse_address
+from rayft.runtime.probe import check_jobs_api, dashboard_of, resolve_auto
+from rayft.security import redact
 
 log = logging.getLogger(__name__)
 
@@ -21,8 +23,6 @@ TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")
 
 def jobs_url(address: str) -> str:
     """The Jobs API URL that ``address`` leads to, checked to answer (and to accept this process's token)."""
-    from rayft.cluster.probe import check_jobs_api, dashboard_of, resolve_auto
-
     target = resolve_auto(parse_address(address))
     if target.kind == "client":
         raise ClusterError(
@@ -75,7 +75,6 @@ def submit(url: str, request: JobRequest, config_yaml: str) -> JobPlan:
 
 def follow_logs(url: str, job_id: str, write: Callable[[str], None]) -> None:
     """Write the job's logs as they come (from the start) until the job ends, credentials masked."""
-    from rayft.security import redact
 
     async def tail() -> None:
         async for chunk in client(url).tail_job_logs(job_id):

@@ -13,6 +13,7 @@ from typing import Literal
 from pydantic import Field, field_validator, model_validator
 
 from rayft.config.base import Section
+from rayft.security import is_secret_name
 
 # A Kubernetes quantity: 16Gi, 500m, 2, 1.5, 64G...
 _QUANTITY = r"^[0-9]+(\.[0-9]+)?(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?$"
@@ -176,8 +177,6 @@ class K8sConfig(Section):
     @field_validator("env")
     @classmethod
     def _no_inline_secret(cls, env: dict[str, str]) -> dict[str, str]:
-        from rayft.security import is_secret_name
-
         secrets = sorted(name for name in env if is_secret_name(name))
         if secrets:
             raise ValueError(

@@ -20,6 +20,7 @@ from pydantic import BaseModel, ValidationError
 
 from rayft.config.schema import RayftConfig
 from rayft.errors import ConfigError
+from rayft.security import redact
 
 # Names users bring from other tools, mapped to ours, for "did you mean".
 _ALIASES = {
@@ -267,6 +268,4 @@ def _element_type(annotation: Any) -> Any:
 def dump_config(cfg: BaseModel) -> str:
     """The resolved config as YAML, every default spelled out, keys in schema order; credential
     values found in the environment are masked (see :mod:`rayft.security`)."""
-    from rayft.security import redact
-
     return redact(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False, allow_unicode=True))

@@ -13,6 +13,8 @@ from collections.abc import Callable, Iterator, Sequence
 from itertools import islice
 from typing import Any
 
+from rayft.data.builtin_arithmetic import iter_arithmetic_problems
+from rayft.data.builtin_sql import iter_sql_examples
 from rayft.errors import DataError
 
 PREFIX = "builtin:"
@@ -21,16 +23,12 @@ DEFAULT_ROWS = {"train": 5000, "test": 500}
 
 
 def _arithmetic(split: str) -> Iterator[dict[str, Any]]:
-    from rayft.data.builtin_arithmetic import iter_arithmetic_problems
-
     for row in iter_arithmetic_problems(10**9, seed=0):
         if _split_of(row["question"]) == split:
             yield row
 
 
 def _sql(split: str) -> Iterator[dict[str, Any]]:
-    from rayft.data.builtin_sql import iter_sql_examples
-
     for row in iter_sql_examples(10**9, seed=0):
         if _split_of(row["input"]) == split:
             yield row

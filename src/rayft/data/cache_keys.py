@@ -16,6 +16,8 @@ from rayft.config.data import DataConfig, DatasetConfig
 from rayft.config.model import ModelConfig
 from rayft.data.builtin import is_builtin
 from rayft.data.sources import dataset_files
+from rayft.models.loading import model_location
+from rayft.models.registry import CHATML_TEMPLATE
 
 # Bump when the output of the same inputs changes. 2: splits and mixtures from per-row hashes; keys
 # from file fingerprints.
@@ -51,9 +53,6 @@ def tokenizer_files_fingerprint(model: ModelConfig) -> str | None:
     hashed by :func:`tokenizer_fingerprint`.
     """
     from importlib.metadata import version
-
-    from rayft.models.loading import model_location
-    from rayft.models.registry import CHATML_TEMPLATE
 
     if model.trust_remote_code or model.gguf_file:
         return None

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from rayft.data.tokenize import as_table, job_key, tokenize_batch
+from rayft.runtime import ray_runtime
+
 if TYPE_CHECKING:
     import pyarrow as pa
 
@@ -17,8 +20,6 @@ BATCH_ROWS = 256
 def tokenize_in_process(job: TokenizeJob, inputs: pa.Table) -> pa.Table:
     """Tokenize in this process, batch by batch."""
     import pyarrow as pa
-
-    from rayft.data.tokenize import as_table
 
     parts = [
         as_table(job(inputs.slice(start, BATCH_ROWS).to_pydict())) for start in range(0, inputs.num_rows, BATCH_ROWS)
@@ -33,8 +34,6 @@ def tokenize_on_ray(job: TokenizeJob, inputs: pa.Table, address: str | None = No
     Tasks run in Ray's pooled worker processes; each process deserialises the job (the tokenizer)
     once per job content and keeps it for later blocks (see :func:`rayft.data.tokenize.tokenize_batch`).
     """
-    from rayft.runtime import ray_runtime
-
     with ray_runtime(address):
         return _tokenize_on_ray(job, inputs)
 
@@ -56,8 +55,6 @@ def _tokenize_on_ray(job: TokenizeJob, inputs: pa.Table) -> pa.Table:
     """
     import pyarrow as pa
     import ray
-
-    from rayft.data.tokenize import job_key, tokenize_batch
 
     size = block_rows(inputs.num_rows, int(ray.cluster_resources().get("CPU", 1)))
     # Slices share the input's buffers; Ray's Arrow serializer sends each block's own rows only.

@@ -36,8 +36,12 @@ from rayft.data.packing import make_units
 from rayft.data.prepared import SPLITS, PreparedData, write_prepared
 from rayft.data.reader import Source, read_sources
 from rayft.data.report import check_rejected, log_summary, write_report
+from rayft.data.seq2seq import refuse_unpaired_formats
 from rayft.data.split_plan import Record, plan_records
 from rayft.data.stats import collect_rejected, compute_stats
+from rayft.data.tokenize import TextTokenizer, TokenizeJob
+from rayft.models.architecture import refuse_packing, resolve_architecture
+from rayft.models.loading import load_tokenizer
 
 log = logging.getLogger("rayft.data")
 
@@ -75,9 +79,6 @@ def prepare(
     With ``use_ray`` and no Ray initialised yet, Ray is started (or ``ray_address`` joined) only
     when there is something to tokenize, and shut down afterwards.
     """
-    from rayft.models.architecture import refuse_packing, resolve_architecture
-    from rayft.models.loading import load_tokenizer
-
     refuse_packing(model, data.packing)
     seq2seq = resolve_architecture(model) == "seq2seq"
     started = time.monotonic()
@@ -133,9 +134,6 @@ def build(
     """Tokenize every record, pack or not, and write the cache directory atomically. ``seq2seq``:
     source/target pairs for an encoder-decoder model (:mod:`rayft.data.seq2seq`)."""
     import pyarrow as pa
-
-    from rayft.data.seq2seq import refuse_unpaired_formats
-    from rayft.data.tokenize import TextTokenizer, TokenizeJob
 
     if seq2seq:
         refuse_unpaired_formats([s.format.format for s in sources])

@@ -26,7 +26,6 @@ else, fixes which worker sees which unit (see :mod:`rayft.training.batches`).
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import tempfile
 from collections.abc import Mapping, Sequence
@@ -35,6 +34,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rayft.errors import StorageError
+from rayft.files import replace_dir
 
 if TYPE_CHECKING:
     from rayft.config.data import DataConfig
@@ -134,8 +134,7 @@ def write_prepared(
         )
         (staging / MANIFEST).write_text(prepared.to_json())
         if PreparedData.load(root) is None:  # another process may have finished the same key first
-            shutil.rmtree(root, ignore_errors=True)
-            os.replace(staging, root)
+            replace_dir(staging, root)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     loaded = PreparedData.load(root)

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 from pathlib import Path
 from typing import Any
 
 from rayft.data.formats import REASONS
 from rayft.data.prepared import REJECTED_FILE, PreparedData
 from rayft.errors import DataError, StorageError
+from rayft.files import replacing
 
 log = logging.getLogger("rayft.data")
 
@@ -29,9 +29,8 @@ def write_report(prepared: PreparedData, report_dir: Path | None) -> None:
                 json.dumps({"key": prepared.key, "root": prepared.root, **prepared.stats}, indent=2, sort_keys=True),
             ),
         ):
-            temp = report_dir / f".{name}.tmp"
-            temp.write_text(text, encoding="utf-8")
-            os.replace(temp, report_dir / name)
+            with replacing(report_dir / name) as handle:
+                handle.write(text)
     except OSError as exc:
         raise StorageError(f"data report: cannot write {report_dir} ({exc.strerror}); check its permissions") from exc
 

@@ -16,6 +16,7 @@ from rayft.evaluation.runner import CorpusScores, Examples, ModelRun
 from rayft.evaluation.stats import PairedTest, corpus_paired_test, paired_test
 from rayft.evaluation.summary import CompareSummary, MetricSummary, ModelSummary, PairComparison
 from rayft.files import write_text_atomic
+from rayft.pages import html_page
 
 MAX_DISAGREEMENTS = 50
 _PALETTE = ("#4269d0", "#efb118", "#ff725c", "#6cc5b0", "#3ca951", "#a463f2")
@@ -231,23 +232,11 @@ def render_markdown(summary: CompareSummary, rows: Sequence[dict[str, Any]]) -> 
     return "\n".join(out) + "\n"
 
 
-# The page style rayft's HTML reports share (compare.html, tune.html).
-BASE_CSS = """
-body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:2rem auto;max-width:1100px;color:#222;
-padding:0 1rem}
-h1{font-size:1.6rem}h2{font-size:1.25rem;margin-top:2rem;border-bottom:1px solid #ddd;padding-bottom:.3rem}
-table{border-collapse:collapse;margin:.5rem 0;font-size:.92rem}
-th,td{border:1px solid #ccc;padding:.35rem .6rem;text-align:left;vertical-align:top}
-th{background:#f3f4f6}
+# compare.html's own rules, after the shared page style (rayft.pages).
+_CSS = """.yes{color:#0a7d32;font-weight:600}.no{color:#666}
+pre{background:#f8f8f8;border:1px solid #e5e5e5;padding:.5rem;margin:.2rem 0}
+.example{border:1px solid #ddd;border-radius:6px;padding:.6rem 1rem;margin:1rem 0}
 """
-_CSS = (
-    BASE_CSS
-    + """.yes{color:#0a7d32;font-weight:600}.no{color:#666}
-.ok{color:#0a7d32;font-weight:600}.bad{color:#b42318;font-weight:600}
-pre{white-space:pre-wrap;background:#f8f8f8;border:1px solid #e5e5e5;padding:.5rem;margin:.2rem 0;font-size:.85rem}
-.meta{color:#555;font-size:.9rem}.example{border:1px solid #ddd;border-radius:6px;padding:.6rem 1rem;margin:1rem 0}
-"""
-)
 
 
 def _svg_chart(summary: CompareSummary) -> str:
@@ -357,9 +346,4 @@ def render_html(summary: CompareSummary, rows: Sequence[dict[str, Any]]) -> str:
             body.append(f"<p><b>{e(label)}</b> {verdict[m['correct']]}</p><pre>{e(m['output'])}</pre>")
             body += [f'<p class="meta">{e(k)}: {e(str(v))}</p>' for k, v in m.get("extracted", {}).items()]
         body.append("</div>")
-    return (
-        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
-        f"<title>rayft comparison</title><style>{_CSS}</style></head>\n<body>\n"
-        + "\n".join(body)
-        + "\n</body></html>\n"
-    )
+    return html_page("rayft comparison", body, _CSS)

@@ -7,25 +7,32 @@ fails is kept: it scores as an empty output and its error is counted and written
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import json
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, cast
 
 import numpy as np
 
+from rayft.config import RayftConfig
 from rayft.config.data import DatasetConfig
 from rayft.config.evaluation import EvalConfig
 from rayft.config.generation import GenerationConfig
 from rayft.console import Progress
+from rayft.data.sources import read_table, source_name
 from rayft.errors import DataError
 from rayft.evaluation.metrics import CorpusMetric
-from rayft.evaluation.sources import ResolvedSource
 from rayft.evaluation.stats import Estimate, corpus_estimate, estimate
 from rayft.evaluation.tasks import Task, build_prompt
 from rayft.generation.backend import Generation, Prompt
+from rayft.generation.factory import build_backend, sampling_params
+from rayft.generation.ray_pool import generate_dataset, prompt_table
+from rayft.models.sources import ResolvedSource, fingerprint_source
+from rayft.runtime import ray_runtime
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -104,8 +111,6 @@ def read_pairs(ds: DatasetConfig, ev: EvalConfig, *, tables: bool = False) -> tu
     """(id, question, reference, table) of every usable row of ``ds``, and the rows skipped with reasons.
 
     The table (``eval.table_field``) is read when ``tables`` is set and the column exists."""
-    from rayft.data.sources import read_table, source_name
-
     table = read_table(ds)
     question, answer = _columns(ds, ev)
     missing = [c for c in (question, answer) if c not in table.column_names]
@@ -222,8 +227,6 @@ def prompt_size(prompt: Prompt) -> int:
 def _generate_local(
     prompts: Sequence[Prompt], cfg: GenerationConfig, progress: Progress | None = None
 ) -> list[Generation]:
-    from rayft.generation.factory import build_backend, sampling_params
-
     backend = build_backend(cfg)
     params = sampling_params(cfg)
     out: list[Generation] = []
@@ -244,8 +247,6 @@ def _generate_ray(
 ) -> list[Generation]:
     """Generate on the actor pool, one block per batch, collecting rows as they stream back."""
     import ray.data
-
-    from rayft.generation.ray_pool import generate_dataset, prompt_table
 
     table = prompt_table(prompts)
     step = max(1, cfg.batch_size)
@@ -333,3 +334,29 @@ def run_model(
         first = next(g.error for g in generations if g.error)
         log.warning("eval: %d of %d generations of %s failed (first: %s)", failed, len(generations), label, first)
     return score_run(label, source, examples, generations, task=task, ev=ev, elapsed_s=elapsed)
+
+
+def evaluate_source(
+    label: str, resolved: ResolvedSource, examples: Examples, *, task: Task, cfg: RayftConfig, runtime: Runtime
+) -> ModelRun:
+    """Generate, score and fingerprint one resolved model source."""
+    run = run_model(label, resolved, examples, task=task, ev=cfg.eval, runtime=runtime)
+    return dataclasses.replace(run, fingerprint=fingerprint_source(resolved))
+
+
+@contextlib.contextmanager
+def generation_runtime(cfg: RayftConfig) -> Iterator[Runtime]:
+    """Decide where generation runs; for Ray, join or start it for the duration of the block."""
+    import importlib.util
+
+    ray_running = False
+    if importlib.util.find_spec("ray") is not None:
+        import ray
+
+        ray_running = ray.is_initialized()
+    runtime = choose_runtime(cfg.eval.runtime, ray_running, cfg.scaling.address)
+    if runtime == "local":
+        yield runtime
+        return
+    with ray_runtime(cfg.scaling.address):
+        yield runtime

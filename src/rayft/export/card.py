@@ -6,9 +6,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-from rayft.evaluation.sources import ResolvedSource
 from rayft.models.architecture import resolve_architecture
 from rayft.models.registry import BUILTIN_MODELS
+from rayft.models.sources import ResolvedSource
 from rayft.runs import layout
 
 

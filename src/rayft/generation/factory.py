@@ -7,11 +7,12 @@ from collections.abc import Callable
 from rayft.config.generation import GenerationConfig
 from rayft.config.inference import InferenceConfig
 from rayft.generation.backend import GenerationBackend, SamplingParams
+from rayft.generation.hf import HFBackend
+from rayft.generation.openai_http import OpenAIBackend
+from rayft.generation.vllm import VLLMBackend
 
 
 def _hf(cfg: GenerationConfig) -> GenerationBackend:
-    from rayft.generation.hf import HFBackend
-
     device = "cuda" if cfg.num_gpus_per_actor > 0 else "cpu"
     return HFBackend(
         cfg.model,
@@ -24,14 +25,10 @@ def _hf(cfg: GenerationConfig) -> GenerationBackend:
 
 
 def _vllm(cfg: GenerationConfig) -> GenerationBackend:
-    from rayft.generation.vllm import VLLMBackend
-
     return VLLMBackend(cfg.model, adapter_path=cfg.adapter_path)
 
 
 def _openai(cfg: GenerationConfig) -> GenerationBackend:
-    from rayft.generation.openai_http import OpenAIBackend
-
     return OpenAIBackend(cfg.model.name, cfg.endpoint)
 
 

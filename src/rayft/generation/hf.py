@@ -24,6 +24,8 @@ from rayft.generation.backend import (
     truncate_at_stop,
 )
 from rayft.generation.kv_cache import cache_length, filled_batch, plan_cache
+from rayft.models.architecture import resolve_architecture
+from rayft.models.loading import load_causal_lm, load_tokenizer
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -39,8 +41,6 @@ def length_sorted_batches(lengths: Sequence[int], batch_size: int, *, sort: bool
 def is_encoder_decoder(model: ModelConfig) -> bool:
     """Whether ``model`` is an encoder-decoder (``AutoModelForSeq2SeqLM``) model: ``model.architecture``,
     or, when 'auto', ``is_encoder_decoder`` in its config (:func:`rayft.models.architecture.resolve_architecture`)."""
-    from rayft.models.architecture import resolve_architecture
-
     return resolve_architecture(model) == "seq2seq"
 
 
@@ -59,8 +59,6 @@ class HFBackend:
         compile: CompileSetting = False,
     ) -> None:
         import torch
-
-        from rayft.models.loading import load_causal_lm, load_tokenizer
 
         self._device = device or ("cuda" if torch.cuda.is_available() else "cpu")
         self._label = f"hf:{model.name}" + (f"+{adapter_path}" if adapter_path else "")

@@ -14,6 +14,8 @@ import pyarrow as pa
 
 from rayft.config.generation import GenerationConfig
 from rayft.generation.backend import Generation, Prompt
+from rayft.generation.factory import build_backend, sampling_params
+from rayft.models.resolve import anchored_name
 
 if TYPE_CHECKING:
     import ray.data
@@ -41,8 +43,6 @@ class GenerateActor:
     """
 
     def __init__(self, cfg: GenerationConfig, prompt_column: str, seconds_column: str | None = None) -> None:
-        from rayft.generation.factory import build_backend, sampling_params
-
         self.backend = build_backend(cfg)
         self.params = sampling_params(cfg)
         self.prompt_column = prompt_column
@@ -111,8 +111,6 @@ def generate_dataset(
 
     With ``seconds_column``, each row also gets its share of its batch's generation time.
     """
-    from rayft.models.resolve import anchored_name
-
     model = cfg.model.model_copy(update={"name": anchored_name(cfg.model.name)})
     adapter = anchored_name(cfg.adapter_path) if cfg.adapter_path else None
     cfg = cfg.model_copy(update={"model": model, "adapter_path": adapter})

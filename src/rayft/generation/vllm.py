@@ -15,6 +15,8 @@ from typing import Any
 from rayft.config.model import ModelConfig
 from rayft.errors import MissingDependencyError, ModelError
 from rayft.generation.backend import FinishReason, Generation, Prompt, SamplingParams, truncate_at_stop
+from rayft.generation.hf import is_encoder_decoder
+from rayft.models.loading import model_location
 
 
 def import_vllm() -> Any:
@@ -29,8 +31,6 @@ def import_vllm() -> Any:
 def refuse_encoder_decoder(model: ModelConfig) -> None:
     """vLLM's engine serves decoder-only models; an encoder-decoder model (T5, BART) is refused here,
     before any GPU is taken, with the backend that generates with it."""
-    from rayft.generation.hf import is_encoder_decoder
-
     if is_encoder_decoder(model):
         raise ModelError(
             f"model {model.name!r} is an encoder-decoder model, which the vLLM backend does not generate with; "
@@ -51,7 +51,6 @@ class VLLMBackend:
     ) -> None:
         refuse_encoder_decoder(model)
         vllm = import_vllm()
-        from rayft.models.loading import model_location
 
         location, kwargs = model_location(model)
         self._label = f"vllm:{model.name}" + (f"+{adapter_path}" if adapter_path else "")

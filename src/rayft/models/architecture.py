@@ -77,11 +77,23 @@ def refuse_packing(cfg: ModelConfig, packing: bool) -> None:
         )
 
 
+FP16_UNSAFE = ("t5", "mt5", "umt5")
+"""transformers model types whose activations overflow float16 (T5's feed-forward outputs exceed 65504)."""
+
+
+def check_float16(model_type: str, setting: str) -> None:
+    """ConfigError when float16 (named by ``setting``) is asked for a model type in :data:`FP16_UNSAFE`."""
+    if model_type in FP16_UNSAFE:
+        raise ConfigError(
+            f"{setting}: {model_type} models overflow in float16 (their feed-forward activations exceed 65504 "
+            "and the loss becomes inf or nan); use bf16 (train.mixed_precision=bf16, on a GPU that has it) or "
+            "full precision (train.mixed_precision=no)"
+        )
+
+
 def refuse_fp16(cfg: ModelConfig, mixed_precision: str) -> None:
     """ConfigError when ``train.mixed_precision`` or ``model.dtype`` asks float16 for a model family
-    that overflows in it (T5, mT5; see :func:`rayft.training.precision.check_float16`)."""
-    from rayft.training.precision import check_float16
-
+    that overflows in it (T5, mT5; see :func:`check_float16`)."""
     if mixed_precision == "fp16":
         check_float16(model_type(cfg), f"train.mixed_precision=fp16 for model.name={cfg.name!r}")
     if cfg.dtype == "float16":

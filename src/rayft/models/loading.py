@@ -10,7 +10,6 @@ import contextlib
 import fcntl
 import importlib.util
 import logging
-import os
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -21,6 +20,7 @@ from rayft.cache import cache_root
 from rayft.config.model import ModelConfig
 from rayft.console import ignore_known_warnings
 from rayft.errors import ModelError
+from rayft.files import replace_dir
 from rayft.models.architecture import resolve_architecture
 from rayft.models.registry import BUILTIN_MODELS, CHATML_TEMPLATE
 from rayft.models.resolve import ModelSource, resolve_model_source
@@ -99,8 +99,7 @@ def ensure_builtin_model(name: str) -> Path:
         try:
             _convert_gguf(gguf, staging)
             (staging / _READY_MARKER).write_text(BUILTIN_MODELS[name].hub_id + "\n")
-            shutil.rmtree(target, ignore_errors=True)
-            os.replace(staging, target)
+            replace_dir(staging, target)
         finally:
             shutil.rmtree(staging, ignore_errors=True)
     return target

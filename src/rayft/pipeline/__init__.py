@@ -1,4 +1,6 @@
-"""The ``rayft run`` pipeline's parts; the recipe that wires them is :mod:`rayft.recipes.pipeline`.
+"""The ``rayft run`` pipeline: one stage per recipe, run in order on one Ray, above the recipes it calls.
+
+- :mod:`~rayft.pipeline.runner`: ``rayft run`` itself, read top to bottom (:func:`~rayft.pipeline.runner.run`).
 
 - :mod:`~rayft.pipeline.plan`: which stages run, are skipped or reused (pure).
 - :mod:`~rayft.pipeline.stages`: one object per stage: what its fingerprint covers, how it runs.

@@ -4,10 +4,11 @@ run directory), naming its inputs' fingerprint, its outputs and a summary. No re
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+
+from rayft.files import replacing
 
 RECORDS_DIR = "stages"
 
@@ -37,10 +38,8 @@ def record_path(run_dir: Path, stage: str) -> Path:
 def write_record(run_dir: Path, record: StageRecord) -> Path:
     """Write the record atomically (temp file, then rename): a crash leaves the old one or none."""
     target = record_path(run_dir, record.stage)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    temp = target.with_name(f".{target.name}.tmp")
-    temp.write_text(json.dumps(asdict(record), indent=2, sort_keys=True, default=str), encoding="utf-8")
-    os.replace(temp, target)
+    with replacing(target) as handle:
+        handle.write(json.dumps(asdict(record), indent=2, sort_keys=True, default=str))
     return target
 
 

@@ -11,16 +11,11 @@ from typing import Any
 
 from rayft.evaluation.report import difference_interval, level_text
 from rayft.evaluation.summary import CompareSummary
+from rayft.pages import html_page
 
 _COLORS = ("#2563eb", "#dc2626", "#059669", "#d97706", "#7c3aed")
-_CSS = """
-body{font-family:system-ui,-apple-system,Segoe UI,sans-serif;margin:2rem auto;max-width:1100px;color:#111;
-padding:0 1rem}
-h1{font-size:1.6rem}h2{font-size:1.25rem;border-bottom:1px solid #ddd;padding-bottom:.3rem;margin-top:2rem}
-table{border-collapse:collapse;margin:.6rem 0}td,th{border:1px solid #ccc;padding:.3rem .6rem;text-align:left;
-vertical-align:top}th{background:#f3f4f6}td.num{text-align:right;font-variant-numeric:tabular-nums}
-.ok{color:#047857;font-weight:600}.bad{color:#b91c1c;font-weight:600}.muted{color:#6b7280}
-pre{white-space:pre-wrap;margin:0;font-size:.85rem;max-width:420px}.charts{display:flex;flex-wrap:wrap;gap:1rem}
+# report.html's own rules, after the shared page style (rayft.pages).
+_CSS = """td.num{text-align:right;font-variant-numeric:tabular-nums}pre{margin:0;max-width:420px}
 """
 
 
@@ -53,8 +48,6 @@ class ReportInputs:
 def render_report(inputs: ReportInputs) -> str:
     """The report page as one HTML string."""
     parts = [
-        "<!doctype html><html lang='en'><head><meta charset='utf-8'>",
-        f"<title>rayft run {escape(inputs.name)}</title><style>{_CSS}</style></head><body>",
         f"<h1>rayft run <code>{escape(inputs.name)}</code></h1>",
         _headline(inputs.compare_summary, inputs.headline_note),
         _stages_section(inputs.stages),
@@ -71,8 +64,7 @@ def render_report(inputs: ReportInputs) -> str:
         parts.append(_mapping_section("Export", inputs.export_summary))
     if inputs.software:
         parts.append(_mapping_section("Software", inputs.software))
-    parts.append("</body></html>")
-    return "\n".join(parts)
+    return html_page(f"rayft run {inputs.name}", parts, _CSS)
 
 
 def _headline(summary: CompareSummary | None, note: str = "") -> str:

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import yaml
 
-from rayft import __version__
+from rayft._version import __version__
 from rayft.config import RayftConfig, dump_config
 from rayft.pipeline.inputs import final_manifest_hash, local_files, model_identity, train_data_config
 from rayft.pipeline.records import StageRecord

@@ -15,7 +15,7 @@ import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rayft import __version__
+from rayft._version import __version__
 from rayft.config import RayftConfig, dump_config
 from rayft.pipeline.inputs import local_files, model_identity, train_data_config
 from rayft.runs import layout

@@ -17,11 +17,11 @@ from dataclasses import dataclass
 from typing import TextIO
 
 from rayft.config import RayftConfig
-from rayft.evaluation.sources import ResolvedSource, resolve_source
 from rayft.generation.backend import SamplingParams
 from rayft.generation.factory import sampling_params
 from rayft.generation.hf import HFBackend
 from rayft.inference.conversation import Conversation, fit_history, step
+from rayft.models.sources import ResolvedSource, resolve_source
 
 log = logging.getLogger("rayft.chat")
 

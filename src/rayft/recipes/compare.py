@@ -27,12 +27,11 @@ from rayft.evaluation.report import (
     render_markdown,
     write_jsonl,
 )
-from rayft.evaluation.runner import load_examples
-from rayft.evaluation.sources import resolve_source
+from rayft.evaluation.runner import evaluate_source, generation_runtime, load_examples
 from rayft.evaluation.summary import CompareSummary
 from rayft.evaluation.tasks import build_task
 from rayft.files import write_text_atomic
-from rayft.recipes.evaluate import evaluate_source, generation_runtime
+from rayft.models.sources import resolve_source
 
 JSON_FILE = "compare.json"
 MARKDOWN_FILE = "compare.md"

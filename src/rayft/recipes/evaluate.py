@@ -9,21 +9,18 @@ Public entry point: :func:`run` (also ``rayft.evaluate``).
 
 from __future__ import annotations
 
-import contextlib
-import dataclasses
 import json
 import logging
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from rayft.config import RayftConfig
 from rayft.evaluation.report import console_table, model_summary, prediction_rows, write_jsonl
-from rayft.evaluation.runner import Examples, ModelRun, Runtime, choose_runtime, load_examples, run_model
-from rayft.evaluation.sources import ResolvedSource, fingerprint_source, resolve_source
+from rayft.evaluation.runner import evaluate_source, generation_runtime, load_examples
 from rayft.evaluation.summary import EvalSummary, MetricSummary, ModelSummary
-from rayft.evaluation.tasks import Task, build_task
+from rayft.evaluation.tasks import build_task
 from rayft.files import write_text_atomic
+from rayft.models.sources import resolve_source
 
 log = logging.getLogger("rayft.eval")
 
@@ -87,31 +84,3 @@ def run(cfg: RayftConfig, source: str, output_dir: Path, *, label: str = "model"
 
 
 evaluate_model = run  # the recipe's former name
-
-
-def evaluate_source(
-    label: str, resolved: ResolvedSource, examples: Examples, *, task: Task, cfg: RayftConfig, runtime: Runtime
-) -> ModelRun:
-    """Generate, score and fingerprint one resolved model source."""
-    run = run_model(label, resolved, examples, task=task, ev=cfg.eval, runtime=runtime)
-    return dataclasses.replace(run, fingerprint=fingerprint_source(resolved))
-
-
-@contextlib.contextmanager
-def generation_runtime(cfg: RayftConfig) -> Iterator[Runtime]:
-    """Decide where generation runs; for Ray, join or start it for the duration of the block."""
-    import importlib.util
-
-    ray_running = False
-    if importlib.util.find_spec("ray") is not None:
-        import ray
-
-        ray_running = ray.is_initialized()
-    runtime = choose_runtime(cfg.eval.runtime, ray_running, cfg.scaling.address)
-    if runtime == "local":
-        yield runtime
-        return
-    from rayft.runtime import ray_runtime
-
-    with ray_runtime(cfg.scaling.address):
-        yield runtime

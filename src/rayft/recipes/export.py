@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,9 +26,12 @@ from rayft.config import RayftConfig
 from rayft.config.evaluation import ExportConfig
 from rayft.config.model import LoraConfig
 from rayft.errors import CheckpointError, ConfigError, RunStateError
-from rayft.evaluation.sources import ResolvedSource, resolve_source
+from rayft.export import verify as v
 from rayft.export.card import render_model_card
 from rayft.export.checks import check_adapter, check_against_base
+from rayft.files import replace_dir, staging_dir
+from rayft.models.loading import load_causal_lm
+from rayft.models.sources import ResolvedSource, resolve_source
 from rayft.runs import layout
 
 log = logging.getLogger("rayft.export")
@@ -65,9 +67,7 @@ def run(
         )
     target = Path(output_dir).expanduser().resolve()
     _check_target(target)
-    staging = target.parent / f".{target.name}.export-partial-{os.getpid()}"
-    shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir(parents=True)
+    staging = staging_dir(target, "export-partial")
     try:
         if resolved.kind == "lora":
             verification = export_lora(resolved, staging, cfg.export, merge=merge)
@@ -76,7 +76,7 @@ def run(
         merged = resolved.kind == "lora" and merge
         (staging / VERIFICATION_FILE).write_text(json.dumps(verification, indent=2) + "\n", encoding="utf-8")
         (staging / "README.md").write_text(render_model_card(resolved, verification, merged=merged), encoding="utf-8")
-        _publish(staging, target)
+        replace_dir(staging, target)  # the empty directory _check_target allowed, if any, is replaced
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     log.info("exported %s to %s", resolved.checkpoint_dir, destination or target)
@@ -89,12 +89,6 @@ export_model = run  # the recipe's former name
 def _check_target(target: Path) -> None:
     if target.exists() and (not target.is_dir() or any(target.iterdir())):
         raise RunStateError(f"export: {target} already exists and is not empty; choose a new directory or delete it")
-
-
-def _publish(staging: Path, target: Path) -> None:
-    if target.is_dir():
-        target.rmdir()  # empty (checked before), so the rename below cannot clobber anything
-    os.replace(staging, target)
 
 
 def training_lora(checkpoint: Path) -> LoraConfig | None:
@@ -130,9 +124,6 @@ def export_lora(resolved: ResolvedSource, staging: Path, cfg: ExportConfig, *, m
     import torch
     from peft import PeftModel
     from transformers import AutoTokenizer
-
-    from rayft.export import verify as v
-    from rayft.models.loading import load_causal_lm
 
     assert resolved.adapter_path is not None  # kind == "lora"
     checkpoint = Path(resolved.adapter_path)
@@ -192,8 +183,6 @@ def export_full(resolved: ResolvedSource, staging: Path, cfg: ExportConfig) -> d
     import torch
     from transformers import AutoTokenizer
 
-    from rayft.export import verify as v
-
     assert resolved.checkpoint_dir is not None
     checkpoint = Path(resolved.checkpoint_dir)
     tokenizer = AutoTokenizer.from_pretrained(checkpoint)
@@ -217,8 +206,6 @@ def export_full(resolved: ResolvedSource, staging: Path, cfg: ExportConfig) -> d
 def _load_for_verification(directory: Path, cfg: ExportConfig) -> Any:
     import torch
 
-    from rayft.export import verify as v
-
     model: Any = v.model_class_of(directory).from_pretrained(directory, dtype=torch.float32)
     return model.to(getattr(torch, cfg.verify_dtype)).eval()
 
@@ -228,8 +215,6 @@ def _verify_reload(
 ) -> dict[str, Any]:
     """Reload the export as a user would, compare its logits, check EOS, and generate."""
     from transformers import AutoTokenizer
-
-    from rayft.export import verify as v
 
     model = reload()
     tokenizer = AutoTokenizer.from_pretrained(staging)

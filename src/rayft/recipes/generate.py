@@ -12,22 +12,24 @@ Public entry point: :func:`run` (also ``rayft.generate``).
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
-import os
 import time
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 from rayft.config import RayftConfig
 from rayft.config.generation import GenerationConfig
 from rayft.config.model import ModelConfig
 from rayft.errors import DataError, StorageError
+from rayft.evaluation.runner import generate
+from rayft.files import replacing
 from rayft.generation.backend import Generation, Prompt
 from rayft.inference.prompts import REASONS, PromptFile, PromptRow, read_prompts
+from rayft.models.sources import resolve_source
+from rayft.runtime import ray_runtime
 
 log = logging.getLogger("rayft.generate")
 
@@ -94,7 +96,6 @@ def run(
         log.warning("generate: the input's %s column(s) are replaced by the generation's in the output", clashes)
     gen_cfg, model = generation_config(cfg, source)
     log.info("generate: %d prompts from %s with %s (%s backend)", len(prompts.rows), input_path, model, gen_cfg.backend)
-    from rayft.runtime import ray_runtime
 
     with ray_runtime(cfg.scaling.address):
         generations = generate_by_kind([row.prompt for row in prompts.rows], gen_cfg)
@@ -150,8 +151,6 @@ def generation_config(cfg: RayftConfig, source: str) -> tuple[GenerationConfig, 
     if inference.backend == "openai":
         model, described = ModelConfig(name=source), f"{source} at {inference.endpoint.base_url}"
     else:
-        from rayft.evaluation.sources import resolve_source
-
         resolved = resolve_source(source, cfg.model, cfg.eval.checkpoint)
         model, adapter, described = resolved.model, resolved.adapter_path, resolved.describe()
     gen_cfg = GenerationConfig(
@@ -168,8 +167,6 @@ def generation_config(cfg: RayftConfig, source: str) -> tuple[GenerationConfig, 
 def generate_by_kind(prompts: list[Prompt], gen_cfg: GenerationConfig) -> list[Generation]:
     """One generation per prompt, in order, on the Ray Data actor pool; text and chat prompts go in
     separate passes (a dataset column holds one type)."""
-    from rayft.evaluation.runner import generate
-
     out: list[Generation | None] = [None] * len(prompts)
     for chat in (False, True):
         indices = [i for i, p in enumerate(prompts) if isinstance(p, list) == chat]
@@ -199,23 +196,9 @@ def write_jsonl_atomic(path: Path, rows: Iterable[Mapping[str, Any]]) -> Path:
     """Write one JSON object per line to a temporary file beside ``path``, then rename it into
     place: readers see the old file or the whole new one."""
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with _replacing(path) as handle:
+        with replacing(path, sync=True) as handle:
             for row in rows:
                 handle.write(json.dumps(row, ensure_ascii=False) + "\n")
     except OSError as exc:
         raise StorageError(f"cannot write {path} ({exc.strerror}); choose a writable location") from exc
     return path
-
-
-@contextlib.contextmanager
-def _replacing(path: Path) -> Iterator[IO[str]]:
-    temp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        with temp.open("w", encoding="utf-8") as handle:
-            yield handle
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(temp, path)
-    finally:
-        temp.unlink(missing_ok=True)

@@ -21,13 +21,17 @@ from typing import TYPE_CHECKING, Any
 from rayft.config import RayftConfig
 from rayft.config.sdg import SdgConfig
 from rayft.console import Progress
+from rayft.data.sources import read_table
 from rayft.errors import DataError
+from rayft.files import write_text_atomic
+from rayft.generation.ray_pool import generate_dataset
 from rayft.runs.location import local_run_dir
 from rayft.runs.lock import run_lock
+from rayft.runtime import ray_runtime
 from rayft.sdg.filters import RowFilters
 from rayft.sdg.rows import SEED_COLUMNS, ParseStage, PromptStage, QualityStage, SymbolicStage, seed_id
 from rayft.sdg.stages import TIME_PREFIX, Row, Stage, apply_stage, check_plan, stage_seconds
-from rayft.sdg.store import SdgStore, atomic_write_text
+from rayft.sdg.store import SdgStore
 from rayft.sdg.summary import build_summary, part_record
 from rayft.sdg.teacher_checks import STAGE as TEACHER_CHECKS
 from rayft.sdg.teacher_checks import TeacherChecks, apply_teacher_checks
@@ -90,8 +94,6 @@ def generate(cfg: RayftConfig, out: Path, *, test_mode: bool = False) -> SdgResu
     log.info("sdg: %d seeds, %d already done -> %s", len(seeds), len(seeds) - len(todo), store.root)
 
     if todo:
-        from rayft.runtime import ray_runtime
-
         with ray_runtime(cfg.scaling.address):
             wall.update(generate_and_commit(todo, stages, sdg, filters, store))
     written_at = time.monotonic()
@@ -106,7 +108,7 @@ def generate(cfg: RayftConfig, out: Path, *, test_mode: bool = False) -> SdgResu
         wall_seconds=wall,
         extra={"generator": sdg.generator, "task": sdg.task, "config_hash": config_hash, "output_dir": str(store.root)},
     )
-    atomic_write_text(store.summary_json, json.dumps(summary, indent=2) + "\n")
+    write_text_atomic(store.summary_json, json.dumps(summary, indent=2) + "\n")
     return SdgResult(
         store.root,
         store.data_parquet,
@@ -147,8 +149,6 @@ def read_seeds(sdg: SdgConfig) -> list[Row]:
     Raises:
         DataError: the seed set lacks the configured columns, or a seed has an empty question.
     """
-    from rayft.data.sources import read_table
-
     table = read_table(sdg.seeds)
     columns = (sdg.question_column, sdg.answer_column)
     missing = [c for c in columns if c not in table.column_names]
@@ -174,8 +174,6 @@ def read_seeds(sdg: SdgConfig) -> list[Row]:
 
 def read_eval_questions(sdg: SdgConfig) -> list[str]:
     """The problems of every decontamination set."""
-    from rayft.data.sources import read_table
-
     questions: list[str] = []
     column = sdg.decontamination.question_column
     for ds in sdg.decontamination.datasets:
@@ -255,8 +253,6 @@ def build_dataset(seeds: list[Row], stages: list[Stage], sdg: SdgConfig) -> ray.
         elif stage.name == TEACHER_CHECKS:
             ds = apply_teacher_checks(ds, sdg.teacher, stage.options["checks"])
         else:
-            from rayft.generation.ray_pool import generate_dataset
-
             ds = generate_dataset(ds, sdg.teacher, "messages", seconds_column=TIME_PREFIX + stage.name)
     return ds
 

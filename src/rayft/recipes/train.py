@@ -15,7 +15,7 @@ from pathlib import Path
 
 import yaml
 
-from rayft import __version__
+from rayft._version import __version__
 from rayft.config import RayftConfig, dump_config
 from rayft.config.task import TaskConfig
 from rayft.data.prepared import PreparedData

@@ -15,9 +15,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rayft.config import RayftConfig
+from rayft.data.prepare import prepare_data
 from rayft.errors import ConfigError
-from rayft.tuning.results import SweepResult
-from rayft.tuning.sweep import SweepPlace
+from rayft.runtime import check_address, owns_ray, ray_is_initialized, ray_runtime
+from rayft.tuning import sweep
+from rayft.tuning.outputs import write_sweep_outputs
+from rayft.tuning.plan import plan_concurrency
+from rayft.tuning.results import BEST_YAML, SweepResult, render_table
+from rayft.tuning.sweep import SweepPlace, evaluations_per_run, trial_driver_resources
+from rayft.tuning.tracker import SweepTracker
+from rayft.tuning.trial import TrialSetup
 
 log = logging.getLogger("rayft.tune")
 
@@ -39,8 +46,6 @@ class TuneResult:
     @property
     def best_config(self) -> Path | None:
         """best.yaml: the best trial's full config, runnable with ``rayft train``."""
-        from rayft.tuning.results import BEST_YAML
-
         path = self.sweep_dir / BEST_YAML
         return path if path.is_file() else None
 
@@ -56,9 +61,6 @@ def run(cfg: RayftConfig) -> TuneResult:
         ResourceError: not even one trial fits the cluster.
     """
     from rayft.recipes.train import with_worker_task
-    from rayft.runtime import check_address, ray_is_initialized, ray_runtime
-    from rayft.tracking.sweep import SweepTracker
-    from rayft.tuning import sweep
 
     started = time.monotonic()
     cfg = with_worker_task(cfg)  # trials run in directories of their own: a task's .py file by absolute path
@@ -87,9 +89,6 @@ def plan_trials(cfg: RayftConfig) -> int:
     """How many trials run at once (logged with the reason); fails when none fits."""
     import ray
 
-    from rayft.tuning.plan import plan_concurrency
-    from rayft.tuning.sweep import trial_driver_resources
-
     nodes = [{k: float(v) for k, v in n["Resources"].items()} for n in ray.nodes() if n.get("Alive")]
     plan = plan_concurrency(cfg, ray.cluster_resources(), nodes, driver=trial_driver_resources(cfg))
     log.info("tune: %s", plan.reason)
@@ -101,9 +100,7 @@ def prepare_once(cfg: RayftConfig) -> int:
     cache) and return how many reports one training run makes."""
     import tempfile
 
-    from rayft.data.prepare import prepare_data
     from rayft.recipes.train import make_schedule, prepare_inputs
-    from rayft.tuning.sweep import evaluations_per_run
 
     assert cfg.tune is not None
     if cfg.task.path is not None:  # a custom task's units are counted here and written by each trial
@@ -125,10 +122,6 @@ def run_tuner(
 ) -> SweepResult:
     """Fit the new or restored ``Tuner`` of the sweep (trials' tracker runs nested under
     ``parent_run_id``); what each trial became."""
-    from rayft.runtime import owns_ray
-    from rayft.tuning import sweep
-    from rayft.tuning.trial import TrialSetup
-
     assert cfg.tune is not None
     setup = TrialSetup(cfg, place.trials_root, owns_ray(), parent_run_id)
     tuner = sweep.build_tuner(cfg.tune, place, setup, concurrent=concurrent, evaluations=evaluations)
@@ -142,9 +135,6 @@ def run_tuner(
 
 def finish(cfg: RayftConfig, place: SweepPlace, result: SweepResult, concurrent: int, elapsed_s: float) -> TuneResult:
     """Write tune.json, best.yaml and tune.html; the console table."""
-    from rayft.tuning import sweep
-    from rayft.tuning.results import render_table, write_sweep_outputs
-
     directory = place.location.local_dir
     for orphan in sweep.orphan_runs(place, result):
         log.warning(

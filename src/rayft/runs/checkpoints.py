@@ -7,11 +7,11 @@ Decisions come from :mod:`rayft.runs.selection`; this module carries them out.
 from __future__ import annotations
 
 import logging
-import os
 import shutil
 from pathlib import Path
 
 from rayft.errors import CheckpointError
+from rayft.files import replace_dir, temp_path
 from rayft.runs import layout
 from rayft.runs.layout import parse_step_dir_name
 from rayft.runs.manifest import read_manifest, verify_checkpoint
@@ -96,33 +96,12 @@ def publish_checkpoint(staging: Path, target: Path) -> None:
     target.parent.mkdir(parents=True, exist_ok=True)
     if staging.parent.resolve() != target.parent.resolve():
         # Written elsewhere (another filesystem, perhaps): copy beside the target first.
-        beside = target.parent / f".{target.name}.partial-{os.getpid()}"
+        beside = temp_path(target, "partial")
         shutil.rmtree(beside, ignore_errors=True)
         shutil.copytree(staging, beside)
         shutil.rmtree(staging, ignore_errors=True)
         staging = beside
-    if target.exists():
-        old = target.parent / f".{target.name}.old-{os.getpid()}"
-        shutil.rmtree(old, ignore_errors=True)
-        os.replace(target, old)
-        shutil.rmtree(old, ignore_errors=True)
-    _fsync_dir(staging)
-    os.replace(staging, target)
-    _fsync_dir(target.parent)
-
-
-def _fsync_dir(path: Path) -> None:
-    """Flush a directory entry to disk (a no-op where directories cannot be opened)."""
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
+    replace_dir(staging, target, sync=True)
 
 
 def remove_incomplete(root: Path) -> list[Path]:

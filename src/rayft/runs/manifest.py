@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rayft.files import replacing
 from rayft.runs.layout import MANIFEST_FILE
 
 FORMAT = "rayft-checkpoint/1"
@@ -93,12 +93,8 @@ def write_manifest(
     workers) and write the manifest last, atomically (write to a temp name, fsync, rename)."""
     files = {**describe_files(root), **(extra_files or {})}
     manifest = Manifest(step, files, dict(metrics or {}), dict(info or {}), time.time())
-    tmp = root / f".{MANIFEST_FILE}.tmp"
-    with open(tmp, "w", encoding="utf-8") as handle:
+    with replacing(root / MANIFEST_FILE, sync=True) as handle:
         handle.write(manifest.to_json())
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, root / MANIFEST_FILE)
     return manifest
 
 

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from rayft.errors import CheckpointError, StorageError
+from rayft.files import replace_dir, temp_path
 from rayft.runs import layout
 from rayft.runs.checkpoints import publish_checkpoint
 from rayft.runs.location import join_uri
@@ -300,10 +301,10 @@ class RemoteRun:
         uploaded = self.is_file(f"{layout.FINAL_DIR}/{layout.MANIFEST_FILE}")
         if not uploaded or self._same_as_local(layout.FINAL_DIR, final):
             return
-        staging = run_dir / f".{layout.FINAL_DIR}.download-{os.getpid()}"
+        staging = temp_path(final, "download")
+        shutil.rmtree(staging, ignore_errors=True)
         self.download_tree(layout.FINAL_DIR, staging)
-        shutil.rmtree(final, ignore_errors=True)
-        os.replace(staging, final)
+        replace_dir(staging, final)
         log.info("downloaded %s to %s", self.uri_of(layout.FINAL_DIR), final)
 
 

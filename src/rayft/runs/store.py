@@ -16,6 +16,7 @@ from typing import Any, Protocol
 
 import yaml
 
+from rayft.config.loader import read_yaml
 from rayft.errors import StorageError
 from rayft.runs import layout
 from rayft.runs.checkpoints import remove_incomplete, scan_checkpoints
@@ -84,8 +85,6 @@ class LocalRunStore:
 
     def saved_config(self) -> dict[str, Any] | None:
         """The parsed ``config.yaml`` of the directory, or None."""
-        from rayft.config.loader import read_yaml
-
         saved = self.local_dir / layout.CONFIG_FILE
         return read_yaml(saved) if saved.is_file() else None
 

@@ -18,6 +18,7 @@ from typing import Any
 
 from rayft.sdg.mathcheck import check_math_answer
 from rayft.sdg.stages import Row
+from rayft.sdg.symbolic import UnusableSeedError, analyze_seed, make_variation
 
 # Columns of every output row (accepted and rejected), with the value a row starts with.
 ROW_DEFAULTS: dict[str, Any] = {
@@ -71,8 +72,6 @@ class SymbolicStage:
     config_hash: str
 
     def __call__(self, seeds: list[Row]) -> list[Row]:
-        from rayft.sdg.symbolic import UnusableSeedError, analyze_seed, make_variation
-
         out: list[Row] = []
         sampling = json.dumps({"seed": self.seed, "max_attempts": self.max_attempts})
         for seed in seeds:

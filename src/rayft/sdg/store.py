@@ -17,37 +17,18 @@ seeds of committed parts are skipped, so a rerun neither repeats nor duplicates 
 from __future__ import annotations
 
 import json
-import os
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
 from typing import Any
 
 from rayft.errors import RunStateError, StorageError
-from rayft.sdg.rows import OUTPUT_COLUMNS
+from rayft.files import write_atomic, write_text_atomic
+from rayft.sdg.rows import OUTPUT_COLUMNS, ROW_DEFAULTS
 from rayft.sdg.stages import Row
 
 _DONE = re.compile(r"^part-(\d{6})\.done\.json$")
-
-
-def atomic_write(path: Path, write: Callable[[Path], None]) -> None:
-    """Write ``path`` through a temporary name beside it and rename, so readers never see half a file."""
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    """:func:`atomic_write` for text."""
-
-    def write(tmp: Path) -> None:
-        tmp.write_text(text)
-
-    atomic_write(path, write)
 
 
 class SdgStore:
@@ -81,7 +62,7 @@ class SdgStore:
                     f"{self.root} holds synthetic rows made with another sdg config (hash {previous}, now "
                     f"{config_hash}); set sdg.output_dir to a new directory, or delete {self.root} to start over"
                 )
-        atomic_write_text(state_path, json.dumps({"config_hash": config_hash}) + "\n")
+        write_text_atomic(state_path, json.dumps({"config_hash": config_hash}) + "\n")
         self._remove_uncommitted()
 
     def _remove_uncommitted(self) -> None:
@@ -122,16 +103,16 @@ class SdgStore:
         for kind, rows in (("accepted", accepted), ("rejected", rejected)):
             if rows:
                 table = _table(rows)
-                atomic_write(Path(f"{stem}.{kind}.parquet"), partial(_write_parquet, table))
-        atomic_write_text(Path(f"{stem}.done.json"), json.dumps({**record, "part": number}) + "\n")
+                write_atomic(Path(f"{stem}.{kind}.parquet"), partial(_write_parquet, table))
+        write_text_atomic(Path(f"{stem}.done.json"), json.dumps({**record, "part": number}) + "\n")
 
     def consolidate(self) -> tuple[int, int]:
         """Rebuild data.parquet, data.jsonl and rejected.jsonl from the committed parts; the row counts."""
         accepted = self._read_parts("accepted")
         rejected = self._read_parts("rejected")
-        atomic_write(self.data_parquet, lambda p: _write_parquet(accepted, p))
-        atomic_write(self.data_jsonl, lambda p: _write_jsonl(accepted, p))
-        atomic_write(self.rejected_jsonl, lambda p: _write_jsonl(rejected, p))
+        write_atomic(self.data_parquet, lambda p: _write_parquet(accepted, p))
+        write_atomic(self.data_jsonl, lambda p: _write_jsonl(accepted, p))
+        write_atomic(self.rejected_jsonl, lambda p: _write_jsonl(rejected, p))
         return accepted.num_rows, rejected.num_rows
 
     def _read_parts(self, kind: str) -> Any:
@@ -148,8 +129,6 @@ class SdgStore:
 
 def _table(rows: list[Row]) -> Any:
     import pyarrow as pa
-
-    from rayft.sdg.rows import ROW_DEFAULTS
 
     columns = {c: [r.get(c, ROW_DEFAULTS[c]) for r in rows] for c in OUTPUT_COLUMNS}
     schema = pa.schema([(c, pa.int64() if isinstance(ROW_DEFAULTS[c], int) else pa.string()) for c in OUTPUT_COLUMNS])

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from rayft.config.generation import GenerationConfig
 from rayft.generation.backend import Generation, Prompt
+from rayft.generation.factory import build_backend, sampling_params
 from rayft.sdg.mathcheck import AnswerError, final_answer
 from rayft.sdg.rows import reject
 from rayft.sdg.stages import TIME_PREFIX, Row
@@ -97,8 +98,6 @@ class TeacherCheckActor:
     """A Ray Data callable class: one teacher backend per actor, all checks of a batch in one call."""
 
     def __init__(self, cfg: GenerationConfig, checks: TeacherChecks) -> None:
-        from rayft.generation.factory import build_backend, sampling_params
-
         self.backend = build_backend(cfg)
         self.params = sampling_params(cfg)
         self.checks = checks

@@ -15,6 +15,7 @@ from typing import Any
 from rayft.config import dump_config, load_config
 from rayft.runs import layout
 from rayft.runs.manifest import write_manifest
+from rayft.training.checkpointing import _generation_config
 
 
 def _perturb(tensors: Any, seed: int, scale: float) -> None:
@@ -28,8 +29,6 @@ def _perturb(tensors: Any, seed: int, scale: float) -> None:
 
 def _write_common(model: Any, base_model_dir: Path, directory: Path, overrides: Sequence[str]) -> None:
     from transformers import AutoTokenizer
-
-    from rayft.training.checkpointing import _generation_config
 
     tokenizer = AutoTokenizer.from_pretrained(base_model_dir)
     model.save_pretrained(directory, safe_serialization=True)

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from rayft.generation.backend import SamplingParams
+
 if TYPE_CHECKING:
     from rayft.generation.hf import HFBackend
 
@@ -20,7 +22,5 @@ MIXED_PROMPTS = [
 
 def greedy_completions(backend: HFBackend, max_new_tokens: int = 12) -> list[tuple[str, int, str]]:
     """Text, generated-token count and finish reason of each of :data:`MIXED_PROMPTS`, greedy."""
-    from rayft.generation.backend import SamplingParams
-
     params = SamplingParams(max_new_tokens=max_new_tokens, temperature=0.0)
     return [(g.text, g.num_generated_tokens, g.finish_reason) for g in backend.generate(MIXED_PROMPTS, params)]

@@ -5,6 +5,9 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from rayft._ray_private import local_init_kwargs, local_process_env
+from rayft.runtime import environment, mark_started_here
+
 
 def start_local_ray(num_cpus: int = 2, **kwargs: Any) -> Any:
     """Start (or reuse) a local Ray instance sized for CPU tests, quiet and without a dashboard.
@@ -15,8 +18,6 @@ def start_local_ray(num_cpus: int = 2, **kwargs: Any) -> Any:
 
     if ray.is_initialized():
         return ray.get_runtime_context()
-    from rayft._ray_private import local_init_kwargs, local_process_env
-    from rayft.runtime import environment, mark_started_here
 
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")
     kwargs = local_init_kwargs(os.environ) | kwargs  # as `rayft` starts its local Ray

@@ -17,6 +17,8 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from rayft._ray_private import LOCAL_RAY_TRAIN_ENV
+
 _BIN = Path(sys.executable).parent
 
 
@@ -129,8 +131,6 @@ def _train_env() -> dict[str, str]:
     """The Ray Train settings of rayft's own Ray (its controller looks at the workers twice a
     second, no preemption watcher) for a test head's processes, which the runs and jobs on it
     inherit: a run then ends seconds sooner after its last step. An exported variable wins."""
-    from rayft._ray_private import LOCAL_RAY_TRAIN_ENV
-
     return dict(LOCAL_RAY_TRAIN_ENV)
 
 

@@ -16,6 +16,10 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from rayft.data.builtin import load_builtin
+from rayft.testing.architectures import architecture_config
+from rayft.testing.tiny import save_random_t5
+
 SPECIAL_TOKENS = ["<pad>", "</s>", "<unk>"]  # T5's ids: pad 0 (also the decoder start), EOS 1, unknown 2
 SHAPE = {
     "d_model": 128, "d_kv": 32, "d_ff": 512, "num_layers": 2, "num_decoder_layers": 2, "num_heads": 4,
@@ -27,8 +31,6 @@ def build_sql_tokenizer(out_dir: str | Path, *, vocab_size: int = 1024, rows: in
     """Train the tokenizer on the first ``rows`` rows of builtin:sql's train split and save it."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
-
-    from rayft.data.builtin import load_builtin
 
     texts = [text for row in load_builtin("builtin:sql", "train", rows) for text in (row["input"], row["output"])]
     tok = Tokenizer(models.BPE(unk_token="<unk>"))
@@ -52,9 +54,6 @@ def build_sql_tokenizer(out_dir: str | Path, *, vocab_size: int = 1024, rows: in
 def build_sql_t5(out_dir: str | Path, *, seed: int = 0) -> Path:
     """Save the tokenizer and a random-initialised T5 sized to it to ``out_dir``."""
     from transformers import AutoTokenizer
-
-    from rayft.testing.architectures import architecture_config
-    from rayft.testing.tiny import save_random_t5
 
     out = build_sql_tokenizer(out_dir)
     tokenizer = AutoTokenizer.from_pretrained(out)

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from rayft.data.builtin_arithmetic import iter_arithmetic_problems
 from rayft.data.prepared import IGNORE_INDEX, PreparedData, PreparedSplit
 
 
@@ -64,8 +65,6 @@ def arithmetic_prepared(
     root: Path, tokenizer: Any, num_train: int, num_validation: int = 0, seed: int = 0
 ) -> PreparedData:
     """Prepared units of the built-in arithmetic problems (ids 0..n-1 train, then validation)."""
-    from rayft.data.builtin_arithmetic import iter_arithmetic_problems
-
     rows = list(iter_arithmetic_problems(num_train + num_validation, seed=seed))
     units = [qa_unit(tokenizer, r["question"], r["answer"], i) for i, r in enumerate(rows)]
     return write_prepared(root, units[:num_train], units[num_train:])

@@ -17,12 +17,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rayft import __version__
+from rayft._version import __version__
 from rayft.config import RayftConfig, dump_config
 from rayft.config.tracking import MlflowArtifact, MlflowConfig
 from rayft.tracking import state
 from rayft.tracking.errors import TrackerUnavailableError, check_wandb_key, require_extra
+from rayft.tracking.mlflow_run import MlflowRun, reachable
 from rayft.tracking.params import config_params, run_tags, summary_metrics
+from rayft.tracking.wandb_run import new_run_id
 
 log = logging.getLogger("rayft.tracking")
 
@@ -77,8 +79,6 @@ def start_training(cfg: RayftConfig, run_dir: Path, lineage: dict[str, Any]) -> 
     if cfg.logging.wandb is not None and wandb_usable(cfg):
         run_id = ids.get("wandb", {}).get("run_id")
         if run_id is None:
-            from rayft.tracking.wandb_run import new_run_id
-
             run_id = new_run_id()
         state.write_ids(run_dir, "wandb", {"run_id": run_id, "name": cfg.name})
     return trackers
@@ -104,8 +104,6 @@ def nested_under(parent_run_id: str | None) -> Iterator[None]:
 
 def open_mlflow(cfg: MlflowConfig, name: str, *, run_id: str | None = None, parent_id: str | None = None) -> Any:
     """An :class:`MlflowRun`, or None when the server is unreachable and not ``required``."""
-    from rayft.tracking.mlflow_run import MlflowRun, reachable
-
     if not reachable(cfg):
         return None
     try:

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
 
+from rayft.files import replacing
 from rayft.runs.layout import TRACKING_FILE, TRACKING_UNSENT_FILE
 
 UNSENT_FILE = TRACKING_UNSENT_FILE
@@ -26,7 +26,5 @@ def write_ids(run_dir: Path, tracker: str, ids: dict[str, Any]) -> None:
     """Record ``ids`` for ``tracker`` (atomically, keeping the other trackers' entries)."""
     data = read_ids(run_dir)
     data[tracker] = ids
-    run_dir.mkdir(parents=True, exist_ok=True)
-    temp = run_dir / f".{TRACKING_FILE}.tmp"
-    temp.write_text(json.dumps(data, indent=2, sort_keys=True), encoding="utf-8")
-    os.replace(temp, run_dir / TRACKING_FILE)
+    with replacing(run_dir / TRACKING_FILE) as handle:
+        handle.write(json.dumps(data, indent=2, sort_keys=True))

@@ -7,11 +7,13 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from rayft import __version__
+from rayft._version import __version__
 from rayft.config.train import LoggingConfig
 from rayft.tracking import state
+from rayft.tracking.mlflow_run import MlflowMetricSink
 from rayft.tracking.params import config_params, run_tags
 from rayft.tracking.sender import BackgroundSender, MetricSink, SenderReport
+from rayft.tracking.wandb_run import WandbMetricSink
 
 log = logging.getLogger("rayft.tracking")
 
@@ -60,13 +62,9 @@ def tracker_loggers(
     ids = state.read_ids(run_dir) if ids is None else ids
     loggers: list[TrackerLogger] = []
     if logging_cfg.mlflow is not None and "mlflow" in ids:
-        from rayft.tracking.mlflow_run import MlflowMetricSink
-
         sink = MlflowMetricSink(logging_cfg.mlflow.tracking_uri, ids["mlflow"]["run_id"])
         loggers.append(TrackerLogger(sink, run_dir, min_interval_s=logging_cfg.mlflow.send_interval_s))
     if logging_cfg.wandb is not None and "wandb" in ids:
-        from rayft.tracking.wandb_run import WandbMetricSink
-
         tags = [f"{k}={v}"[:64] for k, v in run_tags(__version__, lineage).items()]
         wandb_sink = WandbMetricSink(
             logging_cfg.wandb, ids["wandb"]["run_id"], run_dir, name=ids["wandb"].get("name", run_dir.name),

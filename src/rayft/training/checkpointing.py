@@ -12,7 +12,6 @@ from __future__ import annotations
 import io
 import json
 import logging
-import os
 import random
 import shutil
 import threading
@@ -23,6 +22,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rayft.errors import CheckpointError
+from rayft.export.checks import check_adapter
+from rayft.files import replace_dir, staging_dir
 from rayft.runs import layout
 from rayft.runs.manifest import write_manifest
 from rayft.security import redact
@@ -293,8 +294,6 @@ def check_written_adapter(directory: Path, r: int, *, modules: int) -> None:
     counts) unless it holds ``modules`` adapted modules, each with lora_A (r x in) and lora_B
     (out x r), finite, with no lora_B left all zero: the forms in which sharded trainers are known
     to save adapters empty, as one rank's slice, or untrained."""
-    from rayft.export.checks import check_adapter
-
     problems, summary = check_adapter(directory, expected_r=r)
     if summary is not None and len(summary.modules) != modules:
         problems.append(f"it adapts {len(summary.modules)} modules, but the model trains {modules}")
@@ -360,11 +359,9 @@ def save_final(
     """Write ``final/`` (model files, config, manifest) atomically into ``run_dir``; the model's
     live weights, or ``weights`` (gathered from the shards of a sharded model) when given."""
     target = run_dir / layout.FINAL_DIR
-    staging = run_dir / f".{layout.FINAL_DIR}.partial-{os.getpid()}"
-    shutil.rmtree(staging, ignore_errors=True)
+    staging = staging_dir(target)
     write_model(model, staging, weights)
     write_manifest(staging, state.step, state.metrics(), files.lineage | {"final": True})
-    shutil.rmtree(target, ignore_errors=True)
-    os.replace(staging, target)
+    replace_dir(staging, target)
     log.info("wrote %s (step %d)", target, state.step)
     return target

@@ -17,12 +17,17 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from rayft.data.collate import collate
+from rayft.data.prepared import PreparedData, PreparedSplit
 from rayft.errors import DataError
 from rayft.runs import layout
 from rayft.security import redact
+from rayft.training.attention import row_multiple
 from rayft.training.batches import Unit, micro_batches
-from rayft.training.model import unwrap
+from rayft.training.checkpointing import write_model_files
+from rayft.training.model import build_training_model, unwrap
 from rayft.training.session import all_reduce_sum
+from rayft.training.steps import evaluate, step_options, token_loss_sum
 
 if TYPE_CHECKING:
     import torch
@@ -90,8 +95,6 @@ class CausalLm:
 
     def build_model(self, restore_dir: Path | None, *, device_type: str, weights: bool) -> Any:
         """:func:`rayft.training.model.build_training_model` for the plan's model and method."""
-        from rayft.training.model import build_training_model
-
         plan = self.plan
         return build_training_model(
             plan.model, plan.lora, plan.train.method, device_type, restore_dir=restore_dir, weights=weights,
@@ -100,16 +103,11 @@ class CausalLm:
 
     def collate(self, units: list[Unit]) -> Any:
         """Token units padded into one :class:`~rayft.data.collate.MicroBatch`."""
-        from rayft.data.collate import collate
-        from rayft.training.attention import row_multiple
-
         multiple = row_multiple(self.plan.model.attn_implementation)
         return collate(units, self.tokenizer.pad_token_id, multiple, seq2seq=self.seq2seq)
 
     def loss_sum(self, model: Any, batch: Any, precision: Precision) -> torch.Tensor:
         """:func:`rayft.training.steps.token_loss_sum` with the run's loss and attention kernels."""
-        from rayft.training.steps import token_loss_sum
-
         return token_loss_sum(model, batch, precision, **self._kernels(batch.input_ids.device.type))
 
     def evaluate(
@@ -117,8 +115,6 @@ class CausalLm:
         lockstep: bool,
     ) -> dict[str, float]:  # fmt: skip
         """Validation loss and perplexity."""
-        from rayft.training.steps import evaluate
-
         batches = (self.collate(chunk) for chunk in micro_batches(iter(units), batch_size))
         loss, _ = evaluate(model, batches, precision=precision, device=device, lockstep=lockstep,
                            seq2seq=self.seq2seq, **self._kernels(device.type))  # fmt: skip
@@ -126,13 +122,9 @@ class CausalLm:
 
     def write_model(self, model: Any, directory: Path, state_dict: dict[str, Any] | None) -> None:
         """Weights or adapter, tokenizer, generation config and resolved config."""
-        from rayft.training.checkpointing import write_model_files
-
         write_model_files(model, self.tokenizer, self.files, directory, state_dict=state_dict)
 
     def _kernels(self, device_type: str) -> dict[str, Any]:
-        from rayft.training.steps import step_options
-
         plan = self.plan
         return step_options(plan.model.attn_implementation, plan.train.fused_loss, device_type, seq2seq=self.seq2seq)
 
@@ -151,8 +143,6 @@ def write_task_units(directory: Path, data: TaskData, key: str) -> PreparedData:
 
     import pyarrow as pa
     import pyarrow.parquet as pq
-
-    from rayft.data.prepared import PreparedData, PreparedSplit
 
     shutil.rmtree(directory, ignore_errors=True)
     splits: dict[str, PreparedSplit | None] = {"train": None, "validation": None}

@@ -1,5 +1,6 @@
-"""How the workers share the model (``train.strategy``): one table from each strategy to what it
-does differently, and how the model's state leaves and re-enters the workers whatever the strategy.
+"""How the workers share the model (``train.strategy``): what each strategy does differently, and how
+the model's state leaves and re-enters the workers whatever the strategy. The table from a strategy's
+name to its implementation is :mod:`rayft.training.strategies`.
 
 - ``ddp``: every worker holds the whole model; gradients are averaged by an all-reduce.
 - ``fsdp``: PyTorch FSDP2 (``fully_shard``): parameters, gradients and optimizer state are split
@@ -93,20 +94,7 @@ class Parallelism(Protocol):
         ...
 
 
-def parallelism(strategy: Strategy, world_size: int) -> Parallelism:
-    """The strategy's implementation; with one worker there is nothing to share."""
-    if world_size <= 1:
-        return TorchParallelism(wrap=None)
-    return _STRATEGIES[strategy]()
-
-
-def _deepspeed() -> Parallelism:
-    from rayft.training.zero3 import DeepSpeedZero3
-
-    return DeepSpeedZero3()
-
-
-def _wrap_ddp(model: Any, setup: ParallelSetup) -> Any:
+def wrap_ddp(model: Any, setup: ParallelSetup) -> Any:
     """DistributedDataParallel, which broadcasts rank 0's parameters and buffers as it wraps (so a
     worker that built the model without weights gets rank 0's). Buffers are not synced again on
     every forward: causal LMs have no buffer that training changes."""
@@ -117,7 +105,7 @@ def _wrap_ddp(model: Any, setup: ParallelSetup) -> Any:
     return DistributedDataParallel(model, device_ids=ids, forward_sync_buffers=False)
 
 
-def _shard_fsdp(model: Any, setup: ParallelSetup) -> Any:
+def shard_fsdp(model: Any, setup: ParallelSetup) -> Any:
     """FSDP2: each transformer block is a unit of its own, the rest (embeddings, final norm and
     head, tied or not) one more. With autocast on GPU, blocks are gathered in its dtype and
     gradients reduced in float32.
@@ -250,13 +238,6 @@ class TorchParallelism:
             optimizer.load_state_dict(saved)
             return
         set_optimizer_state_dict(model, optimizer, saved, options=StateDictOptions(full_state_dict=True))
-
-
-_STRATEGIES: dict[str, Callable[[], Parallelism]] = {
-    "ddp": lambda: TorchParallelism(wrap=_wrap_ddp),
-    "fsdp": lambda: TorchParallelism(wrap=_shard_fsdp, sharded=True),
-    "deepspeed": _deepspeed,
-}
 
 
 def block_classes(model: Any) -> frozenset[str]:

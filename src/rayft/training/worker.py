@@ -15,10 +15,15 @@ from pathlib import Path
 from typing import Any
 
 from rayft.config.train import TrainConfig
+from rayft.custom import load_task
 from rayft.errors import TrainingError
+from rayft.models.architecture import model_type, resolve_architecture
+from rayft.models.loading import load_tokenizer
 from rayft.runs import layout
 from rayft.runs.checkpoints import remove_incomplete, resume_checkpoint
 from rayft.runs.remote import RemoteRun
+from rayft.tracking.live import count_start, open_live_metrics
+from rayft.tracking.worker import tracker_loggers
 from rayft.training.batches import epoch_micro_batches, micro_batches
 from rayft.training.checkpointing import (
     Checkpointer,
@@ -40,12 +45,13 @@ from rayft.training.metrics import (
 )
 from rayft.training.model import count_parameters, parameter_groups
 from rayft.training.objective import CausalLm, Objective, TaskObjective
-from rayft.training.parallel import Parallelism, ParallelSetup, parallelism
+from rayft.training.parallel import Parallelism, ParallelSetup
 from rayft.training.plan import is_due, learning_rate_factor, units_before_step
 from rayft.training.precision import Precision, resolve_precision
-from rayft.training.session import TrainSession, all_reduce_sum
+from rayft.training.session import RaySession, TrainSession, all_reduce_sum
 from rayft.training.steps import StepStats, train_step
 from rayft.training.stop import StopWatch
+from rayft.training.strategies import parallelism
 from rayft.training.worker_plan import WorkerPlan
 
 log = logging.getLogger("rayft.train")
@@ -149,12 +155,8 @@ def setup_worker(plan: WorkerPlan, session: TrainSession) -> Worker:
 def build_objective(plan: WorkerPlan) -> Objective:
     """What this run trains: the plan's causal LM, or its custom task (with the task's datasets)."""
     if plan.task is None:
-        from rayft.models.architecture import model_type, resolve_architecture
-        from rayft.models.loading import load_tokenizer
-
         seq2seq = resolve_architecture(plan.model) == "seq2seq"
         return CausalLm(plan, load_tokenizer(plan.model), model_files(plan), model_type(plan.model), seq2seq)
-    from rayft.custom import load_task
 
     task = load_task(plan.task.path or "", plan.task.options)
     return TaskObjective(task, task.build_datasets(plan.seed), plan.resolved_config)
@@ -251,8 +253,6 @@ def open_loggers(plan: WorkerPlan, session: TrainSession, start_step: int) -> Me
     if plan.logging.console:
         loggers.append(ConsoleLogger(plan.schedule.total_steps, start_step))
     if plan.logging.mlflow is not None or plan.logging.wandb is not None:
-        from rayft.tracking.worker import tracker_loggers
-
         ids = plan.tracker_ids or None
         loggers.extend(tracker_loggers(plan.logging, run_dir, plan.resolved_config, plan.lineage, ids))
     return MultiLogger(loggers)
@@ -260,9 +260,6 @@ def open_loggers(plan: WorkerPlan, session: TrainSession, start_step: int) -> Me
 
 def open_live(plan: WorkerPlan, session: TrainSession) -> MetricLogger:
     """This rank's live Prometheus gauges, with the run's restarts and rejected rows set."""
-    from rayft.tracking.live import count_start, open_live_metrics
-    from rayft.training.session import RaySession
-
     cfg = plan.logging.prometheus
     live = open_live_metrics(
         host=cfg.host, port=cfg.port, on_ray=isinstance(session, RaySession), run=str(plan.lineage.get("run", "")),

@@ -10,16 +10,11 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from rayft.config.tune import TuneConfig
-from rayft.evaluation.report import BASE_CSS
+from rayft.pages import html_page
 from rayft.tuning.results import SweepResult, TrialRecord
 
 PALETTE = ("#4269d0", "#efb118", "#ff725c", "#6cc5b0", "#3ca951", "#ff8ab7", "#a463f2", "#97bbf5", "#9c6b4e")
-_CSS = (
-    BASE_CSS
-    + """.best{background:#ecfdf3;font-weight:600}.meta{color:#555;font-size:.9rem}
-.charts{display:flex;flex-wrap:wrap;gap:1rem}
-"""
-)
+_CSS = ".best{background:#ecfdf3;font-weight:600}\n"  # tune.html's own rule, after the shared style
 _W, _H, _LEFT, _RIGHT, _TOP, _BOTTOM = 520, 300, 64, 16, 20, 44
 Scale = Callable[[float], float]
 
@@ -43,12 +38,7 @@ def render_sweep_html(result: SweepResult, tune: TuneConfig | None) -> str:
         log = tune is not None and path in tune.search_space and tune.search_space[path].kind == "loguniform"
         body.append(_param_chart(result, path, log))
     body += ["</div>", "<h2>Trials</h2>", _table(result)]
-    return (
-        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
-        f"<title>rayft sweep {e(result.name)}</title><style>{_CSS}</style></head>\n<body>\n"
-        + "\n".join(body)
-        + "\n</body></html>\n"
-    )
+    return html_page(f"rayft sweep {result.name}", body, _CSS)
 
 
 def _linear(low: float, high: float, out_low: float, out_high: float) -> Scale:

@@ -17,6 +17,7 @@ import yaml
 
 from rayft.config.schema import RayftConfig
 from rayft.errors import RunStateError
+from rayft.security import redact
 from rayft.tuning.space import apply_params
 
 TrialStatus = Literal["TERMINATED", "STOPPED_EARLY", "ERROR", "RUNNING", "PENDING", "PAUSED"]
@@ -96,8 +97,6 @@ def best_config(result: SweepResult, base_cfg: RayftConfig) -> RayftConfig | Non
 
 def best_yaml(result: SweepResult, base_cfg: RayftConfig) -> str | None:
     """best.yaml's text: a header that says where it comes from, then every field spelled out."""
-    from rayft.security import redact
-
     cfg = best_config(result, base_cfg)
     best = result.best
     if cfg is None or best is None:
@@ -116,20 +115,6 @@ def sweep_json(result: SweepResult) -> str:
     """tune.json's text."""
     data = dataclasses.asdict(result)
     return json.dumps(data, indent=2, default=str, allow_nan=True) + "\n"
-
-
-def write_sweep_outputs(sweep_dir: Path, result: SweepResult, base_cfg: RayftConfig) -> None:
-    """Write tune.json, best.yaml (when a trial reported the metric) and tune.html into ``sweep_dir``."""
-    from rayft.files import write_text_atomic
-    from rayft.tuning.report_html import render_sweep_html
-
-    write_text_atomic(sweep_dir / TUNE_JSON, sweep_json(result))
-    text = best_yaml(result, base_cfg)
-    if text is not None:
-        write_text_atomic(sweep_dir / BEST_YAML, text)
-    else:
-        (sweep_dir / BEST_YAML).unlink(missing_ok=True)
-    write_text_atomic(sweep_dir / TUNE_HTML, render_sweep_html(result, base_cfg.tune))
 
 
 def load_sweep_result(path: Path) -> SweepResult:

@@ -24,7 +24,11 @@ from typing import TYPE_CHECKING, Any
 
 from rayft.config import RayftConfig
 from rayft.errors import CheckpointError, ConfigError
+from rayft.evaluation.runner import load_examples, run_model
+from rayft.evaluation.tasks import build_task
+from rayft.models.sources import resolve_source
 from rayft.runs import layout
+from rayft.runs.remote import RemoteRun
 
 if TYPE_CHECKING:
     from rayft.config.evaluation import EvalConfig
@@ -51,8 +55,6 @@ def eval_task_metric(metric: str) -> str | None:
 def known_metrics(cfg: RayftConfig) -> list[str]:
     """Every metric name a trial of ``cfg`` can report; ``prefix/*`` stands for any name under it
     (what a custom task's ``metrics()`` or a custom eval metric returns)."""
-    from rayft.evaluation.tasks import build_task
-
     names = list(TRAINING_METRICS)
     if cfg.task.path is not None:  # its model is no language model for an evaluation task
         return [*names, "eval/*"]
@@ -126,9 +128,6 @@ class CheckpointScorer:
 
     def __call__(self, checkpoint: str) -> dict[str, float]:
         """Score the reported checkpoint (its path as Ray Train reports it); records the scores."""
-        from rayft.evaluation.runner import run_model
-        from rayft.evaluation.sources import resolve_source
-
         task, examples, ev = self._examples()
         name = Path(checkpoint).name
         with self._local(name) as directory:
@@ -143,9 +142,6 @@ class CheckpointScorer:
         return scores
 
     def _examples(self) -> tuple[Task, Examples, EvalConfig]:
-        from rayft.evaluation.runner import load_examples
-        from rayft.evaluation.tasks import build_task
-
         if self._loaded is None:
             ev = trial_eval_config(self.cfg)
             task = build_task(ev)
@@ -164,7 +160,6 @@ class CheckpointScorer:
                 f"tune: the checkpoint {local} was pruned before the evaluation task scored it (scoring is slower "
                 "than training between two reports); raise checkpoint.num_to_keep or lower tune.eval_rows"
             )
-        from rayft.runs.remote import RemoteRun
 
         with tempfile.TemporaryDirectory(prefix="rayft-score-") as scratch:
             RemoteRun(self.remote_uri).download_tree(f"{layout.CHECKPOINTS_DIR}/{name}", Path(scratch) / name)

@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rayft.cache import cache_root
 from rayft.config import RayftConfig, dump_config
 from rayft.config.tracking import MlflowArtifact
 from rayft.evaluation.summary import CompareSummary
@@ -56,6 +57,7 @@ from rayft.runs.layout import TRACKING_FILE
 from rayft.runs.location import RunLocation, plan_run_location
 from rayft.runs.lock import run_lock
 from rayft.runs.store import open_store
+from rayft.runtime import ray_runtime
 from rayft.tracking.driver import PipelineTracker
 
 log = logging.getLogger("rayft.run")
@@ -87,8 +89,6 @@ def run(
     on_decision: Callable[[StageDecision], None] | None = None,
 ) -> PipelineResult:
     """Run the stages the config requests, skipping those whose inputs did not change."""
-    from rayft.runtime import ray_runtime
-
     requested = requested_stages(cfg.model_fields_set)
     allowed, forced = runnable_stages(requested, from_stage=from_stage, only=only)
     forced = set(allowed) if force else forced
@@ -125,8 +125,6 @@ def run(
 
 def pipeline_location(cfg: RayftConfig) -> RunLocation:
     """The pipeline's directory, or, with a URI as ``storage_path``, its URI and local mirror."""
-    from rayft.cache import cache_root
-
     return plan_run_location(cfg.storage_path, cfg.name, cache_root())
 
 

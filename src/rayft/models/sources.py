@@ -1,4 +1,5 @@
-"""Deciding what to load for a model source given to ``rayft eval / compare / export``.
+"""Deciding what to load for a model source given to ``rayft eval / compare / export / chat / generate``
+and to a sweep's task evaluation.
 
 A source is a Hub id, a built-in name, a .gguf file, a model directory, a checkpoint directory
 (``checkpoints/step-N`` or ``final/``) or a run directory, where ``eval.checkpoint`` picks one.
@@ -20,6 +21,7 @@ from pydantic import ValidationError
 
 from rayft.config.model import ModelConfig
 from rayft.errors import CheckpointError, ModelError
+from rayft.models.loading import builtin_gguf_path
 from rayft.models.registry import BUILTIN_MODELS
 from rayft.models.resolve import resolve_model_source
 from rayft.runs import layout
@@ -150,8 +152,6 @@ def fingerprint_source(resolved: ResolvedSource) -> dict[str, Any]:
     elif name_path.suffix == ".gguf" and name_path.is_file():
         files[f"base/{name_path.name}"] = sha256_file(name_path)
     elif resolved.model.name in BUILTIN_MODELS:
-        from rayft.models.loading import builtin_gguf_path
-
         gguf = builtin_gguf_path(resolved.model.name)
         files[f"base/{gguf.name}"] = sha256_file(gguf)
     digest = hashlib.sha256(json.dumps(sorted(files.items())).encode()).hexdigest() if files else None

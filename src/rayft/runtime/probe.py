@@ -12,8 +12,8 @@ import urllib.error
 import urllib.request
 from typing import Any
 
-from rayft.cluster.address import JOBS_API_FIX, START_HEAD_HINT, ClusterAddress, jobs_url_from_dashboard
 from rayft.errors import ClusterError
+from rayft.runtime.address import JOBS_API_FIX, START_HEAD_HINT, ClusterAddress, jobs_url_from_dashboard, parse_address
 
 PROBE_TIMEOUT_S = 5.0
 
@@ -42,8 +42,6 @@ def resolve_auto(address: ClusterAddress) -> ClusterAddress:
         return address
     env = os.environ.get("RAY_ADDRESS", "").strip()
     if env.startswith(("http://", "https://", "ray://")):
-        from rayft.cluster.address import parse_address
-
         return parse_address(env, "RAY_ADDRESS")
     from ray._private.services import canonicalize_bootstrap_address
 

@@ -1,7 +1,8 @@
 """Starting or joining a Ray cluster for the duration of a command.
 
-What a Ray that rayft starts itself runs differently (Ray internals, one switch) is in
-:mod:`rayft._ray_private`.
+The forms of ``--address`` are :mod:`rayft.runtime.address`; the fast checks of a head before
+joining it, :mod:`rayft.runtime.probe`. What a Ray that rayft starts itself runs differently (Ray
+internals, one switch) is in :mod:`rayft._ray_private`.
 """
 
 from __future__ import annotations
@@ -12,6 +13,10 @@ import os
 from collections.abc import Iterator, Mapping
 
 from rayft._ray_private import local_init_kwargs, local_process_env
+from rayft.console import quiet_ray
+from rayft.errors import ClusterError, exception_chain
+from rayft.runtime.address import parse_address
+from rayft.runtime.probe import check_gcs, check_tcp, resolve_auto, token_fix
 
 log = logging.getLogger(__name__)
 
@@ -34,8 +39,6 @@ def ray_runtime(address: str | None = None, *, metrics: bool = False) -> Iterato
     A cluster started here is shut down on exit; one that was joined or already running is left.
     """
     import ray
-
-    from rayft.console import quiet_ray
 
     if ray.is_initialized():
         yield
@@ -122,10 +125,6 @@ def check_address(address: str) -> str:
     """Check within seconds that a Ray cluster to join answers at ``address`` and accepts this
     process's token (where Ray itself would retry for 20 s and end in a traceback); return the
     address to pass to ``ray.init``. Fails with a :class:`~rayft.errors.ClusterError` naming the fix."""
-    from rayft.cluster.address import parse_address
-    from rayft.cluster.probe import check_gcs, check_tcp, resolve_auto
-    from rayft.errors import ClusterError
-
     target = resolve_auto(parse_address(address))
     if target.kind == "jobs":
         raise ClusterError(
@@ -142,9 +141,6 @@ def check_address(address: str) -> str:
 def _join(address: str) -> None:
     """Connect to the cluster at ``address`` (checked first by :func:`check_address`)."""
     import ray
-
-    from rayft.cluster.probe import token_fix
-    from rayft.errors import ClusterError, exception_chain
 
     target = check_address(address)
     try:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rayft import __version__
+from rayft._version import __version__
 from rayft.config import RayftConfig
 from rayft.tracking import state
 from rayft.tracking.driver import open_mlflow

@@ -1,7 +1,7 @@
 """The entrypoint of a rayft Ray Job, on the cluster: find the config uploaded with the job, check
 that the credential variables it was told to expect are set there, then run the rayft command.
 
-``python -m rayft.cluster.entry --config-module M [--require-env NAME]... -- COMMAND [ARGS]...``
+``python -m rayft.cli.job_entry --config-module M [--require-env NAME]... -- COMMAND [ARGS]...``
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import os
 import sys
 from pathlib import Path
 
+from rayft.cli.main import cli
 from rayft.cluster.job_plan import CONFIG_FILE
 
 
@@ -33,7 +34,7 @@ def missing_env(names: list[str], environ: os._Environ[str] | dict[str, str]) ->
 
 def main(argv: list[str] | None = None) -> None:
     """Run the job's rayft command; exits with the command's status."""
-    parser = argparse.ArgumentParser(prog="python -m rayft.cluster.entry")
+    parser = argparse.ArgumentParser(prog="python -m rayft.cli.job_entry")
     parser.add_argument("--config-module", required=True)
     parser.add_argument("--require-env", action="append", default=[])
     parser.add_argument("command", nargs=argparse.REMAINDER)
@@ -53,8 +54,6 @@ def main(argv: list[str] | None = None) -> None:
     words, rest = _split(command)
     config = config_path(args.config_module)
     print(f"rayft {' '.join(words)} {config} {' '.join(rest)}".rstrip(), file=sys.stderr, flush=True)
-    from rayft.cli.main import cli
-
     cli.main(args=[*words, str(config), *rest], prog_name="rayft")
 
 

@@ -1,0 +1,1 @@
+"""Interactive inference over a generation backend: ``rayft chat`` conversations and prompt files."""
