@@ -17,7 +17,7 @@ import sys
 import types
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.1.0"
+from rayft._version import __version__
 
 _EXPORTS: dict[str, str] = {
     # functions
@@ -63,7 +63,7 @@ _EXPORTS: dict[str, str] = {
     "TrainingError": "rayft.errors",
     "RunInterruptedError": "rayft.errors",
     # results
-    "TrainResult": "rayft.recipes.train",
+    "TrainResult": "rayft.training.driver",
     "TuneResult": "rayft.recipes.tune",
     "SdgResult": "rayft.recipes.sdg",
     "EvalResult": "rayft.recipes.evaluate",
@@ -201,5 +201,5 @@ if TYPE_CHECKING:
     from rayft.recipes.generate import GenerateResult
     from rayft.recipes.pipeline import PipelineResult
     from rayft.recipes.sdg import SdgResult
-    from rayft.recipes.train import TrainResult
     from rayft.recipes.tune import TuneResult
+    from rayft.training.driver import TrainResult

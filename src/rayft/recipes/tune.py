@@ -27,7 +27,8 @@ class TuneResult:
     """What a sweep produced.
 
     ``sweep_dir`` is local (the sweep directory, or its mirror when ``storage_path`` is a URI);
-    it holds tune.json, best.yaml (when a trial reported the metric) and tune.html.
+    it holds tune.json, best.yaml (when a trial reported the metric) and tune.html. ``storage_uri``
+    is the sweep's durable home when it is a URI (credentials masked).
     """
 
     sweep_dir: Path
@@ -35,6 +36,12 @@ class TuneResult:
     concurrent: int
     table: str
     elapsed_s: float
+    storage_uri: str | None = None
+
+    @property
+    def where(self) -> str:
+        """Where the sweep lives, as it may be shown: its URI, or its directory."""
+        return self.storage_uri or str(self.sweep_dir)
 
     @property
     def best_config(self) -> Path | None:
@@ -55,9 +62,9 @@ def run(cfg: RayftConfig) -> TuneResult:
             PBT mutation of a setting that shapes the model, or a sweep of that name with another config.
         ResourceError: not even one trial fits the cluster.
     """
-    from rayft.recipes.train import with_worker_task
     from rayft.runtime import check_address, ray_is_initialized, ray_runtime
     from rayft.tracking.sweep import SweepTracker
+    from rayft.training.startup import with_worker_task
     from rayft.tuning import sweep
 
     started = time.monotonic()
@@ -102,7 +109,7 @@ def prepare_once(cfg: RayftConfig) -> int:
     import tempfile
 
     from rayft.data.prepare import prepare_data
-    from rayft.recipes.train import make_schedule, prepare_inputs
+    from rayft.training.startup import make_schedule, prepare_inputs
     from rayft.tuning.sweep import evaluations_per_run
 
     assert cfg.tune is not None
@@ -157,4 +164,5 @@ def finish(cfg: RayftConfig, place: SweepPlace, result: SweepResult, concurrent:
     best = result.best
     if best is not None and best.metric is not None and not math.isnan(best.metric):
         log.info("tune: best trial %s with %s=%.4f %s", best.trial_id, result.metric, best.metric, best.params)
-    return TuneResult(directory, result, concurrent, render_table(result), elapsed_s)
+    uri = place.location.display if place.location.remote_uri else None
+    return TuneResult(directory, result, concurrent, render_table(result), elapsed_s, storage_uri=uri)
