@@ -29,8 +29,11 @@ from rayft.errors import RunStateError
 from rayft.runs import layout
 from rayft.runs.location import RunLocation
 from rayft.runs.lock import run_lock
+from rayft.runs.manifest import read_manifest
 from rayft.runs.store import RunStore, open_store
 from rayft.security import mask_uri
+from rayft.tracking.driver import nested_under, start_training
+from rayft.tracking.state import read_ids
 from rayft.training.startup import build_worker_plan, claim_store, prepare_inputs
 from rayft.training.worker_plan import WorkerPlan
 
@@ -99,8 +102,6 @@ StartTrackers = Callable[[RayftConfig, Path, dict[str, Any], "str | None"], Trac
 
 def start_trackers(cfg: RayftConfig, run_dir: Path, lineage: dict[str, Any], parent_run_id: str | None) -> Trackers:
     """The trackers of :mod:`rayft.tracking.driver`, the MLflow run nested under ``parent_run_id``."""
-    from rayft.tracking.driver import nested_under, start_training
-
     with nested_under(parent_run_id):
         return start_training(cfg, run_dir, lineage)
 
@@ -175,7 +176,7 @@ def drive(
             trackers = seams.start_trackers(cfg, run_dir, plan.lineage, parent_run_id)
             # The tracker runs travel with the run (a resume elsewhere continues them) and with the plan.
             store.persist(layout.TRACKING_FILE)
-            plan = dataclasses.replace(plan, tracker_ids=tracker_ids(run_dir), retuned=opening.retune)
+            plan = dataclasses.replace(plan, tracker_ids=read_ids(run_dir), retuned=opening.retune)
             run_workers(launcher, plan, prepared, store, trackers)
         artifacts: dict[MlflowArtifact, Path] = {
             "config": run_dir / layout.CONFIG_FILE,
@@ -202,17 +203,8 @@ def run_workers(
         raise
 
 
-def tracker_ids(run_dir: Path) -> dict[str, Any]:
-    """The tracker runs recorded in the run (``tracking.json``), for the workers to log into."""
-    from rayft.tracking.state import read_ids
-
-    return read_ids(run_dir)
-
-
 def collect_result(run_dir: Path, prepared: PreparedData, elapsed_s: float) -> TrainResult:
     """Summarise the run from what the workers wrote (final/ manifest and metrics.jsonl)."""
-    from rayft.runs.manifest import read_manifest
-
     final = run_dir / layout.FINAL_DIR
     manifest = read_manifest(final)
     if manifest is None:
