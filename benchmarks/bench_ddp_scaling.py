@@ -33,8 +33,8 @@ def write_plan(root: Path, model_dir: Path, prepared_dir: Path, *, workers: int,
     """The worker plan of one arm, as JSON."""
     from rayft.config import load_config
     from rayft.data.prepared import PreparedData
-    from rayft.recipes.train import build_worker_plan
     from rayft.training.launcher import split_files
+    from rayft.training.startup import build_worker_plan
     from rayft.training.torchrun import write_plan as write_json
 
     micro = SIZES["large"][3]

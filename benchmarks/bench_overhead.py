@@ -96,8 +96,8 @@ def write_arm_plan(root: Path, model_dir: Path, prepared_dir: Path, *, size: str
     """The worker plan both arms run, as JSON."""
     from rayft.config import load_config
     from rayft.data.prepared import PreparedData
-    from rayft.recipes.train import build_worker_plan
     from rayft.training.launcher import split_files
+    from rayft.training.startup import build_worker_plan
     from rayft.training.torchrun import write_plan
 
     micro = SIZES[size][3]

@@ -63,7 +63,7 @@ _EXPORTS: dict[str, str] = {
     "TrainingError": "rayft.errors",
     "RunInterruptedError": "rayft.errors",
     # results
-    "TrainResult": "rayft.recipes.train",
+    "TrainResult": "rayft.training.driver",
     "TuneResult": "rayft.recipes.tune",
     "SdgResult": "rayft.recipes.sdg",
     "EvalResult": "rayft.recipes.evaluate",
@@ -201,5 +201,5 @@ if TYPE_CHECKING:
     from rayft.recipes.export import ExportResult
     from rayft.recipes.generate import GenerateResult
     from rayft.recipes.sdg import SdgResult
-    from rayft.recipes.train import TrainResult
     from rayft.recipes.tune import TuneResult
+    from rayft.training.driver import TrainResult

@@ -28,8 +28,8 @@ if TYPE_CHECKING:
     from rayft.recipes.export import ExportResult
     from rayft.recipes.generate import GenerateResult
     from rayft.recipes.sdg import SdgResult
-    from rayft.recipes.train import TrainResult
     from rayft.recipes.tune import TuneResult
+    from rayft.training.driver import TrainResult
 
 
 def train(cfg: RayftConfig, resume: bool = False) -> TrainResult:

@@ -1,4 +1,5 @@
-"""`rayft train CONFIG` started by torchrun, as the Kubeflow TrainJob and PyTorchJob run it (2 processes, gloo)."""
+"""`rayft train CONFIG` started by torchrun, as the Kubeflow TrainJob and PyTorchJob run it (2 processes, gloo):
+it trains through the same driver as on Ray, so it logs to MLflow as a Ray run does."""
 
 from __future__ import annotations
 
@@ -42,8 +43,30 @@ def write_config(tmp_path: Path, model_dir: Path, *overrides: str) -> Path:
     return path
 
 
-def test_rayft_train_under_torchrun_trains_and_refuses_a_finished_run(tiny_model_dir: Path, tmp_path: Path) -> None:
-    config = write_config(tmp_path, tiny_model_dir)
+def test_rayft_train_under_torchrun_trains_logs_to_mlflow_and_refuses_a_finished_run(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    from mlflow.tracking import MlflowClient
+
+    from rayft.testing.servers import mlflow_server
+
+    with mlflow_server(tmp_path / "mlflow") as server:
+        tracked = (f"logging.mlflow={{tracking_uri: '{server.uri}', experiment: torchrun-test, "
+                   "artifacts: [config, final], send_interval_s: 1}")  # fmt: skip
+        config = write_config(tmp_path, tiny_model_dir, tracked)
+        run_dir = trains_once_and_refuses_a_second_job(config, tmp_path)
+        client = MlflowClient(tracking_uri=server.uri)
+        ids = json.loads((run_dir / "tracking.json").read_text())
+        run = client.get_run(ids["mlflow"]["run_id"])
+        assert run.info.status == "FINISHED" and run.data.params["train.max_steps"] == "4"
+        assert run.data.tags["rayft.version"] and run.data.tags["rayft.data_key"]
+        assert [p.step for p in client.get_metric_history(run.info.run_id, "train/loss")] == [1, 2, 3, 4]
+        assert {"config.yaml", "final"} <= {a.path for a in client.list_artifacts(run.info.run_id)}
+        assert len(client.search_runs([run.info.experiment_id])) == 1  # one run for the job, not one per rank
+
+
+def trains_once_and_refuses_a_second_job(config: Path, tmp_path: Path) -> Path:
+    """Refused while another driver holds the run, trained, then refused as finished; the run directory."""
     with run_lock(tmp_path / "runs" / "run", command="another driver"):  # a second job on the same run is refused
         held = torchrun_train(config)
     assert held.returncode != 0
@@ -61,3 +84,4 @@ def test_rayft_train_under_torchrun_trains_and_refuses_a_finished_run(tiny_model
     again = torchrun_train(config)  # a finished run is refused on every rank, not left waiting
     assert again.returncode != 0
     assert "already finished" in again.stderr
+    return run_dir

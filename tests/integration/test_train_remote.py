@@ -1,5 +1,6 @@
 """Training with an ``s3://`` storage_path (a local S3 server): checkpoints, metrics and final/ are
-uploaded, and a run whose machine is gone resumes from the remote checkpoint exactly."""
+uploaded, a run whose machine is gone resumes from the remote checkpoint exactly, a pipeline keeps
+its finished remote run, and a sweep's finished trials end TERMINATED with their final/ on the URI."""
 
 from __future__ import annotations
 
@@ -34,12 +35,16 @@ def s3_server() -> Iterator[Any]:
 
 
 def train_remote(cfg: RayftConfig, prepared: PreparedData, *, resume: bool = False) -> Path:
-    """The recipe's claim and launch, with the run's URI handed to the workers; returns the mirror."""
-    from rayft.recipes.train import build_worker_plan, claim_run_dir, launch, run_location
+    """The training driver's claim, launch and fetch of the results, with the run's URI handed to the
+    workers; returns the mirror."""
+    from rayft.runs.store import open_store
+    from rayft.training.driver import default_launcher
+    from rayft.training.startup import build_worker_plan, claim_store, run_location
 
-    location = run_location(cfg)
-    run_dir = claim_run_dir(cfg, resume=resume, location=location)
-    launch(cfg, build_worker_plan(cfg, prepared, run_dir, remote_uri=location.remote_uri), prepared)
+    store = open_store(run_location(cfg))
+    run_dir = claim_store(cfg, store, resume=resume)
+    default_launcher(cfg).launch(build_worker_plan(cfg, prepared, run_dir, remote_uri=store.remote_uri), prepared)
+    store.fetch_results()
     return run_dir
 
 
@@ -52,8 +57,8 @@ def test_a_run_on_s3_continues_on_a_fresh_machine_from_the_remote_checkpoint(  #
     uninterrupted_run: Path, tiny_model_dir: Path, arithmetic_units: PreparedData, tmp_path: Path, s3_server: Any,
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
 ) -> None:  # fmt: skip
-    from rayft.recipes.train import run_location
     from rayft.testing.object_store import DUMMY_SECRET_KEY
+    from rayft.training.startup import run_location
 
     monkeypatch.setenv("RAYFT_CACHE", str(tmp_path / "cache"))
     reference = uninterrupted_run
@@ -135,3 +140,41 @@ def test_rayft_run_trains_into_a_uri_and_keeps_the_finished_run_on_a_new_machine
     record = json.loads(pipeline.read_text("stages/train.json") or "{}")
     shown = record["summary"]["storage_uri"]
     assert record["summary"]["steps"] == 2 and "@remote-pipeline/runs/p/train?" in shown and "secret" not in shown
+
+
+def test_a_fifo_sweep_on_s3_ends_its_finished_trials_terminated_with_final_on_the_uri(
+    ray_session: None, tiny_model_dir: Path, tmp_path: Path, s3_server: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from click.testing import CliRunner
+
+    from rayft.cli.main import cli
+    from rayft.runs.location import join_uri
+    from rayft.security import mask_uri
+    from rayft.testing.object_store import DUMMY_SECRET_KEY
+
+    monkeypatch.setenv("RAYFT_CACHE", str(tmp_path / "cache"))
+    uri = s3_server.bucket_uri("remote-tune", "runs")
+    config = tmp_path / "tune.yaml"
+    config.write_text(
+        f"name: sw\nstorage_path: '{uri}'\nmodel: {{name: {tiny_model_dir}}}\n"
+        "data: {datasets: [{path: 'builtin:arithmetic', max_rows: 48}], validation_fraction: 0.2}\n"
+        "lora: {r: 4}\ntrain: {max_steps: 4, micro_batch_size: 4, save_steps: 2, eval_steps: 2}\n"
+        "scaling: {num_workers: 1}\nlogging: {tensorboard: false, console: false}\n"
+        "tune: {scheduler: fifo, search_algorithm: grid,\n"
+        "       search_space: {train.learning_rate: {grid: [1.0e-3, 3.0e-3]}}}\n"
+    )
+    swept = CliRunner().invoke(cli, ["tune", str(config)], catch_exceptions=False)
+    assert swept.exit_code == 0, swept.output
+
+    sweep_uri = join_uri(uri, "sw-tune")
+    assert f"Sweep: {mask_uri(sweep_uri)}" in swept.output, swept.output
+    assert DUMMY_SECRET_KEY not in swept.output
+    assert "STOPPED_EARLY" not in swept.output, swept.output
+    saved = json.loads(RemoteRun(sweep_uri).read_text("tune.json") or "{}")
+    trials = saved["trials"]
+    assert len(trials) == 2
+    for trial in trials:
+        assert trial["status"] == "TERMINATED", trial
+        assert trial["stop_reason"] == "finished: trained all 4 steps" and trial["steps"] == 4, trial
+        run = RemoteRun(join_uri(sweep_uri, "trials", trial["trial_id"]))
+        assert run.is_file("final/rayft_checkpoint.json") and run.is_file("final/adapter_model.safetensors")

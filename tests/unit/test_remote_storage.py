@@ -15,7 +15,6 @@ import pytest
 from rayft.config import dump_config, load_config
 from rayft.errors import CheckpointError, RunStateError, StorageError
 from rayft.pipeline.plan import check_remote_stages
-from rayft.recipes.train import claim_run_dir, run_location
 from rayft.runs import layout
 from rayft.runs.location import is_remote, join_uri, mirror_dir, plan_run_location, worker_dir
 from rayft.runs.manifest import verify_checkpoint, write_manifest
@@ -23,6 +22,7 @@ from rayft.runs.remote import RemoteRun, sync_checkpoint
 from rayft.runs.store import open_store
 from rayft.security import MASK, mask_uri, redact
 from rayft.tracking.state import read_ids, write_ids
+from rayft.training.startup import claim_run_dir, run_location
 
 
 @pytest.fixture(scope="module")

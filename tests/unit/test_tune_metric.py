@@ -95,15 +95,14 @@ def test_a_continuing_trial_reports_the_checkpoints_tune_has_not_seen(tmp_path: 
     assert unreported_checkpoints(tmp_path, Pointer(str(tmp_path), layout.step_dir_name(4), 4)) == []
 
 
-def test_a_trial_the_scheduler_stopped_after_its_run_ended_is_stopped_early(tmp_path: Path) -> None:
+def test_a_trial_the_scheduler_stopped_after_its_run_ended_is_stopped_early() -> None:
     tune = sweep("tune.scheduler=hyperband").tune
     assert tune is not None
-    (tmp_path / "final").mkdir()
-    assert trial_outcome(tune, tmp_path, None, 1, 8, full_reports=2) == (
+    assert trial_outcome(tune, True, None, 1, 8, full_reports=2) == (
         "STOPPED_EARLY",
         "stopped early by hyperband after 1 report(s) (training reached its end, step 8, before the stop took effect)",
     )
-    assert trial_outcome(tune, tmp_path, None, 2, 8, full_reports=2)[0] == "TERMINATED"
+    assert trial_outcome(tune, True, None, 2, 8, full_reports=2)[0] == "TERMINATED"
 
 
 def test_run_directories_of_trials_the_sweep_does_not_know_are_found(tmp_path: Path) -> None:

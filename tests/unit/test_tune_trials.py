@@ -92,17 +92,16 @@ def test_a_pointer_round_trips(tmp_path: Path) -> None:
     assert read_pointer(tmp_path).path == Path("/runs/t/checkpoints/step-000002")
 
 
-def test_a_trial_finished_stopped_early_or_failed(tmp_path: Path) -> None:
+def test_a_trial_finished_stopped_early_or_failed() -> None:
     tune = load_config(None, ["tune.scheduler=asha", SPACE]).tune
     assert tune is not None
-    assert trial_outcome(tune, tmp_path, None, 1, 2) == (
+    assert trial_outcome(tune, False, None, 1, 2) == (
         "STOPPED_EARLY",
         "stopped early by asha after 1 report(s), at step 2",
     )
-    (tmp_path / "final").mkdir()
-    assert trial_outcome(tune, tmp_path, None, 2, 4) == ("TERMINATED", "finished: trained all 4 steps")
+    assert trial_outcome(tune, True, None, 2, 4) == ("TERMINATED", "finished: trained all 4 steps")
     error = RuntimeError("ray::ImplicitFunc.train()\nTraceback (most recent call last):\n  x\nValueError: bad lr")
-    assert trial_outcome(tune, tmp_path, error, 0, 0) == ("ERROR", "error: ValueError: bad lr")
+    assert trial_outcome(tune, True, error, 0, 0) == ("ERROR", "error: ValueError: bad lr")
     assert error_line(RuntimeError("")) == "RuntimeError"
 
 

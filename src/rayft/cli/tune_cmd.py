@@ -33,6 +33,6 @@ def tune(config_path: str, overrides: tuple[str, ...]) -> None:
         open_run_log(cfg)
     outcome = run(cfg)
     click.echo(outcome.table)
-    click.echo(f"Sweep: {outcome.sweep_dir} ({len(outcome.result.trials)} trials in {outcome.elapsed_s:.0f} s)")
+    click.echo(f"Sweep: {outcome.where} ({len(outcome.result.trials)} trials in {outcome.elapsed_s:.0f} s)")
     if outcome.best_config is not None:
         click.echo(f"Best config: {outcome.best_config}")

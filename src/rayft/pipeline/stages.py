@@ -26,7 +26,7 @@ from rayft.runs.store import RunStore, move_aside, open_store
 from rayft.security import mask_uri
 
 if TYPE_CHECKING:
-    from rayft.recipes.train import TrainResult
+    from rayft.training.driver import TrainResult
 
 log = logging.getLogger("rayft.run")
 
@@ -111,15 +111,17 @@ class TrainStage:
         }
 
     def run(self, ctx: StageContext, *, fresh: bool) -> StageOutput:
-        """Train, keeping a finished run with the same settings and resuming an unfinished one
-        (:func:`rayft.runs.planner.plan_stage_start`)."""
-        from rayft.recipes import train
+        """Train with the training driver, keeping a finished run with the same settings and resuming
+        an unfinished one (:func:`rayft.runs.planner.plan_stage_start`)."""
+        from rayft.training.driver import RunStart, default_launcher, drive
+        from rayft.training.startup import run_location
 
         out = ctx.run_dir / "train"
         if fresh:
             move_aside(out)
         train_cfg = train_stage_config(ctx)
-        store = open_store(train.run_location(train_cfg, mirror_dir=out))
+        location = run_location(train_cfg, mirror_dir=out)
+        store = open_store(location)
         store.probe()
         wanted = yaml.safe_load(dump_config(train_cfg))
         plan = plan_stage_start(
@@ -139,7 +141,8 @@ class TrainStage:
             return StageOutput(files, kept | extra)
         if plan.action == "replace":
             move_aside(out)
-        trained = train.run(train_cfg, resume=plan.action == "resume", mirror_dir=out)
+        start = RunStart(resume=plan.action == "resume")
+        trained = drive(train_cfg, default_launcher(train_cfg), location, start=start)
         return StageOutput(files, train_summary(trained) | extra)
 
 

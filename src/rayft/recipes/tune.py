@@ -18,6 +18,7 @@ from rayft.config import RayftConfig
 from rayft.data.prepare import prepare_data
 from rayft.errors import ConfigError
 from rayft.runtime import check_address, owns_ray, ray_is_initialized, ray_runtime
+from rayft.training.startup import make_schedule, prepare_inputs, with_worker_task
 from rayft.tuning import sweep
 from rayft.tuning.outputs import write_sweep_outputs
 from rayft.tuning.plan import plan_concurrency
@@ -34,7 +35,8 @@ class TuneResult:
     """What a sweep produced.
 
     ``sweep_dir`` is local (the sweep directory, or its mirror when ``storage_path`` is a URI);
-    it holds tune.json, best.yaml (when a trial reported the metric) and tune.html.
+    it holds tune.json, best.yaml (when a trial reported the metric) and tune.html. ``storage_uri``
+    is the sweep's durable home when it is a URI (credentials masked).
     """
 
     sweep_dir: Path
@@ -42,6 +44,12 @@ class TuneResult:
     concurrent: int
     table: str
     elapsed_s: float
+    storage_uri: str | None = None
+
+    @property
+    def where(self) -> str:
+        """Where the sweep lives, as it may be shown: its URI, or its directory."""
+        return self.storage_uri or str(self.sweep_dir)
 
     @property
     def best_config(self) -> Path | None:
@@ -60,7 +68,6 @@ def run(cfg: RayftConfig) -> TuneResult:
             PBT mutation of a setting that shapes the model, or a sweep of that name with another config.
         ResourceError: not even one trial fits the cluster.
     """
-    from rayft.recipes.train import with_worker_task
 
     started = time.monotonic()
     cfg = with_worker_task(cfg)  # trials run in directories of their own: a task's .py file by absolute path
@@ -100,7 +107,6 @@ def prepare_once(cfg: RayftConfig) -> int:
     cache) and return how many reports one training run makes."""
     import tempfile
 
-    from rayft.recipes.train import make_schedule, prepare_inputs
 
     assert cfg.tune is not None
     if cfg.task.path is not None:  # a custom task's units are counted here and written by each trial
@@ -147,4 +153,5 @@ def finish(cfg: RayftConfig, place: SweepPlace, result: SweepResult, concurrent:
     best = result.best
     if best is not None and best.metric is not None and not math.isnan(best.metric):
         log.info("tune: best trial %s with %s=%.4f %s", best.trial_id, result.metric, best.metric, best.params)
-    return TuneResult(directory, result, concurrent, render_table(result), elapsed_s)
+    uri = place.location.display if place.location.remote_uri else None
+    return TuneResult(directory, result, concurrent, render_table(result), elapsed_s, storage_uri=uri)

@@ -63,6 +63,10 @@ class RunStore(Protocol):
         """Bring a file of the run that this machine lacks into ``local_dir`` (a no-op for a
         directory; a download, when the URI has it, for a URI)."""
 
+    def fetch_results(self) -> None:
+        """Bring what the workers wrote at the end (final/, rank 0's logs) into ``local_dir`` (a
+        no-op for a directory; for a URI, rank 0 may have uploaded them from another node)."""
+
 
 class LocalRunStore:
     """A run in a local (or mounted) directory."""
@@ -107,6 +111,9 @@ class LocalRunStore:
 
     def fetch(self, rel: str) -> None:
         """Nothing to do: the run directory is here."""
+
+    def fetch_results(self) -> None:
+        """Nothing to do: the workers wrote into the run directory."""
 
 
 class RemoteRunStore:
@@ -161,6 +168,11 @@ class RemoteRunStore:
         """Download a file of the run when the mirror lacks it and the URI has it."""
         if not (self.local_dir / rel).exists() and self.remote.is_file(rel):
             self.remote.download_file(rel, self.local_dir / rel)
+
+    def fetch_results(self) -> None:
+        """Download final/ and rank 0's logs into the mirror (a final/ already there with the same
+        manifest is kept)."""
+        self.remote.download_results(self.local_dir)
 
 
 def open_store(location: RunLocation) -> RunStore:

@@ -16,7 +16,6 @@ import json
 import logging
 import os
 import sys
-import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict
 from pathlib import Path
@@ -39,7 +38,7 @@ if TYPE_CHECKING:
     import torch
 
     from rayft.data.prepared import PreparedData
-    from rayft.recipes.train import TrainResult
+    from rayft.training.driver import TrainResult
 
 
 class TorchrunSession:
@@ -155,7 +154,9 @@ def launched_by_torchrun(environ: Mapping[str, str] | None = None) -> bool:
 def train(cfg: RayftConfig, *, resume: bool = False) -> TrainResult | None:
     """One rank of `rayft train CONFIG` under torchrun; rank 0 returns the result, the others None.
 
-    Rank 0 claims the run directory and prepares the data first; then the first process of every
+    Rank 0 is the run's driver (:func:`rayft.training.driver.drive`: lock, claim, data, plan,
+    trackers, results) with :class:`TorchrunLauncher` as its launcher; the other ranks wait for
+    its plan (:func:`follow`). Rank 0 prepares the data first; then the first process of every
     other node prepares its cached copy (the same units: tokenization is deterministic); then the
     other processes read the cache. A failure in one step is raised on every rank at once.
     """
@@ -164,40 +165,99 @@ def train(cfg: RayftConfig, *, resume: bool = False) -> TrainResult | None:
     import torch
     import torch.distributed as dist
 
-    from rayft.recipes import train as recipe
-    from rayft.runs.lock import RunLock
-    from rayft.training.launcher import split_files, stop_on_sigterm
+    from rayft.training.driver import RunStart, drive
 
-    started = time.monotonic()
     world = int(os.environ["WORLD_SIZE"])
     location = check_torchrun_run(cfg, world)
     timeout = datetime.timedelta(seconds=cfg.failure.collective_timeout_s)
     dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo", timeout=timeout)
-    # Rank 0 is this run's driver: it holds the run's lock, so a second job on the same run is refused.
-    lock = RunLock(location.local_dir, command="rayft train (torchrun)")
     try:
-        rank, first_of_node = dist.get_rank(), int(os.environ.get("LOCAL_RANK", "0")) == 0
-        run_dir = location.local_dir
-        prepared: list[PreparedData] = []
-        _in_turn(rank == 0, lock.acquire)
-        _in_turn(rank == 0, lambda: recipe.claim_run_dir(cfg, resume=resume, location=location))
-        _in_turn(rank == 0, lambda: prepared.append(_prepare(cfg, run_dir / "data")))
-        _in_turn(rank != 0 and first_of_node, lambda: prepared.append(_prepare(cfg, None)))
-        _in_turn(not prepared, lambda: prepared.append(_prepare(cfg, None)))
-        plan = recipe.build_worker_plan(cfg, prepared[0], run_dir)
-        session = TorchrunSession(split_files(prepared[0]), run_dir, num_to_keep=cfg.checkpoint.num_to_keep)
-        with stop_on_sigterm(run_dir, cfg.failure.sigterm_grace_s):
-            run_worker(plan, session)
-        dist.barrier()
-        return recipe.collect_result(run_dir, prepared[0], time.monotonic() - started) if rank == 0 else None
+        if dist.get_rank() != 0:
+            follow(cfg)
+            return None
+        launcher = TorchrunLauncher(cfg)
+        try:
+            return drive(cfg, launcher, location, start=RunStart(resume=resume), command="rayft train (torchrun)")
+        except BaseException as exc:
+            launcher.abort(exc)
+            raise
     finally:
-        lock.release()  # a lock this rank never took is left alone
         dist.destroy_process_group()
+
+
+class TorchrunLauncher:
+    """Rank 0's launcher: hands the plan to the other ranks (:func:`follow`), waits while they
+    prepare their copies of the data, then runs its own share of the worker loop and waits for all."""
+
+    uses_ray = False
+
+    def __init__(self, cfg: RayftConfig) -> None:
+        self._cfg = cfg
+        self._sent = False
+
+    def check(self) -> None:
+        """Nothing to check: torchrun started every process."""
+
+    def runtime(self) -> contextlib.AbstractContextManager[Any]:
+        """No Ray: torchrun started the processes."""
+        return contextlib.nullcontext()
+
+    def launch(self, plan: WorkerPlan, prepared: PreparedData) -> None:
+        """Send ``plan``, take part in the others' data preparation, train as rank 0."""
+        self._send([plan])
+        _prepare_in_turns(self._cfg, rank=0, first_of_node=True, prepared=[prepared])
+        _run_rank(self._cfg, plan, prepared)
+
+    def abort(self, exc: BaseException) -> None:
+        """Tell the other ranks, still waiting for the plan, why there is none (nothing once it is sent)."""
+        if not self._sent:
+            self._send([str(exc) if isinstance(exc, RayftError) else f"rank 0: {type(exc).__name__}: {exc}"])
+
+    def _send(self, message: list[Any]) -> None:
+        import torch.distributed as dist
+
+        self._sent = True
+        dist.broadcast_object_list(message, src=0)
+
+
+def follow(cfg: RayftConfig) -> None:
+    """A rank other than 0: wait for rank 0's plan (or its failure), prepare this rank's copy of
+    the data in turn, then train as this rank."""
+    import torch.distributed as dist
+
+    message: list[Any] = [None]
+    dist.broadcast_object_list(message, src=0)
+    if not isinstance(message[0], WorkerPlan):
+        raise RayftError(str(message[0]))
+    prepared: list[PreparedData] = []
+    first_of_node = int(os.environ.get("LOCAL_RANK", "0")) == 0
+    _prepare_in_turns(cfg, rank=dist.get_rank(), first_of_node=first_of_node, prepared=prepared)
+    _run_rank(cfg, message[0], prepared[0])
+
+
+def _prepare_in_turns(cfg: RayftConfig, *, rank: int, first_of_node: bool, prepared: list[PreparedData]) -> None:
+    """The first process of every other node prepares its cached copy, then the remaining ones
+    read it (rank 0 prepared in the driver and only takes part in the turns)."""
+    _in_turn(rank != 0 and first_of_node, lambda: prepared.append(_prepare(cfg)))
+    _in_turn(not prepared, lambda: prepared.append(_prepare(cfg)))
+
+
+def _run_rank(cfg: RayftConfig, plan: WorkerPlan, prepared: PreparedData) -> None:
+    """This rank's share of the worker loop, on the shared run directory; waits for every rank."""
+    import torch.distributed as dist
+
+    from rayft.training.launcher import split_files, stop_on_sigterm
+
+    run_dir = Path(plan.run_dir)
+    session = TorchrunSession(split_files(prepared), run_dir, num_to_keep=cfg.checkpoint.num_to_keep)
+    with stop_on_sigterm(run_dir, cfg.failure.sigterm_grace_s):
+        run_worker(plan, session)
+    dist.barrier()
 
 
 def check_torchrun_run(cfg: RayftConfig, world: int) -> Any:
     """The run's location, refusing what torchrun cannot do: another world size, a URI storage_path."""
-    from rayft.recipes.train import run_location
+    from rayft.training.startup import run_location
 
     if world != max(cfg.scaling.num_workers, 1):
         raise ConfigError(
@@ -218,10 +278,10 @@ def check_torchrun_run(cfg: RayftConfig, world: int) -> Any:
     return location
 
 
-def _prepare(cfg: RayftConfig, report_dir: Path | None) -> PreparedData:
+def _prepare(cfg: RayftConfig) -> PreparedData:
     from rayft.data.prepare import prepare_data
 
-    return prepare_data(cfg.data, cfg.model, cfg.seed, report_dir=report_dir, use_ray=False)
+    return prepare_data(cfg.data, cfg.model, cfg.seed, report_dir=None, use_ray=False)
 
 
 def _in_turn(selected: bool, step: Any) -> None:

@@ -258,12 +258,17 @@ def sweep_text(cfg: RayftConfig) -> str:
     return dump_config(cfg)
 
 
-def trial_run_dir(place: SweepPlace, trial_id: str) -> Path:
-    """The local run directory of a trial (its mirror when the sweep is on a URI)."""
+def trial_location(place: SweepPlace, trial_id: str) -> RunLocation:
+    """Where a trial's rayft run lives: its directory, or its URI and local mirror."""
     from rayft.cache import cache_root
     from rayft.runs.location import plan_run_location
 
-    return plan_run_location(place.trials_root, trial_id, cache_root()).local_dir
+    return plan_run_location(place.trials_root, trial_id, cache_root())
+
+
+def trial_run_dir(place: SweepPlace, trial_id: str) -> Path:
+    """The local run directory of a trial (its mirror when the sweep is on a URI)."""
+    return trial_location(place, trial_id).local_dir
 
 
 def empty_result(tune: TuneConfig, place: SweepPlace) -> SweepResult:
@@ -284,22 +289,26 @@ def sweep_result(tune: TuneConfig, place: SweepPlace, grid: Any, evaluations: in
 
 
 def trial_record(tune: TuneConfig, place: SweepPlace, result: Any, evaluations: int | None = None) -> TrialRecord:
-    """One trial: its values, metric history (Tune's reports), steps and why it stopped."""
+    """One trial: its values, metric history (Tune's reports), steps and why it stopped, asking the
+    trial's store (its directory, or its URI) whether it finished."""
+    from rayft.runs.store import open_store
     from rayft.tuning.results import TrialRecord
 
     trial_id = Path(str(result.path)).name
-    run_dir = trial_run_dir(place, trial_id)
+    store = open_store(trial_location(place, trial_id))
     history = report_history(result.metrics_dataframe, tune.metric)
     metrics = result.metrics or {}
     metric = metrics.get(tune.metric)
     values = [value for _, value in history]
     best = (min(values) if tune.mode == "min" else max(values)) if values else None
-    steps = trained_steps(run_dir, metrics)
+    final = store.final_manifest()
+    steps = final.step if final is not None else trained_steps(store.local_dir, metrics)
     full = rung_reports(tune, evaluations)
-    status, reason = trial_outcome(tune, run_dir, result.error, len(history), steps, full_reports=full)
+    status, reason = trial_outcome(tune, final is not None, result.error, len(history), steps, full_reports=full)
     return TrialRecord(
         trial_id=trial_id, params=dict(result.config or {}), metric=float(metric) if metric is not None else None,
-        best_metric=best, steps=steps, status=status, stop_reason=reason, run_dir=str(run_dir), history=history,
+        best_metric=best, steps=steps, status=status, stop_reason=reason, run_dir=str(store.local_dir),
+        history=history,
     )  # fmt: skip
 
 
@@ -312,13 +321,9 @@ def report_history(frame: Any, metric: str) -> list[tuple[int, float]]:
 
 
 def trained_steps(run_dir: Path, metrics: dict[str, Any]) -> int:
-    """Steps the trial's run trained: its final/ manifest's, else its newest checkpoint's, else its last report's."""
+    """Steps an unfinished trial's run trained: its newest checkpoint's, else its last report's."""
     from rayft.runs.checkpoints import scan_checkpoints
-    from rayft.runs.manifest import read_manifest
 
-    manifest = read_manifest(run_dir / layout.FINAL_DIR)
-    if manifest is not None:
-        return manifest.step
     steps = [c.step for c in scan_checkpoints(run_dir / layout.CHECKPOINTS_DIR) if c.complete]
     return max([int(metrics.get("step", 0) or 0), *steps])
 
@@ -333,19 +338,18 @@ def rung_reports(tune: TuneConfig, evaluations: int | None) -> int | None:
 
 def trial_outcome(
     tune: TuneConfig,
-    run_dir: Path,
+    finished: bool,
     error: BaseException | None,
     reports: int,
     steps: int,
     *,
     full_reports: int | None = None,
 ) -> tuple[TrialStatus, str]:
-    """Finished (final/ written), stopped by the scheduler (ended without final/, or after fewer
-    than ``full_reports`` reports: training goes on while Tune decides, and may have reached its end
-    before the stop took effect) or failed."""
+    """Finished (``finished``: its store holds final/), stopped by the scheduler (ended without
+    final/, or after fewer than ``full_reports`` reports: training goes on while Tune decides, and
+    may have reached its end before the stop took effect) or failed."""
     if error is not None:
         return "ERROR", f"error: {error_line(error)}"
-    finished = (run_dir / layout.FINAL_DIR).is_dir()
     if finished and (full_reports is None or reports >= full_reports):
         return "TERMINATED", f"finished: trained all {steps} steps"
     reason = f"stopped early by {tune.scheduler} after {reports} report(s)"

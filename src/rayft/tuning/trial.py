@@ -10,6 +10,7 @@ perturbed optimiser settings.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
@@ -18,9 +19,10 @@ import shutil
 import tempfile
 import threading
 from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import yaml
 
@@ -28,6 +30,13 @@ from rayft.config import RayftConfig
 from rayft.errors import CheckpointError
 from rayft.runs import layout
 from rayft.runs.checkpoints import scan_checkpoints
+from rayft.runs.store import RunStore
+from rayft.training.driver import RayLauncher, RunStart, drive
+from rayft.training.startup import run_location
+from rayft.training.worker_plan import WorkerPlan
+
+if TYPE_CHECKING:
+    from rayft.data.prepared import PreparedData
 
 log = logging.getLogger("rayft.tune")
 
@@ -166,16 +175,21 @@ def forward_reports_class() -> type:
     return ForwardReports
 
 
+Report = tuple[Mapping[str, Any], dict[str, float]]
+"""A Train report forwarded to Tune, with the evaluation task's scores of its checkpoint."""
+
+
 def fit_forwarding(
     fit: Callable[[Any], None], run_dir: Path, score: Scorer | None = None, last_step: int | None = None
-) -> None:
+) -> Report | None:
     """Run ``fit(callback)`` in a thread while this one reports what the callback forwards to
     Tune (``tune.report`` must be called from the trial's own thread); re-raise its error.
 
     With ``score``, each report's checkpoint is scored here first (training goes on meanwhile); a
     report without a checkpoint carries the last scores, since the model it reports was not saved.
-    The report of ``last_step`` (the run's last) waits for the run to end: ASHA and HyperBand end a
-    trial at its last report, which must not cut the writing of its final/ short."""
+    The report of ``last_step`` (the run's last) is returned unsent, for the caller to send once
+    the run is complete (results fetched, trackers finished): ASHA and HyperBand end a trial at its
+    last report, which must not cut the end of the run short."""
     from ray.util.queue import Empty, Queue
 
     reports = Queue(actor_options={"num_cpus": 0})
@@ -187,14 +201,10 @@ def fit_forwarding(
         except BaseException as exc:  # re-raised in the trial's thread below
             errors.append(exc)
 
-    def join() -> None:
-        thread.join()
-        if errors:
-            raise errors[0]
-
     thread = threading.Thread(target=target, name="rayft-trial-fit", daemon=True)
     thread.start()
     scores: dict[str, float] = {}
+    held: Report | None = None
     while True:
         alive = thread.is_alive()
         try:
@@ -206,9 +216,57 @@ def fit_forwarding(
         if score is not None and item.get("checkpoint") is not None:
             scores = score(str(item["checkpoint"]))
         if last_step is not None and float(item["metrics"].get("step", 0)) >= last_step:
-            join()
+            held = (item, scores)
+            continue
         report_to_tune(item, run_dir, scores)
-    join()
+    thread.join()
+    if errors:
+        raise errors[0]
+    return held
+
+
+@dataclass
+class TrialLauncher:
+    """The trial's Ray Train workers, in Tune's Ray, every report forwarded to Tune as it comes
+    except the last, which :meth:`send_last_report` sends once the driver has finished the run."""
+
+    cfg: RayftConfig
+    run_dir: Path
+    scorer: Scorer | None = None
+    uses_ray: bool = True
+    last_report: Report | None = None
+
+    def check(self) -> None:
+        """Nothing to check: the sweep checked its cluster."""
+
+    def runtime(self) -> AbstractContextManager[Any]:
+        """Nothing to start: the trial runs in the sweep's Ray."""
+        return contextlib.nullcontext()
+
+    def launch(self, plan: WorkerPlan, prepared: PreparedData) -> None:
+        """Fit the trial's ``TorchTrainer``, recording its placement groups (removed if Tune stops
+        the trial) and forwarding its reports."""
+        from rayft._ray_private import placement_group_recorder
+        from rayft.tuning.reaper import GROUPS_DIR, remove_recorded_groups
+
+        remove_recorded_groups(self.run_dir)  # of this trial's earlier run, which Tune stopped
+        recorder = placement_group_recorder(str(self.run_dir / GROUPS_DIR))
+
+        def fit(callback: Any) -> None:
+            callbacks = (callback,) if recorder is None else (callback, recorder)
+            RayLauncher(self.cfg.scaling, self.cfg.failure, self.cfg.checkpoint, callbacks=callbacks).launch(
+                plan, prepared
+            )
+
+        last_step = plan.schedule.total_steps
+        self.last_report = fit_forwarding(fit, self.run_dir, self.scorer, last_step=last_step)
+
+    def send_last_report(self) -> None:
+        """Report the run's last report to Tune (nothing when there was none)."""
+        if self.last_report is not None:
+            item, scores = self.last_report
+            report_to_tune(item, self.run_dir, scores)
+            self.last_report = None
 
 
 def run_trial(params: dict[str, Any], setup: TrialSetup) -> None:
@@ -216,67 +274,57 @@ def run_trial(params: dict[str, Any], setup: TrialSetup) -> None:
     from ray import tune
 
     from rayft.runtime import mark_started_here
-    from rayft.tracking.driver import nested_under
 
     mark_started_here(setup.own_ray)
     trial_id = tune.get_context().get_trial_id()
     cfg = trial_config(setup, params, trial_id)
-    with nested_under(setup.parent_run_id):
-        train_trial(cfg, params, tune.get_checkpoint())
+    train_trial(cfg, params, tune.get_checkpoint(), parent_run_id=setup.parent_run_id)
 
 
-def train_trial(cfg: RayftConfig, params: Mapping[str, Any], checkpoint: Any) -> None:
-    """Claim (or take over) the trial's run directory, prepare its data (shared through the cache
-    while the params leave the data alone), and launch its ``TorchTrainer``."""
-    from rayft._ray_private import placement_group_recorder
-    from rayft.recipes.train import build_worker_plan, claim_run_dir, prepare_inputs, run_location
-    from rayft.runs.lock import run_lock
-    from rayft.runs.store import open_store
-    from rayft.tracking.driver import start_training
-    from rayft.training.launcher import launch_ray
-    from rayft.tuning.reaper import GROUPS_DIR, remove_recorded_groups
+def train_trial(
+    cfg: RayftConfig, params: Mapping[str, Any], checkpoint: Any, *, parent_run_id: str | None = None
+) -> None:
+    """Train the trial's run with the training driver: under the run's lock, decide how it starts
+    (:func:`plan_trial_start`), then claim, prepare (data shared through the cache while the params
+    leave it alone), launch its ``TorchTrainer`` and fetch its results; its tracker run nests under
+    ``parent_run_id`` (the sweep's)."""
     from rayft.tuning.task_eval import CheckpointScorer
 
     location = run_location(cfg)
-    run_dir = location.local_dir
     pointer = None
     if checkpoint is not None:
         with checkpoint.as_directory() as directory:
             pointer = read_pointer(Path(directory))
-    scorer = CheckpointScorer.for_trial(cfg, run_dir, location.remote_uri)
-    with run_lock(run_dir, command="rayft tune"):
-        state = open_store(location).state()
-        start = plan_trial_start(run_dir, pointer, state.finished, state.exists)
-        where = f" from {pointer.path} (step {pointer.step})" if pointer is not None else ""
-        log.info("tune: trial %s: %s%s", cfg.name, start, where)
-        caught_up = catch_up(run_dir, pointer, scorer) if start == "resume" else 0
-        if state.finished and start == "resume":
-            if not caught_up and pointer is None:
-                report_final(run_dir)
-            return
-        if start == "adopt" and pointer is not None:
-            adopt_checkpoint(pointer, run_dir, params, cfg.name)
-        run_dir = claim_run_dir(cfg, resume=start != "start", location=location, retune=start == "adopt")
-        prepared = prepare_inputs(cfg, run_dir, use_ray=True)
-        plan = build_worker_plan(cfg, prepared, run_dir, remote_uri=location.remote_uri)
-        plan = dataclasses.replace(plan, retuned=start == "adopt")
-        trackers = start_training(cfg, run_dir, plan.lineage)
+    launcher = TrialLauncher(
+        cfg, location.local_dir, CheckpointScorer.for_trial(cfg, location.local_dir, location.remote_uri)
+    )
 
-        remove_recorded_groups(run_dir)  # of this trial's earlier run, which Tune stopped
-        recorder = placement_group_recorder(str(run_dir / GROUPS_DIR))
+    def decide(store: RunStore) -> RunStart | None:
+        return decide_trial_start(store, cfg.name, params, pointer, launcher.scorer)
 
-        def fit(callback: Any) -> None:
-            callbacks = [callback] if recorder is None else [callback, recorder]
-            launch_ray(plan, prepared, cfg.scaling, cfg.failure, cfg.checkpoint, callbacks=callbacks)
+    drive(cfg, launcher, location, start=decide, command="rayft tune", parent_run_id=parent_run_id)
+    launcher.send_last_report()
 
-        try:
-            fit_forwarding(fit, run_dir, scorer, last_step=plan.schedule.total_steps)
-        except BaseException:
-            trackers.finish(succeeded=False)
-            raise
-        trackers.finish(
-            succeeded=True, artifacts={"config": run_dir / layout.CONFIG_FILE, "final": run_dir / layout.FINAL_DIR}
-        )
+
+def decide_trial_start(
+    store: RunStore, name: str, params: Mapping[str, Any], pointer: Pointer | None, scorer: Scorer | None
+) -> RunStart | None:
+    """Under the run's lock: how the trial's run starts. A resumed trial first reports to Tune the
+    checkpoints it has not seen; an adopting one takes the other trial's checkpoint; a trial whose
+    run had already finished reports its end and trains nothing (None)."""
+    run_dir = store.local_dir
+    state = store.state()
+    start = plan_trial_start(run_dir, pointer, state.finished, state.exists)
+    where = f" from {pointer.path} (step {pointer.step})" if pointer is not None else ""
+    log.info("tune: trial %s: %s%s", name, start, where)
+    caught_up = catch_up(run_dir, pointer, scorer) if start == "resume" else 0
+    if state.finished and start == "resume":
+        if not caught_up and pointer is None:
+            report_final(store)
+        return None
+    if start == "adopt" and pointer is not None:
+        adopt_checkpoint(pointer, run_dir, params, name)
+    return RunStart(resume=start != "start", retune=start == "adopt")
 
 
 def unreported_checkpoints(run_dir: Path, pointer: Pointer | None) -> list[Pointer]:
@@ -309,13 +357,14 @@ def catch_up(run_dir: Path, pointer: Pointer | None, score: Scorer | None) -> in
     return len(missed)
 
 
-def report_final(run_dir: Path) -> None:
-    """A trial whose run had already finished (its driver was stopped just after): report its end."""
+def report_final(store: RunStore) -> None:
+    """A trial whose run had already finished (its driver was stopped just after): report its end,
+    from the final/ manifest wherever the run lives."""
     from ray import tune
 
-    from rayft.runs.manifest import read_manifest
     from rayft.tuning.task_eval import recorded_scores
 
-    manifest = read_manifest(run_dir / layout.FINAL_DIR)
+    manifest = store.final_manifest()
     if manifest is not None:
-        tune.report({"step": float(manifest.step), **manifest.metrics, **recorded_scores(run_dir, manifest.step)})
+        scores = recorded_scores(store.local_dir, manifest.step)
+        tune.report({"step": float(manifest.step), **manifest.metrics, **scores})

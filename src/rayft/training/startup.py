@@ -1,0 +1,163 @@
+"""What a training driver decides and prepares before its workers start: where the run lives, the
+claim of its store (with the resolved config saved in it), its training units, and the worker plan.
+
+Every training driver (:func:`rayft.training.driver.drive`) and the sweep's preparation use these;
+they are library functions, not a recipe.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import yaml
+
+from rayft._version import __version__
+from rayft.config import RayftConfig, dump_config
+from rayft.config.task import TaskConfig
+from rayft.data.prepared import PreparedData
+from rayft.errors import DataError
+from rayft.models.resolve import anchored_name
+from rayft.runs import layout
+from rayft.runs.location import RunLocation, plan_run_location
+from rayft.runs.planner import plan_train_start
+from rayft.runs.store import RunStore, open_store
+from rayft.training.plan import Schedule, plan_schedule
+from rayft.training.worker_plan import WorkerPlan
+
+log = logging.getLogger("rayft.train")
+
+
+def run_location(cfg: RayftConfig, mirror_dir: Path | None = None) -> RunLocation:
+    """Where the run is written: its directory, or its URI and local mirror (``mirror_dir`` if given)."""
+    from rayft.cache import cache_root
+
+    location = plan_run_location(cfg.storage_path, cfg.name, cache_root())
+    if location.remote_uri is not None and mirror_dir is not None:
+        return RunLocation(mirror_dir, location.remote_uri)
+    return location
+
+
+def claim_store(cfg: RayftConfig, store: RunStore, *, resume: bool, retune: bool = False) -> Path:
+    """Create (or reopen with ``resume``) the run in ``store`` and save the resolved config in it;
+    return the directory training writes into (the run directory, or the local mirror of a remote run).
+
+    Refuses to reuse a run's name without ``--resume``, and to resume with changed settings that
+    would make the result a mix of two different runs (:func:`rayft.runs.planner.plan_train_start`).
+    A URI is probed (a marker object written and deleted) before anything else. With ``retune``,
+    a resume may also change the optimiser settings of :data:`rayft.runs.planner.RETUNABLE_CHANGES`.
+    """
+    store.probe()
+    text = dump_config(cfg)
+    plan = plan_train_start(
+        store.where, cfg.name, store.state(), store.saved_config(), yaml.safe_load(text), resume=resume, retune=retune
+    )
+    store.begin(plan, text)
+    log.info("run %r: %s at %s", cfg.name, plan.reason, store.where)
+    return store.local_dir
+
+
+def claim_run_dir(cfg: RayftConfig, *, resume: bool, location: RunLocation | None = None, retune: bool = False) -> Path:
+    """:func:`claim_store` on the store at ``location`` (default: the config's :func:`run_location`)."""
+    return claim_store(cfg, open_store(location or run_location(cfg)), resume=resume, retune=retune)
+
+
+def prepare_inputs(cfg: RayftConfig, run_dir: Path, *, use_ray: bool) -> PreparedData:
+    """The training units: the tokenized data (prepared once, cached), or the example indices of
+    a custom task (``task.path``), whose datasets the task builds here and again on every worker."""
+    if cfg.task.path is None:
+        from rayft.data.prepare import prepare_data
+
+        return prepare_data(cfg.data, cfg.model, cfg.seed, report_dir=run_dir / layout.DATA_DIR, use_ray=use_ray)
+    from rayft.custom import load_task
+    from rayft.training.objective import write_task_units
+
+    task_cfg = worker_task(cfg)
+    assert task_cfg is not None and task_cfg.path is not None
+    data = load_task(task_cfg.path, task_cfg.options).build_datasets(cfg.seed)
+    log.info("task %s: %d training and %d validation examples", cfg.task.path, len(data.train),
+             len(data.validation or ()))  # fmt: skip
+    return write_task_units(run_dir / layout.DATA_DIR / "task-units", data, key=f"task:{cfg.task.path}")
+
+
+def worker_task(cfg: RayftConfig) -> TaskConfig | None:
+    """The custom task the workers run, its .py file made absolute (None for a causal LM)."""
+    from rayft.custom import resolve_task_path
+
+    if cfg.task.path is None:
+        return None
+    return cfg.task.model_copy(update={"path": resolve_task_path(cfg.task.path, Path.cwd())})
+
+
+def with_worker_task(cfg: RayftConfig) -> RayftConfig:
+    """``cfg`` with its custom task's .py file made absolute (unchanged without a task), for
+    drivers that do not run in this working directory (the trials of a sweep)."""
+    return cfg if cfg.task.path is None else cfg.model_copy(update={"task": worker_task(cfg)})
+
+
+def build_worker_plan(
+    cfg: RayftConfig, prepared: PreparedData, run_dir: Path, *, remote_uri: str | None = None
+) -> WorkerPlan:
+    """Decide the step schedule and package everything the workers need (``remote_uri``: where
+    they upload checkpoints and final/ when ``storage_path`` is a URI)."""
+    world = max(cfg.scaling.num_workers, 1)
+    if cfg.task.path is None:  # a task's model and units are its own
+        check_model_fits_data(cfg, prepared)
+    schedule = make_schedule(cfg, prepared, world)
+    has_validation = prepared.validation is not None and prepared.validation.num_units >= world
+    if prepared.validation is not None and not has_validation:
+        log.warning(
+            "validation has %d units, fewer than %d workers: no evaluation", prepared.validation.num_units, world
+        )
+    if cfg.train.early_stopping_patience and not has_validation:
+        log.warning("train.early_stopping_patience is set but there is no validation data: it has no effect")
+    lineage = {
+        "run": cfg.name, "data_key": prepared.key, "world_size": world, "rayft_version": __version__,
+        "rejected_rows": int(prepared.stats.get("rejected_total", 0) or 0),
+    }  # fmt: skip
+    # workers run in another directory: a relative local model path is anchored here
+    model = cfg.model.model_copy(update={"name": anchored_name(cfg.model.name)})
+    return WorkerPlan(
+        model=model, lora=cfg.lora, train=cfg.train, logging=cfg.logging, checkpoint=cfg.checkpoint,
+        seed=cfg.seed, run_dir=str(run_dir), resolved_config=dump_config(cfg), schedule=schedule,
+        shuffle_window=cfg.data.shuffle_buffer_size, has_validation=has_validation, lineage=lineage,
+        remote_uri=remote_uri, task=worker_task(cfg),
+    )  # fmt: skip
+
+
+def check_model_fits_data(cfg: RayftConfig, prepared: PreparedData) -> None:
+    """Refuse float16 for the model families that overflow in it, and units prepared for the other
+    kind of model (causal sequences for an encoder-decoder, or source/target pairs for a causal LM)."""
+    from rayft.models.architecture import refuse_fp16, resolve_architecture
+
+    refuse_fp16(cfg.model, cfg.train.mixed_precision)
+    seq2seq = resolve_architecture(cfg.model) == "seq2seq"
+    if seq2seq != prepared.seq2seq:
+        made, wanted = (
+            ("source/target pairs", "a causal LM") if prepared.seq2seq else ("causal sequences", "an encoder-decoder")
+        )
+        raise DataError(
+            f"data: the prepared dataset {prepared.root} holds {made}, but model.name={cfg.model.name!r} is {wanted}; "
+            "prepare the data with this model (rayft data prepare with the same config), or set model.architecture"
+        )
+
+
+def make_schedule(cfg: RayftConfig, prepared: PreparedData, world: int) -> Schedule:
+    """The step schedule, with a clear error when the data is too small for the workers."""
+    try:
+        schedule = plan_schedule(
+            prepared.train.num_units, world, cfg.train.micro_batch_size,
+            cfg.train.gradient_accumulation_steps, cfg.train.num_epochs, cfg.train.max_steps,
+        )  # fmt: skip
+    except ValueError as exc:
+        raise DataError(f"data: {exc}") from None
+    if schedule.dropped_units:
+        log.warning(
+            "%d of %d training units are left out of each epoch so that all %d workers get %d each",
+            schedule.dropped_units, prepared.train.num_units, world, schedule.units_per_rank,
+        )  # fmt: skip
+    log.info(
+        "plan: %d steps (%d per epoch), %d units per worker per epoch, %d workers",
+        schedule.total_steps, schedule.steps_per_epoch, schedule.units_per_rank, world,
+    )  # fmt: skip
+    return schedule
