@@ -1,4 +1,5 @@
-"""Writing small text files (configs, reports, JSON summaries) so that no reader sees half of one."""
+"""Writing small text files (configs, reports, JSON summaries) so that no reader sees half of one,
+and none holds a credential."""
 
 from __future__ import annotations
 
@@ -6,10 +7,12 @@ import os
 from pathlib import Path
 
 from rayft.errors import StorageError
+from rayft.security import redact
 
 
 def write_text_atomic(path: Path, text: str, *, where: str = "", fix: str = "choose a writable directory") -> Path:
-    """Write ``text`` to ``path`` through a temporary file beside it and a rename; return ``path``.
+    """Write ``text``, its credentials masked (:func:`rayft.security.redact`), to ``path`` through a
+    temporary file beside it and a rename; return ``path``.
 
     The temporary file's name carries the process id, so that two processes writing the same file
     never write into one temporary file. ``where`` names the setting that chose the place (for
@@ -18,7 +21,7 @@ def write_text_atomic(path: Path, text: str, *, where: str = "", fix: str = "cho
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         temp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-        temp.write_text(text, encoding="utf-8")
+        temp.write_text(redact(text), encoding="utf-8")
         os.replace(temp, path)
     except OSError as exc:
         prefix = f"{where}: " if where else ""

@@ -28,6 +28,7 @@ from rayft.config.model import ModelConfig
 from rayft.errors import DataError, StorageError
 from rayft.generation.backend import Generation, Prompt
 from rayft.inference.prompts import REASONS, PromptFile, PromptRow, read_prompts
+from rayft.security import redact
 
 log = logging.getLogger("rayft.generate")
 
@@ -196,13 +197,13 @@ def output_rows(rows: list[PromptRow], generations: list[Generation]) -> Iterato
 
 
 def write_jsonl_atomic(path: Path, rows: Iterable[Mapping[str, Any]]) -> Path:
-    """Write one JSON object per line to a temporary file beside ``path``, then rename it into
-    place: readers see the old file or the whole new one."""
+    """Write one JSON object per line, its credentials masked, to a temporary file beside ``path``,
+    then rename it into place: readers see the old file or the whole new one."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         with _replacing(path) as handle:
             for row in rows:
-                handle.write(json.dumps(row, ensure_ascii=False) + "\n")
+                handle.write(redact(json.dumps(row, ensure_ascii=False)) + "\n")
     except OSError as exc:
         raise StorageError(f"cannot write {path} ({exc.strerror}); choose a writable location") from exc
     return path

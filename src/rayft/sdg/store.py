@@ -27,6 +27,7 @@ from typing import Any
 from rayft.errors import RunStateError, StorageError
 from rayft.sdg.rows import OUTPUT_COLUMNS
 from rayft.sdg.stages import Row
+from rayft.security import redact
 
 _DONE = re.compile(r"^part-(\d{6})\.done\.json$")
 
@@ -45,7 +46,7 @@ def atomic_write_text(path: Path, text: str) -> None:
     """:func:`atomic_write` for text."""
 
     def write(tmp: Path) -> None:
-        tmp.write_text(text)
+        tmp.write_text(redact(text), encoding="utf-8")
 
     atomic_write(path, write)
 
@@ -163,6 +164,6 @@ def _write_parquet(table: Any, path: Path) -> None:
 
 
 def _write_jsonl(table: Any, path: Path) -> None:
-    with path.open("w") as f:
+    with path.open("w", encoding="utf-8") as f:
         for row in table.to_pylist():
-            f.write(json.dumps(row, ensure_ascii=False) + "\n")
+            f.write(redact(json.dumps(row, ensure_ascii=False)) + "\n")
