@@ -11,7 +11,7 @@ import logging
 import os
 from collections.abc import Iterator, Mapping
 
-from rayft._ray_private import local_init_kwargs, local_process_env
+from rayft._ray_private import local_init_kwargs, local_process_env, mask_job_entrypoint
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +45,7 @@ def ray_runtime(address: str | None = None, *, metrics: bool = False) -> Iterato
         yield
         return
     quiet_ray()
+    mask_job_entrypoint()
     # A Ray Job's driver (rayft submit) runs with RAY_ADDRESS set to the cluster that runs the job.
     address = address or os.environ.get("RAY_ADDRESS", "").strip() or None
     if address:

@@ -153,12 +153,6 @@ def install_redaction() -> None:
                 setattr(sys, name, RedactingStream(stream))
 
 
-def mask_command_line() -> None:
-    """Mask credentials in ``sys.argv`` (a URL's key given as an override), once the command line is
-    parsed: Ray records the driver's command line in its job table (the dashboard, ``ray list jobs``)."""
-    sys.argv[:] = [redact(arg) for arg in sys.argv]
-
-
 def _redacting_factory(make: Callable[..., logging.LogRecord]) -> Callable[..., logging.LogRecord]:
     def make_redacted(*args: Any, **kwargs: Any) -> logging.LogRecord:
         record = make(*args, **kwargs)

@@ -15,7 +15,7 @@ from rayft import __version__
 from rayft.cli.common import CliState
 from rayft.console import setup_console
 from rayft.errors import RayftError
-from rayft.security import install_redaction, mask_command_line
+from rayft.security import install_redaction
 
 OVERRIDES_HELP = (
     "Any config field can be set after the config file with a dotted override, e.g. "
@@ -53,7 +53,6 @@ def cli(ctx: click.Context, debug: bool, verbose: bool) -> None:
     embedded local Ray; a cluster runs the same config with scaling.address set.
     """
     install_redaction()  # first: the console handler set up next writes through the masked stderr
-    mask_command_line()
     ctx.obj = CliState(debug=debug)
     setup_console(verbose=verbose, debug=debug)
 
