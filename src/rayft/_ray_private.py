@@ -30,6 +30,7 @@ CHECKED_RAY_SERIES = "2.60"
 
 _WORKER_GROUP_STATE = "ray.train.v2._internal.execution.worker_group.worker_group:WorkerGroup.get_worker_group_state"
 _RESTORE_FROM_REMOTE = "ray.tune.logger.logger:LoggerCallback._restore_from_remote"
+_ENTRYPOINT_NAME = "ray._private.utils:get_entrypoint_name"
 
 # Every private name used below, as "module:attribute.path" (the canary test resolves each).
 PRIVATE_SYMBOLS: tuple[str, ...] = (
@@ -51,6 +52,7 @@ PRIVATE_SYMBOLS: tuple[str, ...] = (
     "ray.train.v2._internal.execution.callback:WorkerGroupCallback",
     _WORKER_GROUP_STATE,
     _RESTORE_FROM_REMOTE,
+    _ENTRYPOINT_NAME,
 )
 
 # Ray settings of a Ray that rayft starts itself (never of a cluster it joins), passed as
@@ -327,3 +329,26 @@ def trial_result_loggers() -> list[Any]:
 
     loggers: list[Any] = [JsonLogger(), CsvLogger()]  # type: ignore[no-untyped-call]
     return loggers
+
+
+def mask_job_entrypoint() -> None:
+    """Make the command line that ``ray.init`` records as the job's entrypoint (in the job table that
+    the dashboard and ``ray list jobs`` show to every user of a cluster) a masked one: a key given on
+    the command line (``inference.endpoint.base_url=...?api_key=...``) is not kept there.
+
+    Ray reads the process's command line itself, at ``ray.init``. Unlike the other internals here,
+    this one does not follow :data:`SWITCH_ENV`: it keeps a credential out of Ray, whatever Ray runs.
+    """
+    import ray._private.utils
+
+    from rayft.security import redact
+
+    read = _load(_ENTRYPOINT_NAME)
+    if read is None or getattr(read, "_rayft_masked", False):
+        return
+
+    def masked_entrypoint() -> str:
+        return redact(read())
+
+    masked_entrypoint._rayft_masked = True  # type: ignore[attr-defined]
+    ray._private.utils.get_entrypoint_name = masked_entrypoint

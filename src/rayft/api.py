@@ -13,12 +13,14 @@ it is called.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ParamSpec, TypeVar
 
 from rayft.config import RayftConfig
 from rayft.runs.location import local_run_dir
+from rayft.security import install_redaction
 
 if TYPE_CHECKING:
     from rayft.pipeline.plan import StageDecision
@@ -31,7 +33,23 @@ if TYPE_CHECKING:
     from rayft.recipes.tune import TuneResult
     from rayft.training.driver import TrainResult
 
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
 
+
+def _redacted(function: Callable[_P, _R]) -> Callable[_P, _R]:
+    """``function``, run with credentials masked in everything the process logs and prints (as
+    every CLI command is)."""
+
+    @functools.wraps(function)
+    def call(*args: _P.args, **kwargs: _P.kwargs) -> _R:
+        install_redaction()
+        return function(*args, **kwargs)
+
+    return call
+
+
+@_redacted
 def train(cfg: RayftConfig, resume: bool = False) -> TrainResult:
     """Fine-tune ``cfg.model`` on ``cfg.data`` into ``<storage_path>/<name>/`` (``rayft train``).
 
@@ -44,6 +62,7 @@ def train(cfg: RayftConfig, resume: bool = False) -> TrainResult:
     return recipe.run(cfg, resume=resume)
 
 
+@_redacted
 def tune(cfg: RayftConfig) -> TuneResult:
     """Search the hyper-parameters of ``cfg.tune`` with Ray Tune, each trial a full training run,
     into ``<storage_path>/<sweep name>/`` (``rayft tune``). A sweep of the same name and config
@@ -58,6 +77,7 @@ def tune(cfg: RayftConfig) -> TuneResult:
     return recipe.run(cfg)
 
 
+@_redacted
 def sdg(cfg: RayftConfig, output_dir: str | Path | None = None) -> SdgResult:
     """Generate synthetic training data from ``cfg.sdg`` (``rayft sdg``); an interrupted run resumes.
 
@@ -70,6 +90,7 @@ def sdg(cfg: RayftConfig, output_dir: str | Path | None = None) -> SdgResult:
     return recipe.run(cfg, output_dir=Path(output_dir) if output_dir is not None else None)
 
 
+@_redacted
 def evaluate(
     cfg: RayftConfig, model: str | None = None, output_dir: str | Path | None = None, *, label: str = "model"
 ) -> EvalResult:
@@ -90,6 +111,7 @@ def evaluate(
     return recipe.run(cfg, model, Path(output_dir) if output_dir is not None else run_dir / "eval", label=label)
 
 
+@_redacted
 def compare(cfg: RayftConfig, models: Mapping[str, str], output_dir: str | Path | None = None) -> CompareResult:
     """Evaluate two or more models on the same examples and test their differences (``rayft compare``).
 
@@ -106,6 +128,7 @@ def compare(cfg: RayftConfig, models: Mapping[str, str], output_dir: str | Path 
     return recipe.run(cfg, dict(models), Path(output_dir))
 
 
+@_redacted
 def export(
     src: str | Path, out: str | Path, cfg: RayftConfig | None = None, *, merge: bool | None = None
 ) -> ExportResult:
@@ -123,6 +146,7 @@ def export(
     return recipe.run(cfg if cfg is not None else RayftConfig(), str(src), Path(out), merge=merge)
 
 
+@_redacted
 def generate(
     source: str | Path,
     input_path: str | Path,
@@ -155,6 +179,7 @@ def generate(
     )
 
 
+@_redacted
 def run_pipeline(
     cfg: RayftConfig,
     *,

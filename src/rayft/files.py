@@ -3,6 +3,7 @@
 A file is written under a temporary name beside it, then renamed over it; a directory is written
 whole under a staging name beside it, then renamed into place. Temporary and staging names are
 hidden and carry the process id, so that two processes writing the same thing never share one.
+Text written whole (:func:`write_text_atomic`) has its credentials masked (:mod:`rayft.security`).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from pathlib import Path
 from typing import IO
 
 from rayft.errors import StorageError
+from rayft.security import redact
 
 
 def temp_path(path: Path, purpose: str = "tmp") -> Path:
@@ -55,14 +57,15 @@ def write_atomic(path: Path, write: Callable[[Path], None]) -> Path:
 
 
 def write_text_atomic(path: Path, text: str, *, where: str = "", fix: str = "choose a writable directory") -> Path:
-    """Write ``text`` to ``path`` through :func:`replacing`; return ``path``.
+    """Write ``text``, its credentials masked (:func:`rayft.security.redact`), to ``path`` through
+    :func:`replacing`; return ``path``.
 
     ``where`` names the setting that chose the place (for example ``storage_path``) and ``fix`` what
     to do, both in the :class:`~rayft.errors.StorageError` raised when the write fails.
     """
     try:
         with replacing(path) as handle:
-            handle.write(text)
+            handle.write(redact(text))
     except OSError as exc:
         prefix = f"{where}: " if where else ""
         raise StorageError(f"{prefix}cannot write {path} ({exc.strerror}); {fix}") from exc

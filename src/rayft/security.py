@@ -1,11 +1,17 @@
-"""Keeping credentials out of everything a run writes: logs, resolved configs, metrics, checkpoints.
+"""Keeping credentials out of everything rayft shows or writes: the console, logs, output rows,
+reports, resolved configs, model cards, tracker parameters, checkpoints.
 
-Credentials reach rayft through the environment (``HF_TOKEN``, ``WANDB_API_KEY``, AWS keys...), or
-embedded in a storage URI (``s3://bucket/runs?secret_key=...``), which is masked wherever it is shown.
-Workers inherit them from the process environment where they need them (a local cluster's
-raylet inherits the driver's); rayft never copies them into a Ray runtime environment, a config
-file or a log line. :func:`redact` replaces their values in text that is about to be written, and
-:class:`RedactingFilter` does the same for log records.
+Credentials reach rayft through the environment (``HF_TOKEN``, ``WANDB_API_KEY``, the variable an
+endpoint's ``api_key_env`` names...), or embedded in a URI (``s3://bucket/runs?secret_key=...``,
+``http://host/v1?api_key=...``, ``https://user:password@host``). Workers inherit them from the
+process environment where they need them (a local cluster's raylet inherits the driver's); rayft
+never copies them into a Ray runtime environment, a config file or a log line.
+
+:func:`redact` masks them in text. :func:`install_redaction`, which the CLI runs before any
+command, the Python API before each call and every Ray worker rayft starts when it starts, applies
+it to every log record and to everything written to stdout and stderr; the writers of files (the
+resolved config, :func:`rayft.files.write_text_atomic`, the JSON Lines writers) apply it to what
+they write.
 """
 
 from __future__ import annotations
@@ -13,7 +19,10 @@ from __future__ import annotations
 import logging
 import os
 import re
-from collections.abc import Mapping
+import sys
+import threading
+from collections.abc import Callable, Mapping
+from typing import Any, TextIO
 
 SECRET_ENV_VARS = (
     "HF_TOKEN",
@@ -29,19 +38,25 @@ SECRET_ENV_VARS = (
     "OPENAI_API_KEY",
     "RAY_AUTH_TOKEN",
 )
-# Any other variable whose name says it holds a credential is treated the same way.
-_SECRET_NAME = re.compile(r"(TOKEN|SECRET|PASSWORD|API_KEY|ACCESS_KEY)", re.IGNORECASE)
+# Any other variable whose name says it holds a credential is treated the same way ("KEY" takes in
+# the names users give an endpoint's key: LLM_KEY, OPENROUTER_KEY...).
+_SECRET_NAME = re.compile(r"(TOKEN|SECRET|PASSW|KEY|CREDENTIAL)", re.IGNORECASE)
 # Short values ("1", "true") would redact ordinary text; real credentials are longer.
 _MIN_SECRET_LENGTH = 8
 MASK = "***REDACTED***"
-# Credentials embedded in a URI: query parameters (secret_key=, session_token=, sig=...) and the
-# password of ``scheme://user:password@host``.
+# Credentials embedded in a URI: every query parameter whose name holds one of these words
+# (api_key=, X-Amz-Signature=, access_token=, sig=, auth=...), and the password of
+# ``scheme://user:password@host``.
+SECRET_PARAM_WORDS = ("key", "token", "secret", "passw", "sig", "credential", "auth", "session")
 _SECRET_PARAM = re.compile(
-    r"([?&][^=&#\s]*(?:secret|token|password|passwd|credential|access_key|session|signature|sig)[^=&#\s]*=)"
-    r"([^&#\s'\"]+)",
+    # the value ends at a quote, backslash, bracket or parenthesis too (no credential holds one): a URI
+    # inside JSON, repr(), HTML or prose stays well-formed
+    r"([?&][^=&#\s]*(?:" + "|".join(SECRET_PARAM_WORDS) + r")[^=&#\s]*=)([^&#\s'\"\\<>()]+)",
     re.IGNORECASE,
 )
-_USERINFO = re.compile(r"(://[^/:@\s]+:)([^/@\s]+)(@)")
+_USERINFO = re.compile(r"(://[^/:@\s]*:)([^/@\s]+)(@)")
+# Values this process was handed as credentials (see remember_secret), whatever their variable's name.
+_REMEMBERED: set[str] = set()
 
 
 def is_secret_name(name: str) -> bool:
@@ -50,11 +65,31 @@ def is_secret_name(name: str) -> bool:
 
 
 def secret_values(environ: Mapping[str, str] | None = None) -> list[str]:
-    """The values of the credential variables set in ``environ`` (default: this process), longest first."""
+    """The values of the credential variables set in ``environ``, longest first; by default, those of
+    this process's environment and those handed over with :func:`remember_secret`."""
     env = os.environ if environ is None else environ
     names = {n for n in env if is_secret_name(n)}
     values = {env[n] for n in names if len(env[n]) >= _MIN_SECRET_LENGTH}
+    if environ is None:
+        values |= _REMEMBERED
     return sorted(values, key=len, reverse=True)
+
+
+def remember_secret(value: str | None) -> None:
+    """Treat ``value`` as a credential in this process from now on, whatever the variable that held
+    it is called (say, the key of an endpoint's ``api_key_env``)."""
+    if value and len(value) >= _MIN_SECRET_LENGTH:
+        _REMEMBERED.add(value)
+
+
+def mask_secret_fields(value: Any) -> Any:
+    """``value`` with the value of every mapping key that names a credential (``HF_TOKEN``, ``api_key``)
+    masked, at any depth: for showing a bad config value, such as ``k8s.env``, in an error."""
+    if isinstance(value, Mapping):
+        return {k: MASK if is_secret_name(str(k)) else mask_secret_fields(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [mask_secret_fields(v) for v in value]
+    return value
 
 
 def mask_uri(text: str) -> str:
@@ -72,22 +107,73 @@ def redact(text: str, environ: Mapping[str, str] | None = None) -> str:
     return mask_uri(text)
 
 
-class RedactingFilter(logging.Filter):
-    """A logging filter that masks credential values in a record's message and arguments."""
+class RedactingStream:
+    """A text stream (stdout or stderr) that masks credentials in everything written to it.
 
-    def filter(self, record: logging.LogRecord) -> bool:
-        """Rewrite the record in place; never drops it."""
+    Each write is masked whole: a credential split across two writes would pass, which is why the
+    text of a log record is masked before it is written (see :func:`install_redaction`).
+    """
+
+    def __init__(self, stream: TextIO) -> None:
+        self.stream = stream
+
+    def write(self, text: str) -> int:
+        """Write ``text`` with its credentials masked; returns the length of ``text``, as callers expect."""
+        self.stream.write(redact(text))
+        return len(text)
+
+    def writelines(self, lines: list[str]) -> None:
+        """Write each line, masked."""
+        for line in lines:
+            self.write(line)
+
+    def __getattr__(self, name: str) -> Any:
+        # flush, fileno, isatty, encoding, buffer...: those of the stream underneath
+        return getattr(self.stream, name)
+
+
+_INSTALL_LOCK = threading.Lock()
+
+
+def install_redaction() -> None:
+    """Mask credentials in everything this process logs or prints from now on: every log record
+    (its message and traceback, before any handler sees it: the console, the run's log file, Ray's
+    log files) and every write to ``sys.stdout`` and ``sys.stderr``. Safe to call more than once.
+
+    The CLI calls it before any command runs, the Python API before each call, and Ray workers
+    when they start (the Ray that rayft starts or joins runs it as its worker set-up hook).
+    """
+    with _INSTALL_LOCK:
+        factory = logging.getLogRecordFactory()
+        if not getattr(factory, "_rayft_redacting", False):
+            logging.setLogRecordFactory(_redacting_factory(factory))
+        for name in ("stdout", "stderr"):
+            stream = getattr(sys, name)
+            if stream is not None and not isinstance(stream, RedactingStream):
+                setattr(sys, name, RedactingStream(stream))
+
+
+def _redacting_factory(make: Callable[..., logging.LogRecord]) -> Callable[..., logging.LogRecord]:
+    def make_redacted(*args: Any, **kwargs: Any) -> logging.LogRecord:
+        record = make(*args, **kwargs)
+        redact_record(record)
+        return record
+
+    make_redacted._rayft_redacting = True  # type: ignore[attr-defined]
+    return make_redacted
+
+
+def redact_record(record: logging.LogRecord) -> None:
+    """Mask credentials in a log record's message and in its traceback, in place."""
+    try:
         message = record.getMessage()
-        masked = redact(message)
-        if masked != message:
-            record.msg = masked
-            record.args = None
-        return True
-
-
-def install_log_redaction(logger: logging.Logger | None = None) -> None:
-    """Attach a :class:`RedactingFilter` to every handler of ``logger`` (default: the root logger)."""
-    target = logger or logging.getLogger()
-    for handler in target.handlers:
-        if not any(isinstance(f, RedactingFilter) for f in handler.filters):
-            handler.addFilter(RedactingFilter())
+    except (TypeError, ValueError):  # arguments that do not fit the format: logging reports it later
+        return
+    masked = redact(message)
+    if masked != message:
+        record.msg, record.args = masked, None
+    if record.exc_info and not record.exc_text:
+        # formatters reuse exc_text when it is set: the traceback is written masked
+        record.exc_text = redact(logging.Formatter().formatException(record.exc_info))
+    if record.stack_info:
+        record.stack_info = redact(record.stack_info)

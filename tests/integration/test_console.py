@@ -1,5 +1,6 @@
 """What a user sees: `rayft run` on the console shows rayft's stage headers, training steps and
-generation progress, and keeps Ray's progress logging and known noise in the run's log file."""
+generation progress, and keeps Ray's progress logging and known noise in the run's log file; with
+canary values in the credential variables, neither the console nor any file of the run holds one."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from tests.helpers import CANARIES, files_containing
 
 pytestmark = pytest.mark.integration
 
@@ -54,7 +57,7 @@ eval:
 
 
 def test_console_shows_rayft_progress_not_ray_logs(tiny_model_dir: Path, tmp_path: Path) -> None:
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, **CANARIES, "PYTHONUNBUFFERED": "1"}
     env.pop("RAYFT_VERBOSE", None)
     cmd = [sys.executable, "-m", "rayft", "run", str(_config(tmp_path, tiny_model_dir))]
     done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300, check=False)
@@ -73,3 +76,5 @@ def test_console_shows_rayft_progress_not_ray_logs(tiny_model_dir: Path, tmp_pat
     log_file = tmp_path / "runs" / "console" / "logs" / "rayft.log"
     assert str(log_file) in console
     assert "Starting execution of Dataset" in log_file.read_text()  # Ray's logs are kept, in the file
+    assert [name for name, value in CANARIES.items() if value in console] == []
+    assert files_containing(tmp_path / "runs", CANARIES) == []

@@ -1,10 +1,14 @@
-"""Secrets never leak: with canary values in the credential variables, a full ``rayft train`` run
-(2 Ray Train workers, tiny model) writes them nowhere: not in the run directory (config, metrics,
-TensorBoard, checkpoints, final/), not in the Ray session directory (logs of every process), not
-in the job's runtime environment as Ray stores it, not on the console."""
+"""Secrets never leak: with canary values in the credential variables (``HF_TOKEN``,
+``MLFLOW_TRACKING_TOKEN``, an endpoint's ``api_key_env`` variable), in a URL's query and in a URL's
+password, and a local OpenAI-compatible server that echoes the key and the URL it is sent, every
+command (sdg with the OpenAI teacher, train on 2 Ray Train workers, export, eval, compare, generate
+and chat) writes them nowhere: not in the run directory (config, metrics, checkpoints, final/,
+logs), not in the outputs and reports, not in the Ray session directory (logs of every process),
+not in the job's runtime environment as Ray stores it, not on the console."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -14,59 +18,113 @@ from pathlib import Path
 
 import pytest
 
+from rayft.testing.openai_server import OpenAIServer
+from tests.helpers import CANARIES, files_containing
+
 pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
-CANARIES = {
-    "HF_TOKEN": "hf_canaryHF0a1b2c3d4e5f",
-    "WANDB_API_KEY": "canary-wandb-5f4e3d2c1b0a",
-    "MLFLOW_TRACKING_PASSWORD": "canary-mlflow-9z8y7x6w",
-    "AWS_ACCESS_KEY_ID": "AKIACANARY1234567890",
-    "AWS_SECRET_ACCESS_KEY": "canary/aws+secret/0123456789abcdefABCDEF",
-    "AWS_SESSION_TOKEN": "canary-aws-session-token-0123456789",
-}
+QUERY_CANARY = "canary-query-key-0123456789"
+PASSWORD_CANARY = "canary-url-password-0123"
+NEEDLES = {**CANARIES, "url query": QUERY_CANARY, "url password": PASSWORD_CANARY}
 
 
-def files_containing(root: Path, needles: dict[str, str]) -> list[str]:
-    """``path: VARIABLE`` for every file under ``root`` that contains a needle."""
-    hits = []
-    for path in root.rglob("*"):
-        if path.is_file() and not path.is_symlink():
-            try:
-                data = path.read_bytes()
-            except OSError:
-                continue
-            hits += [f"{path}: {name}" for name, value in needles.items() if value.encode() in data]
-    return hits
+def write_config(inputs: Path, tmp_path: Path, model_dir: Path, base_url: str) -> Path:
+    """One config for every command: the endpoint's URL carries a key in its query and a password."""
+    host = base_url.removeprefix("http://")
+    config = inputs / "secrets.yaml"
+    config.write_text(
+        f"""
+name: secrets
+storage_path: {tmp_path / "runs"}
+model: {{name: {model_dir}}}
+data:
+  datasets: [{{path: "builtin:arithmetic", max_rows: 64}}]
+  validation_fraction: 0.1
+  max_seq_length: 128
+lora: {{r: 4}}
+train: {{max_steps: 4, save_steps: 2, eval_steps: 2}}
+scaling: {{num_workers: 2}}
+eval:
+  datasets: [{{path: "builtin:arithmetic", split: test, max_rows: 2}}]
+  num_workers: 1
+  generation: {{max_new_tokens: 4}}
+inference:
+  endpoint: {{base_url: "http://user:{PASSWORD_CANARY}@{host}?api_key={QUERY_CANARY}", api_key_env: LLM_ACCESS,
+             max_retries: 0}}
+sdg:
+  generator: llm
+  num_seeds: 2
+  variations: 1
+  teacher:
+    backend: openai
+    model: {{name: teacher-1}}
+    endpoint: {{base_url: "{base_url}?api_key={QUERY_CANARY}", api_key_env: LLM_ACCESS, max_retries: 0}}
+"""
+    )
+    return config
 
 
-def test_a_full_run_writes_no_secret_anywhere(tiny_model_dir: Path, tmp_path: Path) -> None:
-    config = tmp_path / "train.yaml"
-    config.write_text(f"name: run\nstorage_path: {tmp_path / 'runs'}\nmodel:\n  name: {tiny_model_dir}\n")
+def cli_commands(tmp_path: Path, config: Path, model_dir: Path, base_url: str) -> list[list[str]]:
+    """Each command a user runs, on the tiny model; the endpoint answers every request with HTTP 401."""
+    run_dir, out = str(tmp_path / "runs" / "secrets"), tmp_path / "out"
+    prompts = config.parent / "prompts.jsonl"
+    prompts.write_text('{"prompt": "What is 2 + 3?"}\n{"messages": [{"role": "user", "content": "Hi"}]}\n')
+    common = ["--config", str(config)]
+    return [
+        ["sdg", str(config), "--output-dir", str(out / "sdg")],
+        ["train", str(config)],
+        ["export", run_dir, str(out / "exported"), *common],
+        ["eval", str(config), "--model", run_dir, "--output", str(out / "eval")],
+        ["compare", str(config), "--model", f"base={model_dir}", "--model", f"tuned={run_dir}",
+         "--output", str(out / "compare")],
+        ["generate", "gpt-x", "--backend", "openai", "--input", str(prompts), "--output", str(out / "gen.jsonl"),
+         *common, f"inference.endpoint.base_url={base_url}?api_key={QUERY_CANARY}"],
+        ["chat", run_dir, *common, "--max-new-tokens", "4", "--device", "cpu"],
+    ]  # fmt: skip
+
+
+def test_no_command_writes_a_secret_anywhere(tiny_model_dir: Path, tmp_path: Path) -> None:
+    inputs = tmp_path / "inputs"  # the user's config and prompts, which hold the URL: not grepped
+    inputs.mkdir()
     ray_tmp = Path(tempfile.mkdtemp(prefix="rs", dir="/tmp"))  # short: Ray's socket paths have a length limit
     stored = tmp_path / "ray-stored.json"
-    overrides = ["scaling.num_workers=2", "train.max_steps=4", "train.save_steps=2", "train.eval_steps=2",
-                 "lora.r=4", "data.datasets=[{path: 'builtin:arithmetic', max_rows: 64}]",
-                 "data.validation_fraction=0.1", "data.max_seq_length=128"]  # fmt: skip
-    env = {**os.environ, **CANARIES, "RAY_TMPDIR": str(ray_tmp), "RAYFT_CACHE": str(tmp_path / "cache")}
-    try:
-        result = subprocess.run(
-            [sys.executable, "-m", "tests.integration.reliability_secrets_driver", str(stored), "train",
-             str(config), *overrides],
-            check=False, cwd=REPO, env=env, capture_output=True, text=True, timeout=600,
-        )  # fmt: skip
-        assert result.returncode == 0, result.stderr[-4000:]
-        assert "Trained 4 steps" in result.stdout
-        run_dir = tmp_path / "runs" / "run"
-        assert (run_dir / "final" / "adapter_model.safetensors").is_file()
-        assert list((run_dir / "checkpoints").glob("step-*")), "no checkpoint to inspect"
-        sessions = list(ray_tmp.rglob("session_*"))
-        assert sessions and list(ray_tmp.rglob("*.log")), "no Ray session logs to inspect"
+    env = {**os.environ, **CANARIES, "RAY_TMPDIR": str(ray_tmp), "RAYFT_CACHE": str(tmp_path / "cache"),
+           "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}  # fmt: skip
+    with OpenAIServer(responder=lambda request: "unused", api_key="the-right-key") as server:
+        config = write_config(inputs, tmp_path, tiny_model_dir, server.base_url)
+        commands = cli_commands(tmp_path, config, tiny_model_dir, server.base_url)
+        args = [arg for command in commands for arg in [*command, "::"]]
+        try:
+            result = subprocess.run(
+                [sys.executable, "-m", "tests.integration.reliability_secrets_driver", str(stored), *args],
+                check=False, cwd=REPO, env=env, capture_output=True, text=True, timeout=900,
+                input="What is 2 + 3?\n/exit\n",
+            )  # fmt: skip
+            console = result.stdout + result.stderr
+            assert result.returncode == 0, console[-4000:]
+            for name in ("sdg", "train", "export", "eval", "compare", "generate", "chat"):
+                assert f"exit 0: {name}" in result.stdout, console[-4000:]
+            # the server was asked, and answered with the key and the URL, for sdg's and generate's prompts
+            assert server.statuses.count(401) >= 4 and set(server.statuses) == {401}
+            out, run_dir = tmp_path / "out", tmp_path / "runs" / "secrets"
+            rows = [json.loads(line) for line in (out / "gen.jsonl").read_text().splitlines()]
+            assert all("Incorrect API key provided: ***REDACTED***" in row["error"] for row in rows), rows
+            assert "api_key=***REDACTED***" in (run_dir / "config.yaml").read_text()
+            assert (
+                f"user:***REDACTED***@{server.base_url.removeprefix('http://')}"
+                in (out / "exported" / "rayft_config.yaml").read_text()
+            )
+            for report in ("eval/eval.json", "compare/compare.json", "exported/README.md", "sdg/summary.json"):
+                assert (out / report).is_file(), report
+            assert list((run_dir / "checkpoints").glob("step-*")), "no checkpoint to inspect"
+            assert list(ray_tmp.rglob("session_*")) and list(ray_tmp.rglob("*.log")), "no Ray logs to inspect"
+            assert stored.is_file() and "runtime_env" in stored.read_text()
 
-        assert stored.is_file() and "runtime_env" in stored.read_text()
-        assert files_containing(tmp_path, CANARIES) == []  # run dir, caches, what Ray stored of the job
-        assert files_containing(ray_tmp, CANARIES) == []  # every Ray log and session file
-        for name, value in CANARIES.items():
-            assert value not in result.stdout + result.stderr, name
-    finally:
-        shutil.rmtree(ray_tmp, ignore_errors=True)
+            written = [p for p in tmp_path.iterdir() if p != inputs]  # run dir, outputs, caches, what Ray stored
+            assert [hit for path in written for hit in files_containing(path, NEEDLES)] == []
+            assert files_containing(ray_tmp, NEEDLES) == []  # every Ray log and session file
+            for name, value in NEEDLES.items():
+                assert value not in console, name
+        finally:
+            shutil.rmtree(ray_tmp, ignore_errors=True)

@@ -16,7 +16,7 @@ from rayft.errors import CheckpointError, RunInterruptedError
 from rayft.runs.checkpoints import publish_checkpoint, resume_checkpoint
 from rayft.runs.layout import STOP_REQUEST_FILE
 from rayft.runs.manifest import verify_checkpoint, write_manifest
-from rayft.security import MASK, RedactingFilter, redact, secret_values
+from rayft.security import MASK, redact, redact_record, secret_values
 from rayft.training.checkpointing import CheckpointWriter
 from rayft.training.faults import Faults, faults_from_env
 from rayft.training.launcher import stop_on_sigterm
@@ -52,10 +52,10 @@ def test_redaction_masks_every_credential_of_the_environment() -> None:
     assert redact(text, env) == f"model.name: https://user:{MASK}@host/x and {MASK}"
 
 
-def test_the_log_filter_masks_messages_and_arguments(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_log_record_is_masked_in_its_message_and_arguments(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("WANDB_API_KEY", CANARY)
     record = logging.LogRecord("x", logging.INFO, __file__, 1, "key %s in %s", (CANARY, "msg"), None)
-    assert RedactingFilter().filter(record)
+    redact_record(record)
     assert record.getMessage() == f"key {MASK} in msg"
 
 

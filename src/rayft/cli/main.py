@@ -28,6 +28,7 @@ from rayft.cli import (
 from rayft.cli.common import CliState
 from rayft.console import setup_console
 from rayft.errors import RayftError
+from rayft.security import install_redaction
 
 OVERRIDES_HELP = (
     "Any config field can be set after the config file with a dotted override, e.g. "
@@ -64,6 +65,7 @@ def cli(ctx: click.Context, debug: bool, verbose: bool) -> None:
     Every command takes a YAML config and optional dotted overrides. A laptop runs it on an
     embedded local Ray; a cluster runs the same config with scaling.address set.
     """
+    install_redaction()  # first: the console handler set up next writes through the masked stderr
     ctx.obj = CliState(debug=debug)
     setup_console(verbose=verbose, debug=debug)
 

@@ -20,7 +20,7 @@ from pydantic import BaseModel, ValidationError
 
 from rayft.config.schema import RayftConfig
 from rayft.errors import ConfigError
-from rayft.security import redact
+from rayft.security import mask_secret_fields, redact
 
 # Names users bring from other tools, mapped to ours, for "did you mean".
 _ALIASES = {
@@ -188,7 +188,7 @@ def describe_error(err: Any) -> str:
     message = str(err["msg"]).removeprefix("Value error, ")
     if isinstance(err.get("input"), dict) and _model_at(loc) is not None:
         return f"{path}: {message}."
-    return f"{path} = {err.get('input')!r}: {message}{hint}."
+    return f"{path} = {mask_secret_fields(err.get('input'))!r}: {message}{hint}."
 
 
 def _unknown_key(loc: tuple[Any, ...], path: str) -> str:
@@ -267,5 +267,5 @@ def _element_type(annotation: Any) -> Any:
 
 def dump_config(cfg: BaseModel) -> str:
     """The resolved config as YAML, every default spelled out, keys in schema order; credential
-    values found in the environment are masked (see :mod:`rayft.security`)."""
+    values found in the environment and in URIs are masked (see :mod:`rayft.security`)."""
     return redact(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False, allow_unicode=True))

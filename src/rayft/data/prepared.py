@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 from rayft.errors import StorageError
 from rayft.files import replace_dir
+from rayft.security import redact
 
 if TYPE_CHECKING:
     from rayft.config.data import DataConfig
@@ -162,4 +163,4 @@ def write_split(staging: Path, root: Path, name: str, units: list[dict[str, Any]
 
 
 def _write_jsonl(path: Path, rows: Sequence[dict[str, Any]]) -> None:
-    path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
+    path.write_text("".join(redact(json.dumps(r, ensure_ascii=False)) + "\n" for r in rows), encoding="utf-8")

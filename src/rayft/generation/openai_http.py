@@ -24,6 +24,7 @@ import httpx
 
 from rayft.config.generation import EndpointConfig
 from rayft.generation.backend import FinishReason, Generation, Prompt, SamplingParams, truncate_at_stop
+from rayft.security import mask_uri, redact, remember_secret
 
 MAX_BACKOFF_S = 30.0
 
@@ -45,6 +46,7 @@ class OpenAIBackend:
         self.base_url = endpoint.base_url.rstrip("/")
         key_env = endpoint.api_key_env
         self.api_key = api_key if api_key is not None else (os.environ.get(key_env) if key_env else None)
+        remember_secret(self.api_key)  # a server that echoes it back, or a log line, shows it masked
         self._sleep = time.sleep
         self._client: httpx.Client | None = None
         self._client_lock = threading.Lock()
@@ -55,6 +57,7 @@ class OpenAIBackend:
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state, _client_lock=threading.Lock())
+        remember_secret(self.api_key)  # in the Ray worker that generates, too
 
     def client(self) -> httpx.Client:
         """The pooled HTTP client, opened on first use: ``max_concurrency`` keep-alive connections."""
@@ -80,7 +83,7 @@ class OpenAIBackend:
     @property
     def name(self) -> str:
         """The endpoint and model, as recorded in provenance."""
-        return f"openai:{self.model}@{self.base_url}"
+        return f"openai:{self.model}@{mask_uri(self.base_url)}"  # kept in every row it writes
 
     def generate(self, prompts: Sequence[Prompt], params: SamplingParams) -> list[Generation]:
         """One generation per prompt, with at most ``max_concurrency`` requests in flight."""
@@ -107,7 +110,8 @@ class OpenAIBackend:
             reply = self._post_with_retries("/chat/completions" if chat else "/completions", body)
             return _to_generation(reply, chat, params)
         except Exception as exc:  # one failed prompt must not sink the batch
-            return Generation("", finish_reason="error", error=f"{type(exc).__name__}: {exc}")
+            # a server may quote the request back, the key among it
+            return Generation("", finish_reason="error", error=redact(f"{type(exc).__name__}: {exc}"))
 
     def _post_with_retries(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
         attempt = 0

@@ -29,7 +29,7 @@ from rayft.errors import CheckpointError, ConfigError, RunStateError
 from rayft.export import verify as v
 from rayft.export.card import render_model_card
 from rayft.export.checks import check_adapter, check_against_base
-from rayft.files import replace_dir, staging_dir
+from rayft.files import replace_dir, staging_dir, write_text_atomic
 from rayft.models.loading import load_causal_lm
 from rayft.models.sources import ResolvedSource, resolve_source
 from rayft.runs import layout
@@ -74,8 +74,8 @@ def run(
         else:
             verification = export_full(resolved, staging, cfg.export)
         merged = resolved.kind == "lora" and merge
-        (staging / VERIFICATION_FILE).write_text(json.dumps(verification, indent=2) + "\n", encoding="utf-8")
-        (staging / "README.md").write_text(render_model_card(resolved, verification, merged=merged), encoding="utf-8")
+        write_text_atomic(staging / VERIFICATION_FILE, json.dumps(verification, indent=2) + "\n")
+        write_text_atomic(staging / "README.md", render_model_card(resolved, verification, merged=merged))
         replace_dir(staging, target)  # the empty directory _check_target allowed, if any, is replaced
     finally:
         shutil.rmtree(staging, ignore_errors=True)
@@ -114,9 +114,9 @@ def _raise_problems(what: str, problems: list[str]) -> None:
 
 def _copy_side_files(checkpoint: Path, staging: Path, tokenizer: Any) -> None:
     tokenizer.save_pretrained(staging)  # tokenizer files and chat_template.jinja
-    for name in _COPIED:
+    for name in _COPIED:  # text files, rewritten masked: a checkpoint saved by an older rayft may hold a credential
         if (checkpoint / name).is_file():
-            shutil.copy2(checkpoint / name, staging / name)
+            write_text_atomic(staging / name, (checkpoint / name).read_text(encoding="utf-8"))
 
 
 def export_lora(resolved: ResolvedSource, staging: Path, cfg: ExportConfig, *, merge: bool) -> dict[str, Any]:

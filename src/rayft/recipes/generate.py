@@ -30,6 +30,7 @@ from rayft.generation.backend import Generation, Prompt
 from rayft.inference.prompts import REASONS, PromptFile, PromptRow, read_prompts
 from rayft.models.sources import resolve_source
 from rayft.runtime import ray_runtime
+from rayft.security import redact
 
 log = logging.getLogger("rayft.generate")
 
@@ -193,12 +194,12 @@ def output_rows(rows: list[PromptRow], generations: list[Generation]) -> Iterato
 
 
 def write_jsonl_atomic(path: Path, rows: Iterable[Mapping[str, Any]]) -> Path:
-    """Write one JSON object per line to a temporary file beside ``path``, then rename it into
-    place: readers see the old file or the whole new one."""
+    """Write one JSON object per line, its credentials masked, to a temporary file beside ``path``,
+    then rename it into place: readers see the old file or the whole new one."""
     try:
         with replacing(path, sync=True) as handle:
             for row in rows:
-                handle.write(json.dumps(row, ensure_ascii=False) + "\n")
+                handle.write(redact(json.dumps(row, ensure_ascii=False)) + "\n")
     except OSError as exc:
         raise StorageError(f"cannot write {path} ({exc.strerror}); choose a writable location") from exc
     return path

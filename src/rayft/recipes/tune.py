@@ -107,7 +107,6 @@ def prepare_once(cfg: RayftConfig) -> int:
     cache) and return how many reports one training run makes."""
     import tempfile
 
-
     assert cfg.tune is not None
     if cfg.task.path is not None:  # a custom task's units are counted here and written by each trial
         with tempfile.TemporaryDirectory(prefix="rayft-task-units-") as scratch:

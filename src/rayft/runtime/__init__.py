@@ -12,13 +12,17 @@ import logging
 import os
 from collections.abc import Iterator, Mapping
 
-from rayft._ray_private import local_init_kwargs, local_process_env
+from rayft._ray_private import local_init_kwargs, local_process_env, mask_job_entrypoint
 from rayft.console import quiet_ray
 from rayft.errors import ClusterError, exception_chain
 from rayft.runtime.address import parse_address
 from rayft.runtime.probe import check_gcs, check_tcp, resolve_auto, token_fix
 
 log = logging.getLogger(__name__)
+
+# Every worker process of a Ray that rayft starts or joins masks credentials in what it logs and
+# prints, as the driver does (Ray runs the hook in each worker before any task).
+WORKER_RUNTIME_ENV = {"worker_process_setup_hook": "rayft.security.install_redaction"}
 
 # On a Ray that rayft started, each training worker process runs Ray's own work (Ray core's task
 # loop, which wakes every 10 ms to check for signals and takes the GIL to do so, and the controller's
@@ -44,6 +48,7 @@ def ray_runtime(address: str | None = None, *, metrics: bool = False) -> Iterato
         yield
         return
     quiet_ray()
+    mask_job_entrypoint()
     # A Ray Job's driver (rayft submit) runs with RAY_ADDRESS set to the cluster that runs the job.
     address = address or os.environ.get("RAY_ADDRESS", "").strip() or None
     if address:
@@ -51,7 +56,12 @@ def ray_runtime(address: str | None = None, *, metrics: bool = False) -> Iterato
         _join(address)
     else:
         with environment(local_process_env(os.environ)):
-            ray.init(include_dashboard=False, log_to_driver=True, **local_init_kwargs(os.environ, metrics=metrics))
+            ray.init(
+                include_dashboard=False,
+                log_to_driver=True,
+                runtime_env=WORKER_RUNTIME_ENV,
+                **local_init_kwargs(os.environ, metrics=metrics),
+            )
         mark_started_here()
     if metrics:
         log_metrics_endpoints()
@@ -144,7 +154,7 @@ def _join(address: str) -> None:
 
     target = check_address(address)
     try:
-        ray.init(address=target, log_to_driver=True)
+        ray.init(address=target, log_to_driver=True, runtime_env=WORKER_RUNTIME_ENV)
     except Exception as exc:  # ray raises ConnectionError wrapping its AuthenticationError
         chain = [f"{type(e).__name__}: {e}" for e in exception_chain(exc)]
         if any("InvalidAuthToken" in t or "AuthenticationError" in t for t in chain):

@@ -27,6 +27,7 @@ from rayft.errors import RunStateError, StorageError
 from rayft.files import write_atomic, write_text_atomic
 from rayft.sdg.rows import OUTPUT_COLUMNS, ROW_DEFAULTS
 from rayft.sdg.stages import Row
+from rayft.security import redact
 
 _DONE = re.compile(r"^part-(\d{6})\.done\.json$")
 
@@ -142,6 +143,6 @@ def _write_parquet(table: Any, path: Path) -> None:
 
 
 def _write_jsonl(table: Any, path: Path) -> None:
-    with path.open("w") as f:
+    with path.open("w", encoding="utf-8") as f:
         for row in table.to_pylist():
-            f.write(json.dumps(row, ensure_ascii=False) + "\n")
+            f.write(redact(json.dumps(row, ensure_ascii=False)) + "\n")

@@ -3,7 +3,9 @@
 Built on the standard library's ``http.server`` and run in a thread. Replies come from a
 generation backend (say, a tiny HF model) or from a plain function of the request; failures can
 be injected (``fail_next(429, times=2)``) and replies delayed, to test retries and timeouts over
-real sockets.
+real sockets. Given an ``api_key``, it answers any other bearer token as hosted APIs do: HTTP 401
+with the key it was given (and the request's path and query) in the message, which lets tests
+check that no command repeats them.
 
 Example::
 
@@ -35,12 +37,14 @@ class OpenAIServer:
         responder: Responder | None = None,
         backend: GenerationBackend | None = None,
         delay_s: float = 0.0,
+        api_key: str | None = None,
     ) -> None:
         if (responder is None) == (backend is None):
             raise ValueError("give exactly one of responder or backend")
         self.responder = responder
         self.backend = backend
         self.delay_s = delay_s
+        self.api_key = api_key
         self.requests: list[dict[str, Any]] = []
         self.statuses: list[int] = []
         self.connections = 0  # TCP connections accepted (HTTP/1.1 keep-alive lets clients reuse them)
@@ -149,6 +153,8 @@ def _handler_for(server: OpenAIServer) -> type[BaseHTTPRequestHandler]:
             except json.JSONDecodeError:
                 self._send(400, {"error": {"message": "the body is not JSON"}})
                 return
+            if server.api_key is not None and self._rejected_key(request):
+                return
             routes = {"/v1/completions": False, "/v1/chat/completions": True}
             if self.path not in routes:
                 self._send(404, {"error": {"message": f"no route {self.path}"}})
@@ -165,6 +171,15 @@ def _handler_for(server: OpenAIServer) -> type[BaseHTTPRequestHandler]:
             reply = server.complete(request, routes[self.path])
             server._record(request, 200)
             self._send(200, reply)
+
+        def _rejected_key(self, request: dict[str, Any]) -> bool:
+            given = self.headers.get("Authorization", "").removeprefix("Bearer ")
+            if given == server.api_key:
+                return False
+            server._record(request, 401)
+            message = f"Incorrect API key provided: {given} (request {self.path})"
+            self._send(401, {"error": {"message": message, "code": "invalid_api_key"}})
+            return True
 
         def _send(self, status: int, body: dict[str, Any], headers: dict[str, str] | None = None) -> None:
             data = json.dumps(body).encode()

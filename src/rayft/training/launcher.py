@@ -28,7 +28,7 @@ from rayft.runs.checkpoints import scan_checkpoints
 from rayft.runs.location import worker_dir
 from rayft.runs.remote import RemoteRun
 from rayft.runtime import environment, local_idle_main_thread, owns_ray
-from rayft.security import install_log_redaction
+from rayft.security import install_redaction
 from rayft.training.faults import faults_from_env
 from rayft.training.plan import missing_resources
 from rayft.training.session import LocalSession, RaySession
@@ -52,7 +52,6 @@ def launch_local(
     plan: WorkerPlan, prepared: PreparedData, checkpoint: CheckpointConfig, failure: FailureConfig | None = None
 ) -> None:
     """Run the worker loop in this process, without Ray."""
-    install_log_redaction()
     plan = dataclasses.replace(plan, faults=faults_from_env())
     session = LocalSession(
         split_files(prepared), Path(plan.run_dir), num_to_keep=checkpoint.num_to_keep, remote_uri=plan.remote_uri
@@ -193,7 +192,6 @@ def launch_ray(
     import ray.train
     from ray.train.torch import TorchConfig
 
-    install_log_redaction()
     plan = dataclasses.replace(plan, faults=faults_from_env())
     use_gpu = resolve_use_gpu(scaling.use_gpu, ray.cluster_resources())
     per_worker = worker_resources(scaling, use_gpu)
@@ -244,7 +242,7 @@ def ray_worker_entry(config: dict[str, Any]) -> None:
     """The function each Ray Train worker runs (in a thread of its own; the process's main thread
     runs Ray's task loop). For a run at a URI the worker works in a directory of its own node."""
     plan: WorkerPlan = config["plan"]
-    install_log_redaction()
+    install_redaction()  # also where Ray was started by the caller, without rayft's worker set-up hook
     quiet_worker_console()
     if config.get("idle_main_thread"):
         idle_main_thread()
