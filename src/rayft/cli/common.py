@@ -36,6 +36,7 @@ def open_run_log(cfg: RayftConfig, directory: Path | None = None) -> Path | None
     With a URI as ``storage_path`` the file goes under the cache (``<cache>/logs/<name>/``).
     """
     from rayft.runs.location import is_remote
+    from rayft.runs.lock import refuse_if_held
 
     if directory is None:
         if is_remote(cfg.storage_path):
@@ -44,6 +45,7 @@ def open_run_log(cfg: RayftConfig, directory: Path | None = None) -> Path | None
             directory = cache_root() / "logs" / cfg.name
         else:
             directory = Path(cfg.storage_path).expanduser() / cfg.name
+    refuse_if_held(directory)  # a second driver of a run must not write into the first one's log
     path = attach_log_file(directory)
     if path is not None:
         log.info("full log: %s (rayft --verbose also shows Ray's output here)", path)

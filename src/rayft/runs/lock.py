@@ -218,6 +218,21 @@ class RunLock:
         )
 
 
+def refuse_if_held(directory: Path) -> None:
+    """Raise the refusal :meth:`RunLock.acquire` would, when a live driver holds ``directory``'s lock.
+
+    For what happens before the lock is taken (opening the run's log file): a second driver must
+    not write a line into the first one's run. Taking the lock itself stays the real guard.
+    """
+    lock = RunLock(directory, command="")
+    holder, age = lock._read(lock.path)
+    if age is None:
+        return
+    me = lock._me
+    if stale_reason(holder, age, host=me.host, pid=me.pid, pid_alive=pid_alive, lease_s=lock.lease_s) is None:
+        raise RunStateError(lock._held_message(holder, age))
+
+
 @contextmanager
 def run_lock(directory: Path, *, command: str) -> Iterator[RunLock]:
     """Hold the lock of ``directory`` for the body (released on exit and on error)."""
