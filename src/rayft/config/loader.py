@@ -113,8 +113,10 @@ class _UniqueKeyLoader(yaml.SafeLoader):
         """The mapping of ``node``, after checking that no key repeats."""
         seen: dict[Any, int] = {}
         for key_node, _ in node.value:
-            key = self.construct_object(key_node, deep=True)  # type: ignore[no-untyped-call]
+            key = self.construct_object(key_node, deep=True)
             line = key_node.start_mark.line + 1
+            if not isinstance(key, typing.Hashable):
+                continue  # a list or mapping as a key: YAML's own constructor refuses it below
             if key in seen:
                 raise _DuplicateKeyError(
                     f"key {key!r} on line {line} repeats the one on line {seen[key]} (YAML would keep only the last); "

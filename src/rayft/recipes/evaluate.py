@@ -23,7 +23,7 @@ from rayft.evaluation.runner import Examples, ModelRun, Runtime, choose_runtime,
 from rayft.evaluation.sources import ResolvedSource, fingerprint_source, resolve_source
 from rayft.evaluation.summary import EvalSummary, MetricSummary, ModelSummary
 from rayft.evaluation.tasks import Task, build_task
-from rayft.files import write_text_atomic
+from rayft.files import check_writable_dir, write_text_atomic
 
 log = logging.getLogger("rayft.eval")
 
@@ -64,6 +64,7 @@ class EvalResult:
 
 def run(cfg: RayftConfig, source: str, output_dir: Path, *, label: str = "model") -> EvalResult:
     """Evaluate the model ``source`` on ``cfg.eval`` and write the report into ``output_dir``."""
+    check_writable_dir(Path(output_dir), where="--output")  # before anything is generated
     task = build_task(cfg.eval)
     examples = load_examples(cfg.eval, task)
     resolved = resolve_source(source, cfg.model, cfg.eval.checkpoint)

@@ -26,10 +26,11 @@ from pydantic import ValidationError
 from rayft.config import RayftConfig
 from rayft.config.evaluation import ExportConfig
 from rayft.config.model import LoraConfig
-from rayft.errors import CheckpointError, ConfigError, RunStateError
+from rayft.errors import CheckpointError, ConfigError, RunStateError, StorageError
 from rayft.evaluation.sources import ResolvedSource, resolve_source
 from rayft.export.card import render_model_card
 from rayft.export.checks import check_adapter, check_against_base
+from rayft.files import share_like_siblings
 from rayft.runs import layout
 
 log = logging.getLogger("rayft.export")
@@ -57,6 +58,11 @@ def run(
     stage writes into a staging directory, then renames it into place); the log line names it.
     """
     merge = cfg.export.merge if merge is None else merge
+    if not Path(source).expanduser().is_dir():
+        raise ConfigError(
+            f"export: {source!r} does not exist or is not a directory; give a run directory, a checkpoints/step-N "
+            "directory or a final/ directory"
+        )
     resolved = resolve_source(source, cfg.model, cfg.eval.checkpoint)
     if resolved.kind == "model":
         raise ConfigError(
@@ -65,9 +71,7 @@ def run(
         )
     target = Path(output_dir).expanduser().resolve()
     _check_target(target)
-    staging = target.parent / f".{target.name}.export-partial-{os.getpid()}"
-    shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir(parents=True)
+    staging = _make_staging(target)
     try:
         if resolved.kind == "lora":
             verification = export_lora(resolved, staging, cfg.export, merge=merge)
@@ -91,7 +95,22 @@ def _check_target(target: Path) -> None:
         raise RunStateError(f"export: {target} already exists and is not empty; choose a new directory or delete it")
 
 
+def _make_staging(target: Path) -> Path:
+    """The empty directory the export is written into before it is renamed to ``target``; a
+    StorageError here, before any model loads, when ``target``'s parent cannot be written."""
+    staging = target.parent / f".{target.name}.export-partial-{os.getpid()}"
+    shutil.rmtree(staging, ignore_errors=True)
+    try:
+        staging.mkdir(parents=True)
+    except OSError as exc:
+        raise StorageError(
+            f"export: cannot write into {target.parent} ({exc.strerror}); choose a writable output directory"
+        ) from exc
+    return staging
+
+
 def _publish(staging: Path, target: Path) -> None:
+    share_like_siblings(staging)  # the weights are written 0600 through a temporary file
     if target.is_dir():
         target.rmdir()  # empty (checked before), so the rename below cannot clobber anything
     os.replace(staging, target)

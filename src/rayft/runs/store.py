@@ -189,7 +189,6 @@ def move_aside(directory: Path) -> None:
 def clear_untrained(directory: Path) -> None:
     """Delete what a start that trained no step left in a run directory (its config, data report,
     tracker ids, empty checkpoints), keeping ``logs/``, which the retry's own log is appended to."""
-    log.warning("%s: its earlier start stopped before it trained a step; starting it again", directory)
     for entry in directory.iterdir():
         if entry.name == LOG_FILE.parts[0]:
             continue

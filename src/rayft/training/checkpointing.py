@@ -22,8 +22,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rayft.errors import CheckpointError
+from rayft.errors import CheckpointError, RayftError
+from rayft.files import share_like_siblings
 from rayft.runs import layout
+from rayft.runs.checkpoints import full_disk_reported
 from rayft.runs.manifest import write_manifest
 from rayft.security import redact
 from rayft.training.faults import Faults
@@ -130,6 +132,8 @@ class CheckpointWriter:
             self._thread = None
         if self._error is not None:
             error, self._error = self._error, None
+            if isinstance(error, RayftError):  # already says what, where and the fix (a full disk)
+                raise error
             raise CheckpointError(f"writing a checkpoint failed: {type(error).__name__}: {error}") from error
 
 
@@ -188,7 +192,8 @@ class Checkpointer:
 
             def job() -> None:
                 staging = session.staging_dir(snapshot.step)
-                write_snapshot(snapshot, inner, write_model, files, staging, faults=faults)
+                with full_disk_reported(staging, staging.parent):
+                    write_snapshot(snapshot, inner, write_model, files, staging, faults=faults)
                 faults.kill_if(snapshot.step, "before_commit")
                 session.commit_checkpoint(snapshot.metrics, staging, snapshot.step)
 
@@ -286,6 +291,7 @@ def write_model_files(
     generation = _generation_config(inner, tokenizer)
     generation.save_pretrained(directory)
     (directory / layout.CHECKPOINT_CONFIG_FILE).write_text(redact(files.resolved_config), encoding="utf-8")
+    share_like_siblings(directory)  # the weights are written 0600 through a temporary file
 
 
 def check_written_adapter(directory: Path, r: int, *, modules: int) -> None:
@@ -362,8 +368,9 @@ def save_final(
     target = run_dir / layout.FINAL_DIR
     staging = run_dir / f".{layout.FINAL_DIR}.partial-{os.getpid()}"
     shutil.rmtree(staging, ignore_errors=True)
-    write_model(model, staging, weights)
-    write_manifest(staging, state.step, state.metrics(), files.lineage | {"final": True})
+    with full_disk_reported(staging, run_dir / layout.CHECKPOINTS_DIR):
+        write_model(model, staging, weights)
+        write_manifest(staging, state.step, state.metrics(), files.lineage | {"final": True})
     shutil.rmtree(target, ignore_errors=True)
     os.replace(staging, target)
     log.info("wrote %s (step %d)", target, state.step)
