@@ -50,10 +50,18 @@ def test_train_refuses_with_the_fix(state: RunState, resume: bool, message: str)
 def test_a_run_whose_start_failed_before_it_trained_a_step_is_started_again(resume: bool) -> None:
     """A bad data path, model or tracker leaves config.yaml behind: the corrected command (with or
     without --resume, with the settings changed) starts the run again instead of being refused."""
-    plan = plan_train_start(WHERE, "demo", RunState(exists=True, finished=False), CFG, changed(learning_rate=1.0),
-                            resume=resume)  # fmt: skip
+    saved, wanted = {**CFG, "name": "demo"}, {**changed(learning_rate=1.0), "name": "demo"}
+    plan = plan_train_start(WHERE, "demo", RunState(exists=True, finished=False), saved, wanted, resume=resume)
     assert plan.action == "restart"
     assert "stopped before it trained a step" in plan.reason
+
+
+def test_a_directory_whose_config_is_not_this_runs_is_never_started_over() -> None:
+    """A config.yaml rayft did not write for this run (another tool's, in a directory that happens to
+    have the run's name) is refused as before, never cleared."""
+    with pytest.raises(RunStateError, match="already exists"):
+        plan_train_start(WHERE, "demo", RunState(exists=True, finished=False), {"model": "theirs"},
+                         {**CFG, "name": "demo"}, resume=False)  # fmt: skip
 
 
 def test_resume_allows_schedule_and_scaling_changes_only() -> None:

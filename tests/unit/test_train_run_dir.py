@@ -50,7 +50,9 @@ def test_a_start_that_trained_nothing_is_started_again_keeping_only_its_log(tmp_
     for resume in (False, True):  # the corrected command, with or without --resume
         assert claim_run_dir(cfg(tmp_path, "train.learning_rate=1e-3"), resume=resume) == run_dir
         assert "learning_rate: 0.001" in (run_dir / "config.yaml").read_text()
-    assert sorted(p.name for p in run_dir.iterdir()) == ["config.yaml", "logs"]
+    (run_dir / "notes.txt").write_text("the user's own file")
+    assert claim_run_dir(cfg(tmp_path), resume=False) == run_dir
+    assert sorted(p.name for p in run_dir.iterdir()) == ["config.yaml", "logs", "notes.txt"]
     assert (run_dir / "logs" / "rayft.log").read_text() == "first attempt\n"
 
 

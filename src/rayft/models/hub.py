@@ -95,8 +95,9 @@ def did_you_mean(name: str, known: list[str]) -> str:
 
 def hub_cache_dir() -> Path:
     """The Hugging Face cache of Hub models, as huggingface_hub computes it from the environment."""
-    if os.environ.get("HF_HUB_CACHE"):
-        return Path(os.environ["HF_HUB_CACHE"]).expanduser()
+    explicit = os.environ.get("HF_HUB_CACHE") or os.environ.get("HUGGINGFACE_HUB_CACHE")
+    if explicit:
+        return Path(explicit).expanduser()
     home = os.environ.get("HF_HOME") or os.path.join(os.environ.get("XDG_CACHE_HOME", "~/.cache"), "huggingface")
     return Path(home).expanduser() / "hub"
 

@@ -97,12 +97,13 @@ def plan_train_start(
         retune: Continue with new optimiser hyper-parameters (:data:`RETUNABLE_CHANGES` may also differ).
 
     Raises:
-        RunStateError: the run is finished, exists without ``--resume``, or is missing with it.
+        RunStateError: the run is finished, exists without ``--resume``, or is missing with it. A run
+            that saved this run's config and trained no step is started again instead (``restart``).
         ConfigError: ``--resume`` with settings that would mix two different runs.
     """
     if resume and not state.exists:
         raise RunStateError(f"--resume: there is no run at {where} to resume; drop --resume to start it")
-    if state.exists and not state.trained:
+    if state.exists and not state.trained and (saved or {}).get("name") == wanted.get("name"):
         return StartPlan("restart", "starting again: the earlier start of this run stopped before it trained a step")
     if state.finished:
         raise RunStateError(

@@ -16,7 +16,6 @@ from typing import Any, Protocol
 
 import yaml
 
-from rayft.console import LOG_FILE
 from rayft.errors import StorageError
 from rayft.runs import layout
 from rayft.runs.checkpoints import remove_incomplete, scan_checkpoints
@@ -186,15 +185,27 @@ def move_aside(directory: Path) -> None:
     directory.rename(target)
 
 
+UNTRAINED_LEFTOVERS = (
+    layout.CONFIG_FILE,
+    layout.METRICS_FILE,
+    layout.TENSORBOARD_DIR,
+    layout.TRACKING_FILE,
+    layout.TRACKING_UNSENT_FILE,
+    layout.DATA_DIR,
+    layout.CHECKPOINTS_DIR,
+    layout.STOP_REQUEST_FILE,
+)
+"""What a start that trained no step may leave in its run directory, and a restart deletes (``logs/``,
+which the retry's own log is appended to, stays, and so does anything rayft did not write)."""
+
+
 def clear_untrained(directory: Path) -> None:
-    """Delete what a start that trained no step left in a run directory (its config, data report,
-    tracker ids, empty checkpoints), keeping ``logs/``, which the retry's own log is appended to."""
-    for entry in directory.iterdir():
-        if entry.name == LOG_FILE.parts[0]:
-            continue
+    """Delete what a start that trained no step left in a run directory (:data:`UNTRAINED_LEFTOVERS`)."""
+    for name in UNTRAINED_LEFTOVERS:
+        entry = directory / name
         if entry.is_dir() and not entry.is_symlink():
             shutil.rmtree(entry)
-        else:
+        elif entry.exists() or entry.is_symlink():
             entry.unlink()
 
 
