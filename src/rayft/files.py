@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import stat
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO
@@ -113,3 +114,32 @@ def fsync_dir(path: Path) -> None:
         pass
     finally:
         os.close(fd)
+
+
+def check_writable_dir(directory: Path, *, where: str, fix: str = "choose a writable directory") -> None:
+    """Create ``directory`` if needed and prove a file can be written in it, before any expensive
+    work whose result would go there; raise a StorageError naming ``where`` (the option or setting)."""
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        probe = directory / f".write-probe-{os.getpid()}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as exc:
+        raise StorageError(f"{where}: cannot write into {directory} ({exc.strerror}); {fix}") from exc
+
+
+def share_like_siblings(directory: Path) -> None:
+    """Give every file of ``directory`` the mode a plain new file gets there (0644 under umask 022).
+
+    Libraries that write through a private temporary file (safetensors' weights) leave it 0600,
+    unreadable to the group that can read the rest of a checkpoint or export.
+    """
+    probe = directory / f".mode-probe-{os.getpid()}"
+    probe.touch()
+    try:
+        mode = stat.S_IMODE(probe.stat().st_mode)
+    finally:
+        probe.unlink()
+    for path in directory.iterdir():
+        if path.is_file() and not path.is_symlink() and stat.S_IMODE(path.stat().st_mode) != mode:
+            path.chmod(mode)

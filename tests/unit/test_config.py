@@ -122,3 +122,22 @@ def test_every_shipped_config_is_valid(path: Path) -> None:
     first_line = path.read_text().splitlines()[0]
     assert first_line.startswith("# rayft "), f"{path.name} must open with the command that runs it"
     load_config(path)
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (b"\xff\xfe\x00binary", r"is not UTF-8 text \(byte 0xff at offset 0\); give a YAML config file"),
+        (b"", r"is empty \(line 1\); write the sections to change"),
+        (b"# nothing but a comment\n", r"is empty \(line 1\)"),
+        (b"train:\n  max_steps: 1\n  max_steps: 2\n", r"key 'max_steps' on line 3 repeats the one on line 2"),
+        (b"name: a\ntrain: {}\nname: b\n", r"key 'name' on line 3 repeats the one on line 1"),
+    ],
+)
+def test_files_yaml_would_read_silently_wrong_are_refused_naming_the_line(
+    tmp_path: Path, content: bytes, message: str
+) -> None:
+    path = tmp_path / "cfg.yaml"
+    path.write_bytes(content)
+    with pytest.raises(ConfigError, match=message):
+        load_config(path)

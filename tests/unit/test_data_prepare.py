@@ -133,3 +133,24 @@ def test_tokenization_blocks_give_each_cpu_a_few_long_tasks() -> None:
     assert block_rows(100, 2) == BATCH_ROWS  # tiny data: one small task, not 8 of 13 rows
     assert block_rows(1_000_000, 64) == 3907
     assert block_rows(10, 0) == BATCH_ROWS  # a cluster reporting no CPU yet
+
+
+def test_many_rows_cut_to_the_length_limit_are_warned_about_with_counts_and_the_fix(
+    tiny_model_dir: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text("".join(json.dumps({"prompt": f"q{i}", "completion": " word" * (40 if i < 6 else 2)}) + "\n"
+                            for i in range(10)))  # fmt: skip
+    cut = _config(tiny_model_dir, f"data.datasets=[{{path: '{rows}'}}]", "data.max_seq_length=24",
+                  "data.validation_fraction=0")  # fmt: skip
+    with caplog.at_level("WARNING", logger="rayft.data"):
+        prepare_data(cut.data, cut.model, 0, report_dir=None, use_ray=False)
+    warned = [r.getMessage() for r in caplog.records if "cut to it" in r.getMessage()]
+    assert len(warned) == 1 and warned[0].startswith("data: 6 of 10 rows (60%) are longer than data.max_seq_length=24")
+    assert "Raise data.max_seq_length" in warned[0] and "data.overlong=drop" in warned[0]
+    caplog.clear()
+    whole = _config(tiny_model_dir, f"data.datasets=[{{path: '{rows}'}}]", "data.max_seq_length=512",
+                    "data.validation_fraction=0")  # fmt: skip
+    with caplog.at_level("WARNING", logger="rayft.data"):
+        prepare_data(whole.data, whole.model, 0, report_dir=None, use_ray=False)
+    assert not [r for r in caplog.records if "cut to it" in r.getMessage()]

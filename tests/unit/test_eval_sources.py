@@ -98,13 +98,16 @@ def test_damaged_checkpoint_is_refused_with_the_bad_file(tmp_path: Path) -> None
         resolve_source(str(ckpt), ModelConfig(), "latest")
 
 
-def test_model_names_keep_the_configured_settings(tmp_path: Path) -> None:
+def test_model_names_keep_the_configured_settings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    for repo in ("models--org--a", "models--org--b"):  # Hub models in the local cache: usable offline
+        (tmp_path / "hub" / repo).mkdir(parents=True)
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
     default = ModelConfig(name="org/a", dtype="bfloat16", revision="main")
     assert resolve_source("org/a", default).model == default
     other = resolve_source("org/b", default).model
     assert (other.name, other.dtype, other.revision) == ("org/b", "bfloat16", None)
     with pytest.raises(ModelError, match="neither a model directory"):
-        resolve_source(str(tmp_path), default)
+        resolve_source(str(tmp_path / "hub"), default)
 
 
 def test_a_custom_task_checkpoint_is_refused_with_how_to_load_it(tmp_path: Path) -> None:

@@ -117,6 +117,7 @@ def test_generation_config_takes_the_inference_section(tmp_path: Path) -> None:
     tiny_model_dir = tmp_path / "model"
     tiny_model_dir.mkdir()
     (tiny_model_dir / "config.json").write_text("{}")  # a model directory, as far as resolving goes
+    (tiny_model_dir / "tokenizer_config.json").write_text("{}")
     cfg = load_config(None, ["inference.temperature=0", "inference.num_workers=2", "inference.batch_size=4"])
     gen, described = generation_config(cfg, str(tiny_model_dir))
     assert (gen.model.name, gen.adapter_path, gen.temperature, gen.concurrency, gen.batch_size) == (

@@ -74,6 +74,20 @@ def test_rayft_train_is_refused_before_any_work_while_another_driver_holds_the_r
     assert not (tmp_path / "demo" / "config.yaml").exists()
 
 
+def test_a_refused_rayft_train_writes_nothing_into_the_first_drivers_log(tmp_path: Path, holder) -> None:  # type: ignore[no-untyped-def]
+    log_file = tmp_path / "demo" / "logs" / "rayft.log"
+    log_file.parent.mkdir(parents=True)
+    log_file.write_text("the first driver's line\n", encoding="utf-8")
+    config = tmp_path / "demo.yaml"
+    config.write_text(f"name: demo\nstorage_path: {tmp_path}\n", encoding="utf-8")
+    env = {**os.environ, "PYTHONPATH": str(Path(rayft.__file__).parents[1])}
+    command = [sys.executable, "-m", "rayft", "train", str(config)]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 2, done.stderr
+    assert f"pid {holder.pid}" in done.stderr and "Traceback" not in done.stderr
+    assert log_file.read_text(encoding="utf-8") == "the first driver's line\n"
+
+
 def test_rayft_run_and_rayft_sdg_are_refused_while_another_driver_holds_their_directory(tmp_path: Path, holder) -> None:  # type: ignore[no-untyped-def]
     from rayft.pipeline import runner as pipeline
     from rayft.recipes import sdg

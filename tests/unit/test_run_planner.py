@@ -38,12 +38,30 @@ def test_train_starts_a_fresh_run_and_resumes_an_unfinished_one() -> None:
         (FINISHED, False, r"run 'demo' already finished \(s3://bucket/runs/demo/final exists\); .*name=demo-2"),
         (FINISHED, True, r"already finished .* or delete s3://bucket/runs/demo"),
         (UNFINISHED, False, r"already exists at .* \(checkpoints up to step 4\); rerun with --resume"),
-        (RunState(True, False), False, r"already exists at .* \(no checkpoint yet\)"),
+        (RunState(True, False, logged=True), False, r"already exists at .* \(no checkpoint yet\)"),
     ],
 )
 def test_train_refuses_with_the_fix(state: RunState, resume: bool, message: str) -> None:
     with pytest.raises(RunStateError, match=message):
         train_start(state, CFG, CFG, resume=resume)
+
+
+@pytest.mark.parametrize("resume", [False, True])
+def test_a_run_whose_start_failed_before_it_trained_a_step_is_started_again(resume: bool) -> None:
+    """A bad data path, model or tracker leaves config.yaml behind: the corrected command (with or
+    without --resume, with the settings changed) starts the run again instead of being refused."""
+    saved, wanted = {**CFG, "name": "demo"}, {**changed(learning_rate=1.0), "name": "demo"}
+    plan = plan_train_start(WHERE, "demo", RunState(exists=True, finished=False), saved, wanted, resume=resume)
+    assert plan.action == "restart"
+    assert "stopped before it trained a step" in plan.reason
+
+
+def test_a_directory_whose_config_is_not_this_runs_is_never_started_over() -> None:
+    """A config.yaml rayft did not write for this run (another tool's, in a directory that happens to
+    have the run's name) is refused as before, never cleared."""
+    with pytest.raises(RunStateError, match="already exists"):
+        plan_train_start(WHERE, "demo", RunState(exists=True, finished=False), {"model": "theirs"},
+                         {**CFG, "name": "demo"}, resume=False)  # fmt: skip
 
 
 def test_resume_allows_schedule_and_scaling_changes_only() -> None:

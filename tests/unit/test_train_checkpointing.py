@@ -76,3 +76,64 @@ def test_a_checkpoint_saved_from_its_objects_restores_them(
     assert fresh_scheduler.state_dict() == json.loads(json.dumps(scheduler.state_dict()))
     for before, after in zip(optimizer.state.values(), fresh_optimizer.state.values(), strict=True):
         assert torch.equal(before["exp_avg"], after["exp_avg"])
+
+
+def _lora_saver(model_dir: Path, run_dir: Path, *, background: bool = False) -> tuple[Any, Any, Any]:
+    from transformers import AutoTokenizer
+
+    from rayft.training.checkpointing import Checkpointer, ModelFiles, TrainingObjects, write_model_files
+    from rayft.training.faults import Faults
+    from rayft.training.parallel import parallelism
+    from rayft.training.session import LocalSession
+
+    model, optimizer, scheduler = _trained_lora(model_dir)
+    files = ModelFiles("lora", 4, "train:\n  method: lora\n", {"method": "lora", "world_size": 1})
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+
+    def write_model(model: object, directory: Path, state: dict[str, object] | None) -> None:
+        write_model_files(model, tokenizer, files, directory, state_dict=state)
+
+    saver = Checkpointer(LocalSession({}, run_dir, device="cpu"), files, write_model, faults=Faults(),
+                         background=background)  # fmt: skip
+    return saver, TrainingObjects(parallelism("ddp", world_size=1), model, optimizer, scheduler), files
+
+
+def test_every_file_of_a_checkpoint_has_the_mode_of_a_new_file(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """safetensors writes the weights through a private temporary file (0600): they get the mode of
+    the rest (0644 under umask 022), so a group that reads the run reads its weights too."""
+    from rayft.training.checkpointing import TrainerState
+
+    saver, objects, _ = _lora_saver(tiny_model_dir, tmp_path)
+    saver.save(objects, TrainerState(step=1))
+    saver.wait()
+    (tmp_path / "plain").touch()
+    expected = (tmp_path / "plain").stat().st_mode & 0o777
+    saved = tmp_path / "checkpoints" / "step-000001"
+    modes = {p.name: oct(p.stat().st_mode & 0o777) for p in saved.iterdir() if p.is_file()}
+    assert set(modes.values()) == {oct(expected)}, modes
+
+
+@pytest.mark.parametrize("background", [False, True])
+def test_a_full_disk_names_the_place_and_the_checkpoint_kept(tiny_model_dir: Path, tmp_path: Path,
+                                                            background: bool) -> None:  # fmt: skip
+    """A real full filesystem (a tmpfs with room for one checkpoint): the second save fails with the
+    mount point and the checkpoint kept, not torch's ``basic_ios::clear: iostream error``."""
+    from rayft.errors import StorageError
+    from rayft.testing.mounts import tmpfs
+    from rayft.training.checkpointing import TrainerState
+
+    saver, objects, _ = _lora_saver(tiny_model_dir, tmp_path / "probe")
+    saver.save(objects, TrainerState(step=1))
+    saver.wait()
+    one = sum(p.stat().st_size for p in (tmp_path / "probe").rglob("*") if p.is_file())
+    with tmpfs(tmp_path / "disk", size_kib=one * 3 // 2 // 1024 + 8) as disk:
+        saver, objects, _ = _lora_saver(tiny_model_dir, disk, background=background)
+        saver.save(objects, TrainerState(step=1))
+        saver.wait()
+        with pytest.raises(StorageError) as raised:
+            saver.save(objects, TrainerState(step=2))
+            saver.wait()
+        message = str(raised.value)
+        assert message.startswith(f"no space left on {disk} while writing .step-000002.partial-"), message
+        assert f"kept: the newest complete checkpoint {disk / 'checkpoints' / 'step-000001'}" in message
+        assert sorted(p.name for p in (disk / "checkpoints").iterdir()) == ["step-000001"]  # partial write gone

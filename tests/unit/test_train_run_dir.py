@@ -24,7 +24,8 @@ def test_a_new_run_saves_its_resolved_config(tmp_path: Path) -> None:
 
 
 def test_reusing_a_name_without_resume_is_refused(tmp_path: Path) -> None:
-    claim_run_dir(cfg(tmp_path), resume=False)
+    run_dir = claim_run_dir(cfg(tmp_path), resume=False)
+    (run_dir / "metrics.jsonl").write_text('{"step": 1, "train/loss": 2.0}\n')  # it trained a step
     with pytest.raises(RunStateError, match=r"run 'demo' already exists .*; rerun with --resume .* \(name=demo-2\)"):
         claim_run_dir(cfg(tmp_path), resume=False)
 
@@ -38,6 +39,21 @@ def test_resume_needs_an_existing_unfinished_run(tmp_path: Path) -> None:
     write_manifest(run_dir / "final", 10)
     with pytest.raises(RunStateError, match="already finished"):
         claim_run_dir(cfg(tmp_path), resume=True)
+
+
+def test_a_start_that_trained_nothing_is_started_again_keeping_only_its_log(tmp_path: Path) -> None:
+    run_dir = claim_run_dir(cfg(tmp_path, "data.datasets.0.path=/nowhere.jsonl"), resume=False)
+    (run_dir / "logs").mkdir()
+    (run_dir / "logs" / "rayft.log").write_text("first attempt\n")
+    (run_dir / "data").mkdir()
+    (run_dir / "tracking.json").write_text("{}")
+    for resume in (False, True):  # the corrected command, with or without --resume
+        assert claim_run_dir(cfg(tmp_path, "train.learning_rate=1e-3"), resume=resume) == run_dir
+        assert "learning_rate: 0.001" in (run_dir / "config.yaml").read_text()
+    (run_dir / "notes.txt").write_text("the user's own file")
+    assert claim_run_dir(cfg(tmp_path), resume=False) == run_dir
+    assert sorted(p.name for p in run_dir.iterdir()) == ["config.yaml", "logs", "notes.txt"]
+    assert (run_dir / "logs" / "rayft.log").read_text() == "first attempt\n"
 
 
 def test_resume_accepts_schedule_changes_but_not_model_changes(tmp_path: Path) -> None:

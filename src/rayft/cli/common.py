@@ -12,6 +12,7 @@ from rayft.cache import cache_root
 from rayft.config import RayftConfig, load_config
 from rayft.console import attach_log_file
 from rayft.runs.location import is_remote
+from rayft.runs.lock import refuse_if_held
 
 log = logging.getLogger("rayft.cli")
 
@@ -42,6 +43,7 @@ def open_run_log(cfg: RayftConfig, directory: Path | None = None) -> Path | None
             directory = cache_root() / "logs" / cfg.name
         else:
             directory = Path(cfg.storage_path).expanduser() / cfg.name
+    refuse_if_held(directory)  # a second driver of a run must not write into the first one's log
     path = attach_log_file(directory)
     if path is not None:
         log.info("full log: %s (rayft --verbose also shows Ray's output here)", path)

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import difflib
 import types
 import typing
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any, Union
 
 import click
@@ -13,6 +15,7 @@ from pydantic_core import PydanticUndefined
 
 from rayft.cli.common import config_argument, load_cli_config, overrides_argument
 from rayft.config import RayftConfig, dump_config
+from rayft.errors import ConfigError
 
 
 @click.group()
@@ -41,10 +44,25 @@ def validate(config_path: str, overrides: tuple[str, ...]) -> None:
 @click.argument("prefix", required=False, default="")
 def fields(prefix: str) -> None:
     """List every config field (optionally those under PREFIX, e.g. 'train') with its help."""
-    for path, annotation, default, description in iter_fields(RayftConfig):
-        if path.startswith(prefix):
-            click.echo(f"{path}: {annotation} = {default}")
-            click.echo(f"    {description}")
+    rows = [row for row in iter_fields(RayftConfig) if row[0].startswith(prefix)]
+    if not rows:
+        raise ConfigError(_no_fields_message(prefix))
+    for path, annotation, default, description in rows:
+        click.echo(f"{path}: {annotation} = {default}")
+        click.echo(f"    {description}")
+
+
+def _no_fields_message(prefix: str) -> str:
+    """Why ``rayft config fields PREFIX`` lists nothing, and what to type instead."""
+    if Path(prefix).is_file() or prefix.endswith((".yaml", ".yml")):
+        return (
+            f"rayft config fields: {prefix!r} is a file, but the argument is a field prefix such as 'train' or "
+            f"'k8s'; `rayft config fields` lists every field, `rayft config show {prefix}` a config's values"
+        )
+    sections = sorted({path.split(".", 1)[0] for path, *_ in iter_fields(RayftConfig)})
+    guess = difflib.get_close_matches(prefix.split(".", 1)[0], sections, n=1)
+    hint = f" Did you mean {guess[0]!r}?" if guess else ""
+    return f"rayft config fields: no field starts with {prefix!r}.{hint} Sections: {', '.join(sections)}"
 
 
 def iter_fields(model: type[BaseModel], prefix: str = "") -> Iterator[tuple[str, str, str, str]]:

@@ -70,22 +70,61 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
 
 
 def read_yaml(path: str | Path) -> dict[str, Any]:
-    """Read a YAML mapping from a file, with errors that name the file and line."""
+    """Read a YAML mapping from a file, with errors that name the file and line.
+
+    An empty file, a file that is not UTF-8 text and a key given twice in one section are refused:
+    each is a mistake YAML itself would pass over silently (the last duplicate wins).
+    """
     file = Path(path)
     if not file.is_file():
         raise ConfigError(f"Config file {str(file)!r} does not exist; check the path.")
     try:
-        data = yaml.safe_load(file.read_text(encoding="utf-8"))
+        text = file.read_text(encoding="utf-8")
+        data = yaml.load(text, Loader=_UniqueKeyLoader)  # a SafeLoader subclass
+    except UnicodeDecodeError as exc:
+        raise ConfigError(
+            f"Config file {str(file)!r} is not UTF-8 text (byte {exc.object[exc.start]:#04x} at offset {exc.start}); "
+            "give a YAML config file, saved as UTF-8."
+        ) from None
+    except _DuplicateKeyError as exc:
+        raise ConfigError(f"Config file {str(file)!r}: {exc}") from None
     except yaml.YAMLError as exc:
         raise ConfigError(f"Config file {str(file)!r} is not valid YAML: {exc}") from None
     if data is None:
-        return {}
+        raise ConfigError(
+            f"Config file {str(file)!r} is empty (line 1); write the sections to change (model:, data:, train:, ...), "
+            "or leave the file out to use the defaults."
+        )
     if not isinstance(data, dict):
         raise ConfigError(
             f"Config file {str(file)!r} must hold a mapping of sections (model:, data:, train:, ...), "
             f"not a {type(data).__name__}."
         )
     return data
+
+
+class _DuplicateKeyError(yaml.YAMLError):
+    """A mapping of a YAML file names the same key twice."""
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """YAML's safe loader, refusing a key that appears twice in one mapping (YAML keeps the last)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        """The mapping of ``node``, after checking that no key repeats."""
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            line = key_node.start_mark.line + 1
+            if not isinstance(key, typing.Hashable):
+                continue  # a list or mapping as a key: YAML's own constructor refuses it below
+            if key in seen:
+                raise _DuplicateKeyError(
+                    f"key {key!r} on line {line} repeats the one on line {seen[key]} (YAML would keep only the last); "
+                    "keep one of them"
+                )
+            seen[key] = line
+        return super().construct_mapping(node, deep=deep)
 
 
 def parse_override(item: str) -> tuple[str, Any]:

@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import os
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from rayft.config.base import Section
 
 MlflowArtifact = Literal["config", "final", "export", "eval", "report"]
+
+MLFLOW_SCHEMES = ("http", "https", "sqlite", "postgresql", "mysql", "mssql", "databricks")
+"""The tracking URI schemes MLflow serves (a database scheme may name its driver: ``postgresql+psycopg2``),
+besides ``file:``, which MLflow 3 refuses unless :data:`FILE_STORE_VARIABLE` is true."""
+FILE_STORE_VARIABLE = "MLFLOW_ALLOW_FILE_STORE"
 
 
 class MlflowConfig(Section):
@@ -19,7 +25,10 @@ class MlflowConfig(Section):
     """
 
     tracking_uri: str = Field(
-        description="The tracking server, e.g. http://mlflow.internal:5000 (or a local file:/ or sqlite:/ store)."
+        description=(
+            "The tracking server, e.g. http://mlflow.internal:5000, or a local store in a SQLite file, "
+            "sqlite:////abs/path/mlflow.db (a file:/ store needs MLFLOW_ALLOW_FILE_STORE=true with MLflow 3)."
+        )
     )
     experiment: str = Field("rayft", min_length=1, description="Experiment the runs are logged under.")
     run_name: str | None = Field(None, description="Name of the MLflow run (default: the rayft run's name).")
@@ -41,6 +50,25 @@ class MlflowConfig(Section):
             "charts, higher for a busy server."
         ),
     )
+
+    @field_validator("tracking_uri")
+    @classmethod
+    def _known_scheme(cls, uri: str) -> str:
+        scheme = uri.partition(":")[0].partition("+")[0].lower() if ":" in uri else ""
+        if scheme == "file" and os.environ.get(FILE_STORE_VARIABLE, "").strip().lower() != "true":
+            raise ValueError(
+                f"MLflow 3 refuses its file: store unless {FILE_STORE_VARIABLE}=true is exported; keep a local "
+                "store in a SQLite file instead, e.g. sqlite:////abs/path/mlflow.db, give a server, e.g. "
+                f"http://host:5000, or export {FILE_STORE_VARIABLE}=true"
+            )
+        if scheme not in (*MLFLOW_SCHEMES, "file"):
+            raise ValueError(
+                f"not an MLflow tracking URI (scheme {scheme or 'missing'!r}); give a server, e.g. "
+                f"http://host:5000, or a SQLite file, e.g. sqlite:////abs/path/mlflow.db (schemes: "
+                f"{', '.join(MLFLOW_SCHEMES)})"
+            )
+        return uri
+
     required: bool = Field(
         True,
         description=(

@@ -35,7 +35,7 @@ from rayft.data.executors import tokenize_in_process, tokenize_on_ray
 from rayft.data.packing import make_units
 from rayft.data.prepared import SPLITS, PreparedData, write_prepared
 from rayft.data.reader import Source, read_sources
-from rayft.data.report import check_rejected, log_summary, write_report
+from rayft.data.report import check_rejected, log_summary, warn_truncated, write_report
 from rayft.data.seq2seq import refuse_unpaired_formats
 from rayft.data.split_plan import Record, plan_records
 from rayft.data.stats import collect_rejected, compute_stats
@@ -102,6 +102,8 @@ def prepare(
         prepared = build(data, seed, tokenizer, sources, records, root=root, key=key, use_ray=use_ray,
                          ray_address=ray_address, seq2seq=seq2seq)  # fmt: skip
     log_summary(prepared)
+    if not seq2seq:  # an encoder-decoder's source and target have limits of their own
+        warn_truncated(prepared, "data.max_seq_length", data.max_seq_length)
     write_report(prepared, report_dir)
     check_rejected(prepared, data.max_rejected_fraction, report_dir)
     return PrepareOutcome(prepared, reused, time.monotonic() - started)

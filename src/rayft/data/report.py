@@ -69,3 +69,27 @@ def log_summary(prepared: PreparedData) -> None:
         100 * stats["truncated_share"],
         f", padding efficiency {stats['padding_efficiency']:.3f}" if "padding_efficiency" in stats else "",
     )  # fmt: skip
+
+
+TRUNCATED_WARN_SHARE = 0.10
+"""Share of the kept rows cut to the length limit above which preparation warns: past it, a
+noticeable part of the responses (the end of each row) is never trained on."""
+
+
+def warn_truncated(prepared: PreparedData, limit_setting: str, limit: int) -> str | None:
+    """Warn (and return the warning) when more than :data:`TRUNCATED_WARN_SHARE` of the kept rows
+    were cut to ``limit`` tokens (``limit_setting`` is the setting that holds it)."""
+    stats = prepared.stats
+    kept = int(stats["rows_total"]) - int(stats["rejected_total"])
+    truncated = int(stats.get("truncated", 0))
+    if kept == 0 or truncated / kept <= TRUNCATED_WARN_SHARE:
+        return None
+    lengths = stats["length_percentiles"]
+    message = (
+        f"data: {truncated} of {kept} rows ({truncated / kept:.0%}) are longer than {limit_setting}={limit} tokens "
+        f"and were cut to it (lengths p50 {lengths['p50']}, p90 {lengths['p90']}, max {lengths['max']}): what "
+        f"follows the cut is never trained on. Raise {limit_setting} (to {lengths['p90']} for 90% of the rows "
+        "whole), or set data.overlong=drop to train on whole rows only"
+    )
+    log.warning(message)
+    return message

@@ -7,12 +7,12 @@ fetched by transformers. The built-in models and GGUF files are causal LMs.
 from __future__ import annotations
 
 import functools
-import json
 from pathlib import Path
 from typing import Any, Literal
 
 from rayft.config.model import ModelConfig
 from rayft.errors import ConfigError, ModelError
+from rayft.models.hub import check_model_available, read_model_config
 from rayft.models.resolve import resolve_model_source
 
 Kind = Literal["causal", "seq2seq"]
@@ -38,20 +38,17 @@ def model_config_dict(cfg: ModelConfig) -> dict[str, Any]:
 
 @functools.cache
 def _config_dict(location: str, kind: str, revision: str | None, trust_remote_code: bool) -> dict[str, Any]:
-    local = Path(location) / "config.json"
-    if local.is_file():
-        return dict(json.loads(local.read_text()))
+    if (Path(location) / "config.json").is_file():
+        return dict(read_model_config(Path(location)))
     if kind != "hub":
         return {}
     from transformers import AutoConfig
 
+    check_model_available(location)  # offline and not cached: refused at once, with what this machine has
     try:
         config = AutoConfig.from_pretrained(location, revision=revision, trust_remote_code=trust_remote_code)
     except OSError as exc:
-        raise ModelError(
-            f"model.name: could not read the config of {location!r}: {exc}. Use a local model directory, or set "
-            "model.architecture=causal or seq2seq"
-        ) from exc
+        raise ModelError(f"model.name: could not read the config of {location!r}: {exc}; check the name") from exc
     return dict(config.to_dict())
 
 

@@ -22,6 +22,7 @@ from rayft.console import ignore_known_warnings
 from rayft.errors import ModelError
 from rayft.files import replace_dir
 from rayft.models.architecture import resolve_architecture
+from rayft.models.hub import check_model_available, check_tokenizer_files
 from rayft.models.registry import BUILTIN_MODELS, CHATML_TEMPLATE
 from rayft.models.resolve import ModelSource, resolve_model_source
 
@@ -54,6 +55,7 @@ def model_location(cfg: ModelConfig) -> tuple[str, dict[str, Any]]:
             "existing directory, a .gguf file, a Hub id, or a built-in name "
             f"({', '.join(BUILTIN_MODELS)})."
         )
+    check_model_available(cfg.name)
     if source.gguf_file:
         kwargs["gguf_file"] = source.gguf_file
     if source.revision:
@@ -135,6 +137,8 @@ def load_tokenizer(cfg: ModelConfig) -> PreTrainedTokenizerBase:
     from transformers import AutoTokenizer
 
     location, kwargs = model_location(cfg)
+    if "gguf_file" not in kwargs and Path(location).is_dir():
+        check_tokenizer_files(Path(location))
     with _hub_errors(cfg.name):
         tokenizer = AutoTokenizer.from_pretrained(location, **kwargs)
     where = f"GGUF file {kwargs['gguf_file']!r}" if "gguf_file" in kwargs else f"the tokenizer of {cfg.name!r}"
@@ -222,10 +226,13 @@ def _hub_errors(name: str) -> Iterator[None]:
     try:
         yield
     except OSError as exc:
-        raise ModelError(
-            f"model.name: could not load {name!r}: {exc}. If this machine cannot reach the Hugging "
-            "Face Hub, use a local directory, a .gguf file, or the built-in 'smollm2-135m-instruct'."
-        ) from exc
+        hint = (
+            " If this machine cannot reach the Hugging Face Hub, use a local directory, a .gguf file, or the "
+            "built-in 'smollm2-135m-instruct'."
+            if resolve_model_source(name).kind == "hub"
+            else ""
+        )
+        raise ModelError(f"model.name: could not load {name!r}: {exc}.{hint}") from exc
 
 
 @contextlib.contextmanager

@@ -22,7 +22,10 @@ class ModelSource:
 
 
 def resolve_model_source(name: str, gguf_file: str | None = None, revision: str | None = None) -> ModelSource:
-    """Classify a model name: built-in offline name, .gguf path, local directory, or Hub id."""
+    """Classify a model name: built-in offline name, .gguf path, local directory, or Hub id.
+
+    ``org/name`` is a Hub id unless ``org`` is a directory here (then it is a path, even a missing one).
+    """
     if name in BUILTIN_MODELS:
         return ModelSource("builtin", name)
     path = Path(name).expanduser()
@@ -31,9 +34,14 @@ def resolve_model_source(name: str, gguf_file: str | None = None, revision: str 
     if path.is_dir():
         kind: SourceKind = "gguf" if gguf_file else "local"
         return ModelSource(kind, str(path), gguf_file=gguf_file)
-    if name.startswith((".", "/", "~")) or name.count("/") > 1:
+    if name.startswith((".", "/", "~")) or name.count("/") > 1 or _under_local_dir(path):
         return ModelSource("local", str(path), gguf_file=gguf_file)
     return ModelSource("hub", name, gguf_file=gguf_file, revision=revision)
+
+
+def _under_local_dir(path: Path) -> bool:
+    """``runs/my-run`` where ``runs/`` is a directory here: a path (missing or not), never a Hub id."""
+    return len(path.parts) > 1 and Path(path.parts[0]).is_dir()
 
 
 def anchored_name(name: str) -> str:

@@ -21,6 +21,7 @@ from pydantic import ValidationError
 
 from rayft.config.model import ModelConfig
 from rayft.errors import CheckpointError, ModelError
+from rayft.models.hub import check_model_available, check_tokenizer_files, read_model_config
 from rayft.models.loading import builtin_gguf_path
 from rayft.models.registry import BUILTIN_MODELS
 from rayft.models.resolve import resolve_model_source
@@ -82,6 +83,8 @@ def resolve_source(source: str, default_model: ModelConfig, checkpoint: str = "l
         base = base_model_of_adapter(directory, default_model)
         return ResolvedSource(source, "lora", base, str(directory), str(directory), step, metrics, lineage)
     if (directory / "config.json").is_file():
+        read_model_config(directory, setting="model source")
+        check_tokenizer_files(directory, setting="model source")
         # The checkpoint's own tokenizer files carry the chat template it was trained with.
         model = default_model.model_copy(
             update={"name": str(directory.resolve()), "revision": None, "gguf_file": None, "chat_template": None}
@@ -95,8 +98,14 @@ def resolve_source(source: str, default_model: ModelConfig, checkpoint: str = "l
 
 
 def _check_exists(source: str) -> None:
-    """Fail here, not inside a generation actor, when a local path does not exist."""
+    """Fail here, not inside a generation actor (and before any model of a comparison loads), when a
+    local path does not exist, names a file that is no model, or a Hub model cannot be had offline."""
     kind = resolve_model_source(source).kind
+    if kind != "gguf" and Path(source).expanduser().is_file():
+        raise ModelError(
+            f"model source {source!r} is a file, not a model; give a run directory, a checkpoint or model "
+            f"directory, a .gguf file, a Hub id, or a built-in name ({', '.join(BUILTIN_MODELS)})"
+        )
     missing = (kind == "local" and not Path(source).expanduser().is_dir()) or (
         kind == "gguf" and not Path(source).expanduser().is_file()
     )
@@ -105,6 +114,7 @@ def _check_exists(source: str) -> None:
             f"model source {source!r} does not exist; give a run directory, a checkpoint or model directory, a "
             f".gguf file, a Hub id, or a built-in name ({', '.join(BUILTIN_MODELS)})"
         )
+    check_model_available(source, setting="model source")
 
 
 def _named_model(source: str, default_model: ModelConfig) -> ModelConfig:

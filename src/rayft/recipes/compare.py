@@ -30,7 +30,7 @@ from rayft.evaluation.report import (
 from rayft.evaluation.runner import evaluate_source, generation_runtime, load_examples
 from rayft.evaluation.summary import CompareSummary
 from rayft.evaluation.tasks import build_task
-from rayft.files import write_text_atomic
+from rayft.files import check_writable_dir, write_text_atomic
 from rayft.models.sources import resolve_source
 
 JSON_FILE = "compare.json"
@@ -63,6 +63,7 @@ def run(cfg: RayftConfig, sources: Mapping[str, str], output_dir: Path) -> Compa
             f"compare needs at least two models, got {len(sources)} ({', '.join(sources) or 'none'}); "
             "pass --model base=SRC --model tuned=SRC"
         )
+    check_writable_dir(Path(output_dir), where="--output")  # before any model loads
     task = build_task(cfg.eval)
     resolved = {label: resolve_source(src, cfg.model, cfg.eval.checkpoint) for label, src in sources.items()}
     examples = load_examples(cfg.eval, task)

@@ -19,7 +19,7 @@ from rayft.evaluation.report import console_table, model_summary, prediction_row
 from rayft.evaluation.runner import evaluate_source, generation_runtime, load_examples
 from rayft.evaluation.summary import EvalSummary, MetricSummary, ModelSummary
 from rayft.evaluation.tasks import build_task
-from rayft.files import write_text_atomic
+from rayft.files import check_writable_dir, write_text_atomic
 from rayft.models.sources import resolve_source
 
 log = logging.getLogger("rayft.eval")
@@ -61,6 +61,7 @@ class EvalResult:
 
 def run(cfg: RayftConfig, source: str, output_dir: Path, *, label: str = "model") -> EvalResult:
     """Evaluate the model ``source`` on ``cfg.eval`` and write the report into ``output_dir``."""
+    check_writable_dir(Path(output_dir), where="--output")  # before anything is generated
     task = build_task(cfg.eval)
     examples = load_examples(cfg.eval, task)
     resolved = resolve_source(source, cfg.model, cfg.eval.checkpoint)

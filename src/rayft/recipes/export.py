@@ -25,11 +25,11 @@ from pydantic import ValidationError
 from rayft.config import RayftConfig
 from rayft.config.evaluation import ExportConfig
 from rayft.config.model import LoraConfig
-from rayft.errors import CheckpointError, ConfigError, RunStateError
+from rayft.errors import CheckpointError, ConfigError, RunStateError, StorageError
 from rayft.export import verify as v
 from rayft.export.card import render_model_card
 from rayft.export.checks import check_adapter, check_against_base
-from rayft.files import replace_dir, staging_dir, write_text_atomic
+from rayft.files import replace_dir, share_like_siblings, staging_dir, write_text_atomic
 from rayft.models.loading import load_causal_lm
 from rayft.models.sources import ResolvedSource, resolve_source
 from rayft.runs import layout
@@ -59,6 +59,11 @@ def run(
     stage writes into a staging directory, then renames it into place); the log line names it.
     """
     merge = cfg.export.merge if merge is None else merge
+    if not Path(source).expanduser().is_dir():
+        raise ConfigError(
+            f"export: {source!r} does not exist or is not a directory; give a run directory, a checkpoints/step-N "
+            "directory or a final/ directory"
+        )
     resolved = resolve_source(source, cfg.model, cfg.eval.checkpoint)
     if resolved.kind == "model":
         raise ConfigError(
@@ -67,7 +72,7 @@ def run(
         )
     target = Path(output_dir).expanduser().resolve()
     _check_target(target)
-    staging = staging_dir(target, "export-partial")
+    staging = _make_staging(target)
     try:
         if resolved.kind == "lora":
             verification = export_lora(resolved, staging, cfg.export, merge=merge)
@@ -76,6 +81,7 @@ def run(
         merged = resolved.kind == "lora" and merge
         write_text_atomic(staging / VERIFICATION_FILE, json.dumps(verification, indent=2) + "\n")
         write_text_atomic(staging / "README.md", render_model_card(resolved, verification, merged=merged))
+        share_like_siblings(staging)  # the weights are written 0600 through a temporary file
         replace_dir(staging, target)  # the empty directory _check_target allowed, if any, is replaced
     finally:
         shutil.rmtree(staging, ignore_errors=True)
@@ -89,6 +95,17 @@ export_model = run  # the recipe's former name
 def _check_target(target: Path) -> None:
     if target.exists() and (not target.is_dir() or any(target.iterdir())):
         raise RunStateError(f"export: {target} already exists and is not empty; choose a new directory or delete it")
+
+
+def _make_staging(target: Path) -> Path:
+    """The empty directory the export is written into before it is renamed to ``target``; a
+    StorageError here, before any model loads, when ``target``'s parent cannot be written."""
+    try:
+        return staging_dir(target, "export-partial")
+    except OSError as exc:
+        raise StorageError(
+            f"export: cannot write into {target.parent} ({exc.strerror}); choose a writable output directory"
+        ) from exc
 
 
 def training_lora(checkpoint: Path) -> LoraConfig | None:

@@ -6,16 +6,19 @@ Decisions come from :mod:`rayft.runs.selection`; this module carries them out.
 
 from __future__ import annotations
 
+import errno
 import logging
 import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
-from rayft.errors import CheckpointError
+from rayft.errors import CheckpointError, RayftError, StorageError
 from rayft.files import replace_dir, temp_path
 from rayft.runs import layout
 from rayft.runs.layout import parse_step_dir_name
 from rayft.runs.manifest import read_manifest, verify_checkpoint
-from rayft.runs.selection import CheckpointInfo, choose_checkpoint, plan_retention
+from rayft.runs.selection import CheckpointInfo, choose_checkpoint, choose_resume, plan_retention
 
 log = logging.getLogger(__name__)
 
@@ -102,6 +105,56 @@ def publish_checkpoint(staging: Path, target: Path) -> None:
         shutil.rmtree(staging, ignore_errors=True)
         staging = beside
     replace_dir(staging, target, sync=True)
+
+
+LOW_SPACE_BYTES = 64 * 2**20
+"""Free space under which a failed write is put down to a full disk even when the writer's error
+does not say so (torch.save reports ``basic_ios::clear: iostream error`` or ``unexpected pos``)."""
+
+
+@contextmanager
+def full_disk_reported(staging: Path, root: Path) -> Iterator[None]:
+    """Turn a checkpoint write into ``staging`` that failed for want of space into a StorageError that
+    names the place and what was kept (the newest complete checkpoint under ``root``); the partial
+    write is removed, so the space it took is given back."""
+    try:
+        yield
+    except RayftError:
+        raise
+    except Exception as exc:
+        if not _out_of_space(exc, staging):
+            raise
+        shutil.rmtree(staging, ignore_errors=True)
+        kept = choose_resume(scan_checkpoints(root))
+        what = (
+            f"the newest complete checkpoint {root / kept.name}, which --resume continues from"
+            if kept is not None
+            else "no complete checkpoint yet"
+        )
+        raise StorageError(
+            f"no space left on {_mount_point(staging)} while writing {staging.name} under {root} "
+            f"({type(exc).__name__}: {exc}); kept: {what}; the partial write was removed. Free space there, "
+            "lower checkpoint.num_to_keep, or set storage_path to a larger volume"
+        ) from exc
+
+
+def _out_of_space(exc: BaseException, where: Path) -> bool:
+    """Whether a failed write ran out of space: ENOSPC or EDQUOT said, or almost nothing left there."""
+    current: BaseException | None = exc
+    while current is not None:
+        if getattr(current, "errno", None) in (errno.ENOSPC, errno.EDQUOT) or "No space left" in str(current):
+            return True
+        current = current.__cause__ or current.__context__
+    existing = next((p for p in (where, *where.parents) if p.exists()), Path("/"))
+    return shutil.disk_usage(existing).free < LOW_SPACE_BYTES
+
+
+def _mount_point(path: Path) -> Path:
+    """The mount point of the filesystem that holds ``path`` (what a user frees space on)."""
+    current = next((p for p in (path, *path.parents) if p.exists()), Path("/")).resolve()
+    while not current.is_mount() and current != current.parent:
+        current = current.parent
+    return current
 
 
 def remove_incomplete(root: Path) -> list[Path]:

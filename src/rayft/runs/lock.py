@@ -136,6 +136,15 @@ class RunLock:
             f"{self.path}: other drivers keep taking the lock of {self.directory}; start one driver per run"
         )
 
+    def refuse_if_held(self) -> None:
+        """Raise RunStateError when a live driver holds the lock now; take nothing."""
+        holder, age = self._read(self.path)
+        if age is None:
+            return
+        me = self._me
+        if stale_reason(holder, age, host=me.host, pid=me.pid, pid_alive=pid_alive, lease_s=self.lease_s) is None:
+            raise RunStateError(self._held_message(holder, age))
+
     def release(self) -> None:
         """Stop the heartbeat and delete the lock file, if it is still this driver's."""
         self._stop.set()
@@ -216,6 +225,15 @@ class RunLock:
             f"would corrupt it. Wait for it to finish, or stop it (kill {holder.pid} on {holder.host}); a lock "
             f"whose driver is gone is taken over automatically ({self.path})"
         )
+
+
+def refuse_if_held(directory: Path) -> None:
+    """Raise the refusal :meth:`RunLock.acquire` would, when a live driver holds ``directory``'s lock.
+
+    For what happens before the lock is taken (opening the run's log file): a second driver must
+    not write a line into the first one's run. Taking the lock itself stays the real guard.
+    """
+    RunLock(directory, command="").refuse_if_held()
 
 
 @contextmanager

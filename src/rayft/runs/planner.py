@@ -42,16 +42,23 @@ RETUNABLE_CHANGES = (
 hyper-parameters on purpose (Population Based Training's exploit): they change how the next steps
 update the weights, never the shape of the model, the data or the steps already taken."""
 
-StartAction = Literal["start", "resume", "keep", "replace"]
+StartAction = Literal["start", "restart", "resume", "keep", "replace"]
 
 
 @dataclass(frozen=True)
 class RunState:
-    """What a store already holds of a run: a saved config, a finished final/, its complete checkpoints."""
+    """What a store already holds of a run: a saved config, a finished final/, its complete checkpoints,
+    and whether any step was trained (``logged``: ``metrics.jsonl`` holds a record)."""
 
     exists: bool
     finished: bool
     steps: tuple[int, ...] = ()
+    logged: bool = False
+
+    @property
+    def trained(self) -> bool:
+        """Whether the run trained at least one step (a checkpoint or a logged metric shows it)."""
+        return self.finished or bool(self.steps) or self.logged
 
 
 @dataclass(frozen=True)
@@ -60,7 +67,8 @@ class StartPlan:
 
     ``start``: a new run. ``resume``: continue from the newest complete checkpoint, after removing
     incomplete ones. ``keep``: it is finished with these settings; nothing to train. ``replace``:
-    move the earlier run aside, then start a new one.
+    move the earlier run aside, then start a new one. ``restart``: the run's earlier start failed
+    before it trained a step; clear what it left and start again (a retry is never blocked by it).
     """
 
     action: StartAction
@@ -89,11 +97,14 @@ def plan_train_start(
         retune: Continue with new optimiser hyper-parameters (:data:`RETUNABLE_CHANGES` may also differ).
 
     Raises:
-        RunStateError: the run is finished, exists without ``--resume``, or is missing with it.
+        RunStateError: the run is finished, exists without ``--resume``, or is missing with it. A run
+            that saved this run's config and trained no step is started again instead (``restart``).
         ConfigError: ``--resume`` with settings that would mix two different runs.
     """
     if resume and not state.exists:
         raise RunStateError(f"--resume: there is no run at {where} to resume; drop --resume to start it")
+    if state.exists and not state.trained and (saved or {}).get("name") == wanted.get("name"):
+        return StartPlan("restart", "starting again: the earlier start of this run stopped before it trained a step")
     if state.finished:
         raise RunStateError(
             f"run {name!r} already finished ({where}/final exists); choose another name "

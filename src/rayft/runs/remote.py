@@ -205,7 +205,8 @@ class RemoteRun:
         """What is stored of the run (read before it is started or resumed)."""
         steps = tuple(c.step for c in self.scan_checkpoints() if c.complete)
         finished = self.is_file(f"{layout.FINAL_DIR}/{layout.MANIFEST_FILE}")
-        return RunState(self.is_file(layout.CONFIG_FILE), finished, steps)
+        logged = self.is_file(layout.METRICS_FILE)
+        return RunState(self.is_file(layout.CONFIG_FILE), finished, steps, logged)
 
     def upload_checkpoint(self, local: Path) -> None:
         """Upload a committed local checkpoint folder (``checkpoints/step-N``), manifest last."""

@@ -48,24 +48,27 @@ def choose_checkpoint(checkpoints: Sequence[CheckpointInfo], final: CheckpointIn
     Returns a path relative to the run directory. Only complete checkpoints count.
 
     Raises:
-        CheckpointError: naming the selector and what the run has.
+        CheckpointError: naming the selector and what the run has (not the setting that gave it: the
+            command-line option --checkpoint or the config's eval.checkpoint).
     """
     complete = [c for c in checkpoints if c.complete]
     have = ", ".join(c.name for c in complete) or "no complete checkpoint"
     have += "; final/" if final is not None and final.complete else ""
     if selector == "final" or (selector == "latest" and final is not None and final.complete):
         if final is None or not final.complete:
-            raise CheckpointError(f"eval.checkpoint=final: the run has no complete final/ (it has: {have})")
+            raise CheckpointError(
+                f"checkpoint 'final': the run has no complete final/ (it has: {have}); pick one it has"
+            )
         return layout.FINAL_DIR
     if selector == "latest":
         if not complete:
-            raise CheckpointError(f"eval.checkpoint=latest: the run has {have}; train it first")
+            raise CheckpointError(f"checkpoint 'latest': the run has {have}; train it first")
         return f"{layout.CHECKPOINTS_DIR}/{max(complete, key=lambda c: c.step).name}"
     if selector == "best":
         ranked = [c for c in [*complete, *([final] if final and final.complete else [])] if c.eval_loss is not None]
         if not ranked:
             raise CheckpointError(
-                f"eval.checkpoint=best: no checkpoint of the run has an eval/loss (it has: {have}); the run had "
+                f"checkpoint 'best': no checkpoint of the run has an eval/loss (it has: {have}); the run had "
                 "no validation data, so use latest or step-N"
             )
         best = min(ranked, key=lambda c: (c.eval_loss, -c.step))
@@ -73,5 +76,7 @@ def choose_checkpoint(checkpoints: Sequence[CheckpointInfo], final: CheckpointIn
     wanted = layout.parse_step_dir_name(selector)
     match = next((c for c in complete if c.step == wanted), None)
     if match is None:
-        raise CheckpointError(f"eval.checkpoint={selector}: the run has no complete checkpoint {selector} ({have})")
+        raise CheckpointError(
+            f"checkpoint {selector!r}: the run has no complete checkpoint {selector} (it has: {have}); pick one it has"
+        )
     return f"{layout.CHECKPOINTS_DIR}/{match.name}"

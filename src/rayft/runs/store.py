@@ -85,7 +85,9 @@ class LocalRunStore:
         """Saved config, readable final/ manifest and complete checkpoints of the directory."""
         steps = tuple(c.step for c in scan_checkpoints(self.local_dir / layout.CHECKPOINTS_DIR) if c.complete)
         finished = read_manifest(self.local_dir / layout.FINAL_DIR) is not None
-        return RunState((self.local_dir / layout.CONFIG_FILE).is_file(), finished, steps)
+        metrics = self.local_dir / layout.METRICS_FILE
+        logged = metrics.is_file() and metrics.stat().st_size > 0
+        return RunState((self.local_dir / layout.CONFIG_FILE).is_file(), finished, steps, logged)
 
     def saved_config(self) -> dict[str, Any] | None:
         """The parsed ``config.yaml`` of the directory, or None."""
@@ -97,11 +99,14 @@ class LocalRunStore:
         return read_manifest(self.local_dir / layout.FINAL_DIR)
 
     def begin(self, plan: StartPlan, config_text: str) -> None:
-        """Move an earlier run aside (replace), or drop its incomplete checkpoints (resume); save the config."""
+        """Move an earlier run aside (replace), clear what a start that trained nothing left (restart),
+        or drop its incomplete checkpoints (resume); save the config."""
         if plan.action == "keep":
             return
         if plan.action == "replace":
             move_aside(self.local_dir)
+        if plan.action == "restart":
+            clear_untrained(self.local_dir)
         if plan.action == "resume":
             remove_incomplete(self.local_dir / layout.CHECKPOINTS_DIR)
         write_text(self.local_dir / layout.CONFIG_FILE, config_text)
@@ -189,6 +194,30 @@ def move_aside(directory: Path) -> None:
     target = directory.with_name(f"{directory.name}.replaced-{time.strftime('%Y%m%d-%H%M%S')}")
     log.warning("keeping the earlier %s output as %s", directory.name, target)
     directory.rename(target)
+
+
+UNTRAINED_LEFTOVERS = (
+    layout.CONFIG_FILE,
+    layout.METRICS_FILE,
+    layout.TENSORBOARD_DIR,
+    layout.TRACKING_FILE,
+    layout.TRACKING_UNSENT_FILE,
+    layout.DATA_DIR,
+    layout.CHECKPOINTS_DIR,
+    layout.STOP_REQUEST_FILE,
+)
+"""What a start that trained no step may leave in its run directory, and a restart deletes (``logs/``,
+which the retry's own log is appended to, stays, and so does anything rayft did not write)."""
+
+
+def clear_untrained(directory: Path) -> None:
+    """Delete what a start that trained no step left in a run directory (:data:`UNTRAINED_LEFTOVERS`)."""
+    for name in UNTRAINED_LEFTOVERS:
+        entry = directory / name
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry)
+        elif entry.exists() or entry.is_symlink():
+            entry.unlink()
 
 
 def write_text(path: Path, text: str) -> None:

@@ -21,10 +21,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rayft.errors import CheckpointError
+from rayft.errors import CheckpointError, RayftError
 from rayft.export.checks import check_adapter
-from rayft.files import replace_dir, staging_dir
+from rayft.files import replace_dir, share_like_siblings, staging_dir
 from rayft.runs import layout
+from rayft.runs.checkpoints import full_disk_reported
 from rayft.runs.manifest import write_manifest
 from rayft.security import redact
 from rayft.training.faults import Faults
@@ -131,6 +132,8 @@ class CheckpointWriter:
             self._thread = None
         if self._error is not None:
             error, self._error = self._error, None
+            if isinstance(error, RayftError):  # already says what, where and the fix (a full disk)
+                raise error
             raise CheckpointError(f"writing a checkpoint failed: {type(error).__name__}: {error}") from error
 
 
@@ -189,7 +192,8 @@ class Checkpointer:
 
             def job() -> None:
                 staging = session.staging_dir(snapshot.step)
-                write_snapshot(snapshot, inner, write_model, files, staging, faults=faults)
+                with full_disk_reported(staging, staging.parent):
+                    write_snapshot(snapshot, inner, write_model, files, staging, faults=faults)
                 faults.kill_if(snapshot.step, "before_commit")
                 session.commit_checkpoint(snapshot.metrics, staging, snapshot.step)
 
@@ -287,6 +291,7 @@ def write_model_files(
     generation = _generation_config(inner, tokenizer)
     generation.save_pretrained(directory)
     (directory / layout.CHECKPOINT_CONFIG_FILE).write_text(redact(files.resolved_config), encoding="utf-8")
+    share_like_siblings(directory)  # the weights are written 0600 through a temporary file
 
 
 def check_written_adapter(directory: Path, r: int, *, modules: int) -> None:
@@ -360,8 +365,9 @@ def save_final(
     live weights, or ``weights`` (gathered from the shards of a sharded model) when given."""
     target = run_dir / layout.FINAL_DIR
     staging = staging_dir(target)
-    write_model(model, staging, weights)
-    write_manifest(staging, state.step, state.metrics(), files.lineage | {"final": True})
+    with full_disk_reported(staging, run_dir / layout.CHECKPOINTS_DIR):
+        write_model(model, staging, weights)
+        write_manifest(staging, state.step, state.metrics(), files.lineage | {"final": True})
     replace_dir(staging, target)
     log.info("wrote %s (step %d)", target, state.step)
     return target

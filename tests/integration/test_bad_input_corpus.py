@@ -1,0 +1,187 @@
+"""The bad inputs a new user meets, each run through the real command line as a subprocess: every one
+ends with exit code 2 and exactly one ``Error:`` line that names what, where and the fix, prints no
+traceback, and leaves no partial output behind (only a failed command's own log, and the config of a
+run whose start failed, which the next start replaces).
+
+All fail before Ray starts, so none starts it. Add a case here with every fix of a bad input.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+import rayft
+from rayft.runs import layout
+from rayft.testing.checkpoints import build_run_dir
+from rayft.testing.mounts import tmpfs
+
+pytestmark = pytest.mark.integration
+
+DATA_ROWS = '{"prompt": "1 + 1 =", "completion": " 2"}\n{"prompt": "2 + 2 =", "completion": " 4"}\n'
+
+
+@dataclass(frozen=True)
+class Case:
+    """One bad input: the command line (``{name}`` fields filled from the workspace) and the error it must get."""
+
+    argv: str
+    error: str  # a regular expression the one Error: line must match
+    within_s: float | None = None  # the whole command, Python's start included
+
+
+CASES = {
+    # config files and overrides
+    "missing config file": Case("config validate {ws}/nope.yaml", r"Config file '.*nope.yaml' does not exist; check"),
+    "binary config file": Case(
+        "config validate {ws}/binary.yaml", r"is not UTF-8 text \(byte 0xff at offset 0\); give"
+    ),
+    "empty config file": Case("config validate {ws}/empty.yaml", r"'.*empty.yaml' is empty \(line 1\); write the"),
+    "duplicate key": Case("config validate {ws}/dup.yaml", r"key 'train' on line 4 repeats the one on line 1 .*keep"),
+    "unknown key": Case(
+        "config validate {cfg} train.lr=1e-4", r"train.lr: unknown key. Did you mean 'train.learning_rate'"
+    ),
+    "malformed override": Case("config validate {cfg} oops", r"Override 'oops' is not of the form section.key=value"),
+    "mlflow file store": Case(
+        "train {cfg} logging.mlflow.tracking_uri=file:/tmp/mlruns",
+        r"tracking_uri = 'file:/tmp/mlruns': MLflow 3 refuses its file: store .*sqlite:////abs/path/mlflow.db",
+    ),
+    "mlflow garbage uri": Case(
+        "train {cfg} logging.mlflow.tracking_uri=nonsense", r"'nonsense': not an MLflow tracking URI .*http://host:5000"
+    ),
+    "config fields given a file": Case(
+        "config fields {cfg}", r"'.*ok.yaml' is a file, but the argument is a field prefix .*rayft config show"
+    ),
+    "config fields typo": Case("config fields trian", r"no field starts with 'trian'. Did you mean 'train'\?"),
+    # models
+    "model typo offline": Case(
+        "chat smollm2-135m-instrukt", r"'smollm2-135m-instrukt' is not .*Did you mean 'smollm2-135m-instruct'\?", 3.0
+    ),
+    "train model typo offline": Case(
+        "train {cfg} model.name=smollm2-135m-instrukt", r"model.name: .*Did you mean 'smollm2-135m-instruct'\?", 3.0
+    ),
+    "chat on a data file": Case("chat {ws}/data.jsonl", r"model source '.*data.jsonl' is a file, not a model; give"),
+    "chat without a tokenizer": Case("chat {notok}", r"has no tokenizer \(none of tokenizer.json.*save the tokenizer"),
+    "chat with an empty config.json": Case("chat {emptycfg}", r"config.json is not valid JSON .*restore it"),
+    "train without a tokenizer": Case("train {cfg} model.name={notok}", r"model.name: .*has no tokenizer"),
+    "train with an empty config.json": Case("train {cfg} model.name={emptycfg}", r"model.name: .*is not valid JSON"),
+    # data
+    "missing data file": Case(
+        "train {cfg} data.datasets.0.path={ws}/nope.jsonl", r"dataset path '.*nope.jsonl': no such file .*fix"
+    ),
+    # eval, compare, export: every source and output checked before a model loads
+    "compare with a missing run": Case(
+        "compare {cfg} --model base={tiny} --model tuned=runs/nope --output {ws}/cmp",
+        r"model source 'runs/nope' does not exist; give",
+        10.0,
+    ),
+    "eval into a read-only directory": Case(
+        "eval {cfg} --model {tiny} --output {ro}/eval", r"--output: cannot write into .*; choose a writable", 10.0
+    ),
+    "export of a missing run": Case(
+        "export runs/does-not-exist {ws}/exported", r"'runs/does-not-exist' does not exist or is not a directory"
+    ),
+    "export into a read-only directory": Case(
+        "export {run} {ro}/exported", r"export: cannot write into .*; choose a writable output directory"
+    ),
+    "export of a missing checkpoint": Case(
+        "export {run} {ws}/exported --checkpoint step-9",
+        r"^Error: checkpoint 'step-9': the run has no complete checkpoint step-9 \(it has: step-000001; final/\)",
+    ),
+}
+
+
+@pytest.fixture(scope="module")
+def workspace(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+    """Files the cases name: configs good and bad, a data file, broken model directories, a finished
+    run, and a read-only directory (a read-only tmpfs where this process may mount one)."""
+    ws = tmp_path_factory.mktemp("corpus")
+    (ws / "binary.yaml").write_bytes(b"\xff\xfe\x00binary")
+    (ws / "empty.yaml").write_text("")
+    (ws / "dup.yaml").write_text("train:\n  max_steps: 1\nname: x\ntrain:\n  max_steps: 2\n")
+    (ws / "data.jsonl").write_text(DATA_ROWS)
+    config = ws / "ok.yaml"
+    config.write_text(
+        f"name: corpus\nstorage_path: {ws / 'runs'}\nmodel: {{name: {tiny_model_dir}}}\nscaling: {{num_workers: 0}}\n"
+        f"data: {{datasets: [{{path: {ws / 'data.jsonl'}}}]}}\neval: {{max_samples: 2}}\n"
+    )
+    notok, emptycfg = ws / "notok", ws / "emptycfg"
+    for broken in (notok, emptycfg):
+        broken.mkdir()
+        for name in ("config.json", "model.safetensors"):
+            (broken / name).write_bytes((tiny_model_dir / name).read_bytes())
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (emptycfg / name).write_bytes((tiny_model_dir / name).read_bytes())
+    (emptycfg / "config.json").write_text("")
+    run = build_run_dir(ws / "finished", tiny_model_dir, eval_losses={1: None}, method="full")
+    with tmpfs(ws / "ro", size_kib=64, readonly=True) as ro:
+        yield {"ws": str(ws), "cfg": str(config), "tiny": str(tiny_model_dir), "notok": str(notok),
+               "emptycfg": str(emptycfg), "run": str(run), "ro": str(ro)}  # fmt: skip
+
+
+def rayft_cli(argv: list[str], cwd: Path) -> tuple[subprocess.CompletedProcess[str], float]:
+    """Run ``python -m rayft ARGV`` offline, as a user would; return the result and its wall time."""
+    env = {**os.environ, "PYTHONPATH": str(Path(rayft.__file__).parents[1]), "HF_HUB_OFFLINE": "1",
+           "RAYFT_CACHE": str(cwd / ".cache")}  # fmt: skip
+    started = time.monotonic()
+    done = subprocess.run([sys.executable, "-m", "rayft", *argv], cwd=cwd, env=env, capture_output=True, text=True,
+                          timeout=120, check=False)  # fmt: skip
+    return done, time.monotonic() - started
+
+
+def files_under(root: Path) -> set[str]:
+    """Every file under ``root``, relative, but a command's own log and the tmpfs."""
+    return {
+        str(p.relative_to(root))
+        for p in root.rglob("*")
+        if p.is_file() and "logs" not in p.parts and ".cache" not in p.parts
+    }
+
+
+def assert_one_line_error(done: subprocess.CompletedProcess[str], error: str) -> None:
+    """Exit code 2, one ``Error:`` line, no traceback; ``error`` matches the message (the Error: line
+    and, for a config with several problems, the lines listing them)."""
+    output = done.stdout + done.stderr
+    assert done.returncode == 2, output
+    assert "Traceback" not in output, output
+    lines = done.stderr.splitlines()
+    starts = [i for i, line in enumerate(lines) if line.startswith("Error:")]
+    assert len(starts) == 1, output
+    message = "\n".join(lines[starts[0] :])
+    assert re.search(error, message, re.MULTILINE), message
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_a_bad_input_gets_one_line_that_names_it_and_the_fix(name: str, workspace: dict[str, str]) -> None:
+    case = CASES[name]
+    ws = Path(workspace["ws"])
+    before = files_under(ws)
+    done, elapsed = rayft_cli(case.argv.format(**workspace).split(), cwd=ws)
+    assert_one_line_error(done, case.error)
+    if case.within_s is not None:
+        assert elapsed < case.within_s, f"{name}: {elapsed:.1f} s"
+    left = files_under(ws) - before
+    assert left <= {f"runs/corpus/{layout.CONFIG_FILE}"}, f"{name} left {sorted(left)}"
+
+
+def test_a_run_whose_start_failed_does_not_block_the_corrected_command(workspace: dict[str, str]) -> None:
+    """A bad data path leaves the run's config behind: the next command (another mistake here, so that
+    nothing trains) starts the run again, with or without --resume and with changed settings."""
+    ws = Path(workspace["ws"])
+    cfg = workspace["cfg"]
+    bad_data = f"data.datasets.0.path={ws}/missing.jsonl"
+    done, _ = rayft_cli(["train", cfg, "name=retry", bad_data], cwd=ws)
+    assert_one_line_error(done, "missing.jsonl': no such file")
+    assert (ws / "runs" / "retry" / layout.CONFIG_FILE).is_file()
+    for resume in ([], ["--resume"]):
+        done, _ = rayft_cli(["train", cfg, "name=retry", f"model.name={workspace['notok']}", *resume], cwd=ws)
+        assert_one_line_error(done, "has no tokenizer")
+        assert "starting again: the earlier start of this run stopped before it trained a step" in done.stderr
