@@ -83,7 +83,7 @@ def _lora_saver(model_dir: Path, run_dir: Path, *, background: bool = False) -> 
 
     from rayft.training.checkpointing import Checkpointer, ModelFiles, TrainingObjects, write_model_files
     from rayft.training.faults import Faults
-    from rayft.training.parallel import parallelism
+    from rayft.training.strategies import parallelism
     from rayft.training.session import LocalSession
 
     model, optimizer, scheduler = _trained_lora(model_dir)
