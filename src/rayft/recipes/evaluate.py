@@ -19,11 +19,12 @@ from pathlib import Path
 
 from rayft.config import RayftConfig
 from rayft.evaluation.report import console_table, model_summary, prediction_rows, write_jsonl
-from rayft.evaluation.runner import Examples, ModelRun, Runtime, choose_runtime, load_examples, run_model
+from rayft.evaluation.runner import Examples, ModelRun, choose_runtime, load_examples, run_model
 from rayft.evaluation.sources import ResolvedSource, fingerprint_source, resolve_source
 from rayft.evaluation.summary import EvalSummary, MetricSummary, ModelSummary
 from rayft.evaluation.tasks import Task, build_task
 from rayft.files import write_text_atomic
+from rayft.generation.pool import Runtime
 
 log = logging.getLogger("rayft.eval")
 
