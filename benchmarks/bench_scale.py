@@ -1,14 +1,18 @@
-"""Memory and speed of `rayft data prepare` as the data grows: the driver's peak RSS, the peak of its
-whole process tree (Ray's head processes and workers included, PSS where the kernel gives it) and
-rows/s, at each size, for this checkout and optionally a baseline checkout, all in one run.
+"""Memory and speed of `rayft data prepare` and `rayft generate` as the data grows: the driver's peak
+RSS, the peak of its whole process tree (Ray's head processes and workers included, PSS where the
+kernel gives it) and rows/s, at each size, for this checkout and optionally a baseline checkout, all
+in one run.
 
-The data: synthetic rows of about 280 characters (`format: template`), packed, tokenized by the tiny
-test tokenizer on Ray Data with the machine's CPUs, into a fresh cache each time. Sizes and checkouts
-alternate, so a slow minute of a shared machine does not land on one side only. A baseline is any
-checkout of rayft (its ``src`` goes first on PYTHONPATH), e.g. of the main branch's HEAD:
+The data: synthetic rows of about 280 characters. `data prepare` (the default ``--command``): rows
+in `format: template`, packed, tokenized by the tiny test tokenizer on Ray Data with the machine's
+CPUs, into a fresh cache each time. `generate`: one prompt per row (``Question: ...``), answered
+greedily with 4 new tokens by the tiny random test model on one Ray actor, batches of 32. Sizes and
+checkouts alternate, so a slow minute of a shared machine does not land on one side only. A baseline
+is any checkout of rayft (its ``src`` goes first on PYTHONPATH), e.g. of the main branch's HEAD:
 
-    git -C <repo> worktree add /tmp/rayft-main HEAD
+    mkdir /tmp/rayft-main && git -C <repo> archive HEAD | tar -x -C /tmp/rayft-main
     .venv/bin/python benchmarks/bench_scale.py --rows 10000 100000 --baseline /tmp/rayft-main
+    .venv/bin/python benchmarks/bench_scale.py --command generate --rows 1000 10000 --baseline /tmp/rayft-main
 
 ``--read-only`` measures reading the rows alone (how much a fresh process's peak RSS grows in
 ``read_sources``), without Ray or the CLI.
@@ -59,7 +63,7 @@ WORDS = [
 
 @dataclass(frozen=True)
 class Measure:
-    """One `rayft data prepare` run: its peaks (MiB), wall time and rows per second."""
+    """One command's run: its peaks (MiB), wall time and rows per second."""
 
     checkout: str
     rows: int
@@ -69,7 +73,7 @@ class Measure:
 
     @property
     def rows_per_s(self) -> float:
-        """Rows prepared per second of the whole command (start-up included)."""
+        """Rows prepared (or prompts answered) per second of the whole command (start-up included)."""
         return self.rows / self.wall_s
 
 
@@ -81,6 +85,21 @@ def write_rows(path: Path, rows: int) -> None:
             question = " ".join(rng.choice(WORDS) for _ in range(30))
             answer = " ".join(rng.choice(WORDS) for _ in range(22))
             file.write(json.dumps({"id": i, "question": question, "answer": answer}) + "\n")
+
+
+def write_prompts(path: Path, rows: int) -> None:
+    """``rows`` prompts of about 280 characters for `rayft generate`, the same for the same count."""
+    rng = random.Random(rows)
+    with path.open("w", encoding="utf-8") as file:
+        for i in range(rows):
+            question = " ".join(rng.choice(WORDS) for _ in range(52))
+            file.write(json.dumps({"id": i, "prompt": f"Question: {question}"}) + "\n")
+
+
+def generate_args(directory: Path, model: Path, data: Path) -> list[str]:
+    """The `rayft generate` command line of one measure."""
+    return ["generate", str(model), "--input", str(data), "--output", str(directory / "out.jsonl"),
+            "--temperature", "0", "--max-new-tokens", "4", "--batch-size", "32", "--num-workers", "1"]  # fmt: skip
 
 
 def write_config(directory: Path, model: Path, data: Path) -> Path:
@@ -111,13 +130,13 @@ def _tree_mib(process: object) -> tuple[float, float]:
     return driver / 2**20, total / 2**20
 
 
-def measure(checkout: Path, label: str, config: Path, rows: int) -> Measure:
-    """Run `rayft data prepare` from ``checkout``, sampling its memory 10 times a second."""
+def measure(checkout: Path, label: str, command: list[str], rows: int) -> Measure:
+    """Run `rayft COMMAND...` from ``checkout``, sampling its memory 10 times a second."""
     import psutil
 
     env = {**os.environ, "PYTHONPATH": str(checkout / "src"), "RAY_DEDUP_LOGS": "0"}
     started = time.monotonic()
-    child = subprocess.Popen([sys.executable, "-m", "rayft", "data", "prepare", str(config)], env=env,
+    child = subprocess.Popen([sys.executable, "-m", "rayft", *command], env=env,
                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
     peaks = [0.0, 0.0]
     done = threading.Event()
@@ -173,6 +192,7 @@ def measure_read(checkout: Path, data: Path) -> float:
 def main() -> None:
     """Measure every size for every checkout, then print one table."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--command", choices=["prepare", "generate"], default="prepare", help="what to measure")
     parser.add_argument("--rows", type=int, nargs="+", default=[10_000, 100_000])
     parser.add_argument("--baseline", type=Path, help="another rayft checkout to measure the same way")
     parser.add_argument("--read-only", action="store_true", help="measure only reading the rows (no Ray, no CLI)")
@@ -186,17 +206,22 @@ def main() -> None:
         model = build_tiny_model(Path(tmp) / "model")
         for rows in args.rows:
             data = Path(tmp) / f"rows-{rows}.jsonl"
-            write_rows(data, rows)
+            (write_prompts if args.command == "generate" else write_rows)(data, rows)
             for label, checkout in checkouts:
                 if args.read_only:
                     print(f"| {label} | {rows:,} | read: peak RSS +{measure_read(checkout, data):,.1f} MiB |")
                     continue
                 run_dir = Path(tmp) / f"{label}-{rows}"
                 run_dir.mkdir()
-                results.append(measure(checkout, label, write_config(run_dir, model, data), rows))
+                if args.command == "generate":
+                    command = generate_args(run_dir, model, data)
+                else:
+                    command = ["data", "prepare", str(write_config(run_dir, model, data))]
+                results.append(measure(checkout, label, command, rows))
                 print(f"{label} {rows}: done in {results[-1].wall_s:.1f} s", flush=True)
     if args.read_only:
         return
+    print(f"\nrayft {'generate' if args.command == 'generate' else 'data prepare'}")
     print("\n| checkout | rows | driver peak (MiB) | process tree peak (MiB) | wall (s) | rows/s |")
     print("|---|---|---|---|---|---|")
     for m in results:

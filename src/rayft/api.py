@@ -156,7 +156,7 @@ def generate(
     prompt_field: str | None = None,
     rejects_path: str | Path | None = None,
 ) -> GenerateResult:
-    """Generate a completion for every prompt of a JSON Lines file on Ray Data (``rayft generate``).
+    """Generate a completion for every prompt of a JSON Lines file on Ray actors (``rayft generate``).
 
     Args:
         source: A run directory, checkpoint, model directory, Hub id, .gguf file or built-in name

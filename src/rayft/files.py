@@ -3,18 +3,20 @@
 A file is written under a temporary name beside it, then renamed over it; a directory is written
 whole under a staging name beside it, then renamed into place. Temporary and staging names are
 hidden and carry the process id, so that two processes writing the same thing never share one.
-Text written whole (:func:`write_text_atomic`) has its credentials masked (:mod:`rayft.security`).
+Text written whole (:func:`write_text_atomic`) or row by row (:class:`AtomicJsonl`) has its credentials
+masked (:mod:`rayft.security`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import stat
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 from rayft.errors import StorageError
 from rayft.security import redact
@@ -143,3 +145,54 @@ def share_like_siblings(directory: Path) -> None:
     for path in directory.iterdir():
         if path.is_file() and not path.is_symlink() and stat.S_IMODE(path.stat().st_mode) != mode:
             path.chmod(mode)
+
+
+class AtomicJsonl:
+    """A JSON Lines file written row by row to a temporary file beside ``path`` (``.NAME.tmp-PID``)
+    and renamed into place by :meth:`commit`; leaving the ``with`` block without a commit removes
+    the temporary file, so ``path`` keeps its previous content (or stays absent)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.temp = temp_path(path)
+        self.handle: IO[str] | None = None
+
+    def __enter__(self) -> AtomicJsonl:
+        with self._storage_errors():
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self.handle = self.temp.open("w", encoding="utf-8")
+        return self
+
+    def write(self, row: Mapping[str, Any]) -> None:
+        """Append one row, its credentials masked."""
+        assert self.handle is not None, "write() inside the with block"
+        with self._storage_errors():
+            self.handle.write(redact(json.dumps(row, ensure_ascii=False)) + "\n")
+
+    def flush(self) -> None:
+        """Hand the rows written so far to the operating system."""
+        assert self.handle is not None, "flush() inside the with block"
+        with self._storage_errors():
+            self.handle.flush()
+
+    def commit(self) -> None:
+        """Flush the rows to disk and rename the file into place."""
+        assert self.handle is not None, "commit() once, inside the with block"
+        with self._storage_errors():
+            self.handle.flush()
+            os.fsync(self.handle.fileno())
+            self.handle.close()
+            self.handle = None
+            os.replace(self.temp, self.path)
+
+    def __exit__(self, *exc: object) -> None:
+        if self.handle is not None:
+            self.handle.close()
+        self.temp.unlink(missing_ok=True)
+
+    @contextlib.contextmanager
+    def _storage_errors(self) -> Iterator[None]:
+        try:
+            yield
+        except OSError as exc:
+            raise StorageError(f"cannot write {self.path} ({exc.strerror}); choose a writable location") from exc

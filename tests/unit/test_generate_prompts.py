@@ -15,7 +15,7 @@ from rayft.inference.prompts import REASONS, read_prompts
 from rayft.recipes.generate import (
     default_rejects_path,
     generation_config,
-    output_rows,
+    output_row,
     run,
     write_jsonl_atomic,
 )
@@ -86,7 +86,7 @@ def test_output_rows_carry_the_other_columns_in_input_order() -> None:
     parsed = read_prompts([line.encode() for line in LINES[:4]])
     generations = [Generation("4", 5, 1, "stop"), Generation("", finish_reason="error", error="boom"),
                    Generation("y", 2, 3, "length")]  # fmt: skip
-    out = list(output_rows(parsed.rows, generations))
+    out = [output_row(row, generation) for row, generation in zip(parsed.rows, generations, strict=True)]
     assert [row["id"] for row in out] == [1, 2, 3]
     assert out[1]["meta"] == {"k": [1, 2]} and out[1]["messages"] == [{"role": "user", "content": "hi"}]
     assert out[0] | {} == {"id": 1, "prompt": "What is 2 + 2?", "generation": "4", "finish_reason": "stop",

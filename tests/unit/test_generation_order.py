@@ -33,10 +33,11 @@ def test_eval_generation_sends_longest_prompts_first_and_answers_in_prompt_order
     from rayft.config.generation import GenerationConfig
     from rayft.config.model import ModelConfig
     from rayft.evaluation import runner
+    from rayft.generation.pool import prompt_size
 
     cfg = GenerationConfig(model=ModelConfig(name=str(tiny_model_dir)), max_new_tokens=5, batch_size=2)
     prompts = ["1 2", [{"role": "user", "content": "The quick brown fox jumps over the lazy dog"}], "SELECT", "0 1 2 3"]
-    assert [runner.prompt_size(p) for p in prompts] == [3, 43, 6, 7]
+    assert [prompt_size(p) for p in prompts] == [3, 43, 6, 7]
     sorted_run = runner.generate(prompts, cfg, "local")
     in_order = runner._generate_local(prompts, cfg)
     assert [g.text for g in sorted_run] == [g.text for g in in_order]

@@ -83,8 +83,8 @@ def _lora_saver(model_dir: Path, run_dir: Path, *, background: bool = False) -> 
 
     from rayft.training.checkpointing import Checkpointer, ModelFiles, TrainingObjects, write_model_files
     from rayft.training.faults import Faults
-    from rayft.training.strategies import parallelism
     from rayft.training.session import LocalSession
+    from rayft.training.strategies import parallelism
 
     model, optimizer, scheduler = _trained_lora(model_dir)
     files = ModelFiles("lora", 4, "train:\n  method: lora\n", {"method": "lora", "world_size": 1})

@@ -129,7 +129,7 @@ def generate(
     checkpoint: str | None,
     **settings: Any,
 ) -> None:
-    """Generate a completion for every prompt of a JSON Lines file, on a Ray Data actor pool.
+    """Generate a completion for every prompt of a JSON Lines file, on a pool of Ray actors.
 
     SOURCE is a model as for rayft chat (a run directory, checkpoint, export, Hub id, .gguf file or
     built-in name), or with --backend openai the model name the server is asked for.

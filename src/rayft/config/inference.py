@@ -1,4 +1,4 @@
-"""Config section for using a model: ``rayft chat`` (in this process) and ``rayft generate`` (on Ray Data)."""
+"""Config section for using a model: ``rayft chat`` (in this process) and ``rayft generate`` (on Ray actors)."""
 
 from __future__ import annotations
 
@@ -15,6 +15,10 @@ from rayft.config.generation import (
     KVCacheSetting,
     check_compile,
 )
+
+GENERATION_WINDOW = 4096
+"""Prompts ordered and generated together by default: enough for batches of similar lengths, small
+enough that a window's rows and results take a few MiB."""
 
 
 class InferenceConfig(Section):
@@ -42,10 +46,18 @@ class InferenceConfig(Section):
     system_prompt: str | None = Field(
         None, description="System message a chat session starts with (/system changes it during the session)."
     )
-    batch_size: int = Field(16, gt=0, description="Prompts per generate call and per Ray Data batch (rayft generate).")
+    batch_size: int = Field(16, gt=0, description="Prompts per generate call (rayft generate).")
+    window: int = Field(
+        GENERATION_WINDOW,
+        gt=0,
+        description=(
+            "rayft generate: prompts read, ordered longest first and generated together; the output is written "
+            "a window at a time, in input order, so memory grows with the window, not with the input."
+        ),
+    )
     kv_cache: KVCacheSetting = Field("auto", description=f"rayft generate: {KV_CACHE_DESCRIPTION}")
     compile: CompileSetting = Field("auto", description=f"rayft generate: {COMPILE_DESCRIPTION}")
-    num_workers: int = Field(1, gt=0, description="Generation actors (model replicas) in the Ray Data pool.")
+    num_workers: int = Field(1, gt=0, description="Generation actors (model replicas) on Ray.")
     num_cpus_per_worker: float = Field(1.0, gt=0, description="CPUs reserved by each generation actor.")
     num_gpus_per_worker: float = Field(0.0, ge=0, description="GPUs reserved by each generation actor (0: CPU).")
     endpoint: EndpointConfig = Field(

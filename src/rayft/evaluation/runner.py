@@ -1,6 +1,6 @@
 """Running an evaluation: read the examples, generate with one model, score, summarise.
 
-Generation runs on a Ray Data actor pool (:mod:`rayft.generation.ray_pool`) or, for small evals
+Generation runs on a pool of Ray actors (:mod:`rayft.generation.ray_pool`) or, for small evals
 and machines without Ray, in this process with the same backend. A prompt whose generation
 fails is kept: it scores as an empty output and its error is counted and written out.
 """
@@ -14,7 +14,7 @@ import logging
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal, cast
+from typing import Any
 
 import numpy as np
 
@@ -29,17 +29,11 @@ from rayft.evaluation.metrics import CorpusMetric
 from rayft.evaluation.stats import Estimate, corpus_estimate, estimate
 from rayft.evaluation.tasks import Task, build_prompt
 from rayft.generation.backend import Generation, Prompt
-from rayft.generation.factory import build_backend, sampling_params
-from rayft.generation.ray_pool import generate_dataset, prompt_table
+from rayft.generation.pool import LocalPool, Runtime, in_input_order, open_pool
 from rayft.models.sources import ResolvedSource, fingerprint_source
 from rayft.runtime import ray_runtime
 
-if TYPE_CHECKING:
-    import pyarrow as pa
-
 log = logging.getLogger("rayft.eval")
-
-Runtime = Literal["ray", "local"]
 
 
 @dataclass(frozen=True)
@@ -202,76 +196,21 @@ def generate(
     """One generation per prompt, in order, on the chosen runtime; progress (with ETA) is shown as
     ``what``: done/total prompts.
 
-    Prompts go to the backend longest first, so that each batch holds prompts of similar length
-    (less left padding for local models); the results are put back in prompt order.
+    Prompts go to the backend longest first within windows of :data:`~rayft.config.inference.GENERATION_WINDOW`
+    (so that each batch holds prompts of similar length: less left padding for local models); the
+    results are put back in prompt order.
     """
-    order = sorted(range(len(prompts)), key=lambda i: (-prompt_size(prompts[i]), i))
-    ordered = [prompts[i] for i in order]
-    with Progress(what, len(prompts), unit="prompts") as progress:
-        generate_on = _generate_ray if runtime == "ray" else _generate_local
-        done = generate_on(ordered, cfg, progress)
-    out: list[Generation] = [done[0]] * len(prompts) if done else []
-    for position, index in enumerate(order):
-        out[index] = done[position]
-    return out
+    with Progress(what, len(prompts), unit="prompts") as progress, open_pool(cfg, runtime) as pool:
+        windows = in_input_order(prompts, lambda p: p, pool, batch_size=cfg.batch_size, on_batch=progress.advance)
+        return [generation for window in windows for _, generation in window]
 
 
-def prompt_size(prompt: Prompt) -> int:
-    """Characters of a prompt's text (every message's content for a chat prompt): a tokenizer-free
-    proxy of its length."""
-    if isinstance(prompt, str):
-        return len(prompt)
-    return sum(len(str(message.get("content", ""))) for message in prompt)
-
-
-def _generate_local(
-    prompts: Sequence[Prompt], cfg: GenerationConfig, progress: Progress | None = None
-) -> list[Generation]:
-    backend = build_backend(cfg)
-    params = sampling_params(cfg)
-    out: list[Generation] = []
-    for start in range(0, len(prompts), cfg.batch_size):
-        chunk = list(prompts[start : start + cfg.batch_size])
-        try:
-            out += backend.generate(chunk, params)
-        except Exception as exc:  # a failed batch becomes errors on its rows, as in the Ray pool
-            error = f"{type(exc).__name__}: {exc}"
-            out += [Generation("", finish_reason="error", error=error) for _ in chunk]
-        if progress is not None:
-            progress.advance(len(chunk))
-    return out
-
-
-def _generate_ray(
-    prompts: Sequence[Prompt], cfg: GenerationConfig, progress: Progress | None = None
-) -> list[Generation]:
-    """Generate on the actor pool, one block per batch, collecting rows as they stream back."""
-    import ray.data
-
-    table = prompt_table(prompts)
-    step = max(1, cfg.batch_size)
-    blocks = [table.slice(start, step) for start in range(0, max(len(prompts), 1), step)]
-    rows: list[dict[str, Any]] = []
-    columns = ["row", "generation", "num_prompt_tokens", "num_generated_tokens", "finish_reason", "error"]
-    batches = generate_dataset(ray.data.from_arrow(blocks), cfg).iter_batches(batch_size=None, batch_format="pyarrow")
-    for batch in batches:
-        table = cast("pa.Table", batch)
-        rows += table.select(columns).to_pylist()
-        if progress is not None:
-            progress.advance(table.num_rows)
-    rows.sort(key=lambda r: int(r["row"]))
-    if len(rows) != len(prompts):
-        raise DataError(f"the generation pool returned {len(rows)} rows for {len(prompts)} prompts")
-    return [
-        Generation(
-            str(r["generation"]),
-            int(r["num_prompt_tokens"]),
-            int(r["num_generated_tokens"]),
-            r["finish_reason"],
-            str(r["error"]) or None,
-        )
-        for r in rows
-    ]
+def _generate_local(prompts: Sequence[Prompt], cfg: GenerationConfig) -> list[Generation]:
+    """One generation per prompt in this process, in prompt order with no reordering (the reference
+    the longest-first order is measured against)."""
+    step = cfg.batch_size
+    batches = ((start, list(prompts[start : start + step])) for start in range(0, len(prompts), step))
+    return [g for _, generations in LocalPool(cfg).map(batches) for g in generations]
 
 
 def score_run(

@@ -100,3 +100,11 @@ class StopFilter:
         out = self.text[self.shown : end]
         self.shown = max(self.shown, end)
         return out
+
+
+def generate_batch(backend: GenerationBackend, params: SamplingParams, prompts: list[Prompt]) -> list[Generation]:
+    """One generation per prompt; a batch that raises becomes rows with its error, never lost rows."""
+    try:
+        return backend.generate(prompts, params)
+    except Exception as exc:
+        return [Generation("", finish_reason="error", error=f"{type(exc).__name__}: {exc}")] * len(prompts)

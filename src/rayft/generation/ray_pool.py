@@ -1,4 +1,6 @@
-"""Running a generation backend over a Ray Dataset with a stateful actor pool.
+"""Running a generation backend on Ray actors: over a Ray Dataset (:func:`generate_dataset`, a Ray
+Data actor pool) or over a stream of batches (:class:`RayActorPool`, actors that live as long as the
+pool, so that a stream fed window by window loads the model once).
 
 Each actor loads the model once and serves many batches. A batch that fails is not dropped: its
 rows come back with ``error`` set and empty ``generation``, so callers can count them.
@@ -7,18 +9,21 @@ rows come back with ``error`` set and empty ``generation``, so callers can count
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from collections import deque
+from collections.abc import Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import pyarrow as pa
 
 from rayft.config.generation import GenerationConfig
-from rayft.generation.backend import Generation, Prompt
+from rayft.generation.backend import Generation, Prompt, generate_batch
 from rayft.generation.factory import build_backend, sampling_params
 from rayft.models.resolve import anchored_name
 
 if TYPE_CHECKING:
     import ray.data
+
+Tag = TypeVar("Tag")
 
 OUTPUT_COLUMNS = ("generation", "finish_reason", "error", "num_prompt_tokens", "num_generated_tokens")
 COLUMN_TYPES: dict[str, pa.DataType] = {
@@ -51,10 +56,7 @@ class GenerateActor:
     def __call__(self, batch: pa.Table) -> pa.Table:
         started = time.perf_counter()
         prompts = [to_prompt(p) for p in batch.column(self.prompt_column).to_pylist()]
-        try:
-            generations = self.backend.generate(prompts, self.params)
-        except Exception as exc:  # a failed batch becomes rows with an error, never lost rows
-            generations = [Generation("", finish_reason="error", error=f"{type(exc).__name__}: {exc}")] * len(prompts)
+        generations = generate_batch(self.backend, self.params, prompts)
         columns = {**generation_columns(generations), "generator": [self.backend.name] * len(prompts)}
         if self.seconds_column:
             # Each row carries its share of the batch's time, so a sum over rows gives the stage's seconds.
@@ -111,9 +113,7 @@ def generate_dataset(
 
     With ``seconds_column``, each row also gets its share of its batch's generation time.
     """
-    model = cfg.model.model_copy(update={"name": anchored_name(cfg.model.name)})
-    adapter = anchored_name(cfg.adapter_path) if cfg.adapter_path else None
-    cfg = cfg.model_copy(update={"model": model, "adapter_path": adapter})
+    cfg = anchored(cfg)
     return ds.map_batches(
         GenerateActor,
         fn_constructor_kwargs={"cfg": cfg, "prompt_column": prompt_column, "seconds_column": seconds_column},
@@ -123,6 +123,62 @@ def generate_dataset(
         num_cpus=cfg.num_cpus_per_actor,
         num_gpus=cfg.num_gpus_per_actor,
     )
+
+
+def anchored(cfg: GenerationConfig) -> GenerationConfig:
+    """``cfg`` with its model and adapter as paths a Ray worker (whose working directory differs)
+    resolves to the same files."""
+    model = cfg.model.model_copy(update={"name": anchored_name(cfg.model.name)})
+    adapter = anchored_name(cfg.adapter_path) if cfg.adapter_path else None
+    return cfg.model_copy(update={"model": model, "adapter_path": adapter})
+
+
+class BatchGenerator:
+    """A Ray actor's state: one backend, loaded once, generating one batch of prompts per call."""
+
+    def __init__(self, cfg: GenerationConfig) -> None:
+
+        self.backend = build_backend(cfg)
+        self.params = sampling_params(cfg)
+
+    def generate(self, prompts: list[Prompt]) -> list[Generation]:
+        """One generation per prompt, in order (a failed batch as rows with its error)."""
+        return generate_batch(self.backend, self.params, prompts)
+
+
+class RayActorPool:
+    """``cfg.concurrency`` Ray actors, each with the backend loaded once, serving batches until
+    :meth:`close`. At most two batches per actor are in flight, so a long stream of batches is never
+    all submitted at once. An actor that dies is restarted and its batch retried (twice)."""
+
+    def __init__(self, cfg: GenerationConfig) -> None:
+        import ray
+        from ray.util import ActorPool
+
+        remote = ray.remote(
+            num_cpus=cfg.num_cpus_per_actor, num_gpus=cfg.num_gpus_per_actor, max_restarts=2, max_task_retries=2
+        )(BatchGenerator)
+        self.actors: list[Any] = [remote.remote(anchored(cfg)) for _ in range(cfg.concurrency)]
+        self.pool = ActorPool(self.actors)
+        self.in_flight = 2 * len(self.actors)
+
+    def map(self, batches: Iterable[tuple[Tag, list[Prompt]]]) -> Iterator[tuple[Tag, list[Generation]]]:
+        """One list of generations per batch, in batch order."""
+        tags: deque[Tag] = deque()
+        for tag, prompts in batches:
+            self.pool.submit(lambda actor, chunk: actor.generate.remote(chunk), prompts)
+            tags.append(tag)
+            if len(tags) >= self.in_flight:
+                yield tags.popleft(), self.pool.get_next()
+        while tags:
+            yield tags.popleft(), self.pool.get_next()
+
+    def close(self) -> None:
+        """Stop the actors (their resources go back to the cluster)."""
+        import ray
+
+        for actor in self.actors:
+            ray.kill(actor)
 
 
 def _actor_pool(size: int) -> Any:

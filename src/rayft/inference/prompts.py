@@ -9,8 +9,9 @@ list of ``{role, content}`` turns (or ShareGPT ``{from, value}``) goes through t
 
 from __future__ import annotations
 
+import codecs
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -82,21 +83,32 @@ class BadPromptError(Exception):
 def read_prompts(lines: Iterable[bytes], prompt_field: str | None = None) -> PromptFile:
     """Sort the lines of a JSON Lines file (as bytes) into prompt rows and rejected rows."""
     parsed = PromptFile()
+    for item in iter_prompts(lines, prompt_field):
+        if isinstance(item, PromptRow):
+            parsed.rows.append(item)
+        else:
+            parsed.rejected.append(item)
+    return parsed
+
+
+def iter_prompts(lines: Iterable[bytes], prompt_field: str | None = None) -> Iterator[PromptRow | RejectedRow]:
+    """Each non-blank line of a JSON Lines file (as bytes), as it is read: a prompt row or a rejected
+    row. A UTF-8 byte order mark opening the first line is skipped."""
     for number, raw in enumerate(lines, start=1):
-        if not raw.strip():
+        line = raw.removeprefix(codecs.BOM_UTF8) if number == 1 else raw
+        if not line.strip():
             continue
         try:
-            text = raw.decode("utf-8")
+            text = line.decode("utf-8")
         except UnicodeDecodeError as exc:
-            parsed.rejected.append(RejectedRow(number, "not_utf8", str(exc), _excerpt(raw.decode("utf-8", "replace"))))
+            yield RejectedRow(number, "not_utf8", str(exc), _excerpt(line.decode("utf-8", "replace")))
             continue
         try:
             row, prompt = parse_line(text, prompt_field)
         except BadPromptError as bad:
-            parsed.rejected.append(RejectedRow(number, bad.reason, bad.detail, _excerpt(text)))
+            yield RejectedRow(number, bad.reason, bad.detail, _excerpt(text))
             continue
-        parsed.rows.append(PromptRow(number, prompt, row))
-    return parsed
+        yield PromptRow(number, prompt, row)
 
 
 def parse_line(text: str, prompt_field: str | None) -> tuple[dict[str, Any], Prompt]:

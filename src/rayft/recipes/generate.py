@@ -1,36 +1,39 @@
-"""``rayft generate SOURCE --input prompts.jsonl --output out.jsonl``: batch inference on Ray Data.
+"""``rayft generate SOURCE --input prompts.jsonl --output out.jsonl``: batch inference, streamed.
 
-Reads top to bottom: sort the input lines into prompts and rejected rows (the rejects file lists
-each with its line number, reason and text), resolve the model source as ``rayft eval`` does,
-generate on a Ray Data actor pool with the backend of ``inference.backend`` (hf, vllm or an
-OpenAI-compatible server), and write every usable row, in input order, with its other columns
-and the generation columns added. Both files are written atomically: a crash leaves the previous
-output (or none), never half of one.
+Reads top to bottom: read the input a line at a time, sorting lines into prompts and rejected rows
+(the rejects file lists each with its line number, reason and text); with the first window of
+prompts in hand, resolve the model source as ``rayft eval`` does and start one pool of generation
+actors with the backend of ``inference.backend`` (hf, vllm or an OpenAI-compatible server); feed it
+the prompts ``inference.window`` at a time, longest first within a window, and append every usable
+row, in input order, with its other columns and the generation columns added, as its window
+finishes. Memory holds one window and counters, never the whole file. Both files are written to a
+temporary file and renamed at the end: a crash leaves the previous output (or none), never half of one.
 
 Public entry point: :func:`run` (also ``rayft.generate``).
 """
 
 from __future__ import annotations
 
-import json
+import contextlib
+import itertools
 import logging
 import time
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from rayft.config import RayftConfig
 from rayft.config.generation import GenerationConfig
 from rayft.config.model import ModelConfig
-from rayft.errors import DataError, StorageError
-from rayft.evaluation.runner import generate
-from rayft.files import replacing
-from rayft.generation.backend import Generation, Prompt
-from rayft.inference.prompts import REASONS, PromptFile, PromptRow, read_prompts
+from rayft.console import Progress
+from rayft.errors import DataError
+from rayft.files import AtomicJsonl
+from rayft.generation.backend import Generation
+from rayft.generation.pool import Runtime, in_input_order, open_pool
+from rayft.inference.prompts import REASONS, PromptRow, RejectedRow, iter_prompts
 from rayft.models.sources import resolve_source
 from rayft.runtime import ray_runtime
-from rayft.security import redact
 
 log = logging.getLogger("rayft.generate")
 
@@ -64,6 +67,31 @@ class GenerateResult:
         )
 
 
+@dataclass
+class Tally:
+    """What the driver keeps of a run instead of its rows: counts, and the first error seen."""
+
+    written: int = 0
+    failed: int = 0
+    generated_tokens: int = 0
+    rejected_by_reason: dict[str, int] = field(default_factory=dict)
+    first_error: str | None = None
+    clashes_reported: bool = False
+
+    @property
+    def rejected(self) -> int:
+        """Lines rejected so far."""
+        return sum(self.rejected_by_reason.values())
+
+    def add_generation(self, generation: Generation) -> None:
+        """Count one row written."""
+        self.written += 1
+        self.generated_tokens += generation.num_generated_tokens
+        if generation.error:
+            self.failed += 1
+            self.first_error = self.first_error or generation.error
+
+
 def default_rejects_path(output_path: Path) -> Path:
     """``out.jsonl`` -> ``out.rejects.jsonl``, beside the output."""
     stem = output_path.name[: -len(".jsonl")] if output_path.name.endswith(".jsonl") else output_path.name
@@ -78,42 +106,61 @@ def run(
     *,
     prompt_field: str | None = None,
     rejects_path: Path | None = None,
+    runtime: Runtime = "ray",
 ) -> GenerateResult:
-    """Generate a completion for every usable row of ``input_path`` with ``source``, into ``output_path``."""
+    """Generate a completion for every usable row of ``input_path`` with ``source``, into ``output_path``
+    (on Ray actors, or with ``runtime='local'`` in this process)."""
     started = time.monotonic()
     input_path, output_path = Path(input_path), Path(output_path)
     rejects_path = Path(rejects_path) if rejects_path is not None else default_rejects_path(output_path)
     check_paths(input_path, output_path, rejects_path)
-    prompts = read_input(input_path, prompt_field)
-    write_jsonl_atomic(rejects_path, (r.to_dict() for r in prompts.rejected))
-    report_rejected(prompts, input_path, rejects_path)
-    if not prompts.rows:
-        raise DataError(
-            f"{input_path}: no line has a usable prompt ({len(prompts.rejected)} rejected, listed in {rejects_path}); "
-            "give each line a 'prompt' string or a 'messages' list, or name the column with --field"
-        )
-    clashes = sorted({key for row in prompts.rows for key in row.row if key in OUTPUT_FIELDS})
-    if clashes:
-        log.warning("generate: the input's %s column(s) are replaced by the generation's in the output", clashes)
-    gen_cfg, model = generation_config(cfg, source)
-    log.info("generate: %d prompts from %s with %s (%s backend)", len(prompts.rows), input_path, model, gen_cfg.backend)
-
-    with ray_runtime(cfg.scaling.address):
-        generations = generate_by_kind([row.prompt for row in prompts.rows], gen_cfg)
-    write_jsonl_atomic(output_path, output_rows(prompts.rows, generations))
-    result = GenerateResult(
-        output_path=output_path, rejects_path=rejects_path, model=model,
-        num_lines=len(prompts.rows) + len(prompts.rejected), num_written=len(prompts.rows),
-        num_rejected=len(prompts.rejected), num_failed=sum(1 for g in generations if g.error),
-        generated_tokens=sum(g.num_generated_tokens for g in generations),
-        elapsed_s=round(time.monotonic() - started, 3), rejected_by_reason=prompts.rejected_by_reason(),
+    tally = Tally()
+    with (
+        input_lines(input_path) as lines,
+        AtomicJsonl(rejects_path) as rejects,
+        AtomicJsonl(output_path) as output,
+        Progress("generate", count_lines(input_path), unit="lines") as progress,
+    ):
+        rows = usable_rows(iter_prompts(lines, prompt_field), rejects, tally, input_path, progress)
+        first = list(itertools.islice(rows, cfg.inference.window))  # before anything loads
+        if not first:
+            rejects.commit()
+            raise DataError(
+                f"{input_path}: no line has a usable prompt ({tally.rejected} rejected, listed in {rejects_path}); "
+                "give each line a 'prompt' string or a 'messages' list, or name the column with --field"
+            )
+        gen_cfg, model = generation_config(cfg, source)
+        log.info("generate: prompts from %s with %s (%s backend), %d at a time", input_path, model, gen_cfg.backend,
+                 cfg.inference.window)  # fmt: skip
+        with _runtime(runtime, cfg.scaling.address), open_pool(gen_cfg, runtime) as pool:
+            windows = in_input_order(itertools.chain(first, rows), lambda r: r.prompt, pool,
+                                     batch_size=gen_cfg.batch_size, window=cfg.inference.window,
+                                     on_batch=progress.advance)  # fmt: skip
+            del first  # the window is the pool's now
+            for window in windows:
+                for row, generation in window:
+                    output.write(output_row(row, generation))
+                    tally.add_generation(generation)
+                output.flush()  # a window at a time, so that the temporary file shows how far the run is
+        output.commit()
+        rejects.commit()
+    report_rejected(tally, rejects_path)
+    if tally.failed:
+        log.warning("generate: %d generations failed (first: %s); their rows have 'error' set", tally.failed,
+                    tally.first_error)  # fmt: skip
+    return GenerateResult(
+        output_path=output_path, rejects_path=rejects_path, model=model, num_lines=tally.written + tally.rejected,
+        num_written=tally.written, num_rejected=tally.rejected, num_failed=tally.failed,
+        generated_tokens=tally.generated_tokens, elapsed_s=round(time.monotonic() - started, 3),
+        rejected_by_reason=dict(tally.rejected_by_reason),
     )  # fmt: skip
-    if result.num_failed:
-        first = next(g.error for g in generations if g.error)
-        log.warning(
-            "generate: %d generations failed (first: %s); their rows have 'error' set", result.num_failed, first
-        )
-    return result
+
+
+def _runtime(runtime: Runtime, address: str | None) -> contextlib.AbstractContextManager[object]:
+    if runtime == "local":
+        return contextlib.nullcontext()
+
+    return ray_runtime(address)
 
 
 def check_paths(input_path: Path, output_path: Path, rejects_path: Path) -> None:
@@ -125,23 +172,58 @@ def check_paths(input_path: Path, output_path: Path, rejects_path: Path) -> None
             raise DataError(f"{option} {str(path)!r} is the input file; write the results to another file")
 
 
-def read_input(input_path: Path, prompt_field: str | None) -> PromptFile:
-    """The prompts and rejected rows of the input file."""
+def count_lines(input_path: Path) -> int:
+    """Non-blank lines of the input (the progress total), read a line at a time."""
+    count = 0
+    with contextlib.suppress(OSError), input_path.open("rb") as handle:
+        count = sum(1 for line in handle if line.strip())
+    return count
+
+
+@contextlib.contextmanager
+def input_lines(input_path: Path) -> Iterator[Iterator[bytes]]:
+    """The input's lines as bytes, read as they are consumed."""
     try:
         with input_path.open("rb") as handle:
-            return read_prompts(handle, prompt_field)
+            yield _lines(handle, input_path)
     except OSError as exc:
         raise DataError(f"--input {str(input_path)!r}: cannot read it ({exc.strerror})") from None
 
 
-def report_rejected(prompts: PromptFile, input_path: Path, rejects_path: Path) -> None:
-    """A warning per rejected line (the first few), then the count by reason."""
-    for item in prompts.rejected[:_LOGGED_REJECTS]:
-        log.warning("generate: %s line %d rejected, %s: %s; the line: %.200s", input_path, item.line, item.reason,
-                    item.detail, item.value)  # fmt: skip
-    if prompts.rejected:
-        counts = ", ".join(f"{reason} {n} ({REASONS[reason]})" for reason, n in prompts.rejected_by_reason().items())
-        log.warning("generate: %d lines rejected (%s); every one is in %s", len(prompts.rejected), counts, rejects_path)
+def _lines(handle: IO[bytes], input_path: Path) -> Iterator[bytes]:
+    try:
+        yield from handle
+    except OSError as exc:
+        raise DataError(f"--input {str(input_path)!r}: cannot read it ({exc.strerror})") from None
+
+
+def usable_rows(
+    items: Iterable[PromptRow | RejectedRow], rejects: AtomicJsonl, tally: Tally, input_path: Path, progress: Progress
+) -> Iterator[PromptRow]:
+    """The prompt rows of ``items``; each rejected row goes to ``rejects`` and is counted (the first
+    few logged) as it is read."""
+    for item in items:
+        if isinstance(item, PromptRow):
+            if not tally.clashes_reported and any(key in OUTPUT_FIELDS for key in item.row):
+                tally.clashes_reported = True
+                clashes = sorted(key for key in item.row if key in OUTPUT_FIELDS)
+                log.warning("generate: the input's %s column(s) are replaced by the generation's in the output "
+                            "(from line %d on)", clashes, item.line)  # fmt: skip
+            yield item
+            continue
+        rejects.write(item.to_dict())
+        if tally.rejected < _LOGGED_REJECTS:
+            log.warning("generate: %s line %d rejected, %s: %s; the line: %.200s", input_path, item.line,
+                        item.reason, item.detail, item.value)  # fmt: skip
+        tally.rejected_by_reason[item.reason] = tally.rejected_by_reason.get(item.reason, 0) + 1
+        progress.advance(1)
+
+
+def report_rejected(tally: Tally, rejects_path: Path) -> None:
+    """The count of rejected lines by reason."""
+    if tally.rejected:
+        counts = ", ".join(f"{reason} {n} ({REASONS[reason]})" for reason, n in tally.rejected_by_reason.items())
+        log.warning("generate: %d lines rejected (%s); every one is in %s", tally.rejected, counts, rejects_path)
 
 
 def generation_config(cfg: RayftConfig, source: str) -> tuple[GenerationConfig, str]:
@@ -165,41 +247,23 @@ def generation_config(cfg: RayftConfig, source: str) -> tuple[GenerationConfig, 
     return gen_cfg, described
 
 
-def generate_by_kind(prompts: list[Prompt], gen_cfg: GenerationConfig) -> list[Generation]:
-    """One generation per prompt, in order, on the Ray Data actor pool; text and chat prompts go in
-    separate passes (a dataset column holds one type)."""
-    out: list[Generation | None] = [None] * len(prompts)
-    for chat in (False, True):
-        indices = [i for i, p in enumerate(prompts) if isinstance(p, list) == chat]
-        if not indices:
-            continue
-        what = "generate (chat prompts)" if chat else "generate (text prompts)"
-        for index, generation in zip(indices, generate([prompts[i] for i in indices], gen_cfg, "ray", what=what),
-                                     strict=True):  # fmt: skip
-            out[index] = generation
-    return [g for g in out if g is not None]
-
-
-def output_rows(rows: list[PromptRow], generations: list[Generation]) -> Iterator[dict[str, Any]]:
-    """Each input row with the generation fields added, in input order."""
-    for row, generation in zip(rows, generations, strict=True):
-        yield {
-            **row.row,
-            "generation": generation.text,
-            "finish_reason": generation.finish_reason,
-            "error": generation.error,
-            "num_prompt_tokens": generation.num_prompt_tokens,
-            "num_generated_tokens": generation.num_generated_tokens,
-        }
+def output_row(row: PromptRow, generation: Generation) -> dict[str, Any]:
+    """An input row with the generation fields added."""
+    return {
+        **row.row,
+        "generation": generation.text,
+        "finish_reason": generation.finish_reason,
+        "error": generation.error,
+        "num_prompt_tokens": generation.num_prompt_tokens,
+        "num_generated_tokens": generation.num_generated_tokens,
+    }
 
 
 def write_jsonl_atomic(path: Path, rows: Iterable[Mapping[str, Any]]) -> Path:
     """Write one JSON object per line, its credentials masked, to a temporary file beside ``path``,
     then rename it into place: readers see the old file or the whole new one."""
-    try:
-        with replacing(path, sync=True) as handle:
-            for row in rows:
-                handle.write(redact(json.dumps(row, ensure_ascii=False)) + "\n")
-    except OSError as exc:
-        raise StorageError(f"cannot write {path} ({exc.strerror}); choose a writable location") from exc
+    with AtomicJsonl(path) as out:
+        for row in rows:
+            out.write(row)
+        out.commit()
     return path
