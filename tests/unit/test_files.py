@@ -18,8 +18,6 @@ SRC = Path(rayft.__file__).parent
 OTHER_RENAMES = {
     "runs/lock.py",  # a dead process's lock file is moved aside before it is taken over
     "runs/store.py",  # an earlier output is kept under a dated name (move_aside)
-    "pipeline/stages.py",  # the train stage's output replaced by the tuned run: to move onto replace_dir
-    "pipeline/tune_stage.py",  # the tune stage's staging directory: to move onto replace_dir
 }
 
 

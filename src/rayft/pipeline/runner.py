@@ -52,7 +52,8 @@ from rayft.pipeline.outputs import (
 )
 from rayft.pipeline.plan import StageDecision, check_remote_stages, decide, requested_stages, runnable_stages
 from rayft.pipeline.records import StageRecord, outputs_exist, read_record, write_record
-from rayft.pipeline.stages import STAGES, Stage, StageContext
+from rayft.pipeline.stage import Stage, StageContext
+from rayft.pipeline.stages import STAGES
 from rayft.runs.layout import TRACKING_FILE
 from rayft.runs.location import RunLocation, plan_run_location
 from rayft.runs.lock import run_lock

@@ -8,17 +8,15 @@ from __future__ import annotations
 
 import json
 import logging
-import shutil
-from dataclasses import dataclass
-from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
 from rayft._version import __version__
 from rayft.config import RayftConfig, dump_config
+from rayft.files import replace_dir, staging_dir
 from rayft.pipeline.inputs import final_manifest_hash, local_files, model_identity, train_data_config
-from rayft.pipeline.records import StageRecord
+from rayft.pipeline.stage import Stage, StageContext, StageOutput
 from rayft.pipeline.tune_stage import TuneStage, adopt_trial_run, plan_train_handoff, tuned_config
 from rayft.runs.location import is_remote, join_uri
 from rayft.runs.planner import StartPlan, plan_stage_start
@@ -29,36 +27,6 @@ if TYPE_CHECKING:
     from rayft.training.driver import TrainResult
 
 log = logging.getLogger("rayft.run")
-
-
-@dataclass(frozen=True)
-class StageContext:
-    """What every stage reads: the pipeline's config, its directory, and the records of the stages
-    finished so far in this run (earlier stages' outputs are the later ones' inputs)."""
-
-    cfg: RayftConfig
-    run_dir: Path
-    records: dict[str, StageRecord]
-
-
-@dataclass(frozen=True)
-class StageOutput:
-    """What a stage produced: its named files (absolute paths) and the summary its record keeps."""
-
-    files: dict[str, Path]
-    summary: dict[str, Any]
-
-
-class Stage(Protocol):
-    """One stage of the pipeline."""
-
-    name: str
-
-    def inputs(self, ctx: StageContext) -> dict[str, Any]:
-        """What the stage's fingerprint covers: it runs again when any of it changes."""
-
-    def run(self, ctx: StageContext, *, fresh: bool) -> StageOutput:
-        """Do the stage's work (``fresh``: an earlier finished output exists and is being redone)."""
 
 
 class SdgStage:
@@ -249,23 +217,3 @@ def train_summary(result: TrainResult) -> dict[str, Any]:
     if result.storage_uri:
         summary["storage_uri"] = result.storage_uri
     return summary
-
-
-def staging_dir(target: Path) -> Path:
-    """An empty directory beside ``target`` for a stage to write into before it replaces ``target``."""
-    staging = target.with_name(f".{target.name}.partial")
-    shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir(parents=True)
-    return staging
-
-
-def replace_dir(staging: Path, target: Path) -> None:
-    """Put a finished stage directory in place of the old one (which is removed)."""
-    if target.exists():
-        old = target.with_name(f".{target.name}.old")
-        shutil.rmtree(old, ignore_errors=True)
-        target.rename(old)
-        staging.rename(target)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        staging.rename(target)

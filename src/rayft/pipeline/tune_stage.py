@@ -13,19 +13,18 @@ import logging
 import os
 import shutil
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from rayft._version import __version__
 from rayft.config import RayftConfig, dump_config
+from rayft.files import replace_dir, staging_dir
 from rayft.pipeline.inputs import local_files, model_identity, train_data_config
+from rayft.pipeline.stage import StageContext, StageOutput
 from rayft.runs import layout
 from rayft.runs.store import move_aside
 from rayft.tuning.handoff import TrainHandoff, plan_handoff
 from rayft.tuning.results import BEST_YAML, TUNE_HTML, TUNE_JSON, SweepResult, load_sweep_result
 from rayft.tuning.space import apply_params
-
-if TYPE_CHECKING:
-    from rayft.pipeline.stages import StageContext, StageOutput
 
 log = logging.getLogger("rayft.run")
 
@@ -73,7 +72,6 @@ class TuneStage:
 
     def run(self, ctx: StageContext, *, fresh: bool) -> StageOutput:
         """Run the sweep (an interrupted one continues); a finished sweep with other inputs is moved aside."""
-        from rayft.pipeline.stages import StageOutput
         from rayft.recipes import tune as tune_recipe
 
         out = ctx.run_dir / SWEEP_DIR
@@ -138,15 +136,15 @@ def adopt_trial_run(trial_dir: Path, out: Path, train_cfg: RayftConfig) -> None:
     """Make the best trial's finished run the train stage's run: its final model, metrics and logs
     (hard links where the filesystem allows, else copies; checkpoints are left in the sweep), with the
     train stage's config saved so that a rerun keeps it."""
-    staging = out.with_name(f".{out.name}.adopt")
-    shutil.rmtree(staging, ignore_errors=True)
+    staging = staging_dir(out, "adopt")
     shutil.copytree(
-        trial_dir, staging, copy_function=_link_or_copy, ignore=shutil.ignore_patterns(layout.CHECKPOINTS_DIR)
-    )
-    (staging / layout.CONFIG_FILE).unlink(missing_ok=True)
+        trial_dir, staging, copy_function=_link_or_copy, ignore=shutil.ignore_patterns(layout.CHECKPOINTS_DIR),
+        dirs_exist_ok=True,
+    )  # fmt: skip
+    (staging / layout.CONFIG_FILE).unlink(missing_ok=True)  # a hard link to the trial's: not written through
     (staging / layout.CONFIG_FILE).write_text(dump_config(train_cfg), encoding="utf-8")
     move_aside(out)
-    staging.rename(out)
+    replace_dir(staging, out)
 
 
 def _link_or_copy(src: str, dst: str) -> None:
