@@ -18,10 +18,13 @@ from rayft.files import replace_dir, staging_dir
 from rayft.pipeline.inputs import final_manifest_hash, local_files, model_identity, train_data_config
 from rayft.pipeline.stage import Stage, StageContext, StageOutput
 from rayft.pipeline.tune_stage import TuneStage, adopt_trial_run, plan_train_handoff, tuned_config
+from rayft.recipes import compare, evaluate, export, sdg
 from rayft.runs.location import is_remote, join_uri
 from rayft.runs.planner import StartPlan, plan_stage_start
 from rayft.runs.store import RunStore, move_aside, open_store
 from rayft.security import mask_uri
+from rayft.training.driver import RunStart, default_launcher, drive
+from rayft.training.startup import run_location
 
 if TYPE_CHECKING:
     from rayft.training.driver import TrainResult
@@ -41,8 +44,6 @@ class SdgStage:
 
     def run(self, ctx: StageContext, *, fresh: bool) -> StageOutput:
         """Generate the synthetic data."""
-        from rayft.recipes import sdg
-
         out = ctx.run_dir / "sdg"
         if fresh:
             move_aside(out)
@@ -81,9 +82,6 @@ class TrainStage:
     def run(self, ctx: StageContext, *, fresh: bool) -> StageOutput:
         """Train with the training driver, keeping a finished run with the same settings and resuming
         an unfinished one (:func:`rayft.runs.planner.plan_stage_start`)."""
-        from rayft.training.driver import RunStart, default_launcher, drive
-        from rayft.training.startup import run_location
-
         out = ctx.run_dir / "train"
         if fresh:
             move_aside(out)
@@ -135,12 +133,9 @@ class EvalStage:
         out = ctx.run_dir / "eval"
         staging = staging_dir(out)
         if "train" not in ctx.records:
-            from rayft.recipes import evaluate
-
             single = evaluate.run(ctx.cfg, ctx.cfg.model.name, staging)
             replace_dir(staging, out)
             return StageOutput({"dir": out}, single.summary.to_dict())
-        from rayft.recipes import compare
 
         sources = {"base": ctx.cfg.model.name, "tuned": str(ctx.records["train"].output(ctx.run_dir, "final"))}
         result = compare.run(ctx.cfg, sources, staging)
@@ -171,8 +166,6 @@ class ExportStage:
 
     def run(self, ctx: StageContext, *, fresh: bool) -> StageOutput:
         """Export (merged or as an adapter) and verify."""
-        from rayft.recipes import export
-
         out = ctx.run_dir / "export"
         staging = staging_dir(out)
         final = str(ctx.records["train"].output(ctx.run_dir, "final"))

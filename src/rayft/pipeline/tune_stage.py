@@ -17,10 +17,14 @@ from typing import Any
 
 from rayft._version import __version__
 from rayft.config import RayftConfig, dump_config
+from rayft.config.loader import read_yaml
+from rayft.errors import TrainingError
 from rayft.files import replace_dir, staging_dir
 from rayft.pipeline.inputs import local_files, model_identity, train_data_config
 from rayft.pipeline.stage import StageContext, StageOutput
+from rayft.recipes import tune as tune_recipe
 from rayft.runs import layout
+from rayft.runs.manifest import read_manifest
 from rayft.runs.store import move_aside
 from rayft.tuning.handoff import TrainHandoff, plan_handoff
 from rayft.tuning.results import BEST_YAML, TUNE_HTML, TUNE_JSON, SweepResult, load_sweep_result
@@ -72,8 +76,6 @@ class TuneStage:
 
     def run(self, ctx: StageContext, *, fresh: bool) -> StageOutput:
         """Run the sweep (an interrupted one continues); a finished sweep with other inputs is moved aside."""
-        from rayft.recipes import tune as tune_recipe
-
         out = ctx.run_dir / SWEEP_DIR
         if fresh:
             move_aside(out)
@@ -89,8 +91,6 @@ def sweep_summary(result: SweepResult) -> dict[str, Any]:
     """What the tune stage's record keeps: the best trial, its values and metric, trials per status."""
     best = result.best
     if best is None:
-        from rayft.errors import TrainingError
-
         raise TrainingError(
             f"stage tune: no trial of sweep {result.name} reported {result.metric}; see tune/tune.json for each "
             "trial's status, and check that the metric is one the run reports (eval/loss needs validation data)"
@@ -111,9 +111,6 @@ def sweep_summary(result: SweepResult) -> dict[str, Any]:
 
 def plan_train_handoff(ctx: StageContext, wanted: dict[str, Any]) -> tuple[TrainHandoff, Path] | None:
     """What the train stage does with the sweep's best trial (None when the pipeline has no sweep)."""
-    from rayft.config.loader import read_yaml
-    from rayft.runs.manifest import read_manifest
-
     record = ctx.records.get("tune")
     if record is None or ctx.cfg.tune is None:
         return None

@@ -31,9 +31,11 @@ from rayft.runs.location import RunLocation
 from rayft.runs.lock import run_lock
 from rayft.runs.manifest import read_manifest
 from rayft.runs.store import RunStore, open_store
+from rayft.runtime import check_address, ray_is_initialized, ray_runtime
 from rayft.security import mask_uri
 from rayft.tracking.driver import nested_under, start_training
 from rayft.tracking.state import read_ids
+from rayft.training.launcher import launch_local, launch_ray
 from rayft.training.startup import build_worker_plan, claim_store, prepare_inputs
 from rayft.training.worker_plan import WorkerPlan
 
@@ -237,8 +239,6 @@ class LocalLauncher:
 
     def launch(self, plan: WorkerPlan, prepared: PreparedData) -> None:
         """Run the loop here."""
-        from rayft.training.launcher import launch_local
-
         launch_local(plan, prepared, self.checkpoint, self.failure)
 
 
@@ -257,21 +257,15 @@ class RayLauncher:
 
     def check(self) -> None:
         """The cluster at ``scaling.address`` answers (unless this process already uses a Ray)."""
-        from rayft.runtime import check_address, ray_is_initialized
-
         if self.scaling.address and not ray_is_initialized():
             check_address(self.scaling.address)
 
     def runtime(self) -> AbstractContextManager[Any]:
         """The Ray this process already uses, the cluster at ``scaling.address``, or a local one."""
-        from rayft.runtime import ray_runtime
-
         return ray_runtime(self.scaling.address, metrics=self.metrics)
 
     def launch(self, plan: WorkerPlan, prepared: PreparedData) -> None:
         """Fit the trainer and wait for it."""
-        from rayft.training.launcher import launch_ray
-
         launch_ray(plan, prepared, self.scaling, self.failure, self.checkpoint, callbacks=self.callbacks)
 
 

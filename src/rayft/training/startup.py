@@ -13,15 +13,20 @@ from pathlib import Path
 import yaml
 
 from rayft._version import __version__
+from rayft.cache import cache_root
 from rayft.config import RayftConfig, dump_config
 from rayft.config.task import TaskConfig
+from rayft.custom import load_task, resolve_task_path
+from rayft.data.prepare import prepare_data
 from rayft.data.prepared import PreparedData
 from rayft.errors import DataError
+from rayft.models.architecture import refuse_fp16, resolve_architecture
 from rayft.models.resolve import anchored_name
 from rayft.runs import layout
 from rayft.runs.location import RunLocation, plan_run_location
 from rayft.runs.planner import plan_train_start
 from rayft.runs.store import RunStore, open_store
+from rayft.training.objective import write_task_units
 from rayft.training.plan import Schedule, plan_schedule
 from rayft.training.worker_plan import WorkerPlan
 
@@ -30,8 +35,6 @@ log = logging.getLogger("rayft.train")
 
 def run_location(cfg: RayftConfig, mirror_dir: Path | None = None) -> RunLocation:
     """Where the run is written: its directory, or its URI and local mirror (``mirror_dir`` if given)."""
-    from rayft.cache import cache_root
-
     location = plan_run_location(cfg.storage_path, cfg.name, cache_root())
     if location.remote_uri is not None and mirror_dir is not None:
         return RunLocation(mirror_dir, location.remote_uri)
@@ -66,11 +69,7 @@ def prepare_inputs(cfg: RayftConfig, run_dir: Path, *, use_ray: bool) -> Prepare
     """The training units: the tokenized data (prepared once, cached), or the example indices of
     a custom task (``task.path``), whose datasets the task builds here and again on every worker."""
     if cfg.task.path is None:
-        from rayft.data.prepare import prepare_data
-
         return prepare_data(cfg.data, cfg.model, cfg.seed, report_dir=run_dir / layout.DATA_DIR, use_ray=use_ray)
-    from rayft.custom import load_task
-    from rayft.training.objective import write_task_units
 
     task_cfg = worker_task(cfg)
     assert task_cfg is not None and task_cfg.path is not None
@@ -82,8 +81,6 @@ def prepare_inputs(cfg: RayftConfig, run_dir: Path, *, use_ray: bool) -> Prepare
 
 def worker_task(cfg: RayftConfig) -> TaskConfig | None:
     """The custom task the workers run, its .py file made absolute (None for a causal LM)."""
-    from rayft.custom import resolve_task_path
-
     if cfg.task.path is None:
         return None
     return cfg.task.model_copy(update={"path": resolve_task_path(cfg.task.path, Path.cwd())})
@@ -128,8 +125,6 @@ def build_worker_plan(
 def check_model_fits_data(cfg: RayftConfig, prepared: PreparedData) -> None:
     """Refuse float16 for the model families that overflow in it, and units prepared for the other
     kind of model (causal sequences for an encoder-decoder, or source/target pairs for a causal LM)."""
-    from rayft.models.architecture import refuse_fp16, resolve_architecture
-
     refuse_fp16(cfg.model, cfg.train.mixed_precision)
     seq2seq = resolve_architecture(cfg.model) == "seq2seq"
     if seq2seq != prepared.seq2seq:

@@ -22,13 +22,17 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rayft.config import CheckpointConfig, LoggingConfig, LoraConfig, ModelConfig, RayftConfig, TrainConfig
+from rayft.data.prepare import prepare_data
 from rayft.errors import ConfigError, RayftError
 from rayft.runs import layout
 from rayft.runs.checkpoints import latest_valid_checkpoint, prune_checkpoints, publish_checkpoint
 from rayft.training.batches import Unit
+from rayft.training.driver import RunStart, drive
+from rayft.training.launcher import split_files, stop_on_sigterm
 from rayft.training.plan import Schedule
 from rayft.training.session import staging_path
 from rayft.training.shards import iter_windows, parquet_row_counts, plan_shards, read_shard_tables
+from rayft.training.startup import run_location
 from rayft.training.worker import run_worker
 from rayft.training.worker_plan import WorkerPlan
 
@@ -165,8 +169,6 @@ def train(cfg: RayftConfig, *, resume: bool = False) -> TrainResult | None:
     import torch
     import torch.distributed as dist
 
-    from rayft.training.driver import RunStart, drive
-
     world = int(os.environ["WORLD_SIZE"])
     location = check_torchrun_run(cfg, world)
     timeout = datetime.timedelta(seconds=cfg.failure.collective_timeout_s)
@@ -246,8 +248,6 @@ def _run_rank(cfg: RayftConfig, plan: WorkerPlan, prepared: PreparedData) -> Non
     """This rank's share of the worker loop, on the shared run directory; waits for every rank."""
     import torch.distributed as dist
 
-    from rayft.training.launcher import split_files, stop_on_sigterm
-
     run_dir = Path(plan.run_dir)
     session = TorchrunSession(split_files(prepared), run_dir, num_to_keep=cfg.checkpoint.num_to_keep)
     with stop_on_sigterm(run_dir, cfg.failure.sigterm_grace_s):
@@ -257,8 +257,6 @@ def _run_rank(cfg: RayftConfig, plan: WorkerPlan, prepared: PreparedData) -> Non
 
 def check_torchrun_run(cfg: RayftConfig, world: int) -> Any:
     """The run's location, refusing what torchrun cannot do: another world size, a URI storage_path."""
-    from rayft.training.startup import run_location
-
     if world != max(cfg.scaling.num_workers, 1):
         raise ConfigError(
             f"torchrun started {world} processes but scaling.num_workers is {cfg.scaling.num_workers}; set "
@@ -279,8 +277,6 @@ def check_torchrun_run(cfg: RayftConfig, world: int) -> Any:
 
 
 def _prepare(cfg: RayftConfig) -> PreparedData:
-    from rayft.data.prepare import prepare_data
-
     return prepare_data(cfg.data, cfg.model, cfg.seed, report_dir=None, use_ray=False)
 
 

@@ -13,12 +13,22 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from rayft._ray_private import trial_result_loggers
+from rayft.cache import cache_root
 from rayft.config import RayftConfig, dump_config
 from rayft.config.tune import TuneConfig
 from rayft.errors import ConfigError
 from rayft.runs import layout
-from rayft.runs.location import RunLocation, join_uri
-from rayft.tuning.results import SweepResult, TrialRecord, TrialStatus
+from rayft.runs.checkpoints import scan_checkpoints
+from rayft.runs.location import RunLocation, is_remote, join_uri, plan_run_location
+from rayft.runs.planner import check_retunable, flatten
+from rayft.runs.remote import RemoteRun
+from rayft.runs.store import open_store
+from rayft.tuning.reaper import reaper_callback
+from rayft.tuning.results import BEST_YAML, TUNE_HTML, TUNE_JSON, SweepResult, TrialRecord, TrialStatus, pick_best
+from rayft.tuning.space import check_search_space, to_ray_mutations, to_ray_space
+from rayft.tuning.task_eval import check_metric, eval_task_metric
+from rayft.tuning.trial import run_trial
 
 log = logging.getLogger("rayft.tune")
 
@@ -40,8 +50,6 @@ def trial_driver_resources(cfg: RayftConfig) -> dict[str, float]:
     """What a trial's own process reserves: :data:`TRIAL_DRIVER_RESOURCES`, and, when it scores its
     checkpoints with the evaluation task (an ``eval_task/`` metric), ``eval.num_gpus_per_worker``
     GPUs to generate on (none: it generates on its CPU)."""
-    from rayft.tuning.task_eval import eval_task_metric
-
     scoring = cfg.tune is not None and eval_task_metric(cfg.tune.metric) is not None
     gpus = cfg.eval.num_gpus_per_worker if scoring else 0.0
     return {**TRIAL_DRIVER_RESOURCES, **({"GPU": gpus} if gpus > 0 else {})}
@@ -69,9 +77,6 @@ class SweepPlace:
 
 def sweep_place(cfg: RayftConfig, tune: TuneConfig) -> SweepPlace:
     """The sweep's place under ``cfg.storage_path``."""
-    from rayft.cache import cache_root
-    from rayft.runs.location import plan_run_location
-
     name = tune.sweep_name(cfg.name)
     location = plan_run_location(cfg.storage_path, name, cache_root())
     storage = cfg.storage_path if location.remote_uri else str(Path(cfg.storage_path).resolve())
@@ -80,11 +85,6 @@ def sweep_place(cfg: RayftConfig, tune: TuneConfig) -> SweepPlace:
 
 def check_sweep(cfg: RayftConfig) -> TuneConfig:
     """Everything about the sweep that can be refused before Ray starts; returns ``cfg.tune``."""
-    from rayft.runs.location import is_remote
-    from rayft.runs.planner import check_retunable
-    from rayft.tuning.space import check_search_space
-    from rayft.tuning.task_eval import check_metric
-
     tune = cfg.tune
     if tune is None:
         raise ConfigError(
@@ -122,8 +122,6 @@ def check_saved_sweep(place: SweepPlace, text: str) -> None:
     how its workers run, :data:`SWEEP_RESUMABLE_CHANGES`, may differ)."""
     import yaml
 
-    from rayft.runs.planner import flatten
-
     saved_file = place.location.local_dir / SWEEP_CONFIG_FILE
     if not saved_file.is_file():
         return
@@ -147,8 +145,6 @@ def make_scheduler(tune: TuneConfig, evaluations: int) -> Any:
         HyperBandScheduler,
         PopulationBasedTraining,
     )
-
-    from rayft.tuning.space import to_ray_mutations
 
     max_t = tune.max_t or max(evaluations, 1)
     if tune.scheduler == "asha":
@@ -200,8 +196,6 @@ def make_trainable(setup: Any) -> Any:
 
     from ray import tune
 
-    from rayft.tuning.trial import run_trial
-
     function: Callable[[dict[str, Any]], None] = partial(run_trial, setup=setup)
     return tune.with_resources(function, trial_driver_resources(setup.base))
 
@@ -211,10 +205,6 @@ def build_tuner(tune_cfg: TuneConfig, place: SweepPlace, setup: Any, *, concurre
     unfinished and errored ones continue from their last checkpoint)."""
     import ray.tune
     from ray import tune
-
-    from rayft._ray_private import trial_result_loggers
-    from rayft.tuning.reaper import reaper_callback
-    from rayft.tuning.space import to_ray_space
 
     trainable = make_trainable(setup)
     if tune.Tuner.can_restore(place.uri):
@@ -260,9 +250,6 @@ def sweep_text(cfg: RayftConfig) -> str:
 
 def trial_location(place: SweepPlace, trial_id: str) -> RunLocation:
     """Where a trial's rayft run lives: its directory, or its URI and local mirror."""
-    from rayft.cache import cache_root
-    from rayft.runs.location import plan_run_location
-
     return plan_run_location(place.trials_root, trial_id, cache_root())
 
 
@@ -273,16 +260,12 @@ def trial_run_dir(place: SweepPlace, trial_id: str) -> Path:
 
 def empty_result(tune: TuneConfig, place: SweepPlace) -> SweepResult:
     """The result of a sweep that ended before any trial did."""
-    from rayft.tuning.results import SweepResult
-
     return SweepResult(place.name, tune.metric, tune.mode, [], None)
 
 
 def sweep_result(tune: TuneConfig, place: SweepPlace, grid: Any, evaluations: int | None = None) -> SweepResult:
     """What each trial of Tune's ``ResultGrid`` became, from its reports and its rayft run
     (``evaluations``: the reports one whole training run makes)."""
-    from rayft.tuning.results import SweepResult, pick_best
-
     trials = [trial_record(tune, place, result, evaluations) for result in grid]
     trials.sort(key=lambda t: t.trial_id)
     return SweepResult(place.name, tune.metric, tune.mode, trials, pick_best(trials, tune.mode))
@@ -291,9 +274,6 @@ def sweep_result(tune: TuneConfig, place: SweepPlace, grid: Any, evaluations: in
 def trial_record(tune: TuneConfig, place: SweepPlace, result: Any, evaluations: int | None = None) -> TrialRecord:
     """One trial: its values, metric history (Tune's reports), steps and why it stopped, asking the
     trial's store (its directory, or its URI) whether it finished."""
-    from rayft.runs.store import open_store
-    from rayft.tuning.results import TrialRecord
-
     trial_id = Path(str(result.path)).name
     store = open_store(trial_location(place, trial_id))
     history = report_history(result.metrics_dataframe, tune.metric)
@@ -322,8 +302,6 @@ def report_history(frame: Any, metric: str) -> list[tuple[int, float]]:
 
 def trained_steps(run_dir: Path, metrics: dict[str, Any]) -> int:
     """Steps an unfinished trial's run trained: its newest checkpoint's, else its last report's."""
-    from rayft.runs.checkpoints import scan_checkpoints
-
     steps = [c.step for c in scan_checkpoints(run_dir / layout.CHECKPOINTS_DIR) if c.complete]
     return max([int(metrics.get("step", 0) or 0), *steps])
 
@@ -376,8 +354,6 @@ def orphan_runs(place: SweepPlace, result: SweepResult) -> list[Path]:
 
 def output_files(place: SweepPlace) -> list[Path]:
     """The sweep's result files."""
-    from rayft.tuning.results import BEST_YAML, TUNE_HTML, TUNE_JSON
-
     directory = place.location.local_dir
     return [directory / name for name in (TUNE_JSON, BEST_YAML, TUNE_HTML, SWEEP_CONFIG_FILE)]
 
@@ -386,7 +362,6 @@ def upload_outputs(place: SweepPlace) -> None:
     """With a URI ``storage_path``, copy the result files from the local mirror to the sweep's URI."""
     if place.location.remote_uri is None:
         return
-    from rayft.runs.remote import RemoteRun
 
     remote = RemoteRun(place.uri)
     for path in output_files(place):

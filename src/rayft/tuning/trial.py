@@ -26,14 +26,20 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import yaml
 
+from rayft._ray_private import placement_group_recorder
 from rayft.config import RayftConfig
 from rayft.errors import CheckpointError
 from rayft.runs import layout
 from rayft.runs.checkpoints import scan_checkpoints
+from rayft.runs.manifest import read_manifest
 from rayft.runs.store import RunStore
+from rayft.runtime import mark_started_here
 from rayft.training.driver import RayLauncher, RunStart, drive
 from rayft.training.startup import run_location
 from rayft.training.worker_plan import WorkerPlan
+from rayft.tuning.reaper import GROUPS_DIR, remove_recorded_groups
+from rayft.tuning.space import apply_params
+from rayft.tuning.task_eval import CheckpointScorer, recorded_scores
 
 if TYPE_CHECKING:
     from rayft.data.prepared import PreparedData
@@ -75,8 +81,6 @@ class Pointer:
 def trial_config(setup: TrialSetup, params: Mapping[str, Any], trial_id: str) -> RayftConfig:
     """The trial's config: the sampled ``params`` set at their dotted paths, run as ``trial_id``
     under the sweep's trials/, saving a checkpoint at every evaluation (each is a report to Tune)."""
-    from rayft.tuning.space import apply_params
-
     cfg = apply_params(setup.base, dict(params))
     train = cfg.train
     if train.eval_steps is not None and train.eval_steps < train.save_steps:
@@ -246,9 +250,6 @@ class TrialLauncher:
     def launch(self, plan: WorkerPlan, prepared: PreparedData) -> None:
         """Fit the trial's ``TorchTrainer``, recording its placement groups (removed if Tune stops
         the trial) and forwarding its reports."""
-        from rayft._ray_private import placement_group_recorder
-        from rayft.tuning.reaper import GROUPS_DIR, remove_recorded_groups
-
         remove_recorded_groups(self.run_dir)  # of this trial's earlier run, which Tune stopped
         recorder = placement_group_recorder(str(self.run_dir / GROUPS_DIR))
 
@@ -273,8 +274,6 @@ def run_trial(params: dict[str, Any], setup: TrialSetup) -> None:
     """The Tune function trainable: train this trial's config, reporting every checkpoint to Tune."""
     from ray import tune
 
-    from rayft.runtime import mark_started_here
-
     mark_started_here(setup.own_ray)
     trial_id = tune.get_context().get_trial_id()
     cfg = trial_config(setup, params, trial_id)
@@ -288,8 +287,6 @@ def train_trial(
     (:func:`plan_trial_start`), then claim, prepare (data shared through the cache while the params
     leave it alone), launch its ``TorchTrainer`` and fetch its results; its tracker run nests under
     ``parent_run_id`` (the sweep's)."""
-    from rayft.tuning.task_eval import CheckpointScorer
-
     location = run_location(cfg)
     pointer = None
     if checkpoint is not None:
@@ -341,9 +338,6 @@ def catch_up(run_dir: Path, pointer: Pointer | None, score: Scorer | None) -> in
     that its count of reports (the schedulers' time) and its history match the run, which goes on
     from the newest; returns how many. A checkpoint's evaluation-task scores are the recorded
     ones, else it is scored now."""
-    from rayft.runs.manifest import read_manifest
-    from rayft.tuning.task_eval import recorded_scores
-
     missed = unreported_checkpoints(run_dir, pointer)
     for checkpoint in missed:
         manifest = read_manifest(checkpoint.path)
@@ -361,8 +355,6 @@ def report_final(store: RunStore) -> None:
     """A trial whose run had already finished (its driver was stopped just after): report its end,
     from the final/ manifest wherever the run lives."""
     from ray import tune
-
-    from rayft.tuning.task_eval import recorded_scores
 
     manifest = store.final_manifest()
     if manifest is not None:
