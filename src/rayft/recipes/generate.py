@@ -136,7 +136,7 @@ def run(
             windows = in_input_order(itertools.chain(first, rows), lambda r: r.prompt, pool,
                                      batch_size=gen_cfg.batch_size, window=cfg.inference.window,
                                      on_batch=progress.advance)  # fmt: skip
-            del first  # the window is the pool's now
+            del first  # the chain's reference goes once the first window is read
             for window in windows:
                 for row, generation in window:
                     output.write(output_row(row, generation))
@@ -184,10 +184,11 @@ def count_lines(input_path: Path) -> int:
 def input_lines(input_path: Path) -> Iterator[Iterator[bytes]]:
     """The input's lines as bytes, read as they are consumed."""
     try:
-        with input_path.open("rb") as handle:
-            yield _lines(handle, input_path)
+        handle = input_path.open("rb")
     except OSError as exc:
         raise DataError(f"--input {str(input_path)!r}: cannot read it ({exc.strerror})") from None
+    with handle:  # an OSError of the body (a model that cannot load, say) is not the input's
+        yield _lines(handle, input_path)
 
 
 def _lines(handle: IO[bytes], input_path: Path) -> Iterator[bytes]:
