@@ -74,6 +74,17 @@ CASES = {
     "train without a tokenizer": Case("train {cfg} model.name={notok}", r"model.name: .*has no tokenizer"),
     "train with an empty config.json": Case("train {cfg} model.name={emptycfg}", r"model.name: .*is not valid JSON"),
     # data
+    "data line not JSON": Case(
+        "data prepare {cfg} data.datasets.0.path={ws}/not-json.jsonl",
+        r"not-json.jsonl: 1 line\(s\) are not JSON objects \(line 2: .*\); fix or remove them",
+    ),
+    "data column of mixed types": Case(
+        "data prepare {cfg} data.datasets.0.path={ws}/mixed.jsonl",
+        r"column 'prompt' holds values of different types .*give every row the same type",
+    ),
+    "unknown data format": Case(
+        "data prepare {cfg} data.datasets.0.format=nosuch", r"data.datasets.0.format = 'nosuch': Input should be"
+    ),
     "missing data file": Case(
         "train {cfg} data.datasets.0.path={ws}/nope.jsonl", r"dataset path '.*nope.jsonl': no such file .*fix"
     ),
@@ -108,6 +119,8 @@ def workspace(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) ->
     (ws / "empty.yaml").write_text("")
     (ws / "dup.yaml").write_text("train:\n  max_steps: 1\nname: x\ntrain:\n  max_steps: 2\n")
     (ws / "data.jsonl").write_text(DATA_ROWS)
+    (ws / "not-json.jsonl").write_text(DATA_ROWS.splitlines()[0] + "\nnot json\n")
+    (ws / "mixed.jsonl").write_text(DATA_ROWS + '{"prompt": 3, "completion": " 3"}\n')
     config = ws / "ok.yaml"
     config.write_text(
         f"name: corpus\nstorage_path: {ws / 'runs'}\nmodel: {{name: {tiny_model_dir}}}\nscaling: {{num_workers: 0}}\n"
