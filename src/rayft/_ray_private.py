@@ -23,6 +23,8 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+from rayft.security import redact
+
 log = logging.getLogger(__name__)
 
 SWITCH_ENV = "RAYFT_RAY_PRIVATE"
@@ -340,8 +342,6 @@ def mask_job_entrypoint() -> None:
     this one does not follow :data:`SWITCH_ENV`: it keeps a credential out of Ray, whatever Ray runs.
     """
     import ray._private.utils
-
-    from rayft.security import redact
 
     read = _load(_ENTRYPOINT_NAME)
     if read is None or getattr(read, "_rayft_masked", False):

@@ -19,6 +19,7 @@ from types import FrameType
 from typing import Any
 
 from rayft._ray_private import block_iterator_class, local_train_env, trainer_class
+from rayft.cache import cache_root
 from rayft.config.train import CheckpointConfig, FailureConfig, ScalingConfig
 from rayft.console import quiet_worker_console, ray_train_log_level
 from rayft.data.prepared import PreparedData
@@ -247,8 +248,6 @@ def ray_worker_entry(config: dict[str, Any]) -> None:
     if config.get("idle_main_thread"):
         idle_main_thread()
     if plan.remote_uri is not None:
-        from rayft.cache import cache_root
-
         plan = dataclasses.replace(plan, run_dir=str(worker_dir(plan.remote_uri, cache_root())))
     session = RaySession(Path(plan.run_dir), remote_uri=plan.remote_uri, num_to_keep=plan.checkpoint.num_to_keep)
     run_worker(plan, session)
