@@ -93,6 +93,22 @@ def test_the_file_writers_mask_credentials(tmp_path: Path, monkeypatch: pytest.M
     assert [json.loads(line)["error"] for line in lines] == [echoed.format(MASK)]
 
 
+def test_stage_records_and_rendered_manifests_are_written_masked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from rayft.deploy.writer import write_manifests
+    from rayft.pipeline.records import StageRecord, write_record
+
+    monkeypatch.setenv("HF_TOKEN", CANARY)
+    uri = f"http://h:8000/v1?api_key={CANARY}"
+    record = write_record(tmp_path, StageRecord("eval", "f" * 8, {"endpoint": uri}, {}, {"note": CANARY}))
+    manifest = {"kind": "ConfigMap", "metadata": {"name": "cfg"}, "data": {"url": uri, "token": CANARY}}
+    (written,) = write_manifests([manifest], tmp_path / "k8s")
+    for path in (record, written):
+        text = path.read_text()
+        assert CANARY not in text and MASK in text, text
+
+
 def test_an_endpoint_that_echoes_the_key_leaves_it_in_no_generation(monkeypatch: pytest.MonkeyPatch) -> None:
     key = "hf_CANARYSECRET123-unit"  # in a variable whose name says nothing of a credential
     monkeypatch.setenv("LLM_ACCESS", key)

@@ -9,6 +9,7 @@ from typing import Any
 import yaml
 
 from rayft.errors import StorageError
+from rayft.security import redact
 
 
 class _Dumper(yaml.SafeDumper):
@@ -36,7 +37,7 @@ def write_manifests(manifests: Sequence[dict[str, Any]], out_dir: Path) -> list[
         for index, manifest in enumerate(manifests):
             name = f"{index:02d}-{manifest['kind'].lower()}-{manifest['metadata']['name']}.yaml"
             path = out_dir / name
-            path.write_text(to_yaml([manifest]), encoding="utf-8")
+            path.write_text(redact(to_yaml([manifest])), encoding="utf-8")
             paths.append(path)
     except OSError as exc:
         raise StorageError(f"--output: cannot write {out_dir} ({exc.strerror}); choose a writable directory") from exc

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from rayft.files import replacing
+from rayft.security import redact
 
 RECORDS_DIR = "stages"
 
@@ -39,7 +40,7 @@ def write_record(run_dir: Path, record: StageRecord) -> Path:
     """Write the record atomically (temp file, then rename): a crash leaves the old one or none."""
     target = record_path(run_dir, record.stage)
     with replacing(target) as handle:
-        handle.write(json.dumps(asdict(record), indent=2, sort_keys=True, default=str))
+        handle.write(redact(json.dumps(asdict(record), indent=2, sort_keys=True, default=str)))
     return target
 
 

@@ -29,6 +29,7 @@ from rayft.evaluation.tasks import build_task
 from rayft.models.sources import resolve_source
 from rayft.runs import layout
 from rayft.runs.remote import RemoteRun
+from rayft.security import redact
 
 if TYPE_CHECKING:
     from rayft.config.evaluation import EvalConfig
@@ -137,7 +138,7 @@ class CheckpointScorer:
         step = layout.parse_step_dir_name(name)
         record = {"step": step, "checkpoint": name, "rows": len(examples.items), "scores": scores}
         with (self.run_dir / SCORES_FILE).open("a", encoding="utf-8") as out:
-            out.write(json.dumps(record) + "\n")
+            out.write(redact(json.dumps(record)) + "\n")
         log.info("tune: %s of %s on %d rows: %s", self.cfg.eval.task, name, len(examples.items), scores)
         return scores
 
