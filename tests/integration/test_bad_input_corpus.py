@@ -36,6 +36,7 @@ class Case:
     argv: str
     error: str  # a regular expression the one Error: line must match
     within_s: float | None = None  # the whole command, Python's start included
+    report: bool = False  # it leaves the data report its error points to (rejected.jsonl, stats.json)
 
 
 CASES = {
@@ -74,13 +75,18 @@ CASES = {
     "train without a tokenizer": Case("train {cfg} model.name={notok}", r"model.name: .*has no tokenizer"),
     "train with an empty config.json": Case("train {cfg} model.name={emptycfg}", r"model.name: .*is not valid JSON"),
     # data
+    # A bad row is rejected on its own (file, line, reason in rejected.jsonl); the run stops only
+    # past data.max_rejected_fraction, which this config sets to 0.01.
     "data line not JSON": Case(
         "data prepare {cfg} data.datasets.0.path={ws}/not-json.jsonl",
-        r"not-json.jsonl: 1 line\(s\) are not JSON objects \(line 2: .*\); fix or remove them",
+        r"1 of 2 rows \(50.0%\) were rejected, more than data.max_rejected_fraction=0.01\. Top reasons: bad_json: 1 "
+        r".*rejected.jsonl; fix the rows",
+        report=True,
     ),
     "data column of mixed types": Case(
         "data prepare {cfg} data.datasets.0.path={ws}/mixed.jsonl",
-        r"column 'prompt' holds values of different types .*give every row the same type",
+        r"1 of 3 rows \(33.3%\) were rejected, more than .* Top reasons: wrong_type: 1 .*rejected.jsonl; fix the rows",
+        report=True,
     ),
     "unknown data format": Case(
         "data prepare {cfg} data.datasets.0.format=nosuch", r"data.datasets.0.format = 'nosuch': Input should be"
@@ -182,7 +188,10 @@ def test_a_bad_input_gets_one_line_that_names_it_and_the_fix(name: str, workspac
     if case.within_s is not None:
         assert elapsed < case.within_s, f"{name}: {elapsed:.1f} s"
     left = files_under(ws) - before
-    assert left <= {f"runs/corpus/{layout.CONFIG_FILE}"}, f"{name} left {sorted(left)}"
+    allowed = {f"runs/corpus/{layout.CONFIG_FILE}"}
+    if case.report:
+        allowed |= {f"runs/corpus/{layout.DATA_DIR}/rejected.jsonl", f"runs/corpus/{layout.DATA_DIR}/stats.json"}
+    assert left <= allowed, f"{name} left {sorted(left)}"
 
 
 def test_a_run_whose_start_failed_does_not_block_the_corrected_command(workspace: dict[str, str]) -> None:
