@@ -103,7 +103,10 @@ def test_full_fine_tuning_under_zero3_with_offload_and_fsdp2_trains_as_ddp_and_e
         assert all(a[step] == pytest.approx(b[step], rel=1e-4) for step in a), sharded
         got = load_file(str(sharded / "final" / "model.safetensors"))
         assert got.keys() == want.keys()
-        assert all((got[name] - tensor).abs().max() < 1e-5 for name, tensor in want.items()), sharded
+        # 1e-4, a tenth of one Adam step at lr 1e-3: Adam's normalised update turns the summation-order
+        # noise of a near-zero gradient into up to ~2e-5 on single elements (seen on one wi_0 weight, all
+        # other tensors within 6e-7), while a lost or doubled shard moves weights by about lr per step.
+        assert all((got[name] - tensor).abs().max() < 1e-4 for name, tensor in want.items()), sharded
 
     result = export_model(load_config(None, [f"model.name={tiny_t5_dir}"]), str(zero3), tmp_path / "export")
     assert result.kind == "full" and result.verification["reload_generate_ok"] is True
