@@ -14,7 +14,7 @@ import json
 import os
 import shutil
 import stat
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import IO, Any
 
@@ -196,3 +196,13 @@ class AtomicJsonl:
             yield
         except OSError as exc:
             raise StorageError(f"cannot write {self.path} ({exc.strerror}); choose a writable location") from exc
+
+
+def write_jsonl_atomic(path: Path, rows: Iterable[Mapping[str, Any]]) -> Path:
+    """Write one JSON object per line, its credentials masked, through :class:`AtomicJsonl`: readers
+    see the old file or the whole new one; return ``path``."""
+    with AtomicJsonl(path) as out:
+        for row in rows:
+            out.write(row)
+        out.commit()
+    return path

@@ -10,6 +10,7 @@ import pytest
 
 from rayft.config import load_config
 from rayft.errors import DataError
+from rayft.files import write_jsonl_atomic
 from rayft.generation.backend import Generation
 from rayft.inference.prompts import REASONS, read_prompts
 from rayft.recipes.generate import (
@@ -17,7 +18,6 @@ from rayft.recipes.generate import (
     generation_config,
     output_row,
     run,
-    write_jsonl_atomic,
 )
 
 LINES = [

@@ -15,10 +15,9 @@ import pytest
 from rayft.config import dump_config, load_config
 from rayft.config.generation import EndpointConfig
 from rayft.errors import ConfigError
-from rayft.files import write_text_atomic
+from rayft.files import write_jsonl_atomic, write_text_atomic
 from rayft.generation.backend import SamplingParams
 from rayft.generation.openai_http import OpenAIBackend
-from rayft.recipes.generate import write_jsonl_atomic
 from rayft.security import MASK, is_secret_name, mask_uri, redact, remember_secret, secret_values
 from rayft.testing.openai_server import OpenAIServer
 

@@ -6,7 +6,6 @@ offline). Files are written to a temporary name beside the target and renamed in
 from __future__ import annotations
 
 import html
-import json
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -15,7 +14,7 @@ from typing import Any
 from rayft.evaluation.runner import CorpusScores, Examples, ModelRun
 from rayft.evaluation.stats import PairedTest, corpus_paired_test, paired_test
 from rayft.evaluation.summary import CompareSummary, MetricSummary, ModelSummary, PairComparison
-from rayft.files import write_text_atomic
+from rayft.files import write_jsonl_atomic
 from rayft.pages import html_page
 
 MAX_DISAGREEMENTS = 50
@@ -23,8 +22,8 @@ _PALETTE = ("#4269d0", "#efb118", "#ff725c", "#6cc5b0", "#3ca951", "#a463f2")
 
 
 def write_jsonl(path: Path, rows: Iterable[Mapping[str, Any]]) -> Path:
-    """One JSON object per line, written atomically."""
-    return write_text_atomic(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
+    """One JSON object per line, written atomically (:func:`rayft.files.write_jsonl_atomic`)."""
+    return write_jsonl_atomic(path, rows)
 
 
 def metrics_summary(run: ModelRun) -> dict[str, MetricSummary]:

@@ -8,8 +8,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rayft.files import replacing
-from rayft.security import redact
+from rayft.files import write_text_atomic
 
 RECORDS_DIR = "stages"
 
@@ -39,9 +38,7 @@ def record_path(run_dir: Path, stage: str) -> Path:
 def write_record(run_dir: Path, record: StageRecord) -> Path:
     """Write the record atomically (temp file, then rename): a crash leaves the old one or none."""
     target = record_path(run_dir, record.stage)
-    with replacing(target) as handle:
-        handle.write(redact(json.dumps(asdict(record), indent=2, sort_keys=True, default=str)))
-    return target
+    return write_text_atomic(target, json.dumps(asdict(record), indent=2, sort_keys=True, default=str))
 
 
 def read_record(run_dir: Path, stage: str) -> StageRecord | None:

@@ -18,7 +18,7 @@ import contextlib
 import itertools
 import logging
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -258,13 +258,3 @@ def output_row(row: PromptRow, generation: Generation) -> dict[str, Any]:
         "num_prompt_tokens": generation.num_prompt_tokens,
         "num_generated_tokens": generation.num_generated_tokens,
     }
-
-
-def write_jsonl_atomic(path: Path, rows: Iterable[Mapping[str, Any]]) -> Path:
-    """Write one JSON object per line, its credentials masked, to a temporary file beside ``path``,
-    then rename it into place: readers see the old file or the whole new one."""
-    with AtomicJsonl(path) as out:
-        for row in rows:
-            out.write(row)
-        out.commit()
-    return path
