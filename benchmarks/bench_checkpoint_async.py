@@ -36,10 +36,10 @@ def build_inputs(root: Path, hidden: int, layers: int) -> tuple[Path, Any]:
 def run_once(model_dir: Path, prepared: Any, storage: Path, *, background: bool, steps: int, save_steps: int) -> dict:
     """Train ``steps`` steps in-process; return the loop's blocked seconds and the wall time."""
     from rayft.config import load_config
-    from rayft.training.launcher import split_files
-    from rayft.training.session import LocalSession
-    from rayft.training.startup import build_worker_plan, claim_run_dir
-    from rayft.training.worker import run_worker
+    from rayft.training.driver.launcher import split_files
+    from rayft.training.driver.startup import build_worker_plan, claim_run_dir
+    from rayft.training.loop.session import LocalSession
+    from rayft.training.loop.worker import run_worker
 
     cfg = load_config(None, [
         f"model.name={model_dir}", f"storage_path={storage}", "name=run", "scaling.num_workers=0",

@@ -25,9 +25,9 @@ import json, sys, time
 import torch
 sys.path.insert(0, "benchmarks")
 from bench_gpu_step import build, gsm8k_like_examples, packed_batches
-from rayft.training.strategies import parallelism
-from rayft.training.precision import resolve_precision
-from rayft.training.steps import step_options, train_step
+from rayft.training.strategies.table import parallelism
+from rayft.training.modeling.precision import resolve_precision
+from rayft.training.loop.steps import step_options, train_step
 arch, seq, rows, steps, warmup, compiled = sys.argv[1], *map(int, sys.argv[2:6]), sys.argv[6] == "1"
 examples = [e for e in gsm8k_like_examples(4 * (steps + warmup) * rows * seq // 150, 0, 4096) if e["num_tokens"] <= seq]
 batches = packed_batches(examples, seq, rows, steps + warmup)

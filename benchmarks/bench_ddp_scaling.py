@@ -33,9 +33,9 @@ def write_plan(root: Path, model_dir: Path, prepared_dir: Path, *, workers: int,
     """The worker plan of one arm, as JSON."""
     from rayft.config import load_config
     from rayft.data.prepared import PreparedData
-    from rayft.training.launcher import split_files
-    from rayft.training.startup import build_worker_plan
-    from rayft.training.torchrun import write_plan as write_json
+    from rayft.training.driver.launcher import split_files
+    from rayft.training.driver.startup import build_worker_plan
+    from rayft.training.driver.torchrun import write_plan as write_json
 
     micro = SIZES["large"][3]
     cfg = load_config(None, [
@@ -54,7 +54,7 @@ def run_arm(workers: int, plan: Path, run_dir: Path) -> float:
     """Tokens/s of one run of ``workers`` single-threaded torchrun workers."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
     command = [str(Path(sys.executable).parent / "torchrun"), "--nproc_per_node", str(workers), "-m",
-               "rayft.training.torchrun", str(plan)]  # fmt: skip
+               "rayft.training.driver.torchrun", str(plan)]  # fmt: skip
     done = subprocess.run(command, env=env, check=False, cwd=REPO, capture_output=True, text=True)
     if done.returncode != 0:
         raise SystemExit(f"the {workers}-worker arm failed (exit {done.returncode}):\n{done.stderr[-4000:]}")

@@ -1,8 +1,8 @@
 """rayft's training step on a GPU: packed + variable-length attention + fused loss against padding +
 eager attention + plain cross-entropy, in one run, without Ray.
 
-Both arms run rayft's own step (:func:`rayft.training.steps.train_step` with the single-worker
-strategy, the model prepared by :func:`rayft.training.model.prepare_training_model`, AdamW over
+Both arms run rayft's own step (:func:`rayft.training.loop.steps.train_step` with the single-worker
+strategy, the model prepared by :func:`rayft.training.modeling.model.prepare_training_model`, AdamW over
 rayft's parameter groups, bf16 autocast) on a random-initialised model of a named architecture
 (:mod:`rayft.testing.architectures`: Qwen2.5-1.5B, Llama-3.2-1B; nothing is downloaded), LoRA
 (bf16 frozen base) and full fine-tuning (fp32 master weights):
@@ -89,7 +89,7 @@ def packed_batches(examples: list[dict[str, Any]], seq: int, rows: int, steps: i
     training pads them for the attention kernel."""
     from rayft.data.collate import collate
     from rayft.data.packing import build_units, plan_packs
-    from rayft.training.attention import row_multiple
+    from rayft.training.modeling.attention import row_multiple
 
     units = build_units(examples, plan_packs([len(e["input_ids"]) for e in examples], seq))
     multiple = row_multiple(attn)
@@ -157,8 +157,8 @@ def build(arch: str, method: str, attention: str, device: Any, compile_blocks: b
     from rayft.config.train import TrainConfig
     from rayft.models.loading import resolve_dtype
     from rayft.testing.architectures import linear_parameters, random_model
-    from rayft.training.model import prepare_training_model, training_dtype
-    from rayft.training.worker import build_optimizer
+    from rayft.training.loop.worker import build_optimizer
+    from rayft.training.modeling.model import prepare_training_model, training_dtype
 
     dtype = resolve_dtype(training_dtype(ModelConfig(), method, device.type), device.type)  # type: ignore[arg-type]
     net = random_model(arch, dtype=dtype, device=device, attn_implementation=attention)
@@ -173,9 +173,9 @@ def run_arm(args: argparse.Namespace, arch: str, method: str, arm: str, batches:
     """Warm up, then time ``--steps`` optimizer steps of one arm."""
     import torch
 
-    from rayft.training.precision import resolve_precision
-    from rayft.training.steps import step_options, train_step
-    from rayft.training.strategies import parallelism
+    from rayft.training.loop.steps import step_options, train_step
+    from rayft.training.modeling.precision import resolve_precision
+    from rayft.training.strategies.table import parallelism
 
     device = torch.device(args.device)
     attention = (best_attention(device.type) if args.attn == "auto" else args.attn) if arm == "rayft" else "eager"

@@ -26,10 +26,10 @@ REPO = Path(__file__).resolve().parents[1]
 WORKER = """
 import json, resource, sys, torch, torch.distributed as dist
 from rayft.config import LoraConfig, ModelConfig
-from rayft.training.model import build_training_model
-from rayft.training.parallel import ParallelSetup
-from rayft.training.strategies import parallelism
-from rayft.training.precision import Precision
+from rayft.training.modeling.model import build_training_model
+from rayft.training.strategies.parallel import ParallelSetup
+from rayft.training.strategies.table import parallelism
+from rayft.training.modeling.precision import Precision
 model_name, strategy, method, from_rank0, out = sys.argv[1:6]
 dist.init_process_group("gloo")
 rank = dist.get_rank()

@@ -3,7 +3,7 @@
 The loss of one micro-batch of 1024 trained positions against SmolLM2's head (hidden 576, vocabulary
 49,152), forward and backward, fp32: the plain loss (``train.fused_loss=none``: all logits, then
 cross-entropy) against rayft's chunked loss (``train.fused_loss=chunked``,
-:mod:`rayft.training.loss`). Two cases: the head frozen (LoRA) and trained (full fine-tuning, which
+:mod:`rayft.training.modeling.loss`). Two cases: the head frozen (LoRA) and trained (full fine-tuning, which
 adds the head's weight gradient to both arms).
 
 Each arm runs in a fresh process: peak memory is the rise of the process's peak resident set over
@@ -30,7 +30,7 @@ ARM = f"""
 import json, resource, sys, time
 import torch
 from torch.nn.functional import cross_entropy, linear
-from rayft.training.loss import head_loss
+from rayft.training.modeling.loss import head_loss
 arm, tokens, repeats, train_head = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4] == "1"
 torch.manual_seed(0)
 hidden = torch.randn(tokens, {HIDDEN}, requires_grad=True)

@@ -42,9 +42,9 @@ import sys, time, json
 from pathlib import Path
 from rayft.config import CheckpointConfig, FailureConfig, ScalingConfig
 from rayft.data.prepared import PreparedData
-from rayft.training.launcher import launch_ray
+from rayft.training.driver.launcher import launch_ray
 from rayft.runtime import ray_runtime
-from rayft.training.torchrun import read_plan
+from rayft.training.driver.torchrun import read_plan
 plan, files = read_plan(Path(sys.argv[1]))
 prepared = PreparedData.load(Path(sys.argv[2]))
 with ray_runtime():  # the local Ray that `rayft train` starts (2 CPUs on this machine)
@@ -96,9 +96,9 @@ def write_arm_plan(root: Path, model_dir: Path, prepared_dir: Path, *, size: str
     """The worker plan both arms run, as JSON."""
     from rayft.config import load_config
     from rayft.data.prepared import PreparedData
-    from rayft.training.launcher import split_files
-    from rayft.training.startup import build_worker_plan
-    from rayft.training.torchrun import write_plan
+    from rayft.training.driver.launcher import split_files
+    from rayft.training.driver.startup import build_worker_plan
+    from rayft.training.driver.torchrun import write_plan
 
     micro = SIZES[size][3]
     cfg = load_config(None, [
@@ -119,7 +119,7 @@ def run_arm(arm: str, plan: Path, prepared_dir: Path, run_dir: Path) -> Arm:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
     if arm == "torchrun":
         command = [str(Path(sys.executable).parent / "torchrun"), "--nproc_per_node", "2", "-m",
-                   "rayft.training.torchrun", str(plan)]  # fmt: skip
+                   "rayft.training.driver.torchrun", str(plan)]  # fmt: skip
     else:
         command = [sys.executable, "-c", RAY_DRIVER, str(plan), str(prepared_dir)]
     started = time.time()

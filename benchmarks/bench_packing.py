@@ -74,8 +74,8 @@ def build_model(vocab: int, hidden: int, layers: int) -> Any:
 def train_step(model: Any, optimizer: Any, units: list[dict[str, Any]], pad_id: int) -> tuple[int, float]:
     """(real tokens, seconds) of one optimizer step on one micro-batch."""
     from rayft.data.collate import collate
-    from rayft.training.precision import Precision
-    from rayft.training.steps import token_loss_sum
+    from rayft.training.loop.steps import token_loss_sum
+    from rayft.training.modeling.precision import Precision
 
     started = time.perf_counter()
     micro = collate(units, pad_id)
@@ -117,7 +117,7 @@ def main() -> None:
     tokenizer = load_tokenizer(load_config_model())
     model = build_model(len(tokenizer), args.hidden, args.layers)
     if args.attention == "rayft":
-        from rayft.training.attention import use_training_attention
+        from rayft.training.modeling.attention import use_training_attention
 
         use_training_attention(model, "sdpa", "cpu")
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)

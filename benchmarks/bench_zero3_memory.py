@@ -49,10 +49,10 @@ ARCHS = {
 WORKER = """
 import gc, json, resource, sys, torch, torch.distributed as dist
 from transformers import T5Config, T5ForConditionalGeneration
-from rayft.training.parallel import ParallelSetup
-from rayft.training.strategies import parallelism
-from rayft.training.precision import Precision
-from rayft.training.zero3 import DeepSpeedZero3
+from rayft.training.strategies.parallel import ParallelSetup
+from rayft.training.strategies.table import parallelism
+from rayft.training.modeling.precision import Precision
+from rayft.training.strategies.zero3 import DeepSpeedZero3
 d_model, d_ff, d_kv, heads, layers, steps = map(int, sys.argv[1:7])
 strategy, offload, out = sys.argv[7], sys.argv[8] == "1", sys.argv[9]
 dist.init_process_group("gloo")

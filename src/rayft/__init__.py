@@ -63,7 +63,7 @@ _EXPORTS: dict[str, str] = {
     "TrainingError": "rayft.errors",
     "RunInterruptedError": "rayft.errors",
     # results
-    "TrainResult": "rayft.training.driver",
+    "TrainResult": "rayft.training.driver.run",
     "TuneResult": "rayft.recipes.tune",
     "SdgResult": "rayft.recipes.sdg",
     "EvalResult": "rayft.recipes.evaluate",
@@ -202,4 +202,4 @@ if TYPE_CHECKING:
     from rayft.recipes.generate import GenerateResult
     from rayft.recipes.sdg import SdgResult
     from rayft.recipes.tune import TuneResult
-    from rayft.training.driver import TrainResult
+    from rayft.training.driver.run import TrainResult

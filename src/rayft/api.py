@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from rayft.recipes.generate import GenerateResult
     from rayft.recipes.sdg import SdgResult
     from rayft.recipes.tune import TuneResult
-    from rayft.training.driver import TrainResult
+    from rayft.training.driver.run import TrainResult
 
 _P = ParamSpec("_P")
 _R = TypeVar("_R")

@@ -15,7 +15,7 @@ import pytest
 from rayft.data.prepared import PreparedData
 from rayft.runs.layout import step_dir_name
 from rayft.runs.manifest import verify_checkpoint
-from rayft.training.faults import SAVE_POINTS
+from rayft.training.loop.faults import SAVE_POINTS
 from tests.chaos.conftest import chaos_seed, chaos_trials, run_driver
 from tests.helpers import tiny_config, train_losses, train_on
 

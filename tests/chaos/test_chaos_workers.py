@@ -86,7 +86,7 @@ def epoch_of(prepared: PreparedData, settings: tuple[str, ...]) -> tuple[list[in
     """The sample ids of every training unit, and the optimizer steps of one epoch."""
     import pyarrow.parquet as pq
 
-    from rayft.training.plan import plan_schedule
+    from rayft.training.loop.plan import plan_schedule
 
     train = tiny_config(Path("m"), Path("s"), *settings).train
     schedule = plan_schedule(prepared.train.num_units, 2, train.micro_batch_size,

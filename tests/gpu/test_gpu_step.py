@@ -51,7 +51,7 @@ def _examples(vocab: int, count: int = 12, seed: int = 0) -> list[dict[str, Any]
 def _model(device: Any, dtype: Any, attn: str = "sdpa", method: str = "full") -> Any:
     from rayft.config.model import LoraConfig
     from rayft.testing.architectures import random_model
-    from rayft.training.model import prepare_training_model
+    from rayft.training.modeling.model import prepare_training_model
 
     net = random_model(ARCH, dtype=dtype, device=device, attn_implementation=attn)
     # Attention exactly as configured (no CPU per-example switch): prepare for a "cuda" worker.
@@ -68,7 +68,7 @@ def _model(device: Any, dtype: Any, attn: str = "sdpa", method: str = "full") ->
 
 
 def _loss_and_grads(model: Any, batches: list[Any], precision: Any, **options: Any) -> tuple[float, list[Any]]:
-    from rayft.training.steps import token_loss_sum
+    from rayft.training.loop.steps import token_loss_sum
 
     model.zero_grad(set_to_none=True)
     total = sum(b.num_label_tokens for b in batches)
@@ -90,9 +90,9 @@ def test_bf16_step_matches_the_fp32_reference(device: Any, method: str) -> None:
 
     from rayft.config.model import ModelConfig
     from rayft.models.loading import resolve_dtype
-    from rayft.training.model import training_dtype
-    from rayft.training.precision import Precision
-    from rayft.training.steps import step_options
+    from rayft.training.loop.steps import step_options
+    from rayft.training.modeling.model import training_dtype
+    from rayft.training.modeling.precision import Precision
 
     batch = collate(build_units(_examples(4096), [list(range(6)), list(range(6, 12))]), pad_token_id=0).to(device)
     options = step_options("sdpa", "auto", "cuda" if device.type == "cuda" else "cpu")
@@ -123,9 +123,9 @@ def _attentions() -> list[str]:
 def test_packed_loss_equals_one_by_one_with_every_attention(device: Any, attn: str) -> None:
     import torch
 
-    from rayft.training import attention
-    from rayft.training.attention import row_multiple, uses_varlen
-    from rayft.training.precision import Precision
+    from rayft.training.modeling import attention
+    from rayft.training.modeling.attention import row_multiple, uses_varlen
+    from rayft.training.modeling.precision import Precision
 
     if attn == "flex_attention" and device.type != "cuda":
         pytest.skip("flex_attention has no backward on the CPU")
@@ -153,8 +153,8 @@ def test_packed_loss_equals_one_by_one_with_every_attention(device: Any, attn: s
 def test_fused_losses_equal_the_plain_loss(device: Any, kind: str, method: str) -> None:
     import torch
 
-    from rayft.training.loss import liger_installed
-    from rayft.training.precision import Precision
+    from rayft.training.modeling.loss import liger_installed
+    from rayft.training.modeling.precision import Precision
 
     if kind == "liger" and (device.type != "cuda" or not liger_installed()):
         pytest.skip("Liger needs CUDA and liger-kernel (pip install 'rayft[liger]')")
@@ -179,12 +179,12 @@ def test_memory_estimate_is_within_20_percent_of_the_measured_peak(device: Any, 
     from rayft.config.train import TrainConfig
     from rayft.models.loading import resolve_dtype
     from rayft.testing.architectures import random_model
-    from rayft.training.memory import estimate_worker_memory
-    from rayft.training.model import count_parameters, prepare_training_model, training_dtype
-    from rayft.training.precision import resolve_precision
-    from rayft.training.steps import step_options, train_step
-    from rayft.training.strategies import parallelism
-    from rayft.training.worker import build_optimizer
+    from rayft.training.loop.steps import step_options, train_step
+    from rayft.training.loop.worker import build_optimizer
+    from rayft.training.modeling.model import count_parameters, prepare_training_model, training_dtype
+    from rayft.training.modeling.precision import resolve_precision
+    from rayft.training.strategies.memory import estimate_worker_memory
+    from rayft.training.strategies.table import parallelism
 
     if device.type != "cuda":
         pytest.skip("measures CUDA memory")

@@ -38,8 +38,8 @@ def train_remote(cfg: RayftConfig, prepared: PreparedData, *, resume: bool = Fal
     """The training driver's claim, launch and fetch of the results, with the run's URI handed to the
     workers; returns the mirror."""
     from rayft.runs.store import open_store
-    from rayft.training.driver import default_launcher
-    from rayft.training.startup import build_worker_plan, claim_store, run_location
+    from rayft.training.driver.run import default_launcher
+    from rayft.training.driver.startup import build_worker_plan, claim_store, run_location
 
     store = open_store(run_location(cfg))
     run_dir = claim_store(cfg, store, resume=resume)
@@ -58,7 +58,7 @@ def test_a_run_on_s3_continues_on_a_fresh_machine_from_the_remote_checkpoint(  #
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
 ) -> None:  # fmt: skip
     from rayft.testing.object_store import DUMMY_SECRET_KEY
-    from rayft.training.startup import run_location
+    from rayft.training.driver.startup import run_location
 
     monkeypatch.setenv("RAYFT_CACHE", str(tmp_path / "cache"))
     reference = uninterrupted_run

@@ -24,7 +24,7 @@ def test_ray_info_filter_keys_on_where_the_record_was_logged() -> None:
     drop = RayInfoFilter("/site/ray")
     assert not drop.filter(_record("/site/ray/train/context.py", logging.INFO, "/site/ray/train/context.py"))
     assert drop.filter(_record("x", logging.WARNING, "/site/ray/train/context.py"))
-    assert drop.filter(_record("rayft.train", logging.INFO, "/src/rayft/training/metrics.py"))
+    assert drop.filter(_record("rayft.train", logging.INFO, "/src/rayft/training/loop/metrics.py"))
 
 
 def test_progress_line_has_rate_and_eta() -> None:

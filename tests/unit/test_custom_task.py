@@ -100,7 +100,7 @@ def test_a_relative_task_file_is_made_absolute_for_the_workers(tmp_path: Path) -
 def test_task_units_index_every_example_of_both_splits(tmp_path: Path) -> None:
     import pyarrow.parquet as pq
 
-    from rayft.training.objective import write_task_units
+    from rayft.training.loop.objective import write_task_units
 
     prepared = write_task_units(tmp_path / "units", TaskData(train=list(range(7)), validation=[0, 1]), key="k")
     assert prepared.train.num_units == 7 and prepared.validation is not None
@@ -115,7 +115,7 @@ def test_task_units_index_every_example_of_both_splits(tmp_path: Path) -> None:
 def test_batches_move_nested_tensors_and_count_examples() -> None:
     import torch
 
-    from rayft.training.objective import TaskBatch, to_device, weighted_means
+    from rayft.training.loop.objective import TaskBatch, to_device, weighted_means
 
     batch = TaskBatch({"x": torch.ones(2), "pair": (torch.zeros(1), "label")}, [4, 7])
     moved = batch.to("meta")
@@ -128,8 +128,8 @@ def test_batches_move_nested_tensors_and_count_examples() -> None:
 def test_evaluation_and_step_loss_do_not_depend_on_the_batch_split(task_file: Path) -> None:
     import torch
 
-    from rayft.training.objective import TaskObjective
-    from rayft.training.precision import Precision
+    from rayft.training.loop.objective import TaskObjective
+    from rayft.training.modeling.precision import Precision
 
     task = load_task(f"{task_file}:Linear")
     torch.manual_seed(0)
@@ -150,7 +150,7 @@ def test_evaluation_and_step_loss_do_not_depend_on_the_batch_split(task_file: Pa
 def test_task_model_files_restore_the_weights(task_file: Path, tmp_path: Path) -> None:
     import torch
 
-    from rayft.training.objective import TaskObjective
+    from rayft.training.loop.objective import TaskObjective
 
     task = load_task(f"{task_file}:Linear")
     objective = TaskObjective(task, task.build_datasets(0), "task:\n  path: x\n")

@@ -63,9 +63,9 @@ def test_packed_loss_and_gradients_equal_one_by_one(tiny_model_dir: Path, attn: 
     import torch
     from transformers import AutoModelForCausalLM
 
-    from rayft.training import attention
-    from rayft.training.precision import Precision
-    from rayft.training.steps import token_loss_sum
+    from rayft.training.modeling import attention
+    from rayft.training.loop.steps import token_loss_sum
+    from rayft.training.modeling.precision import Precision
 
     attention.register()
     torch.manual_seed(0)
@@ -97,14 +97,14 @@ def test_packed_loss_and_gradients_equal_one_by_one(tiny_model_dir: Path, attn: 
 def test_example_bounds_split_rows_where_positions_restart() -> None:
     import torch
 
-    from rayft.training.attention import example_bounds
+    from rayft.training.modeling.attention import example_bounds
 
     positions = torch.tensor([[0, 1, 2, 0, 1, 0, 1, 2], [0, 1, 2, 3, 4, 5, 6, 7]])
     assert example_bounds(positions) == [[(0, 3), (3, 5), (5, 8)], [(0, 8)]]
 
 
 def test_training_attention_is_per_example_only_for_sdpa_on_cpu() -> None:
-    from rayft.training.attention import PER_EXAMPLE_SDPA, training_attention
+    from rayft.training.modeling.attention import PER_EXAMPLE_SDPA, training_attention
 
     assert training_attention("sdpa", "cpu") == PER_EXAMPLE_SDPA
     assert training_attention("sdpa", "cuda") == "sdpa"
@@ -116,7 +116,7 @@ def test_per_example_attention_refuses_generation_inputs(tiny_model_dir: Path) -
     import torch
     from transformers import AutoModelForCausalLM
 
-    from rayft.training import attention
+    from rayft.training.modeling import attention
 
     attention.register()
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, attn_implementation=attention.PER_EXAMPLE_SDPA)

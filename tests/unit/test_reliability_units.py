@@ -17,10 +17,10 @@ from rayft.runs.checkpoints import publish_checkpoint, resume_checkpoint
 from rayft.runs.layout import STOP_REQUEST_FILE
 from rayft.runs.manifest import verify_checkpoint, write_manifest
 from rayft.security import MASK, redact, redact_record, secret_values
-from rayft.training.checkpointing import CheckpointWriter
-from rayft.training.faults import Faults, faults_from_env
-from rayft.training.launcher import stop_on_sigterm
-from rayft.training.plan import missing_resources
+from rayft.training.driver.launcher import stop_on_sigterm
+from rayft.training.loop.checkpointing import CheckpointWriter
+from rayft.training.loop.faults import Faults, faults_from_env
+from rayft.training.loop.plan import missing_resources
 
 CANARY = "canary-hf-0123456789abcdef"
 

@@ -109,7 +109,7 @@ def test_float16_is_refused_for_t5_with_the_reason(tiny_t5_dir: Path, tiny_model
 
 def test_lora_targets_name_each_family_s_linear_layers(tiny_t5_dir: Path) -> None:
     from rayft.config.model import LoraConfig
-    from rayft.training.model import build_training_model
+    from rayft.training.modeling.model import build_training_model
 
     net = build_training_model(ModelConfig(name=str(tiny_t5_dir)), LoraConfig(r=4), "lora", "cpu",
                                gradient_checkpointing=False, restore_dir=None)  # fmt: skip
@@ -130,8 +130,8 @@ def test_pair_batches_pad_apart_and_their_loss_is_transformers_own(tiny_t5_dir: 
     from transformers import AutoModelForSeq2SeqLM
 
     from rayft.data.collate import collate
-    from rayft.training.precision import Precision
-    from rayft.training.steps import pair_loss_sum
+    from rayft.training.loop.steps import pair_loss_sum
+    from rayft.training.modeling.precision import Precision
 
     units = [
         {"input_ids": [5, 6, 7, 2], "labels": [8, 2], "sample_ids": [0], "num_tokens": 6},

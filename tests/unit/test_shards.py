@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from rayft.training.shards import iter_windows, parquet_row_counts, plan_shards, read_shard_tables
+from rayft.training.loop.shards import iter_windows, parquet_row_counts, plan_shards, read_shard_tables
 
 
 def test_every_rank_gets_the_same_number_of_contiguous_rows() -> None:

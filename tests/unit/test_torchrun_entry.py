@@ -8,7 +8,7 @@ import pytest
 
 from rayft.config import load_config
 from rayft.errors import ConfigError
-from rayft.training.torchrun import check_torchrun_run, launched_by_torchrun
+from rayft.training.driver.torchrun import check_torchrun_run, launched_by_torchrun
 
 
 def test_torchrun_workers_are_recognised_by_their_environment() -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from itertools import chain
 
-from rayft.training.batches import epoch_micro_batches, shuffled_units
+from rayft.training.loop.batches import epoch_micro_batches, shuffled_units
 
 
 def windows(n: int, size: int) -> list[list[dict[str, int]]]:

@@ -35,7 +35,7 @@ def test_a_checkpoint_saved_from_its_objects_restores_them(
     from transformers import AutoTokenizer
 
     from rayft.runs.manifest import read_manifest
-    from rayft.training.checkpointing import (
+    from rayft.training.loop.checkpointing import (
         Checkpointer,
         ModelFiles,
         TrainerState,
@@ -43,9 +43,9 @@ def test_a_checkpoint_saved_from_its_objects_restores_them(
         restore_training_state,
         write_model_files,
     )
-    from rayft.training.faults import Faults
-    from rayft.training.session import LocalSession
-    from rayft.training.strategies import parallelism
+    from rayft.training.loop.faults import Faults
+    from rayft.training.loop.session import LocalSession
+    from rayft.training.strategies.table import parallelism
 
     model, optimizer, scheduler = _trained_lora(tiny_model_dir)
     parallel = parallelism("ddp", world_size=1)
@@ -81,10 +81,10 @@ def test_a_checkpoint_saved_from_its_objects_restores_them(
 def _lora_saver(model_dir: Path, run_dir: Path, *, background: bool = False) -> tuple[Any, Any, Any]:
     from transformers import AutoTokenizer
 
-    from rayft.training.checkpointing import Checkpointer, ModelFiles, TrainingObjects, write_model_files
-    from rayft.training.faults import Faults
-    from rayft.training.session import LocalSession
-    from rayft.training.strategies import parallelism
+    from rayft.training.loop.checkpointing import Checkpointer, ModelFiles, TrainingObjects, write_model_files
+    from rayft.training.loop.faults import Faults
+    from rayft.training.loop.session import LocalSession
+    from rayft.training.strategies.table import parallelism
 
     model, optimizer, scheduler = _trained_lora(model_dir)
     files = ModelFiles("lora", 4, "train:\n  method: lora\n", {"method": "lora", "world_size": 1})
@@ -101,7 +101,7 @@ def _lora_saver(model_dir: Path, run_dir: Path, *, background: bool = False) -> 
 def test_every_file_of_a_checkpoint_has_the_mode_of_a_new_file(tiny_model_dir: Path, tmp_path: Path) -> None:
     """safetensors writes the weights through a private temporary file (0600): they get the mode of
     the rest (0644 under umask 022), so a group that reads the run reads its weights too."""
-    from rayft.training.checkpointing import TrainerState
+    from rayft.training.loop.checkpointing import TrainerState
 
     saver, objects, _ = _lora_saver(tiny_model_dir, tmp_path)
     saver.save(objects, TrainerState(step=1))
@@ -120,7 +120,7 @@ def test_a_full_disk_names_the_place_and_the_checkpoint_kept(tiny_model_dir: Pat
     mount point and the checkpoint kept, not torch's ``basic_ios::clear: iostream error``."""
     from rayft.errors import StorageError
     from rayft.testing.mounts import tmpfs
-    from rayft.training.checkpointing import TrainerState
+    from rayft.training.loop.checkpointing import TrainerState
 
     saver, objects, _ = _lora_saver(tiny_model_dir, tmp_path / "probe")
     saver.save(objects, TrainerState(step=1))

@@ -17,8 +17,8 @@ from .test_data_packing import _examples
 def _losses(model: Any, batch: Any, steps: int) -> list[float]:
     import torch
 
-    from rayft.training.precision import Precision
-    from rayft.training.steps import token_loss_sum
+    from rayft.training.loop.steps import token_loss_sum
+    from rayft.training.modeling.precision import Precision
 
     optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.1)
     losses = []
@@ -39,8 +39,8 @@ def test_compiled_blocks_train_as_eager(tiny_model_dir: Path) -> None:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from rayft.training import attention
-    from rayft.training.model import compile_each_block
+    from rayft.training.modeling import attention
+    from rayft.training.modeling.model import compile_each_block
 
     attention.register()
     units = build_units([{**e, "sample_id": e["sample_ids"][0]} for e in _examples(400)], [[0, 1, 2], [3, 4, 5]])
@@ -62,7 +62,7 @@ def test_a_model_that_names_no_blocks_is_refused(tiny_model_dir: Path) -> None:
     from transformers import AutoModelForCausalLM
 
     from rayft.errors import ModelError
-    from rayft.training.model import compile_each_block
+    from rayft.training.modeling.model import compile_each_block
 
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
     model._no_split_modules = []

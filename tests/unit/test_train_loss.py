@@ -32,7 +32,7 @@ def test_chunked_head_loss_and_gradients_equal_plain_cross_entropy(monkeypatch: 
     import torch
     from torch.nn.functional import cross_entropy, linear
 
-    from rayft.training import loss as loss_module
+    from rayft.training.modeling import loss as loss_module
 
     monkeypatch.setattr(loss_module, "CHUNK_BYTES", 4 * 50 * 16)  # 16 positions per chunk: 5 chunks
     torch.manual_seed(0)
@@ -55,8 +55,8 @@ def test_chunked_head_loss_and_gradients_equal_plain_cross_entropy(monkeypatch: 
 
 def _loss_and_grads(model: Any, batches: list[Any], **options: Any) -> tuple[float, list[Any]]:
 
-    from rayft.training.precision import Precision
-    from rayft.training.steps import token_loss_sum
+    from rayft.training.loop.steps import token_loss_sum
+    from rayft.training.modeling.precision import Precision
 
     model.zero_grad()
     total = sum(b.num_label_tokens for b in batches)
@@ -89,8 +89,8 @@ def test_chunked_loss_equals_plain_on_packed_rows(
 ) -> None:
     import torch
 
-    from rayft.training import loss as loss_module
-    from rayft.training import steps
+    from rayft.training.modeling import loss as loss_module
+    from rayft.training.loop import steps
 
     if not keep_logits:  # as for a model whose forward has no logits_to_keep: the head sees every position
         monkeypatch.setattr(steps, "_takes_logits_to_keep", lambda model: False)
@@ -109,8 +109,8 @@ def test_chunked_loss_equals_plain_on_packed_rows(
 def test_chunked_loss_without_gradients_and_without_labels(tiny_model_dir: Path) -> None:
     import torch
 
-    from rayft.training.precision import Precision
-    from rayft.training.steps import token_loss_sum
+    from rayft.training.loop.steps import token_loss_sum
+    from rayft.training.modeling.precision import Precision
 
     model = _model(tiny_model_dir, "full")
     batch = collate(_examples(model.config.vocab_size)[:2], pad_token_id=0)
@@ -128,8 +128,8 @@ def test_chunked_loss_without_gradients_and_without_labels(tiny_model_dir: Path)
 def test_a_lora_adapter_on_the_head_is_refused_with_the_fix(tiny_model_dir: Path) -> None:
     from peft import LoraConfig, get_peft_model
 
-    from rayft.training.precision import Precision
-    from rayft.training.steps import token_loss_sum
+    from rayft.training.loop.steps import token_loss_sum
+    from rayft.training.modeling.precision import Precision
 
     model = get_peft_model(_model(tiny_model_dir, "full"), LoraConfig(r=2, target_modules=["lm_head", "q_proj"]))
     batch = collate(_examples(model.config.vocab_size)[:1], pad_token_id=0)
@@ -139,7 +139,7 @@ def test_a_lora_adapter_on_the_head_is_refused_with_the_fix(tiny_model_dir: Path
 
 
 def test_fused_loss_setting_resolves_per_device(monkeypatch: pytest.MonkeyPatch) -> None:
-    from rayft.training import loss as loss_module
+    from rayft.training.modeling import loss as loss_module
 
     monkeypatch.setattr(loss_module, "liger_installed", lambda: False)
     assert loss_module.resolve_loss("auto", "cpu") == "chunked"

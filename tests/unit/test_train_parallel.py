@@ -33,7 +33,7 @@ def _one_step(model: Any) -> Any:
 
 
 def test_fsdp_units_are_the_transformer_blocks_through_peft(tiny_model_dir: Path) -> None:
-    from rayft.training.parallel import block_classes, shard_units
+    from rayft.training.strategies.parallel import block_classes, shard_units
 
     model = _lora_model(tiny_model_dir)
     blocks = block_classes(model)
@@ -45,7 +45,7 @@ def test_fsdp_units_are_the_transformer_blocks_through_peft(tiny_model_dir: Path
 def test_a_model_that_does_not_name_its_blocks_is_refused_for_fsdp() -> None:
     import torch
 
-    from rayft.training.parallel import block_classes, shard_units
+    from rayft.training.strategies.parallel import block_classes, shard_units
 
     with pytest.raises(TrainingError, match=r"Linear does not name its transformer blocks.*strategy=ddp"):
         block_classes(torch.nn.Linear(2, 2))
@@ -56,7 +56,7 @@ def test_a_model_that_does_not_name_its_blocks_is_refused_for_fsdp() -> None:
 def test_checkpoint_state_is_a_copy_keyed_by_name_and_loads_into_a_fresh_optimizer(tiny_model_dir: Path) -> None:
     import torch
 
-    from rayft.training.parallel import TorchParallelism, trainable_names
+    from rayft.training.strategies.parallel import TorchParallelism, trainable_names
 
     model = _lora_model(tiny_model_dir)
     optimizer = _one_step(model)
@@ -93,7 +93,7 @@ def _one_step_with(model: Any, optimizer: Any) -> None:
 def test_optimizer_state_keyed_by_position_still_loads(tiny_model_dir: Path) -> None:
     import torch
 
-    from rayft.training.parallel import TorchParallelism
+    from rayft.training.strategies.parallel import TorchParallelism
 
     model = _lora_model(tiny_model_dir)
     optimizer = _one_step(model)
@@ -105,7 +105,7 @@ def test_optimizer_state_keyed_by_position_still_loads(tiny_model_dir: Path) -> 
 
 
 def test_a_shard_or_an_empty_adapter_is_never_saved(tiny_model_dir: Path) -> None:
-    from rayft.training.parallel import TorchParallelism, check_full_shapes
+    from rayft.training.strategies.parallel import TorchParallelism, check_full_shapes
 
     model = _lora_model(tiny_model_dir)
     whole = TorchParallelism(wrap=None).model_state(model, "lora", rank=0)
@@ -122,7 +122,7 @@ def test_a_shard_or_an_empty_adapter_is_never_saved(tiny_model_dir: Path) -> Non
 def test_evaluation_batches_without_a_process_group_are_left_as_they_are() -> None:
     from rayft.data.collate import collate
     from rayft.data.packing import make_unit
-    from rayft.training.steps import in_lockstep
+    from rayft.training.loop.steps import in_lockstep
 
     batch = collate([make_unit([3, 4, 5], [-100, 4, 5], [0, 1, 2], [0])], pad_token_id=0)
     assert in_lockstep([batch]) == [batch]
@@ -132,7 +132,7 @@ def test_evaluation_batches_without_a_process_group_are_left_as_they_are() -> No
 def test_gathered_tied_weights_share_one_tensor_again(tiny_model_dir: Path) -> None:
     from transformers import AutoModelForCausalLM
 
-    from rayft.training.parallel import retie
+    from rayft.training.strategies.parallel import retie
 
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
     gathered = {name: t.clone() for name, t in model.state_dict().items()}  # what gathering returns
@@ -143,7 +143,7 @@ def test_gathered_tied_weights_share_one_tensor_again(tiny_model_dir: Path) -> N
 
 
 def test_deepspeed_config_is_rayfts_with_the_users_entries_merged_over_it() -> None:
-    from rayft.training.zero3 import deepspeed_config
+    from rayft.training.strategies.zero3 import deepspeed_config
 
     extra = {"zero_optimization": {"offload_optimizer": {"device": "cpu"}}, "communication_data_type": "fp32"}
     config = deepspeed_config(micro_batch_size=4, world_size=2, max_grad_norm=None, autocast="bf16", extra=extra)
@@ -172,7 +172,7 @@ def test_deepspeed_entries_that_rayft_decides_are_refused() -> None:
 def test_a_missing_deepspeed_names_the_install_line(monkeypatch: pytest.MonkeyPatch) -> None:
     import sys
 
-    from rayft.training.zero3 import import_deepspeed
+    from rayft.training.strategies.zero3 import import_deepspeed
 
     monkeypatch.setitem(sys.modules, "deepspeed", None)  # as if it were not installed
     with pytest.raises(TrainingError, match=r"pip install 'rayft\[deepspeed\]'"):
@@ -180,8 +180,8 @@ def test_a_missing_deepspeed_names_the_install_line(monkeypatch: pytest.MonkeyPa
 
 
 def test_one_worker_shares_nothing_whatever_the_strategy() -> None:
-    from rayft.training.parallel import TorchParallelism
-    from rayft.training.strategies import parallelism
+    from rayft.training.strategies.parallel import TorchParallelism
+    from rayft.training.strategies.table import parallelism
 
     for strategy in ("ddp", "fsdp", "deepspeed"):
         single = parallelism(strategy, world_size=1)  # type: ignore[arg-type]
@@ -191,8 +191,8 @@ def test_one_worker_shares_nothing_whatever_the_strategy() -> None:
 
 def test_an_adapter_written_empty_sliced_or_untrained_is_refused(tiny_model_dir: Path, tmp_path: Path) -> None:
     from rayft.errors import CheckpointError
-    from rayft.training.checkpointing import check_written_adapter
-    from rayft.training.parallel import trainable_names
+    from rayft.training.loop.checkpointing import check_written_adapter
+    from rayft.training.strategies.parallel import trainable_names
 
     model = _lora_model(tiny_model_dir)
     modules = sum(".lora_A." in name for name in trainable_names(model))
@@ -221,7 +221,7 @@ def test_a_model_built_without_weights_has_the_loaded_ones_names_shapes_and_trai
     tiny_model_dir: Path, method: str
 ) -> None:
     from rayft.config import LoraConfig, ModelConfig
-    from rayft.training.model import build_training_model, on_meta
+    from rayft.training.modeling.model import build_training_model, on_meta
 
     def build(weights: bool) -> Any:
         return build_training_model(ModelConfig(name=str(tiny_model_dir)), LoraConfig(r=4), method, "cpu",  # type: ignore[arg-type]
@@ -237,7 +237,7 @@ def test_a_model_built_without_weights_has_the_loaded_ones_names_shapes_and_trai
 
     import torch
 
-    from rayft.training.parallel import materialize
+    from rayft.training.strategies.parallel import materialize
 
     allocated = materialize(empty, torch.device("cpu"))  # allocating unties them; materialize ties them again
     assert not on_meta(allocated)
@@ -246,7 +246,7 @@ def test_a_model_built_without_weights_has_the_loaded_ones_names_shapes_and_trai
 
 
 def test_memory_estimate_splits_the_state_over_workers_only_when_sharded() -> None:
-    from rayft.training.memory import GIB, estimate_worker_memory
+    from rayft.training.strategies.memory import GIB, estimate_worker_memory
 
     billion = 10**9
     ddp = estimate_worker_memory(total_params=8 * billion, trainable_params=8 * billion, weight_bytes=4,
@@ -266,7 +266,7 @@ def test_memory_estimate_splits_the_state_over_workers_only_when_sharded() -> No
 
 
 def test_a_model_state_that_cannot_fit_names_the_fixes() -> None:
-    from rayft.training.memory import GIB, estimate_worker_memory, memory_problem
+    from rayft.training.strategies.memory import GIB, estimate_worker_memory, memory_problem
 
     estimate = estimate_worker_memory(total_params=7 * 10**9, trainable_params=7 * 10**9, weight_bytes=4,
                                       sharded=False, world_size=4)  # fmt: skip

@@ -7,7 +7,7 @@ import itertools
 import pytest
 
 from rayft.runs.selection import CheckpointInfo, choose_resume, plan_retention
-from rayft.training.plan import (
+from rayft.training.loop.plan import (
     is_due,
     learning_rate_factor,
     micro_batches_in_step,

@@ -10,7 +10,7 @@ from rayft.config import load_config
 from rayft.errors import ConfigError, RunStateError, StorageError
 from rayft.runs.manifest import write_manifest
 from rayft.runs.planner import check_resumable
-from rayft.training.startup import claim_run_dir
+from rayft.training.driver.startup import claim_run_dir
 
 
 def cfg(tmp_path: Path, *overrides: str):  # type: ignore[no-untyped-def]

@@ -40,8 +40,8 @@ def test_loss_over_kept_logits_equals_loss_over_every_position(tiny_model_dir: P
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
 
-    from rayft.training.precision import Precision
-    from rayft.training.steps import _takes_logits_to_keep, token_loss_sum
+    from rayft.training.loop.steps import _takes_logits_to_keep, token_loss_sum
+    from rayft.training.modeling.precision import Precision
 
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
@@ -64,8 +64,8 @@ def test_a_batch_without_labels_has_zero_loss(tiny_model_dir: Path) -> None:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from rayft.training.precision import Precision
-    from rayft.training.steps import token_loss_sum
+    from rayft.training.loop.steps import token_loss_sum
+    from rayft.training.modeling.precision import Precision
 
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
     unit = make_unit([5, 6, 7, 8], [IGNORE_INDEX] * 4, [0, 1, 2, 3], [0])

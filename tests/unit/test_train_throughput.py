@@ -6,10 +6,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from rayft.training.checkpointing import TrainerState
-from rayft.training.metrics import ThroughputWindow
-from rayft.training.steps import StepStats
-from rayft.training.worker import after_step
+from rayft.training.loop.checkpointing import TrainerState
+from rayft.training.loop.metrics import ThroughputWindow
+from rayft.training.loop.steps import StepStats
+from rayft.training.loop.worker import after_step
 
 
 class FakeClock:

@@ -41,8 +41,8 @@ def test_collated_batches_pass_the_bounds_as_transformers_expects() -> None:
 def _loss(model: Any, batches: list[Any], varlen: bool) -> float:
     import torch
 
-    from rayft.training.precision import Precision
-    from rayft.training.steps import token_loss_sum
+    from rayft.training.loop.steps import token_loss_sum
+    from rayft.training.modeling.precision import Precision
 
     total = sum(b.num_label_tokens for b in batches)
     with torch.no_grad():
@@ -59,7 +59,7 @@ def test_per_example_attention_reads_the_bounds_it_is_given(tiny_model_dir: Path
     import torch
     from transformers import AutoModelForCausalLM
 
-    from rayft.training import attention
+    from rayft.training.modeling import attention
 
     attention.register()
     torch.manual_seed(0)
@@ -100,7 +100,7 @@ def test_flex_attention_packed_loss_equals_one_by_one(tiny_model_dir: Path) -> N
 
 def test_attention_setting_takes_flex_and_hub_kernels_and_names_the_choices() -> None:
     from rayft.config.model import ModelConfig
-    from rayft.training.attention import PER_EXAMPLE_SDPA, uses_varlen
+    from rayft.training.modeling.attention import PER_EXAMPLE_SDPA, uses_varlen
 
     kinds = ("flex_attention", "flash_attention_3", "kernels-community/flash-attn", "org/kernel@v1:fn")
     for name in kinds:
@@ -119,7 +119,7 @@ def test_training_rows_are_whole_flex_blocks_and_as_long_as_needed_otherwise(att
     from types import SimpleNamespace
 
     from rayft.data.prepared import IGNORE_INDEX
-    from rayft.training.objective import CausalLm
+    from rayft.training.loop.objective import CausalLm
 
     plan = SimpleNamespace(model=SimpleNamespace(attn_implementation=attn))
     objective = CausalLm(plan, SimpleNamespace(pad_token_id=0), None)  # type: ignore[arg-type]

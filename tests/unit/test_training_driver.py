@@ -21,10 +21,10 @@ from rayft.runs.location import RunLocation
 from rayft.runs.manifest import write_manifest
 from rayft.runs.store import RunStore, open_store
 from rayft.tracking.state import write_ids
-from rayft.training import driver
-from rayft.training.driver import DriverSeams, RunStart, TrainResult, drive
-from rayft.training.startup import run_location
-from rayft.training.worker_plan import WorkerPlan
+from rayft.training.driver import run as driver
+from rayft.training.driver.run import DriverSeams, RunStart, TrainResult, drive
+from rayft.training.driver.startup import run_location
+from rayft.training.loop.worker_plan import WorkerPlan
 
 
 @dataclass
@@ -212,7 +212,7 @@ def test_rank_0_under_torchrun_drives_the_run(
     tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from rayft.testing.servers import free_port
-    from rayft.training import torchrun
+    from rayft.training.driver import torchrun
 
     env = {
         "WORLD_SIZE": "1",

@@ -109,7 +109,7 @@ def test_restored_optimizer_takes_the_new_rate_at_the_current_point_of_the_sched
     import torch
 
     from rayft.config.train import TrainConfig
-    from rayft.training.worker import apply_optimizer_settings, build_optimizer, build_scheduler
+    from rayft.training.loop.worker import apply_optimizer_settings, build_optimizer, build_scheduler
 
     net = torch.nn.Linear(4, 4)
     old = TrainConfig(learning_rate=1e-3, warmup_steps=2, weight_decay=0.0)

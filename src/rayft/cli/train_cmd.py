@@ -32,7 +32,7 @@ def train(config_path: str, overrides: tuple[str, ...], resume: bool) -> None:
     """
     from rayft.models.hub import check_model_available
     from rayft.recipes.train import run
-    from rayft.training import torchrun
+    from rayft.training.driver import torchrun
 
     cfg = load_cli_config(config_path, overrides)
     if cfg.task.path is None:  # a model that cannot be had here is refused before the run directory is touched

@@ -20,7 +20,7 @@ num_label_tokens    int32            count of labels != -100
 ==================  ===============  ==========================================================
 
 Files of a split are read in the order of ``PreparedSplit.files``; that order, and nothing
-else, fixes which worker sees which unit (see :mod:`rayft.training.batches`).
+else, fixes which worker sees which unit (see :mod:`rayft.training.loop.batches`).
 """
 
 from __future__ import annotations

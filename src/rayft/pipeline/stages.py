@@ -23,11 +23,11 @@ from rayft.runs.location import is_remote, join_uri
 from rayft.runs.planner import StartPlan, plan_stage_start
 from rayft.runs.store import RunStore, move_aside, open_store
 from rayft.security import mask_uri
-from rayft.training.driver import RunStart, default_launcher, drive
-from rayft.training.startup import run_location
+from rayft.training.driver.run import RunStart, default_launcher, drive
+from rayft.training.driver.startup import run_location
 
 if TYPE_CHECKING:
-    from rayft.training.driver import TrainResult
+    from rayft.training.driver.run import TrainResult
 
 log = logging.getLogger("rayft.run")
 

@@ -2,7 +2,7 @@
 
 Reads top to bottom: where the run lives (its directory, or its URI and local mirror), which
 launcher runs the workers (in this process for ``num_workers: 0``, else Ray Train), then the
-training driver (:func:`rayft.training.driver.drive`: lock, claim, data, plan, trackers, workers,
+training driver (:func:`rayft.training.driver.run.drive`: lock, claim, data, plan, trackers, workers,
 results).
 """
 
@@ -11,8 +11,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from rayft.config import RayftConfig
-from rayft.training.driver import RunStart, TrainResult, default_launcher, drive
-from rayft.training.startup import run_location
+from rayft.training.driver.run import RunStart, TrainResult, default_launcher, drive
+from rayft.training.driver.startup import run_location
 
 __all__ = ["TrainResult", "run"]
 

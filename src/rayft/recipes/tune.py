@@ -18,7 +18,7 @@ from rayft.config import RayftConfig
 from rayft.data.prepare import prepare_data
 from rayft.errors import ConfigError
 from rayft.runtime import check_address, owns_ray, ray_is_initialized, ray_runtime
-from rayft.training.startup import make_schedule, prepare_inputs, with_worker_task
+from rayft.training.driver.startup import make_schedule, prepare_inputs, with_worker_task
 from rayft.tuning import sweep
 from rayft.tuning.outputs import write_sweep_outputs
 from rayft.tuning.plan import plan_concurrency

@@ -15,7 +15,7 @@ from typing import Any
 from rayft.config import dump_config, load_config
 from rayft.runs import layout
 from rayft.runs.manifest import write_manifest
-from rayft.training.checkpointing import _generation_config
+from rayft.training.loop.checkpointing import _generation_config
 
 
 def _perturb(tensors: Any, seed: int, scale: float) -> None:

@@ -93,7 +93,7 @@ class ClientGauges:
 
 
 class LiveMetrics:
-    """A :class:`~rayft.training.metrics.MetricLogger` that sets the live gauges from the metric
+    """A :class:`~rayft.training.loop.metrics.MetricLogger` that sets the live gauges from the metric
     stream of one rank (plus GPU memory and utilisation on a GPU)."""
 
     def __init__(self, backend: GaugeBackend, *, run: str, rank: int, stage: str = "train", device: Any = None) -> None:

@@ -19,7 +19,7 @@ log = logging.getLogger("rayft.tracking")
 
 
 class TrackerLogger:
-    """A :class:`~rayft.training.metrics.MetricLogger` that hands records to a sender thread; on
+    """A :class:`~rayft.training.loop.metrics.MetricLogger` that hands records to a sender thread; on
     close, what could not be sent is recorded in ``tracking-unsent.json`` for the driver's report."""
 
     def __init__(self, sink: MetricSink, run_dir: Path, **sender_options: Any) -> None:

@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 
 from rayft.config.schema import RayftConfig
 from rayft.errors import ConfigError, ResourceError
-from rayft.training.launcher import resolve_use_gpu, worker_resources
+from rayft.training.driver.launcher import resolve_use_gpu, worker_resources
 from rayft.tuning.space import count_trials
 
 TRIAL_DRIVER_RESOURCES: Mapping[str, float] = {"CPU": 1.0}

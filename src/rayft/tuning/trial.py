@@ -34,9 +34,9 @@ from rayft.runs.checkpoints import scan_checkpoints
 from rayft.runs.manifest import read_manifest
 from rayft.runs.store import RunStore
 from rayft.runtime import mark_started_here
-from rayft.training.driver import RayLauncher, RunStart, drive
-from rayft.training.startup import run_location
-from rayft.training.worker_plan import WorkerPlan
+from rayft.training.driver.run import RayLauncher, RunStart, drive
+from rayft.training.driver.startup import run_location
+from rayft.training.loop.worker_plan import WorkerPlan
 from rayft.tuning.reaper import GROUPS_DIR, remove_recorded_groups
 from rayft.tuning.space import apply_params
 from rayft.tuning.task_eval import CheckpointScorer, recorded_scores

@@ -1,7 +1,8 @@
-"""The one table from ``train.strategy`` to its implementation (:class:`~rayft.training.parallel.Parallelism`).
+"""The one table from ``train.strategy`` to its implementation
+(:class:`~rayft.training.strategies.parallel.Parallelism`).
 
-It sits above both implementations, :mod:`rayft.training.parallel` (DDP, FSDP) and
-:mod:`rayft.training.zero3` (DeepSpeed ZeRO-3, which builds on the former's pieces), so neither
+It sits above both implementations, :mod:`rayft.training.strategies.parallel` (DDP, FSDP) and
+:mod:`rayft.training.strategies.zero3` (DeepSpeed ZeRO-3, which builds on the former's pieces), so neither
 imports the other's caller.
 """
 
@@ -9,8 +10,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from rayft.training.parallel import Parallelism, Strategy, TorchParallelism, shard_fsdp, wrap_ddp
-from rayft.training.zero3 import DeepSpeedZero3
+from rayft.training.strategies.parallel import Parallelism, Strategy, TorchParallelism, shard_fsdp, wrap_ddp
+from rayft.training.strategies.zero3 import DeepSpeedZero3
 
 STRATEGIES: dict[str, Callable[[], Parallelism]] = {
     "ddp": lambda: TorchParallelism(wrap=wrap_ddp),

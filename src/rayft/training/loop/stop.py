@@ -4,7 +4,7 @@ The request is written where the run lives: a file in the run directory (a local
 one every node mounts) and, when ``storage_path`` is a URI, a marker object under the run's URI,
 so that workers on other nodes see it without sharing a disk with the driver. A worker checks the
 file after every step; the URI is polled by a thread of rank 0 (one request a second), and every
-rank agrees on the step to stop at (:func:`rayft.training.worker.stop_requested`).
+rank agrees on the step to stop at (:func:`rayft.training.loop.worker.stop_requested`).
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ The loop, the shard plan and the checkpoint format are the same as on Ray Train.
 - ``torchrun --nproc-per-node 4 --no-python rayft train CONFIG``: `rayft train` started by torchrun
   (what the Kubeflow TrainJob and PyTorchJob of `rayft k8s render` run) trains as one rank of
   ``scaling.num_workers``: see :func:`train`. The run directory must be on storage every rank sees.
-- ``torchrun --nproc_per_node 2 -m rayft.training.torchrun PLAN.json`` runs a plan written by
+- ``torchrun --nproc_per_node 2 -m rayft.training.driver.torchrun PLAN.json`` runs a plan written by
   :func:`write_plan` (the benchmarks do this).
 """
 
@@ -26,15 +26,15 @@ from rayft.data.prepare import prepare_data
 from rayft.errors import ConfigError, RayftError
 from rayft.runs import layout
 from rayft.runs.checkpoints import latest_valid_checkpoint, prune_checkpoints, publish_checkpoint
-from rayft.training.batches import Unit
-from rayft.training.driver import RunStart, drive
-from rayft.training.launcher import split_files, stop_on_sigterm
-from rayft.training.plan import Schedule
-from rayft.training.session import staging_path
-from rayft.training.shards import iter_windows, parquet_row_counts, plan_shards, read_shard_tables
-from rayft.training.startup import run_location
-from rayft.training.worker import run_worker
-from rayft.training.worker_plan import WorkerPlan
+from rayft.training.driver.launcher import split_files, stop_on_sigterm
+from rayft.training.driver.run import RunStart, drive
+from rayft.training.driver.startup import run_location
+from rayft.training.loop.batches import Unit
+from rayft.training.loop.plan import Schedule
+from rayft.training.loop.session import staging_path
+from rayft.training.loop.shards import iter_windows, parquet_row_counts, plan_shards, read_shard_tables
+from rayft.training.loop.worker import run_worker
+from rayft.training.loop.worker_plan import WorkerPlan
 
 log = logging.getLogger("rayft.train")
 
@@ -42,7 +42,7 @@ if TYPE_CHECKING:
     import torch
 
     from rayft.data.prepared import PreparedData
-    from rayft.training.driver import TrainResult
+    from rayft.training.driver.run import TrainResult
 
 
 class TorchrunSession:
@@ -158,7 +158,7 @@ def launched_by_torchrun(environ: Mapping[str, str] | None = None) -> bool:
 def train(cfg: RayftConfig, *, resume: bool = False) -> TrainResult | None:
     """One rank of `rayft train CONFIG` under torchrun; rank 0 returns the result, the others None.
 
-    Rank 0 is the run's driver (:func:`rayft.training.driver.drive`: lock, claim, data, plan,
+    Rank 0 is the run's driver (:func:`rayft.training.driver.run.drive`: lock, claim, data, plan,
     trackers, results) with :class:`TorchrunLauncher` as its launcher; the other ranks wait for
     its plan (:func:`follow`). Rank 0 prepares the data first; then the first process of every
     other node prepares its cached copy (the same units: tokenization is deterministic); then the
@@ -302,12 +302,12 @@ def _in_turn(selected: bool, step: Any) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    """``torchrun ... -m rayft.training.torchrun PLAN.json``: run one rank of the plan."""
+    """``torchrun ... -m rayft.training.driver.torchrun PLAN.json``: run one rank of the plan."""
     import torch.distributed as dist
 
     args = list(sys.argv[1:] if argv is None else argv)
     if len(args) != 1:
-        raise SystemExit("usage: torchrun [torchrun options] -m rayft.training.torchrun PLAN.json")
+        raise SystemExit("usage: torchrun [torchrun options] -m rayft.training.driver.torchrun PLAN.json")
     plan, files = read_plan(Path(args[0]))
     session = TorchrunSession(files, Path(plan.run_dir), num_to_keep=plan.checkpoint.num_to_keep)
     try:

@@ -1,7 +1,7 @@
 """What a training driver decides and prepares before its workers start: where the run lives, the
 claim of its store (with the resolved config saved in it), its training units, and the worker plan.
 
-Every training driver (:func:`rayft.training.driver.drive`) and the sweep's preparation use these;
+Every training driver (:func:`rayft.training.driver.run.drive`) and the sweep's preparation use these;
 they are library functions, not a recipe.
 """
 
@@ -26,9 +26,9 @@ from rayft.runs import layout
 from rayft.runs.location import RunLocation, plan_run_location
 from rayft.runs.planner import plan_train_start
 from rayft.runs.store import RunStore, open_store
-from rayft.training.objective import write_task_units
-from rayft.training.plan import Schedule, plan_schedule
-from rayft.training.worker_plan import WorkerPlan
+from rayft.training.loop.objective import write_task_units
+from rayft.training.loop.plan import Schedule, plan_schedule
+from rayft.training.loop.worker_plan import WorkerPlan
 
 log = logging.getLogger("rayft.train")
 

@@ -24,8 +24,8 @@ from rayft.runs.checkpoints import (
 )
 from rayft.runs.remote import WORKER_LOGS, RemoteRun, sync_checkpoint
 from rayft.runs.selection import choose_resume
-from rayft.training.batches import Unit
-from rayft.training.shards import iter_windows, parquet_row_counts, plan_shards, read_shard_tables
+from rayft.training.loop.batches import Unit
+from rayft.training.loop.shards import iter_windows, parquet_row_counts, plan_shards, read_shard_tables
 
 if TYPE_CHECKING:
     import torch

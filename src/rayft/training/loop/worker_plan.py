@@ -1,7 +1,7 @@
 """What the driver decides for every worker of a run: a picklable value with no live objects.
 
 The recipes build it, the launchers (Ray Train, ``torchrun``) carry it to the workers, and
-:func:`rayft.training.worker.run_worker` carries it out.
+:func:`rayft.training.loop.worker.run_worker` carries it out.
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from typing import Any
 from rayft.config.model import LoraConfig, ModelConfig
 from rayft.config.task import TaskConfig
 from rayft.config.train import CheckpointConfig, LoggingConfig, TrainConfig
-from rayft.training.faults import Faults
-from rayft.training.plan import Schedule
+from rayft.training.loop.faults import Faults
+from rayft.training.loop.plan import Schedule
 
 
 @dataclass(frozen=True)

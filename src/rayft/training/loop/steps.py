@@ -16,16 +16,16 @@ from typing import TYPE_CHECKING, Any
 
 from rayft.data.collate import MicroBatch
 from rayft.data.prepared import IGNORE_INDEX
-from rayft.training.attention import training_attention, uses_varlen
-from rayft.training.loss import LossKind, fused_head, resolve_loss
-from rayft.training.model import unwrap
-from rayft.training.precision import Precision
-from rayft.training.session import all_gather_objects, all_reduce_sum
+from rayft.training.loop.session import all_gather_objects, all_reduce_sum
+from rayft.training.modeling.attention import training_attention, uses_varlen
+from rayft.training.modeling.loss import LossKind, fused_head, resolve_loss
+from rayft.training.modeling.model import unwrap
+from rayft.training.modeling.precision import Precision
 
 if TYPE_CHECKING:
     import torch
 
-    from rayft.training.parallel import Parallelism
+    from rayft.training.strategies.parallel import Parallelism
 
 
 @dataclass(frozen=True)
@@ -47,7 +47,7 @@ def token_loss_sum(
     Logits are computed only at the positions whose next token some row of the batch trains on
     (transformers' ``logits_to_keep``): prompt and padding positions skip the vocabulary projection,
     which dominates small models. With ``loss`` 'chunked' or 'liger' even those logits never exist
-    all at once (:mod:`rayft.training.loss`). ``varlen`` passes the examples' bounds for
+    all at once (:mod:`rayft.training.modeling.loss`). ``varlen`` passes the examples' bounds for
     variable-length attention kernels (:meth:`MicroBatch.varlen_kwargs`).
     """
     import torch
@@ -145,7 +145,7 @@ def train_step(
     """Accumulate gradients over ``batches``, clip, and take one optimizer step (as ``parallel``,
     the run's strategy, does each of these). ``loss`` and ``varlen``: see :func:`token_loss_sum`;
     ``loss_fn(model, batch)`` replaces it when given (the sum of the batch's ``num_label_tokens``
-    loss terms, see :class:`rayft.training.objective.Objective`)."""
+    loss terms, see :class:`rayft.training.loop.objective.Objective`)."""
     import torch
 
     local = [sum(b.num_label_tokens for b in batches), sum(b.num_tokens for b in batches)]

@@ -1,7 +1,7 @@
 """The per-worker training loop: set up (or restore), step, log, evaluate, save, finish.
 
 The same function runs on every Ray Train worker and in-process without Ray; the
-:class:`~rayft.training.session.TrainSession` it is given is the only difference.
+:class:`~rayft.training.loop.session.TrainSession` it is given is the only difference.
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ from rayft.runs.checkpoints import remove_incomplete, resume_checkpoint
 from rayft.runs.remote import RemoteRun
 from rayft.tracking.live import count_start, open_live_metrics
 from rayft.tracking.worker import tracker_loggers
-from rayft.training.batches import epoch_micro_batches, micro_batches
-from rayft.training.checkpointing import (
+from rayft.training.loop.batches import epoch_micro_batches, micro_batches
+from rayft.training.loop.checkpointing import (
     Checkpointer,
     ModelFiles,
     TrainerState,
@@ -33,8 +33,7 @@ from rayft.training.checkpointing import (
     restore_training_state,
     save_final,
 )
-from rayft.training.memory import estimate_worker_memory, memory_problem
-from rayft.training.metrics import (
+from rayft.training.loop.metrics import (
     ConsoleLogger,
     JsonlLogger,
     MetricLogger,
@@ -43,16 +42,17 @@ from rayft.training.metrics import (
     TensorBoardLogger,
     ThroughputWindow,
 )
-from rayft.training.model import count_parameters, parameter_groups
-from rayft.training.objective import CausalLm, Objective, TaskObjective
-from rayft.training.parallel import Parallelism, ParallelSetup
-from rayft.training.plan import is_due, learning_rate_factor, units_before_step
-from rayft.training.precision import Precision, resolve_precision
-from rayft.training.session import RaySession, TrainSession, all_reduce_sum
-from rayft.training.steps import StepStats, train_step
-from rayft.training.stop import StopWatch
-from rayft.training.strategies import parallelism
-from rayft.training.worker_plan import WorkerPlan
+from rayft.training.loop.objective import CausalLm, Objective, TaskObjective
+from rayft.training.loop.plan import is_due, learning_rate_factor, units_before_step
+from rayft.training.loop.session import RaySession, TrainSession, all_reduce_sum
+from rayft.training.loop.steps import StepStats, train_step
+from rayft.training.loop.stop import StopWatch
+from rayft.training.loop.worker_plan import WorkerPlan
+from rayft.training.modeling.model import count_parameters, parameter_groups
+from rayft.training.modeling.precision import Precision, resolve_precision
+from rayft.training.strategies.memory import estimate_worker_memory, memory_problem
+from rayft.training.strategies.parallel import Parallelism, ParallelSetup
+from rayft.training.strategies.table import parallelism
 
 log = logging.getLogger("rayft.train")
 
@@ -181,7 +181,7 @@ def check_device_memory(
     model: Any, train: TrainConfig, parallel: Parallelism, precision: Precision, session: TrainSession
 ) -> None:
     """Before the model goes to a GPU: fail at once when its weights, gradients and optimizer state
-    alone cannot fit the GPU's free memory (see :mod:`rayft.training.memory`)."""
+    alone cannot fit the GPU's free memory (see :mod:`rayft.training.strategies.memory`)."""
     import torch
 
     if session.device.type != "cuda":

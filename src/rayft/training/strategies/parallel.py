@@ -1,12 +1,12 @@
 """How the workers share the model (``train.strategy``): what each strategy does differently, and how
 the model's state leaves and re-enters the workers whatever the strategy. The table from a strategy's
-name to its implementation is :mod:`rayft.training.strategies`.
+name to its implementation is :mod:`rayft.training.strategies.table`.
 
 - ``ddp``: every worker holds the whole model; gradients are averaged by an all-reduce.
 - ``fsdp``: PyTorch FSDP2 (``fully_shard``): parameters, gradients and optimizer state are split
   over the workers (ZeRO-3), each transformer block is gathered just before it runs and freed
   after. Memory per worker falls roughly with the worker count, for one all-gather per block.
-- ``deepspeed``: DeepSpeed ZeRO stage 3 (:mod:`rayft.training.zero3`), the same sharding by
+- ``deepspeed``: DeepSpeed ZeRO stage 3 (:mod:`rayft.training.strategies.zero3`), the same sharding by
   DeepSpeed's engine, with its CPU/NVMe offload options.
 
 Checkpoints have one layout for every strategy: the full weights (or adapter) as rank 0 writes
@@ -23,12 +23,12 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from rayft.errors import TrainingError
-from rayft.training.model import full_shape, named_trainable, on_meta, unwrap
+from rayft.training.modeling.model import full_shape, named_trainable, on_meta, unwrap
 
 if TYPE_CHECKING:
     import torch
 
-    from rayft.training.precision import Precision
+    from rayft.training.modeling.precision import Precision
 
 Strategy = Literal["ddp", "fsdp", "deepspeed"]
 MakeOptimizer = Callable[[Any], Any]

@@ -30,13 +30,13 @@ from rayft.runs.location import worker_dir
 from rayft.runs.remote import RemoteRun
 from rayft.runtime import environment, local_idle_main_thread, owns_ray
 from rayft.security import install_redaction
-from rayft.training.faults import faults_from_env
-from rayft.training.plan import missing_resources
-from rayft.training.session import LocalSession, RaySession
-from rayft.training.shards import parquet_row_counts, plan_shards, read_shard_tables
-from rayft.training.stop import StopRequest
-from rayft.training.worker import run_worker
-from rayft.training.worker_plan import WorkerPlan
+from rayft.training.loop.faults import faults_from_env
+from rayft.training.loop.plan import missing_resources
+from rayft.training.loop.session import LocalSession, RaySession
+from rayft.training.loop.shards import parquet_row_counts, plan_shards, read_shard_tables
+from rayft.training.loop.stop import StopRequest
+from rayft.training.loop.worker import run_worker
+from rayft.training.loop.worker_plan import WorkerPlan
 
 log = logging.getLogger("rayft.train")
 

@@ -1,6 +1,6 @@
 """What the training loop trains: the one seam between the loop and the model it runs.
 
-The loop (:mod:`rayft.training.worker`) owns the workers, the data order, the optimizer and
+The loop (:mod:`rayft.training.loop.worker`) owns the workers, the data order, the optimizer and
 schedule, checkpoints, resume and logging; an :class:`Objective` owns what depends on the model:
 how it is built (or restored), how units become a micro-batch, the loss of a micro-batch, the
 evaluation figures, and the model files of a checkpoint. :class:`CausalLm` is the fine-tuning of
@@ -22,21 +22,21 @@ from rayft.data.prepared import PreparedData, PreparedSplit
 from rayft.errors import DataError
 from rayft.runs import layout
 from rayft.security import redact
-from rayft.training.attention import row_multiple
-from rayft.training.batches import Unit, micro_batches
-from rayft.training.checkpointing import write_model_files
-from rayft.training.model import build_training_model, unwrap
-from rayft.training.session import all_reduce_sum
-from rayft.training.steps import evaluate, step_options, token_loss_sum
+from rayft.training.loop.batches import Unit, micro_batches
+from rayft.training.loop.checkpointing import write_model_files
+from rayft.training.loop.session import all_reduce_sum
+from rayft.training.loop.steps import evaluate, step_options, token_loss_sum
+from rayft.training.modeling.attention import row_multiple
+from rayft.training.modeling.model import build_training_model, unwrap
 
 if TYPE_CHECKING:
     import torch
 
     from rayft.custom import CustomTask, TaskData
     from rayft.data.prepared import PreparedData
-    from rayft.training.checkpointing import ModelFiles
-    from rayft.training.precision import Precision
-    from rayft.training.worker_plan import WorkerPlan
+    from rayft.training.loop.checkpointing import ModelFiles
+    from rayft.training.loop.worker_plan import WorkerPlan
+    from rayft.training.modeling.precision import Precision
 
 TASK_WEIGHTS_FILE = "model.safetensors"
 _UNITS_PER_FILE = 4096
@@ -94,7 +94,7 @@ class CausalLm:
     throughput_unit: str = "tokens"
 
     def build_model(self, restore_dir: Path | None, *, device_type: str, weights: bool) -> Any:
-        """:func:`rayft.training.model.build_training_model` for the plan's model and method."""
+        """:func:`rayft.training.modeling.model.build_training_model` for the plan's model and method."""
         plan = self.plan
         return build_training_model(
             plan.model, plan.lora, plan.train.method, device_type, restore_dir=restore_dir, weights=weights,
@@ -107,7 +107,7 @@ class CausalLm:
         return collate(units, self.tokenizer.pad_token_id, multiple, seq2seq=self.seq2seq)
 
     def loss_sum(self, model: Any, batch: Any, precision: Precision) -> torch.Tensor:
-        """:func:`rayft.training.steps.token_loss_sum` with the run's loss and attention kernels."""
+        """:func:`rayft.training.loop.steps.token_loss_sum` with the run's loss and attention kernels."""
         return token_loss_sum(model, batch, precision, **self._kernels(batch.input_ids.device.type))
 
     def evaluate(

@@ -10,7 +10,7 @@ from rayft.config.model import LoraConfig, ModelConfig
 from rayft.errors import ModelError
 from rayft.models.architecture import lora_targets
 from rayft.models.loading import auto_model_class, empty_causal_lm, load_causal_lm, resolve_dtype
-from rayft.training.attention import use_training_attention
+from rayft.training.modeling.attention import use_training_attention
 
 if TYPE_CHECKING:
     import torch
@@ -49,7 +49,7 @@ def build_training_model(
     Without ``weights``, the same model is built on the meta device and nothing is read but its
     config: for the workers of a strategy that fills every worker from rank 0's copy, so that one
     copy of the weights, not one per worker, is read and held in host memory. Attention switches
-    to the training variant for the device (:func:`rayft.training.attention.training_attention`).
+    to the training variant for the device (:func:`rayft.training.modeling.attention.training_attention`).
     """
     load_cfg = model.model_copy(update={"dtype": training_dtype(model, method, device_type)})
     full_restore = restore_dir if method == "full" else None

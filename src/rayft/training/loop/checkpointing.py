@@ -28,13 +28,13 @@ from rayft.runs import layout
 from rayft.runs.checkpoints import full_disk_reported
 from rayft.runs.manifest import write_manifest
 from rayft.security import redact
-from rayft.training.faults import Faults
-from rayft.training.model import unwrap
-from rayft.training.parallel import check_full_shapes, trainable_names
-from rayft.training.session import TrainSession, all_gather_objects
+from rayft.training.loop.faults import Faults
+from rayft.training.loop.session import TrainSession, all_gather_objects
+from rayft.training.modeling.model import unwrap
+from rayft.training.strategies.parallel import check_full_shapes, trainable_names
 
 if TYPE_CHECKING:
-    from rayft.training.parallel import Parallelism
+    from rayft.training.strategies.parallel import Parallelism
 
 log = logging.getLogger("rayft.train")
 
@@ -160,7 +160,7 @@ class TrainingObjects:
 
 WriteModel = Callable[[Any, Path, "dict[str, Any] | None"], None]
 """Writes the model files of a checkpoint: (model, directory, state dict snapshot or None for the
-live weights); :meth:`rayft.training.objective.Objective.write_model`."""
+live weights); :meth:`rayft.training.loop.objective.Objective.write_model`."""
 
 
 class Checkpointer:

@@ -1,7 +1,7 @@
 """The one training driver: lock, claim, data, plan, trackers, launch, results, in that order.
 
 ``rayft train`` (:mod:`rayft.recipes.train`), each trial of a sweep (:mod:`rayft.tuning.trial`),
-``rayft train`` under torchrun (:mod:`rayft.training.torchrun`) and the pipeline's train stage all
+``rayft train`` under torchrun (:mod:`rayft.training.driver.torchrun`) and the pipeline's train stage all
 call :func:`drive`. What differs between them is passed in: how the run starts (a fixed
 :class:`RunStart`, or a decision taken under the lock, as a trial does), the :class:`Launcher` that
 runs the workers (in this process, on Ray Train, forwarding reports to Tune, or as torchrun's rank
@@ -35,9 +35,9 @@ from rayft.runtime import check_address, ray_is_initialized, ray_runtime
 from rayft.security import mask_uri
 from rayft.tracking.driver import nested_under, start_training
 from rayft.tracking.state import read_ids
-from rayft.training.launcher import launch_local, launch_ray
-from rayft.training.startup import build_worker_plan, claim_store, prepare_inputs
-from rayft.training.worker_plan import WorkerPlan
+from rayft.training.driver.launcher import launch_local, launch_ray
+from rayft.training.driver.startup import build_worker_plan, claim_store, prepare_inputs
+from rayft.training.loop.worker_plan import WorkerPlan
 
 log = logging.getLogger("rayft.train")
 
@@ -157,7 +157,7 @@ def drive(
     Args:
         cfg: The resolved config.
         launcher: Runs the workers (:class:`LocalLauncher`, :class:`RayLauncher`, or a caller's own).
-        location: Where the run lives (:func:`rayft.training.startup.run_location`).
+        location: Where the run lives (:func:`rayft.training.driver.startup.run_location`).
         start: How the run is claimed, or a decision taken under the lock (None: return None at once).
         command: The command named on the lock (shown to a second command on the same run).
         parent_run_id: The MLflow run the training run nests under (a sweep's, for its trials).

@@ -20,8 +20,8 @@ from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from rayft.errors import TrainingError
-from rayft.training.model import named_trainable, parameter_group_names
-from rayft.training.parallel import MakeOptimizer, ParallelSetup, retie
+from rayft.training.modeling.model import named_trainable, parameter_group_names
+from rayft.training.strategies.parallel import MakeOptimizer, ParallelSetup, retie
 
 if TYPE_CHECKING:
     import torch
@@ -137,7 +137,7 @@ class DeepSpeedZero3:
 
     def optimizer_state(self, model: Any, optimizer: Any, rank: int) -> dict[str, Any] | None:
         """The full optimizer state dict of ``torch.distributed.checkpoint`` (keyed by parameter
-        name, with the groups of :func:`rayft.training.model.parameter_groups`), gathered from
+        name, with the groups of :func:`rayft.training.modeling.model.parameter_groups`), gathered from
         the partitions by every rank."""
         from deepspeed.utils import safe_get_full_optimizer_state
 

@@ -1,0 +1,3 @@
+"""The driver side of a training run: sequencing a run, planning it, and starting its workers (Ray Train, in-
+process, torchrun).
+"""

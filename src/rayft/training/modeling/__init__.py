@@ -1,0 +1,3 @@
+"""The numerics of the model a worker trains: building it (base and LoRA), attention over packed rows, the loss,
+mixed precision.
+"""
