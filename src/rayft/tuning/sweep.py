@@ -23,6 +23,7 @@ from rayft.runs.checkpoints import scan_checkpoints
 from rayft.runs.location import RunLocation, plan_run_location, storage_root
 from rayft.runs.planner import check_retunable, flatten
 from rayft.runs.store import open_store
+from rayft.tuning.plan import TRIAL_DRIVER_RESOURCES
 from rayft.tuning.reaper import reaper_callback
 from rayft.tuning.results import BEST_YAML, TUNE_HTML, TUNE_JSON, SweepResult, TrialRecord, TrialStatus, pick_best
 from rayft.tuning.space import check_search_space, to_ray_mutations, to_ray_space
@@ -40,9 +41,6 @@ OPTUNA_MISSING = (
     "tune.search_algorithm=optuna needs Optuna, which is not installed: pip install 'rayft[tune]' "
     "(or set tune.search_algorithm to random or grid)"
 )
-TRIAL_DRIVER_RESOURCES: dict[str, float] = {"memory": 1.0}
-"""What a trial's own process reserves: a token byte of memory, so that Tune can place it without
-holding a CPU that the trial's training workers need (they reserve ``scaling`` themselves)."""
 
 
 def trial_driver_resources(cfg: RayftConfig) -> dict[str, float]:
