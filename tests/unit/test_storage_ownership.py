@@ -85,3 +85,17 @@ def test_remote_run_is_imported_only_under_runs() -> None:
         and (node.module == "rayft.runs.remote" or any(a.name == "RemoteRun" for a in node.names))
     )
     assert importers == []
+
+
+def test_no_storage_path_is_told_remote_by_hand_outside_runs() -> None:
+    """``"://" in cfg.storage_path`` is :func:`rayft.runs.location.is_remote` spelt again."""
+
+    def by_hand(node: ast.AST) -> bool:
+        return (
+            isinstance(node, ast.Compare)
+            and any(isinstance(n, ast.Constant) and n.value == "://" for n in [node.left, *node.comparators])
+            and any(isinstance(n, ast.Attribute) and n.attr == "storage_path" for n in ast.walk(node))
+        )
+
+    found = sorted(f"{path}:{n.lineno}" for path, tree in outside_runs().items() for n in ast.walk(tree) if by_hand(n))
+    assert found == []
