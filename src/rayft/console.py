@@ -192,7 +192,8 @@ def ray_train_log_level() -> str:
     return "INFO" if is_verbose() else "WARNING"
 
 
-def _clock(seconds: float) -> str:
+def clock(seconds: float) -> str:
+    """A duration as minutes and seconds, rounded to the nearest second: ``1m05s`` (``?`` when unknown)."""
     if not math.isfinite(seconds) or seconds < 0:
         return "?"
     minutes, secs = divmod(round(seconds), 60)
@@ -205,7 +206,7 @@ def progress_line(what: str, done: int, total: int, elapsed_s: float, unit: str)
     eta = (total - done) / rate if done and rate > 0 else math.nan
     pct = 100.0 * done / total if total else 100.0
     rate_text = f"{rate:.2f}" if math.isfinite(rate) else "?"
-    timing = f"{_clock(elapsed_s)} elapsed, eta {_clock(eta)}"
+    timing = f"{clock(elapsed_s)} elapsed, eta {clock(eta)}"
     return f"{what}: {done}/{total} {unit} ({pct:.0f}%), {rate_text} {unit}/s, {timing}"
 
 

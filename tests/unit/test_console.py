@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import logging
+import math
+
+import pytest
 
 from rayft.console import ConsoleFilter, RayInfoFilter, progress_line
 from rayft.data.builtin import builtin_eval_note
@@ -38,3 +41,16 @@ def test_builtin_eval_note() -> None:
     note = builtin_eval_note(["builtin:arithmetic"], ["builtin:arithmetic"])
     assert note is not None and "not a GSM8K result" in note and "training data also came from" in note
     assert builtin_eval_note(["/data/gsm8k/test.jsonl"]) is None
+
+
+def test_one_duration_format_for_console_progress_and_training_eta(caplog: pytest.LogCaptureFixture) -> None:
+    from rayft.console import clock
+    from rayft.training.loop.metrics import ConsoleLogger
+
+    assert [clock(s) for s in (0.4, 59.6, 65.0, -1.0, math.nan)] == ["0m00s", "1m00s", "1m05s", "?", "?"]
+    assert progress_line("eval", 1, 2, 59.6, "prompts").endswith("1m00s elapsed, eta 1m00s")
+    logger = ConsoleLogger(total_steps=2, start_step=0)
+    logger._start -= 59.6  # one step took 59.6 s: one more to go
+    with caplog.at_level(logging.INFO, logger="rayft.train"):
+        logger.log(1, {"train/loss": 1.0, "train/tokens_per_s": 10.0})
+    assert caplog.records[-1].getMessage().endswith("eta 1m00s")

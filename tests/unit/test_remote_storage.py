@@ -275,7 +275,7 @@ def test_workers_of_a_remote_run_work_apart_from_the_drivers_mirror(tmp_path: Pa
 
 
 def test_a_stop_request_reaches_a_worker_through_the_uri_alone(storage: str, tmp_path: Path) -> None:
-    from rayft.training.loop.stop import StopRequest, StopWatch
+    from rayft.runs.stop import StopRequest, StopWatch
 
     run_uri = join_uri(storage, "demo")
     driver, node = tmp_path / "driver-mirror", tmp_path / "worker-dir"

@@ -47,6 +47,18 @@ def test_pbt_refuses_to_perturb_what_shapes_the_model_before_anything_starts() -
         check_sweep(cfg)
 
 
+def test_pbt_on_a_uri_is_refused_with_the_uri_masked() -> None:
+    cfg = load_config(
+        None,
+        ["scaling.num_workers=1", "tune.scheduler=pbt", "storage_path=s3://bucket/runs?secret_key=s3cr3t-v4lue", SPACE],
+    )
+    with pytest.raises(
+        ConfigError, match=r"storage_path='s3://bucket/runs/rayft-run-tune\?secret_key=\*+REDACTED\*+': scheduler pbt"
+    ) as exc:
+        check_sweep(cfg)
+    assert "s3cr3t" not in str(exc.value)
+
+
 def test_a_sweep_needs_a_tune_section_and_ray_train_workers() -> None:
     with pytest.raises(ConfigError, match=r"no tune section; add one"):
         check_sweep(load_config(None, []))

@@ -11,7 +11,7 @@ import click
 from rayft.cache import cache_root
 from rayft.config import RayftConfig, load_config
 from rayft.console import attach_log_file
-from rayft.runs.location import is_remote
+from rayft.runs.location import log_dir
 from rayft.runs.lock import refuse_if_held
 
 log = logging.getLogger("rayft.cli")
@@ -39,10 +39,7 @@ def open_run_log(cfg: RayftConfig, directory: Path | None = None) -> Path | None
     With a URI as ``storage_path`` the file goes under the cache (``<cache>/logs/<name>/``).
     """
     if directory is None:
-        if is_remote(cfg.storage_path):
-            directory = cache_root() / "logs" / cfg.name
-        else:
-            directory = Path(cfg.storage_path).expanduser() / cfg.name
+        directory = log_dir(cfg.storage_path, cfg.name, cache_root())
     refuse_if_held(directory)  # a second driver of a run must not write into the first one's log
     path = attach_log_file(directory)
     if path is not None:

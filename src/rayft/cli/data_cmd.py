@@ -8,6 +8,7 @@ import click
 
 from rayft.cli.address_opt import address_option
 from rayft.cli.common import config_argument, load_cli_config, overrides_argument
+from rayft.runs import layout
 from rayft.runs.location import local_run_dir
 
 if TYPE_CHECKING:
@@ -49,7 +50,7 @@ def prepare(config_path: str, overrides: tuple[str, ...], in_process: bool, repo
         reports = Path(report_dir)
     else:
         fix = "pass --report-dir /a/local/dir"
-        reports = local_run_dir(cfg.storage_path, cfg.name, command="rayft data", fix=fix) / "data"
+        reports = local_run_dir(cfg.storage_path, cfg.name, command="rayft data", fix=fix) / layout.DATA_DIR
     use_ray = not in_process and cfg.scaling.num_workers > 0
     outcome = run_prepare(
         cfg.data, cfg.model, cfg.seed, report_dir=reports, use_ray=use_ray, ray_address=cfg.scaling.address

@@ -13,6 +13,7 @@ from rayft._version import __version__
 from rayft.cli.common import config_argument, load_cli_config, overrides_argument
 from rayft.cluster.job_plan import COMMANDS, JobRequest, exit_code
 from rayft.config import RayftConfig, dump_config
+from rayft.runs.location import is_remote
 
 ADDRESS_HELP = (
     "The cluster: http://HEAD:8265 (its Jobs API), HEAD:6379 (its GCS address; rayft finds the Jobs API "
@@ -129,7 +130,8 @@ def follow_to_end(url: str, job: str) -> NoReturn:
 
 
 def _warn_relative_storage(cfg: RayftConfig) -> None:
-    if "://" not in cfg.storage_path and not Path(cfg.storage_path).is_absolute():
+    # A check of the config before it is submitted: no run, and so no store, exists on this machine.
+    if not is_remote(cfg.storage_path) and not Path(cfg.storage_path).is_absolute():
         click.secho(
             f"Warning: storage_path {cfg.storage_path!r} is relative: on the cluster it resolves in the job's "
             "working directory, a temporary directory that Ray manages. Use an absolute path that the head and every "

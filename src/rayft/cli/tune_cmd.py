@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import click
 
+from rayft.cache import cache_root
 from rayft.cli.address_opt import address_option
 from rayft.cli.common import config_argument, load_cli_config, open_run_log, overrides_argument
-from rayft.runs.location import is_remote
+from rayft.runs.location import log_dir
 
 
 @click.command(epilog="Example: rayft tune configs/tune.yaml tune.num_samples=8 tune.scheduler=asha")
@@ -24,13 +25,11 @@ def tune(config_path: str, overrides: tuple[str, ...]) -> None:
     others continue from their last checkpoint.
     """
     from rayft.recipes.tune import run
-    from rayft.tuning.sweep import sweep_place
 
     cfg = load_cli_config(config_path, overrides)
-    if cfg.tune is not None and not is_remote(cfg.storage_path):
-        open_run_log(cfg, sweep_place(cfg, cfg.tune).location.local_dir)
-    else:
-        open_run_log(cfg)
+    # The log goes with the sweep (the recipe refuses a config without a tune section, after this).
+    sweep = None if cfg.tune is None else cfg.tune.sweep_name(cfg.name)
+    open_run_log(cfg, None if sweep is None else log_dir(cfg.storage_path, sweep, cache_root()))
     outcome = run(cfg)
     click.echo(outcome.table)
     click.echo(f"Sweep: {outcome.where} ({len(outcome.result.trials)} trials in {outcome.elapsed_s:.0f} s)")

@@ -19,7 +19,6 @@ from rayft.config import RayftConfig, dump_config
 from rayft.deploy import pods
 from rayft.deploy.pods import CONFIG_FILE, CONFIG_PATH, PodPlan
 from rayft.errors import ConfigError
-from rayft.runs.location import is_remote
 
 Manifest = dict[str, Any]
 LABEL = "app.kubernetes.io/name"
@@ -36,7 +35,7 @@ def render(cfg: RayftConfig, target: str, *, with_namespace: bool = False) -> li
     plan = pods.plan_pods(cfg, extra_pods=1 if target in RAY_TARGETS else 0, torchrun=target not in RAY_TARGETS)
     out = namespace_manifests(cfg, plan) if with_namespace else []
     out.append(config_map(cfg))
-    if cfg.k8s.storage.create and cfg.k8s.storage.claim_name and not is_remote(cfg.storage_path):
+    if cfg.k8s.storage.create and pods.storage_claim(cfg):
         out.append(claim(cfg))
     return [*out, workload]
 

@@ -121,13 +121,13 @@ def check_shared_storage(cfg: RayftConfig, pods: int, *, torchrun: bool = False)
             "plain path on a shared claim (storage_path=/mnt/rayft/runs k8s.storage.claim_name=CLAIM) or an "
             "object store URI (storage_path=s3://bucket/runs)"
         )
-    if is_remote(cfg.storage_path) and torchrun:
-        raise ConfigError(
-            f"storage_path={mask_uri(cfg.storage_path)!r}: the Kubeflow targets run rayft under torchrun, whose "
-            "ranks write the run directory themselves; use a local path on a shared claim "
-            "(storage_path=/mnt/rayft/runs k8s.storage.claim_name=CLAIM), or --target rayjob for a URI"
-        )
-    if is_remote(cfg.storage_path):
+    if mounted_storage(cfg) is None:
+        if torchrun:
+            raise ConfigError(
+                f"storage_path={mask_uri(cfg.storage_path)!r}: the Kubeflow targets run rayft under torchrun, "
+                "whose ranks write the run directory themselves; use a local path on a shared claim "
+                "(storage_path=/mnt/rayft/runs k8s.storage.claim_name=CLAIM), or --target rayjob for a URI"
+            )
         return
     if pods > 1 and cfg.k8s.storage.claim_name is None:
         raise ConfigError(
@@ -140,6 +140,17 @@ def check_shared_storage(cfg: RayftConfig, pods: int, *, torchrun: bool = False)
             f"storage_path={cfg.storage_path!r} is relative, and a pod's working directory is not where a Ray job "
             f"runs; use an absolute path on the volume, e.g. storage_path=/mnt/rayft/{cfg.storage_path}"
         )
+
+
+def mounted_storage(cfg: RayftConfig) -> str | None:
+    """The ``storage_path`` the pods mount from a volume, or None for a URI, which each pod reaches itself."""
+    # Rendered before any run exists, often on a machine without the credentials: no store to ask.
+    return None if is_remote(cfg.storage_path) else cfg.storage_path
+
+
+def storage_claim(cfg: RayftConfig) -> str | None:
+    """The PersistentVolumeClaim that holds a local ``storage_path`` (None for a URI, or without one)."""
+    return cfg.k8s.storage.claim_name if mounted_storage(cfg) is not None else None
 
 
 def k8s_name(run_name: str) -> str:
@@ -173,8 +184,9 @@ def volumes(cfg: RayftConfig, config_map: str) -> list[dict[str, Any]]:
         {"name": _CONFIG_VOLUME, "configMap": {"name": config_map}},
         {"name": _SHM_VOLUME, "emptyDir": {"medium": "Memory"}},
     ]
-    if cfg.k8s.storage.claim_name and not is_remote(cfg.storage_path):
-        out.append({"name": _STORAGE_VOLUME, "persistentVolumeClaim": {"claimName": cfg.k8s.storage.claim_name}})
+    claim = storage_claim(cfg)
+    if claim:
+        out.append({"name": _STORAGE_VOLUME, "persistentVolumeClaim": {"claimName": claim}})
     return out
 
 
@@ -184,7 +196,7 @@ def volume_mounts(cfg: RayftConfig) -> list[dict[str, Any]]:
         {"name": _CONFIG_VOLUME, "mountPath": CONFIG_DIR, "readOnly": True},
         {"name": _SHM_VOLUME, "mountPath": "/dev/shm"},
     ]
-    if cfg.k8s.storage.claim_name and not is_remote(cfg.storage_path):
+    if storage_claim(cfg):
         out.append({"name": _STORAGE_VOLUME, "mountPath": cfg.storage_path})
     return out
 

@@ -95,7 +95,7 @@ def run(
     forced = set(allowed) if force else forced
     location = pipeline_location(cfg)
     store = open_store(location)
-    if store.remote_uri is not None:
+    if store.remote_uri is not None:  # which stages can write through a URI is the pipeline's knowledge
         check_remote_stages(requested, location.display)
     run_dir = store.local_dir
     progress = PipelineProgress()

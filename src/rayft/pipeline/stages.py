@@ -13,16 +13,17 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from rayft._version import __version__
+from rayft.cache import cache_root
 from rayft.config import RayftConfig, dump_config
 from rayft.files import replace_dir, staging_dir
 from rayft.pipeline.inputs import final_manifest_hash, local_files, model_identity, train_data_config
 from rayft.pipeline.stage import Stage, StageContext, StageOutput
 from rayft.pipeline.tune_stage import TuneStage, adopt_trial_run, plan_train_handoff, tuned_config
 from rayft.recipes import compare, evaluate, export, sdg
-from rayft.runs.location import is_remote, join_uri
+from rayft.runs import layout
+from rayft.runs.location import plan_run_location
 from rayft.runs.planner import StartPlan, plan_stage_start
 from rayft.runs.store import RunStore, move_aside, open_store
-from rayft.security import mask_uri
 from rayft.training.driver.run import RunStart, default_launcher, drive
 from rayft.training.driver.startup import run_location
 
@@ -101,7 +102,7 @@ class TrainStage:
         if handoff is not None:
             log.info("stage train: after the sweep, %s", handoff[0].reason)
         log.info("stage train: %s: %s", store.where, plan.reason)
-        files = {"dir": out, "final": out / "final", "metrics": out / "metrics.jsonl"}
+        files = {"dir": out, "final": out / layout.FINAL_DIR, "metrics": out / layout.METRICS_FILE}
         kept = kept_summary(store) if plan.action == "keep" else None
         if kept is not None:
             return StageOutput(files, kept | extra)
@@ -183,7 +184,7 @@ def train_stage_config(ctx: StageContext) -> RayftConfig:
     """The config of the train stage: the run ``train`` under the pipeline's directory (or URI); after
     a sweep, with the best trial's values (and no tune section)."""
     cfg = tuned_config(ctx)
-    storage = join_uri(cfg.storage_path, cfg.name) if is_remote(cfg.storage_path) else str(ctx.run_dir)
+    storage = plan_run_location(cfg.storage_path, cfg.name, cache_root()).storage_under()
     data = train_data_config(cfg, ctx.run_dir, ctx.records)
     return cfg.model_copy(update={"storage_path": storage, "name": "train", "data": data, "tune": None})
 
@@ -195,7 +196,7 @@ def kept_summary(store: RunStore) -> dict[str, Any] | None:
         return None
     summary = {"steps": final.step, "train_loss": final.metrics.get("train/loss"),
                "eval_loss": final.metrics.get("eval/loss")}  # fmt: skip
-    return summary | ({"storage_uri": mask_uri(store.remote_uri)} if store.remote_uri else {})
+    return summary | ({"storage_uri": store.shown_uri} if store.shown_uri else {})
 
 
 def train_summary(result: TrainResult) -> dict[str, Any]:

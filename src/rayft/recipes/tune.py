@@ -152,5 +152,6 @@ def finish(cfg: RayftConfig, place: SweepPlace, result: SweepResult, concurrent:
     best = result.best
     if best is not None and best.metric is not None and not math.isnan(best.metric):
         log.info("tune: best trial %s with %s=%.4f %s", best.trial_id, result.metric, best.metric, best.params)
-    uri = place.location.display if place.location.remote_uri else None
-    return TuneResult(directory, result, concurrent, render_table(result), elapsed_s, storage_uri=uri)
+    return TuneResult(
+        directory, result, concurrent, render_table(result), elapsed_s, storage_uri=place.location.shown_uri
+    )

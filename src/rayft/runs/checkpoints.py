@@ -202,3 +202,12 @@ def checkpoint_of_run(run_dir: Path, selector: str) -> Path:
     """The checkpoint directory of ``run_dir`` chosen by ``selector``."""
     chosen = choose_checkpoint(scan_checkpoints(run_dir / layout.CHECKPOINTS_DIR), final_info(run_dir), selector)
     return run_dir / chosen
+
+
+def keep_only_newest(staging: Path, target: Path) -> None:
+    """Publish ``staging`` as ``target`` and delete the other checkpoints beside it: for a node's
+    copy of a run whose durable checkpoints are elsewhere (a restart here needs no download)."""
+    publish_checkpoint(staging, target)
+    for info in scan_checkpoints(target.parent):
+        if info.name != target.name:
+            shutil.rmtree(target.parent / info.name, ignore_errors=True)

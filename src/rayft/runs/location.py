@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from rayft.errors import StorageError
+from rayft.errors import ConfigError, StorageError
 from rayft.security import mask_uri
 
 # ``scheme://`` as RFC 3986 spells it; a Windows drive letter ("C:\\") has no "//".
@@ -22,6 +22,8 @@ MIRRORS_DIR = "runs"
 """The folder of the cache that holds the local mirrors of remote runs."""
 WORKERS_DIR = "workers"
 """The folder of a node's cache that holds the working directories of a remote run's workers there."""
+LOGS_DIR = "logs"
+"""The folder of the cache that holds the driver logs of remote runs (their mirrors are reset on a start)."""
 
 
 def is_remote(storage_path: str) -> bool:
@@ -72,12 +74,55 @@ class RunLocation:
         """The run's durable location as it may be logged: the masked URI, or the local directory."""
         return mask_uri(self.remote_uri) if self.remote_uri else str(self.local_dir)
 
+    @property
+    def shown_uri(self) -> str | None:
+        """The run's URI as it may be shown (credentials masked), or None for a run in a directory."""
+        return mask_uri(self.remote_uri) if self.remote_uri else None
+
+    def storage_under(self, *parts: str) -> str:
+        """A ``storage_path`` inside this run, for the runs nested in it (a sweep's trials, a
+        pipeline's train stage): under its URI, or under its directory."""
+        if self.remote_uri is not None:
+            return join_uri(self.remote_uri, *parts)
+        return str(self.local_dir.joinpath(*parts))
+
+    def with_mirror(self, mirror: Path) -> RunLocation:
+        """This location with ``mirror`` as the local mirror of a remote run (a run in a directory
+        is written in place, and stays as it is)."""
+        return self if self.remote_uri is None else RunLocation(mirror, self.remote_uri)
+
+    def on_node(self, cache: Path) -> RunLocation:
+        """Where a Ray Train worker on this node writes: the run directory, which every node sees,
+        or, for a run at a URI, a directory of its own under the node's ``cache``
+        (:func:`worker_dir`)."""
+        return self if self.remote_uri is None else RunLocation(worker_dir(self.remote_uri, cache), self.remote_uri)
+
+    def refuse_remote(self, reason: str) -> None:
+        """Raise a ConfigError ``storage_path='<masked URI>': <reason>`` when the run is at a URI:
+        for a way of running that writes only to a directory (or a mount every node shares)."""
+        if self.remote_uri is not None:
+            raise ConfigError(f"storage_path={self.display!r}: {reason}")
+
 
 def plan_run_location(storage_path: str, name: str, cache: Path) -> RunLocation:
     """The location of run ``name`` under ``storage_path`` (``cache`` holds mirrors of remote runs)."""
     if is_remote(storage_path):
         return RunLocation(mirror_dir(storage_path, name, cache), join_uri(storage_path, name))
     return RunLocation(Path(storage_path).expanduser().resolve() / name)
+
+
+def storage_root(storage_path: str) -> str:
+    """``storage_path`` as a place other tools (Ray Tune) are given: a URI as it is, a directory
+    made absolute."""
+    return storage_path if is_remote(storage_path) else str(Path(storage_path).expanduser().resolve())
+
+
+def log_dir(storage_path: str, name: str, cache: Path) -> Path:
+    """Where the driver's log of run ``name`` goes: the run directory, or, for a URI, a folder of
+    ``cache`` (a remote run's mirror is reset when it starts)."""
+    if is_remote(storage_path):
+        return cache / LOGS_DIR / name
+    return Path(storage_path).expanduser() / name
 
 
 def local_run_dir(storage_path: str, name: str, *, command: str, fix: str) -> Path:

@@ -245,3 +245,18 @@ def run_lock(directory: Path, *, command: str) -> Iterator[RunLock]:
         yield lock
     finally:
         lock.release()
+
+
+@contextmanager
+def node_lock(path: Path) -> Iterator[None]:
+    """Hold an exclusive lock on ``path`` (created if missing) among the processes of this machine
+    (the ranks of one node that share a directory)."""
+    import fcntl
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a+b") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)

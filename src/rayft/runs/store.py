@@ -1,9 +1,10 @@
 """A run's durable home behind one interface: a local (or mounted) directory, or a URI with a local
-mirror. Callers ask the store what it holds and let it carry out the start plan; they do not branch
-on whether the run is remote.
+mirror. Callers ask the store what it holds, let it carry out the start plan, and ask it to make
+what they wrote durable or to bring what they need; they do not branch on whether the run is remote.
 
-Training always writes into ``store.local_dir`` (the run directory, or the remote run's mirror);
-the workers upload to ``store.remote_uri`` as they commit checkpoints (:mod:`rayft.runs.remote`).
+Training always writes into ``store.local_dir``: the run directory, the driver's mirror of a remote
+run, or a Ray Train worker's own directory on its node (:meth:`RunLocation.on_node`). The workers'
+store uploads to the URI as they commit checkpoints (:mod:`rayft.runs.remote`).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import logging
 import shutil
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -19,11 +21,19 @@ import yaml
 from rayft.config.loader import read_yaml
 from rayft.errors import StorageError
 from rayft.runs import layout
-from rayft.runs.checkpoints import remove_incomplete, scan_checkpoints
+from rayft.runs.checkpoints import (
+    keep_only_newest,
+    latest_valid_checkpoint,
+    publish_checkpoint,
+    remove_incomplete,
+    scan_checkpoints,
+)
 from rayft.runs.location import RunLocation
+from rayft.runs.lock import node_lock
 from rayft.runs.manifest import Manifest, read_manifest
 from rayft.runs.planner import RunState, StartPlan
-from rayft.runs.remote import LOG_PATHS, RemoteRun
+from rayft.runs.remote import LOG_PATHS, WORKER_LOGS, RemoteRun, sync_checkpoint
+from rayft.runs.selection import CheckpointInfo, choose_resume
 
 log = logging.getLogger("rayft.runs")
 
@@ -37,6 +47,8 @@ class RunStore(Protocol):
     """The run's URI (credentials included, never shown) when its durable home is one, else None."""
     where: str
     """The run's location as it may be shown in messages (a directory, or a URI without its query)."""
+    shown_uri: str | None
+    """The run's URI as it may be shown (credentials masked), or None for a run in a directory."""
     can_replace: bool
     """Whether an earlier run can be moved aside and kept (a directory can; a URI cannot)."""
 
@@ -67,11 +79,54 @@ class RunStore(Protocol):
         """Bring what the workers wrote at the end (final/, rank 0's logs) into ``local_dir`` (a
         no-op for a directory; for a URI, rank 0 may have uploaded them from another node)."""
 
+    def finished(self) -> bool:
+        """Whether the run's durable home holds its ``final/``."""
+
+    def checkpoints(self) -> list[CheckpointInfo]:
+        """The run's checkpoints in its durable home, complete or not (oldest first)."""
+
+    def where_of(self, rel: str) -> str:
+        """A path of the run as it may be shown: in the directory, or under the masked URI."""
+
+    def latest_checkpoint(self, reported: Path | None = None) -> Path | None:
+        """The checkpoint to resume from as a local directory (None on a fresh start): the newest
+        complete one that verifies, or ``reported`` (the one Ray Train hands back) when it is newer."""
+
+    def copy_checkpoint(self, name: str, dest: Path) -> bool:
+        """Copy the checkpoint ``name`` from the durable home into ``dest``, for a reader on this
+        machine whose ``local_dir`` no longer has it; False when nowhere else holds it (a directory
+        is the durable home: a checkpoint missing there was pruned)."""
+
+    def persist_checkpoint(self, checkpoint: Path, num_to_keep: int | None) -> None:
+        """Make a checkpoint committed under ``local_dir`` durable, with rank 0's logs, and prune
+        the durable copies to ``num_to_keep`` (a no-op for a directory)."""
+
+    def commit_reported(self, staging: Path, dir_name: str) -> tuple[str, Any]:
+        """Commit a checkpoint that Ray Train reports from ``staging``; return where Ray Train keeps
+        it: a path and its pyarrow filesystem."""
+
+    def checkpoint_storage(self) -> tuple[str, Any]:
+        """Where Ray Train keeps the run's checkpoints: a path and its pyarrow filesystem (None: the
+        local one)."""
+
+    def persist_final(self, flush: Callable[[], None]) -> None:
+        """Make ``final/`` and rank 0's logs durable at the end of the run, calling ``flush`` first
+        (closing the metric loggers, so their last records are in the files); a no-op for a directory."""
+
+    def pull_logs(self) -> None:
+        """Give ``local_dir`` rank 0's logs as the durable home holds them, replacing what an earlier
+        attempt left there (a no-op for a directory, which is the durable home itself)."""
+
+    def drop_local_copy(self) -> None:
+        """Delete ``local_dir`` once the durable home holds the whole finished run (a no-op for a
+        directory, which is the durable home itself)."""
+
 
 class LocalRunStore:
     """A run in a local (or mounted) directory."""
 
     remote_uri: str | None = None
+    shown_uri: str | None = None
     can_replace = True
 
     def __init__(self, run_dir: Path) -> None:
@@ -120,6 +175,61 @@ class LocalRunStore:
     def fetch_results(self) -> None:
         """Nothing to do: the workers wrote into the run directory."""
 
+    def finished(self) -> bool:
+        """Whether the directory has a ``final/``."""
+        return (self.local_dir / layout.FINAL_DIR).is_dir()
+
+    def checkpoints(self) -> list[CheckpointInfo]:
+        """The checkpoints of the directory."""
+        return scan_checkpoints(self.local_dir / layout.CHECKPOINTS_DIR)
+
+    def where_of(self, rel: str) -> str:
+        """The path in the directory."""
+        return str(self.local_dir / rel)
+
+    def latest_checkpoint(self, reported: Path | None = None) -> Path | None:
+        """The newest checkpoint of the directory that verifies; with ``reported``, the newer of it
+        and the newest complete one (Ray learns of a committed checkpoint a moment after the
+        rename: a worker killed in that moment must not redo the steps of a checkpoint on storage)."""
+        root = self.local_dir / layout.CHECKPOINTS_DIR
+        if reported is None:
+            return latest_valid_checkpoint(root)
+        newest = choose_resume(scan_checkpoints(root))
+        reported_step = layout.parse_step_dir_name(reported.name)
+        if newest is not None and reported_step is not None and newest.step > reported_step:
+            log.info("resuming from %s, newer than %s that Ray handed back", root / newest.name, reported)
+            return root / newest.name
+        return reported
+
+    def copy_checkpoint(self, name: str, dest: Path) -> bool:
+        """Nothing to copy from: the directory is the run."""
+        return False
+
+    def persist_checkpoint(self, checkpoint: Path, num_to_keep: int | None) -> None:
+        """Nothing to do: the checkpoint is in the run directory, pruned there."""
+
+    def commit_reported(self, staging: Path, dir_name: str) -> tuple[str, Any]:
+        """Rename the staging directory into place: Ray Train's "upload", so storage never holds a
+        half-copied ``step-N/``."""
+        from pyarrow import fs
+
+        target = self.local_dir / layout.CHECKPOINTS_DIR / dir_name
+        publish_checkpoint(staging, target)
+        return str(target), fs.LocalFileSystem()
+
+    def checkpoint_storage(self) -> tuple[str, Any]:
+        """The run directory."""
+        return str(self.local_dir), None
+
+    def persist_final(self, flush: Callable[[], None]) -> None:
+        """Nothing to do: final/ is in the run directory (the loggers close at the end of the loop)."""
+
+    def pull_logs(self) -> None:
+        """Nothing to do: rank 0 appends to the run directory's logs."""
+
+    def drop_local_copy(self) -> None:
+        """Nothing to do: the directory is the run."""
+
 
 class RemoteRunStore:
     """A run at a URI, written through a local mirror that starts empty (a cache of the remote run)."""
@@ -131,6 +241,7 @@ class RemoteRunStore:
         self.remote_uri: str | None = uri
         self.remote = remote
         self.where = remote.where.partition("?")[0]
+        self.shown_uri: str | None = remote.where
 
     def probe(self) -> None:
         """Write and delete a marker object at the URI."""
@@ -178,6 +289,75 @@ class RemoteRunStore:
         """Download final/ and rank 0's logs into the mirror (a final/ already there with the same
         manifest is kept)."""
         self.remote.download_results(self.local_dir)
+        log.info("run stored at %s (local mirror %s)", self.remote.where, self.local_dir)
+
+    def finished(self) -> bool:
+        """Whether the URI holds a ``final/`` with its manifest (uploaded last)."""
+        return self.remote.is_file(f"{layout.FINAL_DIR}/{layout.MANIFEST_FILE}")
+
+    def checkpoints(self) -> list[CheckpointInfo]:
+        """The checkpoints under the URI (complete once their manifest is there)."""
+        return self.remote.scan_checkpoints()
+
+    def where_of(self, rel: str) -> str:
+        """The masked URI of the path."""
+        return self.remote.uri_of(rel)
+
+    def latest_checkpoint(self, reported: Path | None = None) -> Path | None:
+        """The newest complete checkpoint under the URI that verifies, downloaded into
+        ``local_dir/checkpoints`` (once per node: its ranks take turns). Every checkpoint Ray
+        knows of was uploaded complete before it was reported, so ``reported`` is never newer."""
+        with node_lock(self.local_dir / DOWNLOAD_LOCK):  # released before the ranks meet in collectives
+            return self.remote.download_latest_checkpoint(self.local_dir / layout.CHECKPOINTS_DIR)
+
+    def copy_checkpoint(self, name: str, dest: Path) -> bool:
+        """Download the checkpoint from under the URI."""
+        self.remote.download_tree(f"{layout.CHECKPOINTS_DIR}/{name}", dest)
+        return True
+
+    def persist_checkpoint(self, checkpoint: Path, num_to_keep: int | None) -> None:
+        """Upload the checkpoint (manifest last) and rank 0's logs, then prune under the URI."""
+        sync_checkpoint(self.remote, checkpoint, self.local_dir, num_to_keep)
+
+    def commit_reported(self, staging: Path, dir_name: str) -> tuple[str, Any]:
+        """Upload the staging directory to the URI (manifest last) with rank 0's logs, and keep it
+        on this node as the only local checkpoint (a restart here needs no download); Ray Train,
+        whose storage is the URI, prunes there."""
+        self.remote.upload_tree(staging, f"{layout.CHECKPOINTS_DIR}/{dir_name}")
+        self.remote.upload_logs(self.local_dir)
+        keep_only_newest(staging, self.local_dir / layout.CHECKPOINTS_DIR / dir_name)
+        filesystem, path = self.remote.checkpoint_location(dir_name)
+        return path, filesystem
+
+    def checkpoint_storage(self) -> tuple[str, Any]:
+        """The run's path in its pyarrow filesystem (so that no credential is part of a path Ray
+        shows), which every node reaches."""
+        return self.remote.root, self.remote.filesystem
+
+    def persist_final(self, flush: Callable[[], None]) -> None:
+        """Flush the loggers, then upload final/ (manifest last) and rank 0's logs."""
+        flush()
+        self.remote.upload_final(self.local_dir)
+
+    def pull_logs(self) -> None:
+        """Replace rank 0's logs (and a final/) that an earlier attempt left on this node with the
+        logs the URI holds (the steps up to the last uploaded checkpoint)."""
+        for rel in (*WORKER_LOGS, layout.FINAL_DIR):
+            path = self.local_dir / rel
+            if path.is_dir():
+                shutil.rmtree(path)
+            else:
+                path.unlink(missing_ok=True)
+        self.remote.download_logs(self.local_dir, WORKER_LOGS)
+
+    def drop_local_copy(self) -> None:
+        """Delete ``local_dir`` once final/ is uploaded from it: the URI holds the whole run."""
+        if (self.local_dir / layout.FINAL_DIR / layout.MANIFEST_FILE).is_file():
+            shutil.rmtree(self.local_dir, ignore_errors=True)
+
+
+DOWNLOAD_LOCK = ".checkpoint-download.lock"
+"""The lock file, in a worker's directory, that makes the ranks of one node download a checkpoint once."""
 
 
 def open_store(location: RunLocation) -> RunStore:

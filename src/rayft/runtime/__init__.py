@@ -70,6 +70,7 @@ def ray_runtime(address: str | None = None, *, metrics: bool = False) -> Iterato
     finally:
         ray.shutdown()
         mark_started_here(False)
+        forget_checked_addresses()
 
 
 def log_metrics_endpoints() -> list[str]:
@@ -131,11 +132,22 @@ def environment(variables: Mapping[str, str]) -> Iterator[None]:
                 os.environ[name] = value
 
 
+_ANSWERED: set[str] = set()
+"""The addresses whose cluster answered :func:`check_address` since this process last left a Ray:
+the CLI, the driver and :func:`ray_runtime` each check before they need the cluster, and one
+command probes it once."""
+
+
 def check_address(address: str) -> str:
     """Check within seconds that a Ray cluster to join answers at ``address`` and accepts this
     process's token (where Ray itself would retry for 20 s and end in a traceback); return the
-    address to pass to ``ray.init``. Fails with a :class:`~rayft.errors.ClusterError` naming the fix."""
+    address to pass to ``ray.init``. Fails with a :class:`~rayft.errors.ClusterError` naming the fix.
+
+    An address that answered is not probed again until this process leaves its Ray
+    (:func:`forget_checked_addresses`)."""
     target = resolve_auto(parse_address(address))
+    if target.text in _ANSWERED:
+        return target.text
     if target.kind == "jobs":
         raise ClusterError(
             f"--address {target.text} is a Ray Jobs API URL: a command given it on the command line runs as a Ray "
@@ -145,7 +157,13 @@ def check_address(address: str) -> str:
         check_gcs(target.text)
     else:
         check_tcp(target)
+    _ANSWERED.add(target.text)
     return target.text
+
+
+def forget_checked_addresses() -> None:
+    """Probe every address again at its next :func:`check_address` (a cluster left may be gone)."""
+    _ANSWERED.clear()
 
 
 def _join(address: str) -> None:

@@ -20,6 +20,7 @@ from typing import Any
 from rayft._version import __version__
 from rayft.config import RayftConfig, dump_config
 from rayft.config.tracking import MlflowArtifact, MlflowConfig
+from rayft.runs import layout
 from rayft.tracking import state
 from rayft.tracking.errors import TrackerUnavailableError, check_wandb_key, require_extra
 from rayft.tracking.mlflow_run import MlflowRun, reachable
@@ -148,7 +149,7 @@ def report_unsent(run_dir: Path) -> None:
         if steps:
             log.warning(
                 "%s: %d metric records (steps %d-%d) were not sent (%s); they are in %s", tracker, len(steps),
-                min(steps), max(steps), entry.get("last_error"), run_dir / "metrics.jsonl",
+                min(steps), max(steps), entry.get("last_error"), run_dir / layout.METRICS_FILE,
             )  # fmt: skip
 
 

@@ -1,7 +1,7 @@
 """How many trials of a sweep run side by side: a pure decision from the config and the cluster.
 
 A trial is a Ray Tune function trial that builds and fits a ``TorchTrainer``: the trial's own
-process reserves :data:`TRIAL_DRIVER_RESOURCES` (Tune's default for a function trainable; Train V2's
+process reserves :data:`TRIAL_DRIVER_RESOURCES` (what ``tune.with_resources`` gives it; Train V2's
 controller actor asks for no CPU), and the trainer's workers reserve ``scaling`` on top of that.
 """
 
@@ -15,8 +15,10 @@ from rayft.errors import ConfigError, ResourceError
 from rayft.training.driver.launcher import resolve_use_gpu, worker_resources
 from rayft.tuning.space import count_trials
 
-TRIAL_DRIVER_RESOURCES: Mapping[str, float] = {"CPU": 1.0}
-"""What each trial's function process reserves besides its training workers."""
+TRIAL_DRIVER_RESOURCES: Mapping[str, float] = {"memory": 1.0}
+"""What each trial's own process reserves besides its training workers: a token byte of memory, so
+that Tune can place it without holding a CPU that the trial's training workers need (they reserve
+``scaling`` themselves)."""
 
 
 @dataclasses.dataclass(frozen=True)

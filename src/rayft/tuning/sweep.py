@@ -20,10 +20,10 @@ from rayft.config.tune import TuneConfig
 from rayft.errors import ConfigError
 from rayft.runs import layout
 from rayft.runs.checkpoints import scan_checkpoints
-from rayft.runs.location import RunLocation, is_remote, join_uri, plan_run_location
+from rayft.runs.location import RunLocation, plan_run_location, storage_root
 from rayft.runs.planner import check_retunable, flatten
-from rayft.runs.remote import RemoteRun
 from rayft.runs.store import open_store
+from rayft.tuning.plan import TRIAL_DRIVER_RESOURCES
 from rayft.tuning.reaper import reaper_callback
 from rayft.tuning.results import BEST_YAML, TUNE_HTML, TUNE_JSON, SweepResult, TrialRecord, TrialStatus, pick_best
 from rayft.tuning.space import check_search_space, to_ray_mutations, to_ray_space
@@ -41,9 +41,6 @@ OPTUNA_MISSING = (
     "tune.search_algorithm=optuna needs Optuna, which is not installed: pip install 'rayft[tune]' "
     "(or set tune.search_algorithm to random or grid)"
 )
-TRIAL_DRIVER_RESOURCES: dict[str, float] = {"memory": 1.0}
-"""What a trial's own process reserves: a token byte of memory, so that Tune can place it without
-holding a CPU that the trial's training workers need (they reserve ``scaling`` themselves)."""
 
 
 def trial_driver_resources(cfg: RayftConfig) -> dict[str, float]:
@@ -67,20 +64,18 @@ class SweepPlace:
     @property
     def uri(self) -> str:
         """The sweep directory as Tune addresses it."""
-        return join_uri(self.storage, self.name) if self.location.remote_uri else str(Path(self.storage) / self.name)
+        return self.location.storage_under()
 
     @property
     def trials_root(self) -> str:
         """Where the trials' rayft run directories go."""
-        return join_uri(self.uri, TRIALS_DIR) if self.location.remote_uri else str(Path(self.uri) / TRIALS_DIR)
+        return self.location.storage_under(TRIALS_DIR)
 
 
 def sweep_place(cfg: RayftConfig, tune: TuneConfig) -> SweepPlace:
     """The sweep's place under ``cfg.storage_path``."""
     name = tune.sweep_name(cfg.name)
-    location = plan_run_location(cfg.storage_path, name, cache_root())
-    storage = cfg.storage_path if location.remote_uri else str(Path(cfg.storage_path).resolve())
-    return SweepPlace(storage, name, location)
+    return SweepPlace(storage_root(cfg.storage_path), name, plan_run_location(cfg.storage_path, name, cache_root()))
 
 
 def check_sweep(cfg: RayftConfig) -> TuneConfig:
@@ -101,11 +96,10 @@ def check_sweep(cfg: RayftConfig) -> TuneConfig:
     check_search_algorithm(tune)
     if tune.scheduler == "pbt":
         check_retunable(tuple(tune.mutations))
-        if is_remote(cfg.storage_path):
-            raise ConfigError(
-                f"storage_path={cfg.storage_path}: scheduler pbt copies checkpoints between trials on a shared "
-                "filesystem; give a directory (a shared mount on a cluster), or use scheduler asha"
-            )
+        sweep_place(cfg, tune).location.refuse_remote(
+            "scheduler pbt copies checkpoints between trials on a shared filesystem; give a directory (a shared "
+            "mount on a cluster), or use scheduler asha"
+        )
     return tune
 
 
@@ -359,11 +353,8 @@ def output_files(place: SweepPlace) -> list[Path]:
 
 
 def upload_outputs(place: SweepPlace) -> None:
-    """With a URI ``storage_path``, copy the result files from the local mirror to the sweep's URI."""
-    if place.location.remote_uri is None:
-        return
-
-    remote = RemoteRun(place.uri)
+    """Make the result files durable: with a URI ``storage_path``, copy them from the local mirror
+    to the sweep's URI."""
+    store = open_store(place.location)
     for path in output_files(place):
-        if path.is_file():
-            remote.upload_file(path, path.name)
+        store.persist(path.name)

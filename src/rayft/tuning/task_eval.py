@@ -28,7 +28,8 @@ from rayft.evaluation.runner import load_examples, run_model
 from rayft.evaluation.tasks import build_task
 from rayft.models.sources import resolve_source
 from rayft.runs import layout
-from rayft.runs.remote import RemoteRun
+from rayft.runs.location import RunLocation
+from rayft.runs.store import open_store
 from rayft.security import redact
 
 if TYPE_CHECKING:
@@ -116,16 +117,20 @@ class CheckpointScorer:
     """Scores a trial's checkpoints with the evaluation task; loads the examples once."""
 
     cfg: RayftConfig
-    run_dir: Path
-    remote_uri: str | None = None
+    location: RunLocation
     _loaded: tuple[Task, Examples, EvalConfig] | None = field(default=None, init=False, repr=False)
 
     @classmethod
-    def for_trial(cls, cfg: RayftConfig, run_dir: Path, remote_uri: str | None) -> CheckpointScorer | None:
+    def for_trial(cls, cfg: RayftConfig, location: RunLocation) -> CheckpointScorer | None:
         """A scorer when ``tune.metric`` names an evaluation task's metric, else None."""
         if cfg.tune is None or eval_task_metric(cfg.tune.metric) is None:
             return None
-        return cls(cfg, run_dir, remote_uri)
+        return cls(cfg, location)
+
+    @property
+    def run_dir(self) -> Path:
+        """The trial's run directory (its mirror when the sweep is on a URI)."""
+        return self.location.local_dir
 
     def __call__(self, checkpoint: str) -> dict[str, float]:
         """Score the reported checkpoint (its path as Ray Train reports it); records the scores."""
@@ -156,14 +161,12 @@ class CheckpointScorer:
         if local.is_dir():
             yield local
             return
-        if self.remote_uri is None:
-            raise CheckpointError(
-                f"tune: the checkpoint {local} was pruned before the evaluation task scored it (scoring is slower "
-                "than training between two reports); raise checkpoint.num_to_keep or lower tune.eval_rows"
-            )
-
         with tempfile.TemporaryDirectory(prefix="rayft-score-") as scratch:
-            RemoteRun(self.remote_uri).download_tree(f"{layout.CHECKPOINTS_DIR}/{name}", Path(scratch) / name)
+            if not open_store(self.location).copy_checkpoint(name, Path(scratch) / name):
+                raise CheckpointError(
+                    f"tune: the checkpoint {local} was pruned before the evaluation task scored it (scoring is "
+                    "slower than training between two reports); raise checkpoint.num_to_keep or lower tune.eval_rows"
+                )
             yield Path(scratch) / name
 
 

@@ -292,9 +292,7 @@ def train_trial(
     if checkpoint is not None:
         with checkpoint.as_directory() as directory:
             pointer = read_pointer(Path(directory))
-    launcher = TrialLauncher(
-        cfg, location.local_dir, CheckpointScorer.for_trial(cfg, location.local_dir, location.remote_uri)
-    )
+    launcher = TrialLauncher(cfg, location.local_dir, CheckpointScorer.for_trial(cfg, location))
 
     def decide(store: RunStore) -> RunStart | None:
         return decide_trial_start(store, cfg.name, params, pointer, launcher.scorer)

@@ -10,7 +10,6 @@ import contextlib
 import dataclasses
 import logging
 import os
-import shutil
 import signal
 import threading
 from collections.abc import Iterator, Sequence
@@ -25,16 +24,15 @@ from rayft.console import quiet_worker_console, ray_train_log_level
 from rayft.data.prepared import PreparedData
 from rayft.errors import RayftError, ResourceError, RunInterruptedError, TrainingError, exception_chain
 from rayft.runs import layout
-from rayft.runs.checkpoints import scan_checkpoints
-from rayft.runs.location import worker_dir
-from rayft.runs.remote import RemoteRun
+from rayft.runs.location import RunLocation
+from rayft.runs.stop import StopRequest
+from rayft.runs.store import RunStore, open_store
 from rayft.runtime import environment, local_idle_main_thread, owns_ray
 from rayft.security import install_redaction
 from rayft.training.loop.faults import faults_from_env
 from rayft.training.loop.plan import missing_resources
 from rayft.training.loop.session import LocalSession, RaySession
 from rayft.training.loop.shards import parquet_row_counts, plan_shards, read_shard_tables
-from rayft.training.loop.stop import StopRequest
 from rayft.training.loop.worker import run_worker
 from rayft.training.loop.worker_plan import WorkerPlan
 
@@ -76,6 +74,7 @@ def stop_on_sigterm(run_dir: Path, grace_s: float, remote_uri: str | None = None
 
     Outside the main thread (where signals cannot be handled) this does nothing.
     """
+    store = open_store(RunLocation(run_dir, remote_uri))
     stop = StopRequest(run_dir, remote_uri)
     stop.clear()
     if threading.current_thread() is not threading.main_thread():
@@ -106,7 +105,7 @@ def stop_on_sigterm(run_dir: Path, grace_s: float, remote_uri: str | None = None
             raise
         raise RunInterruptedError(
             f"SIGTERM: the workers did not save within failure.sigterm_grace_s={grace_s:g} s; the run stopped. "
-            f"Rerun the same command with --resume to continue from {_latest_step_text(run_dir, remote_uri)}."
+            f"Rerun the same command with --resume to continue from {_latest_step_text(store)}."
         ) from None
     finally:
         signal.signal(signal.SIGTERM, previous)
@@ -114,29 +113,19 @@ def stop_on_sigterm(run_dir: Path, grace_s: float, remote_uri: str | None = None
         if request.timer is not None:
             request.timer.cancel()
         stop.clear()
-    if request.requested and not _finished(run_dir, remote_uri):
+    if request.requested and not store.finished():
         raise RunInterruptedError(
-            f"stopped on SIGTERM after saving {_latest_step_text(run_dir, remote_uri)}; rerun the same command "
+            f"stopped on SIGTERM after saving {_latest_step_text(store)}; rerun the same command "
             "with --resume to continue from it"
         )
 
 
-def _finished(run_dir: Path, remote_uri: str | None) -> bool:
-    if remote_uri:
-        return RemoteRun(remote_uri).is_file(f"{layout.FINAL_DIR}/{layout.MANIFEST_FILE}")
-    return (run_dir / layout.FINAL_DIR).is_dir()
-
-
-def _latest_step_text(run_dir: Path, remote_uri: str | None = None) -> str:
-    remote = RemoteRun(remote_uri) if remote_uri else None
-    found = remote.scan_checkpoints() if remote else scan_checkpoints(run_dir / layout.CHECKPOINTS_DIR)
-    steps = [c for c in found if c.complete]
+def _latest_step_text(store: RunStore) -> str:
+    steps = [c for c in store.checkpoints() if c.complete]
     if not steps:
         return "the start (no checkpoint was committed)"
     latest = max(steps, key=lambda c: c.step)
-    rel = f"{layout.CHECKPOINTS_DIR}/{latest.name}"
-    where = remote.uri_of(rel) if remote else run_dir / rel
-    return f"checkpoint {where} (step {latest.step})"
+    return f"checkpoint {store.where_of(f'{layout.CHECKPOINTS_DIR}/{latest.name}')} (step {latest.step})"
 
 
 def worker_resources(scaling: ScalingConfig, use_gpu: bool) -> dict[str, float]:
@@ -233,10 +222,8 @@ def ray_storage(plan: WorkerPlan) -> dict[str, Any]:
     """Ray Train's storage: the run directory, or, for a run at a URI, the URI itself (its
     filesystem and the path in it, so that no credential is part of a path Ray shows), which
     every node reaches."""
-    if plan.remote_uri is None:
-        return {"storage_path": plan.run_dir}
-    remote = RemoteRun(plan.remote_uri)
-    return {"storage_path": remote.root, "storage_filesystem": remote.filesystem}
+    path, filesystem = open_store(plan.location).checkpoint_storage()
+    return {"storage_path": path, "storage_filesystem": filesystem}
 
 
 def ray_worker_entry(config: dict[str, Any]) -> None:
@@ -247,13 +234,11 @@ def ray_worker_entry(config: dict[str, Any]) -> None:
     quiet_worker_console()
     if config.get("idle_main_thread"):
         idle_main_thread()
-    if plan.remote_uri is not None:
-        plan = dataclasses.replace(plan, run_dir=str(worker_dir(plan.remote_uri, cache_root())))
-    session = RaySession(Path(plan.run_dir), remote_uri=plan.remote_uri, num_to_keep=plan.checkpoint.num_to_keep)
+    location = plan.location.on_node(cache_root())
+    plan = dataclasses.replace(plan, run_dir=str(location.local_dir))
+    session = RaySession(location.local_dir, remote_uri=plan.remote_uri, num_to_keep=plan.checkpoint.num_to_keep)
     run_worker(plan, session)
-    if plan.remote_uri is not None and (Path(plan.run_dir) / layout.FINAL_DIR / layout.MANIFEST_FILE).is_file():
-        # final/ is uploaded: the URI holds the whole run, nothing of it needs to stay on this node
-        shutil.rmtree(plan.run_dir, ignore_errors=True)
+    open_store(location).drop_local_copy()  # with a URI, nothing of a finished run needs to stay on this node
 
 
 def idle_main_thread() -> bool:

@@ -32,7 +32,6 @@ from rayft.runs.lock import run_lock
 from rayft.runs.manifest import read_manifest
 from rayft.runs.store import RunStore, open_store
 from rayft.runtime import check_address, ray_is_initialized, ray_runtime
-from rayft.security import mask_uri
 from rayft.tracking.driver import nested_under, start_training
 from rayft.tracking.state import read_ids
 from rayft.training.driver.launcher import launch_local, launch_ray
@@ -186,10 +185,7 @@ def drive(
         }
         trackers.finish(succeeded=True, artifacts=artifacts)
         result = collect_result(run_dir, prepared, time.monotonic() - started)
-    if store.remote_uri is None:
-        return result
-    log.info("run stored at %s (local mirror %s)", mask_uri(store.remote_uri), run_dir)
-    return dataclasses.replace(result, storage_uri=mask_uri(store.remote_uri))
+    return dataclasses.replace(result, storage_uri=store.shown_uri)
 
 
 def run_workers(

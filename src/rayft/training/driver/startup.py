@@ -36,9 +36,7 @@ log = logging.getLogger("rayft.train")
 def run_location(cfg: RayftConfig, mirror_dir: Path | None = None) -> RunLocation:
     """Where the run is written: its directory, or its URI and local mirror (``mirror_dir`` if given)."""
     location = plan_run_location(cfg.storage_path, cfg.name, cache_root())
-    if location.remote_uri is not None and mirror_dir is not None:
-        return RunLocation(mirror_dir, location.remote_uri)
-    return location
+    return location if mirror_dir is None else location.with_mirror(mirror_dir)
 
 
 def claim_store(cfg: RayftConfig, store: RunStore, *, resume: bool, retune: bool = False) -> Path:

@@ -268,11 +268,10 @@ def check_torchrun_run(cfg: RayftConfig, world: int) -> Any:
             "(scaling.num_workers: 0), not under torchrun; start it with `rayft train CONFIG` instead"
         )
     location = run_location(cfg)
-    if location.remote_uri is not None:
-        raise ConfigError(
-            f"storage_path={location.display!r}: under torchrun every rank writes the run directory itself; use a "
-            "path on storage every node mounts (a ReadWriteMany claim on Kubernetes), or train on Ray for a URI"
-        )
+    location.refuse_remote(
+        "under torchrun every rank writes the run directory itself; use a path on storage every node mounts "
+        "(a ReadWriteMany claim on Kubernetes), or train on Ray for a URI"
+    )
     return location
 
 

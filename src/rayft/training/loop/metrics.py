@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from rayft.console import clock
+
 log = logging.getLogger("rayft.train")
 
 
@@ -106,18 +108,11 @@ class ConsoleLogger:
         log.info(
             "step %d/%d  loss %.4f  lr %.2e  grad_norm %.3f  %.0f %s/s  eta %s",
             step, self._total, metrics["train/loss"], metrics.get("train/learning_rate", math.nan),
-            metrics.get("train/grad_norm", math.nan), rate, "tok" if unit == "tokens" else unit, _clock(eta),
+            metrics.get("train/grad_norm", math.nan), rate, "tok" if unit == "tokens" else unit, clock(eta),
         )  # fmt: skip
 
     def close(self) -> None:
         """Nothing to release."""
-
-
-def _clock(seconds: float) -> str:
-    if not math.isfinite(seconds):
-        return "?"
-    minutes, secs = divmod(int(seconds), 60)
-    return f"{minutes}m{secs:02d}s"
 
 
 @dataclass

@@ -16,14 +16,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from rayft.runs import layout
-from rayft.runs.checkpoints import (
-    latest_valid_checkpoint,
-    prune_checkpoints,
-    publish_checkpoint,
-    scan_checkpoints,
-)
-from rayft.runs.remote import WORKER_LOGS, RemoteRun, sync_checkpoint
-from rayft.runs.selection import choose_resume
+from rayft.runs.checkpoints import prune_checkpoints, publish_checkpoint
+from rayft.runs.location import RunLocation
+from rayft.runs.store import open_store
 from rayft.training.loop.batches import Unit
 from rayft.training.loop.shards import iter_windows, parquet_row_counts, plan_shards, read_shard_tables
 
@@ -110,7 +105,7 @@ class LocalSession:
         self._files = files
         self._run_dir = run_dir
         self._num_to_keep = num_to_keep
-        self._remote = RemoteRun(remote_uri) if remote_uri else None
+        self._store = open_store(RunLocation(run_dir, remote_uri))
         self._cache: dict[str, list[Any]] = {}
         self._device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
 
@@ -144,11 +139,7 @@ class LocalSession:
     def restored_checkpoint(self) -> Iterator[Path | None]:
         """The latest complete checkpoint under the run's checkpoints/ directory, if any; with a
         remote ``storage_path``, the newest remote one that verifies, downloaded there first."""
-        root = self._run_dir / layout.CHECKPOINTS_DIR
-        if self._remote is not None:
-            yield self._remote.download_latest_checkpoint(root)
-            return
-        yield latest_valid_checkpoint(root)
+        yield self._store.latest_checkpoint()
 
     def staging_dir(self, step: int) -> Path:
         """A hidden directory beside the checkpoint's final place (same filesystem: one rename)."""
@@ -163,8 +154,7 @@ class LocalSession:
         target = root / layout.step_dir_name(step)
         publish_checkpoint(staging, target)
         prune_checkpoints(root, self._num_to_keep)
-        if self._remote is not None:
-            sync_checkpoint(self._remote, target, self._run_dir, self._num_to_keep)
+        self._store.persist_checkpoint(target, self._num_to_keep)
 
 
 class RaySession:
@@ -182,10 +172,10 @@ class RaySession:
 
         self._context = ray.train.get_context()
         self._run_dir = run_dir
-        self._remote = RemoteRun(remote_uri) if remote_uri else None
+        self._store = open_store(RunLocation(run_dir, remote_uri))
         self._num_to_keep = num_to_keep
-        if self._remote is not None and self.rank == 0:
-            pull_worker_logs(self._remote, run_dir)
+        if self.rank == 0:
+            self._store.pull_logs()
 
     @property
     def rank(self) -> int:
@@ -220,31 +210,12 @@ class RaySession:
     @contextlib.contextmanager
     def restored_checkpoint(self) -> Iterator[Path | None]:
         """The newest of the checkpoint Ray hands a restarted worker and the newest complete one on
-        storage. Ray learns of a reported checkpoint a moment after it is committed; a worker killed
-        in that moment must not redo the steps of a checkpoint that is already on storage."""
+        storage (:meth:`rayft.runs.store.RunStore.latest_checkpoint`). Only the path of Ray's
+        checkpoint is read: on a URI, Ray would download the whole of it to every rank."""
         import ray.train
 
-        root = self._run_dir / layout.CHECKPOINTS_DIR
-        if self._remote is not None:
-            # Every checkpoint Ray knows of was uploaded complete before it was reported: the newest
-            # complete one under the URI is at least as new. Ranks of one node download it once.
-            with node_lock(self._run_dir / DOWNLOAD_LOCK):  # released before the ranks meet in collectives
-                found = self._remote.download_latest_checkpoint(root)
-            yield found
-            return
-        checkpoint = ray.train.get_checkpoint()
-        if checkpoint is None:
-            yield latest_valid_checkpoint(root)
-            return
-        newest = choose_resume(scan_checkpoints(root))
-        with checkpoint.as_directory() as directory:
-            given = Path(directory)
-            given_step = layout.parse_step_dir_name(given.name)
-            if newest is not None and given_step is not None and newest.step > given_step:
-                log.info("resuming from %s, newer than %s that Ray handed back", root / newest.name, given)
-                yield root / newest.name
-            else:
-                yield given
+        reported = ray.train.get_checkpoint()
+        yield self._store.latest_checkpoint(None if reported is None else Path(reported.path))
 
     def staging_dir(self, step: int) -> Path:
         """A hidden directory beside the checkpoint's final place in the run directory (a local
@@ -263,70 +234,18 @@ class RaySession:
         if staging is None:
             ray.train.report(metrics, checkpoint_dir_name=layout.step_dir_name(step))
             return
-        root = self._run_dir / layout.CHECKPOINTS_DIR
-        remote = self._remote
 
-        def upload(checkpoint: Checkpoint, dir_name: str) -> Checkpoint:
-            assert remote is not None
-            remote.upload_tree(Path(checkpoint.path), f"{layout.CHECKPOINTS_DIR}/{dir_name}")
-            remote.upload_logs(self._run_dir)
-            keep_only_newest(Path(checkpoint.path), root / dir_name)
-            filesystem, path = remote.checkpoint_location(dir_name)
+        def commit(checkpoint: Checkpoint, dir_name: str) -> Checkpoint:
+            path, filesystem = self._store.commit_reported(Path(checkpoint.path), dir_name)
             return Checkpoint(path, filesystem=filesystem)
-
-        def rename_into_place(checkpoint: Checkpoint, dir_name: str) -> Checkpoint:
-            target = root / dir_name
-            publish_checkpoint(Path(checkpoint.path), target)
-            if self._remote is not None:
-                sync_checkpoint(self._remote, target, self._run_dir, self._num_to_keep)
-            return Checkpoint.from_directory(str(target))
 
         ray.train.report(
             metrics,
             checkpoint=Checkpoint.from_directory(str(staging)),
             checkpoint_dir_name=layout.step_dir_name(step),
-            checkpoint_upload_fn=rename_into_place if remote is None else upload,
+            checkpoint_upload_fn=commit,
             delete_local_checkpoint_after_upload=False,
         )
-
-
-DOWNLOAD_LOCK = ".checkpoint-download.lock"
-"""The lock file, in a worker's directory, that makes the ranks of one node download a checkpoint once."""
-
-
-@contextlib.contextmanager
-def node_lock(path: Path) -> Iterator[None]:
-    """Hold an exclusive lock on ``path`` (created if missing) among the processes of this machine."""
-    import fcntl
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a+b") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
-
-
-def pull_worker_logs(remote: RemoteRun, run_dir: Path) -> None:
-    """Give rank 0's directory the run's logs as the URI holds them (the steps up to the last
-    uploaded checkpoint), replacing what an earlier attempt on this node left there."""
-    for rel in (*WORKER_LOGS, layout.FINAL_DIR):
-        path = run_dir / rel
-        if path.is_dir():
-            shutil.rmtree(path)
-        else:
-            path.unlink(missing_ok=True)
-    remote.download_logs(run_dir, WORKER_LOGS)
-
-
-def keep_only_newest(staging: Path, target: Path) -> None:
-    """Keep the checkpoint just uploaded on this node too (a restart here needs no download), in
-    place of the older ones: the URI holds the run's checkpoints."""
-    publish_checkpoint(staging, target)
-    for info in scan_checkpoints(target.parent):
-        if info.name != target.name:
-            shutil.rmtree(target.parent / info.name, ignore_errors=True)
 
 
 def staging_path(root: Path, step: int) -> Path:

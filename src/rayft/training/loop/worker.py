@@ -21,7 +21,8 @@ from rayft.models.architecture import model_type, resolve_architecture
 from rayft.models.loading import load_tokenizer
 from rayft.runs import layout
 from rayft.runs.checkpoints import remove_incomplete, resume_checkpoint
-from rayft.runs.remote import RemoteRun
+from rayft.runs.stop import StopWatch
+from rayft.runs.store import open_store
 from rayft.tracking.live import count_start, open_live_metrics
 from rayft.tracking.worker import tracker_loggers
 from rayft.training.loop.batches import epoch_micro_batches, micro_batches
@@ -46,7 +47,6 @@ from rayft.training.loop.objective import CausalLm, Objective, TaskObjective
 from rayft.training.loop.plan import is_due, learning_rate_factor, units_before_step
 from rayft.training.loop.session import RaySession, TrainSession, all_reduce_sum
 from rayft.training.loop.steps import StepStats, train_step
-from rayft.training.loop.stop import StopWatch
 from rayft.training.loop.worker_plan import WorkerPlan
 from rayft.training.modeling.model import count_parameters, parameter_groups
 from rayft.training.modeling.precision import Precision, resolve_precision
@@ -146,7 +146,7 @@ def setup_worker(plan: WorkerPlan, session: TrainSession) -> Worker:
         session, model_files(plan), objective.write_model, faults=plan.faults, background=plan.checkpoint.async_upload
     )
     # Rank 0 watches a remote run's URI for a stop request (the others learn it at the next step).
-    stop = StopWatch(Path(plan.run_dir), plan.remote_uri if session.rank == 0 else None)
+    stop = StopWatch(Path(plan.run_dir), plan.remote_uri, poll=session.rank == 0)
     return Worker(
         plan, session, parallel, model, optimizer, scheduler, scaler, objective, precision, logger, state, saver, stop
     )  # fmt: skip
@@ -389,6 +389,4 @@ def finish(worker: Worker) -> None:
         save_final(
             worker.model, worker.objective.write_model, files, worker.state, Path(worker.plan.run_dir), weights=weights
         )
-        if worker.plan.remote_uri:
-            worker.logger.close()  # flush the last metrics before they are uploaded
-            RemoteRun(worker.plan.remote_uri).upload_final(Path(worker.plan.run_dir))
+        open_store(worker.plan.location).persist_final(flush=worker.logger.close)

@@ -7,11 +7,13 @@ The recipes build it, the launchers (Ray Train, ``torchrun``) carry it to the wo
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from rayft.config.model import LoraConfig, ModelConfig
 from rayft.config.task import TaskConfig
 from rayft.config.train import CheckpointConfig, LoggingConfig, TrainConfig
+from rayft.runs.location import RunLocation
 from rayft.training.loop.faults import Faults
 from rayft.training.loop.plan import Schedule
 
@@ -39,3 +41,8 @@ class WorkerPlan:
     retuned: bool = False
     task: TaskConfig | None = None  # a custom task (its path made absolute for the workers) instead of model/data
     tracker_ids: dict[str, Any] = field(default_factory=dict)  # the tracker runs to log into (tracking.json)
+
+    @property
+    def location(self) -> RunLocation:
+        """Where this worker writes the run (``run_dir``) and, for a run at a URI, its durable home."""
+        return RunLocation(Path(self.run_dir), self.remote_uri)

@@ -5,6 +5,9 @@ one every node mounts) and, when ``storage_path`` is a URI, a marker object unde
 so that workers on other nodes see it without sharing a disk with the driver. A worker checks the
 file after every step; the URI is polled by a thread of rank 0 (one request a second), and every
 rank agrees on the step to stop at (:func:`rayft.training.loop.worker.stop_requested`).
+
+It lives here, with the run's storage, because where the request is written (a directory, a URI)
+is the store's business, not the training loop's.
 """
 
 from __future__ import annotations
@@ -55,15 +58,17 @@ class StopRequest:
 
 
 class StopWatch:
-    """A worker's side: whether a stop was requested, from the run directory's file or (when given
-    a URI) from the marker a thread polls for every ``poll_s`` seconds."""
+    """A worker's side: whether a stop was requested, from the run directory's file or (for a run
+    at a URI, when ``poll``) from the marker a thread polls for every ``poll_s`` seconds."""
 
-    def __init__(self, run_dir: Path, remote_uri: str | None = None, *, poll_s: float = POLL_S) -> None:
+    def __init__(
+        self, run_dir: Path, remote_uri: str | None = None, *, poll: bool = True, poll_s: float = POLL_S
+    ) -> None:
         self.file = run_dir / layout.STOP_REQUEST_FILE
         self._seen = threading.Event()
         self._closed = threading.Event()
         self._thread: threading.Thread | None = None
-        if remote_uri:
+        if remote_uri and poll:
             remote = RemoteRun(remote_uri)
             self._thread = threading.Thread(
                 target=self._poll, args=(remote, poll_s), name="rayft-stop-watch", daemon=True
