@@ -218,14 +218,15 @@ def quantization(quantize: str, device_type: str) -> dict[str, Any]:
             f"lora.quantize={quantize!r} needs bitsandbytes: pip install 'rayft[qlora]' (its wheel has CPU and CUDA "
             "kernels), or set lora.quantize=none"
         ) from exc
-    from transformers import BitsAndBytesConfig
+    from transformers import BitsAndBytesConfig as _BitsAndBytesConfig
 
+    bnb_config: Any = _BitsAndBytesConfig  # its __init__ is untyped in transformers' stubs
     if quantize == "nf4":
         compute = torch.bfloat16 if device_type == "cuda" and torch.cuda.is_bf16_supported() else torch.float32
-        config = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
-                                    bnb_4bit_compute_dtype=compute)  # fmt: skip
+        config = bnb_config(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
+                            bnb_4bit_compute_dtype=compute)  # fmt: skip
     else:
-        config = BitsAndBytesConfig(load_in_8bit=True)
+        config = bnb_config(load_in_8bit=True)
     device: Any = torch.cuda.current_device() if device_type == "cuda" else device_type
     return {"quantization_config": config, "device_map": {"": device}}
 
