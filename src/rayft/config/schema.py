@@ -101,3 +101,22 @@ class RayftConfig(Section):
                 "holds the whole model); set train.strategy=ddp"
             )
         return self
+
+    @model_validator(mode="after")
+    def _quantized_base_trains_an_adapter_under_ddp(self) -> RayftConfig:
+        quantize = self.lora.quantize
+        if quantize == "none":
+            return self
+        if self.train.method != "lora":
+            raise ValueError(
+                f"lora.quantize={quantize!r} quantizes the frozen base under a LoRA adapter, but train.method is "
+                f"{self.train.method!r}: quantized weights cannot be trained; set train.method=lora or "
+                "lora.quantize=none"
+            )
+        if self.train.strategy != "ddp":
+            raise ValueError(
+                f"lora.quantize={quantize!r} with train.strategy={self.train.strategy!r}: bitsandbytes' quantized "
+                "weights cannot be sharded or offloaded (FSDP, DeepSpeed ZeRO-3); set train.strategy=ddp (a "
+                "quantized base is small enough for each worker to hold whole) or lora.quantize=none"
+            )
+        return self

@@ -188,10 +188,13 @@ def auto_model_class(cfg: ModelConfig) -> Any:
     return AutoModelForSeq2SeqLM if resolve_architecture(cfg) == "seq2seq" else AutoModelForCausalLM
 
 
-def load_causal_lm(cfg: ModelConfig, device_type: str = "cpu") -> PreTrainedModel:
+def load_causal_lm(cfg: ModelConfig, device_type: str = "cpu", *, quantize: str = "none") -> PreTrainedModel:
     """Load the model described by ``cfg`` (weights from safetensors, or dequantized GGUF): a causal
-    LM, or an encoder-decoder when ``cfg`` names one (:func:`auto_model_class`)."""
+    LM, or an encoder-decoder when ``cfg`` names one (:func:`auto_model_class`); with ``quantize``
+    ('nf4', 'int8'), its linear layers quantized by bitsandbytes as they load (:func:`quantization`)."""
     location, kwargs = model_location(cfg)
+    if quantize != "none":
+        kwargs.update(quantization(quantize, device_type))
     with _hub_errors(cfg.name), _architecture_errors(cfg):
         model: PreTrainedModel = auto_model_class(cfg).from_pretrained(
             location,
@@ -200,6 +203,32 @@ def load_causal_lm(cfg: ModelConfig, device_type: str = "cpu") -> PreTrainedMode
             **kwargs,
         )
     return model
+
+
+def quantization(quantize: str, device_type: str) -> dict[str, Any]:
+    """The ``from_pretrained`` arguments that load a base quantized by bitsandbytes onto this
+    worker's device: NF4 with double quantization (QLoRA's recipe) computing in bf16 on GPUs and
+    float32 on CPUs, or LLM.int8()."""
+    import torch
+
+    try:
+        import bitsandbytes  # noqa: F401  # transformers needs it; say how to get it before transformers fails
+    except ImportError as exc:
+        raise ModelError(
+            f"lora.quantize={quantize!r} needs bitsandbytes: pip install 'rayft[qlora]' (its wheel has CPU and CUDA "
+            "kernels), or set lora.quantize=none"
+        ) from exc
+    from transformers import BitsAndBytesConfig as _BitsAndBytesConfig
+
+    bnb_config: Any = _BitsAndBytesConfig  # its __init__ is untyped in transformers' stubs
+    if quantize == "nf4":
+        compute = torch.bfloat16 if device_type == "cuda" and torch.cuda.is_bf16_supported() else torch.float32
+        config = bnb_config(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
+                            bnb_4bit_compute_dtype=compute)  # fmt: skip
+    else:
+        config = bnb_config(load_in_8bit=True)
+    device: Any = torch.cuda.current_device() if device_type == "cuda" else device_type
+    return {"quantization_config": config, "device_map": {"": device}}
 
 
 def empty_causal_lm(cfg: ModelConfig, device_type: str = "cpu", location: str | None = None) -> Any:

@@ -53,13 +53,19 @@ def build_training_model(
     """
     load_cfg = model.model_copy(update={"dtype": training_dtype(model, method, device_type)})
     full_restore = restore_dir if method == "full" else None
+    quantize = lora.quantize if method == "lora" else "none"
     net: Any
+    if quantize != "none" and not weights:
+        # The config refuses the strategies that build workers without weights (FSDP, ZeRO-3) for a quantized base.
+        raise ModelError(
+            f"lora.quantize={quantize!r}: a quantized base is loaded by every worker; use train.strategy=ddp"
+        )
     if not weights:
         net = empty_causal_lm(load_cfg, device_type, location=str(full_restore) if full_restore else None)
     elif full_restore is not None:
         net = _load_full_from(full_restore, load_cfg, device_type)
     else:
-        net = load_causal_lm(load_cfg, device_type)
+        net = load_causal_lm(load_cfg, device_type, quantize=quantize)
     return prepare_training_model(
         net, lora, method, load_cfg.attn_implementation, device_type, gradient_checkpointing=gradient_checkpointing,
         compile_blocks=compile_blocks, restore_dir=restore_dir if weights else None,

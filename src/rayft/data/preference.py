@@ -1,0 +1,211 @@
+"""Preference rows: a prompt, a chosen and a rejected response, turned into two tokenized rows that
+share the prompt, with the loss on each response alone.
+
+The shapes users bring:
+
+- ``prompt`` + ``chosen`` + ``rejected``, each a string or chat messages (TRL's "conversational"
+  form: the prompt's turns, and each response as its assistant turn(s));
+- ``chosen`` + ``rejected`` alone, each a whole conversation (UltraFeedback, Anthropic HH in chat
+  form): the prompt is the turns the two share, the response what follows.
+
+A row that cannot be a pair is rejected with a reason (``formats.REASONS``), like any other bad row: a missing or empty
+side, a value of the wrong type, two identical responses, two conversations with no shared prompt.
+
+Truncation keeps the end of the prompt (what the responses answer) and cuts the responses last:
+the prompt is shortened from the left to what leaves room for the longer response, but never below
+``max_prompt_length`` tokens; then both responses are cut to the room left.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from rayft.config.data import DatasetConfig
+from rayft.data.formats import ROLE_ALIASES, BadRowError, Example
+from rayft.data.prepared import IGNORE_INDEX
+from rayft.data.tokenize import Rendered, TextTokenizer, label_tokens, render
+
+Turns = tuple[tuple[str, str], ...]
+
+
+@dataclass(frozen=True)
+class PreferenceExample:
+    """A pair before rendering: the prompt (chat turns, or raw text when ``turns`` is None) and the
+    two responses."""
+
+    prompt: str
+    turns: Turns | None
+    chosen: str
+    rejected: str
+
+    def side(self, response: str) -> Example:
+        """One side as an SFT :class:`~rayft.data.formats.Example`: the prompt, then ``response``."""
+        if self.turns is None:
+            return Example(prompt=self.prompt, response=response)
+        return Example(messages=(*self.turns, ("assistant", response)))
+
+
+def make_preference(row: Mapping[str, Any], ds: DatasetConfig) -> PreferenceExample:
+    """Turn one row into a :class:`PreferenceExample`; :class:`~rayft.data.formats.BadRowError` when it cannot."""
+    columns = {name: ds.field_mapping.get(name, name) for name in ("prompt", "chosen", "rejected")}
+    chosen_value, rejected_value = _value(row, columns["chosen"]), _value(row, columns["rejected"])
+    if columns["prompt"] in row and row[columns["prompt"]] is not None:
+        turns = _prompt_turns(row[columns["prompt"]], columns["prompt"])
+        chosen = _response(chosen_value, columns["chosen"])
+        rejected = _response(rejected_value, columns["rejected"])
+    else:
+        turns, chosen, rejected = _split_conversations(chosen_value, rejected_value, columns)
+    if chosen == rejected:
+        raise BadRowError("identical_responses", f"columns {columns['chosen']!r} and {columns['rejected']!r} "
+                                                 f"hold the same response ({_clip(chosen)})")  # fmt: skip
+    if ds.system_prompt and (not turns or turns[0][0] != "system"):
+        turns = (("system", ds.system_prompt), *turns)
+    if not ds.use_chat_template:
+        return PreferenceExample(_raw_prompt(turns), None, chosen, rejected)
+    return PreferenceExample("", turns, chosen, rejected)
+
+
+def _value(row: Mapping[str, Any], column: str) -> Any:
+    value = row.get(column)
+    if value is None:
+        raise BadRowError("missing_field", f"column {column!r} is missing or null")
+    return value
+
+
+def _prompt_turns(value: Any, column: str) -> Turns:
+    if isinstance(value, str):
+        if not value.strip():
+            raise BadRowError("empty_field", f"column {column!r} is empty")
+        return (("user", value),)
+    turns = _turns(value, column)
+    if turns[-1][0] == "assistant":
+        raise BadRowError("wrong_type", f"column {column!r} ends with an assistant turn; the prompt must end "
+                                        "with the turn the responses answer")  # fmt: skip
+    return turns
+
+
+def _response(value: Any, column: str) -> str:
+    """A response given as text, or as its assistant turn(s) (joined, for a multi-turn response)."""
+    if isinstance(value, str):
+        text = value
+    else:
+        turns = _turns(value, column)
+        if any(role != "assistant" for role, _ in turns):
+            raise BadRowError("wrong_type", f"column {column!r} holds non-assistant turns; with a prompt column, "
+                                            "a response is its assistant turn(s) only")  # fmt: skip
+        text = "\n".join(content for _, content in turns)
+    if not text.strip():
+        raise BadRowError("empty_field", f"column {column!r} is an empty response")
+    return text
+
+
+def _split_conversations(chosen: Any, rejected: Any, columns: Mapping[str, str]) -> tuple[Turns, str, str]:
+    """Prompt = the turns both conversations share up to the last user turn before their final
+    assistant turns; each response = its final assistant turn."""
+    if isinstance(chosen, str) or isinstance(rejected, str):
+        raise BadRowError("missing_field", f"no prompt column {columns['prompt']!r}: with text responses the row "
+                                           "needs one (or give chosen/rejected as whole conversations)")  # fmt: skip
+    chosen_turns, rejected_turns = _turns(chosen, columns["chosen"]), _turns(rejected, columns["rejected"])
+    for turns, column in ((chosen_turns, columns["chosen"]), (rejected_turns, columns["rejected"])):
+        if turns[-1][0] != "assistant":
+            raise BadRowError("no_assistant_turn", f"column {column!r} does not end with an assistant turn")
+        if not turns[-1][1].strip():
+            raise BadRowError("empty_field", f"column {column!r}: its final assistant turn is empty")
+    prompt = chosen_turns[:-1]
+    if not prompt or rejected_turns[:-1] != prompt:
+        raise BadRowError("no_shared_prompt", f"columns {columns['chosen']!r} and {columns['rejected']!r} differ "
+                                              "before their final assistant turns")  # fmt: skip
+    return prompt, chosen_turns[-1][1], rejected_turns[-1][1]
+
+
+def _turns(value: Any, column: str) -> Turns:
+    if not isinstance(value, list) or not all(isinstance(t, dict) for t in value):
+        raise BadRowError("wrong_type", f"column {column!r} must be text or a list of turns (objects), "
+                                        f"got {type(value).__name__}")  # fmt: skip
+    if not value:
+        raise BadRowError("empty_field", f"column {column!r} holds no turns")
+    out: list[tuple[str, str]] = []
+    for number, turn in enumerate(value):
+        role = turn.get("role") if turn.get("role") is not None else turn.get("from")
+        content = turn.get("content") if turn.get("content") is not None else turn.get("value")
+        if not isinstance(role, str) or not isinstance(content, str):
+            raise BadRowError("wrong_type", f"column {column!r}, turn {number}: role and content must be text")
+        if role not in ROLE_ALIASES:
+            raise BadRowError("unknown_role", f"column {column!r}, turn {number} has role {role!r}; use system, "
+                                              "user or assistant")  # fmt: skip
+        out.append((ROLE_ALIASES[role], content))
+    return tuple(out)
+
+
+def _raw_prompt(turns: Turns) -> str:
+    """The prompt without a chat template: its turns' texts, a system turn first, blank-line separated."""
+    return "\n\n".join(content for _, content in turns)
+
+
+def _clip(text: str, limit: int = 40) -> str:
+    return repr(text if len(text) <= limit else text[:limit] + "...")
+
+
+@dataclass(frozen=True)
+class TokenizedPair:
+    """Both sides of a pair as training rows (ids and labels; -100 off the response)."""
+
+    chosen_ids: list[int]
+    chosen_labels: list[int]
+    rejected_ids: list[int]
+    rejected_labels: list[int]
+    length: int  # the longer side's untruncated token count
+    truncated: bool
+
+
+def tokenize_preference(
+    example: PreferenceExample, tokenizer: TextTokenizer, *, max_seq_length: int, max_prompt_length: int
+) -> TokenizedPair:
+    """Render and tokenize both sides (each as one text, as the model sees it), then fit them to
+    ``max_seq_length`` (see the module's docstring); BadRowError when a side keeps no response token."""
+    sides = [render(example.side(response), tokenizer, train_on_prompt=False)
+             for response in (example.chosen, example.rejected)]  # fmt: skip
+    ids_list, offsets_list = tokenizer.encode([side.text for side in sides])
+    rows = [_row(ids, offsets, side, tokenizer.eos_token_id)
+            for ids, offsets, side in zip(ids_list, offsets_list, sides, strict=True)]  # fmt: skip
+    length = max(len(ids) for ids, _ in rows)
+    (chosen, chosen_labels), (rejected, rejected_labels), truncated = fit_pair(rows[0], rows[1], max_seq_length,
+                                                                                max_prompt_length)  # fmt: skip
+    for labels, side in ((chosen_labels, "chosen"), (rejected_labels, "rejected")):
+        if all(label == IGNORE_INDEX for label in labels):
+            raise BadRowError("all_labels_masked", f"the {side} response has no token left (max_seq_length "
+                                                   f"{max_seq_length}, {length} tokens)")  # fmt: skip
+    return TokenizedPair(chosen, chosen_labels, rejected, rejected_labels, length, truncated)
+
+
+def _row(
+    ids: list[int], offsets: Sequence[tuple[int, int]], side: Rendered, eos: int | None
+) -> tuple[list[int], list[int]]:
+    labels = label_tokens(ids, offsets, side.spans)
+    if side.add_eos and eos is not None:
+        ids, labels = [*ids, eos], [*labels, eos]
+    return ids, labels
+
+
+Row = tuple[list[int], list[int]]
+
+
+def fit_pair(chosen: Row, rejected: Row, max_seq_length: int, max_prompt_length: int) -> tuple[Row, Row, bool]:
+    """Both rows cut to ``max_seq_length``: the shared prompt first, from its start (keeping its end),
+    down to what leaves room for the longer response but not below ``max_prompt_length``; then the
+    responses from their ends. A row's prompt is its tokens before the first label."""
+    prompts = [_prompt_length(labels) for _, labels in (chosen, rejected)]
+    responses = [len(ids) - p for (ids, _), p in zip((chosen, rejected), prompts, strict=True)]
+    if max(p + r for p, r in zip(prompts, responses, strict=True)) <= max_seq_length:
+        return chosen, rejected, False
+    keep_prompt = min(max(prompts), max(max_seq_length - max(responses), min(max_prompt_length, max_seq_length)))
+    drops = [max(prompt - keep_prompt, 0) for prompt in prompts]
+    fitted = [(ids[drop:][:max_seq_length], labels[drop:][:max_seq_length])
+              for (ids, labels), drop in zip((chosen, rejected), drops, strict=True)]  # fmt: skip
+    return fitted[0], fitted[1], True
+
+
+def _prompt_length(labels: Sequence[int]) -> int:
+    return next((index for index, label in enumerate(labels) if label != IGNORE_INDEX), len(labels))

@@ -1,0 +1,226 @@
+"""Preference training (DPO, ORPO, SimPO) through the loop's objective seam.
+
+A training unit is one pair: the chosen and the rejected row (see :mod:`rayft.data.preference`),
+run through the model as one micro-batch of two rows per pair. A pair is one loss term, so the
+loop's normalisation (the sum of every worker's loss terms over their count) makes each update the
+mean loss over the step's pairs whatever the split into workers and micro-batches.
+
+DPO's reference log-probabilities come from the batch when preparation stored them (full fine-tuning:
+a pass over the pairs with the base model, so no second model is held during training), or, for
+LoRA, from the same model with its adapter disabled. ORPO and SimPO need none.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from rayft.data.collate import MicroBatch, collate
+from rayft.data.prepared import IGNORE_INDEX
+from rayft.errors import ConfigError
+from rayft.training.loop.batches import Unit, micro_batches
+from rayft.training.loop.objective import CausalLm
+from rayft.training.loop.session import all_reduce_sum
+from rayft.training.loop.steps import in_lockstep
+from rayft.training.modeling.model import unwrap
+from rayft.training.modeling.preference import (
+    PairLogps,
+    PairLosses,
+    dpo_losses,
+    orpo_losses,
+    pair_figure_sums,
+    sequence_logps,
+    simpo_losses,
+)
+from rayft.training.modeling.preference import (
+    PreferenceObjective as ObjectiveName,
+)
+
+if TYPE_CHECKING:
+    import torch
+
+    from rayft.config.preference import PreferenceConfig
+    from rayft.training.modeling.precision import Precision
+
+FIGURES = ("rewards/chosen", "rewards/rejected", "rewards/accuracies", "rewards/margins", "logps/chosen",
+           "logps/rejected")  # fmt: skip
+
+
+@dataclass
+class PreferenceBatch:
+    """A micro-batch of pairs: ``rows`` holds every chosen row, then every rejected row."""
+
+    rows: MicroBatch
+    pairs: int
+    reference: tuple[torch.Tensor, torch.Tensor] | None = None  # stored (chosen, rejected) reference log-probs
+
+    @property
+    def sample_ids(self) -> list[int]:
+        """The pairs' sample ids (each pair once)."""
+        return self.rows.sample_ids
+
+    @property
+    def num_label_tokens(self) -> int:
+        """Loss terms: the pairs."""
+        return self.pairs
+
+    @property
+    def num_tokens(self) -> int:
+        """Real tokens of both sides."""
+        return self.rows.num_tokens
+
+    @property
+    def num_computed_tokens(self) -> int:
+        """Tokens the model computes, padding included."""
+        return self.rows.num_computed_tokens
+
+    def to(self, device: Any) -> PreferenceBatch:
+        """The same batch with its tensors on ``device``."""
+        reference = None if self.reference is None else (self.reference[0].to(device), self.reference[1].to(device))
+        return PreferenceBatch(self.rows.to(device), self.pairs, reference)
+
+
+def collate_preference(units: Sequence[Unit], pad_token_id: int, pad_to_multiple_of: int = 1) -> PreferenceBatch:
+    """Pair units (``chosen_input_ids``, ``chosen_labels``, ``rejected_*``, ``sample_ids``, and
+    ``ref_chosen_logps`` / ``ref_rejected_logps`` when stored) as one padded micro-batch of rows."""
+    import torch
+
+    sides = []
+    for side in ("chosen", "rejected"):
+        for unit in units:
+            ids = list(unit[f"{side}_input_ids"])
+            sides.append({"input_ids": ids, "labels": list(unit[f"{side}_labels"]), "position_ids": range(len(ids)),
+                          "sample_ids": unit["sample_ids"] if side == "chosen" else []})  # fmt: skip
+    rows = collate(sides, pad_token_id, pad_to_multiple_of)
+    reference = None
+    if units and units[0].get("ref_chosen_logps") is not None:
+        reference = tuple(torch.tensor([float(u[f"ref_{side}_logps"]) for u in units], dtype=torch.float32)
+                          for side in ("chosen", "rejected"))  # fmt: skip
+    return PreferenceBatch(rows, len(units), reference)  # type: ignore[arg-type]
+
+
+def pair_logps(model: Any, rows: MicroBatch, precision: Precision) -> PairLogps:
+    """The log-probabilities of each row's response under ``model``, as chosen and rejected halves.
+
+    Logits are computed only at the positions some row trains on (``logits_to_keep``, as the SFT
+    loss does), which skips the vocabulary projection over the prompts."""
+    import torch
+
+    targets = rows.labels[:, 1:]
+    keep = (targets != IGNORE_INDEX).any(dim=0).nonzero().flatten()
+    autocast = (
+        torch.autocast(device_type=rows.input_ids.device.type, dtype=precision.autocast_dtype)
+        if precision.autocast_dtype is not None
+        else contextlib.nullcontext()
+    )
+    with autocast:
+        logits = model(input_ids=rows.input_ids, position_ids=rows.position_ids, use_cache=False,
+                       logits_to_keep=keep).logits  # fmt: skip
+    sums, counts = sequence_logps(logits, targets[:, keep])
+    half = sums.shape[0] // 2
+    return PairLogps(sums[:half], sums[half:], counts[:half], counts[half:])
+
+
+@dataclass(frozen=True)
+class PreferenceTraining:
+    """The :class:`~rayft.training.loop.objective.Objective` of DPO, ORPO and SimPO: the model, its
+    files and checkpoints are those of :class:`~rayft.training.loop.objective.CausalLm` (LoRA or full);
+    only the batches and the loss differ."""
+
+    lm: CausalLm
+    objective: ObjectiveName
+    settings: PreferenceConfig
+    figure_sums: dict[str, float] = field(default_factory=dict)  # since the last take_figures(), this rank's
+    throughput_unit: str = "tokens"
+
+    @property
+    def model_type(self) -> str:
+        """The base model's type, for the precision checks."""
+        return self.lm.model_type
+
+    def build_model(self, restore_dir: Path | None, *, device_type: str, weights: bool) -> Any:
+        """The model :class:`CausalLm` builds."""
+        return self.lm.build_model(restore_dir, device_type=device_type, weights=weights)
+
+    def write_model(self, model: Any, directory: Path, state_dict: dict[str, Any] | None) -> None:
+        """The files :class:`CausalLm` writes."""
+        self.lm.write_model(model, directory, state_dict)
+
+    def collate(self, units: list[Unit]) -> PreferenceBatch:
+        """Pairs as one micro-batch of rows (chosen rows first)."""
+        from rayft.training.modeling.attention import row_multiple
+
+        return collate_preference(units, self.lm.tokenizer.pad_token_id,
+                                  row_multiple(self.lm.plan.model.attn_implementation))  # fmt: skip
+
+    def loss_sum(self, model: Any, batch: PreferenceBatch, precision: Precision) -> torch.Tensor:
+        """The sum of the batch's per-pair losses; the figures TRL logs are added to :attr:`figure_sums`."""
+        policy = pair_logps(model, batch.rows, precision)
+        result = self.losses(model, batch, policy, precision)
+        for name, value in pair_figure_sums(policy, result, averaged=self.objective != "dpo").items():
+            self.figure_sums[name] = self.figure_sums.get(name, 0.0) + value
+        return result.losses.sum()
+
+    def losses(self, model: Any, batch: PreferenceBatch, policy: PairLogps, precision: Precision) -> PairLosses:
+        """Each pair's loss under the configured objective."""
+        s = self.settings
+        if self.objective == "orpo":
+            return orpo_losses(policy, lam=s.orpo_lambda)
+        if self.objective == "simpo":
+            return simpo_losses(policy, beta=s.beta, gamma=s.simpo_gamma, label_smoothing=s.label_smoothing)
+        reference = self.reference(model, batch, policy, precision)
+        return dpo_losses(policy, reference, beta=s.beta, label_smoothing=s.label_smoothing, loss=s.loss)
+
+    def reference(self, model: Any, batch: PreferenceBatch, policy: PairLogps, precision: Precision) -> PairLogps:
+        """DPO's reference log-probabilities: stored with the pairs, or the model with its LoRA adapter off."""
+        import torch
+
+        if batch.reference is not None:
+            chosen, rejected = batch.reference
+            return PairLogps(chosen, rejected, policy.chosen_tokens, policy.rejected_tokens)
+        inner = unwrap(model)
+        if not hasattr(inner, "disable_adapter"):
+            raise ConfigError(
+                "DPO with train.method 'full' needs the reference log-probabilities stored with the prepared pairs; "
+                "prepare the pairs for this run (rayft data prepare) or train a LoRA adapter (train.method: lora)"
+            )
+        with torch.no_grad(), inner.disable_adapter():
+            return pair_logps(model, batch.rows, precision)
+
+    def take_figures(self, device: torch.device, pairs: float) -> dict[str, float]:
+        """Every rank's figure sums since the last call, as means over ``pairs`` (every rank's), and reset."""
+        sums = all_reduce_sum([self.figure_sums.get(name, 0.0) for name in FIGURES], device)
+        self.figure_sums.clear()
+        return {name: total / max(pairs, 1.0) for name, total in zip(FIGURES, sums, strict=True)}
+
+    def evaluate(
+        self, model: Any, units: Iterable[Unit], *, batch_size: int, precision: Precision, device: torch.device,
+        lockstep: bool,
+    ) -> dict[str, float]:  # fmt: skip
+        """Mean pair loss and the TRL figures over every worker's validation pairs."""
+        import torch
+
+        inner = unwrap(model)
+        was_training = inner.training
+        inner.eval()
+        batches = [self.collate(chunk) for chunk in micro_batches(iter(units), batch_size)]
+        if lockstep:  # a sharded model: every rank runs as many forwards as the one with the most batches
+            idle = in_lockstep([b.rows for b in batches])[len(batches) :]
+            batches += [PreferenceBatch(rows, 0) for rows in idle]
+        loss, pairs, saved = 0.0, 0, dict(self.figure_sums)
+        self.figure_sums.clear()
+        with torch.no_grad():
+            for batch in batches:
+                if batch.pairs == 0:
+                    inner(input_ids=batch.rows.input_ids.to(device), use_cache=False)
+                    continue
+                loss += float(self.loss_sum(inner, batch.to(device), precision))
+                pairs += batch.pairs
+        inner.train(was_training)
+        total_loss, total_pairs = all_reduce_sum([loss, float(pairs)], device)
+        figures = self.take_figures(device, total_pairs)
+        self.figure_sums.update(saved)
+        return {"eval/loss": total_loss / max(total_pairs, 1.0), **{f"eval/{k}": v for k, v in figures.items()}}
