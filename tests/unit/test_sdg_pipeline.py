@@ -10,8 +10,9 @@ import pyarrow as pa
 import pytest
 
 from rayft.config import load_config
+from rayft.config.sdg import TEST_MODE_SEEDS
 from rayft.errors import DataError, RunStateError
-from rayft.sdg.plan import TEST_MODE_SEEDS, plan_sdg, plan_stages, resolve_output_dir, sdg_config_hash
+from rayft.sdg.plan import plan_sdg, plan_stages, resolve_output_dir, sdg_config_hash
 from rayft.sdg.rows import ROW_DEFAULTS, SEED_COLUMNS, ParseStage, QualityStage, parse_teacher_output
 from rayft.sdg.runner import complete_seed_batches
 from rayft.sdg.seeds import read_seeds

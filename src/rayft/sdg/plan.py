@@ -10,14 +10,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rayft.config import RayftConfig
-from rayft.config.sdg import SdgConfig
+from rayft.config.sdg import TEST_MODE_SEEDS, SdgConfig
 from rayft.runs.location import local_run_dir
 from rayft.sdg.rows import SEED_COLUMNS, ParseStage, PromptStage, QualityStage, SymbolicStage
 from rayft.sdg.stages import Stage, check_plan
 from rayft.sdg.teacher_checks import STAGE as TEACHER_CHECKS
 from rayft.sdg.teacher_checks import TeacherChecks
 
-TEST_MODE_SEEDS = 2
 GENERATION_COLUMNS = frozenset({"generation", "finish_reason", "error", "num_prompt_tokens", "num_generated_tokens"})
 ROW_COLUMNS = frozenset({"id", "seed_id", "variation", "question", "answer", "reject_reason", "seed_rows"})
 # Fields that do not change which rows are made: they may differ when a run is resumed.
