@@ -82,6 +82,15 @@ class Bar:
     color: str
 
 
+@dataclass(frozen=True)
+class Names:
+    """A chart's title (on top; may be empty) and its axis names."""
+
+    x_label: str
+    title: str = ""
+    y_label: str = ""
+
+
 def svg_open(width: int, height: int, label: str) -> str:
     """An ``<svg>`` opening tag with its accessible name; the chart ends with ``</svg>``."""
     return (
@@ -121,15 +130,6 @@ def _frame(
             f'transform="rotate(-90 14 {height / 2:.1f})">{escape(names.y_label)}</text>'
         )
     return parts
-
-
-@dataclass(frozen=True)
-class Names:
-    """A chart's title (on top; may be empty) and its axis names."""
-
-    x_label: str
-    title: str = ""
-    y_label: str = ""
 
 
 def line_chart(
