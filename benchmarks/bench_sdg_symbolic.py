@@ -30,7 +30,7 @@ def seeds_config(num_seeds: int, variations: int, out: Path) -> list[str]:
 def arm_in_process(seeds: list[dict[str, str]], variations: int) -> tuple[int, float]:
     """Baseline: generate and verify in one Python process."""
     from rayft.config import load_config
-    from rayft.recipes.sdg import plan_stages
+    from rayft.sdg.plan import plan_stages
 
     stages = plan_stages(load_config(None, [f"sdg.variations={variations}"]).sdg, 42, "bench")
     started = time.perf_counter()
@@ -45,7 +45,8 @@ def arm_in_process(seeds: list[dict[str, str]], variations: int) -> tuple[int, f
 def arm_ray_data(seeds: list[dict[str, str]], variations: int, seeds_per_batch: int) -> tuple[int, float]:
     """The same stages as Ray Data tasks on the local 2-CPU Ray."""
     from rayft.config import load_config
-    from rayft.recipes.sdg import build_dataset, plan_stages
+    from rayft.sdg.plan import plan_stages
+    from rayft.sdg.runner import build_dataset
 
     sdg = load_config(None, [f"sdg.variations={variations}", f"sdg.seeds_per_batch={seeds_per_batch}"]).sdg
     started = time.perf_counter()
@@ -84,7 +85,7 @@ def main() -> None:
     import ray
 
     from rayft.config import load_config
-    from rayft.recipes.sdg import read_seeds
+    from rayft.sdg.seeds import read_seeds
 
     logging.getLogger("ray.data").setLevel(logging.WARNING)
     seeds = read_seeds(load_config(None, seeds_config(args.seeds, args.variations, Path("/unused"))).sdg)

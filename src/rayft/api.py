@@ -49,6 +49,19 @@ def _redacted(function: Callable[_P, _R]) -> Callable[_P, _R]:
     return call
 
 
+def default_model(cfg: RayftConfig, *, command: str, fix: str) -> str:
+    """The model ``rayft eval`` scores when none is named: the config's run directory if it
+    exists, else ``model.name``. ``command`` and ``fix`` word the error for a URI storage_path."""
+    run_dir = local_run_dir(cfg.storage_path, cfg.name, command=command, fix=fix)
+    return str(run_dir) if run_dir.is_dir() else cfg.model.name
+
+
+def default_report_dir(cfg: RayftConfig, kind: str, *, command: str, fix: str) -> Path:
+    """Where a report of ``kind`` (``eval``, ``compare``) goes when no directory is named:
+    ``<storage_path>/<name>/<kind>``. ``command`` and ``fix`` word the error for a URI storage_path."""
+    return local_run_dir(cfg.storage_path, cfg.name, command=command, fix=fix) / kind
+
+
 @_redacted
 def train(cfg: RayftConfig, resume: bool = False) -> TrainResult:
     """Fine-tune ``cfg.model`` on ``cfg.data`` into ``<storage_path>/<name>/`` (``rayft train``).
@@ -78,16 +91,17 @@ def tune(cfg: RayftConfig) -> TuneResult:
 
 
 @_redacted
-def sdg(cfg: RayftConfig, output_dir: str | Path | None = None) -> SdgResult:
+def sdg(cfg: RayftConfig, output_dir: str | Path | None = None, *, test_mode: bool = False) -> SdgResult:
     """Generate synthetic training data from ``cfg.sdg`` (``rayft sdg``); an interrupted run resumes.
 
     Args:
         cfg: The config.
         output_dir: Where the data goes (default: ``sdg.output_dir``, else ``<storage_path>/<name>/sdg``).
+        test_mode: A smoke run on the first few seeds (``rayft sdg --test-mode``).
     """
     from rayft.recipes import sdg as recipe
 
-    return recipe.run(cfg, output_dir=Path(output_dir) if output_dir is not None else None)
+    return recipe.run(cfg, output_dir=Path(output_dir) if output_dir is not None else None, test_mode=test_mode)
 
 
 @_redacted
@@ -105,10 +119,10 @@ def evaluate(
     """
     from rayft.recipes import evaluate as recipe
 
-    run_dir = local_run_dir(cfg.storage_path, cfg.name, command="rayft.evaluate", fix="pass model= and output_dir=")
-    if model is None:
-        model = str(run_dir) if run_dir.is_dir() else cfg.model.name
-    return recipe.run(cfg, model, Path(output_dir) if output_dir is not None else run_dir / "eval", label=label)
+    where = {"command": "rayft.evaluate", "fix": "pass model= and output_dir="}
+    model = model if model is not None else default_model(cfg, **where)
+    output_dir = Path(output_dir) if output_dir is not None else default_report_dir(cfg, "eval", **where)
+    return recipe.run(cfg, model, output_dir, label=label)
 
 
 @_redacted
@@ -123,8 +137,7 @@ def compare(cfg: RayftConfig, models: Mapping[str, str], output_dir: str | Path 
     from rayft.recipes import compare as recipe
 
     if output_dir is None:
-        run_dir = local_run_dir(cfg.storage_path, cfg.name, command="rayft.compare", fix="pass output_dir=")
-        output_dir = run_dir / "compare"
+        output_dir = default_report_dir(cfg, "compare", command="rayft.compare", fix="pass output_dir=")
     return recipe.run(cfg, dict(models), Path(output_dir))
 
 

@@ -145,7 +145,7 @@ def test_ctrl_c_anywhere_in_a_turn_stops_the_reply_not_the_session(shown: int | 
     import io
 
     from rayft.generation.backend import SamplingParams
-    from rayft.recipes.chat import ChatIO, _turn
+    from rayft.inference.chat import ChatIO, _turn
 
     replies, notes = io.StringIO(), io.StringIO()
     chat = ChatIO(lambda: None, replies, notes)

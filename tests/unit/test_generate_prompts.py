@@ -12,13 +12,9 @@ from rayft.config import load_config
 from rayft.errors import DataError
 from rayft.files import write_jsonl_atomic
 from rayft.generation.backend import Generation
+from rayft.inference.batch import default_rejects_path, generation_config, output_row, plan_paths
 from rayft.inference.prompts import REASONS, read_prompts
-from rayft.recipes.generate import (
-    default_rejects_path,
-    generation_config,
-    output_row,
-    run,
-)
+from rayft.recipes.generate import run
 
 LINES = [
     '{"id": 1, "prompt": "What is 2 + 2?"}',
@@ -111,6 +107,22 @@ def test_the_writer_never_leaves_half_a_file(tmp_path: Path) -> None:
 def test_default_rejects_path() -> None:
     assert default_rejects_path(Path("d/out.jsonl")) == Path("d/out.rejects.jsonl")
     assert default_rejects_path(Path("d/results")) == Path("d/results.rejects.jsonl")
+
+
+def test_plan_paths_puts_rejects_beside_the_output_and_refuses_overwriting_the_input(tmp_path: Path) -> None:
+    prompts = tmp_path / "in.jsonl"
+    prompts.write_text('{"prompt": "hi"}\n')
+    paths = plan_paths(prompts, tmp_path / "out.jsonl")
+    assert (paths.input, paths.output, paths.rejects) == (
+        prompts,
+        tmp_path / "out.jsonl",
+        tmp_path / "out.rejects.jsonl",
+    )
+    assert plan_paths(prompts, tmp_path / "out.jsonl", tmp_path / "r.jsonl").rejects == tmp_path / "r.jsonl"
+    with pytest.raises(DataError, match="--rejects .* is the input file"):
+        plan_paths(prompts, tmp_path / "out.jsonl", prompts)
+    with pytest.raises(DataError, match="--input .* is not a file"):
+        plan_paths(tmp_path / "missing.jsonl", tmp_path / "out.jsonl")
 
 
 def test_generation_config_takes_the_inference_section(tmp_path: Path) -> None:

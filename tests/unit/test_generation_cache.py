@@ -48,7 +48,7 @@ def test_plan_refuses_what_cannot_work_and_keeps_other_models_dynamic() -> None:
 
 def test_settings_reach_the_generation_section_of_eval_sdg_and_rayft_generate() -> None:
     from rayft.config import load_config
-    from rayft.recipes.generate import generation_config
+    from rayft.inference.batch import generation_config
 
     overrides = ["eval.generation.kv_cache=static", "sdg.teacher.compile=false", "inference.backend=openai",
                  "inference.kv_cache=static", "inference.compile=true"]  # fmt: skip

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 
 from rayft.evaluation.summary import CompareSummary
-from rayft.pipeline.report import ReportInputs, StageRow, render_report, svg_line_chart
+from rayft.pipeline.report import ReportInputs, StageRow, render_report
 
 
 def _inputs() -> ReportInputs:
@@ -59,9 +59,3 @@ def test_report_is_self_contained_and_escaped() -> None:
     assert "<th>rows_in</th>" in page and "{'stage'" not in page  # records as a table, not a repr
     assert page.count("<svg") == 3  # loss, learning rate, bar chart
     assert "<b>strict_accuracy</b>: base 0.100 vs tuned 0.600; difference +0.500" in page
-
-
-def test_line_chart_draws_each_series() -> None:
-    svg = svg_line_chart({"a": [(1, 1.0), (2, 0.5)], "b": [(2, 0.7)]}, title="Loss", y_label="loss")
-    assert svg.count("<polyline") == 2 and "<circle" in svg
-    assert svg_line_chart({"empty": []}, title="t", y_label="y") == ""

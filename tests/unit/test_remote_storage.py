@@ -255,7 +255,7 @@ def test_rayft_run_with_a_uri_refuses_a_config_with_other_stages_before_starting
 
 
 def test_commands_that_write_only_locally_refuse_a_uri_and_name_the_fix(tmp_path: Path) -> None:
-    from rayft.recipes.sdg import resolve_output_dir
+    from rayft.sdg.plan import resolve_output_dir
 
     uri = "gs://bucket/runs?secret_key=s3cr3t-v4lue"
     with pytest.raises(StorageError, match=rf"gs://bucket/runs\?secret_key={re.escape(MASK)}: `rayft sdg` writes only"):

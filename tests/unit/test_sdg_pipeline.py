@@ -10,9 +10,12 @@ import pyarrow as pa
 import pytest
 
 from rayft.config import load_config
+from rayft.config.sdg import TEST_MODE_SEEDS
 from rayft.errors import DataError, RunStateError
-from rayft.recipes.sdg import complete_seed_batches, plan_stages, read_seeds, resolve_output_dir, sdg_config_hash
+from rayft.sdg.plan import plan_sdg, plan_stages, resolve_output_dir, sdg_config_hash
 from rayft.sdg.rows import ROW_DEFAULTS, SEED_COLUMNS, ParseStage, QualityStage, parse_teacher_output
+from rayft.sdg.runner import complete_seed_batches
+from rayft.sdg.seeds import read_seeds
 from rayft.sdg.stages import Stage, StageCall, check_plan
 from rayft.sdg.store import SdgStore
 from rayft.sdg.summary import build_summary, part_record
@@ -200,3 +203,14 @@ def test_cli_reports_bad_seed_columns_without_a_traceback(tmp_path: Path) -> Non
     assert result.exit_code == 2
     assert "Error: sdg seeds" in result.output and "sdg.question_column" in result.output
     assert "Traceback" not in result.output
+
+
+def test_plan_sdg_cuts_a_test_run_and_takes_the_config_seed_when_sdg_has_none() -> None:
+    cfg = load_config(None, ["sdg.num_seeds=50"])
+    plan = plan_sdg(cfg.sdg, 7)
+    assert (plan.sdg.num_seeds, plan.rng_seed) == (50, 7)
+    assert plan.config_hash == sdg_config_hash(cfg.sdg, 7)
+    assert [s.name for s in plan.stages] == [s.name for s in plan_stages(cfg.sdg, 7, plan.config_hash)]
+    smoke = plan_sdg(cfg.sdg, 7, test_mode=True)
+    assert smoke.sdg.num_seeds == TEST_MODE_SEEDS and smoke.config_hash == plan.config_hash  # resumes the same rows
+    assert plan_sdg(cfg.sdg.model_copy(update={"seed": 3}), 7).rng_seed == 3

@@ -6,29 +6,21 @@ from pathlib import Path
 
 import click
 
+from rayft import api
 from rayft.cli.address_opt import address_option
 from rayft.cli.common import config_argument, load_cli_config, open_run_log, overrides_argument
+from rayft.cli.defaults import CHECKPOINT_HELP, config_default
 from rayft.config import RayftConfig, load_config
 from rayft.data.builtin import builtin_eval_note
 from rayft.errors import ConfigError
-from rayft.runs.location import local_run_dir
-
-_CHECKPOINT_HELP = "Checkpoint of a run directory: latest (default), best (lowest eval/loss), final, or step-N."
 
 
 def _with_checkpoint(overrides: tuple[str, ...], checkpoint: str | None) -> tuple[str, ...]:
     return (*overrides, f"eval.checkpoint={checkpoint}") if checkpoint else overrides
 
 
-def _default_source(cfg: RayftConfig) -> str:
-    fix = "pass --model (a local run, checkpoint or model directory)"
-    run_dir = local_run_dir(cfg.storage_path, cfg.name, command="rayft eval", fix=fix)
-    return str(run_dir) if run_dir.is_dir() else cfg.model.name
-
-
 def _default_output(cfg: RayftConfig, kind: str) -> Path:
-    fix = "pass --output /a/local/dir"
-    return local_run_dir(cfg.storage_path, cfg.name, command=f"rayft {kind}", fix=fix) / kind
+    return api.default_report_dir(cfg, kind, command=f"rayft {kind}", fix="pass --output /a/local/dir")
 
 
 @click.command("eval", epilog="Example: rayft eval cfg.yaml --model runs/my-run --checkpoint best eval.max_samples=100")
@@ -41,7 +33,7 @@ def _default_output(cfg: RayftConfig, kind: str) -> Path:
     help="Model to evaluate: a run directory, a checkpoint or final/ directory, a model directory, a Hub id, "
     "a .gguf file or a built-in name. Default: the config's run directory if it exists, else model.name.",
 )
-@click.option("--checkpoint", default=None, help=_CHECKPOINT_HELP)
+@click.option("--checkpoint", default=None, help=CHECKPOINT_HELP)
 @click.option("--output", type=click.Path(file_okay=False), default=None, help="Report directory [<run>/eval].")
 @address_option("eval")
 def eval_(
@@ -51,13 +43,12 @@ def eval_(
 
     Metrics come with their confidence intervals (Wilson for accuracies, bootstrap otherwise).
     """
-    from rayft.recipes import evaluate
-
     cfg = load_cli_config(config_path, _with_checkpoint(overrides, checkpoint))
-    model = source or _default_source(cfg)
+    fix = "pass --model (a local run, checkpoint or model directory)"
+    model = source or api.default_model(cfg, command="rayft eval", fix=fix)
     out = Path(output) if output else _default_output(cfg, "eval")
     open_run_log(cfg, out)
-    result = evaluate.run(cfg, model, out)
+    result = api.evaluate(cfg, model, out)
     click.echo(result.table)
     click.echo(f"\nReport: {result.json_path}\nPredictions: {result.predictions_path}")
 
@@ -84,7 +75,7 @@ def _parse_models(items: tuple[str, ...]) -> dict[str, str]:
     required=True,
     help="LABEL=SOURCE, at least twice (sources as for rayft eval).",
 )
-@click.option("--checkpoint", default=None, help=_CHECKPOINT_HELP)
+@click.option("--checkpoint", default=None, help=CHECKPOINT_HELP)
 @click.option("--output", type=click.Path(file_okay=False), default=None, help="Report directory [<run>/compare].")
 @address_option("compare")
 def compare(
@@ -96,13 +87,12 @@ def compare(
     tests are McNemar (correct/incorrect) and paired bootstrap (continuous metrics).
     """
     from rayft.evaluation.report import pair_lines
-    from rayft.recipes import compare as compare_recipe
 
     sources = _parse_models(models)
     cfg = load_cli_config(config_path, _with_checkpoint(overrides, checkpoint))
     out = Path(output) if output else _default_output(cfg, "compare")
     open_run_log(cfg, out)
-    result = compare_recipe.run(cfg, sources, out)
+    result = api.compare(cfg, sources, out)
     click.echo(result.table + "\n")
     for line in pair_lines(result.summary):
         click.echo(line)
@@ -117,8 +107,8 @@ def compare(
 @click.argument("output_dir", type=click.Path(file_okay=False))
 @click.argument("overrides", nargs=-1, metavar="[KEY=VALUE]...")
 @click.option("--config", "config_path", type=click.Path(dir_okay=False), default=None, help="Config file (optional).")
-@click.option("--merge/--no-merge", default=None, help="Merge the LoRA adapter (default: export.merge, true).")
-@click.option("--checkpoint", default=None, help=_CHECKPOINT_HELP)
+@click.option("--merge/--no-merge", default=None, help=f"Merge the LoRA adapter [{config_default('export.merge')}].")
+@click.option("--checkpoint", default=None, help=CHECKPOINT_HELP)
 def export(
     source: str,
     output_dir: str,
@@ -133,10 +123,8 @@ def export(
     The export is verified before it is published: the adapter's shapes, merged vs base+adapter
     logits, and a reload with from_pretrained that generates.
     """
-    from rayft.recipes import export as export_recipe
-
     cfg = load_config(config_path, list(_with_checkpoint(overrides, checkpoint)))
-    result = export_recipe.run(cfg, source, Path(output_dir), merge=merge)
+    result = api.export(source, Path(output_dir), cfg, merge=merge)
     kind = "merged model" if result.merged else ("adapter" if result.verification.get("adapter") else "model")
     click.echo(f"Exported {kind} to {result.output_dir}")
     for key, value in result.verification.items():

@@ -4,16 +4,15 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import click
 
+from rayft import api
 from rayft.cli.address_opt import address_option
+from rayft.cli.defaults import CHECKPOINT_HELP, config_default
 from rayft.config import RayftConfig, load_config
 from rayft.config.loader import validate_config
-
-_CHECKPOINT_HELP = "Checkpoint of a run directory: latest (default), best (lowest eval/loss), final, or step-N."
 
 
 def _with_inference(cfg: RayftConfig, values: dict[str, Any]) -> RayftConfig:
@@ -36,13 +35,14 @@ def sampling_options(function: Callable[..., Any]) -> Callable[..., Any]:
     options = [
         click.option("--config", "config_path", type=click.Path(dir_okay=False), default=None,
                      help="Config file (optional); its inference section gives the defaults of the options below."),
-        click.option("--checkpoint", default=None, help=_CHECKPOINT_HELP),
+        click.option("--checkpoint", default=None, help=CHECKPOINT_HELP),
         click.option("--max-new-tokens", type=int, default=None,
-                     help="Longest reply or completion, in tokens [inference.max_new_tokens: 512]."),
+                     help=f"Longest reply or completion, in tokens [{config_default('inference.max_new_tokens')}]."),
         click.option("--temperature", type=float, default=None,
-                     help="Sampling temperature, 0 = greedy [inference.temperature: 0.7]."),
-        click.option("--top-p", type=float, default=None, help="Nucleus sampling mass [inference.top_p: 0.9]."),
-        click.option("--seed", type=int, default=None, help="Sampling seed [inference.seed: unset]."),
+                     help=f"Sampling temperature, 0 = greedy [{config_default('inference.temperature')}]."),
+        click.option("--top-p", type=float, default=None,
+                     help=f"Nucleus sampling mass [{config_default('inference.top_p')}]."),
+        click.option("--seed", type=int, default=None, help=f"Sampling seed [{config_default('inference.seed')}]."),
     ]  # fmt: skip
     return functools.reduce(lambda f, option: option(f), reversed(options), function)
 
@@ -111,11 +111,15 @@ def chat(source: str, overrides: tuple[str, ...], *, config_path: str | None, ch
     "--backend",
     type=click.Choice(["hf", "vllm", "openai"]),
     default=None,
-    help="Generation backend [inference.backend: hf]; openai sends SOURCE as the model name to "
+    help=f"Generation backend [{config_default('inference.backend')}]; openai sends SOURCE as the model name to "
     "inference.endpoint.base_url.",
 )
-@click.option("--batch-size", type=int, default=None, help="Prompts per batch [inference.batch_size: 16].")
-@click.option("--num-workers", type=int, default=None, help="Model replicas on Ray [inference.num_workers: 1].")
+@click.option(
+    "--batch-size", type=int, default=None, help=f"Prompts per batch [{config_default('inference.batch_size')}]."
+)
+@click.option(
+    "--num-workers", type=int, default=None, help=f"Model replicas on Ray [{config_default('inference.num_workers')}]."
+)
 @address_option("generate", as_job=False)
 def generate(
     source: str,
@@ -139,15 +143,8 @@ def generate(
     a wrong type) are listed with their line number, reason and text in the rejects file and counted
     in the summary; none is dropped silently. Chat prompts go through the model's chat template.
     """
-    from rayft.recipes import generate as recipe
-
     cfg = _with_inference(_load(config_path, overrides, checkpoint), settings)
-    result = recipe.run(
-        cfg,
-        source,
-        Path(input_path),
-        Path(output_path),
-        prompt_field=prompt_field,
-        rejects_path=Path(rejects_path) if rejects_path else None,
+    result = api.generate(
+        source, input_path, output_path, cfg, prompt_field=prompt_field, rejects_path=rejects_path or None
     )
     click.echo(result.summary())

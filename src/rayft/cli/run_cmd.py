@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import click
 
+from rayft import api
 from rayft.cli.address_opt import address_option
 from rayft.cli.common import config_argument, load_cli_config, open_run_log, overrides_argument
 from rayft.data.builtin import builtin_eval_note
@@ -32,7 +33,6 @@ def run(
     and report.html.
     """
     from rayft.pipeline.plan import StageDecision
-    from rayft.pipeline.runner import run as run_pipeline
 
     def announce(decision: StageDecision) -> None:
         verb = {"run": "running", "skip": "skipped", "reuse": "reused", "failed": "failed"}[decision.action]
@@ -40,7 +40,7 @@ def run(
 
     cfg = load_cli_config(config_path, overrides)
     open_run_log(cfg)
-    result = run_pipeline(cfg, from_stage=from_stage, only=only, force=force, on_decision=announce)
+    result = api.run_pipeline(cfg, from_stage=from_stage, only=only, force=force, on_decision=announce)
     click.echo("stage     action  seconds")
     for decision in result.decisions:
         click.echo(f"{decision.stage:<9} {decision.action:<7} {result.elapsed_s.get(decision.stage, 0.0):>7.1f}")

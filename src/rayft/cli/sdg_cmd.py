@@ -7,15 +7,17 @@ from typing import Any
 
 import click
 
+from rayft import api
 from rayft.cli.address_opt import address_option
 from rayft.cli.common import config_argument, load_cli_config, open_run_log, overrides_argument
+from rayft.config.sdg import TEST_MODE_SEEDS
 
 
 @click.command(epilog="Example: rayft sdg configs/sdg.yaml --seeds 50 --variations 3 sdg.generator=symbolic")
 @config_argument
 @overrides_argument
 @address_option("sdg")
-@click.option("--test-mode", is_flag=True, help="A smoke run on 2 seeds (seconds).")
+@click.option("--test-mode", is_flag=True, help=f"A smoke run on {TEST_MODE_SEEDS} seeds (seconds).")
 @click.option("--seeds", "num_seeds", type=click.IntRange(min=1), help="Number of seeds to use (sdg.num_seeds).")
 @click.option("--variations", type=click.IntRange(min=1), help="New rows per seed (sdg.variations).")
 @click.option("--output-dir", type=click.Path(file_okay=False), help="Where to write (default: sdg.output_dir).")
@@ -33,13 +35,11 @@ def sdg(  # noqa: PLR0917 - click passes every option positionally by name
     (every rejected row with its stage and reason) and summary.json. Rerunning the same command
     after an interruption skips the seeds already written.
     """
-    from rayft.recipes.sdg import run
-
     extra = [f"sdg.num_seeds={num_seeds}"] if num_seeds else []
     extra += [f"sdg.variations={variations}"] if variations else []
     cfg = load_cli_config(config_path, (*overrides, *extra))
     open_run_log(cfg, Path(output_dir) if output_dir else None)
-    result = run(cfg, output_dir=Path(output_dir) if output_dir else None, test_mode=test_mode)
+    result = api.sdg(cfg, output_dir or None, test_mode=test_mode)
     click.echo(format_summary(result.summary))
     click.echo(f"\nAccepted: {result.data_jsonl}\nRejected: {result.rejected_jsonl}\nSummary:  {result.summary_json}")
 

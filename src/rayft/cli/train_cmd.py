@@ -6,6 +6,7 @@ import sys
 
 import click
 
+from rayft import api
 from rayft.cli.address_opt import address_option
 from rayft.cli.common import config_argument, load_cli_config, open_run_log, overrides_argument
 from rayft.errors import RunInterruptedError
@@ -31,7 +32,6 @@ def train(config_path: str, overrides: tuple[str, ...], resume: bool) -> None:
     trains as one of the scaling.num_workers ranks, without Ray.
     """
     from rayft.models.hub import check_model_available
-    from rayft.recipes.train import run
     from rayft.training.driver import torchrun
 
     cfg = load_cli_config(config_path, overrides)
@@ -44,7 +44,7 @@ def train(config_path: str, overrides: tuple[str, ...], resume: bool) -> None:
             if result is None:
                 return
         else:
-            result = run(cfg, resume=resume)
+            result = api.train(cfg, resume=resume)
     except RunInterruptedError as exc:  # SIGTERM: a clean stop after a save, not a failure
         click.echo(f"Stopped: {exc}", err=True)
         sys.exit(SIGTERM_EXIT_CODE)

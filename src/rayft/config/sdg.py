@@ -10,6 +10,9 @@ from rayft.config.base import Section
 from rayft.config.data import DatasetConfig
 from rayft.config.generation import GenerationConfig
 
+TEST_MODE_SEEDS = 2
+"""The seeds of a smoke run (``rayft sdg --test-mode``): enough to run every stage in seconds."""
+
 DEFAULT_VARIATION_PROMPT = (
     "Here is a grade-school math word problem and its step-by-step solution.\n\n"
     "Problem: {question}\n\nSolution:\n{answer}\n\n"

@@ -11,6 +11,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from rayft import charts
 from rayft.evaluation.runner import CorpusScores, Examples, ModelRun
 from rayft.evaluation.stats import PairedTest, corpus_paired_test, paired_test
 from rayft.evaluation.summary import CompareSummary, MetricSummary, ModelSummary, PairComparison
@@ -18,7 +19,6 @@ from rayft.files import write_jsonl_atomic
 from rayft.pages import html_page
 
 MAX_DISAGREEMENTS = 50
-_PALETTE = ("#4269d0", "#efb118", "#ff725c", "#6cc5b0", "#3ca951", "#a463f2")
 
 
 def write_jsonl(path: Path, rows: Iterable[Mapping[str, Any]]) -> Path:
@@ -240,56 +240,12 @@ pre{background:#f8f8f8;border:1px solid #e5e5e5;padding:.5rem;margin:.2rem 0}
 
 def _svg_chart(summary: CompareSummary) -> str:
     """A grouped bar chart of every metric per model, with interval whiskers (inline SVG)."""
-    models = list(summary.models)
-    metrics = list(dict.fromkeys(name for m in summary.models.values() for name in m.metrics))
-    highs = [metric.estimate.ci_high for m in summary.models.values() for metric in m.metrics.values()]
-    scale = max([1.0, *highs])
-    width, height, left, bottom, top = 900, 330, 60, 60, 30
-    plot_h = height - bottom - top
-    group_w = (width - left - 20) / max(len(metrics), 1)
-    bar_w = min(60.0, group_w * 0.8 / max(len(models), 1))
-    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" role="img" '
-             f'aria-label="metrics by model">']  # fmt: skip
-    for tick in range(5):
-        value = scale * tick / 4
-        y = top + plot_h - plot_h * tick / 4
-        parts.append(f'<line x1="{left}" x2="{width - 10}" y1="{y:.1f}" y2="{y:.1f}" stroke="#e5e5e5"/>')
-        parts.append(f'<text x="{left - 6}" y="{y + 4:.1f}" font-size="11" text-anchor="end">{value:.2f}</text>')
-    for gi, name in enumerate(metrics):
-        x0 = left + gi * group_w + (group_w - bar_w * len(models)) / 2
-        for mi, label in enumerate(models):
-            metric = summary.models[label].metrics.get(name)
-            if metric is None:
-                continue
-            m = metric.estimate
-            x = x0 + mi * bar_w
-            h = plot_h * m.value / scale
-            y = top + plot_h - h
-            color = _PALETTE[mi % len(_PALETTE)]
-            parts.append(
-                f'<rect x="{x:.1f}" y="{y:.1f}" width="{bar_w - 4:.1f}" height="{h:.1f}" fill="{color}">'
-                f"<title>{html.escape(label)} {html.escape(name)}: {m.value:.3f}</title></rect>"
-            )
-            lo, hi = (top + plot_h - plot_h * v / scale for v in (m.ci_low, m.ci_high))
-            cx = x + (bar_w - 4) / 2
-            parts.append(f'<line x1="{cx:.1f}" x2="{cx:.1f}" y1="{lo:.1f}" y2="{hi:.1f}" stroke="#222"/>')
-            for yy in (lo, hi):
-                parts.append(f'<line x1="{cx - 5:.1f}" x2="{cx + 5:.1f}" y1="{yy:.1f}" y2="{yy:.1f}" stroke="#222"/>')
-            label_y = min(y, hi) - 4  # above the bar and its whisker
-            parts.append(
-                f'<text x="{cx:.1f}" y="{label_y:.1f}" font-size="11" text-anchor="middle">{m.value:.2f}</text>'
-            )
-        label_x = left + gi * group_w + group_w / 2
-        parts.append(
-            f'<text x="{label_x:.1f}" y="{height - bottom + 18}" font-size="12" text-anchor="middle">'
-            f"{html.escape(name)}</text>"
-        )
-    for mi, label in enumerate(models):
-        x = left + mi * 160
-        parts.append(f'<rect x="{x}" y="{height - 22}" width="12" height="12" fill="{_PALETTE[mi % len(_PALETTE)]}"/>')
-        parts.append(f'<text x="{x + 18}" y="{height - 12}" font-size="12">{html.escape(label)}</text>')
-    parts.append("</svg>")
-    return "\n".join(parts)
+    bars = [
+        charts.Bar(name, label, m.estimate.value, m.estimate.ci_low, m.estimate.ci_high, charts.color(mi))
+        for mi, (label, model) in enumerate(summary.models.items())
+        for name, m in model.metrics.items()
+    ]
+    return charts.grouped_bar_chart(bars, label="metrics by model")
 
 
 def render_html(summary: CompareSummary, rows: Sequence[dict[str, Any]]) -> str:

@@ -3,7 +3,7 @@
 Nothing here touches a model: :func:`step` turns the current :class:`Conversation` and one line
 the user typed into the next conversation and what to do (print something, generate a reply,
 quit); :func:`fit_history` drops the oldest turns that do not fit the model's context; the
-model I/O lives in :mod:`rayft.recipes.chat`.
+model I/O lives in :mod:`rayft.inference.chat`.
 """
 
 from __future__ import annotations

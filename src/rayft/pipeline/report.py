@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from html import escape
 from typing import Any
 
+from rayft import charts
 from rayft.evaluation.report import difference_interval, level_text
 from rayft.evaluation.summary import CompareSummary
 from rayft.pages import html_page
@@ -139,78 +140,22 @@ def _training_section(metrics: Sequence[Mapping[str, Any]], summary: Mapping[str
         return [(float(r["step"]), float(r[key])) for r in metrics if key in r and _finite(r[key])]
 
     loss = {"train loss": series("train/loss"), "validation loss": series("eval/loss")}
-    charts = [
-        svg_line_chart({k: v for k, v in loss.items() if v}, title="Loss", y_label="loss"),
-        svg_line_chart({"learning rate": series("train/learning_rate")}, title="Learning rate", y_label="lr"),
+    drawn = [
+        _line_chart({k: v for k, v in loss.items() if v}, charts.Names("step", "Loss", "loss")),
+        _line_chart({"learning rate": series("train/learning_rate")}, charts.Names("step", "Learning rate", "lr")),
     ]
     table = _mapping_table(summary) if summary else ""
-    return f"<h2>Training</h2>{table}<div class='charts'>{''.join(c for c in charts if c)}</div>"
+    return f"<h2>Training</h2>{table}<div class='charts'>{''.join(c for c in drawn if c)}</div>"
 
 
 def _finite(value: Any) -> bool:
     return isinstance(value, int | float) and math.isfinite(value)
 
 
-def svg_line_chart(
-    series: Mapping[str, Sequence[tuple[float, float]]],
-    *,
-    title: str,
-    y_label: str,
-    width: int = 520,
-    height: int = 300,
-) -> str:
-    """An inline SVG line chart of one or more (x, y) series, with axes, ticks and a legend."""
-    points = [p for values in series.values() for p in values]
-    if not points:
-        return ""
-    left, right, top, bottom = 70, 15, 30, 40
-    xs, ys = [p[0] for p in points], [p[1] for p in points]
-    x_lo, x_hi = min(xs), max(xs) if max(xs) > min(xs) else min(xs) + 1
-    y_lo, y_hi = min(ys), max(ys)
-    pad = (y_hi - y_lo) * 0.05 or abs(y_hi) * 0.05 or 1.0
-    y_lo, y_hi = y_lo - pad if y_lo < 0 else max(y_lo - pad, 0.0), y_hi + pad
-
-    def sx(x: float) -> float:
-        return left + (x - x_lo) / (x_hi - x_lo) * (width - left - right)
-
-    def sy(y: float) -> float:
-        return top + (y_hi - y) / (y_hi - y_lo) * (height - top - bottom)
-
-    out = [
-        f"<svg xmlns='http://www.w3.org/2000/svg' width='{width}' height='{height}' role='img' "
-        f"aria-label='{escape(title)}'><rect width='100%' height='100%' fill='white'/>",
-        f"<text x='{width / 2}' y='18' text-anchor='middle' font-size='14' font-weight='600'>{escape(title)}</text>",
-        f"<line x1='{left}' y1='{height - bottom}' x2='{width - right}' y2='{height - bottom}' stroke='#333'/>",
-        f"<line x1='{left}' y1='{top}' x2='{left}' y2='{height - bottom}' stroke='#333'/>",
-    ]
-    for i in range(5):
-        y = y_lo + (y_hi - y_lo) * i / 4
-        out.append(
-            f"<text x='{left - 6}' y='{sy(y) + 4:.1f}' text-anchor='end' font-size='11'>{y:.3g}</text>"
-            f"<line x1='{left}' y1='{sy(y):.1f}' x2='{width - right}' y2='{sy(y):.1f}' stroke='#eee'/>"
-        )
-        x = x_lo + (x_hi - x_lo) * i / 4
-        out.append(
-            f"<text x='{sx(x):.1f}' y='{height - bottom + 16}' text-anchor='middle' font-size='11'>{x:.0f}</text>"
-        )
-    out.append(f"<text x='{width / 2}' y='{height - 6}' text-anchor='middle' font-size='12'>step</text>")
-    out.append(
-        f"<text x='14' y='{height / 2}' text-anchor='middle' font-size='12' "
-        f"transform='rotate(-90 14 {height / 2})'>{escape(y_label)}</text>"
-    )
-    for index, (name, values) in enumerate(series.items()):
-        color = _COLORS[index % len(_COLORS)]
-        path = " ".join(f"{sx(x):.1f},{sy(y):.1f}" for x, y in sorted(values))
-        out.append(f"<polyline fill='none' stroke='{color}' stroke-width='2' points='{path}'/>")
-        if len(values) == 1:
-            x, y = values[0]
-            out.append(f"<circle cx='{sx(x):.1f}' cy='{sy(y):.1f}' r='3' fill='{color}'/>")
-        out.append(
-            f"<rect x='{width - right - 150}' y='{top + 6 + 16 * index}' width='10' height='10' fill='{color}'/>"
-            f"<text x='{width - right - 135}' y='{top + 15 + 16 * index}' font-size='11'>{escape(name)}</text>"
-        )
-    out.append("</svg>")
-    return "".join(out)
+def _line_chart(series: Mapping[str, Sequence[tuple[float, float]]], names: charts.Names) -> str:
+    """Named (step, value) series as one chart with its legend, in the report's colours."""
+    lines = [charts.Series(name, points, charts.color(i, _COLORS)) for i, (name, points) in enumerate(series.items())]
+    return charts.line_chart(lines, names, legend=True)
 
 
 def _compare_section(summary: CompareSummary) -> str:
@@ -248,40 +193,14 @@ def _compare_section(summary: CompareSummary) -> str:
 
 
 def _bar_chart(summary: CompareSummary) -> str:
-    bars = []
-    for label, model in summary.models.items():
-        for metric, m in model.metrics.items():
-            e = m.estimate
-            if _finite(e.value):
-                bars.append((f"{label} · {metric}", float(e.value), e.ci_low, e.ci_high))
-    if not bars:
-        return ""
-    width, row, left = 620, 26, 230
-    highs = [float(b[3]) for b in bars if isinstance(b[3], int | float) and _finite(b[3])]
-    top_value = max(*(b[1] for b in bars), *highs, 1e-9)
-    height = row * len(bars) + 20
-    out = [
-        f"<svg xmlns='http://www.w3.org/2000/svg' width='{width}' height='{height}' role='img' aria-label='metrics'>"
+    """Every model's metrics as horizontal bars with their intervals, a colour per bar."""
+    rows = [(label, name, m.estimate) for label, model in summary.models.items() for name, m in model.metrics.items()]
+    shown = [(label, name, e) for label, name, e in rows if _finite(e.value)]
+    bars = [
+        charts.Bar(name, label, float(e.value), e.ci_low, e.ci_high, charts.color(i, _COLORS))
+        for i, (label, name, e) in enumerate(shown)
     ]
-    for i, (name, value, low, high) in enumerate(bars):
-        y = 10 + i * row
-        length = value / top_value * (width - left - 60)
-        color = _COLORS[i % len(_COLORS)]
-        out.append(
-            f"<text x='{left - 8}' y='{y + 15}' text-anchor='end' font-size='12'>{escape(name)}</text>"
-            f"<rect x='{left}' y='{y + 3}' width='{max(length, 1):.1f}' height='16' fill='{color}'/>"
-        )
-        label_x = left + length + 6
-        if isinstance(low, int | float) and isinstance(high, int | float) and _finite(low) and _finite(high):
-            x1 = left + float(low) / top_value * (width - left - 60)
-            x2 = left + float(high) / top_value * (width - left - 60)
-            out.append(
-                f"<line x1='{x1:.1f}' y1='{y + 11}' x2='{x2:.1f}' y2='{y + 11}' stroke='#111' stroke-width='2'/>"
-            )
-            label_x = max(label_x, x2 + 6)
-        out.append(f"<text x='{label_x:.1f}' y='{y + 15}' font-size='12'>{value:.3f}</text>")
-    out.append("</svg>")
-    return "".join(out)
+    return charts.bar_rows_chart(bars, label="metrics")
 
 
 def _examples_section(examples: Sequence[Mapping[str, Any]], limit: int = 12) -> str:

@@ -5,23 +5,19 @@ trial table."""
 from __future__ import annotations
 
 import html
-import math
-from collections.abc import Callable, Sequence
 from typing import Any
 
+from rayft import charts
 from rayft.config.tune import TuneConfig
 from rayft.pages import html_page
-from rayft.tuning.results import SweepResult, TrialRecord
+from rayft.tuning.results import SweepResult
 
-PALETTE = ("#4269d0", "#efb118", "#ff725c", "#6cc5b0", "#3ca951", "#ff8ab7", "#a463f2", "#97bbf5", "#9c6b4e")
 _CSS = ".best{background:#ecfdf3;font-weight:600}\n"  # tune.html's own rule, after the shared style
-_W, _H, _LEFT, _RIGHT, _TOP, _BOTTOM = 520, 300, 64, 16, 20, 44
-Scale = Callable[[float], float]
 
 
 def trial_color(index: int) -> str:
     """The colour of the ``index``-th trial (in the sweep's order) in every chart."""
-    return PALETTE[index % len(PALETTE)]
+    return charts.color(index)
 
 
 def render_sweep_html(result: SweepResult, tune: TuneConfig | None) -> str:
@@ -41,119 +37,29 @@ def render_sweep_html(result: SweepResult, tune: TuneConfig | None) -> str:
     return html_page(f"rayft sweep {result.name}", body, _CSS)
 
 
-def _linear(low: float, high: float, out_low: float, out_high: float) -> Scale:
-    if high <= low:
-        low, high = low - 0.5, high + 0.5
-    return lambda v: out_low + (v - low) / (high - low) * (out_high - out_low)
-
-
-def _log(low: float, high: float, out_low: float, out_high: float) -> Scale:
-    inner = _linear(math.log10(low), math.log10(high), out_low, out_high)
-    return lambda v: inner(math.log10(v))
-
-
-def _frame(title: str, x_ticks: Sequence[tuple[float, str]], y: Scale, y_range: tuple[float, float]) -> list[str]:
-    """An SVG's opening tag, its y grid with labels, and x tick labels (already placed)."""
-    parts = [
-        f'<svg xmlns="http://www.w3.org/2000/svg" width="{_W}" height="{_H}" role="img" '
-        f'aria-label="{html.escape(title)}">'
-    ]
-    for i in range(5):
-        value = y_range[0] + (y_range[1] - y_range[0]) * i / 4
-        yy = y(value)
-        parts.append(f'<line x1="{_LEFT}" x2="{_W - _RIGHT}" y1="{yy:.1f}" y2="{yy:.1f}" stroke="#e5e5e5"/>')
-        parts.append(f'<text x="{_LEFT - 6}" y="{yy + 4:.1f}" font-size="11" text-anchor="end">{value:.4g}</text>')
-    for xx, label in x_ticks:
-        y_text = _H - _BOTTOM + 16
-        parts.append(f'<text x="{xx:.1f}" y="{y_text}" font-size="11" text-anchor="middle">{html.escape(label)}</text>')
-    parts.append(
-        f'<text x="{(_LEFT + _W - _RIGHT) / 2:.1f}" y="{_H - 8}" font-size="12" text-anchor="middle">'
-        f"{html.escape(title)}</text>"
-    )
-    return parts
-
-
-def _y_scale(values: Sequence[float]) -> tuple[Scale, tuple[float, float]]:
-    finite = [v for v in values if math.isfinite(v)] or [0.0, 1.0]
-    low, high = min(finite), max(finite)
-    pad = (high - low) * 0.05 or abs(high) * 0.05 or 0.5
-    y_range = (low - pad, high + pad)
-    return _linear(y_range[0], y_range[1], _H - _BOTTOM, _TOP), y_range
-
-
 def _history_chart(result: SweepResult) -> str:
-    points = [(s, v) for t in result.trials for s, v in t.history]
-    if not points:
-        return "<p>No trial has reported the metric yet.</p>"
-    max_step = max(s for s, _ in points)
-    x = _linear(0, max_step, _LEFT, _W - _RIGHT)
-    y, y_range = _y_scale([v for _, v in points])
-    ticks = [(x(step), str(step)) for step in dict.fromkeys(round(max_step * i / 4) for i in range(5))]
-    parts = _frame("step", ticks, y, y_range)
-    for index, trial in enumerate(result.trials):
-        shown = [(s, v) for s, v in trial.history if math.isfinite(v)]
-        if not shown:
-            continue
-        line = " ".join(f"{x(s):.1f},{y(v):.1f}" for s, v in shown)
-        width = 3 if trial.trial_id == result.best_trial_id else 1.8
-        tid = html.escape(trial.trial_id)
-        parts.append(
-            f'<polyline class="series" data-trial="{tid}" points="{line}" fill="none" '
-            f'stroke="{trial_color(index)}" stroke-width="{width}"><title>{tid}</title></polyline>'
+    """The metric of every trial over steps, the best trial's line thicker; the legend below."""
+    lines = [
+        charts.Series(
+            t.trial_id, t.history, trial_color(i), 3 if t.trial_id == result.best_trial_id else 1.8, t.trial_id
         )
-        for s, v in shown:
-            parts.append(f'<circle cx="{x(s):.1f}" cy="{y(v):.1f}" r="2.5" fill="{trial_color(index)}"/>')
-    parts.append("</svg>")
-    return "\n".join(parts) + _legend(result.trials)
-
-
-def _legend(trials: Sequence[TrialRecord]) -> str:
-    items = [
-        f'<span style="margin-right:1rem"><span style="display:inline-block;width:12px;height:12px;'
-        f'background:{trial_color(i)}"></span> {html.escape(t.trial_id)}</span>'
-        for i, t in enumerate(trials)
+        for i, t in enumerate(result.trials)
     ]
-    return f'<p class="meta">{"".join(items)}</p>'
+    chart = charts.line_chart(lines, charts.Names("step"))
+    if not chart:
+        return "<p>No trial has reported the metric yet.</p>"
+    return chart + charts.legend_html([(t.trial_id, trial_color(i)) for i, t in enumerate(result.trials)])
 
 
 def _param_chart(result: SweepResult, path: str, log: bool) -> str:
     """The last metric of each trial against one hyper-parameter; categories for non-numbers."""
     dots = [
-        (i, t.params[path], t.metric) for i, t in enumerate(result.trials) if path in t.params and t.metric is not None
-    ]
-    if not dots:
-        return ""
-    y, y_range = _y_scale([m for _, _, m in dots])
-    x, ticks = _x_axis([v for _, v, _ in dots], log)
-    parts = _frame(path + (" (log)" if log else ""), ticks, y, y_range)
-    for index, value, metric in dots:
-        if not math.isfinite(metric):
-            continue
-        label = f"{result.trials[index].trial_id}: {path}={value!r}, {result.metric}={metric:.4g}"
-        parts.append(
-            f'<circle class="point" cx="{x(value):.1f}" cy="{y(metric):.1f}" r="5" fill="{trial_color(index)}">'
-            f"<title>{html.escape(label)}</title></circle>"
-        )
-    parts.append("</svg>")
-    return "\n".join(parts)
-
-
-def _x_axis(values: Sequence[Any], log: bool) -> tuple[Callable[[Any], float], list[tuple[float, str]]]:
-    numeric = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values)
-    if not numeric:
-        categories = list(dict.fromkeys(repr(v) for v in values))
-        place = _linear(-0.5, len(categories) - 0.5, _LEFT, _W - _RIGHT)
-        return (lambda v: place(categories.index(repr(v)))), [(place(i), c) for i, c in enumerate(categories)]
-    low, high = float(min(values)), float(max(values))
-    if log and low > 0:
-        if high <= low:
-            low, high = low / 2, high * 2
-        scale = _log(low, high, _LEFT + 10, _W - _RIGHT - 10)
-        ticks = [low * (high / low) ** (i / 4) for i in range(5)]
-    else:
-        scale = _linear(low, high, _LEFT + 10, _W - _RIGHT - 10)
-        ticks = [low + (high - low) * i / 4 for i in range(5)] if high > low else [low]
-    return (lambda v: scale(float(v))), [(scale(t), f"{t:.3g}") for t in ticks]
+        charts.Dot(t.params[path], t.metric, trial_color(i), f"{t.trial_id}: {path}={t.params[path]!r}, "
+                   f"{result.metric}={t.metric:.4g}")
+        for i, t in enumerate(result.trials)
+        if path in t.params and t.metric is not None
+    ]  # fmt: skip
+    return charts.dot_chart(dots, charts.Names(path + (" (log)" if log else "")), log_x=log)
 
 
 def _table(result: SweepResult) -> str:

@@ -1,0 +1,64 @@
+"""The export plan (rayft.export.plan): what is exported, where, merged or not, and the refusals
+made before any model loads; on checkpoint directories written by hand."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from rayft.config import ModelConfig
+from rayft.errors import ConfigError, RunStateError
+from rayft.export.plan import plan_export
+
+
+def _adapter(directory: Path) -> Path:
+    directory.mkdir(parents=True)
+    (directory / "adapter_config.json").write_text(json.dumps({"r": 4, "base_model_name_or_path": "org/base"}))
+    return directory
+
+
+def _model_dir(directory: Path) -> Path:
+    directory.mkdir(parents=True)
+    (directory / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    (directory / "model.safetensors").write_bytes(b"weights")
+    (directory / "tokenizer.json").write_text("{}")
+    return directory
+
+
+@pytest.mark.parametrize("merge", [True, False])
+def test_a_lora_checkpoint_is_merged_only_when_asked(tmp_path: Path, merge: bool) -> None:
+    adapter = _adapter(tmp_path / "adapter")
+    plan = plan_export(str(adapter), tmp_path / "out", ModelConfig(), "latest", merge=merge)
+    assert (plan.kind, plan.merged, plan.target) == ("lora", merge, (tmp_path / "out").resolve())
+    assert plan.source.adapter_path == str(adapter)
+
+
+def test_an_empty_target_directory_is_allowed(tmp_path: Path) -> None:
+    (tmp_path / "out").mkdir()
+    plan = plan_export(str(_adapter(tmp_path / "adapter")), tmp_path / "out", ModelConfig(), "latest", merge=True)
+    assert plan.target == (tmp_path / "out").resolve()
+
+
+def test_a_missing_source_is_refused_with_what_to_give(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"'.*nowhere' does not exist or is not a directory; give a run directory"):
+        plan_export(str(tmp_path / "nowhere"), tmp_path / "out", ModelConfig(), "latest", merge=True)
+
+
+def test_a_model_that_is_no_training_checkpoint_is_refused(tmp_path: Path) -> None:
+    model = _model_dir(tmp_path / "model")
+    with pytest.raises(ConfigError, match="is a model, not a training checkpoint"):
+        plan_export(str(model), tmp_path / "out", ModelConfig(), "latest", merge=True)
+
+
+@pytest.mark.parametrize("occupied", ["file", "non-empty directory"])
+def test_an_occupied_target_is_refused_before_anything_loads(tmp_path: Path, occupied: str) -> None:
+    target = tmp_path / "out"
+    if occupied == "file":
+        target.write_text("x")
+    else:
+        target.mkdir()
+        (target / "keep.txt").write_text("x")
+    with pytest.raises(RunStateError, match="already exists and is not empty; choose a new directory"):
+        plan_export(str(_adapter(tmp_path / "adapter")), target, ModelConfig(), "latest", merge=True)
