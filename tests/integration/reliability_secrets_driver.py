@@ -2,7 +2,8 @@
 starts (as each command would: with its worker set-up hook), then writes what Ray stored about the
 job (its runtime environment and job table) to the file named by argv[1], so that the secrets test
 can grep it with the commands' files. argv[2:] are the commands' CLI arguments, separated by ``::``;
-each command's exit status is printed as ``exit <status>: <command>``."""
+each command's output is framed by ``begin: <command>`` and ``exit <status>: <command>`` lines (the
+first ``begin`` before Ray starts, so that what a user sees of a command includes that start)."""
 
 from __future__ import annotations
 
@@ -38,9 +39,13 @@ def main() -> int:
 
     from rayft.runtime import ray_runtime
 
+    groups = commands(sys.argv[2:])
+    print(f"begin: {groups[0][0]}", flush=True)
     with ray_runtime():
         try:
-            for args in commands(sys.argv[2:]):
+            for index, args in enumerate(groups):
+                if index:
+                    print(f"begin: {args[0]}", flush=True)
                 status = run_cli(args)
                 print(f"exit {status}: {args[0]}", flush=True)
         finally:
