@@ -104,6 +104,7 @@ def train_workers(since: float) -> list[Any]:
     test's, never those of another Ray on the same machine, which are older."""
     import psutil
 
+    since -= 1.0  # psutil dates a process from the boot time, which Linux gives in whole seconds
     processes = psutil.process_iter(["cmdline", "create_time"])
     return [p for p in processes if "ray::RayTrainWorker" in " ".join(p.info["cmdline"] or []) and
             p.info["create_time"] >= since]  # fmt: skip

@@ -1,7 +1,7 @@
 """FSDP and DeepSpeed ZeRO-3 (``train.strategy``) on 2 Ray Train workers (gloo, CPU) on a tiny random
 model: each trains as DDP does, its checkpoints hold whole weights (never one rank's shard), a
 killed FSDP worker resumes exactly, and runs resume across strategies (DDP to FSDP, DDP to
-DeepSpeed with its optimizer offloaded, DeepSpeed to DDP). The slow tier adds DeepSpeed runs trained
+DeepSpeed, DeepSpeed with its optimizer offloaded to DDP). The slow tier adds DeepSpeed runs trained
 whole (with and without offload) and DDP runs that really fail before they resume."""
 
 from __future__ import annotations
@@ -114,12 +114,13 @@ def test_fsdp_resume_after_a_worker_is_killed_matches_an_uninterrupted_run(
 
 
 def fail_at_step_6(
-    tiny_model_dir: Path, prepared: PreparedData, storage: Path, strategy: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
+    tiny_model_dir: Path, prepared: PreparedData, storage: Path, strategy: str, monkeypatch: pytest.MonkeyPatch,
+    *settings: str,
+) -> None:  # fmt: skip
     """Train under ``strategy`` until an injected failure before step 6 (after the checkpoint of step 4)."""
     monkeypatch.setenv("RAYFT_FAULT_RAISE", "0:6")
     with pytest.raises(TrainingError, match="injected failure on rank 0 at step 6"):
-        train_on(tiny_config(tiny_model_dir, storage, *LORA, strategy, "failure.max_failures=0"), prepared)
+        train_on(tiny_config(tiny_model_dir, storage, *LORA, strategy, *settings, "failure.max_failures=0"), prepared)
     monkeypatch.delenv("RAYFT_FAULT_RAISE")
     assert (storage / "run" / "checkpoints" / "step-000004").is_dir()
 
@@ -134,32 +135,33 @@ def assert_whole_adapters(*directories: Path) -> None:
 
 
 # The DDP side of a crash is the DDP reference run cut back to its checkpoint of step 4 (what a
-# DDP run that died before step 6 leaves; test_train.py kills DDP runs for real). DeepSpeed resumes
-# with its optimizer offloaded to the CPU, so this one resume also covers the offload engine.
+# DDP run that died before step 6 leaves; the slow tier's variant below makes it fail for real).
 OFFLOAD = "train.deepspeed={zero_optimization: {offload_optimizer: {device: cpu}}}"
 
 
-@pytest.mark.parametrize(
-    "resumed_under", [(FSDP,), (DEEPSPEED, OFFLOAD)], ids=["ddp-to-fsdp", "ddp-to-deepspeed-offload"]
-)
+@pytest.mark.parametrize("resumed_under", [FSDP, DEEPSPEED], ids=["ddp-to-fsdp", "ddp-to-deepspeed"])
 def test_a_ddp_run_resumes_under_a_sharded_strategy(
-    ddp_run: Path, tiny_model_dir: Path, prepared: PreparedData, tmp_path: Path, resumed_under: tuple[str, ...]
+    ddp_run: Path, tiny_model_dir: Path, prepared: PreparedData, tmp_path: Path, resumed_under: str
 ) -> None:
     crashed_copy(ddp_run, tmp_path, crashed_at=6)
-    resumed = train_on(tiny_config(tiny_model_dir, tmp_path, *LORA, *resumed_under), prepared, resume=True)
+    resumed = train_on(tiny_config(tiny_model_dir, tmp_path, *LORA, resumed_under), prepared, resume=True)
 
     assert_close_runs(resumed, ddp_run)
     assert_whole_adapters(resumed / "checkpoints" / "step-000008", resumed / "final")
 
 
-def test_a_deepspeed_run_trains_as_ddp_saves_whole_adapters_and_resumes_under_ddp(
+def test_a_deepspeed_run_with_offload_trains_as_ddp_saves_whole_adapters_and_resumes_under_ddp(
     ddp_run: Path, tiny_model_dir: Path, prepared: PreparedData, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    fail_at_step_6(tiny_model_dir, prepared, tmp_path, DEEPSPEED, monkeypatch)
+    """DeepSpeed with its optimizer offloaded to the CPU trains steps 1-5 (the engine's settings stay
+    in the config: a resume may change the strategy, not its settings), DDP the rest."""
+    fail_at_step_6(tiny_model_dir, prepared, tmp_path, DEEPSPEED, monkeypatch, OFFLOAD)
     assert_whole_adapters(tmp_path / "run" / "checkpoints" / "step-000004")  # saved by DeepSpeed
-    resumed = train_on(tiny_config(tiny_model_dir, tmp_path, *LORA, "train.strategy=ddp"), prepared, resume=True)
+    resumed = train_on(
+        tiny_config(tiny_model_dir, tmp_path, *LORA, "train.strategy=ddp", OFFLOAD), prepared, resume=True
+    )
 
-    assert_close_runs(resumed, ddp_run)  # steps 1-5 under DeepSpeed, 5-8 under DDP
+    assert_close_runs(resumed, ddp_run)
 
 
 @pytest.mark.slow
