@@ -1,8 +1,8 @@
 """FSDP and DeepSpeed ZeRO-3 (``train.strategy``) on 2 Ray Train workers (gloo, CPU) on a tiny random
 model: each trains as DDP does, its checkpoints hold whole weights (never one rank's shard), a
 killed FSDP worker resumes exactly, and runs resume across strategies (DDP to FSDP, DDP to
-DeepSpeed, DeepSpeed with its optimizer offloaded to DDP). The slow tier adds DeepSpeed runs trained
-whole (with and without offload) and DDP runs that really fail before they resume."""
+DeepSpeed, DeepSpeed to DDP). The slow tier adds DeepSpeed runs trained whole (with and without
+offload) and DDP runs that really fail before they resume."""
 
 from __future__ import annotations
 
@@ -114,13 +114,12 @@ def test_fsdp_resume_after_a_worker_is_killed_matches_an_uninterrupted_run(
 
 
 def fail_at_step_6(
-    tiny_model_dir: Path, prepared: PreparedData, storage: Path, strategy: str, monkeypatch: pytest.MonkeyPatch,
-    *settings: str,
-) -> None:  # fmt: skip
+    tiny_model_dir: Path, prepared: PreparedData, storage: Path, strategy: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Train under ``strategy`` until an injected failure before step 6 (after the checkpoint of step 4)."""
     monkeypatch.setenv("RAYFT_FAULT_RAISE", "0:6")
     with pytest.raises(TrainingError, match="injected failure on rank 0 at step 6"):
-        train_on(tiny_config(tiny_model_dir, storage, *LORA, strategy, *settings, "failure.max_failures=0"), prepared)
+        train_on(tiny_config(tiny_model_dir, storage, *LORA, strategy, "failure.max_failures=0"), prepared)
     monkeypatch.delenv("RAYFT_FAULT_RAISE")
     assert (storage / "run" / "checkpoints" / "step-000004").is_dir()
 
@@ -134,11 +133,11 @@ def assert_whole_adapters(*directories: Path) -> None:
         assert problems == [] and summary is not None, directory
 
 
-# The DDP side of a crash is the DDP reference run cut back to its checkpoint of step 4 (what a
-# DDP run that died before step 6 leaves; the slow tier's variant below makes it fail for real).
 OFFLOAD = "train.deepspeed={zero_optimization: {offload_optimizer: {device: cpu}}}"
 
 
+# The DDP side of a crash is the DDP reference run cut back to its checkpoint of step 4 (what a
+# DDP run that died before step 6 leaves; the slow tier's variant below makes it fail for real).
 @pytest.mark.parametrize("resumed_under", [FSDP, DEEPSPEED], ids=["ddp-to-fsdp", "ddp-to-deepspeed"])
 def test_a_ddp_run_resumes_under_a_sharded_strategy(
     ddp_run: Path, tiny_model_dir: Path, prepared: PreparedData, tmp_path: Path, resumed_under: str
@@ -150,18 +149,14 @@ def test_a_ddp_run_resumes_under_a_sharded_strategy(
     assert_whole_adapters(resumed / "checkpoints" / "step-000008", resumed / "final")
 
 
-def test_a_deepspeed_run_with_offload_trains_as_ddp_saves_whole_adapters_and_resumes_under_ddp(
+def test_a_deepspeed_run_trains_as_ddp_saves_whole_adapters_and_resumes_under_ddp(
     ddp_run: Path, tiny_model_dir: Path, prepared: PreparedData, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """DeepSpeed with its optimizer offloaded to the CPU trains steps 1-5 (the engine's settings stay
-    in the config: a resume may change the strategy, not its settings), DDP the rest."""
-    fail_at_step_6(tiny_model_dir, prepared, tmp_path, DEEPSPEED, monkeypatch, OFFLOAD)
+    fail_at_step_6(tiny_model_dir, prepared, tmp_path, DEEPSPEED, monkeypatch)
     assert_whole_adapters(tmp_path / "run" / "checkpoints" / "step-000004")  # saved by DeepSpeed
-    resumed = train_on(
-        tiny_config(tiny_model_dir, tmp_path, *LORA, "train.strategy=ddp", OFFLOAD), prepared, resume=True
-    )
+    resumed = train_on(tiny_config(tiny_model_dir, tmp_path, *LORA, "train.strategy=ddp"), prepared, resume=True)
 
-    assert_close_runs(resumed, ddp_run)
+    assert_close_runs(resumed, ddp_run)  # steps 1-5 under DeepSpeed, 5-8 under DDP
 
 
 @pytest.mark.slow
@@ -182,6 +177,8 @@ def test_a_run_that_failed_under_ddp_resumes_under_another_strategy(  # noqa: PL
     assert_close_runs(resumed, ddp_run)
 
 
+# DeepSpeed's offload options are its engine's business: rayft runs the same code with or without
+# them (torch's AdamW, the same state gathering), so the default tiers run DeepSpeed without them.
 @pytest.mark.slow
 @pytest.mark.parametrize("engine", [(), (OFFLOAD,)], ids=["default", "optimizer-offload"])
 def test_deepspeed_lora_trains_as_ddp_and_saves_whole_adapters(
