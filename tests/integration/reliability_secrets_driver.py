@@ -37,10 +37,16 @@ def main() -> int:
     import ray
     import ray._private.state
 
+    from rayft.console import setup_console
     from rayft.runtime import ray_runtime
+    from rayft.security import install_redaction
 
     groups = commands(sys.argv[2:])
     print(f"begin: {groups[0][0]}", flush=True)
+    # As `rayft` does before its command starts Ray: the console's choices are made first, in the
+    # environment that Ray's processes inherit (no Hugging Face progress bars, rayft's quiet mode).
+    install_redaction()
+    setup_console()
     with ray_runtime():
         try:
             for index, args in enumerate(groups):
