@@ -2,8 +2,7 @@
 starts (as each command would: with its worker set-up hook), then writes what Ray stored about the
 job (its runtime environment and job table) to the file named by argv[1], so that the secrets test
 can grep it with the commands' files. argv[2:] are the commands' CLI arguments, separated by ``::``;
-each command's output is framed by ``begin: <command>`` and ``exit <status>: <command>`` lines (the
-first ``begin`` before Ray starts, so that what a user sees of a command includes that start)."""
+each command's exit status is printed as ``exit <status>: <command>``."""
 
 from __future__ import annotations
 
@@ -37,21 +36,11 @@ def main() -> int:
     import ray
     import ray._private.state
 
-    from rayft.console import setup_console
     from rayft.runtime import ray_runtime
-    from rayft.security import install_redaction
 
-    groups = commands(sys.argv[2:])
-    print(f"begin: {groups[0][0]}", flush=True)
-    # As `rayft` does before its command starts Ray: the console's choices are made first, in the
-    # environment that Ray's processes inherit (no Hugging Face progress bars, rayft's quiet mode).
-    install_redaction()
-    setup_console()
     with ray_runtime():
         try:
-            for index, args in enumerate(groups):
-                if index:
-                    print(f"begin: {args[0]}", flush=True)
+            for args in commands(sys.argv[2:]):
                 status = run_cli(args)
                 print(f"exit {status}: {args[0]}", flush=True)
         finally:

@@ -1,13 +1,7 @@
-"""What a user sees, and secrets never leak. One driver process runs every command on one Ray.
-
-`rayft run` (symbolic sdg, train on 2 workers, eval) shows rayft's stage headers, training steps and
-generation progress on the console, and keeps Ray's progress logging and known noise in the run's
-log file.
-
-With canary values in the credential variables (``HF_TOKEN``,
+"""Secrets never leak: with canary values in the credential variables (``HF_TOKEN``,
 ``MLFLOW_TRACKING_TOKEN``, an endpoint's ``api_key_env`` variable), in a URL's query and in a URL's
 password, and a local OpenAI-compatible server that echoes the key and the URL it is sent, every
-command (run, sdg with the OpenAI teacher, train on 2 Ray Train workers, export, eval, compare, generate
+command (sdg with the OpenAI teacher, train on 2 Ray Train workers, export, eval, compare, generate
 and chat) writes them nowhere: not in the run directory (config, metrics, checkpoints, final/,
 logs), not in the outputs and reports, not in the Ray session directory (logs of every process),
 not in the job's runtime environment as Ray stores it, not on the console."""
@@ -16,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -34,69 +27,6 @@ REPO = Path(__file__).resolve().parents[2]
 QUERY_CANARY = "canary-query-key-0123456789"
 PASSWORD_CANARY = "canary-url-password-0123"
 NEEDLES = {**CANARIES, "url query": QUERY_CANARY, "url password": PASSWORD_CANARY}
-RAY_NOISE = (
-    "Running Dataset",  # Ray Data's progress logging
-    "Starting execution of Dataset",
-    "Total Progress",
-    "falling back to serialize",  # a column Ray Data could not store as Arrow
-    "FutureWarning",
-    "Reporting training result",  # Ray Train, per step and rank
-    "Loading weights",  # Hugging Face progress bars
-    "Started a local Ray instance",
-)
-
-
-def write_console_config(inputs: Path, tmp_path: Path, model_dir: Path) -> Path:
-    """The config of `rayft run`: symbolic sdg, 2 training steps on 2 workers, a 4-prompt eval."""
-    config = inputs / "console.yaml"
-    config.write_text(
-        f"""
-name: console
-storage_path: {tmp_path / "runs"}
-model: {{name: {model_dir}}}
-sdg:
-  seeds: {{path: "builtin:arithmetic", max_rows: 8}}
-  num_seeds: 8
-  variations: 1
-data:
-  validation_fraction: 0.0
-  max_seq_length: 128
-lora: {{r: 4}}
-train: {{max_steps: 2, micro_batch_size: 2, save_steps: 2, logging_steps: 1}}
-scaling: {{num_workers: 2}}
-logging: {{tensorboard: false}}
-eval:
-  datasets: [{{path: "builtin:arithmetic", split: test, max_rows: 4}}]
-  batch_size: 2
-  num_workers: 1
-  generation: {{max_new_tokens: 4}}
-"""
-    )
-    return config
-
-
-def command_output(output: str, name: str) -> str:
-    """What the console showed of the command ``name`` (between the driver's begin and exit lines)."""
-    found = re.search(rf"^begin: {name}\n(.*?)^exit \d+: {name}$", output, re.S | re.M)
-    assert found, f"no output framed for {name}:\n{output[-4000:]}"
-    return found.group(1)
-
-
-def assert_console_shows_rayft_progress_not_ray_logs(console: str, run_root: Path) -> None:
-    """`rayft run`'s stage headers, steps and eval progress; Ray's logs only in the run's log file."""
-    for header in ("== sdg: running", "== train: running", "== eval: running"):
-        assert header in console
-    assert "sdg symbolic: 8/8 seeds (100%)" in console
-    assert re.search(r"step 2/2 +loss \d", console), console
-    for label in ("base", "tuned"):
-        assert re.search(rf"eval {label}: 4/4 prompts \(100%\), [\d.]+ prompts/s, .* eta", console), console
-    assert "in-distribution check, not a GSM8K result" in console
-    for noise in RAY_NOISE:
-        assert noise not in console, f"{noise!r} reached the console:\n{console}"
-    assert len(console.splitlines()) < 40, console
-    log_file = run_root / "console" / "logs" / "rayft.log"
-    assert str(log_file) in console
-    assert "Starting execution of Dataset" in log_file.read_text()  # Ray's logs are kept, in the file
 
 
 def write_config(inputs: Path, tmp_path: Path, model_dir: Path, base_url: str) -> Path:
@@ -142,7 +72,6 @@ def cli_commands(tmp_path: Path, config: Path, model_dir: Path, base_url: str) -
     prompts.write_text('{"prompt": "What is 2 + 3?"}\n{"messages": [{"role": "user", "content": "Hi"}]}\n')
     common = ["--config", str(config)]
     return [
-        ["run", str(write_console_config(config.parent, tmp_path, model_dir))],
         ["sdg", str(config), "--output-dir", str(out / "sdg")],
         ["train", str(config)],
         ["export", run_dir, str(out / "exported"), *common],
@@ -155,16 +84,13 @@ def cli_commands(tmp_path: Path, config: Path, model_dir: Path, base_url: str) -
     ]  # fmt: skip
 
 
-def test_the_console_shows_rayft_progress_and_no_command_writes_a_secret_anywhere(
-    tiny_model_dir: Path, tmp_path: Path
-) -> None:
+def test_no_command_writes_a_secret_anywhere(tiny_model_dir: Path, tmp_path: Path) -> None:
     inputs = tmp_path / "inputs"  # the user's config and prompts, which hold the URL: not grepped
     inputs.mkdir()
     ray_tmp = Path(tempfile.mkdtemp(prefix="rs", dir="/tmp"))  # short: Ray's socket paths have a length limit
     stored = tmp_path / "ray-stored.json"
     env = {**os.environ, **CANARIES, "RAY_TMPDIR": str(ray_tmp), "RAYFT_CACHE": str(tmp_path / "cache"),
            "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}  # fmt: skip
-    env.pop("RAYFT_VERBOSE", None)
     with OpenAIServer(responder=lambda request: "unused", api_key="the-right-key") as server:
         config = write_config(inputs, tmp_path, tiny_model_dir, server.base_url)
         commands = cli_commands(tmp_path, config, tiny_model_dir, server.base_url)
@@ -172,14 +98,13 @@ def test_the_console_shows_rayft_progress_and_no_command_writes_a_secret_anywher
         try:
             result = subprocess.run(
                 [sys.executable, "-m", "tests.integration.reliability_secrets_driver", str(stored), *args],
-                check=False, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                timeout=900, input="What is 2 + 3?\n/exit\n",
+                check=False, cwd=REPO, env=env, capture_output=True, text=True, timeout=900,
+                input="What is 2 + 3?\n/exit\n",
             )  # fmt: skip
-            console = result.stdout  # and stderr, in the order written
+            console = result.stdout + result.stderr
             assert result.returncode == 0, console[-4000:]
-            for name in ("run", "sdg", "train", "export", "eval", "compare", "generate", "chat"):
-                assert f"exit 0: {name}" in console, console[-4000:]
-            assert_console_shows_rayft_progress_not_ray_logs(command_output(console, "run"), tmp_path / "runs")
+            for name in ("sdg", "train", "export", "eval", "compare", "generate", "chat"):
+                assert f"exit 0: {name}" in result.stdout, console[-4000:]
             # the server was asked, and answered with the key and the URL, for sdg's and generate's prompts
             assert server.statuses.count(401) >= 4 and set(server.statuses) == {401}
             out, run_dir = tmp_path / "out", tmp_path / "runs" / "secrets"
