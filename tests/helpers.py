@@ -3,6 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +47,34 @@ def train_on(cfg: RayftConfig, prepared: PreparedData, *, resume: bool = False) 
     return run_dir
 
 
+def crashed_copy(finished: Path, storage: Path, *, crashed_at: int) -> Path:
+    """The state a run leaves when it dies before step ``crashed_at``, made from a finished run
+    instead of training again: a copy of ``finished`` as ``storage/run`` without final/, without
+    the checkpoints of ``crashed_at`` and later, and with the metrics of the steps before it.
+
+    Exact for a deterministic run: the checkpoints it keeps are the ones the crashed run would have
+    committed. The copy's config names ``storage`` (what the run's own config would say). Ray
+    Train's own record of the checkpoints is left out (it would name the removed ones), so a resume
+    finds its checkpoint by scanning the directory, as after a move to another machine; runs that
+    really crash (``RAYFT_FAULT_RAISE``) resume through Ray's record."""
+    import shutil
+
+    from rayft.runs.checkpoints import scan_checkpoints
+
+    run_dir = storage / "run"
+    shutil.copytree(finished, run_dir, symlinks=True)
+    shutil.rmtree(run_dir / "final")
+    (run_dir / "checkpoints" / "checkpoint_manager_snapshot.json").unlink(missing_ok=True)
+    for checkpoint in scan_checkpoints(run_dir / "checkpoints"):
+        if checkpoint.step >= crashed_at:
+            shutil.rmtree(run_dir / "checkpoints" / checkpoint.name)
+    kept = [json.dumps(r) + "\n" for r in read_metrics(run_dir) if r["step"] < crashed_at]
+    (run_dir / "metrics.jsonl").write_text("".join(kept))
+    config = run_dir / "config.yaml"
+    config.write_text(config.read_text().replace(str(finished.parent), str(storage)))
+    return run_dir
+
+
 def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
     """Every record of metrics.jsonl."""
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
@@ -57,6 +90,56 @@ def adapter_tensors(directory: Path) -> dict[str, Any]:
     from safetensors.torch import load_file
 
     return load_file(str(directory / "adapter_model.safetensors"))
+
+
+def actor_classes() -> set[tuple[str, str]]:
+    """(actor id, class name) of every actor the local Ray has created so far (from the GCS)."""
+    import ray._private.state
+
+    return {(actor_id, info["ActorClassName"]) for actor_id, info in ray._private.state.actors().items()}
+
+
+def train_workers(since: float) -> list[Any]:
+    """The Ray Train worker processes (psutil) started at ``since`` (``time.time()``) or later: this
+    test's, never those of another Ray on the same machine, which are older."""
+    import psutil
+
+    since -= 1.0  # psutil dates a process from the boot time, which Linux gives in whole seconds
+    processes = psutil.process_iter(["cmdline", "create_time"])
+    return [p for p in processes if "ray::RayTrainWorker" in " ".join(p.info["cmdline"] or []) and
+            p.info["create_time"] >= since]  # fmt: skip
+
+
+def kill_a_worker_at(
+    run_dir: Path, step: int, killed: list[int], monkeypatch: Any, choose: Callable[[list[Any]], Any] = lambda w: w[-1]
+) -> threading.Thread:
+    """Hold the run that will train in ``run_dir`` before step ``step + 1`` (``RAYFT_FAULT_HOLD``)
+    and, once metrics.jsonl shows ``step``, SIGKILL one of its Ray Train workers (``choose``), then
+    let the run go on. The kill lands between ``step`` and ``step + 1`` however fast the machine
+    is; ``killed`` gets the last step logged before it. Set up before the run starts."""
+    release = run_dir.with_name(f"{run_dir.name}.released-{step}")
+    monkeypatch.setenv("RAYFT_FAULT_HOLD", f"{step + 1}:{release}")
+    since = time.time()
+
+    def watch() -> None:
+        metrics = run_dir / "metrics.jsonl"
+        deadline = time.monotonic() + 900  # a backstop: a run that never gets there is let go, unkilled
+        while not release.exists():
+            try:
+                done = [r["step"] for r in read_metrics(run_dir) if "train/loss" in r] if metrics.exists() else []
+            except ValueError:  # a line being written
+                done = []
+            workers = train_workers(since) if done and max(done) >= step else []
+            if workers:
+                killed.append(max(done))
+                os.kill(choose(workers).pid, signal.SIGKILL)
+            if workers or time.monotonic() > deadline:
+                release.touch()
+            time.sleep(0.005)
+
+    thread = threading.Thread(target=watch, daemon=True)
+    thread.start()
+    return thread
 
 
 CHROMIUM = "/usr/bin/chromium"

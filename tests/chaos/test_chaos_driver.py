@@ -95,7 +95,10 @@ def test_killing_the_driver_then_resume_continues_from_the_last_committed_checkp
         kill_step = rng.randint(4, 10)
         what = f"trial {trial} (seed {chaos_seed()}): driver killed after step {kill_step}"
         storage = tmp_path / f"trial-{trial}"
-        driver = start_driver(prepared, tiny_model_dir, storage, *COMMON, address=gcs_address())
+        # Held before the next step (a release that never comes): the kill lands after kill_step
+        # however fast the machine is. The resume runs in this process, without the hold.
+        hold = {"RAYFT_FAULT_HOLD": f"{kill_step + 1}:{tmp_path / 'never-released'}"}
+        driver = start_driver(prepared, tiny_model_dir, storage, *COMMON, address=gcs_address(), env=hold)
         since = started_at(driver)
         wait_for_step(driver, storage / "run", kill_step)
         driver.send_signal(signal.SIGKILL)

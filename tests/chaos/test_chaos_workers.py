@@ -3,17 +3,13 @@ the per-step losses equal an uninterrupted run bitwise, at most ``save_steps`` s
 recomputed, and every training sample of an epoch is consumed exactly once (sample ids logged per
 step through RAYFT_SAMPLE_LOG).
 Trials cycle through gradient accumulation, packing and plain batches. RAYFT_CHAOS_TRIALS=full runs
-10 trials (CI: 1, with gradient accumulation; the plain case is also covered by
-tests/integration/test_train.py)."""
+10 trials (CI: 1, with gradient accumulation, the one bitwise worker-kill check of DDP in the default
+tiers; the plain case is in the slow tier, tests/integration/test_train.py)."""
 
 from __future__ import annotations
 
 import json
-import os
 import random
-import signal
-import threading
-import time
 from collections import defaultdict
 from pathlib import Path
 
@@ -21,7 +17,7 @@ import pytest
 
 from rayft.data.prepared import PreparedData
 from tests.chaos.conftest import chaos_seed, chaos_trials
-from tests.helpers import adapter_tensors, read_metrics, tiny_config, train_losses, train_on
+from tests.helpers import adapter_tensors, kill_a_worker_at, tiny_config, train_losses, train_on
 
 pytestmark = pytest.mark.chaos
 
@@ -54,32 +50,6 @@ def packed(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Pr
     packs = plan_packs([len(e["input_ids"]) for e in examples], 512)
     units = build_units(examples, packs[: len(packs) // 2 * 2])
     return write_prepared(tmp_path_factory.mktemp("packed"), units, max_seq_length=512)
-
-
-def kill_a_worker_at(run_dir: Path, step: int, killed: list[int]) -> threading.Thread:
-    """SIGKILL one Ray Train worker as soon as metrics.jsonl shows ``step``."""
-    import psutil
-
-    def watch() -> None:
-        deadline = time.monotonic() + 600
-        while time.monotonic() < deadline:
-            done = (
-                [r["step"] for r in read_metrics(run_dir) if "train/loss" in r]
-                if (run_dir / "metrics.jsonl").exists()
-                else []
-            )
-            if done and max(done) >= step:
-                workers = [p for p in psutil.process_iter(["cmdline"])
-                           if "ray::RayTrainWorker" in " ".join(p.info["cmdline"] or [])]  # fmt: skip
-                if workers:
-                    killed.append(max(done))
-                    os.kill(random.choice(workers).pid, signal.SIGKILL)
-                    return
-            time.sleep(0.005)
-
-    thread = threading.Thread(target=watch, daemon=True)
-    thread.start()
-    return thread
 
 
 def epoch_of(prepared: PreparedData, settings: tuple[str, ...]) -> tuple[list[int], int]:
@@ -119,6 +89,7 @@ def test_killing_a_worker_at_a_random_step_costs_at_most_save_steps_and_no_sampl
         samples, steps_per_epoch = epoch_of(prepared, settings)
         if mode not in references:
             monkeypatch.delenv("RAYFT_SAMPLE_LOG", raising=False)
+            monkeypatch.delenv("RAYFT_FAULT_HOLD", raising=False)
             references[mode] = train_on(tiny_config(tiny_model_dir, tmp_path / f"ref-{mode}", *settings), prepared)
         kill_step = rng.randint(2, 11)
         what = f"trial {trial} (seed {chaos_seed()}, {mode}): kill after step {kill_step}"
@@ -126,7 +97,7 @@ def test_killing_a_worker_at_a_random_step_costs_at_most_save_steps_and_no_sampl
         sample_log = tmp_path / f"samples-{trial}.jsonl"
         monkeypatch.setenv("RAYFT_SAMPLE_LOG", str(sample_log))
         killed: list[int] = []
-        watcher = kill_a_worker_at(storage / "run", kill_step, killed)
+        watcher = kill_a_worker_at(storage / "run", kill_step, killed, monkeypatch, choose=random.choice)
         run_dir = train_on(tiny_config(tiny_model_dir, storage, *settings), prepared)
         watcher.join(timeout=5)
 

@@ -4,16 +4,12 @@ same per-step losses and final weights, bitwise, and the config's sweep runs und
 
 from __future__ import annotations
 
-import os
-import signal
-import threading
-import time
 from pathlib import Path
 
 import pytest
 
 from rayft.config import load_config
-from tests.helpers import read_metrics, train_losses
+from tests.helpers import kill_a_worker_at, read_metrics, train_losses
 
 pytestmark = pytest.mark.integration
 
@@ -24,29 +20,6 @@ CONFIG = REPO / "examples" / "digits_cnn" / "digits.yaml"
 COMMON = ("train.num_epochs=2", "train.micro_batch_size=16", "train.save_steps=30", "train.eval_steps=45")
 STEPS = 90
 ACCURACY = 0.9  # measured: 0.95 after these 90 steps
-
-
-def kill_a_worker_after(run_dir: Path, step: int, seen: list[int]) -> threading.Thread:
-    """SIGKILL one Ray Train worker once metrics.jsonl shows ``step``; record the step seen."""
-    import psutil
-
-    def watch() -> None:
-        metrics = run_dir / "metrics.jsonl"
-        deadline = time.monotonic() + 300
-        while time.monotonic() < deadline:
-            steps = [r["step"] for r in read_metrics(run_dir) if "train/loss" in r] if metrics.exists() else []
-            if steps and max(steps) >= step:
-                workers = [p for p in psutil.process_iter(["cmdline"])
-                           if "ray::RayTrainWorker" in " ".join(p.info["cmdline"] or [])]  # fmt: skip
-                if workers:
-                    seen.append(max(steps))
-                    os.kill(workers[-1].pid, signal.SIGKILL)
-                    return
-            time.sleep(0.005)
-
-    thread = threading.Thread(target=watch, daemon=True)
-    thread.start()
-    return thread
 
 
 def test_digits_cnn_reaches_its_accuracy_and_resumes_exactly_after_a_worker_is_killed(
@@ -62,9 +35,8 @@ def test_digits_cnn_reaches_its_accuracy_and_resumes_exactly_after_a_worker_is_k
     accuracy = [r["eval/accuracy"] for r in read_metrics(reference.run_dir) if "eval/accuracy" in r]
     assert accuracy[-1] >= ACCURACY, accuracy
 
-    monkeypatch.setenv("RAYFT_FAULT_STEP_DELAY_S", "0.02")  # time for the watcher to see step 35
     seen: list[int] = []
-    watcher = kill_a_worker_after(tmp_path / "killed" / "digits-cnn", 35, seen)
+    watcher = kill_a_worker_at(tmp_path / "killed" / "digits-cnn", 35, seen, monkeypatch)  # held at 36 until then
     resumed = rayft.train(load_config(CONFIG, [f"storage_path={tmp_path / 'killed'}", *COMMON]))
     watcher.join(timeout=5)
 

@@ -45,6 +45,14 @@ def query_range(prom: Server, expr: str, start: float, end: float) -> list[dict[
     return list(body["data"]["result"])
 
 
+def instant_value(prom: Server, expr: str) -> float | None:
+    """The value of an instant query that selects one series (None while it selects none)."""
+    params = urllib.parse.urlencode({"query": expr})
+    with urllib.request.urlopen(f"{prom.uri}/api/v1/query?{params}", timeout=30) as response:
+        result = json.loads(response.read())["data"]["result"]
+    return float(result[0]["value"][1]) if len(result) == 1 else None
+
+
 def dashboard_exprs(run: str) -> list[tuple[str, str]]:
     """(panel title, PromQL with the run variable set) of every panel."""
     panels = json.loads(DASHBOARD.read_text())["panels"]
@@ -117,19 +125,27 @@ def test_in_process_training_metrics_reach_prometheus(tiny_model_dir: Path, tmp_
     with prometheus_server(tmp_path / "prometheus", [f"127.0.0.1:{port}"], scrape_interval_s=0.5) as prom:
         start = time.time()
         extra = [f"logging.prometheus={{enabled: true, host: 127.0.0.1, port: {port}}}"]
-        result = subprocess.run(
-            train_command(tmp_path, tiny_model_dir, "live", workers=0, steps=12, extra=extra), check=False, cwd=REPO,
-            env=env(tmp_path), capture_output=True, text=True, timeout=300,
+        # Held before step 7 until Prometheus has scraped step 6 of the live run: the scrape is seen
+        # mid-run whatever the speed of the steps and of the scrapes here.
+        release = tmp_path / "step-6-scraped"
+        hold = {"RAYFT_FAULT_HOLD": f"7:{release}"}
+        process = subprocess.Popen(
+            train_command(tmp_path, tiny_model_dir, "live", workers=0, steps=12, extra=extra), cwd=REPO,
+            env={**env(tmp_path), **hold}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         )  # fmt: skip
-        assert result.returncode == 0, result.stderr[-4000:]
-        time.sleep(1.0)
+        while process.poll() is None and not release.exists():
+            if instant_value(prom, 'rayft_train_step{run="live"}') == 6.0:
+                release.touch()
+            time.sleep(0.1)
+        _, stderr = process.communicate(timeout=300)  # a backstop against a hang
+        assert process.returncode == 0 and release.exists(), stderr[-4000:]
         end = time.time()
         for gauge in OWN_GAUGES:
             series = query_range(prom, f'rayft_train_{gauge}{{run="live", rank="0", stage="train"}}', start, end)
             assert len(series) == 1 and series[0]["values"], gauge
         steps = [float(v) for _, v in query_range(prom, 'rayft_train_step{run="live"}', start, end)[0]["values"]]
-        # Scraped every 0.5 s while steps take about 0.4 s: the last ones may end with the run, unscraped.
-        assert steps == sorted(steps) and len(set(steps)) >= 3 and max(steps) >= 6
+        # Step 6 was scraped while the run was held; the last steps may end with the run, unscraped.
+        assert steps == sorted(steps) and 6.0 in steps
         assert query_range(prom, 'rayft_checkpoint_save_seconds{run="live"}', start, end)
         restarts = query_range(prom, 'rayft_worker_restarts{run="live"}', start, end)[0]["values"]
         assert {float(v) for _, v in restarts} == {0.0}

@@ -47,6 +47,17 @@ def _rayft(*args: str, env: dict[str, str], timeout: float = 300) -> subprocess.
     return subprocess.run([RAYFT, *args], env=full, capture_output=True, text=True, timeout=timeout, check=False)
 
 
+@pytest.fixture(scope="module")
+def cold_start_s() -> float:
+    """Seconds a fresh process takes here to import what a Ray command imports, before it does anything.
+
+    A failure "within seconds" is measured past this: on a loaded machine the imports alone can take
+    longer than the whole budget, and they are not what the check is about."""
+    started = time.monotonic()
+    subprocess.run([sys.executable, "-c", "import ray, torch, rayft.cli.main"], check=True, timeout=300)
+    return time.monotonic() - started
+
+
 def _job_id(output: str) -> str:
     found = re.search(r"Submitted job (\S+)", output)
     assert found, output
@@ -90,7 +101,7 @@ def test_submit_stop_and_resume_a_run_with_no_credential_value_in_the_job(
     assert started.returncode == 0, started.stderr[-3000:]
     job = _job_id(started.stdout)
     run_dir = tmp_path / "runs" / "submitted"
-    deadline = time.monotonic() + 180
+    deadline = time.monotonic() + 600  # a backstop against a job that never trains, not a time limit
     while not (run_dir / "metrics.jsonl").is_file() or len(train_losses(run_dir)) < 2:
         assert time.monotonic() < deadline, "the job never started training"
         time.sleep(0.5)
@@ -170,7 +181,9 @@ RAY_COMMANDS = [
 ]  # fmt: skip
 
 
-def test_a_refused_token_is_one_line_within_seconds_on_every_command(head: RayHead, tmp_path: Path) -> None:
+def test_a_refused_token_is_one_line_within_seconds_on_every_command(
+    head: RayHead, tmp_path: Path, cold_start_s: float
+) -> None:
     config = str(_config(tmp_path, tmp_path, "refused"))
     no_token = {"RAY_AUTH_MODE": "disabled"}
     joins = [(command, head.gcs) for command in RAY_COMMANDS]
@@ -183,26 +196,26 @@ def test_a_refused_token_is_one_line_within_seconds_on_every_command(head: RayHe
         assert done.returncode == 2, (command, done.stdout, done.stderr)
         assert "requires token authentication" in done.stderr and "RAY_AUTH_MODE=token" in done.stderr, command
         assert "Traceback" not in done.stderr and "gcs_client" not in done.stderr, (command, done.stderr)
-        assert elapsed < 10, (command, elapsed)
+        assert elapsed - cold_start_s < 10, (command, elapsed, cold_start_s)
     assert not (tmp_path / "runs" / "refused").exists(), "a refused command writes nothing"
 
 
-def test_an_unreachable_address_names_it_and_how_to_start_a_head(tmp_path: Path) -> None:
+def test_an_unreachable_address_names_it_and_how_to_start_a_head(tmp_path: Path, cold_start_s: float) -> None:
     config = _config(tmp_path, tmp_path, "unreachable")
     for command, address in ((["train"], f"127.0.0.1:{free_port()}"), (["submit"], f"http://127.0.0.1:{free_port()}")):
         started = time.monotonic()
         done = _rayft(*command, str(config), "--address", address, env={}, timeout=60)
-        assert time.monotonic() - started < 10
+        assert time.monotonic() - started - cold_start_s < 10
         assert done.returncode == 2, done.stderr
         assert f"--address {address}" in done.stderr and "ray start --head" in done.stderr
 
 
-def test_a_head_without_the_jobs_api_says_so_and_names_the_fix(tmp_path: Path) -> None:
+def test_a_head_without_the_jobs_api_says_so_and_names_the_fix(tmp_path: Path, cold_start_s: float) -> None:
     config = _config(tmp_path, tmp_path, "nojobs")
     with ray_head(num_cpus=1, dashboard=False) as bare:
         started = time.monotonic()
         done = _rayft("submit", str(config), "--address", bare.gcs, env=bare.env, timeout=60)
-        assert time.monotonic() - started < 10
+        assert time.monotonic() - started - cold_start_s < 10
     assert done.returncode == 2, done.stderr
     assert (
         "serves no Jobs API" in done.stderr and "ray[default]" in done.stderr and "--include-dashboard" in done.stderr

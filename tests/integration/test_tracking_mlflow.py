@@ -89,18 +89,34 @@ def jsonl_history(run_dir: Path) -> dict[str, dict[int, float]]:
 def test_train_killed_and_resumed_logs_one_run_without_duplicates(
     server: Server, tiny_model_dir: Path, tmp_path: Path
 ) -> None:
+    import contextlib
+    import threading
+
+    from mlflow.exceptions import MlflowException
     from mlflow.tracking import MlflowClient
 
     config = train_config(tmp_path, tiny_model_dir, server.uri)
+    run_dir = tmp_path / "runs" / "tracked"
+    client = MlflowClient(tracking_uri=server.uri)
     # SIGKILL in the save of step 6, before it commits: the resume restarts from step 4, and steps 5-6,
-    # already sent, are computed again. Steps are slower than the sender's one request a second, so
-    # step 5 has reached the server before the kill.
-    faults = {"RAYFT_FAULT_KILL_IN_SAVE": "6:before_commit", "RAYFT_FAULT_STEP_DELAY_S": "1.2"}
+    # already sent, are computed again. The run is held before step 6 until the server has step 5.
+    release = tmp_path / "step-5-sent"
+
+    def release_once_step_5_is_sent() -> None:
+        while not release.exists():
+            # tracking.json may be mid-write, the run not created yet: look again
+            with contextlib.suppress(OSError, ValueError, KeyError, MlflowException):
+                run_id = json.loads((run_dir / "tracking.json").read_text())["mlflow"]["run_id"]
+                if 5 in history(client, run_id).get("train/loss", {}):
+                    release.touch()
+            time.sleep(0.1)
+
+    threading.Thread(target=release_once_step_5_is_sent, daemon=True).start()
+    faults = {"RAYFT_FAULT_KILL_IN_SAVE": "6:before_commit", "RAYFT_FAULT_HOLD": f"6:{release}"}
     killed = rayft(tmp_path, ["train", str(config)], faults)
     assert killed.returncode != 0
-    run_dir = tmp_path / "runs" / "tracked"
+    assert release.exists(), "the run was killed before step 5 reached the server"
     ids = json.loads((run_dir / "tracking.json").read_text())
-    client = MlflowClient(tracking_uri=server.uri)
     before = history(client, ids["mlflow"]["run_id"])
     assert max(before["train/loss"]) >= 5, "the first attempt sent steps past the last checkpoint"
 
@@ -235,18 +251,20 @@ def test_a_server_killed_mid_run_does_not_stop_training(server: Server, tiny_mod
 
     config = train_config(tmp_path, tiny_model_dir, server.uri)
 
+    release = tmp_path / "server-killed"
+
     def kill_after_first_steps() -> None:
+        """Once step 3 is logged (the run is held before step 4), kill the server, then let the run go on."""
         metrics = tmp_path / "runs" / "tracked" / "metrics.jsonl"
-        deadline = time.monotonic() + 240
-        while time.monotonic() < deadline:
+        while not release.exists():
             if metrics.is_file() and len(metrics.read_text().splitlines()) >= 3:
                 server.kill()
-                return
+                release.touch()
             time.sleep(0.05)
 
     killer = threading.Thread(target=kill_after_first_steps, daemon=True)
     killer.start()
-    result = rayft(tmp_path, ["train", str(config), "logging.wandb=null"], {"RAYFT_FAULT_STEP_DELAY_S": "0.3"})
+    result = rayft(tmp_path, ["train", str(config), "logging.wandb=null"], {"RAYFT_FAULT_HOLD": f"4:{release}"})
     killer.join(5)
     assert server.process.poll() is not None, "the server was killed during the run"
     assert result.returncode == 0, result.stderr[-4000:]

@@ -1,12 +1,11 @@
 """Training on Ray Train with 2 workers (gloo, CPU) on a tiny random model: LoRA and full,
 gradient-accumulation equivalence (one run on Ray's public path, without rayft._ray_private), and
-exact resume after a worker is killed."""
+(slow tier) exact resume after a worker is killed."""
 
 from __future__ import annotations
 
 import contextlib
 import os
-import signal
 import threading
 import time
 from pathlib import Path
@@ -15,16 +14,19 @@ import pytest
 
 from rayft.data.prepared import PreparedData
 from rayft.runs.manifest import read_manifest, verify_checkpoint
-from tests.helpers import RESUME_RUN, adapter_tensors, read_metrics, tiny_config, train_losses, train_on
+from tests.helpers import (
+    RESUME_RUN,
+    actor_classes,
+    adapter_tensors,
+    kill_a_worker_at,
+    read_metrics,
+    tiny_config,
+    train_losses,
+    train_on,
+    train_workers,
+)
 
 pytestmark = pytest.mark.integration
-
-
-def actor_classes() -> set[tuple[str, str]]:
-    """(actor id, class name) of every actor the local Ray has created so far (from the GCS)."""
-    import ray._private.state
-
-    return {(actor_id, info["ActorClassName"]) for actor_id, info in ray._private.state.actors().items()}
 
 
 def _watch_worker_threads(stop: threading.Event, seen: set[tuple[str, bool]]) -> threading.Thread:
@@ -32,11 +34,11 @@ def _watch_worker_threads(stop: threading.Event, seen: set[tuple[str, bool]]) ->
     main thread and whether it runs under SCHED_IDLE."""
     import psutil
 
+    since = time.time()
+
     def watch() -> None:
         while not stop.wait(0.05):
-            for process in psutil.process_iter(["cmdline"]):
-                if "ray::RayTrainWorker" not in " ".join(process.info["cmdline"] or []):
-                    continue
+            for process in train_workers(since):  # this run's, not another Ray's on the machine
                 with contextlib.suppress(psutil.Error):
                     for thread in process.threads():
                         with contextlib.suppress(OSError):
@@ -146,36 +148,17 @@ def test_gradient_accumulation_is_equivalent_and_so_is_rays_public_path(
         assert (tensor - weights_b[name]).abs().max() < 1e-5, name
 
 
-def _kill_a_worker_after(run_dir: Path, step: int, seen: list[int]) -> threading.Thread:
-    """SIGKILL one Ray Train worker once metrics.jsonl shows ``step``; record the last step seen."""
-    import psutil
-
-    def watch() -> None:
-        metrics = run_dir / "metrics.jsonl"
-        deadline = time.monotonic() + 600
-        while time.monotonic() < deadline:
-            steps = [r["step"] for r in read_metrics(run_dir) if "train/loss" in r] if metrics.exists() else []
-            if steps and max(steps) >= step:
-                workers = [p for p in psutil.process_iter(["cmdline"]) if "ray::RayTrainWorker" in " ".join(
-                    p.info["cmdline"] or [])]  # fmt: skip
-                if workers:
-                    seen.append(max(steps))
-                    os.kill(workers[-1].pid, signal.SIGKILL)
-                    return
-            time.sleep(0.005)
-
-    thread = threading.Thread(target=watch, daemon=True)
-    thread.start()
-    return thread
-
-
+# The default tiers kill a worker of this run with gradient accumulation on (tests/chaos/
+# test_chaos_workers.py: the same bitwise check, plus the samples of each step); this plain case is slow.
+@pytest.mark.slow
 def test_resume_after_a_worker_is_killed_matches_an_uninterrupted_run(
-    uninterrupted_run: Path, tiny_model_dir: Path, prepared: PreparedData, tmp_path: Path
-) -> None:
+    uninterrupted_run: Path, tiny_model_dir: Path, prepared: PreparedData, tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
     reference = uninterrupted_run
     interrupted_dir = tmp_path / "killed" / "run"
     seen: list[int] = []
-    watcher = _kill_a_worker_after(interrupted_dir, 5, seen)
+    watcher = kill_a_worker_at(interrupted_dir, 5, seen, monkeypatch)
     interrupted = train_on(tiny_config(tiny_model_dir, tmp_path / "killed", *RESUME_RUN), prepared)
     watcher.join(timeout=5)
 

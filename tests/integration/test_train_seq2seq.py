@@ -1,7 +1,8 @@
 """An encoder-decoder (the tiny random T5) through the same loop on 2 Ray Train workers (gloo, CPU):
-LoRA under DDP, resumed bitwise after a worker is killed, and exported merged; full fine-tuning
-under DeepSpeed ZeRO-3 with optimizer and parameters offloaded to the CPU, and under FSDP2, trains
-as under DDP and exports whole. Every export loads with AutoModelForSeq2SeqLM and generates."""
+LoRA under DDP, exported merged; in the slow tier, resumed bitwise after a worker is killed, and
+full fine-tuning under DeepSpeed ZeRO-3 with optimizer and parameters offloaded to the CPU, and
+under FSDP2, trains as under DDP and exports whole. Every export loads with AutoModelForSeq2SeqLM
+and generates."""
 
 from __future__ import annotations
 
@@ -13,8 +14,7 @@ import pytest
 
 from rayft.config import load_config
 from rayft.data.prepared import PreparedData
-from tests.helpers import adapter_tensors, read_metrics, tiny_config, train_losses, train_on
-from tests.integration.test_train import _kill_a_worker_after
+from tests.helpers import adapter_tensors, kill_a_worker_at, read_metrics, tiny_config, train_losses, train_on
 
 pytestmark = pytest.mark.integration
 
@@ -57,9 +57,7 @@ def _generates(directory: Path) -> None:
     assert out.shape[1] > 1 and int(out[0, 0]) == model.config.decoder_start_token_id
 
 
-def test_lora_trains_resumes_bitwise_after_a_kill_and_exports_merged(
-    lora_run: Path, tiny_t5_dir: Path, prepared: PreparedData, tmp_path: Path
-) -> None:
+def test_lora_trains_and_exports_merged(lora_run: Path, tiny_t5_dir: Path, tmp_path: Path) -> None:
     from rayft.recipes.export import export_model
 
     losses = train_losses(lora_run)
@@ -69,22 +67,33 @@ def test_lora_trains_resumes_bitwise_after_a_kill_and_exports_merged(
     assert config["task_type"] == "SEQ_2_SEQ_LM" and set(config["target_modules"]) == {"q", "k", "v", "o", "wi_0",
                                                                                         "wi_1", "wo"}  # fmt: skip
 
-    run_dir = tmp_path / "run"
-    seen: list[int] = []
-    watcher = _kill_a_worker_after(run_dir, 4, seen)
-    train_on(tiny_config(tiny_t5_dir, tmp_path, *LORA), prepared)
-    watcher.join(timeout=5)
-    assert seen, "no worker was killed"
-    assert train_losses(run_dir) == losses  # bitwise, every step
-    want = adapter_tensors(lora_run / "final")
-    assert all(adapter_tensors(run_dir / "final")[name].equal(t) for name, t in want.items())
-
     result = export_model(load_config(None, [f"model.name={tiny_t5_dir}"]), str(lora_run), tmp_path / "merged")
     assert result.merged and result.verification["reload_generate_ok"] is True
     assert result.verification["merge_max_abs_logit_diff"] <= 1e-4
     _generates(result.output_dir)
 
 
+# The default tiers check a bitwise resume after a worker kill on the causal model (under DDP in
+# tests/chaos/test_chaos_workers.py, under FSDP in test_train_strategies.py): the loop and its
+# checkpoints do not depend on the architecture.
+@pytest.mark.slow
+def test_lora_resumes_bitwise_after_a_worker_is_killed(
+    lora_run: Path, tiny_t5_dir: Path, prepared: PreparedData, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    run_dir = tmp_path / "run"
+    seen: list[int] = []
+    watcher = kill_a_worker_at(run_dir, 4, seen, monkeypatch)
+    train_on(tiny_config(tiny_t5_dir, tmp_path, *LORA), prepared)
+    watcher.join(timeout=5)
+    assert seen, "no worker was killed"
+    assert train_losses(run_dir) == train_losses(lora_run)  # bitwise, every step
+    want = adapter_tensors(lora_run / "final")
+    assert all(adapter_tensors(run_dir / "final")[name].equal(t) for name, t in want.items())
+
+
+# Sharded full fine-tuning is checked against DDP in the default tiers on the causal model
+# (test_train_strategies.py); the encoder-decoder, with parameters offloaded too, in the slow tier.
+@pytest.mark.slow
 def test_full_fine_tuning_under_zero3_with_offload_and_fsdp2_trains_as_ddp_and_exports(
     ray_session: None, tiny_t5_dir: Path, prepared: PreparedData, tmp_path: Path
 ) -> None:

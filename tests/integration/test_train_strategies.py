@@ -1,7 +1,8 @@
 """FSDP and DeepSpeed ZeRO-3 (``train.strategy``) on 2 Ray Train workers (gloo, CPU) on a tiny random
 model: each trains as DDP does, its checkpoints hold whole weights (never one rank's shard), a
 killed FSDP worker resumes exactly, and runs resume across strategies (DDP to FSDP, DDP to
-DeepSpeed, DeepSpeed to DDP)."""
+DeepSpeed, DeepSpeed to DDP). The slow tier adds DeepSpeed runs trained whole (with and without
+offload) and DDP runs that really fail before they resume."""
 
 from __future__ import annotations
 
@@ -12,8 +13,15 @@ import pytest
 
 from rayft.data.prepared import PreparedData
 from rayft.errors import TrainingError
-from tests.helpers import adapter_tensors, read_metrics, tiny_config, train_losses, train_on
-from tests.integration.test_train import _kill_a_worker_after
+from tests.helpers import (
+    adapter_tensors,
+    crashed_copy,
+    kill_a_worker_at,
+    read_metrics,
+    tiny_config,
+    train_losses,
+    train_on,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -90,11 +98,11 @@ def test_fsdp_lora_trains_as_ddp_and_saves_whole_adapters(fsdp_run: Path, ddp_ru
 
 
 def test_fsdp_resume_after_a_worker_is_killed_matches_an_uninterrupted_run(
-    fsdp_run: Path, tiny_model_dir: Path, prepared: PreparedData, tmp_path: Path
+    fsdp_run: Path, tiny_model_dir: Path, prepared: PreparedData, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     run_dir = tmp_path / "run"
     seen: list[int] = []
-    watcher = _kill_a_worker_after(run_dir, 5, seen)
+    watcher = kill_a_worker_at(run_dir, 5, seen, monkeypatch)
     train_on(tiny_config(tiny_model_dir, tmp_path, *LORA, FSDP), prepared)
     watcher.join(timeout=5)
 
@@ -116,15 +124,52 @@ def fail_at_step_6(
     assert (storage / "run" / "checkpoints" / "step-000004").is_dir()
 
 
+def assert_whole_adapters(*directories: Path) -> None:
+    """Each directory holds the whole adapter (every rank's part, rank r = 4), never one rank's shard."""
+    from rayft.export.checks import check_adapter
+
+    for directory in directories:
+        problems, summary = check_adapter(directory, expected_r=4)
+        assert problems == [] and summary is not None, directory
+
+
+OFFLOAD = "train.deepspeed={zero_optimization: {offload_optimizer: {device: cpu}}}"
+
+
+# The DDP side of a crash is the DDP reference run cut back to its checkpoint of step 4 (what a
+# DDP run that died before step 6 leaves; the slow tier's variant below makes it fail for real).
+@pytest.mark.parametrize("resumed_under", [FSDP, DEEPSPEED], ids=["ddp-to-fsdp", "ddp-to-deepspeed"])
+def test_a_ddp_run_resumes_under_a_sharded_strategy(
+    ddp_run: Path, tiny_model_dir: Path, prepared: PreparedData, tmp_path: Path, resumed_under: str
+) -> None:
+    crashed_copy(ddp_run, tmp_path, crashed_at=6)
+    resumed = train_on(tiny_config(tiny_model_dir, tmp_path, *LORA, resumed_under), prepared, resume=True)
+
+    assert_close_runs(resumed, ddp_run)
+    assert_whole_adapters(resumed / "checkpoints" / "step-000008", resumed / "final")
+
+
+def test_a_deepspeed_run_trains_as_ddp_saves_whole_adapters_and_resumes_under_ddp(
+    ddp_run: Path, tiny_model_dir: Path, prepared: PreparedData, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fail_at_step_6(tiny_model_dir, prepared, tmp_path, DEEPSPEED, monkeypatch)
+    assert_whole_adapters(tmp_path / "run" / "checkpoints" / "step-000004")  # saved by DeepSpeed
+    resumed = train_on(tiny_config(tiny_model_dir, tmp_path, *LORA, "train.strategy=ddp"), prepared, resume=True)
+
+    assert_close_runs(resumed, ddp_run)  # steps 1-5 under DeepSpeed, 5-8 under DDP
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "strategies",
-    [("train.strategy=ddp", FSDP), ("train.strategy=ddp", DEEPSPEED), (DEEPSPEED, "train.strategy=ddp")],
-    ids=["ddp-to-fsdp", "ddp-to-deepspeed", "deepspeed-to-ddp"],
+    [("train.strategy=ddp", FSDP), ("train.strategy=ddp", DEEPSPEED)],
+    ids=["ddp-to-fsdp", "ddp-to-deepspeed"],
 )
-def test_a_run_resumes_under_another_strategy(  # noqa: PLR0917 - fixtures
+def test_a_run_that_failed_under_ddp_resumes_under_another_strategy(  # noqa: PLR0917 - fixtures
     ddp_run: Path, tiny_model_dir: Path, prepared: PreparedData, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
     strategies: tuple[str, str],
 ) -> None:  # fmt: skip
+    """The slow tier's variant of the resumes above: the DDP run really fails at step 6."""
     saved_under, resumed_under = strategies
     fail_at_step_6(tiny_model_dir, prepared, tmp_path, saved_under, monkeypatch)
     resumed = train_on(tiny_config(tiny_model_dir, tmp_path, *LORA, resumed_under), prepared, resume=True)
@@ -132,22 +177,18 @@ def test_a_run_resumes_under_another_strategy(  # noqa: PLR0917 - fixtures
     assert_close_runs(resumed, ddp_run)
 
 
-@pytest.mark.parametrize(
-    "engine",
-    [(), ("train.deepspeed={zero_optimization: {offload_optimizer: {device: cpu}}}",)],
-    ids=["default", "optimizer-offload"],
-)
+# DeepSpeed's offload options are its engine's business: rayft runs the same code with or without
+# them (torch's AdamW, the same state gathering), so the default tiers run DeepSpeed without them.
+@pytest.mark.slow
+@pytest.mark.parametrize("engine", [(), (OFFLOAD,)], ids=["default", "optimizer-offload"])
 def test_deepspeed_lora_trains_as_ddp_and_saves_whole_adapters(
     ddp_run: Path, tiny_model_dir: Path, prepared: PreparedData, tmp_path: Path, engine: tuple[str, ...]
 ) -> None:
-    from rayft.export.checks import check_adapter
-
+    """Every step under DeepSpeed (the default tiers split it between the two resumes above)."""
     run_dir = train_on(tiny_config(tiny_model_dir, tmp_path, *LORA, DEEPSPEED, *engine), prepared)
 
     assert_close_runs(run_dir, ddp_run)
-    for directory in [*sorted((run_dir / "checkpoints").glob("step-*")), run_dir / "final"]:
-        problems, summary = check_adapter(directory, expected_r=4)
-        assert problems == [] and summary is not None, directory
+    assert_whole_adapters(*sorted((run_dir / "checkpoints").glob("step-*")), run_dir / "final")
 
 
 @pytest.mark.parametrize("strategy", [FSDP, DEEPSPEED])

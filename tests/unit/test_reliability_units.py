@@ -45,6 +45,20 @@ def test_faults_parse_from_the_environment_and_reject_unknown_points() -> None:
     Faults(raise_at=(1, 2)).before_step(0, 2)  # another rank: nothing happens
 
 
+def test_a_held_step_waits_for_its_file_on_every_rank_and_other_steps_do_not(tmp_path: Path) -> None:
+    release = tmp_path / "release"
+    faults = faults_from_env({"RAYFT_FAULT_HOLD": f"6:{release}"})
+    assert faults == Faults(hold=(6, str(release)))
+    faults.before_step(0, 5)  # another step: returns at once
+    passed = threading.Event()
+    waiting = threading.Thread(target=lambda: (faults.before_step(1, 6), passed.set()), daemon=True)
+    waiting.start()
+    assert not passed.wait(0.3)  # held while the file is missing
+    release.touch()
+    assert passed.wait(30)
+    waiting.join(timeout=30)
+
+
 def test_redaction_masks_every_credential_of_the_environment() -> None:
     env = {"HF_TOKEN": CANARY, "MY_SERVICE_PASSWORD": "pw-0123456789", "DEBUG": "1", "AWS_SESSION_TOKEN": "short"}
     assert set(secret_values(env)) == {CANARY, "pw-0123456789"}  # short values are not secrets to mask

@@ -9,6 +9,10 @@ environment variables on the driver, and the driver hands them to every worker i
     Rank ``RANK`` raises a RuntimeError before optimizer step ``STEP``, on every attempt.
 ``RAYFT_FAULT_STEP_DELAY_S=SECONDS``
     Every rank sleeps this long before each optimizer step (a slow step, to signal a run mid-way).
+``RAYFT_FAULT_HOLD=STEP:PATH``
+    Every rank waits before optimizer step ``STEP`` until the file ``PATH`` exists (on every
+    attempt): a test acts on a run at a known step (kills a worker, stops a server) and then lets it
+    go on, instead of racing the run's speed.
 ``RAYFT_SAMPLE_LOG=PATH``
     Every rank appends ``{"step", "rank", "sample_ids"}`` per optimizer step to the JSON-lines PATH
     (appended across restarts, so tests see recomputed steps too).
@@ -39,6 +43,7 @@ class Faults:
     raise_at: tuple[int, int] | None = None
     sample_log: str | None = None
     step_delay_s: float = 0.0
+    hold: tuple[int, str] | None = None
 
     def kill_if(self, step: int, point: str) -> None:
         """SIGKILL this process if a save fault is set for this step and point."""
@@ -49,6 +54,9 @@ class Faults:
         """Slow down, hang or raise before optimizer step ``step`` (1-based) when asked to."""
         if self.step_delay_s > 0:
             time.sleep(self.step_delay_s)
+        if self.hold is not None and self.hold[0] == step:
+            while not os.path.exists(self.hold[1]):
+                time.sleep(0.02)
         if self.hang == (rank, step):
             while True:
                 time.sleep(3600)
@@ -79,7 +87,15 @@ def faults_from_env(environ: Mapping[str, str] | None = None) -> Faults:
         raise_at=_pair(env.get(f"{_PREFIX}RAISE")),
         sample_log=env.get(_SAMPLE_LOG) or None,
         step_delay_s=float(env.get(f"{_PREFIX}STEP_DELAY_S") or 0.0),
+        hold=_hold(env.get(f"{_PREFIX}HOLD")),
     )
+
+
+def _hold(value: str | None) -> tuple[int, str] | None:
+    if not value:
+        return None
+    step, path = value.split(":", 1)
+    return int(step), path
 
 
 def _pair(value: str | None) -> tuple[int, int] | None:
