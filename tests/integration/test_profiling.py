@@ -4,6 +4,7 @@ components add up to the measured step time."""
 
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
 
@@ -36,7 +37,7 @@ def test_a_slow_loader_is_data_bound_and_the_phases_add_up_to_the_step(
     assert [row["rank"] for row in profile.ranks] == [0, 1]
     records = train_records(run_dir)
     assert [r["step"] for r in records] == [2, 4, 6, 8]
-    for before, record in zip(records, records[1:], strict=False):
+    for before, record in itertools.pairwise(records):
         # The wall time between two log lines, read from their timestamps, is the time of the steps between.
         measured = (record["time"] - before["time"]) / 2
         components = sum(record[f"time/{phase}"] for phase in PHASES)

@@ -177,3 +177,15 @@ def test_the_trace_window_records_its_steps_only(tmp_path: Path) -> None:
     assert steps == {"ProfilerStep#3", "ProfilerStep#4"}
     assert open_trace_window(ProfileConfig(), tmp_path, 0, "cpu", written.append) is None  # no window set
     assert open_trace_window(cfg.model_copy(update={"ranks": [0]}), tmp_path, 3, "cpu", written.append) is None
+
+
+def test_the_pipeline_report_carries_the_training_runs_profile(tmp_path: Path) -> None:
+    from rayft.pipeline.report import ReportInputs, render_report
+    from rayft.training.profiling.report import read_profile
+
+    write_windows(tmp_path, {"step": 2, "steps": 2, "ranks": [rank(0, 0.5, comm=0.3), rank(1, 0.5, comm=0.28)]})
+    profile = read_profile(tmp_path)
+    assert profile is not None and profile.findings[0].verdict == "communication-bound"
+    page = render_report(ReportInputs(name="run", stages=(), profile_section=profile_section(profile)))
+    assert "<h2>Where the time goes</h2>" in page and "communication-bound" in page and "<svg" in page
+    assert "Where the time goes" not in render_report(ReportInputs(name="run", stages=()))

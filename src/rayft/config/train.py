@@ -20,7 +20,7 @@ class ProfileConfig(Section):
     """Where a step's time goes: the always-on breakdown, straggler warnings, and an on-demand
     ``torch.profiler`` trace of a window of steps (``rayft profile RUN`` reads what these write)."""
 
-    step_timing: Literal["host", "synced", "off"] = Field(
+    step_timing: Literal["host", "synced", "none"] = Field(
         "host",
         description=(
             "The per-step breakdown logged as time/* (data_wait, forward, backward, optimizer, comm, checkpoint, "
@@ -28,7 +28,9 @@ class ProfileConfig(Section):
             "1 microsecond per reading; on CPU exact; on GPU kernels run asynchronously, so forward and backward "
             "show launch time and the wait lands in the next synchronising phase, optimizer or comm). 'synced': "
             "torch.cuda.synchronize() at every boundary (about 4 per micro-batch) for exact GPU phases, at the "
-            "cost of the CPU-GPU overlap (a few percent of tokens/s on small models; nothing on CPU). 'off': none."
+            "cost of the CPU-GPU overlap: the host waits for each phase's kernels before it launches the next "
+            "phase's, which slows steps whose launches do not keep the GPU busy (small models or micro-batches); "
+            "nothing on CPU. 'none': no breakdown, no straggler check."
         ),
     )
     straggler_margin: float = Field(

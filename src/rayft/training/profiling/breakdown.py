@@ -100,7 +100,7 @@ class StepTimer:
 
 def build_step_timer(mode: str, device_type: str) -> StepTimer:
     """The timer of a ``train.profile.step_timing`` mode on a device of ``device_type``."""
-    if mode == "off":
+    if mode == "none":
         return StepTimer(enabled=False)
     if mode == "synced" and device_type == "cuda":
         import torch

@@ -18,6 +18,7 @@ from rayft.training.profiling.breakdown import PHASES
 from rayft.training.profiling.diagnosis import Finding, diagnose, merge_windows
 
 COLUMNS = (*PHASES, "step")
+_COLORS = dict(zip(PHASES, ("#d97706", "#2563eb", "#7c3aed", "#059669", "#dc2626", "#6b7280", "#0891b2"), strict=True))
 _CSS = "td.num{text-align:right;font-variant-numeric:tabular-nums}.verdict{font-size:1.1rem}"
 
 
@@ -86,9 +87,31 @@ def profile_section(profile: RunProfile) -> str:
     )
     traces = "".join(f"<li><code>{escape(t)}</code></li>" for t in profile.traces)
     return (
-        f'<h2>Where the time goes</h2>\n<ul class="verdict">{findings}</ul>\n'
+        f'<h2>Where the time goes</h2>\n<ul class="verdict">{findings}</ul>\n{_bars(profile.ranks)}\n'
         f"<table><tr><th>rank</th><th>node</th>{head}</tr>{rows}</table>\n"
         + (f'<p class="meta">Traces (open in Perfetto or chrome://tracing):</p><ul>{traces}</ul>' if traces else "")
+    )
+
+
+def _bars(ranks: list[dict[str, Any]], width: int = 720, row_h: int = 22) -> str:
+    """An inline SVG: one bar per rank, its step split into the phases, on a common time scale."""
+    longest = max((float(r.get("time/step", 0.0)) for r in ranks), default=0.0) or 1.0
+    parts = []
+    for index, row in enumerate(ranks):
+        x, y = 70.0, 24 + index * (row_h + 6)
+        parts.append(f'<text x="0" y="{y + 15}" font-size="12">rank {row["rank"]}</text>')
+        for phase in PHASES:
+            w = float(row.get(f"time/{phase}", 0.0)) / longest * (width - 80)
+            parts.append(f'<rect x="{x:.1f}" y="{y}" width="{w:.1f}" height="{row_h}" fill="{_COLORS[phase]}"/>')
+            x += w
+    legend = "".join(
+        f'<rect x="{70 + i * 95}" y="0" width="10" height="10" fill="{_COLORS[p]}"/>'
+        f'<text x="{84 + i * 95}" y="10" font-size="11">{p}</text>'
+        for i, p in enumerate(PHASES)
+    )
+    height = 30 + len(ranks) * (row_h + 6)
+    return (
+        f'<svg width="{width}" height="{height}" role="img" aria-label="step breakdown">{legend}{"".join(parts)}</svg>'
     )
 
 
