@@ -116,7 +116,7 @@ def test_a_dead_tracker_never_blocks_the_caller_and_is_reported() -> None:
 def test_logging_config_takes_trackers() -> None:
     cfg = load_config(None, ["logging.prometheus=true", "logging.mlflow={tracking_uri: 'http://m:5000'}"])
     assert cfg.logging.prometheus.enabled and cfg.logging.mlflow == MlflowConfig(tracking_uri="http://m:5000")
-    assert cfg.logging.mlflow.artifacts == ["config", "eval", "report"] and cfg.logging.wandb is None
+    assert cfg.logging.mlflow.artifacts == ["config", "eval", "report", "profile"] and cfg.logging.wandb is None
     with pytest.raises(ConfigError, match="logging.wandb.mode = .cloud.: Input should be .online. or .offline."):
         load_config(None, ["logging.wandb={project: p, mode: cloud}"])
 

@@ -10,6 +10,7 @@ from rayft.training.loop.checkpointing import TrainerState
 from rayft.training.loop.metrics import ThroughputWindow
 from rayft.training.loop.steps import StepStats
 from rayft.training.loop.worker import after_step
+from rayft.training.profiling.breakdown import StepTimer
 
 
 class FakeClock:
@@ -49,6 +50,7 @@ def test_tokens_per_s_is_the_training_rate_for_any_logging_window(logging_steps:
         scheduler=SimpleNamespace(get_last_lr=lambda: [1e-4]),
         window=ThroughputWindow(clock=clock),
         objective=SimpleNamespace(throughput_unit="tokens"),
+        profile=SimpleNamespace(timer=StepTimer(enabled=False), window_metrics=lambda step, rate: {}),
     )
     for _ in range(30):
         clock.now += 1.0

@@ -1,8 +1,9 @@
-"""``rayft jobs list | status ID | logs ID [--follow] | stop ID``: the Ray Jobs of a cluster."""
+"""``rayft jobs list | status ID | logs ID [--follow] | stop ID | stacks ID``: the Ray Jobs of a cluster."""
 
 from __future__ import annotations
 
 import datetime
+import shutil
 import sys
 from typing import Any
 
@@ -95,6 +96,25 @@ def stop(job_id: str, address: str, wait_s: float) -> None:
         sys.exit(1)
     if (before.metadata or {}).get("rayft_command") == "train":
         click.echo(f"Continue it: rayft submit CONFIG --command train --resume --address {url}")
+
+
+@jobs.command()
+@click.argument("job_id")
+@_address_option
+def stacks(job_id: str, address: str) -> None:
+    """The Python stacks of every live process of the job (py-spy), to read a hang without logging
+    in to the nodes."""
+    from rayft.cluster.jobs import job_info, jobs_url
+    from rayft.cluster.stacks import dump_stack, job_workers, local_ips, plan_stack_sources, require_workers
+
+    url = jobs_url(address)
+    info = job_info(url, job_id)
+    workers = job_workers(url, info.job_id or job_id)
+    require_workers(workers, job_id)
+    sources = plan_stack_sources(workers, local_ips(), py_spy_here=shutil.which("py-spy") is not None)
+    for worker, source in zip(workers, sources, strict=True):
+        click.echo(f"=== {worker.kind} pid {worker.pid} on {worker.ip} (node {worker.node_id[:12]}) ===")
+        click.echo(redact(dump_stack(worker, source, url)))
 
 
 def _time(ms: Any) -> str:

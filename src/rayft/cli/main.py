@@ -19,6 +19,7 @@ from rayft.cli import (
     infer_cmd,
     jobs_cmd,
     k8s_cmd,
+    profile_cmd,
     run_cmd,
     sdg_cmd,
     submit_cmd,
@@ -83,6 +84,7 @@ def _register() -> None:
     cli.add_command(infer_cmd.chat)
     cli.add_command(infer_cmd.generate)
     cli.add_command(k8s_cmd.k8s)
+    cli.add_command(profile_cmd.profile)
     _register_cluster()
 
 

@@ -9,7 +9,7 @@ from pydantic import Field, field_validator
 
 from rayft.config.base import Section
 
-MlflowArtifact = Literal["config", "final", "export", "eval", "report"]
+MlflowArtifact = Literal["config", "final", "export", "eval", "report", "profile"]
 
 MLFLOW_SCHEMES = ("http", "https", "sqlite", "postgresql", "mysql", "mssql", "databricks")
 """The tracking URI schemes MLflow serves (a database scheme may name its driver: ``postgresql+psycopg2``),
@@ -33,11 +33,12 @@ class MlflowConfig(Section):
     experiment: str = Field("rayft", min_length=1, description="Experiment the runs are logged under.")
     run_name: str | None = Field(None, description="Name of the MLflow run (default: the rayft run's name).")
     artifacts: list[MlflowArtifact] = Field(
-        default_factory=lambda: list[MlflowArtifact](["config", "eval", "report"]),
+        default_factory=lambda: list[MlflowArtifact](["config", "eval", "report", "profile"]),
         description=(
             "What is uploaded at the end: 'config' (the resolved config), 'final' (final/: the adapter, or the "
             "whole model with train.method full; can be large), 'export' (the merged export/ of rayft run), "
-            "'eval' (compare/eval JSON), 'report' (report.html of rayft run). [] uploads nothing."
+            "'eval' (compare/eval JSON), 'report' (report.html of rayft run), 'profile' (profile/: the step "
+            "breakdown and the torch.profiler traces of train.profile). [] uploads nothing."
         ),
     )
     send_interval_s: float = Field(

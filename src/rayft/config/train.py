@@ -16,6 +16,68 @@ DEEPSPEED_OWNED_KEYS = frozenset({
 })  # fmt: skip
 
 
+class ProfileConfig(Section):
+    """Where a step's time goes: the always-on breakdown, straggler warnings, and an on-demand
+    ``torch.profiler`` trace of a window of steps (``rayft profile RUN`` reads what these write)."""
+
+    step_timing: Literal["host", "synced", "none"] = Field(
+        "host",
+        description=(
+            "The per-step breakdown logged as time/* (data_wait, forward, backward, optimizer, comm, checkpoint, "
+            "step) and MFU. 'host': host clock readings at phase boundaries, no device synchronisation (about "
+            "1 microsecond per reading; on CPU exact; on GPU kernels run asynchronously, so forward and backward "
+            "show launch time and the wait lands in the next synchronising phase, optimizer or comm). 'synced': "
+            "torch.cuda.synchronize() at every boundary (about 4 per micro-batch) for exact GPU phases, at the "
+            "cost of the CPU-GPU overlap: the host waits for each phase's kernels before it launches the next "
+            "phase's, which slows steps whose launches do not keep the GPU busy (small models or micro-batches); "
+            "nothing on CPU. 'none': no breakdown, no straggler check."
+        ),
+    )
+    straggler_margin: float = Field(
+        0.2,
+        gt=0,
+        description=(
+            "Each logging window the ranks' busy time per step (step time less time waiting in collectives) is "
+            "compared; a rank slower than the median by more than this fraction is named in a warning and in "
+            "time/straggler_rank. Costs one small all-gather per logging window."
+        ),
+    )
+    wait_steps: int = Field(
+        1, ge=0, description="Trace window: optimizer steps after the run's first step before the profiler warms up."
+    )
+    warmup_steps: int = Field(
+        1, ge=0, description="Trace window: steps the profiler runs but discards (its own start-up cost)."
+    )
+    active_steps: int = Field(
+        0,
+        ge=0,
+        description=(
+            "Trace window: steps recorded into profile/trace-rank-NNNN.json (Chrome/Perfetto and TensorBoard "
+            "trace format). 0 (default) records nothing and costs nothing."
+        ),
+    )
+    ranks: list[int] | None = Field(
+        None, description="Ranks that record a trace (unset: every rank). Each writes its own file."
+    )
+    activities: list[Literal["cpu", "cuda"]] = Field(
+        default_factory=lambda: list[Literal["cpu", "cuda"]](["cpu", "cuda"]),
+        min_length=1,
+        description="What the trace records: 'cpu' operators and 'cuda' kernels ('cuda' is skipped on CPU workers).",
+    )
+    memory_snapshot: bool = Field(
+        False,
+        description=(
+            "On CUDA, also record allocations over the window and write profile/memory-rank-NNNN.pickle "
+            "(open it at pytorch.org/memory_viz). Ignored on CPU."
+        ),
+    )
+
+    @property
+    def traces(self) -> bool:
+        """Whether a trace window is set."""
+        return self.active_steps > 0
+
+
 class TrainConfig(Section):
     """The optimisation loop: method, schedule, batch geometry, evaluation and saving cadence."""
 
@@ -100,6 +162,10 @@ class TrainConfig(Section):
     mixed_precision: Literal["auto", "no", "bf16", "fp16"] = Field(
         "auto",
         description="Autocast on GPU: 'auto' picks bf16 where supported, fp16 otherwise; CPUs run fp32.",
+    )
+    profile: ProfileConfig = Field(
+        default_factory=ProfileConfig,
+        description="Step-time breakdown, straggler warnings and torch.profiler traces (see the profiling guide).",
     )
 
     @model_validator(mode="after")

@@ -20,6 +20,7 @@ from rayft.pipeline.records import RECORDS_DIR, StageRecord
 from rayft.pipeline.report import ReportInputs, StageRow, render_report
 from rayft.runs.layout import TRACKING_FILE
 from rayft.runs.store import RunStore
+from rayft.training.profiling.report import profile_section, read_profile
 
 CONFIG_FILE = "pipeline.yaml"
 LINEAGE_FILE = "lineage.json"
@@ -70,10 +71,12 @@ def report_inputs(name: str, run_dir: Path, progress: PipelineProgress) -> Repor
         for d in progress.decisions
     ]
     metrics: list[dict[str, Any]] = []
+    profile = None
     if "train" in records:
         path = records["train"].output(run_dir, "metrics")
         if path.is_file():
             metrics = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+        profile = read_profile(path.parent)
     compare = read_comparison(run_dir, records)
     examples: list[dict[str, Any]] = []
     if compare is not None and "examples" in records["eval"].outputs:
@@ -89,6 +92,7 @@ def report_inputs(name: str, run_dir: Path, progress: PipelineProgress) -> Repor
         examples=examples,
         export_summary=records["export"].summary if "export" in records else {},
         software=software_versions(),
+        profile_section=profile_section(profile) if profile is not None else "",
     )
 
 

@@ -44,6 +44,7 @@ class ReportInputs:
     examples: Sequence[Mapping[str, Any]] = ()
     export_summary: Mapping[str, Any] = field(default_factory=dict)
     software: Mapping[str, str] = field(default_factory=dict)
+    profile_section: str = ""  # the training run's "where the time goes" (rayft.training.profiling.report)
 
 
 def render_report(inputs: ReportInputs) -> str:
@@ -57,6 +58,8 @@ def render_report(inputs: ReportInputs) -> str:
         parts.append(_mapping_section("Synthetic data", inputs.sdg_summary))
     if inputs.train_metrics or inputs.train_summary:
         parts.append(_training_section(inputs.train_metrics, inputs.train_summary))
+    if inputs.profile_section:
+        parts.append(inputs.profile_section)
     if inputs.compare_summary:
         parts.append(_compare_section(inputs.compare_summary))
     if inputs.examples:

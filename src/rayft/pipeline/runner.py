@@ -54,7 +54,7 @@ from rayft.pipeline.plan import StageDecision, check_remote_stages, decide, requ
 from rayft.pipeline.records import StageRecord, outputs_exist, read_record, write_record
 from rayft.pipeline.stage import Stage, StageContext
 from rayft.pipeline.stages import STAGES
-from rayft.runs.layout import TRACKING_FILE
+from rayft.runs.layout import PROFILE_DIR, TRACKING_FILE
 from rayft.runs.location import RunLocation, plan_run_location
 from rayft.runs.lock import run_lock
 from rayft.runs.store import open_store
@@ -193,6 +193,9 @@ def tracked_artifacts(run_dir: Path, records: dict[str, StageRecord]) -> dict[Ml
     found: dict[MlflowArtifact, Path] = {"config": run_dir / CONFIG_FILE, "report": run_dir / REPORT_FILE}
     if "train" in records:
         found["final"] = records["train"].output(run_dir, "final")
+        profile = found["final"].parent / PROFILE_DIR
+        if profile.is_dir():
+            found["profile"] = profile
     if "eval" in records and "json" in records["eval"].outputs:
         found["eval"] = records["eval"].output(run_dir, "json")
     if "export" in records:

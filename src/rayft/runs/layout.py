@@ -9,6 +9,8 @@
         tracking.json               the MLflow / W&B run ids a restart or --resume continues
         tracking-unsent.json        metric records a tracker could not be sent (reported at the end)
         data/rejected.jsonl         rows the data plane rejected, with reasons
+        profile/                    step_times.jsonl (every rank's step breakdown per logging window),
+                                    trace-rank-0000.json (torch.profiler), profile.html
         checkpoints/step-000100/    one directory per saved step (see below)
         final/                      the trained model, loadable with from_pretrained
                                     (full) or PeftModel.from_pretrained (LoRA)
@@ -70,3 +72,21 @@ def parse_step_dir_name(name: str) -> int | None:
 def rng_file(rank: int) -> str:
     """The file holding one worker's RNG states inside ``trainer/``."""
     return f"rng-rank-{rank:04d}.pt"
+
+
+PROFILE_DIR = "profile"
+"""Step-time breakdowns and traces of the run (``rayft profile RUN`` reads them)."""
+STEP_TIMES_FILE = f"{PROFILE_DIR}/step_times.jsonl"
+"""One record per logging window: every rank's ``time/*`` breakdown, written by rank 0."""
+PROFILE_PAGE = f"{PROFILE_DIR}/profile.html"
+"""The breakdown, verdict and fix of ``rayft profile RUN`` as a page."""
+
+
+def trace_file(rank: int) -> str:
+    """One rank's torch.profiler trace (Chrome/Perfetto JSON) in the run directory."""
+    return f"{PROFILE_DIR}/trace-rank-{rank:04d}.json"
+
+
+def memory_snapshot_file(rank: int) -> str:
+    """One rank's CUDA memory snapshot (pytorch.org/memory_viz) in the run directory."""
+    return f"{PROFILE_DIR}/memory-rank-{rank:04d}.pickle"

@@ -33,7 +33,7 @@ log = logging.getLogger("rayft.train")
 PROBE_FILE = ".rayft-write-probe"
 """The marker object written and deleted to check, before training, that the URI is writable."""
 
-WORKER_LOGS = (layout.METRICS_FILE, layout.TENSORBOARD_DIR, layout.TRACKING_UNSENT_FILE)
+WORKER_LOGS = (layout.METRICS_FILE, layout.TENSORBOARD_DIR, layout.TRACKING_UNSENT_FILE, layout.PROFILE_DIR)
 """What rank 0 writes besides checkpoints and final/, uploaded at each checkpoint and at the end."""
 LOG_PATHS = (*WORKER_LOGS, layout.DATA_DIR)
 """What of the run directory besides checkpoints a resumed run fetches (``data/`` is the driver's)."""

@@ -113,7 +113,7 @@ def dashboard_of(address: str, timeout_s: float = PROBE_TIMEOUT_S) -> str:
         reply = stub.InternalKVGet(request, timeout=timeout_s, metadata=list(auth_metadata().items()))
     url = jobs_url_from_dashboard(reply.value.decode()) if reply.value else None
     # A head started with --include-dashboard=false still publishes the default dashboard address.
-    if url is None or _http_get(f"{url}/api/version", timeout_s)[0] is None:
+    if url is None or http_get(f"{url}/api/version", timeout_s)[0] is None:
         raise ClusterError(
             f"--address {address}: the Ray head there serves no Jobs API that answers here "
             f"({'it publishes no dashboard' if url is None else f'nothing answers at {url}'}). Fix: {JOBS_API_FIX} "
@@ -124,7 +124,7 @@ def dashboard_of(address: str, timeout_s: float = PROBE_TIMEOUT_S) -> str:
 
 def check_jobs_api(url: str, timeout_s: float = PROBE_TIMEOUT_S) -> str:
     """Check that ``url`` serves Ray's Jobs API and accepts this process's token; return Ray's version there."""
-    status, body = _http_get(f"{url}/api/version", timeout_s)
+    status, body = http_get(f"{url}/api/version", timeout_s)
     if status is None:
         raise ClusterError(
             f"--address {url}: cannot reach the Ray Jobs API within {timeout_s:g} s ({body}); {START_HEAD_HINT}."
@@ -132,7 +132,7 @@ def check_jobs_api(url: str, timeout_s: float = PROBE_TIMEOUT_S) -> str:
     if status in (401, 403):
         raise ClusterError(token_fix(url))
     version = _ray_version(body) if status == 200 else None
-    jobs_status, _ = _http_get(f"{url}/api/jobs/", timeout_s)
+    jobs_status, _ = http_get(f"{url}/api/jobs/", timeout_s)
     if version is None or jobs_status != 200:
         raise ClusterError(
             f"--address {url}: this server does not serve Ray's Jobs API (/api/version: HTTP {status}, /api/jobs/: "
@@ -150,7 +150,7 @@ def _ray_version(body: str) -> str | None:
     return version if isinstance(version, str) else None
 
 
-def _http_get(url: str, timeout_s: float) -> tuple[int | None, str]:
+def http_get(url: str, timeout_s: float) -> tuple[int | None, str]:
     """(HTTP status, body), or (None, why) when nothing answered in time."""
     request = urllib.request.Request(url, headers=auth_metadata())
     try:

@@ -27,6 +27,11 @@ STREAM_GAUGES: dict[str, tuple[str, str]] = {
     "rayft_eval_loss": ("Validation loss of the last evaluation.", "eval/loss"),
     "rayft_checkpoint_save_seconds": ("Seconds the training loop spent in the last checkpoint save.",
                                       "checkpoint/save_seconds"),
+    "rayft_step_seconds": ("Wall seconds per optimizer step of this rank over the logging window.", "time/step"),
+    "rayft_step_data_wait_seconds": ("Seconds per step this rank waited for its batches.", "time/data_wait"),
+    "rayft_step_comm_seconds": ("Seconds per step this rank spent in the loop's collectives.", "time/comm"),
+    "rayft_straggler_rank": ("The rank named a straggler in the last logging window (-1: none).",
+                             "time/straggler_rank"),
 }  # fmt: skip
 OTHER_GAUGES: dict[str, str] = {
     "rayft_worker_restarts": "Worker-group starts of this run after the first (restarts after failures, --resume).",

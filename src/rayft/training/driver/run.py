@@ -183,6 +183,8 @@ def drive(
             "config": run_dir / layout.CONFIG_FILE,
             "final": run_dir / layout.FINAL_DIR,
         }
+        if (run_dir / layout.PROFILE_DIR).is_dir():
+            artifacts["profile"] = run_dir / layout.PROFILE_DIR
         trackers.finish(succeeded=True, artifacts=artifacts)
         result = collect_result(run_dir, prepared, time.monotonic() - started)
     return dataclasses.replace(result, storage_uri=store.shown_uri)

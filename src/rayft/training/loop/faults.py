@@ -13,6 +13,10 @@ environment variables on the driver, and the driver hands them to every worker i
     Every rank waits before optimizer step ``STEP`` until the file ``PATH`` exists (on every
     attempt): a test acts on a run at a known step (kills a worker, stops a server) and then lets it
     go on, instead of racing the run's speed.
+``RAYFT_FAULT_SLOW_RANK=RANK:SECONDS``
+    Rank ``RANK`` alone sleeps this long before each optimizer step (a straggler).
+``RAYFT_FAULT_DATA_DELAY_S=SECONDS``
+    Every rank sleeps this long in the collation of each micro-batch (a slow data loader).
 ``RAYFT_SAMPLE_LOG=PATH``
     Every rank appends ``{"step", "rank", "sample_ids"}`` per optimizer step to the JSON-lines PATH
     (appended across restarts, so tests see recomputed steps too).
@@ -28,10 +32,12 @@ import signal
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import TypeVar
 
 SAVE_POINTS = ("model_files", "trainer_files", "before_manifest", "before_commit")
 _PREFIX = "RAYFT_FAULT_"
 _SAMPLE_LOG = "RAYFT_SAMPLE_LOG"
+_T = TypeVar("_T")
 
 
 @dataclass(frozen=True)
@@ -44,6 +50,8 @@ class Faults:
     sample_log: str | None = None
     step_delay_s: float = 0.0
     hold: tuple[int, str] | None = None
+    slow_rank: tuple[int, float] | None = None
+    data_delay_s: float = 0.0
 
     def kill_if(self, step: int, point: str) -> None:
         """SIGKILL this process if a save fault is set for this step and point."""
@@ -57,11 +65,19 @@ class Faults:
         if self.hold is not None and self.hold[0] == step:
             while not os.path.exists(self.hold[1]):
                 time.sleep(0.02)
+        if self.slow_rank is not None and self.slow_rank[0] == rank:
+            time.sleep(self.slow_rank[1])
         if self.hang == (rank, step):
             while True:
                 time.sleep(3600)
         if self.raise_at == (rank, step):
             raise RuntimeError(f"injected failure on rank {rank} at step {step} (RAYFT_FAULT_RAISE)")
+
+    def slow_data(self, units: _T) -> _T:
+        """``units``, after a sleep when a slow loader is asked for (on the way to their collation)."""
+        if self.data_delay_s > 0:
+            time.sleep(self.data_delay_s)
+        return units
 
     def log_samples(self, rank: int, step: int, sample_ids: list[int]) -> None:
         """Append the sample ids of this rank's optimizer step to the sample log, if enabled."""
@@ -88,6 +104,8 @@ def faults_from_env(environ: Mapping[str, str] | None = None) -> Faults:
         sample_log=env.get(_SAMPLE_LOG) or None,
         step_delay_s=float(env.get(f"{_PREFIX}STEP_DELAY_S") or 0.0),
         hold=_hold(env.get(f"{_PREFIX}HOLD")),
+        slow_rank=_slow_rank(env.get(f"{_PREFIX}SLOW_RANK")),
+        data_delay_s=float(env.get(f"{_PREFIX}DATA_DELAY_S") or 0.0),
     )
 
 
@@ -96,6 +114,13 @@ def _hold(value: str | None) -> tuple[int, str] | None:
         return None
     step, path = value.split(":", 1)
     return int(step), path
+
+
+def _slow_rank(value: str | None) -> tuple[int, float] | None:
+    if not value:
+        return None
+    rank, seconds = value.split(":", 1)
+    return int(rank), float(seconds)
 
 
 def _pair(value: str | None) -> tuple[int, int] | None:

@@ -21,6 +21,7 @@ from rayft.training.modeling.attention import training_attention, uses_varlen
 from rayft.training.modeling.loss import LossKind, fused_head, resolve_loss
 from rayft.training.modeling.model import unwrap
 from rayft.training.modeling.precision import Precision
+from rayft.training.profiling.breakdown import StepTimer
 
 if TYPE_CHECKING:
     import torch
@@ -141,16 +142,21 @@ def train_step(
     loss: LossKind = "none",
     varlen: bool = False,
     loss_fn: Callable[[Any, Any], torch.Tensor] | None = None,
+    timer: StepTimer | None = None,
 ) -> StepStats:
     """Accumulate gradients over ``batches``, clip, and take one optimizer step (as ``parallel``,
     the run's strategy, does each of these). ``loss`` and ``varlen``: see :func:`token_loss_sum`;
     ``loss_fn(model, batch)`` replaces it when given (the sum of the batch's ``num_label_tokens``
-    loss terms, see :class:`rayft.training.loop.objective.Objective`)."""
+    loss terms, see :class:`rayft.training.loop.objective.Objective`). ``timer`` gets a lap at the end
+    of each phase (communication, forward, backward, optimizer)."""
     import torch
+
+    lap = timer.lap if timer is not None else _no_lap
 
     local = [sum(b.num_label_tokens for b in batches), sum(b.num_tokens for b in batches)]
     local.append(sum(b.num_computed_tokens for b in batches))
     label_tokens, real_tokens, computed_tokens = all_reduce_sum(local, device)
+    lap("comm")
     # Every strategy averages gradients over workers; multiplying by world_size turns that into a sum.
     scale = world_size / max(label_tokens, 1.0)
     loss_sum = torch.zeros((), dtype=torch.float64, device=device)
@@ -160,14 +166,22 @@ def train_step(
                 batch_loss = loss_fn(model, batch)
             else:
                 batch_loss = token_loss_sum(model, batch, precision, loss=loss, varlen=varlen)
+            lap("forward")
             parallel.backward(model, batch_loss * scale, scaler)
         loss_sum += batch_loss.detach().double()
+        lap("backward")  # with DDP, the gradient all-reduce that overlaps it too
     grad_norm = parallel.step(model, optimizer, scaler, max_grad_norm)
     scheduler.step()
+    lap("optimizer")
     (total_loss,) = all_reduce_sum([float(loss_sum)], device)
+    lap("comm")
     return StepStats(
         total_loss / max(label_tokens, 1.0), int(label_tokens), int(real_tokens), int(computed_tokens), grad_norm
     )
+
+
+def _no_lap(phase: str) -> None:
+    """No timer: nothing to record."""
 
 
 def evaluate(

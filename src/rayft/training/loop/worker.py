@@ -47,6 +47,7 @@ from rayft.training.loop.objective import CausalLm, Objective, TaskObjective
 from rayft.training.loop.plan import is_due, learning_rate_factor, units_before_step
 from rayft.training.loop.session import RaySession, TrainSession, all_reduce_sum
 from rayft.training.loop.steps import StepStats, train_step
+from rayft.training.loop.timing import StepProfile, open_step_profile
 from rayft.training.loop.worker_plan import WorkerPlan
 from rayft.training.modeling.model import count_parameters, parameter_groups
 from rayft.training.modeling.precision import Precision, resolve_precision
@@ -74,6 +75,7 @@ class Worker:
     state: TrainerState
     checkpoints: Checkpointer
     stop: StopWatch
+    profile: StepProfile
     stopped_on_request: bool = False
     window: ThroughputWindow = field(default_factory=ThroughputWindow)
 
@@ -81,19 +83,28 @@ class Worker:
 def run_worker(plan: WorkerPlan, session: TrainSession) -> TrainerState:
     """Train from the start or from the latest checkpoint to the end of the schedule."""
     worker = setup_worker(plan, session)
+    timer = worker.profile.timer
     try:
+        timer.start()
         for batches in step_batches(plan, session, worker.state.step, worker.objective):
+            # A rank slowed before its step waits like a slow loader: both count as data_wait.
             plan.faults.before_step(session.rank, worker.state.step + 1)
             plan.faults.log_samples(session.rank, worker.state.step + 1, [i for b in batches for i in b.sample_ids])
+            timer.lap("data_wait")
             stats = run_step(worker, batches)
             after_step(worker, stats)
-            if worker.state.stopped_early or stop_requested(worker):
+            worker.profile.step_done()
+            stopping = worker.state.stopped_early or stop_requested(worker)
+            timer.lap("comm")  # the stop request's all-reduce
+            if stopping:
                 break
+        worker.profile.close()
         finish(worker)
     except BaseException:
         worker.checkpoints.drain(timeout_s=120.0)
         raise
     finally:
+        worker.profile.close()
         worker.stop.close()
         worker.logger.close()
     return worker.state
@@ -147,8 +158,12 @@ def setup_worker(plan: WorkerPlan, session: TrainSession) -> Worker:
     )
     # Rank 0 watches a remote run's URI for a stop request (the others learn it at the next step).
     stop = StopWatch(Path(plan.run_dir), plan.remote_uri, poll=session.rank == 0)
+    profile = open_step_profile(
+        plan.train.profile, session, Path(plan.run_dir), remote_uri=plan.remote_uri, params=total, start_step=state.step
+    )
     return Worker(
-        plan, session, parallel, model, optimizer, scheduler, scaler, objective, precision, logger, state, saver, stop
+        plan, session, parallel, model, optimizer, scheduler, scaler, objective, precision, logger, state, saver, stop,
+        profile,
     )  # fmt: skip
 
 
@@ -283,7 +298,7 @@ def step_batches(plan: WorkerPlan, session: TrainSession, start_step: int, objec
             micro_batch_size=train.micro_batch_size, units_per_rank=sched.units_per_rank,
             skip_units=units_before_step(sched, step, train.micro_batch_size, train.gradient_accumulation_steps),
         )  # fmt: skip
-        collated = (objective.collate(chunk) for chunk in units)
+        collated = (objective.collate(plan.faults.slow_data(chunk)) for chunk in units)
         for group in micro_batches(collated, train.gradient_accumulation_steps):
             yield [b.to(session.device) for b in group]
             step += 1
@@ -298,8 +313,9 @@ def run_step(worker: Worker, batches: list[Any]) -> StepStats:
         worker.model, worker.optimizer, worker.scheduler, batches, parallel=worker.parallel, precision=precision,
         scaler=worker.scaler, max_grad_norm=worker.plan.train.max_grad_norm,
         world_size=worker.session.world_size, device=worker.session.device,
-        loss_fn=lambda model, batch: objective.loss_sum(model, batch, precision),
+        loss_fn=lambda model, batch: objective.loss_sum(model, batch, precision), timer=worker.profile.timer,
     )  # fmt: skip
+    worker.profile.timer.end_step()
     worker.state.step += 1
     if not math.isfinite(stats.loss):
         raise TrainingError(
@@ -314,15 +330,19 @@ def after_step(worker: Worker, stats: StepStats) -> None:
     plan, state = worker.plan, worker.state
     total = plan.schedule.total_steps
     record_throughput(worker, stats)
+    timer = worker.profile.timer
     if is_due(state.step, plan.train.logging_steps, total):
         worker.logger.log(state.step, step_metrics(worker, stats))
+        timer.skip()  # writing the metrics is no phase of a step
     save_due = is_due(state.step, plan.train.save_steps, total)
     # Every checkpoint carries a fresh validation loss: "best" checkpoints are ranked by it.
     if plan.has_validation and (save_due or is_due(state.step, plan.train.eval_steps, total)):
         run_evaluation(worker)
+        timer.lap("eval")
     if save_due or state.stopped_early:
         started = time.monotonic()
         save_checkpoint(worker)
+        timer.lap("checkpoint")
         worker.logger.log(state.step, {"checkpoint/save_seconds": time.monotonic() - started})
     worker.window.restart()  # tokens/s counts training time only
 
@@ -338,12 +358,14 @@ def step_metrics(worker: Worker, stats: StepStats) -> dict[str, float]:
     """The per-step metrics, with tokens/s (examples/s for a custom task) over the steps since the
     last log line."""
     unit = worker.objective.throughput_unit
+    rate = worker.window.take_tokens_per_s()
     metrics = {
         "train/loss": stats.loss,
         "train/learning_rate": float(worker.scheduler.get_last_lr()[0]),
         "train/grad_norm": stats.grad_norm,
-        f"train/{unit}_per_s": worker.window.take_tokens_per_s(),
+        f"train/{unit}_per_s": rate,
         "train/epoch": worker.state.step / worker.plan.schedule.steps_per_epoch,
+        **worker.profile.window_metrics(worker.state.step, rate if unit == "tokens" else None),
     }
     if unit == "tokens":
         metrics["train/padding_efficiency"] = worker.state.real_tokens / max(worker.state.computed_tokens, 1)

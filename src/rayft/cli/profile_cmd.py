@@ -1,0 +1,27 @@
+"""``rayft profile RUN``: where a run's step time went, per rank, with the verdict and its fix."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+
+@click.command(epilog="Example: rayft profile runs/my-run")
+@click.argument("run_dir", type=click.Path(path_type=Path))
+@click.option(
+    "--margin",
+    type=click.FloatRange(min=0, min_open=True),
+    default=0.2,
+    show_default=True,
+    help="A rank slower than the median by more than this fraction is named a straggler.",
+)
+def profile(run_dir: Path, margin: float) -> None:
+    """Summarise RUN_DIR's step breakdown per rank (profile/step_times.jsonl), say what bounds the run
+    and what to change, and write profile/profile.html. `rayft jobs stacks JOB` shows a running
+    job's Python stacks instead."""
+    from rayft.training.profiling.report import load_profile, profile_text, write_profile_page
+
+    found = load_profile(run_dir, margin)
+    click.echo(profile_text(found))
+    click.echo(f"Page: {write_profile_page(run_dir, found)}")
