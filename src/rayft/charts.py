@@ -302,3 +302,28 @@ def bar_rows_chart(bars: Sequence[Bar], *, label: str, width: int = 620) -> str:
         parts.append(f'<text x="{label_x:.1f}" y="{y + 15}" font-size="12">{bar.value:.3f}</text>')
     parts.append("</svg>")
     return "\n".join(parts)
+
+
+def stacked_bars_chart(
+    rows: Sequence[tuple[str, Sequence[float]]], parts: Sequence[str], *, label: str, width: int = 720
+) -> str:
+    """Horizontal bars on one scale, one per row (``(name, values)``), each split into ``parts``
+    (one colour each, with a legend above), e.g. a rank's step split into its phases. "" when no row."""
+    if not rows:
+        return ""
+    row, left = 28, 70
+    longest = max((sum(max(v, 0.0) for v in values) for _, values in rows), default=0.0) or 1.0
+    x = linear_scale(0.0, longest, 0.0, width - left - 10)
+    out = [svg_open(width, 30 + len(rows) * row, label)]
+    out += [f'<rect x="{left + i * 95}" y="0" width="10" height="10" fill="{color(i)}"/>'
+            f'<text x="{left + 14 + i * 95}" y="10" font-size="11">{escape(name)}</text>'
+            for i, name in enumerate(parts)]  # fmt: skip
+    for index, (name, values) in enumerate(rows):
+        y, start = 24 + index * row, float(left)
+        out.append(f'<text x="0" y="{y + 15}" font-size="12">{escape(name)}</text>')
+        for part, value in enumerate(values):
+            w = x(max(value, 0.0))
+            out.append(f'<rect x="{start:.1f}" y="{y}" width="{w:.1f}" height="22" fill="{color(part)}"/>')
+            start += w
+    out.append("</svg>")
+    return "\n".join(out)

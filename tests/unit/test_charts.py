@@ -77,3 +77,13 @@ def test_charts_fetch_nothing_and_escape_names() -> None:
     svg = charts.line_chart([Series("<b>", [(0, 1.0)], "#111111")], Names("<x>", "a & b"), legend=True)
     assert "<b>" not in svg and "&lt;b&gt;" in svg and "&amp;" in svg
     assert not re.search(r"https?://(?!www\.w3\.org/2000/svg)", svg)
+
+
+def test_stacked_bars_split_each_row_into_its_parts_on_one_scale() -> None:
+    svg = charts.stacked_bars_chart([("rank 0", [1.0, 3.0]), ("rank 1", [2.0, 0.0])], ["data", "compute"],
+                                    label="steps", width=410)  # fmt: skip
+    rects = _parse(svg).findall(f"{_SVG}rect")[2:]  # after the legend's two swatches
+    widths = [float(r.get("width", "0")) for r in rects]
+    assert widths == [82.5, 247.5, 165.0, 0.0]  # 330 px for the longest row (4 s)
+    assert float(rects[1].get("x", "0")) == 70 + 82.5  # the second part starts where the first ends
+    assert charts.stacked_bars_chart([], ["a"], label="none") == ""

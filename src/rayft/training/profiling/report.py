@@ -10,6 +10,7 @@ from html import escape
 from pathlib import Path
 from typing import Any
 
+from rayft.charts import stacked_bars_chart
 from rayft.errors import RunStateError
 from rayft.files import write_text_atomic
 from rayft.pages import html_page
@@ -18,7 +19,6 @@ from rayft.training.profiling.breakdown import PHASES
 from rayft.training.profiling.diagnosis import Finding, diagnose, merge_windows
 
 COLUMNS = (*PHASES, "step")
-_COLORS = dict(zip(PHASES, ("#d97706", "#2563eb", "#7c3aed", "#059669", "#dc2626", "#6b7280", "#0891b2"), strict=True))
 _CSS = "td.num{text-align:right;font-variant-numeric:tabular-nums}.verdict{font-size:1.1rem}"
 
 
@@ -93,26 +93,10 @@ def profile_section(profile: RunProfile) -> str:
     )
 
 
-def _bars(ranks: list[dict[str, Any]], width: int = 720, row_h: int = 22) -> str:
-    """An inline SVG: one bar per rank, its step split into the phases, on a common time scale."""
-    longest = max((float(r.get("time/step", 0.0)) for r in ranks), default=0.0) or 1.0
-    parts = []
-    for index, row in enumerate(ranks):
-        x, y = 70.0, 24 + index * (row_h + 6)
-        parts.append(f'<text x="0" y="{y + 15}" font-size="12">rank {row["rank"]}</text>')
-        for phase in PHASES:
-            w = float(row.get(f"time/{phase}", 0.0)) / longest * (width - 80)
-            parts.append(f'<rect x="{x:.1f}" y="{y}" width="{w:.1f}" height="{row_h}" fill="{_COLORS[phase]}"/>')
-            x += w
-    legend = "".join(
-        f'<rect x="{70 + i * 95}" y="0" width="10" height="10" fill="{_COLORS[p]}"/>'
-        f'<text x="{84 + i * 95}" y="10" font-size="11">{p}</text>'
-        for i, p in enumerate(PHASES)
-    )
-    height = 30 + len(ranks) * (row_h + 6)
-    return (
-        f'<svg width="{width}" height="{height}" role="img" aria-label="step breakdown">{legend}{"".join(parts)}</svg>'
-    )
+def _bars(ranks: list[dict[str, Any]]) -> str:
+    """One bar per rank, its step split into the phases, on a common time scale."""
+    rows = [(f"rank {r['rank']}", [float(r.get(f"time/{phase}", 0.0)) for phase in PHASES]) for r in ranks]
+    return stacked_bars_chart(rows, PHASES, label="step breakdown")
 
 
 def write_profile_page(run_dir: Path, profile: RunProfile) -> Path:
