@@ -219,6 +219,17 @@ def _text(row: Mapping[str, Any], name: str, fmt: ResolvedFormat, *, optional: b
 
 
 def _conversation(turns: Any, column: str, ds: DatasetConfig) -> tuple[tuple[str, str], ...]:
+    out = list(parse_turns(turns, column))
+    if not any(role == "assistant" for role, _ in out):
+        raise BadRowError("no_assistant_turn", f"none of the {len(out)} turns is an assistant turn")
+    if ds.system_prompt and out[0][0] != "system":
+        out.insert(0, ("system", ds.system_prompt))
+    return tuple(out)
+
+
+def parse_turns(turns: Any, column: str) -> tuple[tuple[str, str], ...]:
+    """A column's chat turns (OpenAI role/content or ShareGPT from/value) as (role, content) pairs;
+    :class:`BadRowError` for a value that is not a non-empty list of well-formed turns."""
     if turns is None:
         raise BadRowError("missing_field", f"column {column!r} is missing or null")
     if not isinstance(turns, list) or not all(isinstance(t, dict) for t in turns):
@@ -241,8 +252,4 @@ def _conversation(turns: Any, column: str, ds: DatasetConfig) -> tuple[tuple[str
         if not content.strip() and role == "assistant":
             raise BadRowError("empty_field", f"turn {number} (assistant) is empty")
         out.append((role, content))
-    if not any(role == "assistant" for role, _ in out):
-        raise BadRowError("no_assistant_turn", f"none of the {len(out)} turns is an assistant turn")
-    if ds.system_prompt and out[0][0] != "system":
-        out.insert(0, ("system", ds.system_prompt))
     return tuple(out)

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rayft.config.data import DatasetConfig
-from rayft.data.formats import ROLE_ALIASES, BadRowError, Example
+from rayft.data.formats import BadRowError, Example, parse_turns
 from rayft.data.prepared import IGNORE_INDEX
 from rayft.data.tokenize import Rendered, TextTokenizer, label_tokens, render
 
@@ -121,22 +121,9 @@ def _split_conversations(chosen: Any, rejected: Any, columns: Mapping[str, str])
 
 
 def _turns(value: Any, column: str) -> Turns:
-    if not isinstance(value, list) or not all(isinstance(t, dict) for t in value):
-        raise BadRowError("wrong_type", f"column {column!r} must be text or a list of turns (objects), "
-                                        f"got {type(value).__name__}")  # fmt: skip
-    if not value:
-        raise BadRowError("empty_field", f"column {column!r} holds no turns")
-    out: list[tuple[str, str]] = []
-    for number, turn in enumerate(value):
-        role = turn.get("role") if turn.get("role") is not None else turn.get("from")
-        content = turn.get("content") if turn.get("content") is not None else turn.get("value")
-        if not isinstance(role, str) or not isinstance(content, str):
-            raise BadRowError("wrong_type", f"column {column!r}, turn {number}: role and content must be text")
-        if role not in ROLE_ALIASES:
-            raise BadRowError("unknown_role", f"column {column!r}, turn {number} has role {role!r}; use system, "
-                                              "user or assistant")  # fmt: skip
-        out.append((ROLE_ALIASES[role], content))
-    return tuple(out)
+    if isinstance(value, str):
+        raise BadRowError("wrong_type", f"column {column!r} must be text or a list of turns (objects), got str")
+    return parse_turns(value, column)
 
 
 def _raw_prompt(turns: Turns) -> str:
