@@ -123,7 +123,8 @@ class MinHashLSH:
 
     def _signature_of(self, index: int) -> np.ndarray:
         block, row = divmod(index, _SIGNATURE_BLOCK)
-        return self._blocks[block][row]
+        signature: np.ndarray = self._blocks[block][row]
+        return signature
 
     def _candidates(self, keys: np.ndarray) -> list[list[int]]:
         """Per band, the rows sharing its key: older (merged) rows first, each in row order."""
