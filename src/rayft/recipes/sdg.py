@@ -1,8 +1,9 @@
 """``rayft sdg CONFIG``: synthetic data generation with Ray Data.
 
 Reads top to bottom: settle the output directory (resuming when it holds rows made with the same
-config), read the seeds and skip those already committed, plan the lazy Ray Data stages (generate,
-parse, quality), stream their rows to the driver, filter them there against the whole output
+config), count the seeds in one streamed pass, read them lazily skipping those already committed
+(by id), plan the lazy Ray Data stages a chunk of seeds at a time (generate, parse, quality),
+stream their rows to the driver, filter them there against the whole output
 (exact and near duplicates, evaluation-set leaks), commit each batch as a part file, and finally
 rebuild data.parquet, data.jsonl, rejected.jsonl and summary.json from the committed parts.
 """
@@ -29,7 +30,8 @@ from rayft.runs.location import local_run_dir
 from rayft.runs.lock import run_lock
 from rayft.runtime import ray_runtime
 from rayft.sdg.filters import RowFilters
-from rayft.sdg.rows import SEED_COLUMNS, ParseStage, PromptStage, QualityStage, SymbolicStage, seed_id
+from rayft.sdg.rows import SEED_COLUMNS, ParseStage, PromptStage, QualityStage, SymbolicStage
+from rayft.sdg.seeds import count_seeds, iter_seeds, seed_chunks
 from rayft.sdg.stages import TIME_PREFIX, Row, Stage, apply_stage, check_plan, stage_seconds
 from rayft.sdg.store import SdgStore
 from rayft.sdg.summary import build_summary, part_record
@@ -82,20 +84,20 @@ def generate(cfg: RayftConfig, out: Path, *, test_mode: bool = False) -> SdgResu
     store = SdgStore(out)
     store.open(config_hash)
 
-    seeds = read_seeds(sdg)
     done = store.done_seeds()
-    todo = [s for s in seeds if s["seed_id"] not in done]
+    num_seeds, num_done = count_seeds(sdg, done)
     stages = plan_stages(sdg, rng_seed, config_hash)
     check_plan(stages, SEED_COLUMNS)
     filters = RowFilters(sdg.dedup, sdg.decontamination, read_eval_questions(sdg))
     for row in store.committed_accepted():
         filters.remember(row["question"], row["seed_id"])
     wall = {"read_seeds": time.monotonic() - started}
-    log.info("sdg: %d seeds, %d already done -> %s", len(seeds), len(seeds) - len(todo), store.root)
+    log.info("sdg: %d seeds, %d already done -> %s", num_seeds, num_done, store.root)
 
-    if todo:
+    if num_seeds > num_done:
         with ray_runtime(cfg.scaling.address):
-            wall.update(generate_and_commit(todo, stages, sdg, filters, store))
+            todo = iter_seeds(sdg, skip=done)
+            wall.update(generate_and_commit(todo, stages, sdg, filters, store, num_seeds=num_seeds - num_done))
     written_at = time.monotonic()
     num_accepted, num_rejected = store.consolidate()
     wall["consolidate"] = time.monotonic() - written_at
@@ -103,8 +105,8 @@ def generate(cfg: RayftConfig, out: Path, *, test_mode: bool = False) -> SdgResu
     summary = build_summary(
         store.done_records(),
         variations=sdg.variations,
-        seeds_requested=len(seeds),
-        seeds_done_before=len(seeds) - len(todo),
+        seeds_requested=num_seeds,
+        seeds_done_before=num_done,
         wall_seconds=wall,
         extra={"generator": sdg.generator, "task": sdg.task, "config_hash": config_hash, "output_dir": str(store.root)},
     )
@@ -144,32 +146,9 @@ def sdg_config_hash(sdg: SdgConfig, rng_seed: int) -> str:
 
 
 def read_seeds(sdg: SdgConfig) -> list[Row]:
-    """The first ``num_seeds`` seed rows as seed_id / seed_question / seed_answer.
-
-    Raises:
-        DataError: the seed set lacks the configured columns, or a seed has an empty question.
-    """
-    table = read_table(sdg.seeds)
-    columns = (sdg.question_column, sdg.answer_column)
-    missing = [c for c in columns if c not in table.column_names]
-    if missing:
-        raise DataError(
-            f"sdg seeds {sdg.seeds.path!r} have no column(s) {missing} (columns: {table.column_names}); "
-            "set sdg.question_column / sdg.answer_column to the right names"
-        )
-    if sdg.num_seeds is not None:
-        table = table.slice(0, sdg.num_seeds)
-    seeds: dict[str, Row] = {}
-    for index, row in enumerate(table.select(list(columns)).to_pylist()):
-        question, answer = row[sdg.question_column], row[sdg.answer_column]
-        if not isinstance(question, str) or not isinstance(answer, str) or not question.strip():
-            raise DataError(
-                f"sdg seeds {sdg.seeds.path!r}, row {index}: {sdg.question_column!r} and {sdg.answer_column!r} must "
-                f"be non-empty text, got {question!r} / {answer!r}; fix or remove the row"
-            )
-        sid = seed_id(question, answer)
-        seeds.setdefault(sid, {"seed_id": sid, "seed_question": question, "seed_answer": answer})
-    return list(seeds.values())
+    """The first ``num_seeds`` seed rows as seed_id / seed_question / seed_answer (see
+    :func:`rayft.sdg.seeds.iter_seeds`, which the run reads them through lazily)."""
+    return list(iter_seeds(sdg))
 
 
 def read_eval_questions(sdg: SdgConfig) -> list[str]:
@@ -258,16 +237,21 @@ def build_dataset(seeds: list[Row], stages: list[Stage], sdg: SdgConfig) -> ray.
 
 
 def generate_and_commit(
-    seeds: list[Row], stages: list[Stage], sdg: SdgConfig, filters: RowFilters, store: SdgStore
+    seeds: Iterable[Row], stages: list[Stage], sdg: SdgConfig, filters: RowFilters, store: SdgStore, *, num_seeds: int
 ) -> dict[str, float]:
-    """Stream the rows of ``seeds`` through the stages, filter them, and commit a part per batch."""
+    """Stream the rows of ``seeds`` (``num_seeds`` of them, read lazily: a chunk of blocks planned
+    at a time) through the stages, filter them, and commit a part per batch."""
     started = time.monotonic()
     filter_s = write_s = 0.0
     number = store.next_part()
-    ds = build_dataset(seeds, stages, sdg)
     what = f"sdg {sdg.generator}" + (f" ({sdg.teacher.model.name})" if sdg.generator != "symbolic" else "")
-    with Progress(what, len(seeds), unit="seeds") as progress:
-        for rows in complete_seed_batches(ds.iter_batches(batch_size=None, batch_format="pyarrow")):
+    batches = (
+        batch
+        for chunk in seed_chunks(seeds, sdg)
+        for batch in build_dataset(chunk, stages, sdg).iter_batches(batch_size=None, batch_format="pyarrow")
+    )
+    with Progress(what, num_seeds, unit="seeds") as progress:
+        for rows in complete_seed_batches(batches):
             t0 = time.monotonic()
             filters.apply(rows)
             t1 = time.monotonic()
