@@ -119,7 +119,8 @@ class SdgStore:
 
     def _part_paths(self, kind: str) -> list[Path]:
         """The committed parts' files of ``kind`` (accepted or rejected), in part order."""
-        paths = [self.parts / f"part-{record['part']:06d}.{kind}.parquet" for record in self.done_records()]
+        numbers = sorted(int(m.group(1)) for p in self.parts.iterdir() if (m := _DONE.match(p.name)))
+        paths = [self.parts / f"part-{number:06d}.{kind}.parquet" for number in numbers]
         return [path for path in paths if path.exists()]
 
 
@@ -138,13 +139,21 @@ def _part_batches(paths: list[Path]) -> Iterator[Any]:
 
 
 def _write_parquet_parts(paths: list[Path], path: Path) -> None:
-    """One Parquet file of the parts' rows, written a row group per batch."""
+    """One Parquet file of the parts' rows, written a row group of about ``CONSOLIDATE_BATCH_ROWS``
+    rows at a time (small parts are joined into one row group)."""
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
     schema = _table([]).schema
+    held: list[Any] = []
     with pq.ParquetWriter(path, schema) as writer:
         for batch in _part_batches(paths):
-            writer.write_batch(batch.cast(schema))
+            held.append(batch.cast(schema))
+            if sum(b.num_rows for b in held) >= CONSOLIDATE_BATCH_ROWS:
+                writer.write_table(pa.Table.from_batches(held, schema))
+                held.clear()
+        if held:
+            writer.write_table(pa.Table.from_batches(held, schema))
 
 
 def _write_jsonl_parts(paths: list[Path], path: Path) -> None:
