@@ -121,3 +121,16 @@ def test_a_metric_first_scored_late_counts_zero_before(tmp_path: Path, monkeypat
     assert streamed.values["late"].tolist() == [0.0] * 10 + [1.0] * (len(gens) - 10)
     assert streamed.metrics == held.metrics
     assert list(streamed.kinds) == ["m", "late"]
+
+
+def test_sql_examples_without_a_table_are_refused_across_windows(tmp_path: Path) -> None:
+    from rayft.data.builtin import load_builtin
+    from rayft.errors import DataError
+
+    rows = load_builtin("builtin:sql", "test", 12)
+    rows[-1] = {**rows[-1], "table": None}  # only the last: in another window than the first
+    path = tmp_path / "sql.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    ev = EvalConfig(task="sql", question_field="input", answer_field="output", datasets=[DatasetConfig(path=str(path))])
+    with pytest.raises(DataError, match=r"1 of 12 examples have no table \(first: example 11\)"):
+        open_examples(ev, build_task(ev))

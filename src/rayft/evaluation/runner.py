@@ -37,7 +37,7 @@ from rayft.data.sources import source_name
 from rayft.errors import DataError
 from rayft.evaluation.metrics import CorpusMetric
 from rayft.evaluation.stats import Estimate, corpus_estimate, estimate
-from rayft.evaluation.tasks import Scored, Task, build_prompt
+from rayft.evaluation.tasks import Scored, Task, build_prompt, check_tables_present
 from rayft.generation.backend import Generation, Prompt
 from rayft.generation.pool import LocalPool, Runtime, in_input_order, open_pool
 from rayft.models.sources import ResolvedSource
@@ -273,6 +273,7 @@ def open_examples(ev: EvalConfig, task: Task) -> ExampleStream:
     shots: list[tuple[str, str]] = []
     checks: list[Pair] = []
     usable = 0
+    tableless: list[int] = []  # [count, first example number] of scored examples without a table
     for ds in ev.datasets:
         columns: dict[str, None] = {}
         rows = 0
@@ -283,7 +284,9 @@ def open_examples(ev: EvalConfig, task: Task) -> ExampleStream:
                 continue
             if usable < offset:
                 shots.append((item[1], item[2]))
-            elif task.check_tables is not None and (end is None or usable < end):
+            elif task.uses_tables and (end is None or usable < end):
+                if item[3] is None:
+                    tableless = [tableless[0] + 1, tableless[1]] if tableless else [1, usable - offset]
                 checks.append(item)
                 if len(checks) >= GENERATION_WINDOW:
                     _check_tables(task, checks)
@@ -298,6 +301,8 @@ def open_examples(ev: EvalConfig, task: Task) -> ExampleStream:
         raise DataError("the eval datasets leave no example to score; add rows or lower eval.num_fewshot")
     for item in skipped:
         log.warning("eval: skipped row %s (%s)", item["id"], item["reason"])
+    if tableless:  # scored a window at a time, the examples must all have a table or none
+        check_tables_present(tableless[0], count, tableless[1])
     _check_tables(task, checks)
     return ExampleStream(ev, task, shots, skipped, count, offset)
 
