@@ -4,6 +4,10 @@ measured in the same run, printed with its ratio to the smallest size (and to a 
 - ``eval``: `rayft eval` (task exact_match, the tiny random test model in-process, greedy, 2 new
   tokens, batches of 32) on N synthetic prompts of about 280 characters: the driver's peak RSS and
   its process tree's peak (sampled 10 times a second, as ``bench_scale.py`` does), and rows/s.
+- ``eval-driver``: what the eval process holds of the examples, without a model: N rows read, each
+  answered by a fixed text (no generation), scored (exact_match), and its predictions written, in a
+  fresh process, the peak of ``tracemalloc`` (MiB): through :mod:`rayft.evaluation.streaming` here, and
+  through ``load_examples`` + ``score_run`` + ``prediction_rows`` in a checkout without it.
 - ``dedup``: the SDG row filters (exact and near dedup at the defaults) fed N distinct synthetic
   questions in a fresh process: bytes traced by ``tracemalloc`` per accepted row.
 - ``consolidate``: N rows committed as parts of 512 rows, then consolidated in a fresh process:
@@ -61,6 +65,50 @@ counts = store.consolidate()
 print(json.dumps([counts[0], (peak_kib() - base) / 1024]))
 """
 
+EVAL_DRIVER = """
+import json, sys, tracemalloc
+from pathlib import Path
+from rayft.config.data import DatasetConfig
+from rayft.config.evaluation import EvalConfig
+from rayft.config.model import ModelConfig
+from rayft.evaluation.tasks import build_task
+from rayft.generation.backend import Generation
+from rayft.models.sources import ResolvedSource
+ev = EvalConfig(task="exact_match", datasets=[DatasetConfig(path=sys.argv[1])], num_fewshot=0, bootstrap_samples=200,
+                max_samples=None)
+task, source, out = build_task(ev), ResolvedSource("m", "model", ModelConfig(name="org/m")), Path(sys.argv[2])
+tracemalloc.start()
+try:
+    from rayft.evaluation import streaming
+except ImportError:
+    streaming = None
+if streaming is not None:
+    from rayft.evaluation.report import example_record
+    from rayft.evaluation.runner import ScoreTally, open_examples
+    from rayft.generation.pool import in_input_order
+    class Echo:  # answers every prompt with a fixed text, a batch at a time
+        def map(self, batches):
+            for tag, prompts in batches:
+                yield tag, [Generation("the answer", 3, 1) for _ in prompts]
+    examples, tally = open_examples(ev, task), ScoreTally(task)
+    with (out / "rows.jsonl").open("w") as rows:
+        for window in in_input_order(examples, lambda e: e.prompt, Echo(), batch_size=32):
+            items, gens = [e for e, _ in window], [g for _, g in window]
+            for item in zip(items, gens, tally.add(items, gens)):
+                rows.write(json.dumps(example_record(*item)) + "\\n")
+    run = tally.finish("m", source, ev, 1.0)
+    import dataclasses
+    streaming.write_predictions(out / "predictions.jsonl", dataclasses.replace(run, rows_path=out / "rows.jsonl"))
+else:
+    from rayft.evaluation.report import prediction_rows, write_jsonl
+    from rayft.evaluation.runner import load_examples, score_run
+    examples = load_examples(ev, task)
+    gens = [Generation("the answer", 3, 1) for _ in examples.items]
+    run = score_run("m", source, examples, gens, task=task, ev=ev, elapsed_s=1.0)
+    write_jsonl(out / "predictions.jsonl", prediction_rows(run, examples))
+print(json.dumps([run.metrics["exact_match"].n, tracemalloc.get_traced_memory()[1] / 2**20]))
+"""
+
 MAKE_PARTS = """
 import sys
 from pathlib import Path
@@ -92,7 +140,7 @@ def eval_config(directory: Path, model: Path, data: Path) -> Path:
     path.write_text(
         f"name: scale\nstorage_path: {directory / 'runs'}\nmodel:\n  name: {model}\n"
         f"eval:\n  datasets:\n    - path: {data}\n  task: exact_match\n  runtime: local\n  batch_size: 32\n"
-        "  num_fewshot: 0\n  bootstrap_samples: 200\n  generation:\n    max_new_tokens: 2\n    temperature: 0\n"
+        "  num_fewshot: 0\n  max_samples: null\n  bootstrap_samples: 200\n  generation:\n    max_new_tokens: 2\n    temperature: 0\n"
     )
     return path
 
@@ -111,7 +159,7 @@ def table(title: str, head: list[str], rows: list[tuple[str, int, list[float]]])
 def main() -> None:
     """Measure every size for every checkout, then print one table."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("what", choices=["eval", "dedup", "consolidate"])
+    parser.add_argument("what", choices=["eval", "eval-driver", "dedup", "consolidate"])
     parser.add_argument("--rows", type=int, nargs="+", default=[1000, 10_000])
     parser.add_argument("--baseline", type=Path, help="another rayft checkout to measure the same way")
     args = parser.parse_args()
@@ -135,6 +183,12 @@ def main() -> None:
                                "--output", str(run_dir / "report")]  # fmt: skip
                     m = measure(checkout, label, command, rows)
                     results.append((label, rows, [m.driver_peak_mib, m.tree_peak_mib, m.rows_per_s]))
+                elif args.what == "eval-driver":
+                    data = Path(tmp) / f"rows-{rows}.jsonl"
+                    if not data.exists():
+                        write_rows(data, rows)
+                    scored, peak = run_python(checkout, EVAL_DRIVER, str(data), str(run_dir)).strip("[]").split(",")
+                    results.append((label, int(scored), [float(peak)]))
                 elif args.what == "dedup":
                     accepted, per_row = run_python(checkout, DEDUP, str(rows)).strip("[]").split(",")
                     results.append((label, rows, [float(accepted), float(per_row)]))
@@ -145,6 +199,7 @@ def main() -> None:
                 print(f"{label} {rows}: {results[-1][2]}", flush=True)
     heads = {
         "eval": ["driver peak (MiB)", "process tree peak (MiB)", "rows/s"],
+        "eval-driver": ["traced peak (MiB)"],
         "dedup": ["accepted rows", "dedup bytes per accepted row"],
         "consolidate": ["consolidation peak RSS growth (MiB)"],
     }
