@@ -140,7 +140,8 @@ def eval_config(directory: Path, model: Path, data: Path) -> Path:
     path.write_text(
         f"name: scale\nstorage_path: {directory / 'runs'}\nmodel:\n  name: {model}\n"
         f"eval:\n  datasets:\n    - path: {data}\n  task: exact_match\n  runtime: local\n  batch_size: 32\n"
-        "  num_fewshot: 0\n  max_samples: null\n  bootstrap_samples: 200\n  generation:\n    max_new_tokens: 2\n    temperature: 0\n"
+        "  num_fewshot: 0\n  max_samples: null\n  bootstrap_samples: 200\n"
+        "  generation:\n    max_new_tokens: 2\n    temperature: 0\n"
     )
     return path
 
