@@ -16,6 +16,7 @@ import bisect
 import json
 import logging
 from array import array
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -137,33 +138,62 @@ def _refuse_unreadable(ds: DatasetConfig, rows: RowCollector) -> None:
 def read_rows(ds: DatasetConfig) -> RowCollector:
     """Every row of a dataset (at most ``max_rows``), read file by file without holding a file whole."""
     rows = RowCollector(ds.max_rows)
-    files = dataset_files(ds)
-    if files is None:  # a built-in set, a URI or a Hub dataset: read as one table
-        rows.origins.start_file(ds.path)
-        _add_table(rows, read_table(ds), first_line=1)
-        return rows
-    base = Path(ds.path).expanduser()
-    for path in files:
-        if rows.full():
-            break
-        rows.origins.start_file(path.relative_to(base).as_posix() if ds.files is not None else str(path))
-        _add_file(rows, ds, path)
+    current: str | None = None
+    for item in iter_rows(ds):
+        if item.file != current:
+            rows.origins.start_file(item.file)
+            current = item.file
+        if item.row is None:
+            rows.add_unreadable(item.line, item.reason, item.detail)
+        else:
+            rows.add(item.line, item.row, item.text)
     return rows
 
 
-def _add_file(rows: RowCollector, ds: DatasetConfig, path: Path) -> None:
+@dataclass(frozen=True)
+class ReadRow:
+    """One row as read: its file and line, and the row, or why it could not be read (``row`` None)."""
+
+    file: str
+    line: int
+    row: dict[str, Any] | None
+    text: str | None = None  # the row's JSON, when the file holds it as one line
+    reason: str = ""
+    detail: str = ""
+
+
+def iter_rows(ds: DatasetConfig) -> Iterator[ReadRow]:
+    """Every row of a dataset (at most ``max_rows``), lazily: file by file, a line or a batch of rows
+    at a time, so that a consumer holds only what it keeps."""
+    files = dataset_files(ds)
+    if files is None:  # a built-in set, a URI or a Hub dataset: read as one table
+        streams: Iterable[Iterator[ReadRow]] = [_batch_rows(ds.path, read_table(ds).to_batches(BATCH_ROWS), 1)]
+    else:
+        base = Path(ds.path).expanduser()
+        names = [path.relative_to(base).as_posix() if ds.files is not None else str(path) for path in files]
+        streams = (_file_rows(ds, path, name) for path, name in zip(files, names, strict=True))
+    count = 0
+    for stream in streams:
+        for item in stream:
+            if ds.max_rows is not None and count >= ds.max_rows:
+                return
+            count += 1
+            yield item
+
+
+def _file_rows(ds: DatasetConfig, path: Path, name: str) -> Iterator[ReadRow]:
     import pyarrow as pa
 
     suffix = path.suffix.lower()
     try:
         if ds.files is not None:
-            _add_source_file(rows, ds, path)
+            yield from _source_file_rows(path, name, ds.chunk_chars)
         elif suffix in (".jsonl", ".json"):
-            _add_json(rows, path)
+            yield from _json_rows(path, name)
         elif suffix == ".parquet":
-            _add_parquet(rows, path)
+            yield from _parquet_rows(path, name)
         elif suffix == ".csv":
-            _add_csv(rows, path)
+            yield from _csv_rows(path, name)
         else:
             raise DataError(
                 f"dataset {ds.path!r}: file {path} has an unsupported type; use one of .jsonl, .json, .parquet, .csv"
@@ -174,73 +204,47 @@ def _add_file(rows: RowCollector, ds: DatasetConfig, path: Path) -> None:
         ) from None
 
 
-def _add_json(rows: RowCollector, path: Path) -> None:
+def _json_rows(path: Path, name: str) -> Iterator[ReadRow]:
     document = json_document(path)
     if document is not None:  # one JSON document: read whole, its items numbered from 1
         for number, item in enumerate(document, start=1):
-            if rows.full():
-                return
             if isinstance(item, dict):
-                rows.add(number, item)
+                yield ReadRow(name, number, item)
             else:
-                rows.add_unreadable(number, "bad_json", f"item {number} is a {type(item).__name__}, not an object")
+                yield ReadRow(name, number, None, None, "bad_json", f"item {number} is a {type(item).__name__}, "
+                              "not an object")  # fmt: skip
         return
     for line in iter_json_lines(path):
-        if rows.full():
-            return
-        if line.row is None:
-            rows.add_unreadable(line.number, line.reason, line.detail)
-        else:
-            rows.add(line.number, line.row, line.text)
+        yield ReadRow(name, line.number, line.row, line.text if line.row is not None else None, line.reason,
+                      line.detail)  # fmt: skip
 
 
-def _add_parquet(rows: RowCollector, path: Path) -> None:
+def _parquet_rows(path: Path, name: str) -> Iterator[ReadRow]:
     """Rows numbered from 1 within the file (Parquet has no lines)."""
     import pyarrow.parquet as pq
 
-    number = 0
-    for batch in pq.ParquetFile(path).iter_batches(batch_size=BATCH_ROWS):
-        number = _add_batch(rows, batch, number + 1)
-        if rows.full():
-            return
+    yield from _batch_rows(name, pq.ParquetFile(path).iter_batches(batch_size=BATCH_ROWS), 1)
 
 
-def _add_csv(rows: RowCollector, path: Path) -> None:
+def _csv_rows(path: Path, name: str) -> Iterator[ReadRow]:
     """Rows numbered by their line, the header being line 1 (a quoted value spanning lines counts once)."""
     import pyarrow.csv as pacsv
 
-    number = 1
-    for batch in pacsv.open_csv(path):
-        number = _add_batch(rows, batch, number + 1)
-        if rows.full():
-            return
+    yield from _batch_rows(name, pacsv.open_csv(path), 2)
 
 
-def _add_table(rows: RowCollector, table: pa.Table, first_line: int) -> None:
-    number = first_line - 1
-    for batch in table.to_batches(max_chunksize=BATCH_ROWS):
-        number = _add_batch(rows, batch, number + 1)
-        if rows.full():
-            return
+def _batch_rows(name: str, batches: Iterable[pa.RecordBatch], first_line: int) -> Iterator[ReadRow]:
+    """The rows of a stream of record batches, numbered from ``first_line``."""
+    number = first_line
+    for batch in batches:
+        for row in batch.to_pylist():
+            yield ReadRow(name, number, row)
+            number += 1
 
 
-def _add_batch(rows: RowCollector, batch: pa.RecordBatch, first_line: int) -> int:
-    """Add a batch's rows numbered from ``first_line``; the number of the last one."""
-    number = first_line - 1
-    for row in batch.to_pylist():
-        if rows.full():
-            break
-        number += 1
-        rows.add(number, row)
-    return number
-
-
-def _add_source_file(rows: RowCollector, ds: DatasetConfig, path: Path) -> None:
+def _source_file_rows(path: Path, name: str, chunk_chars: int | None) -> Iterator[ReadRow]:
     """A source file's text rows, each numbered by the line it starts on."""
     line = 1
-    for row in source_file_rows(path.read_bytes(), path.relative_to(Path(ds.path).expanduser()).as_posix(),
-                                ds.chunk_chars):  # fmt: skip
-        if rows.full():
-            return
-        rows.add(line, row)
+    for row in source_file_rows(path.read_bytes(), name, chunk_chars):
+        yield ReadRow(name, line, row)
         line += (row["text"] or "").count("\n")

@@ -12,10 +12,12 @@ from pathlib import Path
 from typing import Any
 
 from rayft import charts
-from rayft.evaluation.runner import CorpusScores, Examples, ModelRun
+from rayft.evaluation.runner import CorpusScores, Example, Examples, ModelRun
 from rayft.evaluation.stats import PairedTest, corpus_paired_test, paired_test
 from rayft.evaluation.summary import CompareSummary, MetricSummary, ModelSummary, PairComparison
+from rayft.evaluation.tasks import Scored
 from rayft.files import write_jsonl_atomic
+from rayft.generation.backend import Generation
 from rayft.pages import html_page
 
 MAX_DISAGREEMENTS = 50
@@ -49,29 +51,57 @@ def model_summary(run: ModelRun) -> ModelSummary:
     )
 
 
+def example_record(example: Example, generation: Generation, scored: Scored) -> dict[str, Any]:
+    """One example's row as scored by one model, before its ``correct`` is known (that needs the
+    primary metric's kind, known once every example is scored)."""
+    return {
+        "id": example.id,
+        "question": example.question,
+        "prompt": example.prompt,
+        "reference": example.reference,
+        "output": generation.text,
+        "extracted": scored.extracted,
+        "scores": scored.scores,
+        "finish_reason": generation.finish_reason,
+        "error": generation.error,
+        "num_generated_tokens": generation.num_generated_tokens,
+    }
+
+
+def prediction_row(record: Mapping[str, Any], run: ModelRun) -> dict[str, Any]:
+    """The predictions.jsonl row of one example record (:func:`example_record`) of ``run``."""
+    keys = ("id", "question", "prompt", "reference", "output", "extracted", "scores")
+    row = {key: record[key] for key in keys}
+    row["correct"] = run.correct(record["scores"])
+    row.update({key: record[key] for key in ("finish_reason", "error", "num_generated_tokens")})
+    return row
+
+
+def comparison_row(records: Sequence[Mapping[str, Any]], runs: Sequence[ModelRun]) -> dict[str, Any]:
+    """The examples.jsonl row of one example: its records by each of ``runs`` (in the same order)."""
+    first = records[0]
+    models = {
+        run.label: {
+            "output": record["output"],
+            "extracted": record["extracted"],
+            "scores": record["scores"],
+            "correct": run.correct(record["scores"]),
+            "error": record["error"],
+        }
+        for run, record in zip(runs, records, strict=True)
+    }
+    return {key: first[key] for key in ("id", "question", "prompt", "reference")} | {"models": models}
+
+
+def _records(run: ModelRun, examples: Examples) -> list[dict[str, Any]]:
+    """The example records of a run held in memory (:func:`~rayft.evaluation.runner.run_model`)."""
+    scored = [Scored(s, e) for s, e in zip(run.scores, run.extracted, strict=True)]
+    return [example_record(*item) for item in zip(examples.items, run.generations, scored, strict=True)]
+
+
 def prediction_rows(run: ModelRun, examples: Examples) -> list[dict[str, Any]]:
-    """The per-example rows of one model: prompt, output, extracted answers, reference, scores."""
-    rows = []
-    for i, ex in enumerate(examples.items):
-        gen = run.generations[i]
-        rows.append(
-            {
-                "id": ex.id,
-                "question": ex.question,
-                "prompt": ex.prompt,
-                "reference": ex.reference,
-                "output": gen.text,
-                "extracted": run.extracted[i],
-                "scores": run.scores[i],
-                "correct": bool(run.scores[i].get(run.primary, 0.0) == 1.0)
-                if run.kinds[run.primary] == "binary"
-                else None,
-                "finish_reason": gen.finish_reason,
-                "error": gen.error,
-                "num_generated_tokens": gen.num_generated_tokens,
-            }
-        )
-    return rows
+    """The per-example rows of one model held in memory: prompt, output, extracted answers, reference, scores."""
+    return [prediction_row(record, run) for record in _records(run, examples)]
 
 
 def pair_tests(
@@ -90,7 +120,7 @@ def pair_tests(
                         a.corpus[name], b.corpus[name], confidence=confidence, alpha=alpha, samples=samples, seed=seed
                     )
                     continue
-                va, vb = [s.get(name, 0.0) for s in a.scores], [s.get(name, 0.0) for s in b.scores]
+                va, vb = a.values[name].tolist(), b.values[name].tolist()
                 test: PairedTest = paired_test(
                     "binary" if kind == "binary" and b.kinds[name] == "binary" else "continuous",
                     va, vb, confidence=confidence, alpha=alpha, samples=samples, seed=seed,
@@ -113,34 +143,21 @@ def corpus_pair_test(
 
 
 def comparison_examples(runs: Sequence[ModelRun], examples: Examples) -> list[dict[str, Any]]:
-    """Per example: prompt, reference, and each model's output, extracted answer, correctness."""
-    rows = []
-    for i, ex in enumerate(examples.items):
-        models = {}
-        for run in runs:
-            primary = run.scores[i].get(run.primary, 0.0)
-            models[run.label] = {
-                "output": run.generations[i].text,
-                "extracted": run.extracted[i],
-                "scores": run.scores[i],
-                "correct": bool(primary == 1.0) if run.kinds[run.primary] == "binary" else None,
-                "error": run.generations[i].error,
-            }
-        rows.append(
-            {"id": ex.id, "question": ex.question, "prompt": ex.prompt, "reference": ex.reference, "models": models}
-        )
-    return rows
+    """Per example of runs held in memory: prompt, reference, and each model's output, extracted
+    answer, correctness."""
+    return [comparison_row(records, runs) for records in zip(*(_records(r, examples) for r in runs), strict=True)]
+
+
+def spread(row: Mapping[str, Any], primary: str) -> float:
+    """How far apart the models' primary scores are on one comparison row."""
+    values = [float(m["scores"].get(primary, 0.0)) for m in row["models"].values()]
+    return max(values) - min(values)
 
 
 def disagreements(rows: Sequence[dict[str, Any]], primary: str, limit: int = MAX_DISAGREEMENTS) -> list[dict[str, Any]]:
     """Examples where the models' primary scores differ, the largest differences first."""
-
-    def spread(row: dict[str, Any]) -> float:
-        values = [float(m["scores"].get(primary, 0.0)) for m in row["models"].values()]
-        return max(values) - min(values)
-
-    differing = [r for r in rows if spread(r) > 0]
-    return sorted(differing, key=spread, reverse=True)[:limit]
+    differing = [r for r in rows if spread(r, primary) > 0]
+    return sorted(differing, key=lambda r: spread(r, primary), reverse=True)[:limit]
 
 
 def level_text(confidence: float) -> str:

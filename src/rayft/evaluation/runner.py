@@ -3,17 +3,25 @@
 Generation runs on a pool of Ray actors (:mod:`rayft.generation.ray_pool`) or, for small evals
 and machines without Ray, in this process with the same backend. A prompt whose generation
 fails is kept: it scores as an empty output and its error is counted and written out.
+
+The examples are read lazily (:class:`ExampleStream`), and what a run keeps of them is a
+:class:`ScoreTally`: one number per example and metric, and counters. ``rayft eval`` and
+``rayft compare`` stream through :mod:`rayft.evaluation.streaming`; :func:`run_model` holds a
+small eval whole (checkpoint scoring during tuning, tests).
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import itertools
 import json
 import logging
 import time
+from array import array
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -22,15 +30,17 @@ from rayft.config import RayftConfig
 from rayft.config.data import DatasetConfig
 from rayft.config.evaluation import EvalConfig
 from rayft.config.generation import GenerationConfig
+from rayft.config.inference import GENERATION_WINDOW
 from rayft.console import Progress
-from rayft.data.sources import read_table, source_name
+from rayft.data.reader import iter_rows
+from rayft.data.sources import source_name
 from rayft.errors import DataError
 from rayft.evaluation.metrics import CorpusMetric
 from rayft.evaluation.stats import Estimate, corpus_estimate, estimate
-from rayft.evaluation.tasks import Task, build_prompt
+from rayft.evaluation.tasks import Scored, Task, build_prompt, check_tables_present
 from rayft.generation.backend import Generation, Prompt
 from rayft.generation.pool import LocalPool, Runtime, in_input_order, open_pool
-from rayft.models.sources import ResolvedSource, fingerprint_source
+from rayft.models.sources import ResolvedSource
 from rayft.runtime import ray_runtime
 
 log = logging.getLogger("rayft.eval")
@@ -58,7 +68,8 @@ class Examples:
 
 @dataclass(frozen=True)
 class CorpusScores:
-    """What a corpus metric's estimate and paired test read: per-example statistics and the texts."""
+    """What a corpus metric's estimate and paired test read: per-example statistics and the texts
+    (sacrebleu's paired test reads the outputs and references themselves)."""
 
     metric: CorpusMetric
     statistics: np.ndarray
@@ -68,29 +79,104 @@ class CorpusScores:
 
 @dataclass(frozen=True)
 class ModelRun:
-    """One model's outputs and scores on the examples."""
+    """One model's scores on the examples: one value per example and metric, estimates, counters.
+
+    ``generations``, ``scores`` and ``extracted`` are kept by :func:`run_model` only; a streamed
+    run's per-example rows are in its ``rows_path`` (see :mod:`rayft.evaluation.streaming`).
+    """
 
     label: str
     source: ResolvedSource
-    generations: list[Generation]
-    scores: list[dict[str, float]]
-    extracted: list[dict[str, str]]
+    values: dict[str, np.ndarray]
     metrics: dict[str, Estimate]
     kinds: dict[str, str]
     primary: str
     elapsed_s: float
+    generated_tokens: int
+    errors: int
     fingerprint: dict[str, Any] = field(default_factory=dict)
     corpus: dict[str, CorpusScores] = field(default_factory=dict)
+    generations: list[Generation] = field(default_factory=list)
+    scores: list[dict[str, float]] = field(default_factory=list)
+    extracted: list[dict[str, str]] = field(default_factory=list)
+    rows_path: Path | None = None
 
-    @property
-    def generated_tokens(self) -> int:
-        """Tokens generated over every example."""
-        return sum(g.num_generated_tokens for g in self.generations)
+    def correct(self, scores: dict[str, float]) -> bool | None:
+        """Whether one example's primary score is a correct answer (None for a continuous primary)."""
+        return bool(scores.get(self.primary, 0.0) == 1.0) if self.kinds[self.primary] == "binary" else None
 
-    @property
-    def errors(self) -> int:
-        """Examples whose generation failed."""
-        return sum(1 for g in self.generations if g.error)
+
+class ScoreTally:
+    """What a model's run keeps of its examples as they are scored, a window at a time: one value per
+    example and metric (8 bytes each), a corpus metric's statistics, and counters; no text, except
+    the outputs and references a corpus metric's paired test reads (BLEU)."""
+
+    def __init__(self, task: Task) -> None:
+        self.task = task
+        self.n = 0
+        self.values: dict[str, array[float]] = {}  # metrics in the order first scored
+        self.corpus_rows: dict[str, array[float]] = {name: array("d") for name in task.corpus}
+        self.outputs: list[str] = []
+        self.references: list[str] = []
+        self.errors = 0
+        self.generated_tokens = 0
+        self.first_error: str | None = None
+
+    def add(self, examples: Sequence[Example], generations: Sequence[Generation]) -> list[Scored]:
+        """Score a window of examples (in example order) and keep their values; the scores."""
+        outputs = ["" if g.error else g.text for g in generations]
+        references = [e.reference for e in examples]
+        scored = self.task.score_all(outputs, references, [e.table for e in examples])
+        for name in dict.fromkeys(k for s in scored for k in s.scores):
+            if name not in self.values:  # a metric first seen now scored 0 on the examples before
+                self.values[name] = array("d", bytes(8 * self.n))
+        for s in scored:
+            for name, column in self.values.items():
+                column.append(s.scores.get(name, 0.0))
+        for name, metric in self.task.corpus.items():
+            for output, reference in zip(outputs, references, strict=True):
+                self.corpus_rows[name].extend(metric.statistics(output, reference))
+        if self.task.corpus:
+            self.outputs += outputs
+            self.references += references
+        for g in generations:
+            self.generated_tokens += g.num_generated_tokens
+            if g.error:
+                self.errors += 1
+                self.first_error = self.first_error or g.error
+        self.n += len(examples)
+        return scored
+
+    def finish(self, label: str, source: ResolvedSource, ev: EvalConfig, elapsed_s: float) -> ModelRun:
+        """Every metric estimated with its interval, over the examples added."""
+        kinds: dict[str, str] = {}
+        metrics: dict[str, Estimate] = {}
+        for name, column in self.values.items():
+            kinds[name] = kind = self.task.kind(name, column)
+            metrics[name] = estimate(column, kind, ev.confidence, ev.bootstrap_samples, ev.seed)
+        corpus = {
+            name: CorpusScores(metric, np.frombuffer(self.corpus_rows[name]).reshape(self.n, -1), self.outputs,
+                               self.references)
+            for name, metric in self.task.corpus.items()
+        }  # fmt: skip
+        for name, c in corpus.items():
+            metrics[name] = corpus_estimate(c.statistics, c.metric.from_statistics, ev.confidence,
+                                            ev.bootstrap_samples, ev.seed)  # fmt: skip
+        if self.errors:
+            log.warning("eval: %d of %d generations of %s failed (first: %s)", self.errors, self.n, label,
+                        self.first_error)  # fmt: skip
+        return ModelRun(
+            label=label,
+            source=source,
+            values={name: np.frombuffer(column) for name, column in self.values.items()},
+            metrics=metrics,
+            kinds=kinds,
+            primary=self.task.primary_of(list(self.values)),
+            elapsed_s=elapsed_s,
+            generated_tokens=self.generated_tokens,
+            errors=self.errors,
+            corpus=corpus,
+        )
 
 
 def _columns(ds: DatasetConfig, ev: EvalConfig) -> tuple[str, str]:
@@ -101,32 +187,49 @@ Pair = tuple[str, str, str, "str | None"]
 """(id, question, reference, table as JSON or None) of one row."""
 
 
-def read_pairs(ds: DatasetConfig, ev: EvalConfig, *, tables: bool = False) -> tuple[list[Pair], list[dict[str, Any]]]:
-    """(id, question, reference, table) of every usable row of ``ds``, and the rows skipped with reasons.
-
-    The table (``eval.table_field``) is read when ``tables`` is set and the column exists."""
-    table = read_table(ds)
+def iter_pairs(
+    ds: DatasetConfig, ev: EvalConfig, *, tables: bool = False, columns: dict[str, None] | None = None
+) -> Iterator[Pair | dict[str, Any]]:
+    """Each row of ``ds``, read lazily: its (id, question, reference, table), or, for a row that
+    cannot be used, ``{"id", "reason"}``. The table (``eval.table_field``) is read when ``tables``
+    is set. ``columns`` (an ordered set), when given, collects the columns seen."""
     question, answer = _columns(ds, ev)
-    missing = [c for c in (question, answer) if c not in table.column_names]
+    context = ds.field_mapping.get("table", ev.table_field)
+    name = source_name(ds)
+    for index, item in enumerate(iter_rows(ds)):
+        row_id = f"{name}:{index}"
+        row = item.row
+        if row is None:
+            yield {"id": row_id, "reason": f"{item.reason} ({item.file} line {item.line}: {item.detail})"}
+            continue
+        if columns is not None:
+            columns.update(dict.fromkeys(row))
+        bad = [c for c in (question, answer) if not isinstance(row.get(c), str) or not row[c].strip()]
+        if bad:
+            yield {"id": row_id, "reason": f"empty or non-text {', '.join(bad)}"}
+            continue
+        yield row_id, row[question], row[answer], _table_text(row.get(context)) if tables else None
+
+
+def _check_columns(ds: DatasetConfig, ev: EvalConfig, columns: dict[str, None], rows: int) -> None:
+    """DataError for a dataset without rows, or without the question or answer column."""
+    if not rows:
+        raise DataError(f"dataset {ds.path!r} has no rows; check the path, split ({ds.split!r}) and max_rows")
+    missing = [c for c in _columns(ds, ev) if c not in columns]
     if missing:
         raise DataError(
             f"eval dataset {ds.path!r} has no column {', '.join(map(repr, missing))} (columns: "
-            f"{', '.join(table.column_names)}); set eval.question_field / eval.answer_field, or the dataset's "
+            f"{', '.join(columns)}); set eval.question_field / eval.answer_field, or the dataset's "
             "field_mapping {question: <column>, answer: <column>}"
         )
-    context = ds.field_mapping.get("table", ev.table_field)
-    columns = [question, answer, *([context] if tables and context in table.column_names else [])]
-    name = source_name(ds)
-    pairs: list[Pair] = []
-    skipped: list[dict[str, Any]] = []
-    for index, row in enumerate(table.select(columns).to_pylist()):
-        row_id = f"{name}:{index}"
-        bad = [c for c in (question, answer) if not isinstance(row[c], str) or not row[c].strip()]
-        if bad:
-            skipped.append({"id": row_id, "reason": f"empty or non-text {', '.join(bad)}"})
-            continue
-        pairs.append((row_id, row[question], row[answer], _table_text(row.get(context)) if len(columns) > 2 else None))
-    return pairs, skipped
+
+
+def read_pairs(ds: DatasetConfig, ev: EvalConfig, *, tables: bool = False) -> tuple[list[Pair], list[dict[str, Any]]]:
+    """(id, question, reference, table) of every usable row of ``ds``, and the rows skipped with reasons."""
+    columns: dict[str, None] = {}
+    items = list(iter_pairs(ds, ev, tables=tables, columns=columns))
+    _check_columns(ds, ev, columns, len(items))
+    return [i for i in items if isinstance(i, tuple)], [i for i in items if isinstance(i, dict)]
 
 
 def _table_text(value: Any) -> str | None:
@@ -135,31 +238,102 @@ def _table_text(value: Any) -> str | None:
     return json.dumps(value, default=str)
 
 
-def load_examples(ev: EvalConfig, task: Task) -> Examples:
-    """The scored examples of ``ev``, with the few-shot examples already in their prompts."""
-    pairs: list[Pair] = []
+@dataclass(frozen=True)
+class ExampleStream:
+    """The scored examples of an eval, read from its datasets lazily each time it is iterated (with
+    their prompts); the few-shot examples, the rows skipped and the count come from one pass over
+    the datasets made by :func:`open_examples`, which holds no more than a window of rows."""
+
+    ev: EvalConfig
+    task: Task
+    fewshot: list[tuple[str, str]]
+    skipped: list[dict[str, Any]]
+    count: int
+    offset: int  # usable rows before the first scored one: few-shot examples taken from the eval datasets
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __iter__(self) -> Iterator[Example]:
+        options = _prompt_options(self.ev)
+        for row_id, q, a, t in itertools.islice(self._pairs(), self.offset, self.offset + self.count):
+            yield Example(row_id, q, a, build_prompt(self.task, q, self.fewshot, **options), t)
+
+    def _pairs(self) -> Iterator[Pair]:
+        for ds in self.ev.datasets:
+            yield from (p for p in iter_pairs(ds, self.ev, tables=self.task.uses_tables) if isinstance(p, tuple))
+
+
+def open_examples(ev: EvalConfig, task: Task) -> ExampleStream:
+    """The examples of ``ev``, checked in one streamed pass before any generation: columns, few-shot
+    rows, a non-empty set, and (sql) every reference query run on its table."""
+    offset = 0 if ev.fewshot_dataset is not None else ev.num_fewshot
+    end = offset + ev.max_samples if ev.max_samples else None
     skipped: list[dict[str, Any]] = []
+    shots: list[tuple[str, str]] = []
+    checks: list[Pair] = []
+    usable = 0
+    tableless: list[int] = []  # [count, first example number] of scored examples without a table
     for ds in ev.datasets:
-        rows, bad = read_pairs(ds, ev, tables=task.uses_tables)
-        pairs += rows
-        skipped += bad
+        columns: dict[str, None] = {}
+        rows = 0
+        for item in iter_pairs(ds, ev, tables=task.uses_tables, columns=columns):
+            rows += 1
+            if isinstance(item, dict):
+                skipped.append(item)
+                continue
+            if usable < offset:
+                shots.append((item[1], item[2]))
+            elif task.uses_tables and (end is None or usable < end):
+                if item[3] is None:
+                    tableless = [tableless[0] + 1, tableless[1]] if tableless else [1, usable - offset]
+                checks.append(item)
+                if len(checks) >= GENERATION_WINDOW:
+                    _check_tables(task, checks)
+            usable += 1
+        _check_columns(ds, ev, columns, rows)
     if ev.fewshot_dataset is not None:
-        shots = [(q, a) for _, q, a, _ in read_pairs(ev.fewshot_dataset, ev)[0][: ev.num_fewshot]]
-    else:
-        shots = [(q, a) for _, q, a, _ in pairs[: ev.num_fewshot]]
-        pairs = pairs[ev.num_fewshot :]
+        shots = _fewshot(ev)
     if len(shots) < ev.num_fewshot:
         raise DataError(f"eval.num_fewshot={ev.num_fewshot} but only {len(shots)} few-shot rows exist")
-    pairs = pairs[: ev.max_samples] if ev.max_samples else pairs
-    if not pairs:
+    count = max(0, usable - offset) if end is None else max(0, min(usable, end) - offset)
+    if not count:
         raise DataError("the eval datasets leave no example to score; add rows or lower eval.num_fewshot")
     for item in skipped:
         log.warning("eval: skipped row %s (%s)", item["id"], item["reason"])
-    if task.check_tables is not None:
-        task.check_tables([p[2] for p in pairs], [p[3] for p in pairs], [p[0] for p in pairs])
-    options = _prompt_options(ev)
-    items = [Example(row_id, q, a, build_prompt(task, q, shots, **options), t) for row_id, q, a, t in pairs]
-    return Examples(items, shots, skipped)
+    if tableless:  # scored a window at a time, the examples must all have a table or none
+        check_tables_present(tableless[0], count, tableless[1])
+    _check_tables(task, checks)
+    return ExampleStream(ev, task, shots, skipped, count, offset)
+
+
+def _fewshot(ev: EvalConfig) -> list[tuple[str, str]]:
+    """The first ``num_fewshot`` usable rows of ``eval.fewshot_dataset`` (read no further)."""
+    assert ev.fewshot_dataset is not None
+    columns: dict[str, None] = {}
+    rows = 0
+    shots: list[tuple[str, str]] = []
+    for item in iter_pairs(ev.fewshot_dataset, ev, columns=columns):
+        rows += 1
+        if isinstance(item, tuple):
+            shots.append((item[1], item[2]))
+            if len(shots) >= ev.num_fewshot:
+                return shots
+    _check_columns(ev.fewshot_dataset, ev, columns, rows)
+    return shots
+
+
+def _check_tables(task: Task, checks: list[Pair]) -> None:
+    """Run the task's table check on the pairs gathered, then forget them."""
+    if task.check_tables is not None and checks:
+        task.check_tables([p[2] for p in checks], [p[3] for p in checks], [p[0] for p in checks])
+    checks.clear()
+
+
+def load_examples(ev: EvalConfig, task: Task) -> Examples:
+    """The scored examples of ``ev``, with the few-shot examples already in their prompts, in memory."""
+    stream = open_examples(ev, task)
+    return Examples(list(stream), stream.fewshot, stream.skipped)
 
 
 def _prompt_options(ev: EvalConfig) -> dict[str, Any]:
@@ -223,64 +397,25 @@ def score_run(
     ev: EvalConfig,
     elapsed_s: float,
 ) -> ModelRun:
-    """Score one model's generations and estimate every metric with its interval."""
-    outputs = ["" if g.error else g.text for g in generations]
-    references = [e.reference for e in examples.items]
-    scored = task.score_all(outputs, references, [e.table for e in examples.items])
-    names = list(dict.fromkeys(k for s in scored for k in s.scores))
-    kinds: dict[str, str] = {}
-    metrics: dict[str, Estimate] = {}
-    for name in names:
-        values = [s.scores.get(name, 0.0) for s in scored]
-        kind = task.kind(name, values)
-        kinds[name] = kind
-        metrics[name] = estimate(values, kind, ev.confidence, ev.bootstrap_samples, ev.seed)
-    corpus = {name: corpus_scores(metric, outputs, references) for name, metric in task.corpus.items()}
-    for name, c in corpus.items():
-        metrics[name] = corpus_estimate(c.statistics, c.metric.from_statistics, ev.confidence,
-                                        ev.bootstrap_samples, ev.seed)  # fmt: skip
-    return ModelRun(
-        label=label,
-        source=source,
-        generations=generations,
-        scores=[s.scores for s in scored],
-        extracted=[s.extracted for s in scored],
-        metrics=metrics,
-        kinds=kinds,
-        primary=task.primary_of(names),
-        elapsed_s=elapsed_s,
-        corpus=corpus,
+    """Score one model's generations and estimate every metric with its interval (the generations,
+    scores and extracted answers kept in the run)."""
+    tally = ScoreTally(task)
+    scored = tally.add(examples.items, generations)
+    run = tally.finish(label, source, ev, elapsed_s)
+    return dataclasses.replace(
+        run, generations=generations, scores=[s.scores for s in scored], extracted=[s.extracted for s in scored]
     )
-
-
-def corpus_scores(metric: CorpusMetric, outputs: list[str], references: list[str]) -> CorpusScores:
-    """Per-example statistics of a corpus metric (``len(outputs) x k``)."""
-    rows = [metric.statistics(o, r) for o, r in zip(outputs, references, strict=True)]
-    return CorpusScores(metric, np.asarray(rows, dtype=np.float64).reshape(len(rows), -1), outputs, references)
 
 
 def run_model(
     label: str, source: ResolvedSource, examples: Examples, *, task: Task, ev: EvalConfig, runtime: Runtime
 ) -> ModelRun:
-    """Generate with one model on every example and score the outputs."""
+    """Generate with one model on every example (held in memory) and score the outputs."""
     log.info("eval: %s (%s) on %d examples, %s runtime", label, source.describe(), len(examples.items), runtime)
     started = time.monotonic()
     prompts = [e.prompt for e in examples.items]
     generations = generate(prompts, generation_config(ev, source, task), runtime, what=f"eval {label}")
-    elapsed = time.monotonic() - started
-    failed = sum(1 for g in generations if g.error)
-    if failed:
-        first = next(g.error for g in generations if g.error)
-        log.warning("eval: %d of %d generations of %s failed (first: %s)", failed, len(generations), label, first)
-    return score_run(label, source, examples, generations, task=task, ev=ev, elapsed_s=elapsed)
-
-
-def evaluate_source(
-    label: str, resolved: ResolvedSource, examples: Examples, *, task: Task, cfg: RayftConfig, runtime: Runtime
-) -> ModelRun:
-    """Generate, score and fingerprint one resolved model source."""
-    run = run_model(label, resolved, examples, task=task, ev=cfg.eval, runtime=runtime)
-    return dataclasses.replace(run, fingerprint=fingerprint_source(resolved))
+    return score_run(label, source, examples, generations, task=task, ev=ev, elapsed_s=time.monotonic() - started)
 
 
 @contextlib.contextmanager

@@ -134,13 +134,19 @@ def _custom(path: str) -> Scorer:
     return score
 
 
-def _score_sql(outputs: Sequence[str], references: Sequence[str], tables: Sequence[str | None]) -> list[Scored]:
-    missing = [i for i, t in enumerate(tables) if t is None]
-    if missing and len(missing) < len(tables):
+def check_tables_present(missing: int, total: int, first: int) -> None:
+    """DataError when some examples of the sql task have a table and others not (``missing`` of
+    ``total`` without one, the first being example number ``first``)."""
+    if missing and missing < total:
         raise DataError(
-            f"sql task: {len(missing)} of {len(tables)} examples have no table (first: example {missing[0]}); give "
+            f"sql task: {missing} of {total} examples have no table (first: example {first}); give "
             "every example a table for execution accuracy, or none to score by exact match only"
         )
+
+
+def _score_sql(outputs: Sequence[str], references: Sequence[str], tables: Sequence[str | None]) -> list[Scored]:
+    missing = [i for i, t in enumerate(tables) if t is None]
+    check_tables_present(len(missing), len(tables), missing[0] if missing else 0)
     scored = []
     for index, (output, reference, table) in enumerate(zip(outputs, references, tables, strict=True)):
         scores: dict[str, float] = {}

@@ -3,9 +3,10 @@
 Public entry point: :func:`run` (also ``rayft.compare``).
 
 Reads top to bottom: resolve every source first (so a bad one fails before any generation),
-read the examples once, evaluate each model, run a paired test of every metric for every pair
-(McNemar for correct/incorrect, paired bootstrap for continuous metrics), and write
-``compare.json``, ``compare.md``, a self-contained ``compare.html`` and ``examples.jsonl``.
+check the examples in one streamed pass, evaluate each model on them a window at a time
+(:mod:`rayft.evaluation.streaming`), run a paired test of every metric for every pair (McNemar for
+correct/incorrect, paired bootstrap for continuous metrics), and write ``compare.json``,
+``compare.md``, a self-contained ``compare.html`` and ``examples.jsonl``.
 """
 
 from __future__ import annotations
@@ -18,16 +19,9 @@ from typing import Any
 
 from rayft.config import RayftConfig
 from rayft.errors import ConfigError
-from rayft.evaluation.report import (
-    comparison_examples,
-    console_table,
-    model_summary,
-    pair_tests,
-    render_html,
-    render_markdown,
-    write_jsonl,
-)
-from rayft.evaluation.runner import evaluate_source, generation_runtime, load_examples
+from rayft.evaluation.report import console_table, model_summary, pair_tests, render_html, render_markdown
+from rayft.evaluation.runner import generation_runtime, open_examples
+from rayft.evaluation.streaming import read_records, scratch_files, stream_model, write_comparison
 from rayft.evaluation.summary import CompareSummary
 from rayft.evaluation.tasks import build_task
 from rayft.files import check_writable_dir, write_text_atomic
@@ -43,7 +37,8 @@ EXAMPLES_FILE = "examples.jsonl"
 class CompareResult:
     """The comparison's files, its summary (metrics with intervals, paired tests), and examples.
 
-    ``summary`` is what ``compare.json`` holds; ``examples`` the rows of ``examples.jsonl``.
+    ``summary`` is what ``compare.json`` holds; ``shown`` the examples where the models disagree
+    most (what the Markdown and HTML pages show).
     """
 
     output_dir: Path
@@ -52,8 +47,13 @@ class CompareResult:
     html_path: Path
     examples_path: Path
     summary: CompareSummary
-    examples: list[dict[str, Any]]
+    shown: list[dict[str, Any]]
     table: str
+
+    @property
+    def examples(self) -> list[dict[str, Any]]:
+        """Every row of ``examples.jsonl`` (read from the file: the comparison does not hold them)."""
+        return list(read_records(self.examples_path))
 
 
 def run(cfg: RayftConfig, sources: Mapping[str, str], output_dir: Path) -> CompareResult:
@@ -66,15 +66,18 @@ def run(cfg: RayftConfig, sources: Mapping[str, str], output_dir: Path) -> Compa
     check_writable_dir(Path(output_dir), where="--output")  # before any model loads
     task = build_task(cfg.eval)
     resolved = {label: resolve_source(src, cfg.model, cfg.eval.checkpoint) for label, src in sources.items()}
-    examples = load_examples(cfg.eval, task)
-    with generation_runtime(cfg) as runtime:
+    examples = open_examples(cfg.eval, task)
+    out = Path(output_dir)
+    with scratch_files(out / EXAMPLES_FILE, len(resolved)) as paths, generation_runtime(cfg) as runtime:
         runs = [
-            evaluate_source(label, r, examples, task=task, cfg=cfg, runtime=runtime) for label, r in resolved.items()
+            stream_model(label, r, examples, path, task=task, cfg=cfg, runtime=runtime)
+            for (label, r), path in zip(resolved.items(), paths, strict=True)
         ]
+        shown = write_comparison(out / EXAMPLES_FILE, runs, runs[0].primary)
     ev = cfg.eval
     summary = CompareSummary(
         task=task.name,
-        num_examples=len(examples.items),
+        num_examples=examples.count,
         num_fewshot=len(examples.fewshot),
         skipped_rows=examples.skipped,
         confidence=ev.confidence,
@@ -84,18 +87,16 @@ def run(cfg: RayftConfig, sources: Mapping[str, str], output_dir: Path) -> Compa
         pairs=pair_tests(runs, ev.confidence, ev.significance, ev.bootstrap_samples, ev.seed),
         config={"eval": json.loads(ev.model_dump_json())},
     )
-    rows = comparison_examples(runs, examples)
-    out = Path(output_dir)
     return CompareResult(
         output_dir=out,
         json_path=write_text_atomic(
             out / JSON_FILE, json.dumps(summary.to_dict(), indent=2, ensure_ascii=False) + "\n"
         ),
-        markdown_path=write_text_atomic(out / MARKDOWN_FILE, render_markdown(summary, rows)),
-        html_path=write_text_atomic(out / HTML_FILE, render_html(summary, rows)),
-        examples_path=write_jsonl(out / EXAMPLES_FILE, rows),
+        markdown_path=write_text_atomic(out / MARKDOWN_FILE, render_markdown(summary, shown)),
+        html_path=write_text_atomic(out / HTML_FILE, render_html(summary, shown)),
+        examples_path=out / EXAMPLES_FILE,
         summary=summary,
-        examples=rows,
+        shown=shown,
         table=console_table(summary.models, ev.confidence),
     )
 

@@ -1,7 +1,8 @@
 """``rayft eval CONFIG [KEY=VALUE]... --model SRC``: score one model on the eval datasets.
 
-Reads top to bottom: build the task, read the examples, resolve the model source (a run
-directory picks its checkpoint), generate on Ray Data or in-process, score, and write
+Reads top to bottom: build the task, check the examples in one streamed pass, resolve the model
+source (a run directory picks its checkpoint), generate on a Ray actor pool or in-process a window
+at a time, score each window as it finishes (:mod:`rayft.evaluation.streaming`), and write
 ``eval.json`` (metrics with intervals, config, model fingerprint) and ``predictions.jsonl``.
 
 Public entry point: :func:`run` (also ``rayft.evaluate``).
@@ -15,8 +16,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rayft.config import RayftConfig
-from rayft.evaluation.report import console_table, model_summary, prediction_rows, write_jsonl
-from rayft.evaluation.runner import evaluate_source, generation_runtime, load_examples
+from rayft.evaluation.report import console_table, model_summary
+from rayft.evaluation.runner import generation_runtime, open_examples
+from rayft.evaluation.streaming import scratch_files, stream_model, write_predictions
 from rayft.evaluation.summary import EvalSummary, MetricSummary, ModelSummary
 from rayft.evaluation.tasks import build_task
 from rayft.files import check_writable_dir, write_text_atomic
@@ -63,23 +65,23 @@ def run(cfg: RayftConfig, source: str, output_dir: Path, *, label: str = "model"
     """Evaluate the model ``source`` on ``cfg.eval`` and write the report into ``output_dir``."""
     check_writable_dir(Path(output_dir), where="--output")  # before anything is generated
     task = build_task(cfg.eval)
-    examples = load_examples(cfg.eval, task)
+    examples = open_examples(cfg.eval, task)
     resolved = resolve_source(source, cfg.model, cfg.eval.checkpoint)
-    with generation_runtime(cfg) as runtime:
-        model_run = evaluate_source(label, resolved, examples, task=task, cfg=cfg, runtime=runtime)
+    output_dir = Path(output_dir)
+    with scratch_files(output_dir / PREDICTIONS_FILE, 1) as (rows,), generation_runtime(cfg) as runtime:
+        model_run = stream_model(label, resolved, examples, rows, task=task, cfg=cfg, runtime=runtime)
+        predictions = write_predictions(output_dir / PREDICTIONS_FILE, model_run)
     summary = EvalSummary(
         task=task.name,
-        num_examples=len(examples.items),
+        num_examples=examples.count,
         num_fewshot=len(examples.fewshot),
         skipped_rows=examples.skipped,
         confidence=cfg.eval.confidence,
         model=model_summary(model_run),
         config={"eval": json.loads(cfg.eval.model_dump_json()), "model": json.loads(cfg.model.model_dump_json())},
     )
-    output_dir = Path(output_dir)
     text = json.dumps(summary.to_dict(), indent=2, ensure_ascii=False) + "\n"
     json_path = write_text_atomic(output_dir / EVAL_FILE, text)
-    predictions = write_jsonl(output_dir / PREDICTIONS_FILE, prediction_rows(model_run, examples))
     table = console_table({label: summary.model}, cfg.eval.confidence)
     return EvalResult(output_dir, json_path, predictions, summary, table)
 

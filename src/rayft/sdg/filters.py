@@ -26,7 +26,7 @@ class RowFilters:
         eval_questions: Iterable[str] = (),
     ) -> None:
         self.dedup = dedup
-        self._exact: set[str] = set()
+        self._exact: set[int] = set()  # 64-bit keys of the kept questions
         self._near = (
             MinHashLSH(
                 threshold=dedup.near_threshold,

@@ -16,7 +16,7 @@ from rayft.files import write_text_atomic
 from rayft.generation.ray_pool import generate_dataset
 from rayft.sdg.filters import RowFilters
 from rayft.sdg.plan import SdgPlan
-from rayft.sdg.seeds import read_eval_questions
+from rayft.sdg.seeds import read_eval_questions, seed_chunks
 from rayft.sdg.stages import TIME_PREFIX, Row, Stage, apply_stage, stage_seconds
 from rayft.sdg.store import SdgStore
 from rayft.sdg.summary import build_summary, part_record
@@ -77,16 +77,21 @@ def build_dataset(seeds: list[Row], stages: list[Stage], sdg: SdgConfig) -> ray.
 
 
 def generate_and_commit(
-    seeds: list[Row], stages: list[Stage], sdg: SdgConfig, filters: RowFilters, store: SdgStore
+    seeds: Iterable[Row], stages: list[Stage], sdg: SdgConfig, filters: RowFilters, store: SdgStore, *, num_seeds: int
 ) -> dict[str, float]:
-    """Stream the rows of ``seeds`` through the stages, filter them, and commit a part per batch."""
+    """Stream the rows of ``seeds`` (``num_seeds`` of them, read lazily: a chunk of blocks planned
+    at a time) through the stages, filter them, and commit a part per batch."""
     started = time.monotonic()
     filter_s = write_s = 0.0
     number = store.next_part()
-    ds = build_dataset(seeds, stages, sdg)
     what = f"sdg {sdg.generator}" + (f" ({sdg.teacher.model.name})" if sdg.generator != "symbolic" else "")
-    with Progress(what, len(seeds), unit="seeds") as progress:
-        for rows in complete_seed_batches(ds.iter_batches(batch_size=None, batch_format="pyarrow")):
+    batches = (
+        batch
+        for chunk in seed_chunks(seeds, sdg)
+        for batch in build_dataset(chunk, stages, sdg).iter_batches(batch_size=None, batch_format="pyarrow")
+    )
+    with Progress(what, num_seeds, unit="seeds") as progress:
+        for rows in complete_seed_batches(batches):
             t0 = time.monotonic()
             filters.apply(rows)
             t1 = time.monotonic()

@@ -30,6 +30,7 @@ from rayft.sdg.stages import Row
 from rayft.security import redact
 
 _DONE = re.compile(r"^part-(\d{6})\.done\.json$")
+CONSOLIDATE_BATCH_ROWS = 8192  # rows read, converted and written at a time when the parts are joined
 
 
 class SdgStore:
@@ -108,24 +109,58 @@ class SdgStore:
         write_text_atomic(Path(f"{stem}.done.json"), json.dumps({**record, "part": number}) + "\n")
 
     def consolidate(self) -> tuple[int, int]:
-        """Rebuild data.parquet, data.jsonl and rejected.jsonl from the committed parts; the row counts."""
-        accepted = self._read_parts("accepted")
-        rejected = self._read_parts("rejected")
-        write_atomic(self.data_parquet, lambda p: _write_parquet(accepted, p))
-        write_atomic(self.data_jsonl, lambda p: _write_jsonl(accepted, p))
-        write_atomic(self.rejected_jsonl, lambda p: _write_jsonl(rejected, p))
-        return accepted.num_rows, rejected.num_rows
+        """Rebuild data.parquet, data.jsonl and rejected.jsonl from the committed parts, a batch of
+        rows at a time (never the whole output in memory); the row counts."""
+        accepted, rejected = self._part_paths("accepted"), self._part_paths("rejected")
+        write_atomic(self.data_parquet, partial(_write_parquet_parts, accepted))
+        write_atomic(self.data_jsonl, partial(_write_jsonl_parts, accepted))
+        write_atomic(self.rejected_jsonl, partial(_write_jsonl_parts, rejected))
+        return sum(map(_num_rows, accepted)), sum(map(_num_rows, rejected))
 
-    def _read_parts(self, kind: str) -> Any:
-        import pyarrow as pa
-        import pyarrow.parquet as pq
+    def _part_paths(self, kind: str) -> list[Path]:
+        """The committed parts' files of ``kind`` (accepted or rejected), in part order."""
+        numbers = sorted(int(m.group(1)) for p in self.parts.iterdir() if (m := _DONE.match(p.name)))
+        paths = [self.parts / f"part-{number:06d}.{kind}.parquet" for number in numbers]
+        return [path for path in paths if path.exists()]
 
-        tables = []
-        for record in self.done_records():
-            path = self.parts / f"part-{record['part']:06d}.{kind}.parquet"
-            if path.exists():
-                tables.append(pq.read_table(path))
-        return pa.concat_tables(tables) if tables else _table([])
+
+def _num_rows(path: Path) -> int:
+    import pyarrow.parquet as pq
+
+    return int(pq.ParquetFile(path).metadata.num_rows)
+
+
+def _part_batches(paths: list[Path]) -> Iterator[Any]:
+    """The record batches of the part files, one at a time."""
+    import pyarrow.parquet as pq
+
+    for path in paths:
+        yield from pq.ParquetFile(path).iter_batches(batch_size=CONSOLIDATE_BATCH_ROWS)
+
+
+def _write_parquet_parts(paths: list[Path], path: Path) -> None:
+    """One Parquet file of the parts' rows, written a row group of about ``CONSOLIDATE_BATCH_ROWS``
+    rows at a time (small parts are joined into one row group)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    schema = _table([]).schema
+    held: list[Any] = []
+    with pq.ParquetWriter(path, schema) as writer:
+        for batch in _part_batches(paths):
+            held.append(batch.cast(schema))
+            if sum(b.num_rows for b in held) >= CONSOLIDATE_BATCH_ROWS:
+                writer.write_table(pa.Table.from_batches(held, schema))
+                held.clear()
+        if held:
+            writer.write_table(pa.Table.from_batches(held, schema))
+
+
+def _write_jsonl_parts(paths: list[Path], path: Path) -> None:
+    with path.open("w", encoding="utf-8") as f:
+        for batch in _part_batches(paths):
+            for row in batch.to_pylist():
+                f.write(redact(json.dumps(row, ensure_ascii=False)) + "\n")
 
 
 def _table(rows: list[Row]) -> Any:
@@ -140,9 +175,3 @@ def _write_parquet(table: Any, path: Path) -> None:
     import pyarrow.parquet as pq
 
     pq.write_table(table, path)
-
-
-def _write_jsonl(table: Any, path: Path) -> None:
-    with path.open("w", encoding="utf-8") as f:
-        for row in table.to_pylist():
-            f.write(redact(json.dumps(row, ensure_ascii=False)) + "\n")
