@@ -63,8 +63,8 @@ def test_packed_loss_and_gradients_equal_one_by_one(tiny_model_dir: Path, attn: 
     import torch
     from transformers import AutoModelForCausalLM
 
-    from rayft.training.modeling import attention
     from rayft.training.loop.steps import token_loss_sum
+    from rayft.training.modeling import attention
     from rayft.training.modeling.precision import Precision
 
     attention.register()

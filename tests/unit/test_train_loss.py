@@ -89,8 +89,8 @@ def test_chunked_loss_equals_plain_on_packed_rows(
 ) -> None:
     import torch
 
-    from rayft.training.modeling import loss as loss_module
     from rayft.training.loop import steps
+    from rayft.training.modeling import loss as loss_module
 
     if not keep_logits:  # as for a model whose forward has no logits_to_keep: the head sees every position
         monkeypatch.setattr(steps, "_takes_logits_to_keep", lambda model: False)
