@@ -110,16 +110,10 @@ def open_rows(path: Path | str) -> Any:
     return pa.ipc.open_file(pa.memory_map(str(path))).read_all()
 
 
-_OPEN: dict[str, Any] = {}
-
-
 def take_rows(path: str, rows: Any) -> list[str]:
-    """The JSON text of row numbers ``rows`` of the rows file at ``path`` (kept mapped per process)."""
-    table = _OPEN.get(path)
-    if table is None:
-        _OPEN.clear()  # one preparation's files at a time
-        table = _OPEN[path] = open_rows(path)
-    return [str(text) for text in table.column(ROW_COLUMN).take(rows).to_pylist()]
+    """The JSON text of row numbers ``rows`` of the rows file at ``path``. The file is mapped for this
+    call only: a worker keeps no mapping of a file that its preparation deletes afterwards."""
+    return [str(text) for text in open_rows(path).column(ROW_COLUMN).take(rows).to_pylist()]
 
 
 @dataclass
