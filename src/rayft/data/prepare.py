@@ -171,7 +171,6 @@ def build(
         summaries = windows_on_ray(job, settings, blocks, ray_address)
     else:
         summaries = windows_in_process(job, settings, blocks)
-    del blocks  # Ray holds them now; in-process, the generator does
     with (staging / REJECTED_FILE).open("w", encoding="utf-8") as report:
         tally = Tally(plan, sources, data.overlong, report)
         _add_up(tally, summaries, len(windows), str(root), data.max_rejected_fraction,
