@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from rayft.training.loop.shards import iter_shard_tables, iter_windows, parquet_row_counts, plan_shards
+from rayft.training.loop.shards import iter_windows, parquet_row_counts, plan_shards, read_shard_tables
 
 
 def test_every_rank_gets_the_same_number_of_contiguous_rows() -> None:
@@ -33,20 +33,5 @@ def test_reading_a_shard_returns_its_rows_in_windows(tmp_path: Path) -> None:
     counts = parquet_row_counts(files)
     assert counts == [5, 4]
     rank1 = plan_shards(counts, 2)[1]
-    windows = list(iter_windows(iter_shard_tables(files, rank1), 3))
+    windows = list(iter_windows(read_shard_tables(files, rank1), 3))
     assert [[row["id"] for row in w] for w in windows] == [[4, 5, 6], [7]]
-
-
-def test_a_rank_reads_its_rows_one_row_group_at_a_time(tmp_path: Path) -> None:
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    files = []
-    for index, rows in enumerate((range(0, 23), range(23, 40))):
-        path = tmp_path / f"part-{index}.parquet"
-        pq.write_table(pa.table({"id": list(rows)}), path, row_group_size=5)
-        files.append(str(path))
-    for rank, ranges in enumerate(plan_shards(parquet_row_counts(files), 3)):
-        tables = list(iter_shard_tables(files, ranges))
-        assert all(t.num_rows <= 5 for t in tables)  # never more than one row group in memory
-        assert [i for t in tables for i in t.column("id").to_pylist()] == list(range(13 * rank, 13 * rank + 13))

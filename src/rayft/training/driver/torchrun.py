@@ -32,7 +32,7 @@ from rayft.training.driver.startup import run_location
 from rayft.training.loop.batches import Unit
 from rayft.training.loop.plan import Schedule
 from rayft.training.loop.session import staging_path
-from rayft.training.loop.shards import iter_rank_tables, iter_windows
+from rayft.training.loop.shards import iter_windows, parquet_row_counts, plan_shards, read_shard_tables
 from rayft.training.loop.worker import run_worker
 from rayft.training.loop.worker_plan import WorkerPlan
 
@@ -85,7 +85,8 @@ class TorchrunSession:
     def windows(self, split: str, window_size: int) -> Iterator[list[Unit]]:
         """This rank's planned shard of ``split``, in order."""
         files = list(self._files.get(split, ()))
-        return iter_windows(iter_rank_tables(files, self.rank, self.world_size), window_size)
+        ranges = plan_shards(parquet_row_counts(files), self.world_size)[self.rank]
+        return iter_windows(read_shard_tables(files, ranges), window_size)
 
     @contextlib.contextmanager
     def restored_checkpoint(self) -> Iterator[Path | None]:

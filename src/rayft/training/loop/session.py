@@ -1,7 +1,7 @@
 """The seam between the per-worker training loop and whatever runs it.
 
-:class:`RaySession` runs under Ray Train (each worker reads its planned rows of the prepared files
-itself, checkpoints go through ``ray.train.report``); :class:`LocalSession` runs in the calling process without Ray (the
+:class:`RaySession` runs under Ray Train (data from ``get_dataset_shard``, checkpoints through
+``ray.train.report``); :class:`LocalSession` runs in the calling process without Ray (the
 ``num_workers: 0`` mode, and GPU machines without Ray). The loop sees only :class:`TrainSession`.
 """
 
@@ -25,7 +25,7 @@ from rayft.runs.checkpoints import (
 from rayft.runs.remote import WORKER_LOGS, RemoteRun, sync_checkpoint
 from rayft.runs.selection import choose_resume
 from rayft.training.loop.batches import Unit
-from rayft.training.loop.shards import iter_rank_tables, iter_windows
+from rayft.training.loop.shards import iter_windows, parquet_row_counts, plan_shards, read_shard_tables
 
 if TYPE_CHECKING:
     import torch
@@ -111,6 +111,7 @@ class LocalSession:
         self._run_dir = run_dir
         self._num_to_keep = num_to_keep
         self._remote = RemoteRun(remote_uri) if remote_uri else None
+        self._cache: dict[str, list[Any]] = {}
         self._device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
 
     @property
@@ -129,8 +130,15 @@ class LocalSession:
         return self._device
 
     def windows(self, split: str, window_size: int) -> Iterator[list[Unit]]:
-        """Every row of the split's parquet files in order, ``window_size`` rows at a time (streamed)."""
-        return iter_windows(iter_rank_tables(list(self._files.get(split, ())), 0, 1), window_size)
+        """Every row of the split's parquet files in order, ``window_size`` rows at a time."""
+        return iter_windows(self._tables(split), window_size)
+
+    def _tables(self, split: str) -> list[Any]:
+        if split not in self._cache:
+            files = list(self._files.get(split, ()))
+            ranges = plan_shards(parquet_row_counts(files), 1)[0]
+            self._cache[split] = read_shard_tables(files, ranges)
+        return self._cache[split]
 
     @contextlib.contextmanager
     def restored_checkpoint(self) -> Iterator[Path | None]:
@@ -169,18 +177,10 @@ class RaySession:
     the checkpoint into it (once per node); Ray Train keeps the run's checkpoints under the URI.
     """
 
-    def __init__(
-        self,
-        run_dir: Path,
-        *,
-        files: Mapping[str, Sequence[str]] | None = None,
-        remote_uri: str | None = None,
-        num_to_keep: int | None = None,
-    ) -> None:
+    def __init__(self, run_dir: Path, *, remote_uri: str | None = None, num_to_keep: int | None = None) -> None:
         import ray.train
 
         self._context = ray.train.get_context()
-        self._files = files or {}
         self._run_dir = run_dir
         self._remote = RemoteRun(remote_uri) if remote_uri else None
         self._num_to_keep = num_to_keep
@@ -205,12 +205,17 @@ class RaySession:
         return ray.train.torch.get_device()
 
     def windows(self, split: str, window_size: int) -> Iterator[list[Unit]]:
-        """This worker's shard of ``split`` (planned by :func:`~rayft.training.loop.shards.plan_shards`),
-        in order, read by this worker from the prepared files one row group at a time and cut into
-        windows exactly as without Ray. The files must be where every node reads them (the data
-        cache on a shared filesystem, or one node)."""
-        files = list(self._files.get(split, ()))
-        return iter_windows(iter_rank_tables(files, self.rank, self.world_size), window_size)
+        """This worker's shard of ``split`` (planned by :func:`plan_shards`) from Ray Data, in order.
+
+        Ray Data hands over whole blocks (one per planned file range, fetched ahead by one), and
+        they are cut into windows here exactly as without Ray: Ray Data's per-batch cost (format
+        conversion, the prefetch hand-off) is paid once per block instead of once per step.
+        """
+        import ray.train
+
+        shard = ray.train.get_dataset_shard(split)
+        blocks = shard.iter_batches(batch_size=None, batch_format="pyarrow", prefetch_batches=1)
+        return iter_windows(blocks, window_size)
 
     @contextlib.contextmanager
     def restored_checkpoint(self) -> Iterator[Path | None]:

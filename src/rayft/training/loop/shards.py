@@ -1,6 +1,4 @@
-"""Which rows of the prepared files each worker trains on (a pure planner), and reading them: each
-rank reads its own rows from the Parquet files, streamed, whether under Ray Train, torchrun or
-in-process; the driver reads none and no copy goes through Ray's object store.
+"""Which rows of the prepared files each worker trains on (a pure planner), and reading them.
 
 Every rank gets the same number of units, as one contiguous run of rows across the files, so
 no rank waits for another at an epoch's end and the assignment is identical whether the loop
@@ -51,28 +49,11 @@ def parquet_row_counts(files: Sequence[str]) -> list[int]:
     return [pq.ParquetFile(f).metadata.num_rows for f in files]
 
 
-def iter_shard_tables(files: Sequence[str], ranges: Sequence[RowRange]) -> Iterator[Any]:
-    """The rows of a shard's row ranges, in order, as Arrow tables of at most one Parquet row group
-    each: read by the rank that trains on them, one row group at a time, so a rank holds a row
-    group and a window, never its shard or the split."""
+def read_shard_tables(files: Sequence[str], ranges: Sequence[RowRange]) -> list[Any]:
+    """The Arrow tables of a shard's row ranges, in order."""
     import pyarrow.parquet as pq
 
-    for run in ranges:
-        parquet = pq.ParquetFile(files[run.file])
-        first = 0  # the row group's first row in the file
-        for group in range(parquet.metadata.num_row_groups):
-            count = parquet.metadata.row_group(group).num_rows
-            low, high = max(run.start, first), min(run.stop, first + count)
-            if low < high:
-                yield parquet.read_row_group(group).slice(low - first, high - low)
-            first += count
-            if first >= run.stop:
-                break
-
-
-def iter_rank_tables(files: Sequence[str], rank: int, world_size: int) -> Iterator[Any]:
-    """Rank ``rank``'s planned shard (:func:`plan_shards`) of ``files``, streamed (:func:`iter_shard_tables`)."""
-    return iter_shard_tables(files, plan_shards(parquet_row_counts(files), world_size)[rank])
+    return [pq.read_table(files[r.file]).slice(r.start, r.stop - r.start) for r in ranges]
 
 
 def iter_windows(tables: Iterable[Any], window_size: int) -> Iterator[list[dict[str, Any]]]:
