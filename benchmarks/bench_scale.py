@@ -12,6 +12,7 @@ is any checkout of rayft (its ``src`` goes first on PYTHONPATH), e.g. of the mai
 
     mkdir /tmp/rayft-main && git -C <repo> archive HEAD | tar -x -C /tmp/rayft-main
     .venv/bin/python benchmarks/bench_scale.py --rows 10000 100000 --baseline /tmp/rayft-main
+    .venv/bin/python benchmarks/bench_scale.py --rows 10000 1000000 --baseline /tmp/rayft-main --baseline-rows 160000
     .venv/bin/python benchmarks/bench_scale.py --command generate --rows 1000 10000 --baseline /tmp/rayft-main
 
 ``--read-only`` measures reading the rows alone (how much a fresh process's peak RSS grows in
@@ -195,19 +196,24 @@ def main() -> None:
     parser.add_argument("--command", choices=["prepare", "generate"], default="prepare", help="what to measure")
     parser.add_argument("--rows", type=int, nargs="+", default=[10_000, 100_000])
     parser.add_argument("--baseline", type=Path, help="another rayft checkout to measure the same way")
+    parser.add_argument("--baseline-rows", type=int, nargs="+",
+                        help="sizes to measure the baseline at, instead of --rows")  # fmt: skip
     parser.add_argument("--read-only", action="store_true", help="measure only reading the rows (no Ray, no CLI)")
     args = parser.parse_args()
     sys.path.insert(0, str(REPO / "src"))
     from rayft.testing import build_tiny_model
 
     checkouts = [("this", REPO)] + ([("baseline", args.baseline.resolve())] if args.baseline else [])
+    sizes = {"this": set(args.rows), "baseline": set(args.baseline_rows or args.rows)}
     results: list[Measure] = []
     with tempfile.TemporaryDirectory(prefix="bench-scale-") as tmp:
         model = build_tiny_model(Path(tmp) / "model")
-        for rows in args.rows:
+        for rows in sorted(sizes["this"] | (sizes["baseline"] if args.baseline else set())):
             data = Path(tmp) / f"rows-{rows}.jsonl"
             (write_prompts if args.command == "generate" else write_rows)(data, rows)
             for label, checkout in checkouts:
+                if rows not in sizes[label]:
+                    continue
                 if args.read_only:
                     print(f"| {label} | {rows:,} | read: peak RSS +{measure_read(checkout, data):,.1f} MiB |")
                     continue

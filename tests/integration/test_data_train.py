@@ -94,22 +94,29 @@ def test_rayft_train_cli_packed_on_two_mixed_formats(ray_session: None, tiny_mod
 def test_splits_are_the_same_in_one_process_and_on_two_ray_workers(
     ray_session: None, tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
     from rayft.config import load_config
-    from rayft.data import executors
+    from rayft.data import windows
     from rayft.data.prepare import prepare_data
 
-    cfg = load_config(None, [f"model.name={tiny_model_dir}", "data.validation_fraction=0.2",
-                             "data.datasets=[{path: 'builtin:arithmetic', max_rows: 40}, "
-                             "{path: 'builtin:sql', max_rows: 12, weight: 2.0}]"])  # fmt: skip
-    monkeypatch.setattr(executors, "block_rows", lambda *_, **__: 7)  # many small blocks over both workers
-    monkeypatch.setenv("RAYFT_DATA_CACHE", str(tmp_path / "ray"))
-    on_ray = prepare_data(cfg.data, cfg.model, 3, report_dir=None, use_ray=True)
-    monkeypatch.setattr(executors, "BATCH_ROWS", 5)
-    monkeypatch.setenv("RAYFT_DATA_CACHE", str(tmp_path / "local"))
-    local = prepare_data(cfg.data, cfg.model, 3, report_dir=None, use_ray=False)
-    assert local.key == on_ray.key and local.validation is not None and on_ray.validation is not None
-    for split in ("train", "validation"):
-        ours, theirs = (getattr(p, split).files for p in (local, on_ray))
-        assert [pq.read_table(f) for f in ours] == [pq.read_table(f) for f in theirs]
+    datasets = ("data.datasets=[{path: 'builtin:arithmetic', max_rows: 40}, "
+                "{path: 'builtin:sql', max_rows: 12, weight: 2.0}]")  # fmt: skip
+
+    def units(packing: bool, window: int, cache: str, *, use_ray: bool) -> list[pa.Table]:
+        cfg = load_config(None, [f"model.name={tiny_model_dir}", "data.validation_fraction=0.2", datasets,
+                                 f"data.packing={str(packing).lower()}"])  # fmt: skip
+        monkeypatch.setattr(windows, "WINDOW_MIN", window)
+        monkeypatch.setenv("RAYFT_DATA_CACHE", str(tmp_path / cache))
+        prepared = prepare_data(cfg.data, cfg.model, 3, report_dir=None, use_ray=use_ray)
+        assert prepared.validation is not None
+        return [pq.read_table(f) for split in (prepared.train, prepared.validation) for f in split.files]
+
+    # Windows of 7 examples: many small tasks over both Ray workers; in-process, batches of 5 rows.
+    on_ray = units(True, 7, "ray-packed", use_ray=True)
+    monkeypatch.setattr(windows, "BATCH_ROWS", 5)
+    assert len(on_ray) == 8 and units(True, 7, "local-packed", use_ray=False) == on_ray
+    # Without packing, the windows do not shape the units either: any window size, the same rows.
+    whole = pa.concat_tables(units(False, 4096, "local-whole", use_ray=False))
+    assert pa.concat_tables(units(False, 7, "ray-windows", use_ray=True)).equals(whole)

@@ -70,7 +70,7 @@ def test_prepared_splits_are_the_same_whatever_the_batch_size(
     import pyarrow.parquet as pq
 
     from rayft.config import load_config
-    from rayft.data import executors
+    from rayft.data import windows
     from rayft.data.prepare import prepare_data
 
     cfg = load_config(None, [f"model.name={tiny_model_dir}", "data.validation_fraction=0.2",
@@ -78,7 +78,7 @@ def test_prepared_splits_are_the_same_whatever_the_batch_size(
                              "{path: 'builtin:sql', max_rows: 10, weight: 2.0}]"])  # fmt: skip
     tables = []
     for batch_rows in (3, 256):
-        monkeypatch.setattr(executors, "BATCH_ROWS", batch_rows)
+        monkeypatch.setattr(windows, "BATCH_ROWS", batch_rows)
         monkeypatch.setenv("RAYFT_DATA_CACHE", str(tmp_path / f"cache-{batch_rows}"))
         prepared = prepare_data(cfg.data, cfg.model, 11, report_dir=None, use_ray=False)
         assert prepared.validation is not None

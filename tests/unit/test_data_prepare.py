@@ -126,13 +126,108 @@ def test_a_cache_hit_needs_neither_transformers_nor_torch(tiny_model_dir: Path) 
     assert result.stdout.split() == ["True", built.key, "[]"]
 
 
-def test_tokenization_blocks_give_each_cpu_a_few_long_tasks() -> None:
-    from rayft.data.executors import BATCH_ROWS, block_rows
+def test_windows_are_runs_of_sample_ids_sized_by_the_split_alone() -> None:
+    from rayft.data.windows import WINDOW_MAX, WINDOW_MIN, Window, plan_windows, window_size
 
-    assert block_rows(14946, 2) == 1869  # 8 tasks of ~1.9k rows on 2 CPUs
-    assert block_rows(100, 2) == BATCH_ROWS  # tiny data: one small task, not 8 of 13 rows
-    assert block_rows(1_000_000, 64) == 3907
-    assert block_rows(10, 0) == BATCH_ROWS  # a cluster reporting no CPU yet
+    assert window_size(100) == WINDOW_MIN and window_size(10**6) == WINDOW_MAX
+    assert window_size(40_000) == 5000  # an eighth of the split: every CPU of a small machine gets windows
+    windows = plan_windows(5000, 5100)
+    assert windows == [Window("train", 0, 0, 2048), Window("train", 1, 2048, 4096), Window("train", 2, 4096, 5000),
+                       Window("validation", 0, 5000, 5100)]  # fmt: skip
+    assert plan_windows(0, 0) == []
+
+
+def _many_rows(path: Path, count: int, *, bad_every: int = 0) -> Path:
+    rows = [{"prompt": f"What is {i} plus {i % 7}?", "completion": " " + "word " * (i % 37) + str(i)}
+            for i in range(count)]  # fmt: skip
+    path.write_text("".join(
+        (json.dumps({"prompt": "no answer"}) if bad_every and i % bad_every == 0 else json.dumps(r)) + "\n"
+        for i, r in enumerate(rows)
+    ))  # fmt: skip
+    return path
+
+
+def test_windows_pack_like_the_whole_split_and_keep_every_example(
+    tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from rayft.data import windows
+
+    data = _many_rows(tmp_path / "many.jsonl", 600)
+    cfg = _config(tiny_model_dir, f"data.datasets=[{{path: '{data}'}}]", "data.packing=true",
+                  "data.max_seq_length=256", "data.validation_fraction=0.05")  # fmt: skip
+    monkeypatch.setenv("RAYFT_DATA_CACHE", str(tmp_path / "whole"))
+    whole = prepare_data(cfg.data, cfg.model, 0, report_dir=None, use_ray=False)
+    monkeypatch.setattr(windows, "WINDOW_MIN", 100)  # 570 training examples in 6 windows
+    monkeypatch.setenv("RAYFT_DATA_CACHE", str(tmp_path / "windows"))
+    windowed = prepare_data(cfg.data, cfg.model, 0, report_dir=None, use_ray=False)
+
+    assert len(whole.train.files) == 1 and len(windowed.train.files) == 6
+    assert windowed.train.num_examples == whole.train.num_examples == 570
+    assert windowed.train.num_tokens == whole.train.num_tokens
+    ids = [sorted(s for u in _rows(p) for s in u["sample_ids"]) for p in (whole, windowed)]  # type: ignore[attr-defined]
+    assert ids[0] == ids[1] == list(range(570))
+    units = _rows(windowed)
+    assert all(u["num_tokens"] == len(u["input_ids"]) <= 256 for u in units)  # type: ignore[arg-type]
+    # Window k holds sample ids 100k..100k+99 only: packing never reaches across windows.
+    for file, k in zip(windowed.train.files, range(6), strict=True):
+        assert {s // 100 for u in pq.read_table(file).to_pylist() for s in u["sample_ids"]} == {k}
+    # Windows of ~100 examples of about half a unit each (the hard case for bin packing) cost under 5%.
+    assert whole.train.num_units < windowed.train.num_units <= 1.05 * whole.train.num_units
+
+
+def test_units_from_arrow_equal_units_from_python_lists() -> None:
+    import pyarrow as pa
+
+    from rayft.data.packing import build_units
+    from rayft.data.windows import unit_table
+
+    examples = [
+        {"sample_id": 7, "input_ids": [5, 6, 7], "labels": [IGNORE_INDEX, 6, 7]},
+        {"sample_id": 3, "input_ids": [8, 9], "labels": [IGNORE_INDEX, 9]},
+        {"sample_id": 9, "input_ids": [1, 2, 3, 4], "labels": [IGNORE_INDEX, IGNORE_INDEX, 3, 4]},
+    ]
+    table = pa.table({"sample_id": pa.array([e["sample_id"] for e in examples], pa.int64()),
+                      "input_ids": pa.array([e["input_ids"] for e in examples], pa.list_(pa.int32())),
+                      "labels": pa.array([e["labels"] for e in examples], pa.list_(pa.int32()))})  # fmt: skip
+    packs = [[2, 0], [1]]
+    assert unit_table(table, packs).to_pylist() == build_units(examples, packs)
+    assert unit_table(table, None).to_pylist() == build_units(examples, [[0], [1], [2]])
+
+
+def test_length_percentiles_from_a_histogram_match_numpy() -> None:
+    import random
+    from collections import Counter
+
+    import numpy as np
+
+    from rayft.data.stats import histogram_percentile
+
+    rng = random.Random(0)
+    for size in (1, 2, 5, 100, 1001):
+        values = [rng.randint(1, 60) for _ in range(size)]
+        for q in (0, 50, 90, 99, 100):
+            assert histogram_percentile(Counter(values), q) == int(np.percentile(values, q)), (size, q)
+    assert histogram_percentile(Counter(), 50) == 0
+
+
+def test_too_many_rejected_rows_stop_before_the_remaining_windows(
+    tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from rayft.data import windows
+
+    data = _many_rows(tmp_path / "bad.jsonl", 600, bad_every=2)
+    cfg = _config(tiny_model_dir, f"data.datasets=[{{path: '{data}'}}]", "data.validation_fraction=0")
+    monkeypatch.setattr(windows, "WINDOW_MIN", 100)
+    seen: list[int] = []
+    original = windows.prepare_window
+    monkeypatch.setattr("rayft.data.executors.prepare_window",
+                        lambda *args: seen.append(1) or original(*args))  # fmt: skip
+    with pytest.raises(DataError, match=r"of 600 rows .* in the first 1 of 6 windows \(stopped early\).*missing_field"):
+        prepare_data(cfg.data, cfg.model, 0, report_dir=tmp_path / "report", use_ray=False)
+    assert len(seen) == 1
+    report = [json.loads(line) for line in (tmp_path / "report" / "rejected.jsonl").read_text().splitlines()]
+    assert report and {r["reason"] for r in report} == {"missing_field"}
+    assert all(r["line"] % 2 == 1 for r in report)  # rows 0, 2, 4, ... are lines 1, 3, 5, ...
 
 
 def test_many_rows_cut_to_the_length_limit_are_warned_about_with_counts_and_the_fix(

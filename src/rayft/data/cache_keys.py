@@ -7,7 +7,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -20,8 +20,8 @@ from rayft.models.loading import model_location
 from rayft.models.registry import CHATML_TEMPLATE
 
 # Bump when the output of the same inputs changes. 2: splits and mixtures from per-row hashes; keys
-# from file fingerprints.
-PREPARE_VERSION = 2
+# from file fingerprints. 3: packing within windows of consecutive examples, one file per window.
+PREPARE_VERSION = 3
 _PIECE_BYTES = 1 << 20
 
 
@@ -134,7 +134,7 @@ def file_fingerprint(path: Path) -> str:
     return f"{stat.st_size}:{digest.hexdigest()}"
 
 
-def rows_fingerprint(rows: Sequence[str]) -> str:
+def rows_fingerprint(rows: Iterable[str]) -> str:
     """A hash of a dataset's rows as read (for the datasets that are not local files)."""
     digest = hashlib.sha256()
     for row in rows:

@@ -1,15 +1,16 @@
 """Sequence packing: grouping examples into training units of at most ``max_seq_length`` tokens.
 
 :func:`plan_packs` is a pure planner (first-fit decreasing, with a segment tree over the bins'
-free space, so it runs in O(n log n)); :func:`build_units` concatenates the examples of each pack
-into one unit whose positions restart at every example. The training step passes
+free space, so it runs in O(n log n)); preparation runs it within windows of examples and builds the
+units with Arrow (:func:`rayft.data.windows.unit_table`); :func:`build_units` is the same from Python
+lists, for tests and benchmarks: each pack's examples concatenated into one unit whose positions
+restart at every example. The training step passes
 ``position_ids`` without an attention mask, and transformers derives a block-diagonal causal mask
 from the restarts (see :mod:`rayft.data.collate`), so attention never crosses examples.
 """
 
 from __future__ import annotations
 
-import random
 from collections.abc import Sequence
 from typing import Any
 
@@ -82,21 +83,3 @@ def make_unit(ids: list[int], labels: list[int], positions: list[int], sample_id
         "num_tokens": len(ids),
         "num_label_tokens": sum(1 for label in labels if label != IGNORE_INDEX),
     }
-
-
-def make_units(
-    examples: list[dict[str, Any]], packing: bool, max_seq_length: int, seed: int, *, seq2seq: bool = False
-) -> list[dict[str, Any]]:
-    """Training units: one per example, or packs of examples (in a seeded order). An encoder-decoder's
-    unit holds a source and a target (see :mod:`rayft.data.seq2seq`): its ``num_tokens`` counts both."""
-    if not packing:
-        units = [
-            make_unit(e["input_ids"], e["labels"], list(range(len(e["input_ids"]))), [e["sample_id"]]) for e in examples
-        ]
-        if seq2seq:
-            for unit in units:
-                unit["num_tokens"] += len(unit["labels"])
-        return units
-    packs = plan_packs([len(e["input_ids"]) for e in examples], max_seq_length)
-    random.Random(seed).shuffle(packs)
-    return build_units(examples, packs)

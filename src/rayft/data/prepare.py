@@ -1,22 +1,27 @@
 """Preparing training data: read, mix, split, render, tokenize, pack, and cache as parquet units.
 
 Reads top to bottom: compute the cache key from the datasets' file fingerprints, the tokenizer and
-the settings, and either reuse the cached result, or read every dataset row by row (a bad row is
-kept as a rejected row) and resolve its format, plan which rows go where (a pure planner, from a
-seeded hash of each row's key), and tokenize (Ray Data ``map_batches`` across the cluster's CPUs,
-or in-process: same bytes) and write it. The manifest ``prepared.json`` is written last, inside a
-temporary directory that is renamed into place, so a crash never leaves a half-written cache
-that looks complete.
+the settings, and either reuse the cached result, or read every dataset row by row into spilled
+rows files (a bad row is kept as a rejected row) and resolve its format, plan which rows go where
+(a pure planner, from a seeded hash of each row's key, kept as arrays), and prepare the examples in
+windows of consecutive sample ids (:mod:`rayft.data.windows`: Ray Data ``map_batches`` tasks across
+the cluster's CPUs, or in-process: same bytes). Each window task tokenizes its rows in fixed-size
+batches, packs them within the window, and writes its units as Parquet into a staging directory;
+the driver only adds up the windows' small summaries. The manifest ``prepared.json`` is written
+last, and the staging directory is then renamed into place, so a crash never leaves a
+half-written cache that looks complete.
 
 Rows that cannot become training examples are written to ``rejected.jsonl`` (row id, source,
-reason) and counted; preparation stops when their share passes ``data.max_rejected_fraction``.
+reason) and counted; preparation stops when their share passes ``data.max_rejected_fraction``, as
+soon as it has (before the remaining windows) when more windows are left.
 """
 
 from __future__ import annotations
 
 import logging
+import shutil
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,19 +36,21 @@ from rayft.data.cache_keys import (
     tokenizer_files_fingerprint,
     tokenizer_fingerprint,
 )
-from rayft.data.executors import tokenize_in_process, tokenize_on_ray
-from rayft.data.packing import make_units
-from rayft.data.prepared import SPLITS, PreparedData, write_prepared
+from rayft.data.executors import windows_in_process, windows_on_ray
+from rayft.data.prepared import REJECTED_FILE, PreparedData, commit_prepared, open_staging
 from rayft.data.reader import Source, read_sources
-from rayft.data.report import check_rejected, log_summary, warn_truncated, write_report
+from rayft.data.report import check_rejected, log_summary, rejected_error, warn_truncated, write_report
 from rayft.data.seq2seq import refuse_unpaired_formats
-from rayft.data.split_plan import Record, plan_records
-from rayft.data.stats import collect_rejected, compute_stats
+from rayft.data.split_plan import Plan, plan_examples
+from rayft.data.stats import Tally
 from rayft.data.tokenize import TextTokenizer, TokenizeJob
+from rayft.data.windows import WindowSettings, plan_windows, window_inputs
 from rayft.models.architecture import refuse_packing, resolve_architecture
 from rayft.models.loading import load_tokenizer
 
 log = logging.getLogger("rayft.data")
+
+ROWS_DIR = ".rows"  # the spilled rows files, inside the staging directory, removed before the commit
 
 
 def prepare_data(
@@ -94,13 +101,18 @@ def prepare(
     if prepared is not None:
         log.info("data: reusing the prepared dataset %s (no tokenization)", root)
     else:
-        sources = sources if sources is not None else read_sources(data)
-        records = plan_records([len(s.rows) for s in sources], [s.config.weight for s in sources],
-                               train_sources=len(data.datasets), validation_fraction=data.validation_fraction,
-                               seed=seed)  # fmt: skip
-        tokenizer = tokenizer if tokenizer is not None else load_tokenizer(model)
-        prepared = build(data, seed, tokenizer, sources, records, root=root, key=key, use_ray=use_ray,
-                         ray_address=ray_address, seq2seq=seq2seq)  # fmt: skip
+        staging = open_staging(root)
+        try:
+            sources = sources if sources is not None else read_sources(data, staging / ROWS_DIR)
+            plan = plan_examples([len(s.rows) for s in sources], [s.config.weight for s in sources],
+                                 train_sources=len(data.datasets), validation_fraction=data.validation_fraction,
+                                 seed=seed)  # fmt: skip
+            tokenizer = tokenizer if tokenizer is not None else load_tokenizer(model)
+            prepared = build(data, seed, tokenizer, sources, plan, staging=staging, root=root, key=key,
+                             use_ray=use_ray, ray_address=ray_address, seq2seq=seq2seq,
+                             report_dir=report_dir)  # fmt: skip
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
     log_summary(prepared)
     if not seq2seq:  # an encoder-decoder's source and target have limits of their own
         warn_truncated(prepared, "data.max_seq_length", data.max_seq_length)
@@ -125,18 +137,20 @@ def build(
     seed: int,
     tokenizer: Any,
     sources: Sequence[Source],
-    records: Sequence[Record],
+    plan: Plan,
     *,
+    staging: Path,
     root: Path,
     key: str,
     use_ray: bool,
     ray_address: str | None = None,
     seq2seq: bool = False,
+    report_dir: Path | None = None,
 ) -> PreparedData:
-    """Tokenize every record, pack or not, and write the cache directory atomically. ``seq2seq``:
-    source/target pairs for an encoder-decoder model (:mod:`rayft.data.seq2seq`)."""
-    import pyarrow as pa
-
+    """Prepare every window of the ``plan`` into ``staging``, add up their summaries, and commit it as
+    ``root``. ``seq2seq``: source/target pairs for an encoder-decoder model (:mod:`rayft.data.seq2seq`).
+    Stops with DataError, before the remaining windows, once the rejected rows pass
+    ``data.max_rejected_fraction`` (their report so far copied into ``report_dir``)."""
     if seq2seq:
         refuse_unpaired_formats([s.format.format for s in sources])
     job = TokenizeJob(
@@ -147,18 +161,47 @@ def build(
         data.train_on_prompt,
         data.seq2seq_limits() if seq2seq else None,
     )
-    inputs = pa.table({
-        "sample_id": pa.array([r.sample_id for r in records], pa.int64()),
-        "dataset": pa.array([r.source for r in records], pa.int32()),
-        "row": pa.array([sources[r.source].rows[r.row] for r in records], pa.string()),
-    })  # fmt: skip
-    log.info("data: tokenizing %d rows %s", len(records), "with Ray Data" if use_ray else "in-process")
-    tokenized = tokenize_on_ray(job, inputs, ray_address) if use_ray else tokenize_in_process(job, inputs)
-    rows = tokenized.sort_by("sample_id").to_pylist()
-    rejected = collect_rejected(rows, records, sources, data.overlong)
-    splits = {name: [row for row, rec in zip(rows, records, strict=True) if rec.split == name and not row["reason"]]
-              for name in SPLITS}  # fmt: skip
-    units = {name: make_units(examples, data.packing, data.max_seq_length, seed, seq2seq=seq2seq)
-             for name, examples in splits.items()}  # fmt: skip
-    stats = compute_stats(rows, records, sources, units, data)
-    return write_prepared(root, key, units=units, rejected=rejected, stats=stats, data=data, seq2seq=seq2seq)
+    settings = WindowSettings(tuple(str(s.rows.path) for s in sources), str(staging), data.packing,
+                              data.max_seq_length, seed, seq2seq)  # fmt: skip
+    windows = plan_windows(plan.num_train, len(plan))
+    blocks = [window_inputs(plan, w) for w in windows]
+    log.info("data: preparing %d rows in %d windows %s", len(plan), len(windows),
+             "with Ray Data" if use_ray else "in-process")  # fmt: skip
+    if use_ray:
+        summaries = windows_on_ray(job, settings, blocks, ray_address)
+    else:
+        summaries = windows_in_process(job, settings, blocks)
+    with (staging / REJECTED_FILE).open("w", encoding="utf-8") as report:
+        tally = Tally(plan, sources, data.overlong, report)
+        _add_up(tally, summaries, len(windows), str(root), data.max_rejected_fraction,
+                staging=staging, report_dir=report_dir)  # fmt: skip
+    shutil.rmtree(staging / ROWS_DIR, ignore_errors=True)
+    validation = tally.split("validation")
+    prepared = PreparedData(key, str(root), tally.split("train"), validation if validation.num_units else None,
+                            data.packing, data.max_seq_length, tally.stats(data.packing, data.max_seq_length),
+                            seq2seq)  # fmt: skip
+    return commit_prepared(staging, prepared)
+
+
+def _add_up(
+    tally: Tally,
+    summaries: Iterator[dict[str, Any]],
+    windows: int,
+    root: str,
+    max_fraction: float,
+    *,
+    staging: Path,
+    report_dir: Path | None,
+) -> None:
+    """Add every window's summary to ``tally``; DataError as soon as the rejected rows pass
+    ``max_fraction`` of all rows while windows are left (they can only add more)."""
+    for done, summary in enumerate(summaries, start=1):
+        tally.add(summary, root)
+        if done < windows and tally.rejected > max_fraction * len(tally.plan):
+            tally.report.flush()
+            # The staging directory goes; the report so far stays in the run (or beside the cache).
+            where = report_dir / REJECTED_FILE if report_dir else Path(f"{root}.{REJECTED_FILE}")
+            where.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(staging / REJECTED_FILE, where)
+            raise rejected_error(tally.rejected, len(tally.plan), max_fraction, tally.reasons, where,
+                                 done_windows=done, windows=windows)  # fmt: skip

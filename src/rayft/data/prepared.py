@@ -27,21 +27,16 @@ from __future__ import annotations
 
 import json
 import shutil
-import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import IO, Any
 
 from rayft.errors import StorageError
-from rayft.files import replace_dir
+from rayft.files import replace_dir, staging_dir
 from rayft.security import redact
 
-if TYPE_CHECKING:
-    from rayft.config.data import DataConfig
-
 SPLITS = ("train", "validation")
-ROWS_PER_FILE = 2048
 REJECTED_FILE = "rejected.jsonl"  # beside the splits: row id, source, split, reason of every rejected row
 UNIT_COLUMNS = ("input_ids", "labels", "position_ids", "sample_ids", "num_tokens", "num_label_tokens")
 IGNORE_INDEX = -100
@@ -106,61 +101,43 @@ def _split(raw: dict[str, Any]) -> PreparedSplit:
     return PreparedSplit(**{**raw, "files": tuple(raw["files"])})
 
 
-def write_prepared(
-    root: Path,
-    key: str,
-    *,
-    units: dict[str, list[dict[str, Any]]],
-    rejected: list[dict[str, Any]],
-    stats: dict[str, Any],
-    data: DataConfig,
-    seq2seq: bool = False,
-) -> PreparedData:
-    """Write the units, the rejected rows and the manifest (last) into a temp dir, then rename it to ``root``."""
+def unit_schema() -> Any:
+    """The Arrow schema of a unit file (see the module docstring)."""
+    import pyarrow as pa
+
+    return pa.schema([
+        ("input_ids", pa.list_(pa.int32())), ("labels", pa.list_(pa.int32())),
+        ("position_ids", pa.list_(pa.int32())), ("sample_ids", pa.list_(pa.int64())),
+        ("num_tokens", pa.int32()), ("num_label_tokens", pa.int32()),
+    ])  # fmt: skip
+
+
+def open_staging(root: Path) -> Path:
+    """A fresh staging directory beside ``root`` for a preparation to write into (see :func:`commit_prepared`)."""
     try:
-        root.parent.mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(prefix=f".{key}-", dir=root.parent))
+        staging = staging_dir(root)
+        staging.chmod(0o755)
+        return staging
     except OSError as exc:
         raise StorageError(
             f"data cache: cannot write under {root.parent} ({exc.strerror}); set data.cache_dir or "
             "$RAYFT_DATA_CACHE to a writable directory"
         ) from exc
-    try:
-        staging.chmod(0o755)
-        splits = {name: write_split(staging, root, name, units[name]) for name in SPLITS}
-        _write_jsonl(staging / REJECTED_FILE, rejected)
-        validation = splits["validation"] if splits["validation"].num_units else None
-        prepared = PreparedData(
-            key, str(root), splits["train"], validation, data.packing, data.max_seq_length, stats, seq2seq
-        )
-        (staging / MANIFEST).write_text(prepared.to_json())
-        if PreparedData.load(root) is None:  # another process may have finished the same key first
-            replace_dir(staging, root)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
+
+
+def commit_prepared(staging: Path, prepared: PreparedData) -> PreparedData:
+    """Write the manifest (last) into the fully written ``staging`` and put it in place of its root,
+    unless another process finished the same key first; the prepared dataset now at the root."""
+    root = Path(prepared.root)
+    (staging / MANIFEST).write_text(prepared.to_json())
+    if PreparedData.load(root) is None:
+        replace_dir(staging, root)
+    shutil.rmtree(staging, ignore_errors=True)
     loaded = PreparedData.load(root)
     assert loaded is not None  # just written or written by a concurrent preparer
     return loaded
 
 
-def write_split(staging: Path, root: Path, name: str, units: list[dict[str, Any]]) -> PreparedSplit:
-    """Write one split's units as parquet files; the recorded paths point into the final ``root``."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    schema = pa.schema([
-        ("input_ids", pa.list_(pa.int32())), ("labels", pa.list_(pa.int32())),
-        ("position_ids", pa.list_(pa.int32())), ("sample_ids", pa.list_(pa.int64())),
-        ("num_tokens", pa.int32()), ("num_label_tokens", pa.int32()),
-    ])  # fmt: skip
-    (staging / name).mkdir()
-    files = []
-    for index, start in enumerate(range(0, len(units), ROWS_PER_FILE)):
-        relative = f"{name}/part-{index:05d}.parquet"
-        pq.write_table(pa.Table.from_pylist(units[start : start + ROWS_PER_FILE], schema=schema), staging / relative)
-        files.append(str(root / relative))
-    return PreparedSplit.of(files, units)
-
-
-def _write_jsonl(path: Path, rows: Sequence[dict[str, Any]]) -> None:
-    path.write_text("".join(redact(json.dumps(r, ensure_ascii=False)) + "\n" for r in rows), encoding="utf-8")
+def write_jsonl_line(handle: IO[str], row: Mapping[str, Any]) -> None:
+    """One row of a report (``rejected.jsonl``), masked like every file rayft writes."""
+    handle.write(redact(json.dumps(row, ensure_ascii=False)) + "\n")

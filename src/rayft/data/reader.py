@@ -15,6 +15,10 @@ from __future__ import annotations
 import bisect
 import json
 import logging
+import os
+import shutil
+import tempfile
+import weakref
 from array import array
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field, replace
@@ -39,6 +43,77 @@ if TYPE_CHECKING:
 log = logging.getLogger("rayft.data")
 
 BATCH_ROWS = 4096  # rows of a Parquet or in-memory table converted at a time
+ROW_COLUMN = "row"  # the JSON text column of a spilled rows file
+
+
+class RowStore:
+    """A dataset's rows as JSON text, spilled to an Arrow IPC file one batch of rows at a time, so that
+    the reading process holds one batch, not the dataset. Preparation's tasks map the file and take
+    the rows they need (:func:`take_rows`); ``len``, indexing and iteration read it back here.
+
+    The file lives in ``directory`` (a fresh temporary directory when None, removed with the store).
+    """
+
+    def __init__(self, directory: Path | None = None) -> None:
+        if directory is None:
+            directory = Path(tempfile.mkdtemp(prefix="rayft-rows-"))
+            weakref.finalize(self, shutil.rmtree, directory, True)
+        directory.mkdir(parents=True, exist_ok=True)
+        handle, name = tempfile.mkstemp(prefix="rows-", suffix=".arrow", dir=directory)
+        os.close(handle)  # Arrow opens the file by name
+        self.path = Path(name)
+        self._pending: list[str] = []
+        self._count = 0
+        self._writer: Any = None
+        self._table: Any = None
+
+    def append(self, text: str) -> None:
+        """Add one row's JSON text."""
+        self._pending.append(text)
+        self._count += 1
+        if len(self._pending) >= BATCH_ROWS:
+            self._flush()
+
+    def _flush(self) -> None:
+        import pyarrow as pa
+
+        if self._writer is None:
+            self._writer = pa.ipc.new_file(str(self.path), pa.schema([(ROW_COLUMN, pa.string())]))
+        if self._pending:
+            self._writer.write_batch(pa.record_batch([pa.array(self._pending, pa.string())], names=[ROW_COLUMN]))
+            self._pending = []
+
+    def close(self) -> None:
+        """Finish the file (rows appended later are refused by Arrow)."""
+        if self._table is None:
+            self._flush()
+            self._writer.close()
+            self._table = open_rows(self.path)
+
+    def __len__(self) -> int:
+        return self._count
+
+    def __getitem__(self, index: int) -> str:
+        self.close()
+        return str(self._table.column(ROW_COLUMN)[index].as_py())
+
+    def __iter__(self) -> Iterator[str]:
+        self.close()
+        for batch in self._table.to_batches():
+            yield from batch.column(0).to_pylist()
+
+
+def open_rows(path: Path | str) -> Any:
+    """The rows file at ``path`` as an Arrow table mapped from disk (read lazily, not copied)."""
+    import pyarrow as pa
+
+    return pa.ipc.open_file(pa.memory_map(str(path))).read_all()
+
+
+def take_rows(path: str, rows: Any) -> list[str]:
+    """The JSON text of row numbers ``rows`` of the rows file at ``path``. The file is mapped for this
+    call only: a worker keeps no mapping of a file that its preparation deletes afterwards."""
+    return [str(text) for text in open_rows(path).column(ROW_COLUMN).take(rows).to_pylist()]
 
 
 @dataclass
@@ -67,7 +142,7 @@ class Source:
     config: DatasetConfig
     name: str
     format: ResolvedFormat
-    rows: list[str]
+    rows: RowStore
     origins: RowOrigins
 
 
@@ -75,9 +150,9 @@ class RowCollector:
     """The rows of one dataset as they are read: their JSON text and origin, the columns seen, and how
     often each column held text or a number (to find the text columns). Stops at ``limit`` rows."""
 
-    def __init__(self, limit: int | None) -> None:
+    def __init__(self, limit: int | None, spill_dir: Path | None = None) -> None:
         self.limit = limit
-        self.rows: list[str] = []
+        self.rows = RowStore(spill_dir)
         self.origins = RowOrigins()
         self.columns: dict[str, None] = {}  # ordered set
         self.kinds: dict[str, list[int]] = {}  # column -> [rows with text, rows with a number]
@@ -107,11 +182,13 @@ class RowCollector:
         return frozenset(k for k, (text, number) in self.kinds.items() if text and text >= number)
 
 
-def read_sources(data: DataConfig) -> list[Source]:
-    """Read the training then the validation datasets row by row and resolve their formats."""
+def read_sources(data: DataConfig, spill_dir: Path | None = None) -> list[Source]:
+    """Read the training then the validation datasets row by row and resolve their formats; the rows
+    are spilled to files in ``spill_dir`` (a temporary directory when None, see :class:`RowStore`)."""
     sources = []
     for ds in [*data.datasets, *data.validation_datasets]:
-        rows = read_rows(ds)
+        rows = read_rows(ds, spill_dir)
+        rows.rows.close()
         name = source_name(ds)
         _refuse_unreadable(ds, rows)
         fmt = replace(resolve_format(ds, list(rows.columns)), text_columns=rows.text_columns())
@@ -135,11 +212,13 @@ def _refuse_unreadable(ds: DatasetConfig, rows: RowCollector) -> None:
     )
 
 
-def read_rows(ds: DatasetConfig) -> RowCollector:
+def read_rows(ds: DatasetConfig, spill_dir: Path | None = None) -> RowCollector:
     """Every row of a dataset (at most ``max_rows``), read file by file without holding a file whole."""
-    rows = RowCollector(ds.max_rows)
+    rows = RowCollector(ds.max_rows, spill_dir)
     current: str | None = None
     for item in iter_rows(ds):
+        if rows.full():
+            break
         if item.file != current:
             rows.origins.start_file(item.file)
             current = item.file

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -37,23 +38,40 @@ def write_report(prepared: PreparedData, report_dir: Path | None) -> None:
 
 def check_rejected(prepared: PreparedData, max_fraction: float, report_dir: Path | None) -> None:
     """Stop with DataError when the rejected share passes ``max_fraction``, naming the top reasons."""
-    total = max(int(prepared.stats["rows_total"]), 1)
+    total = int(prepared.stats["rows_total"])
     rejected = int(prepared.stats["rejected_total"])
-    if rejected / total <= max_fraction:
+    if rejected / max(total, 1) <= max_fraction:
         return
-    reasons = "; ".join(f"{reason}: {count} ({REASONS.get(reason, reason)})"
-                        for reason, count in top_reasons(prepared.stats)[:3])  # fmt: skip
     where = report_dir / REJECTED_FILE if report_dir else Path(prepared.root) / REJECTED_FILE
-    raise DataError(
-        f"data: {rejected} of {total} rows ({rejected / total:.1%}) were rejected, more than "
-        f"data.max_rejected_fraction={max_fraction}. Top reasons: {reasons}. Every row is listed in {where}; "
+    raise rejected_error(rejected, total, max_fraction, prepared.stats["rejected_by_reason"], where)
+
+
+def rejected_error(
+    rejected: int,
+    total: int,
+    max_fraction: float,
+    reasons: Mapping[str, int],
+    where: Path,
+    *,
+    done_windows: int = 0,
+    windows: int = 0,
+) -> DataError:
+    """The error for too many rejected rows: counts, top reasons, the report and the fixes. With
+    ``windows``: preparation stopped after ``done_windows`` of them, so the counts are a floor."""
+    top = top_reasons({"rejected_by_reason": reasons})[:3]
+    listed = "; ".join(f"{reason}: {count} ({REASONS.get(reason, reason)})" for reason, count in top)
+    early = f" in the first {done_windows} of {windows} windows (stopped early)" if windows else ""
+    listing = "The rows so far are" if windows else "Every row is"
+    return DataError(
+        f"data: {rejected} of {total} rows ({rejected / max(total, 1):.1%}) were rejected{early}, more than "
+        f"data.max_rejected_fraction={max_fraction}. Top reasons: {listed}. {listing} listed in {where}; "
         "fix the rows, the format/field_mapping, or max_seq_length, or raise data.max_rejected_fraction"
     )
 
 
-def top_reasons(stats: dict[str, Any]) -> list[tuple[str, int]]:
+def top_reasons(stats: Mapping[str, Any]) -> list[tuple[str, int]]:
     """Rejection reasons with their counts, most frequent first."""
-    counts: dict[str, int] = stats["rejected_by_reason"]
+    counts: Mapping[str, int] = stats["rejected_by_reason"]
     return sorted(counts.items(), key=lambda item: (-item[1], item[0]))
 
 

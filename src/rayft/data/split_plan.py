@@ -87,9 +87,38 @@ def held_out(seed: int, source: int, rows: np.ndarray, threshold: int) -> np.nda
     return row_hashes(seed, HOLDOUT, source, rows) < np.uint64(threshold)
 
 
+@dataclass(frozen=True)
+class Plan:
+    """Every example to prepare, in sample-id order, as arrays (16 bytes an example): the dataset
+    (``sources``) and row (``rows``) each comes from; the first ``num_train`` are training examples."""
+
+    sources: np.ndarray
+    rows: np.ndarray
+    num_train: int
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def split_of(self, sample_id: int) -> str:
+        """The split an example belongs to."""
+        return "train" if sample_id < self.num_train else "validation"
+
+
 def plan_records(
     sizes: Sequence[int], weights: Sequence[float], *, train_sources: int, validation_fraction: float, seed: int
 ) -> list[Record]:
+    """:func:`plan_examples` as one :class:`Record` per example (for small data and tests)."""
+    plan = plan_examples(sizes, weights, train_sources=train_sources, validation_fraction=validation_fraction,
+                         seed=seed)  # fmt: skip
+    return [
+        Record(i, plan.split_of(i), int(s), int(r))
+        for i, (s, r) in enumerate(zip(plan.sources.tolist(), plan.rows.tolist(), strict=True))
+    ]
+
+
+def plan_examples(
+    sizes: Sequence[int], weights: Sequence[float], *, train_sources: int, validation_fraction: float, seed: int
+) -> Plan:
     """Which rows become training and validation examples, in order (a pure planner).
 
     The first ``train_sources`` sources are training data: each first holds out
@@ -102,24 +131,24 @@ def plan_records(
 
     held = len(sizes) == train_sources
     pools: list[np.ndarray] = []
-    validation: list[tuple[int, int]] = []
+    validation: list[tuple[int, np.ndarray]] = []
     for source, size in enumerate(sizes):
         rows = np.arange(size, dtype=np.int64)
         if source >= train_sources:
-            validation.extend((source, int(r)) for r in rows)
+            validation.append((source, rows))
             continue
         threshold = holdout_threshold(seed, source, size, validation_fraction) if held else 0
         out = held_out(seed, source, rows, threshold)
-        validation.extend((source, int(r)) for r in rows[out])
+        validation.append((source, rows[out]))
         pools.append(rows[~out])
-    train = _mix(pools, weights[:train_sources], seed)
-    return [Record(i, "train", s, r) for i, (s, r) in enumerate(train)] + [
-        Record(len(train) + i, "validation", s, r) for i, (s, r) in enumerate(validation)
-    ]
+    train_sources_, train_rows = _mix(pools, weights[:train_sources], seed)
+    sources = np.concatenate([train_sources_, *(np.full(len(r), s, dtype=np.int64) for s, r in validation)])
+    rows = np.concatenate([train_rows, *(r for _, r in validation)])
+    return Plan(sources.astype(np.int32), rows.astype(np.int64), len(train_rows))
 
 
-def _mix(pools: list[np.ndarray], weights: Sequence[float], seed: int) -> list[tuple[int, int]]:
-    """Each pool's rows repeated to its weight's share, all ordered by their ORDER hash."""
+def _mix(pools: list[np.ndarray], weights: Sequence[float], seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Each pool's rows repeated to its weight's share, all ordered by their ORDER hash: (sources, rows)."""
     import numpy as np
 
     total = sum(len(p) for p in pools)
@@ -136,9 +165,9 @@ def _mix(pools: list[np.ndarray], weights: Sequence[float], seed: int) -> list[t
             entries.append((source, rows))
             keys.append(row_hashes(seed, ORDER, source, rows, copy))
     if not entries:
-        return []
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
     flat_sources = np.concatenate([np.full(len(rows), source, dtype=np.int64) for source, rows in entries])
     flat_rows = np.concatenate([rows for _, rows in entries])
     # Ties between datasets (distinct keys, equal hashes) are astronomically rare; (source, row) breaks them.
     order = np.lexsort((flat_rows, flat_sources, np.concatenate(keys)))
-    return list(zip(flat_sources[order].tolist(), flat_rows[order].tolist(), strict=True))
+    return flat_sources[order], flat_rows[order]

@@ -5,8 +5,8 @@ and a token is trained when its characters overlap a trained span (an assistant 
 response). Pieces are never tokenized separately, so the ids are exactly those the model sees
 at inference with the same template.
 
-:class:`TokenizeJob` is what the Ray Data tasks run (:func:`tokenize_batch`), and what the in-process
-path runs: both produce the same rows.
+:class:`TokenizeJob` is what preparation's window tasks run (:mod:`rayft.data.windows`), on Ray Data
+or in-process: both produce the same rows.
 """
 
 from __future__ import annotations
@@ -271,13 +271,10 @@ def job_key(job: TokenizeJob) -> str:
 _JOBS: dict[str, TokenizeJob] = {}
 
 
-def tokenize_batch(batch: Any, *, job_key: str = "", job_ref: Sequence[Any] = ()) -> Any:
-    """A Ray Data ``map_batches`` task: tokenize one Arrow batch with the job behind ``job_ref[0]``.
-
-    The job is fetched and deserialised once per worker process and content key (``job_key``, from
-    :func:`job_key`) and reused for every later batch that process runs with that key.
-    """
-    # Ray gave this task one CPU: keep the Rust tokenizer from spreading over every core of the node
+def load_job(job_key: str, job_ref: Sequence[Any]) -> TokenizeJob:
+    """The job behind ``job_ref[0]``, fetched and deserialised once per worker process and content key
+    (``job_key``, from :func:`job_key`) and reused for every later task that process runs with that key."""
+    # Ray gave the task one CPU: keep the Rust tokenizer from spreading over every core of the node
     # (unless the user set TOKENIZERS_PARALLELISM).
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     job = _JOBS.get(job_key)
@@ -286,4 +283,4 @@ def tokenize_batch(batch: Any, *, job_key: str = "", job_ref: Sequence[Any] = ()
 
         _JOBS.clear()  # keep one tokenizer per worker: drop the previous job's
         job = _JOBS[job_key] = ray.get(job_ref[0])
-    return as_table(job(batch.to_pydict()))
+    return job
