@@ -1,14 +1,20 @@
-"""mkdocs hook: the configuration and CLI references, generated from the code at every build.
+"""mkdocs hook: the configuration and CLI references, generated from the code at every build, and
+the example notebooks as pages.
 
 Nothing generated is committed: the pages are built from ``rayft.config.RayftConfig`` and the click
-group ``rayft.cli.main.cli`` each time, so they cannot drift from what rayft accepts.
+group ``rayft.cli.main.cli`` each time, so they cannot drift from what rayft accepts. The notebooks
+of ``examples/notebooks/`` are added as they are in the repository (outputs stripped), and the
+mkdocs-jupyter plugin renders them.
 """
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
 from typing import Any
 
 import click
+from mkdocs.plugins import event_priority
 from mkdocs.structure.files import File, Files
 
 from rayft.cli.config_cmd import iter_fields
@@ -62,7 +68,34 @@ def cli_reference() -> str:
     return "\n".join(head + _command_lines(cli, "rayft", ctx)) + "\n"
 
 
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+
+
+def notebook_files(config: Any) -> list[File]:
+    """Every notebook of ``examples/notebooks/``, as the site page ``notebooks/<name>/``."""
+    return [
+        File(f"notebooks/{path.name}", str(EXAMPLES), config["site_dir"], config["use_directory_urls"])
+        for path in sorted((EXAMPLES / "notebooks").glob("*.ipynb"))
+    ]
+
+
+# A link from one notebook to another, as Jupyter follows it: a sibling file name.
+_SIBLING_NOTEBOOK = re.compile(r'href="([\w-]+)\.ipynb(#[^"]*)?"')
+
+
+def on_page_content(html: str, page: Any, config: Any, files: Files) -> str:
+    """Point a notebook's links to its sibling notebooks at their pages (``../<name>/``): mkdocs
+    rewrites the links of Markdown pages, not those inside a rendered notebook."""
+    if not page.file.src_uri.startswith("notebooks/") or not page.file.src_uri.endswith(".ipynb"):
+        return html
+    return _SIBLING_NOTEBOOK.sub(lambda m: f'href="../{m.group(1)}/{m.group(2) or ""}"', html)
+
+
+# Before the mkdocs-jupyter plugin's own on_files, which turns the .ipynb files it sees into pages.
+@event_priority(100)
 def on_files(files: Files, config: Any) -> Files:
     files.append(File.generated(config, "reference/config.md", content=config_reference()))
     files.append(File.generated(config, "reference/cli.md", content=cli_reference()))
+    for notebook in notebook_files(config):
+        files.append(notebook)
     return files
