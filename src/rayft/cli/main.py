@@ -21,6 +21,7 @@ from rayft.cli import (
     k8s_cmd,
     run_cmd,
     sdg_cmd,
+    serve_cmd,
     submit_cmd,
     train_cmd,
     tune_cmd,
@@ -83,6 +84,7 @@ def _register() -> None:
     cli.add_command(infer_cmd.chat)
     cli.add_command(infer_cmd.generate)
     cli.add_command(k8s_cmd.k8s)
+    cli.add_command(serve_cmd.serve)
     _register_cluster()
 
 
