@@ -39,10 +39,12 @@ class _AdapterSlot:
     """What Serve's multiplexing cache holds per adapter; dropping it from the cache unloads the weights."""
 
     def __init__(self, engine: Engine, model_id: str) -> None:
-        self.engine, self.model_id = engine, model_id
+        self.engine, self.model_id, self.unloaded = engine, model_id, False
 
-    async def __del__(self) -> None:  # Serve awaits this when the adapter leaves its cache
-        await asyncio.to_thread(self.engine.unload_adapter, self.model_id)
+    def __del__(self) -> None:  # Serve calls this (on a thread) when the adapter leaves its cache
+        if not self.unloaded:
+            self.unloaded = True
+            self.engine.unload_adapter(self.model_id)
 
 
 def replica_class(max_adapters: int, max_batch_size: int, batch_wait_timeout_s: float) -> type:

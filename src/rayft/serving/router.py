@@ -6,8 +6,8 @@ replica's events into one JSON response or a server-sent event stream ending ``d
 A client that goes away mid-stream cancels its request down to the replica, whose batch row stops.
 """
 
-from __future__ import annotations
-
+# No `from __future__ import annotations` here: FastAPI reads the route signatures' annotations as
+# objects (`request: Request`), and Serve's ingress copies the methods out of this module's namespace.
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -33,6 +33,41 @@ from rayft.serving.protocol import (
 from rayft.serving.replica import Refused, Started
 
 log = logging.getLogger(__name__)
+
+
+async def _whole(events: Any, reply: ResponseBuilder, prompt_tokens: int) -> Response:
+    """The non-streamed response: every piece joined."""
+    pieces: list[str] = []
+    async for event in events:
+        if isinstance(event, Finished):
+            usage = Usage(prompt_tokens, event.completion_tokens)
+            return JSONResponse(reply.response("".join(pieces), event.finish_reason, usage))
+        pieces.append(event)
+    error = RequestError(500, "the replica ended the request without finishing it; retry it")
+    return JSONResponse(error.body(), status_code=500)
+
+
+async def _stream(
+    events: Any, reply: ResponseBuilder, prompt_tokens: int, include_usage: bool, *, echo_role: bool
+) -> AsyncIterator[bytes]:
+    """Server-sent events: the role, each piece, the finish reason, the usage if asked, ``[DONE]``."""
+    finished = False
+    try:
+        if echo_role:
+            yield sse(reply.chunk(None, first=True))
+        async for event in events:
+            if isinstance(event, Finished):
+                finished = True
+                yield sse(reply.chunk(None, event.finish_reason))
+                if include_usage:
+                    yield sse(reply.usage_chunk(Usage(prompt_tokens, event.completion_tokens)))
+                break
+            yield sse(reply.chunk(event))
+        yield DONE
+    finally:
+        if not finished:
+            events.cancel()  # the client left (or the stream failed): free the replica's batch row
+
 
 app = FastAPI(title="rayft serve", docs_url=None, redoc_url=None)
 
@@ -91,37 +126,3 @@ class Router:
         include_usage = bool((request.stream_options or {}).get("include_usage"))
         chunks = _stream(events, reply, first.prompt_tokens, include_usage, echo_role=endpoint == "chat")
         return StreamingResponse(chunks, media_type="text/event-stream")
-
-
-async def _whole(events: Any, reply: ResponseBuilder, prompt_tokens: int) -> Response:
-    """The non-streamed response: every piece joined."""
-    pieces: list[str] = []
-    async for event in events:
-        if isinstance(event, Finished):
-            usage = Usage(prompt_tokens, event.completion_tokens)
-            return JSONResponse(reply.response("".join(pieces), event.finish_reason, usage))
-        pieces.append(event)
-    error = RequestError(500, "the replica ended the request without finishing it; retry it")
-    return JSONResponse(error.body(), status_code=500)
-
-
-async def _stream(
-    events: Any, reply: ResponseBuilder, prompt_tokens: int, include_usage: bool, *, echo_role: bool
-) -> AsyncIterator[bytes]:
-    """Server-sent events: the role, each piece, the finish reason, the usage if asked, ``[DONE]``."""
-    finished = False
-    try:
-        if echo_role:
-            yield sse(reply.chunk(None, first=True))
-        async for event in events:
-            if isinstance(event, Finished):
-                finished = True
-                yield sse(reply.chunk(None, event.finish_reason))
-                if include_usage:
-                    yield sse(reply.usage_chunk(Usage(prompt_tokens, event.completion_tokens)))
-                break
-            yield sse(reply.chunk(event))
-        yield DONE
-    finally:
-        if not finished:
-            events.cancel()  # the client left (or the stream failed): free the replica's batch row
