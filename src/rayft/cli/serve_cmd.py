@@ -11,7 +11,7 @@ from rayft.config import load_config
 
 
 @click.command(epilog="Example: rayft serve runs/run-a runs/run-b --config serve.yaml --port 8000")
-@click.argument("sources", nargs=-1, required=True, metavar="SOURCE...")
+@click.argument("sources", nargs=-1, metavar="[SOURCE]...")
 @click.option(
     "--config",
     "config_path",
@@ -28,7 +28,7 @@ def serve(sources: tuple[str, ...], *, config_path: str | None, host: str | None
 
     SOURCE is a run directory (eval.checkpoint picks its checkpoint), a checkpoints/step-N or final/
     directory, an exported model directory, a Hub id or a built-in name; each is served under a model id
-    printed at start. LoRA adapters of one base model share its replicas, loaded on demand by model id.
+    printed at start (with no SOURCE, serve.sources of the config). LoRA adapters of one base model share its replicas, loaded on demand by model id.
     Blocks until Ctrl-C, then lets the requests in flight finish.
     """
     from rayft.recipes import serve as recipe

@@ -23,6 +23,13 @@ class ServeConfig(Section):
             "(ray.serve.llm) on GPUs, with continuous batching (pip install 'rayft[vllm]')."
         ),
     )
+    sources: list[str] = Field(
+        default_factory=list,
+        description=(
+            "Models served when rayft serve is given no SOURCE (and by the RayService of rayft k8s render): run "
+            "directories, checkpoints, exports or model names, as the serving machines see them."
+        ),
+    )
     host: str = Field("127.0.0.1", description="Address the HTTP server binds (0.0.0.0: every interface).")
     port: int = Field(8000, ge=0, le=65535, description="HTTP port (0: a free port, chosen at start).")
     num_replicas: int = Field(1, gt=0, description="Replicas of each base model's deployment (without autoscaling).")

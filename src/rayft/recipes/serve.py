@@ -22,7 +22,7 @@ log = logging.getLogger(__name__)
 def run(cfg: RayftConfig, sources: list[str], *, host: str, port: int, address: str | None = None) -> ServeHandle:
     """Deploy ``sources`` (on the Ray at ``address``, else ``scaling.address``, else a local one) and
     return the handle; :meth:`ServeHandle.shutdown` drains the requests in flight and stops."""
-    plan = plan_serving(sources, cfg.model, cfg.eval.checkpoint)
+    plan = plan_serving(sources or list(cfg.serve.sources), cfg.model, cfg.eval.checkpoint)
     resources = contextlib.ExitStack()
     try:
         resources.enter_context(ray_runtime(address or cfg.scaling.address))

@@ -66,7 +66,10 @@ def model_id_of(source: str) -> str:
 def plan_serving(sources: list[str], default_model: ModelConfig, checkpoint: str = "latest") -> ServePlan:
     """Resolve every source and group the adapters by base model."""
     if not sources:
-        raise ConfigError("rayft serve needs at least one SOURCE (a run directory, checkpoint, export or model name)")
+        raise ConfigError(
+            "rayft serve needs at least one SOURCE (a run directory, checkpoint, export or model name); give it on "
+            "the command line or in serve.sources"
+        )
     resolved = [(model_id_of(s), resolve_source(s, default_model, checkpoint)) for s in sources]
     _check_unique([model_id for model_id, _ in resolved], sources)
     groups: dict[str, BaseGroup] = {}
