@@ -96,8 +96,10 @@ def _http_port() -> int | None:
 
 
 def stop() -> None:
-    """Delete the application (draining its requests in flight), then stop Serve."""
+    """Delete the application (draining its requests in flight), then stop Serve unless other
+    applications run on it (a shared cluster's)."""
     from ray import serve
 
     serve.delete(APP_NAME)
-    serve.shutdown()
+    if not serve.status().applications:
+        serve.shutdown()

@@ -35,16 +35,25 @@ from rayft.serving.replica import Refused, Started
 log = logging.getLogger(__name__)
 
 
+def _failure(exc: BaseException) -> RequestError:
+    """A 500 for a generation that failed inside the replica, in the OpenAI error shape."""
+    log.error("generation failed: %s: %s", type(exc).__name__, exc)
+    return RequestError(500, f"generation failed in the model replica ({type(exc).__name__}); retry the request")
+
+
 async def _whole(events: Any, reply: ResponseBuilder, prompt_tokens: int) -> Response:
     """The non-streamed response: every piece joined."""
     pieces: list[str] = []
-    async for event in events:
-        if isinstance(event, Finished):
-            usage = Usage(prompt_tokens, event.completion_tokens)
-            return JSONResponse(reply.response("".join(pieces), event.finish_reason, usage))
-        pieces.append(event)
-    error = RequestError(500, "the replica ended the request without finishing it; retry it")
-    return JSONResponse(error.body(), status_code=500)
+    try:
+        async for event in events:
+            if isinstance(event, Finished):
+                usage = Usage(prompt_tokens, event.completion_tokens)
+                return JSONResponse(reply.response("".join(pieces), event.finish_reason, usage))
+            pieces.append(event)
+        error = RequestError(500, "the replica ended the request without finishing it; retry it")
+    except Exception as exc:
+        error = _failure(exc)
+    return JSONResponse(error.body(), status_code=error.status)
 
 
 async def _stream(
@@ -64,6 +73,8 @@ async def _stream(
                 break
             yield sse(reply.chunk(event))
         yield DONE
+    except Exception as exc:  # the status line has gone out already: the error is the stream's last event
+        yield sse(_failure(exc).body())
     finally:
         if not finished:
             events.cancel()  # the client left (or the stream failed): free the replica's batch row
@@ -116,7 +127,11 @@ class Router:
         if adapter is not None:
             options["multiplexed_model_id"] = adapter
         events: Any = self.handles[index].options(**options).generate.remote(to_job(request))
-        first = await events.__anext__()
+        try:
+            first = await events.__anext__()
+        except Exception as exc:  # the replica failed before it started (an adapter that does not load)
+            error = _failure(exc)
+            return JSONResponse(error.body(), status_code=error.status)
         if isinstance(first, Refused):
             return JSONResponse(first.body, status_code=first.status)
         assert isinstance(first, Started)
