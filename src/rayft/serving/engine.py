@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import warnings
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -98,7 +99,11 @@ class Engine:
         """Free the adapter's weights (the least recently used one, when Serve's cache is full)."""
         with self._lock:
             if model_id in self._loaded:
-                self.backend.model.delete_adapter(self._names[model_id])
+                with warnings.catch_warnings():
+                    # PEFT warns that another adapter becomes the active one: every batch names its
+                    # rows' adapters itself, so which one is active does not matter here.
+                    warnings.filterwarnings("ignore", message="Adapter .* was active which is now deleted")
+                    self.backend.model.delete_adapter(self._names[model_id])
                 self._loaded.discard(model_id)
                 self.stats.adapter_unloads += 1
 
