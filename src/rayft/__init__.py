@@ -2,8 +2,8 @@
 
 The public API is what this package root exports (``rayft.__all__``): the recipe functions
 (:func:`load_config`, :func:`train`, :func:`sdg`, :func:`evaluate`, :func:`compare`,
-:func:`export`, :func:`generate`, :func:`run_pipeline`, :func:`tune`, :func:`serve`), the config classes, the error tree, and the
-typed results.
+:func:`export`, :func:`generate`, :func:`run_pipeline`, :func:`tune`, :func:`serve`), the config
+classes, the error tree, and the typed results.
 Every other module is internal and may change between versions.
 
 The root stays light: names are resolved on first use (PEP 562), and importing any of them,

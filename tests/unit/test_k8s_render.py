@@ -269,11 +269,13 @@ def test_rayservice_serves_the_sources_of_its_config_on_a_cluster_sized_from_ser
 
     from rayft.serving.deployed import IMPORT_PATH, build_app
 
-    service = by_kind(render(cluster_config("serve.min_replicas=1", "serve.max_replicas=3"), "rayservice"), "RayService")
+    service = by_kind(
+        render(cluster_config("serve.min_replicas=1", "serve.max_replicas=3"), "rayservice"), "RayService"
+    )
     validate(service)
     app = yaml.safe_load(service["spec"]["serveConfigV2"])["applications"][0]
     assert (app["import_path"], app["args"]) == (IMPORT_PATH, {"config": "/etc/rayft/config.yaml"})
-    assert callable(build_app) and IMPORT_PATH == f"{build_app.__module__}:{build_app.__name__}"
+    assert callable(build_app) and f"{build_app.__module__}:{build_app.__name__}" == IMPORT_PATH
     cluster = service["spec"]["rayClusterConfig"]
     workers = cluster["workerGroupSpecs"][0]
     assert (workers["minReplicas"], workers["maxReplicas"], cluster["enableInTreeAutoscaling"]) == (1, 3, True)

@@ -21,7 +21,8 @@ PUBLIC = [
     "MetricSummary",
     "MissingDependencyError", "ModelConfig", "ModelError", "ModelSummary", "PairComparison", "PairedTest",
     "PipelineResult", "RayftConfig", "RayftError", "ResourceError", "RunInterruptedError", "RunStateError",
-    "ScalingConfig", "SdgConfig", "SdgResult", "ServeHandle", "StorageError", "TrainConfig", "TrainResult", "TrainingError",
+    "ScalingConfig", "SdgConfig", "SdgResult", "ServeHandle", "StorageError", "TrainConfig", "TrainResult",
+    "TrainingError",
     "TuneConfig", "TuneResult", "__version__", "compare", "evaluate", "export", "generate", "load_config",
     "run_pipeline", "sdg", "serve", "train", "tune",
 ]  # fmt: skip

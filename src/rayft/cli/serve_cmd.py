@@ -27,8 +27,9 @@ def serve(sources: tuple[str, ...], *, config_path: str | None, host: str | None
     """Serve models with an OpenAI-compatible API (/v1/models, /v1/chat/completions, /v1/completions).
 
     SOURCE is a run directory (eval.checkpoint picks its checkpoint), a checkpoints/step-N or final/
-    directory, an exported model directory, a Hub id or a built-in name; each is served under a model id
-    printed at start (with no SOURCE, serve.sources of the config). LoRA adapters of one base model share its replicas, loaded on demand by model id.
+    directory, an exported model directory, a Hub id or a built-in name; each is served under a model
+    id printed at start (with no SOURCE, serve.sources of the config). LoRA adapters of one base model
+    share its replicas, loaded on demand by model id.
     Blocks until Ctrl-C, then lets the requests in flight finish.
     """
     from rayft.recipes import serve as recipe

@@ -44,16 +44,16 @@ def _failure(exc: BaseException) -> RequestError:
 async def _whole(events: Any, reply: ResponseBuilder, prompt_tokens: int) -> Response:
     """The non-streamed response: every piece joined."""
     pieces: list[str] = []
+    failure = RequestError(500, "the replica ended the request without finishing it; retry it")
     try:
         async for event in events:
             if isinstance(event, Finished):
                 usage = Usage(prompt_tokens, event.completion_tokens)
                 return JSONResponse(reply.response("".join(pieces), event.finish_reason, usage))
             pieces.append(event)
-        error = RequestError(500, "the replica ended the request without finishing it; retry it")
     except Exception as exc:
-        error = _failure(exc)
-    return JSONResponse(error.body(), status_code=error.status)
+        failure = _failure(exc)
+    return JSONResponse(failure.body(), status_code=failure.status)
 
 
 async def _stream(
@@ -130,8 +130,8 @@ class Router:
         try:
             first = await events.__anext__()
         except Exception as exc:  # the replica failed before it started (an adapter that does not load)
-            error = _failure(exc)
-            return JSONResponse(error.body(), status_code=error.status)
+            failed = _failure(exc)
+            return JSONResponse(failed.body(), status_code=failed.status)
         if isinstance(first, Refused):
             return JSONResponse(first.body, status_code=first.status)
         assert isinstance(first, Started)
