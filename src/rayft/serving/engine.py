@@ -261,7 +261,7 @@ class _RowState:
 
     def __init__(self, backend: HFBackend, row: Prepared) -> None:
         self.tokenizer, self.eos = backend.tokenizer, backend.eos_ids()
-        self.row, self.ids, self.count, self.shown = row, list[int](), 0, 0
+        self.row, self.ids, self.count, self.shown, self.text = row, list[int](), 0, 0, ""
         self.filter = StopFilter(row.job.stop)
         self.done = False
 
@@ -274,21 +274,25 @@ class _RowState:
         if token in self.eos:
             return self.finish("stop")
         self.ids.append(token)
-        text = str(self.tokenizer.decode(self.ids, skip_special_tokens=True))
-        if text.endswith("\ufffd"):  # a character whose bytes span tokens: wait for the rest
-            return [] if self.count < self.row.max_tokens else self.finish("length")
-        events: list[Event] = [piece] if (piece := self.filter.feed(text[self.shown :])) else []
-        self.shown = len(text)
+        self.text = str(self.tokenizer.decode(self.ids, skip_special_tokens=True))
+        # A character whose bytes span tokens decodes as U+FFFD until its last token: wait for it.
+        events = [] if self.text.endswith("\ufffd") else self._show()
         if self.filter.stopped:
             return [*events, *self.finish("stop")]
         if self.count >= self.row.max_tokens:
             return [*events, *self.finish("length")]
         return events
 
+    def _show(self) -> list[Event]:
+        piece = self.filter.feed(self.text[self.shown :])
+        self.shown = len(self.text)
+        return [piece] if piece else []
+
     def finish(self, reason: str) -> list[Event]:
-        """The held-back text and the end, once."""
+        """The text held back and the end, once; the text is what decoding the whole row gives."""
         if self.done:
             return []
         self.done = True
+        events = self._show()
         tail = self.filter.flush()
-        return [*([tail] if tail else []), Finished(reason, self.count)]
+        return [*events, *([tail] if tail else []), Finished(reason, self.count)]
