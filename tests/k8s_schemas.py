@@ -22,6 +22,7 @@ SCHEMAS = Path(__file__).parent / "schemas"
 CRDS = {
     ("ray.io/v1", "RayJob"): "ray.io_rayjobs.yaml",
     ("ray.io/v1", "RayCluster"): "ray.io_rayclusters.yaml",
+    ("ray.io/v1", "RayService"): "ray.io_rayservices.yaml",
     ("trainer.kubeflow.org/v1alpha1", "TrainJob"): "trainer.kubeflow.org_trainjobs.yaml",
     ("kubeflow.org/v1", "PyTorchJob"): "kubeflow.org_pytorchjobs.yaml",
 }

@@ -2,8 +2,8 @@
 
 The public API is what this package root exports (``rayft.__all__``): the recipe functions
 (:func:`load_config`, :func:`train`, :func:`sdg`, :func:`evaluate`, :func:`compare`,
-:func:`export`, :func:`generate`, :func:`run_pipeline`, :func:`tune`), the config classes, the error tree, and the
-typed results.
+:func:`export`, :func:`generate`, :func:`run_pipeline`, :func:`tune`, :func:`serve`), the config
+classes, the error tree, and the typed results.
 Every other module is internal and may change between versions.
 
 The root stays light: names are resolved on first use (PEP 562), and importing any of them,
@@ -30,6 +30,7 @@ _EXPORTS: dict[str, str] = {
     "export": "rayft.api",
     "generate": "rayft.api",
     "run_pipeline": "rayft.api",
+    "serve": "rayft.api",
     # config classes
     "RayftConfig": "rayft.config.schema",
     "ModelConfig": "rayft.config.model",
@@ -70,6 +71,7 @@ _EXPORTS: dict[str, str] = {
     "CompareResult": "rayft.recipes.compare",
     "ExportResult": "rayft.recipes.export",
     "GenerateResult": "rayft.recipes.generate",
+    "ServeHandle": "rayft.serving.handle",
     "PipelineResult": "rayft.pipeline.runner",
     "EvalSummary": "rayft.evaluation.summary",
     "CompareSummary": "rayft.evaluation.summary",
@@ -117,6 +119,7 @@ __all__ = [
     "ScalingConfig",
     "SdgConfig",
     "SdgResult",
+    "ServeHandle",
     "StorageError",
     "TaskConfig",
     "TaskData",
@@ -133,6 +136,7 @@ __all__ = [
     "load_config",
     "run_pipeline",
     "sdg",
+    "serve",
     "train",
     "tune",
 ]
@@ -168,7 +172,7 @@ sys.modules[__name__].__class__ = _Root
 
 
 if TYPE_CHECKING:
-    from rayft.api import compare, evaluate, export, generate, run_pipeline, sdg, train, tune
+    from rayft.api import compare, evaluate, export, generate, run_pipeline, sdg, serve, train, tune
     from rayft.config.data import DataConfig, DatasetConfig
     from rayft.config.evaluation import EvalConfig, ExportConfig
     from rayft.config.generation import GenerationConfig
@@ -202,4 +206,5 @@ if TYPE_CHECKING:
     from rayft.recipes.generate import GenerateResult
     from rayft.recipes.sdg import SdgResult
     from rayft.recipes.tune import TuneResult
+    from rayft.serving.handle import ServeHandle
     from rayft.training.driver.run import TrainResult

@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from rayft.recipes.generate import GenerateResult
     from rayft.recipes.sdg import SdgResult
     from rayft.recipes.tune import TuneResult
+    from rayft.serving.handle import ServeHandle
     from rayft.training.driver.run import TrainResult
 
 _P = ParamSpec("_P")
@@ -216,3 +217,35 @@ def run_pipeline(
     from rayft.pipeline import runner
 
     return runner.run(cfg, from_stage=from_stage, only=only, force=force, address=address, on_decision=on_decision)
+
+
+@_redacted
+def serve(
+    sources: list[str],
+    *,
+    config: RayftConfig | str | None = None,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    address: str | None = None,
+) -> ServeHandle:
+    """Serve models behind an OpenAI-compatible API on Ray Serve (``rayft serve``) and return at once.
+
+    LoRA adapters trained on one base share its replicas and are chosen per request by model id;
+    each model answers with the chat template it was trained with.
+
+        with rayft.serve(["runs/my-run"]) as server:
+            client = openai.OpenAI(base_url=server.base_url, api_key="none")
+            client.chat.completions.create(model=server.model_ids[0], messages=[...])
+
+    Args:
+        sources: Run directories, checkpoints, exports, Hub ids or built-in names.
+        config: A config, or the path of one (its ``serve`` section; ``eval.checkpoint`` picks a run's checkpoint).
+        host: The address to listen on.
+        port: The HTTP port; 0 picks a free one.
+        address: Join this Ray cluster instead of starting a local one.
+    """
+    from rayft.config.loader import load_config
+    from rayft.recipes import serve as recipe
+
+    cfg = load_config(config) if isinstance(config, str) else config if config is not None else RayftConfig()
+    return recipe.run(cfg, [str(s) for s in sources], host=host, port=port, address=address)

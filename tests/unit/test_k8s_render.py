@@ -28,6 +28,7 @@ CLUSTER = [
     "k8s.service_account=rayft",
     "k8s.active_deadline_s=86400",
     "k8s.ray_version=2.60.0",
+    "serve.sources=[/runs/gsm8k-lora]",
 ]
 KUBEFLOW = ("trainjob", "pytorchjob")
 
@@ -261,3 +262,22 @@ def test_cli_names_the_fix_on_bad_input() -> None:
 def test_a_rayjob_can_run_a_sweep() -> None:
     rayjob = by_kind(render(cluster_config("k8s.command=tune"), "rayjob"), "RayJob")
     assert rayjob["spec"]["entrypoint"].split()[:2] == ["rayft", "tune"]
+
+
+def test_rayservice_serves_the_sources_of_its_config_on_a_cluster_sized_from_serve() -> None:
+    import yaml
+
+    from rayft.serving.deployed import IMPORT_PATH, build_app
+
+    service = by_kind(
+        render(cluster_config("serve.min_replicas=1", "serve.max_replicas=3"), "rayservice"), "RayService"
+    )
+    validate(service)
+    app = yaml.safe_load(service["spec"]["serveConfigV2"])["applications"][0]
+    assert (app["import_path"], app["args"]) == (IMPORT_PATH, {"config": "/etc/rayft/config.yaml"})
+    assert callable(build_app) and f"{build_app.__module__}:{build_app.__name__}" == IMPORT_PATH
+    cluster = service["spec"]["rayClusterConfig"]
+    workers = cluster["workerGroupSpecs"][0]
+    assert (workers["minReplicas"], workers["maxReplicas"], cluster["enableInTreeAutoscaling"]) == (1, 3, True)
+    with pytest.raises(ConfigError, match="serve.sources is empty"):
+        render(cluster_config("serve.sources=[]"), "rayservice")

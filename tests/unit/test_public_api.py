@@ -21,9 +21,10 @@ PUBLIC = [
     "MetricSummary",
     "MissingDependencyError", "ModelConfig", "ModelError", "ModelSummary", "PairComparison", "PairedTest",
     "PipelineResult", "RayftConfig", "RayftError", "ResourceError", "RunInterruptedError", "RunStateError",
-    "ScalingConfig", "SdgConfig", "SdgResult", "StorageError", "TrainConfig", "TrainResult", "TrainingError",
+    "ScalingConfig", "SdgConfig", "SdgResult", "ServeHandle", "StorageError", "TrainConfig", "TrainResult",
+    "TrainingError",
     "TuneConfig", "TuneResult", "__version__", "compare", "evaluate", "export", "generate", "load_config",
-    "run_pipeline", "sdg", "train", "tune",
+    "run_pipeline", "sdg", "serve", "train", "tune",
 ]  # fmt: skip
 RESULTS = [
     "TrainResult",
@@ -36,7 +37,7 @@ RESULTS = [
     "TuneResult",
 ]
 # Each command's recipe; `rayft run`'s sits above the recipes it calls, in the pipeline package.
-COMMANDS = ["train", "sdg", "evaluate", "compare", "export", "generate", "chat", "tune"]
+COMMANDS = ["train", "sdg", "evaluate", "compare", "export", "generate", "chat", "tune", "serve"]
 RECIPES = [*(f"rayft.recipes.{name}" for name in COMMANDS), "rayft.pipeline.runner"]
 
 LIGHT_CHECK = (
@@ -86,6 +87,10 @@ def test_function_signatures() -> None:
     assert list(inspect.signature(rayft.compare).parameters)[:2] == ["cfg", "models"]
     assert list(inspect.signature(rayft.export).parameters)[:2] == ["src", "out"]
     assert list(inspect.signature(rayft.generate).parameters)[:4] == ["source", "input_path", "output_path", "cfg"]
+    serve = inspect.signature(rayft.serve)
+    assert list(serve.parameters) == ["sources", "config", "host", "port", "address"]
+    assert (serve.parameters["host"].default, serve.parameters["port"].default) == ("127.0.0.1", 0)
+    assert {n for n, p in serve.parameters.items() if p.kind is p.KEYWORD_ONLY} == {"config", "host", "port", "address"}
     for name in ("sdg", "evaluate", "run_pipeline"):
         assert next(iter(inspect.signature(getattr(rayft, name)).parameters)) == "cfg"
 

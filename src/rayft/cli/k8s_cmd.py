@@ -8,7 +8,7 @@ import click
 
 from rayft.cli.common import config_argument, load_cli_config, overrides_argument
 
-_TARGETS = ("rayjob", "raycluster", "trainjob", "pytorchjob")
+_TARGETS = ("rayjob", "raycluster", "rayservice", "trainjob", "pytorchjob")
 
 
 @click.group()

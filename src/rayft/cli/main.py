@@ -22,6 +22,7 @@ from rayft.cli import (
     profile_cmd,
     run_cmd,
     sdg_cmd,
+    serve_cmd,
     submit_cmd,
     train_cmd,
     tune_cmd,
@@ -85,6 +86,7 @@ def _register() -> None:
     cli.add_command(infer_cmd.generate)
     cli.add_command(k8s_cmd.k8s)
     cli.add_command(profile_cmd.profile)
+    cli.add_command(serve_cmd.serve)
     _register_cluster()
 
 

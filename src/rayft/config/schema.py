@@ -11,6 +11,7 @@ from rayft.config.inference import InferenceConfig
 from rayft.config.k8s import K8sConfig
 from rayft.config.model import LoraConfig, ModelConfig
 from rayft.config.sdg import SdgConfig
+from rayft.config.serve import ServeConfig
 from rayft.config.task import TaskConfig
 from rayft.config.train import (
     CheckpointConfig,
@@ -66,6 +67,10 @@ class RayftConfig(Section):
     inference: InferenceConfig = Field(
         default_factory=InferenceConfig,
         description="Using a model: sampling of rayft chat, and sampling and scaling of rayft generate.",
+    )
+    serve: ServeConfig = Field(
+        default_factory=ServeConfig,
+        description="An OpenAI-compatible endpoint on Ray Serve (rayft serve): replicas, batching, adapters, address.",
     )
     task: TaskConfig = Field(
         default_factory=TaskConfig,

@@ -6,6 +6,7 @@ URI ``storage_path``; credentials come from a Secret by reference. The targets:
 
 - ``rayjob``: a KubeRay RayJob (``ray.io/v1``) with its own Ray cluster, deleted when the job ends.
 - ``raycluster``: a KubeRay RayCluster for interactive use (``rayft submit``), autoscaled.
+- ``rayservice``: a KubeRay RayService serving ``serve.sources`` (``rayft serve --config <config>``).
 - ``trainjob``: a Kubeflow Trainer TrainJob (``trainer.kubeflow.org/v1alpha1``) running torchrun.
 - ``pytorchjob``: a Kubeflow training-operator PyTorchJob (``kubeflow.org/v1``) running torchrun.
 """
@@ -19,6 +20,7 @@ from rayft.config import RayftConfig, dump_config
 from rayft.deploy import pods
 from rayft.deploy.pods import CONFIG_FILE, CONFIG_PATH, PodPlan
 from rayft.errors import ConfigError
+from rayft.serving.deployed import IMPORT_PATH
 
 Manifest = dict[str, Any]
 LABEL = "app.kubernetes.io/name"
@@ -187,6 +189,32 @@ def ray_cluster(cfg: RayftConfig) -> Manifest:
     return {"apiVersion": "ray.io/v1", "kind": "RayCluster", "metadata": metadata(cfg), "spec": spec}
 
 
+def serve_config(cfg: RayftConfig) -> dict[str, Any]:
+    """The Serve config of the RayService: the application ``rayft serve --config <config>`` runs."""
+    application = {"name": "rayft", "route_prefix": "/", "import_path": IMPORT_PATH, "args": {"config": CONFIG_PATH}}
+    return {"applications": [application]}
+
+
+def ray_service(cfg: RayftConfig) -> Manifest:
+    """A KubeRay RayService: ``serve.sources`` behind the OpenAI API on port 8000 of its serve Service,
+    one worker pod per replica (autoscaled within ``serve.min_replicas``..``max_replicas`` when set)."""
+    import yaml
+
+    plan = pods.plan_pods(cfg, extra_pods=1)
+    if not cfg.serve.sources:
+        raise ConfigError(
+            "serve.sources is empty; the RayService serves the models its config names: set serve.sources to run "
+            "directories or checkpoints as the pods see them (under storage_path), or model names"
+        )
+    most = cfg.serve.max_replicas or cfg.serve.num_replicas
+    least = cfg.serve.min_replicas if cfg.serve.min_replicas is not None else most
+    cluster = ray_cluster_spec(cfg, plan, min_pods=least, max_pods=most)
+    if cfg.serve.min_replicas is not None:
+        cluster["enableInTreeAutoscaling"] = True
+    spec = {"serveConfigV2": yaml.safe_dump(serve_config(cfg), sort_keys=False), "rayClusterConfig": cluster}
+    return {"apiVersion": "ray.io/v1", "kind": "RayService", "metadata": metadata(cfg), "spec": spec}
+
+
 def kubeflow_command(cfg: RayftConfig) -> list[str]:
     """torchrun starting ``rayft train <config>`` once per worker of the node."""
     if cfg.k8s.command not in (None, "train"):
@@ -254,7 +282,8 @@ def _replica(cfg: RayftConfig, node: dict[str, Any], count: int) -> dict[str, An
 TARGETS: dict[str, Callable[[RayftConfig], Manifest]] = {
     "rayjob": ray_job,
     "raycluster": ray_cluster,
+    "rayservice": ray_service,
     "trainjob": train_job,
     "pytorchjob": pytorch_job,
 }
-RAY_TARGETS = frozenset({"rayjob", "raycluster"})
+RAY_TARGETS = frozenset({"rayjob", "raycluster", "rayservice"})

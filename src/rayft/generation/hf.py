@@ -103,7 +103,7 @@ class HFBackend:
         prompts need little left padding; greedy results are the same in any order.
         """
         texts = [self.render(p) for p in prompts]
-        lengths = [len(ids) for ids in self._encode(texts)] if texts else []
+        lengths = [len(ids) for ids in self.encode(texts)] if texts else []
         out: list[Generation | None] = [None] * len(texts)
         for batch in length_sorted_batches(lengths, self.batch_size, sort=self.sort_by_length):
             for index, generation in zip(batch, self._generate_batch([texts[i] for i in batch], params), strict=True):
@@ -112,7 +112,7 @@ class HFBackend:
 
     def count_tokens(self, prompt: Prompt) -> int:
         """Tokens of the rendered prompt."""
-        return len(self._encode([self.render(prompt)])[0])
+        return len(self.encode([self.render(prompt)])[0])
 
     def context_tokens(self) -> int | None:
         """The longest sequence the model takes (prompt and completion), when its config says."""
@@ -133,9 +133,9 @@ class HFBackend:
             def __call__(self, input_ids: Any, scores: Any, **kwargs: Any) -> Any:
                 return torch.full((input_ids.shape[0],), stop.is_set(), dtype=torch.bool, device=input_ids.device)
 
-        enc = self.tokenizer.pad({"input_ids": self._encode([self.render(prompt)])}, return_tensors="pt")
+        enc = self.tokenizer.pad({"input_ids": self.encode([self.render(prompt)])}, return_tensors="pt")
         streamer = TextIteratorStreamer(self.tokenizer, skip_prompt=True, skip_special_tokens=True)
-        kwargs = {**{k: v.to(self._device) for k, v in enc.items()}, **self._generate_kwargs(params)}
+        kwargs = {**{k: v.to(self._device) for k, v in enc.items()}, **self.generate_kwargs(params)}
         kwargs.update(streamer=streamer, stopping_criteria=StoppingCriteriaList([_Stop()]))
         failure: list[BaseException] = []
         thread = threading.Thread(target=self._generate_into, args=(kwargs, params.seed, failure), daemon=True)
@@ -169,18 +169,18 @@ class HFBackend:
         import torch
 
         count = len(texts)
-        ids = self._encode(filled_batch(texts, self.batch_size) if self.cache.compile else texts)
+        ids = self.encode(filled_batch(texts, self.batch_size) if self.cache.compile else texts)
         padded = self.tokenizer.pad({"input_ids": ids}, return_tensors="pt")
         enc = {k: v.to(self._device) for k, v in padded.items()}
         cache = self._cache_kwargs(max(len(row) for row in ids), params.max_new_tokens)
         if params.seed is not None:
             torch.manual_seed(params.seed)
         with torch.inference_mode():
-            output = self.model.generate(**enc, **self._generate_kwargs(params), **cache)
+            output = self.model.generate(**enc, **self.generate_kwargs(params), **cache)
         # generate returns the prompt then the new tokens for a decoder-only model, and the decoder
         # start token then the new tokens for an encoder-decoder one.
         prompt_len = 1 if self.encoder_decoder else enc["input_ids"].shape[1]
-        eos_ids = self._eos_ids()
+        eos_ids = self.eos_ids()
         results = []
         for row, generated in enumerate(output[:count, prompt_len:].tolist()):
             n_prompt = int(enc["attention_mask"][row].sum())
@@ -208,7 +208,7 @@ class HFBackend:
             config._compile_all_devices = True  # type: ignore[assignment]
         return {**kwargs, "compile_config": config}
 
-    def _encode(self, texts: list[str]) -> list[list[int]]:
+    def encode(self, texts: list[str]) -> list[list[int]]:
         """Token ids of prompts: as they are for a decoder-only model (a chat template adds its own
         special tokens); for an encoder-decoder, with the tokenizer's special tokens and ending with
         EOS, as its training sources are."""
@@ -218,11 +218,11 @@ class HFBackend:
             return ids
         return [row if row and row[-1] == eos else [*row, eos] for row in ids]
 
-    def _generate_kwargs(self, params: SamplingParams) -> dict[str, Any]:
+    def generate_kwargs(self, params: SamplingParams) -> dict[str, Any]:
         kwargs: dict[str, Any] = {
             "max_new_tokens": params.max_new_tokens,
             "pad_token_id": self.tokenizer.pad_token_id,
-            "eos_token_id": sorted(self._eos_ids()),
+            "eos_token_id": sorted(self.eos_ids()),
         }
         if params.temperature > 0:
             kwargs.update(do_sample=True, temperature=params.temperature, top_p=params.top_p)
@@ -232,7 +232,7 @@ class HFBackend:
             kwargs.update(stop_strings=list(params.stop), tokenizer=self.tokenizer)
         return kwargs
 
-    def _eos_ids(self) -> set[int]:
+    def eos_ids(self) -> set[int]:
         ids: set[int] = set()
         configured = self.model.generation_config.eos_token_id
         if isinstance(configured, int):

@@ -1,0 +1,156 @@
+"""`rayft serve` under load against `rayft generate` on the same prompts, in one run, on one local Ray.
+
+A fixed number of streamed chat requests (greedy, the same max_tokens) is sent with the real
+`openai` client at each concurrency; per level: p50/p95 latency, p50/p95 time to first token and
+generated tokens/s (completion tokens of all requests / wall time of the level). The offline arm is
+`rayft generate` over the same prompts as a JSON Lines file (batch 16), end to end (its model load
+and actor start included), and without its fixed cost (a 1-prompt run's time subtracted). Both
+arms get the same CPUs: the Serve replica and the generate actor each reserve --cpus.
+
+    .venv/bin/python benchmarks/bench_serve.py [--model smollm2-135m-instruct] [--requests 32]
+        [--max-tokens 48] [--concurrency 1 4 16] [--cpus 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+QUESTIONS = [
+    "A baker makes {n} loaves a day. How many loaves does she make in {d} days?",
+    "Tom has {n} marbles and gives {d} away. How many are left?",
+    "A train travels {n} km per hour for {d} hours. How far does it go?",
+    "Sara reads {n} pages a day. How many days does a {d}00-page book take?",
+]
+
+
+def prompts(count: int) -> list[list[dict[str, str]]]:
+    out = []
+    for i in range(count):
+        question = QUESTIONS[i % len(QUESTIONS)].format(n=3 + 7 * i % 40, d=2 + i % 9)
+        out.append([{"role": "user", "content": f"Solve step by step: {question}"}])
+    return out
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+async def one_request(
+    client: object, model: str, messages: list[dict[str, str]], max_tokens: int
+) -> tuple[float, float, int]:
+    """(latency s, time to first token s, completion tokens) of one streamed request."""
+    import openai
+
+    assert isinstance(client, openai.AsyncOpenAI)
+    started = time.perf_counter()
+    first = None
+    tokens = 0
+    stream = await client.chat.completions.create(
+        model=model, messages=messages, max_tokens=max_tokens, temperature=0, stream=True,  # type: ignore[arg-type]
+        stream_options={"include_usage": True},
+    )  # fmt: skip
+    async for chunk in stream:
+        if first is None and chunk.choices and chunk.choices[0].delta.content:
+            first = time.perf_counter() - started
+        if chunk.usage is not None:
+            tokens = chunk.usage.completion_tokens
+    latency = time.perf_counter() - started
+    return latency, first if first is not None else latency, tokens
+
+
+async def load_level(base_url: str, model: str, batch: list[list[dict[str, str]]], concurrency: int,
+                     max_tokens: int) -> dict[str, float]:  # fmt: skip
+    import openai
+
+    gate = asyncio.Semaphore(concurrency)
+    async with openai.AsyncOpenAI(base_url=base_url, api_key="none", max_retries=0, timeout=600) as client:
+
+        async def gated(messages: list[dict[str, str]]) -> tuple[float, float, int]:
+            async with gate:
+                return await one_request(client, model, messages, max_tokens)
+
+        started = time.perf_counter()
+        results = await asyncio.gather(*(gated(m) for m in batch))
+        wall = time.perf_counter() - started
+    latencies, ttfts, tokens = ([r[i] for r in results] for i in range(3))
+    return {
+        "p50_latency_s": statistics.median(latencies), "p95_latency_s": percentile(latencies, 0.95),  # type: ignore[arg-type]
+        "p50_ttft_s": statistics.median(ttfts), "p95_ttft_s": percentile(ttfts, 0.95),  # type: ignore[arg-type]
+        "tokens": sum(tokens), "tokens_per_s": sum(tokens) / wall, "wall_s": wall,  # type: ignore[arg-type]
+    }  # fmt: skip
+
+
+def offline(
+    model: str, batch: list[list[dict[str, str]]], max_tokens: int, cpus: float, work: Path
+) -> dict[str, float]:
+    import rayft
+
+    cfg = rayft.RayftConfig.model_validate(
+        {"inference": {"temperature": 0, "max_new_tokens": max_tokens, "batch_size": 16, "num_cpus_per_worker": cpus}}
+    )
+    runs = {}
+    for name, rows in (("one", batch[:1]), ("all", batch)):
+        source = work / f"{name}.jsonl"
+        source.write_text("".join(json.dumps({"messages": m}) + "\n" for m in rows), encoding="utf-8")
+        runs[name] = rayft.generate(model, source, work / f"{name}.out.jsonl", cfg)
+    full, fixed = runs["all"], runs["one"]
+    return {
+        "tokens": full.generated_tokens,
+        "elapsed_s": full.elapsed_s,
+        "tokens_per_s": full.generated_tokens / full.elapsed_s,
+        "tokens_per_s_without_startup": (full.generated_tokens - fixed.generated_tokens)
+        / max(full.elapsed_s - fixed.elapsed_s, 1e-9),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="smollm2-135m-instruct")
+    parser.add_argument("--requests", type=int, default=32)
+    parser.add_argument("--max-tokens", type=int, default=48)
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16])
+    parser.add_argument("--cpus", type=float, default=2)
+    args = parser.parse_args()
+
+    import rayft
+    from rayft.testing.ray_cluster import start_local_ray
+
+    start_local_ray(num_cpus=int(args.cpus))
+    batch = prompts(args.requests)
+    with tempfile.TemporaryDirectory() as work:
+        base = offline(args.model, batch, args.max_tokens, args.cpus, Path(work))
+    cfg = rayft.RayftConfig.model_validate(
+        {"serve": {"num_cpus_per_replica": args.cpus, "max_batch_size": 16, "max_tokens": args.max_tokens}}
+    )
+    levels = {}
+    with rayft.serve([args.model], config=cfg) as server:
+        model = server.model_ids[0]
+        asyncio.run(load_level(server.base_url, model, batch[:2], 2, 4))  # warm-up
+        for concurrency in args.concurrency:
+            levels[concurrency] = asyncio.run(load_level(server.base_url, model, batch, concurrency, args.max_tokens))
+            print(f"concurrency {concurrency}: {levels[concurrency]}", flush=True)
+    print(f"command: {' '.join([sys.executable.rsplit('/', 1)[-1], *sys.argv])}")
+    print(f"model {args.model}, {args.requests} requests, max_tokens {args.max_tokens}, {args.cpus:g} CPUs per arm")
+    print("| arm | p50 latency s | p95 latency s | p50 TTFT s | p95 TTFT s | tokens | tokens/s |")
+    print("|---|---|---|---|---|---|---|")
+    for concurrency, m in levels.items():
+        latency = f"{m['p50_latency_s']:.2f} | {m['p95_latency_s']:.2f} | {m['p50_ttft_s']:.2f} | {m['p95_ttft_s']:.2f}"
+        print(f"| serve, concurrency {concurrency} | {latency} | {m['tokens']:.0f} | {m['tokens_per_s']:.1f} |")
+    offline_row = f"| rayft generate (batch 16), end to end | - | - | - | - | {base['tokens']:.0f} |"
+    print(f"{offline_row} {base['tokens_per_s']:.1f} |")
+    print(f"| rayft generate, without its start-up | - | - | - | - | - | {base['tokens_per_s_without_startup']:.1f} |")
+    top = levels[max(levels)]["tokens_per_s"]
+    print(f"serve at concurrency {max(levels)} / generate: {top / base['tokens_per_s']:.2f}x end to end, "
+          f"{top / base['tokens_per_s_without_startup']:.2f}x without its start-up (target >= 0.7x)")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()

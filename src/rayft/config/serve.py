@@ -1,0 +1,82 @@
+"""Config section for ``rayft serve``: an OpenAI-compatible endpoint on Ray Serve."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from rayft.config.base import Section
+
+
+class ServeConfig(Section):
+    """How ``rayft serve`` deploys its models: backend, replicas, batching, adapters and the HTTP address.
+
+    Each base model gets one deployment (a replica set); the LoRA adapters trained on it are loaded
+    into its replicas on demand, by model id, and kept in a bounded least-recently-used cache.
+    """
+
+    backend: Literal["hf", "vllm"] = Field(
+        "hf",
+        description=(
+            "'hf': transformers + PEFT on CPU or GPU with dynamic request batching; 'vllm': Ray Serve LLM "
+            "(ray.serve.llm) on GPUs, with continuous batching (pip install 'rayft[vllm]')."
+        ),
+    )
+    sources: list[str] = Field(
+        default_factory=list,
+        description=(
+            "Models served when rayft serve is given no SOURCE (and by the RayService of rayft k8s render): run "
+            "directories, checkpoints, exports or model names, as the serving machines see them."
+        ),
+    )
+    host: str = Field("127.0.0.1", description="Address the HTTP server binds (0.0.0.0: every interface).")
+    port: int = Field(8000, ge=0, le=65535, description="HTTP port (0: a free port, chosen at start).")
+    num_replicas: int = Field(1, gt=0, description="Replicas of each base model's deployment (without autoscaling).")
+    min_replicas: int | None = Field(
+        None, ge=0, description="Autoscaling lower bound of replicas per base model (set with max_replicas)."
+    )
+    max_replicas: int | None = Field(
+        None, gt=0, description="Autoscaling upper bound of replicas per base model (set with min_replicas)."
+    )
+    target_ongoing_requests: float = Field(
+        8.0, gt=0, description="Autoscaling aims at this many requests in flight per replica."
+    )
+    max_ongoing_requests: int = Field(
+        64, gt=0, description="Requests a replica accepts at once (more wait in Serve's queue)."
+    )
+    num_cpus_per_replica: float = Field(1.0, gt=0, description="CPUs reserved by each model replica.")
+    num_gpus_per_replica: float = Field(0.0, ge=0, description="GPUs reserved by each model replica (0: CPU).")
+    max_batch_size: int = Field(
+        16, gt=0, description="Requests generated together in one batch (hf: serve.batch's max_batch_size)."
+    )
+    batch_wait_timeout_s: float = Field(
+        0.05, ge=0, description="How long a batch waits for more requests before it starts, in seconds."
+    )
+    max_adapters_per_replica: int = Field(
+        4, gt=0, description="LoRA adapters a replica keeps loaded; the least recently used is unloaded first."
+    )
+    max_tokens: int = Field(
+        256, gt=0, description="Completion tokens when a request gives no max_tokens (capped by the context)."
+    )
+    vllm_lora_path: str | None = Field(
+        None,
+        description=(
+            "vllm backend: the s3://, gs:// or azure:// prefix holding each adapter as <prefix>/<adapter id> "
+            "(Ray Serve LLM loads adapters from remote storage); requested as model '<base id>:<adapter id>'."
+        ),
+    )
+    graceful_shutdown_timeout_s: float = Field(
+        30.0, ge=0, description="On shutdown, how long replicas finish the requests in flight before they stop."
+    )
+
+    @model_validator(mode="after")
+    def _check_autoscaling(self) -> ServeConfig:
+        if (self.min_replicas is None) != (self.max_replicas is None):
+            raise ValueError("serve.min_replicas and serve.max_replicas go together; set both or neither")
+        if self.min_replicas is not None and self.max_replicas is not None and self.min_replicas > self.max_replicas:
+            raise ValueError(
+                f"serve.min_replicas ({self.min_replicas}) is above serve.max_replicas ({self.max_replicas}); "
+                "lower min_replicas or raise max_replicas"
+            )
+        return self

@@ -1,0 +1,36 @@
+"""``rayft serve SOURCE...``: run directories, checkpoints, exports or model names behind an
+OpenAI-compatible API on Ray Serve, until shut down.
+
+    rayft serve runs/my-run runs/other-run --port 8000
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+
+from rayft.config import RayftConfig
+from rayft.runtime import ray_runtime
+from rayft.serving import app
+from rayft.serving.handle import ServeHandle
+from rayft.serving.plan import plan_serving
+from rayft.serving.vllm import start_vllm
+
+log = logging.getLogger(__name__)
+
+
+def run(cfg: RayftConfig, sources: list[str], *, host: str, port: int, address: str | None = None) -> ServeHandle:
+    """Deploy ``sources`` (on the Ray at ``address``, else ``scaling.address``, else a local one) and
+    return the handle; :meth:`ServeHandle.shutdown` drains the requests in flight and stops."""
+    plan = plan_serving(sources or list(cfg.serve.sources), cfg.model, cfg.eval.checkpoint)
+    resources = contextlib.ExitStack()
+    try:
+        resources.enter_context(ray_runtime(address or cfg.scaling.address))
+        start = start_vllm if cfg.serve.backend == "vllm" else app.start
+        base_url = start(plan, cfg.serve, host, port)
+        resources.callback(app.stop)  # closed first: drain and stop Serve, then the Ray started here
+    except BaseException:
+        resources.close()
+        raise
+    log.info("serving %s at %s", ", ".join(plan.model_ids), base_url)
+    return ServeHandle(base_url, plan.model_ids, resources)

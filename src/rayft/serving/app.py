@@ -1,0 +1,105 @@
+"""Building, starting and stopping the ``rayft serve`` application on Ray Serve.
+
+:func:`deployment_options` turns ``serve:`` into Serve's deployment options (pure; the RayService
+manifest and the vLLM configs use it too). :func:`start` deploys a :class:`~rayft.serving.plan.ServePlan`
+on the Ray this process uses and returns the base URL; :func:`stop` deletes the application, which
+lets every replica finish its requests in flight (up to ``serve.graceful_shutdown_timeout_s``)
+before Serve itself stops.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+from typing import Any
+
+from rayft.config.serve import ServeConfig
+from rayft.errors import ConfigError
+from rayft.serving.plan import ServePlan
+
+log = logging.getLogger(__name__)
+
+APP_NAME = "rayft"
+
+
+def deployment_options(cfg: ServeConfig) -> dict[str, Any]:
+    """Serve's options of each base model's deployment: replicas or autoscaling bounds, resources, draining."""
+    options: dict[str, Any] = {
+        "ray_actor_options": {"num_cpus": cfg.num_cpus_per_replica, "num_gpus": cfg.num_gpus_per_replica},
+        "max_ongoing_requests": cfg.max_ongoing_requests,
+        "graceful_shutdown_timeout_s": cfg.graceful_shutdown_timeout_s,
+    }
+    if cfg.min_replicas is None:
+        return {**options, "num_replicas": cfg.num_replicas}
+    autoscaling = {
+        "min_replicas": cfg.min_replicas,
+        "max_replicas": cfg.max_replicas,
+        "target_ongoing_requests": cfg.target_ongoing_requests,
+    }
+    return {**options, "autoscaling_config": autoscaling}
+
+
+def build_application(plan: ServePlan, cfg: ServeConfig) -> Any:
+    """The Serve application: one deployment per base model, behind the OpenAI router."""
+    from ray import serve
+
+    from rayft.serving.engine import EngineSettings
+    from rayft.serving.replica import replica_class
+    from rayft.serving.router import Router
+
+    replica = replica_class(cfg.max_adapters_per_replica, cfg.max_batch_size, cfg.batch_wait_timeout_s)
+    device = "cuda" if cfg.num_gpus_per_replica > 0 else "cpu"
+    settings = EngineSettings(device=device, default_max_tokens=cfg.max_tokens)
+    models = [
+        serve.deployment(name=f"model-{index}", **deployment_options(cfg))(replica).bind(group, settings)
+        for index, group in enumerate(plan.groups)
+    ]
+    router = serve.deployment(
+        name="router",
+        ray_actor_options={"num_cpus": 0},
+        max_ongoing_requests=cfg.max_ongoing_requests * len(plan.groups),
+        graceful_shutdown_timeout_s=cfg.graceful_shutdown_timeout_s,
+    )(Router)
+    return router.bind(models, plan.routes)
+
+
+def free_port(host: str) -> int:
+    """A TCP port nobody listens on now, for ``port: 0``."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind((host, 0))
+        return int(probe.getsockname()[1])
+
+
+def start(plan: ServePlan, cfg: ServeConfig, host: str, port: int) -> str:
+    """Deploy the plan on the Ray this process uses (waits until every replica is up); the base URL."""
+    from ray import serve
+
+    port = port or free_port(host)
+    serve.start(http_options={"host": host, "port": port})
+    actual = serve.status().proxies and _http_port()
+    if actual and actual != port:
+        raise ConfigError(
+            f"Ray Serve already runs on this cluster with its HTTP port at {actual}, not {port}; serve on port "
+            f"{actual}, or stop the other Serve application first (serve shutdown)"
+        )
+    serve.run(build_application(plan, cfg), name=APP_NAME, route_prefix="/")
+    shown = "127.0.0.1" if host in ("0.0.0.0", "::") else host
+    return f"http://{shown}:{port}/v1"
+
+
+def _http_port() -> int | None:
+    from ray.serve.context import _get_global_client
+
+    client = _get_global_client()
+    options = client.http_config if client is not None else None
+    return int(options.port) if options is not None else None
+
+
+def stop() -> None:
+    """Delete the application (draining its requests in flight), then stop Serve unless other
+    applications run on it (a shared cluster's)."""
+    from ray import serve
+
+    serve.delete(APP_NAME)
+    if not serve.status().applications:
+        serve.shutdown()

@@ -1,0 +1,155 @@
+"""`rayft serve` without a server: request parsing and errors, the serving plan, Serve's options, the
+vLLM configs, the serve section, and the CLI's bad input."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from rayft.cli.main import cli
+from rayft.config import ModelConfig, RayftConfig
+from rayft.errors import ConfigError, ModelError
+from rayft.serving.app import deployment_options
+from rayft.serving.plan import BaseGroup, plan_serving
+from rayft.serving.protocol import (
+    DONE,
+    ChatRequest,
+    RequestError,
+    ResponseBuilder,
+    Usage,
+    parse_request,
+    sse,
+    to_job,
+    unknown_model,
+)
+from rayft.serving.vllm import llm_configs, validate_llm_configs
+
+
+def _body(**fields: object) -> bytes:
+    return json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}], **fields}).encode()
+
+
+def test_a_chat_request_becomes_a_job() -> None:
+    request = parse_request(_body(max_tokens=5, temperature=0, stop="\n", seed=3, unknown_field={"x": 1}), "chat")
+    assert isinstance(request, ChatRequest)
+    job = to_job(request)
+    assert (job.prompt, job.max_tokens, job.temperature, job.stop, job.seed) == (
+        [{"role": "user", "content": "hi"}], 5, 0.0, ("\n",), 3,
+    )  # fmt: skip
+    assert to_job(parse_request(_body(max_completion_tokens=7), "chat")).max_tokens == 7
+    text = parse_request(json.dumps({"model": "m", "prompt": ["one"], "stop": ["a", "b"]}).encode(), "completion")
+    assert (to_job(text).prompt, to_job(text).stop) == ("one", ("a", "b"))
+
+
+@pytest.mark.parametrize(
+    ("raw", "param", "says"),
+    [
+        (b"{nope", None, "not valid JSON"),
+        (b"\xff\xfe", None, "not valid JSON"),
+        (b'"text"', None, "JSON str"),
+        (_body(max_tokens="10"), "max_tokens", "valid integer"),
+        (_body(max_tokens=True), "max_tokens", "valid integer"),
+        (_body(temperature=3), "temperature", "less than or equal to 2"),
+        (_body(top_p=0), "top_p", "greater than 0"),
+        (_body(n=2), "n", "less than or equal to 1"),
+        (_body(messages=[{"role": "robot", "content": "x"}]), "messages.0.role", "'system', 'user' or 'assistant'"),
+        (_body(messages=[]), "messages", "at least 1 item"),
+        (_body(model=7), "model", "valid string"),
+    ],
+)
+def test_bad_requests_name_the_field(raw: bytes, param: str | None, says: str) -> None:
+    with pytest.raises(RequestError) as caught:
+        parse_request(raw, "chat")
+    assert caught.value.status == 400 and caught.value.param == param and says in caught.value.message
+    assert caught.value.body()["error"]["type"] == "invalid_request_error"
+
+
+def test_a_completion_takes_one_prompt() -> None:
+    with pytest.raises(RequestError, match="one prompt per request"):
+        parse_request(json.dumps({"model": "m", "prompt": ["a", "b"]}).encode(), "completion")
+
+
+def test_unknown_model_names_the_served_ids() -> None:
+    error = unknown_model("x", ["a", "b"])
+    assert error.status == 404 and error.body()["error"]["code"] == "model_not_found"
+    assert "served models: a, b" in error.message
+
+
+def test_responses_and_chunks_have_the_openai_shape() -> None:
+    chat = ResponseBuilder("chat", "m")
+    whole = chat.response("hi", "stop", Usage(3, 2))
+    assert whole["object"] == "chat.completion" and whole["choices"][0]["message"] == {
+        "role": "assistant",
+        "content": "hi",
+    }
+    assert whole["usage"] == {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}
+    first = chat.chunk(None, first=True)
+    assert first["object"] == "chat.completion.chunk" and first["choices"][0]["delta"] == {"role": "assistant"}
+    assert chat.chunk(None, "length")["choices"][0] == {"index": 0, "delta": {}, "finish_reason": "length"}
+    text = ResponseBuilder("completion", "m").chunk("a")
+    assert text["object"] == "text_completion" and text["choices"][0]["text"] == "a"
+    assert sse({"a": 1}) == b'data: {"a":1}\n\n' and DONE == b"data: [DONE]\n\n"
+
+
+def test_adapters_of_one_base_share_a_deployment(tmp_path: Path, tiny_model_dir: Path) -> None:
+    from rayft.testing.checkpoints import build_lora_checkpoint, build_run_dir
+
+    a = build_lora_checkpoint(tmp_path / "alpha", tiny_model_dir, seed=1)
+    run = build_run_dir(tmp_path / "my-run", tiny_model_dir, eval_losses={2: 1.0})
+    plan = plan_serving([str(a), str(run), str(run / "checkpoints" / "step-000002")], ModelConfig())
+    (group,) = plan.groups
+    assert group.model.name == str(tiny_model_dir) and group.model_id == tiny_model_dir.name
+    assert plan.model_ids == [tiny_model_dir.name, "alpha", "my-run", "my-run/step-000002"]
+    assert plan.routes["alpha"] == (0, "alpha") and plan.routes[tiny_model_dir.name] == (0, None)
+    with pytest.raises(ConfigError, match="served as model id 'alpha'"):
+        plan_serving([str(a), str(a)], ModelConfig())
+    with pytest.raises(ModelError, match="does not exist"):
+        plan_serving([str(tmp_path / "missing")], ModelConfig())
+
+
+def test_deployment_options_follow_the_serve_section() -> None:
+    fixed = deployment_options(RayftConfig().serve)
+    assert fixed["num_replicas"] == 1 and "autoscaling_config" not in fixed
+    assert fixed["ray_actor_options"] == {"num_cpus": 1.0, "num_gpus": 0.0}
+    scaled = deployment_options(
+        RayftConfig.model_validate({"serve": {"min_replicas": 1, "max_replicas": 3, "num_gpus_per_replica": 1}}).serve
+    )
+    assert scaled["autoscaling_config"] == {"min_replicas": 1, "max_replicas": 3, "target_ongoing_requests": 8.0}
+    assert "num_replicas" not in scaled and scaled["ray_actor_options"]["num_gpus"] == 1
+
+
+def test_the_serve_section_checks_its_autoscaling_bounds() -> None:
+    from rayft.config.loader import validate_config
+
+    with pytest.raises(ConfigError, match="go together"):
+        validate_config({"serve": {"min_replicas": 1}}, source="test")
+    with pytest.raises(ConfigError, match=r"serve.min_replicas \(3\) is above serve.max_replicas \(2\)"):
+        validate_config({"serve": {"min_replicas": 3, "max_replicas": 2}}, source="test")
+
+
+def test_vllm_configs_validate_with_ray_serve_llm(tmp_path: Path) -> None:
+    from rayft.serving.plan import Adapter, ServePlan
+
+    base = BaseGroup("smol", ModelConfig(name="HuggingFaceTB/SmolLM2-135M-Instruct", dtype="bfloat16"))
+    plan = ServePlan((BaseGroup(base.model_id, base.model, (Adapter("alpha", str(tmp_path)),)),))
+    serve = RayftConfig.model_validate(
+        {"serve": {"backend": "vllm", "min_replicas": 1, "max_replicas": 2, "vllm_lora_path": "s3://bucket/adapters"}}
+    ).serve
+    (config,) = validate_llm_configs(llm_configs(plan, serve))
+    assert config.model_id == "smol" and config.lora_config.dynamic_lora_loading_path == "s3://bucket/adapters"
+    assert config.deployment_config["autoscaling_config"]["max_replicas"] == 2
+    with pytest.raises(ConfigError, match="serve.vllm_lora_path is unset"):
+        llm_configs(plan, RayftConfig.model_validate({"serve": {"backend": "vllm"}}).serve)
+    local = serve.model_copy(update={"vllm_lora_path": str(tmp_path)})
+    with pytest.raises(ConfigError, match="is invalid: Value error, Invalid lora_config"):
+        validate_llm_configs(llm_configs(plan, local))
+
+
+def test_the_cli_refuses_a_missing_source_in_one_line(tmp_path: Path) -> None:
+    result = CliRunner().invoke(cli, ["serve", str(tmp_path / "nowhere"), "--port", "0"])
+    assert result.exit_code == 2
+    assert result.output.startswith("Error: model source") and "does not exist" in result.output
+    assert "Traceback" not in result.output
