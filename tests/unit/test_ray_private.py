@@ -55,7 +55,7 @@ def test_the_installed_ray_is_the_series_checked_and_pinned() -> None:
 
     pyproject = tomllib.loads((Path(__file__).parents[2] / "pyproject.toml").read_text())
     pins = [d for d in pyproject["project"]["dependencies"] if d.startswith("ray[")]
-    assert pins == [f"ray[default,train,data,tune]~={_ray_private.CHECKED_RAY_SERIES}.0"]
+    assert pins == [f"ray[default,train,data,tune,serve]~={_ray_private.CHECKED_RAY_SERIES}.0"]
     assert ray.__version__.startswith(f"{_ray_private.CHECKED_RAY_SERIES}."), (
         f"Ray {ray.__version__} is installed, but rayft's Ray internals were checked against "
         f"{_ray_private.CHECKED_RAY_SERIES}.x (see docs/development.md: checking a newer Ray)"
