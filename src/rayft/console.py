@@ -183,8 +183,12 @@ def quiet_worker_console() -> None:
 
 def ignore_known_warnings() -> None:
     """Silence third-party warnings that ask nothing of a rayft user (in this process): peft reads
-    transformers' deprecated ``is_gradient_checkpointing`` on every adapter it wraps."""
+    transformers' deprecated ``is_gradient_checkpointing`` on every adapter it wraps; bitsandbytes
+    asks for an optional kernel package on import."""
     warnings.filterwarnings("ignore", message=r"`is_gradient_checkpointing` is deprecated", category=FutureWarning)
+    # bitsandbytes (the qlora extra), which peft imports whenever it is installed, warns at import on CPUs with
+    # AVX512-BF16 that an optional faster 4-bit kernel package is missing; its own kernels run instead.
+    logging.getLogger("bitsandbytes.backends.cpu.ops").setLevel(logging.ERROR)
 
 
 def ray_train_log_level() -> str:
