@@ -1,8 +1,8 @@
 """The on-demand trace: ``torch.profiler`` over a window of steps (``train.profile``), one
 Chrome/Perfetto JSON per rank in the run directory, and a CUDA memory snapshot when asked.
 
-Outside its window the profiler records nothing; without a window (``active_steps`` 0) no
-profiler is created at all.
+Before its window no profiler exists (it is created when the wait ends); after it the profiler
+records nothing; without a window (``active_steps`` 0) no profiler is created at all.
 """
 
 from __future__ import annotations
@@ -37,13 +37,24 @@ class TraceWindow:
         )
         self._steps = 0
         kinds = {"cpu": torch.profiler.ProfilerActivity.CPU, "cuda": torch.profiler.ProfilerActivity.CUDA}
-        activities = [kinds[a] for a in cfg.activities if a == "cpu" or device_type == "cuda"]
+        self._activities = [kinds[a] for a in cfg.activities if a == "cpu" or device_type == "cuda"]
+        self._profiler: Any = None
+        if cfg.wait_steps == 0:
+            self._start()
+
+    def _start(self) -> None:
+        """Create and start the profiler at the end of the wait: before it, nothing of torch.profiler
+        runs at all (not even its per-step bookkeeping), so a window far ahead costs nothing."""
+        import torch
+
+        cfg = self._cfg
         schedule = torch.profiler.schedule(
             wait=cfg.wait_steps, warmup=cfg.warmup_steps, active=cfg.active_steps, repeat=1
         )
         self._profiler = torch.profiler.profile(
-            activities=activities, schedule=schedule, on_trace_ready=self._write, record_shapes=False
+            activities=self._activities, schedule=schedule, on_trace_ready=self._write, record_shapes=False
         )
+        self._profiler.step_num = self._steps  # its steps, and the trace's ProfilerStep#N, count from the run's
         self._profiler.start()
 
     def step(self) -> None:
@@ -53,11 +64,15 @@ class TraceWindow:
             import torch
 
             torch.cuda.memory._record_memory_history(max_entries=100_000)
-        self._profiler.step()
+        if self._profiler is not None:
+            self._profiler.step()
+        elif self._steps == self._cfg.wait_steps:
+            self._start()
 
     def close(self) -> None:
         """Stop the profiler (a window cut short by the end of training is written here)."""
-        self._profiler.stop()
+        if self._profiler is not None:
+            self._profiler.stop()
 
     def _write(self, profiler: Any) -> None:
         self._trace.parent.mkdir(parents=True, exist_ok=True)
