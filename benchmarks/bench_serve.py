@@ -22,20 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
-QUESTIONS = [
-    "A baker makes {n} loaves a day. How many loaves does she make in {d} days?",
-    "Tom has {n} marbles and gives {d} away. How many are left?",
-    "A train travels {n} km per hour for {d} hours. How far does it go?",
-    "Sara reads {n} pages a day. How many days does a {d}00-page book take?",
-]
-
-
-def prompts(count: int) -> list[list[dict[str, str]]]:
-    out = []
-    for i in range(count):
-        question = QUESTIONS[i % len(QUESTIONS)].format(n=3 + 7 * i % 40, d=2 + i % 9)
-        out.append([{"role": "user", "content": f"Solve step by step: {question}"}])
-    return out
+from bench_generation_batching import prompts  # the same GSM8K-like chat prompts as the batching benchmark
 
 
 def percentile(values: list[float], q: float) -> float:
