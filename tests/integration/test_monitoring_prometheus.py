@@ -45,6 +45,16 @@ def query_range(prom: Server, expr: str, start: float, end: float) -> list[dict[
     return list(body["data"]["result"])
 
 
+def raw_samples(prom: Server, expr: str, start: float, end: float) -> list[float]:
+    """Every sample Prometheus scraped for ``expr`` (one series) between ``start`` and ``end``."""
+    window = max(int(end - start) + 1, 1)
+    params = urllib.parse.urlencode({"query": f"{expr}[{window}s]", "time": end})
+    with urllib.request.urlopen(f"{prom.uri}/api/v1/query?{params}", timeout=30) as response:
+        body = json.loads(response.read())
+    assert body["status"] == "success" and len(body["data"]["result"]) == 1, body
+    return [float(v) for _, v in body["data"]["result"][0]["values"]]
+
+
 def instant_value(prom: Server, expr: str) -> float | None:
     """The value of an instant query that selects one series (None while it selects none)."""
     params = urllib.parse.urlencode({"query": expr})
@@ -143,8 +153,10 @@ def test_in_process_training_metrics_reach_prometheus(tiny_model_dir: Path, tmp_
         for gauge in OWN_GAUGES:
             series = query_range(prom, f'rayft_train_{gauge}{{run="live", rank="0", stage="train"}}', start, end)
             assert len(series) == 1 and series[0]["values"], gauge
-        steps = [float(v) for _, v in query_range(prom, 'rayft_train_step{run="live"}', start, end)[0]["values"]]
-        # Step 6 was scraped while the run was held; the last steps may end with the run, unscraped.
+        steps = raw_samples(prom, 'rayft_train_step{run="live"}', start, end)
+        # Step 6 was scraped while the run was held (every scraped sample, not a range query's 1 s
+        # resolution, which can step over a value that lived for less than a second); the last steps
+        # may end with the run, unscraped.
         assert steps == sorted(steps) and 6.0 in steps
         assert query_range(prom, 'rayft_checkpoint_save_seconds{run="live"}', start, end)
         restarts = query_range(prom, 'rayft_worker_restarts{run="live"}', start, end)[0]["values"]
