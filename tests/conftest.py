@@ -74,7 +74,8 @@ def uninterrupted_run(
 # Skip reasons that name a test component CI installs (`.ci/run`, `make setup`). Where CI=true, a test
 # skipped for one of them fails instead: a component that did not install must not pass silently.
 CI_COMPONENTS = ("chromium", "prometheus", "promtool", "moto", "optuna", "rayft[tune]", "rayft[mlflow]",
-                 "'mlflow'", "'mkdocs'", "'material'", "'nbformat'", "'nbclient'", "'openai'")  # fmt: skip
+                 "'mlflow'", "'mkdocs'", "'material'", "'nbformat'", "'nbclient'", "'openai'", "'trl'",
+                 "'bitsandbytes'")  # fmt: skip
 
 
 def missing_ci_component(reason: str) -> str | None:

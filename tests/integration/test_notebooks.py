@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pytest
 
-import rayft
 from tests.notebooks import NOTEBOOKS, NOTEBOOKS_DIR
 
 pytestmark = pytest.mark.integration
@@ -86,7 +85,6 @@ def test_03_evaluation(workdir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     assert "--- base:" in out and "--- tuned:" in out
 
 
-@pytest.mark.skipif(not hasattr(rayft, "serve"), reason="rayft.serve (the serving API) is not in this build")
 def test_04_serving(workdir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     pytest.importorskip("openai")
     out = stdout_of(execute(SERVING, workdir, monkeypatch))

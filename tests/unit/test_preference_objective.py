@@ -22,10 +22,7 @@ X = -100
 
 
 def _precision() -> Precision:
-    import dataclasses
-
-    fields = {f.name: None if f.name == "autocast_dtype" else False for f in dataclasses.fields(Precision)}
-    return Precision(**fields)
+    return Precision(autocast_dtype=None, use_grad_scaler=False)
 
 
 def _units(pairs: int, *, good: int = 7, bad: int = 9, seed: int = 0) -> list[dict[str, Any]]:
