@@ -31,7 +31,7 @@ from rayft.training.modeling.preference import (
     PairLosses,
     dpo_losses,
     orpo_losses,
-    pair_figure_sums,
+    pair_figure_tensors,
     sequence_logps,
     simpo_losses,
 )
@@ -133,7 +133,7 @@ class PreferenceTraining:
     lm: CausalLm
     objective: ObjectiveName
     settings: PreferenceConfig
-    figure_sums: dict[str, float] = field(default_factory=dict)  # since the last take_figures(), this rank's
+    figure_sums: dict[str, Any] = field(default_factory=dict)  # 0-d tensors since the last take_figures(), this rank's
     throughput_unit: str = "tokens"
 
     @property
@@ -160,7 +160,7 @@ class PreferenceTraining:
         """The sum of the batch's per-pair losses; the figures TRL logs are added to :attr:`figure_sums`."""
         policy = pair_logps(model, batch.rows, precision)
         result = self.losses(model, batch, policy, precision)
-        for name, value in pair_figure_sums(policy, result, averaged=self.objective != "dpo").items():
+        for name, value in pair_figure_tensors(policy, result, averaged=self.objective != "dpo").items():
             self.figure_sums[name] = self.figure_sums.get(name, 0.0) + value
         return result.losses.sum()
 
@@ -192,7 +192,7 @@ class PreferenceTraining:
 
     def take_figures(self, device: torch.device, pairs: float) -> dict[str, float]:
         """Every rank's figure sums since the last call, as means over ``pairs`` (every rank's), and reset."""
-        sums = all_reduce_sum([self.figure_sums.get(name, 0.0) for name in FIGURES], device)
+        sums = all_reduce_sum([float(self.figure_sums.get(name, 0.0)) for name in FIGURES], device)
         self.figure_sums.clear()
         return {name: total / max(pairs, 1.0) for name, total in zip(FIGURES, sums, strict=True)}
 

@@ -123,19 +123,25 @@ def log1mexp(x: torch.Tensor) -> torch.Tensor:
     return torch.where(x > -math.log(2), torch.log(-torch.expm1(x)), torch.log1p(-torch.exp(x)))
 
 
-def pair_figure_sums(policy: PairLogps, result: PairLosses, *, averaged: bool) -> dict[str, float]:
+def pair_figure_tensors(policy: PairLogps, result: PairLosses, *, averaged: bool) -> dict[str, torch.Tensor]:
     """Sums over the batch's pairs of the figures TRL logs, by TRL's names (divide by the pairs of
     every worker for the means): rewards of each side, how often chosen out-rewards rejected, the
     margin, and the responses' log-probabilities (per-token averages for ORPO and SimPO, whose
-    rewards are built on those; sums for DPO)."""
+    rewards are built on those; sums for DPO). Detached 0-d tensors: adding them up in a training
+    step never waits on the device."""
     chosen = policy.mean_chosen() if averaged else policy.chosen
     rejected = policy.mean_rejected() if averaged else policy.rejected
     margins = result.chosen_rewards - result.rejected_rewards
     return {
-        "rewards/chosen": float(result.chosen_rewards.sum()),
-        "rewards/rejected": float(result.rejected_rewards.sum()),
-        "rewards/accuracies": float((result.chosen_rewards > result.rejected_rewards).float().sum()),
-        "rewards/margins": float(margins.sum()),
-        "logps/chosen": float(chosen.detach().sum()),
-        "logps/rejected": float(rejected.detach().sum()),
+        "rewards/chosen": result.chosen_rewards.sum(),
+        "rewards/rejected": result.rejected_rewards.sum(),
+        "rewards/accuracies": (result.chosen_rewards > result.rejected_rewards).float().sum(),
+        "rewards/margins": margins.sum(),
+        "logps/chosen": chosen.detach().sum(),
+        "logps/rejected": rejected.detach().sum(),
     }
+
+
+def pair_figure_sums(policy: PairLogps, result: PairLosses, *, averaged: bool) -> dict[str, float]:
+    """:func:`pair_figure_tensors` as numbers."""
+    return {name: float(value) for name, value in pair_figure_tensors(policy, result, averaged=averaged).items()}
