@@ -125,3 +125,21 @@ class RayftConfig(Section):
                 "quantized base is small enough for each worker to hold whole) or lora.quantize=none"
             )
         return self
+
+    @model_validator(mode="after")
+    def _preference_pairs_are_not_packed(self) -> RayftConfig:
+        objective = self.train.objective
+        if objective == "sft":
+            return self
+        if self.data.packing:
+            raise ValueError(
+                f"train.objective={objective!r} with data.packing=true: a preference pair's chosen and rejected "
+                "responses are compared as two sequences of one prompt, and packing would join unrelated pairs in "
+                "one row; set data.packing=false"
+            )
+        if self.task.path is not None:
+            raise ValueError(
+                f"train.objective={objective!r} with task.path set: a custom task trains its own objective; set "
+                "train.objective=sft or remove task.path"
+            )
+        return self

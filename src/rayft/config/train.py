@@ -7,6 +7,7 @@ from typing import Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from rayft.config.base import Section
+from rayft.config.preference import PreferenceConfig
 from rayft.config.tracking import MlflowConfig, PrometheusConfig, WandbConfig
 
 # DeepSpeed settings that rayft derives from train.*; train.deepspeed may not set them.
@@ -83,6 +84,16 @@ class TrainConfig(Section):
 
     method: Literal["lora", "full"] = Field(
         "lora", description="Train a LoRA adapter (see the lora section) or every weight."
+    )
+    objective: Literal["sft", "dpo", "orpo", "simpo"] = Field(
+        "sft",
+        description=(
+            "What is trained: 'sft' (supervised: the response's likelihood) or preference training on "
+            "prompt/chosen/rejected pairs: 'dpo' (against a reference model: the base with the adapter off for "
+            "LoRA, reference log-probabilities computed once before training for full fine-tuning), 'orpo' "
+            "(likelihood plus an odds-ratio term, no reference) or 'simpo' (length-normalised rewards with a "
+            "margin, no reference). train.preference holds their settings; preference data cannot be packed."
+        ),
     )
     strategy: Literal["ddp", "fsdp", "deepspeed"] = Field(
         "ddp",
@@ -162,6 +173,10 @@ class TrainConfig(Section):
     mixed_precision: Literal["auto", "no", "bf16", "fp16"] = Field(
         "auto",
         description="Autocast on GPU: 'auto' picks bf16 where supported, fp16 otherwise; CPUs run fp32.",
+    )
+    preference: PreferenceConfig = Field(
+        default_factory=PreferenceConfig,
+        description="Settings of the preference objectives (train.objective dpo, orpo or simpo): beta, loss, margins.",
     )
     profile: ProfileConfig = Field(
         default_factory=ProfileConfig,
