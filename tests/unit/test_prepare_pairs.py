@@ -110,3 +110,12 @@ def test_full_dpo_reference_logps_are_the_base_models_and_are_reused(tiny_model_
     assert again.train.files == stored.train.files and Path(again.train.files[0]).stat().st_mtime_ns == before
     other = attach_reference(prepared, ReferenceJob(job.model, job.lora, "fp32", "cpu"), use_ray=False)
     assert other.train.files != stored.train.files  # another key, another pass
+
+
+def test_training_refuses_data_prepared_for_the_other_kind_of_objective(tiny_model_dir: Path, tmp_path: Path) -> None:
+    from rayft.training.driver.startup import check_model_fits_data
+
+    prepared = run_prepare(tiny_model_dir, write_rows(tmp_path / "pairs.jsonl", pairs(4)), tmp_path).prepared
+    check_model_fits_data(load_config(None, [f"model.name={tiny_model_dir}", "train.objective=simpo"]), prepared)
+    with pytest.raises(DataError, match=r"holds preference pairs, but train.objective='sft'; prepare the data"):
+        check_model_fits_data(load_config(None, [f"model.name={tiny_model_dir}"]), prepared)
