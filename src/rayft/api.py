@@ -23,6 +23,7 @@ from rayft.runs.location import local_run_dir
 from rayft.security import install_redaction
 
 if TYPE_CHECKING:
+    from rayft.inference.chat import ChatIO
     from rayft.pipeline.plan import StageDecision
     from rayft.pipeline.runner import PipelineResult
     from rayft.recipes.compare import CompareResult
@@ -191,6 +192,24 @@ def generate(
         prompt_field=prompt_field,
         rejects_path=Path(rejects_path) if rejects_path is not None else None,
     )
+
+
+@_redacted
+def chat(cfg: RayftConfig, source: str | Path, *, device: str | None = None, io: ChatIO | None = None) -> int:
+    """Chat with a model in this process until the user quits (``rayft chat``); no Ray is started.
+
+    Args:
+        cfg: The config (its ``inference`` section for sampling, ``eval.checkpoint`` for a run's checkpoint).
+        source: A run directory, checkpoint, model directory, Hub id, .gguf file or built-in name.
+        device: ``cpu`` or ``cuda`` (default: a GPU when there is one).
+        io: Where lines are read and replies written (default: the terminal, or standard input and output).
+
+    Returns:
+        The number of replies generated.
+    """
+    from rayft.recipes import chat as recipe
+
+    return recipe.run(cfg, str(source), device=device, io=io)
 
 
 @_redacted

@@ -4,7 +4,8 @@ By default the console gets rayft's log lines (stage headers, plans, per-step tr
 generation progress with ETA, results) and every logger's warnings and errors; Ray's own
 informational output (Ray core, Ray Data's execution and progress logging, Ray Train's
 controller and reporting lines, Hugging Face progress bars) is kept off it. A command that has a
-run directory also writes everything, Ray's loggers included, to ``<run>/logs/rayft.log``.
+run directory also writes everything, Ray's loggers included, to its log file (``<run>/logs/rayft.log``,
+:data:`rayft.runs.layout.LOG_FILE`).
 ``rayft --verbose`` (or ``RAYFT_VERBOSE=1``) brings Ray's output back to the console.
 
 Internal module: the CLI and the recipes use it; it is not part of the public API.
@@ -23,8 +24,6 @@ from types import TracebackType
 from typing import Any
 
 VERBOSE_ENV = "RAYFT_VERBOSE"
-LOG_FILE = Path("logs") / "rayft.log"
-"""Where a run's log file goes, relative to its run directory."""
 
 _RAY_LOGGERS = ("ray", "ray.data", "ray.train")
 _FILE_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -107,12 +106,12 @@ def _log_file_handler() -> logging.Handler | None:
     return next((h for h in logging.getLogger().handlers if h.get_name() == _HANDLER_NAME), None)
 
 
-def attach_log_file(run_dir: Path) -> Path | None:
-    """Write every log record (rayft's and Ray's loggers') to ``<run_dir>/logs/rayft.log`` as well.
+def attach_log_file(path: Path) -> Path | None:
+    """Write every log record (rayft's and Ray's loggers') to the file ``path`` as well (a run's
+    is :data:`rayft.runs.layout.LOG_FILE` in its directory).
 
     Returns the file, or None when it cannot be created (the command then logs to the console alone).
     """
-    path = Path(run_dir) / LOG_FILE
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         handler = LogFileHandler(path, encoding="utf-8")

@@ -1,6 +1,10 @@
 """The driver of a sweep dies: SIGKILL of ``rayft tune`` once one trial has finished and the next has
 saved a checkpoint; the same command again continues the sweep. The finished trial is not run
-again, and the interrupted one continues from its checkpoint instead of starting over."""
+again, and the interrupted one continues from its checkpoint instead of starting over.
+
+The killed driver is a process of its own; the command run again is the CLI in this process, on
+the tests' shared Ray: what it must continue from is what the killed process left, not a fresh
+interpreter."""
 
 from __future__ import annotations
 
@@ -14,7 +18,9 @@ from pathlib import Path
 
 import pytest
 import yaml
+from click.testing import CliRunner
 
+from rayft.cli.main import cli
 from rayft.runs.checkpoints import scan_checkpoints
 from rayft.runs.layout import MANIFEST_FILE
 from tests.chaos.test_chaos_driver import gcs_address
@@ -43,7 +49,7 @@ def wait_until(process: subprocess.Popen[str], ready: object, timeout_s: float =
 
 
 def test_a_killed_sweep_continues_without_rerunning_finished_trials(
-    ray_session: None, tiny_model_dir: Path, tmp_path: Path
+    ray_session: None, tiny_model_dir: Path, tmp_path: Path, capfd: pytest.CaptureFixture[str]
 ) -> None:
     config = tmp_path / "sweep.yaml"
     config.write_text(
@@ -81,17 +87,16 @@ def test_a_killed_sweep_continues_without_rerunning_finished_trials(
     (second,) = [p for p in trials.iterdir() if p.is_dir() and p != done]
     saved = max(c.step for c in scan_checkpoints(second / "checkpoints") if c.complete)
 
-    again = subprocess.run(
-        tune_command(config), check=False, cwd=REPO, env=env, text=True, capture_output=True, timeout=300
-    )
-    assert again.returncode == 0, again.stderr[-3000:]
+    again = CliRunner().invoke(cli, tune_command(config)[3:])  # `rayft tune CONFIG --address GCS`, here
+    assert again.exit_code == 0, again.output[-3000:]
 
     after = (done / "final" / MANIFEST_FILE).stat().st_mtime_ns, (done / "metrics.jsonl").read_text()
     assert after == before  # the finished trial did not train again
     steps = [r["step"] for r in read_metrics(second) if "train/loss" in r]
     assert steps == list(range(1, 7)), steps  # each step logged once
     logs = tmp_path / "runs" / "sw-tune" / "logs" / "rayft.log"
-    text = again.stdout + again.stderr + (logs.read_text() if logs.is_file() else "")
+    # the workers' lines reach this driver's console (the runner's, or this process's once it returned)
+    text = again.output + "".join(capfd.readouterr()) + (logs.read_text() if logs.is_file() else "")
     assert f"resumed from {second / 'checkpoints'}" in text and f"at step {saved}" in text, text[-3000:]
     assert saved >= 2 and (second / "final").is_dir()
     result = json.loads((tmp_path / "runs" / "sw-tune" / "tune.json").read_text())

@@ -2,7 +2,12 @@
 starts (as each command would: with its worker set-up hook), then writes what Ray stored about the
 job (its runtime environment and job table) to the file named by argv[1], so that the secrets test
 can grep it with the commands' files. argv[2:] are the commands' CLI arguments, separated by ``::``;
-each command's exit status is printed as ``exit <status>: <command>``."""
+each command's output is framed by ``begin: <command>`` and ``exit <status>: <command>`` lines.
+
+What the first command shows matches a real ``rayft`` process: its ``begin`` line comes before Ray
+starts, and, as ``rayft`` does before its command starts Ray, the console and the redaction are set up
+first, in the environment that Ray's processes inherit (no Hugging Face progress bars, rayft's quiet
+mode). Run with stderr joined to stdout, each command's lines stay between its frame."""
 
 from __future__ import annotations
 
@@ -36,11 +41,19 @@ def main() -> int:
     import ray
     import ray._private.state
 
+    from rayft.console import setup_console
     from rayft.runtime import ray_runtime
+    from rayft.security import install_redaction
 
+    groups = commands(sys.argv[2:])
+    print(f"begin: {groups[0][0]}", flush=True)
+    install_redaction()
+    setup_console()
     with ray_runtime():
         try:
-            for args in commands(sys.argv[2:]):
+            for index, args in enumerate(groups):
+                if index:
+                    print(f"begin: {args[0]}", flush=True)
                 status = run_cli(args)
                 print(f"exit {status}: {args[0]}", flush=True)
         finally:

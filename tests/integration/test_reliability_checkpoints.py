@@ -1,6 +1,9 @@
 """Corrupted checkpoints, in-process training (no Ray): a shard whose bytes changed is detected by
 checksum and the previous checkpoint is used, with a warning naming the bad file; when no
-checkpoint verifies, the run stops with an error instead of restarting from step 0."""
+checkpoint verifies, the run stops with an error instead of restarting from step 0.
+
+The crashed runs are copies of one finished run cut back to step 6 (what a run that dies before
+step 7 leaves: tests.helpers.crashed_copy); the chaos tier kills runs for real."""
 
 from __future__ import annotations
 
@@ -11,7 +14,7 @@ import pytest
 
 from rayft.data.prepared import PreparedData
 from rayft.errors import CheckpointError
-from tests.helpers import tiny_config, train_losses, train_on
+from tests.helpers import crashed_copy, tiny_config, train_losses, train_on
 
 pytestmark = pytest.mark.integration
 
@@ -29,14 +32,15 @@ def prepared(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> 
     return arithmetic_prepared(tmp_path_factory.mktemp("units"), tokenizer, num_train=32)
 
 
-def crash_at_step_7(
-    tiny_model_dir: Path, prepared: PreparedData, storage: Path, monkeypatch: pytest.MonkeyPatch
-) -> Path:
-    """Train until an injected failure before step 7 (checkpoints 2, 4 and 6 are committed)."""
-    monkeypatch.setenv("RAYFT_FAULT_RAISE", "0:7")
-    with pytest.raises(RuntimeError, match="injected failure on rank 0 at step 7"):
-        train_on(tiny_config(tiny_model_dir, storage, *LOCAL), prepared)
-    monkeypatch.delenv("RAYFT_FAULT_RAISE")
+@pytest.fixture(scope="module")
+def finished(tiny_model_dir: Path, prepared: PreparedData, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The run trained to its end without a fault: the reference, and the source of the crashed runs."""
+    return train_on(tiny_config(tiny_model_dir, tmp_path_factory.mktemp("finished"), *LOCAL), prepared)
+
+
+def crashed_before_step_7(finished: Path, storage: Path) -> Path:
+    """The run as a failure before step 7 leaves it (checkpoints 2, 4 and 6 committed); its checkpoints."""
+    crashed_copy(finished, storage, crashed_at=7)
     root = storage / "run" / "checkpoints"
     assert sorted(p.name for p in root.iterdir()) == ["step-000002", "step-000004", "step-000006"]
     return root
@@ -44,6 +48,7 @@ def crash_at_step_7(
 
 def flip_bytes(path: Path) -> None:
     """Change bytes in the middle of a file without changing its size."""
+    assert not path.is_symlink(), path  # a copy's own file, not the finished run's
     data = bytearray(path.read_bytes())
     middle = len(data) // 2
     data[middle : middle + 8] = bytes(b ^ 0xFF for b in data[middle : middle + 8])
@@ -51,11 +56,10 @@ def flip_bytes(path: Path) -> None:
 
 
 def test_a_corrupted_shard_falls_back_to_the_previous_checkpoint_with_a_warning(
-    tiny_model_dir: Path, prepared: PreparedData, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-    caplog: pytest.LogCaptureFixture,
-) -> None:  # fmt: skip
-    reference = train_losses(train_on(tiny_config(tiny_model_dir, tmp_path / "ref", *LOCAL), prepared))
-    root = crash_at_step_7(tiny_model_dir, prepared, tmp_path / "bad", monkeypatch)
+    finished: Path, tiny_model_dir: Path, prepared: PreparedData, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    reference = train_losses(finished)
+    root = crashed_before_step_7(finished, tmp_path / "bad")
     bad = root / "step-000006" / "adapter_model.safetensors"
     flip_bytes(bad)
 
@@ -69,9 +73,9 @@ def test_a_corrupted_shard_falls_back_to_the_previous_checkpoint_with_a_warning(
 
 
 def test_no_silent_restart_from_step_0_when_every_checkpoint_is_corrupted(
-    tiny_model_dir: Path, prepared: PreparedData, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    finished: Path, tiny_model_dir: Path, prepared: PreparedData, tmp_path: Path
 ) -> None:
-    root = crash_at_step_7(tiny_model_dir, prepared, tmp_path, monkeypatch)
+    root = crashed_before_step_7(finished, tmp_path)
     for checkpoint in root.iterdir():
         flip_bytes(checkpoint / "trainer" / "optimizer.pt")
 

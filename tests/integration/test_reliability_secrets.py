@@ -1,7 +1,13 @@
-"""Secrets never leak: with canary values in the credential variables (``HF_TOKEN``,
+"""What a user sees, and secrets never leak. One driver process runs every command on one Ray.
+
+`rayft run` (symbolic sdg, train on 2 workers, eval) shows rayft's stage headers, training steps and
+generation progress on the console, and keeps Ray's progress logging and known noise in the run's
+log file.
+
+With canary values in the credential variables (``HF_TOKEN``,
 ``MLFLOW_TRACKING_TOKEN``, an endpoint's ``api_key_env`` variable), in a URL's query and in a URL's
 password, and a local OpenAI-compatible server that echoes the key and the URL it is sent, every
-command (sdg with the OpenAI teacher, train on 2 Ray Train workers, export, eval, compare, generate
+command (run, sdg with the OpenAI teacher, train on 2 Ray Train workers, export, eval, compare, generate
 and chat) writes them nowhere: not in the run directory (config, metrics, checkpoints, final/,
 logs), not in the outputs and reports, not in the Ray session directory (logs of every process),
 not in the job's runtime environment as Ray stores it, not on the console."""
@@ -10,10 +16,13 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -27,6 +36,45 @@ REPO = Path(__file__).resolve().parents[2]
 QUERY_CANARY = "canary-query-key-0123456789"
 PASSWORD_CANARY = "canary-url-password-0123"
 NEEDLES = {**CANARIES, "url query": QUERY_CANARY, "url password": PASSWORD_CANARY}
+RAY_NOISE = (
+    "Running Dataset",  # Ray Data's progress logging
+    "Starting execution of Dataset",
+    "Total Progress",
+    "falling back to serialize",  # a column Ray Data could not store as Arrow
+    "FutureWarning",
+    "Reporting training result",  # Ray Train, per step and rank
+    "Loading weights",  # Hugging Face progress bars
+    "Started a local Ray instance",
+)
+
+
+def write_console_config(inputs: Path, tmp_path: Path, model_dir: Path) -> Path:
+    """The config of `rayft run`: symbolic sdg, 2 training steps on 2 workers, a 4-prompt eval."""
+    config = inputs / "console.yaml"
+    config.write_text(
+        f"""
+name: console
+storage_path: {tmp_path / "runs"}
+model: {{name: {model_dir}}}
+sdg:
+  seeds: {{path: "builtin:arithmetic", max_rows: 8}}
+  num_seeds: 8
+  variations: 1
+data:
+  validation_fraction: 0.0
+  max_seq_length: 128
+lora: {{r: 4}}
+train: {{max_steps: 2, micro_batch_size: 2, save_steps: 2, logging_steps: 1}}
+scaling: {{num_workers: 2}}
+logging: {{tensorboard: false}}
+eval:
+  datasets: [{{path: "builtin:arithmetic", split: test, max_rows: 4}}]
+  batch_size: 2
+  num_workers: 1
+  generation: {{max_new_tokens: 4}}
+"""
+    )
+    return config
 
 
 def write_config(inputs: Path, tmp_path: Path, model_dir: Path, base_url: str) -> Path:
@@ -72,6 +120,7 @@ def cli_commands(tmp_path: Path, config: Path, model_dir: Path, base_url: str) -
     prompts.write_text('{"prompt": "What is 2 + 3?"}\n{"messages": [{"role": "user", "content": "Hi"}]}\n')
     common = ["--config", str(config)]
     return [
+        ["run", str(write_console_config(config.parent, tmp_path, model_dir))],
         ["sdg", str(config), "--output-dir", str(out / "sdg")],
         ["train", str(config)],
         ["export", run_dir, str(out / "exported"), *common],
@@ -84,47 +133,97 @@ def cli_commands(tmp_path: Path, config: Path, model_dir: Path, base_url: str) -
     ]  # fmt: skip
 
 
-def test_no_command_writes_a_secret_anywhere(tiny_model_dir: Path, tmp_path: Path) -> None:
+@dataclass
+class Commands:
+    """What one driver process running every command left: its console (stdout and stderr in the
+    order written), the HTTP statuses the endpoint answered, and where it wrote."""
+
+    result: subprocess.CompletedProcess[str]
+    statuses: list[int]
+    base_url: str
+    tmp_path: Path
+    inputs: Path
+    ray_tmp: Path
+    stored: Path
+
+    def output_of(self, name: str) -> str:
+        """What the console showed of the command ``name`` (between the driver's begin and exit lines)."""
+        found = re.search(rf"^begin: {name}\n(.*?)^exit \d+: {name}$", self.result.stdout, re.S | re.M)
+        assert found, f"no output framed for {name}:\n{self.result.stdout[-4000:]}"
+        return found.group(1)
+
+
+@pytest.fixture(scope="module")
+def commands_run(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Commands]:
+    """Every command, run once by one driver process on one fresh Ray private to it."""
+    tmp_path = tmp_path_factory.mktemp("secrets")
     inputs = tmp_path / "inputs"  # the user's config and prompts, which hold the URL: not grepped
     inputs.mkdir()
     ray_tmp = Path(tempfile.mkdtemp(prefix="rs", dir="/tmp"))  # short: Ray's socket paths have a length limit
     stored = tmp_path / "ray-stored.json"
     env = {**os.environ, **CANARIES, "RAY_TMPDIR": str(ray_tmp), "RAYFT_CACHE": str(tmp_path / "cache"),
            "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}  # fmt: skip
-    with OpenAIServer(responder=lambda request: "unused", api_key="the-right-key") as server:
-        config = write_config(inputs, tmp_path, tiny_model_dir, server.base_url)
-        commands = cli_commands(tmp_path, config, tiny_model_dir, server.base_url)
-        args = [arg for command in commands for arg in [*command, "::"]]
-        try:
+    env.pop("RAYFT_VERBOSE", None)
+    try:
+        with OpenAIServer(responder=lambda request: "unused", api_key="the-right-key") as server:
+            config = write_config(inputs, tmp_path, tiny_model_dir, server.base_url)
+            commands = cli_commands(tmp_path, config, tiny_model_dir, server.base_url)
+            args = [arg for command in commands for arg in [*command, "::"]]
             result = subprocess.run(
                 [sys.executable, "-m", "tests.integration.reliability_secrets_driver", str(stored), *args],
-                check=False, cwd=REPO, env=env, capture_output=True, text=True, timeout=900,
-                input="What is 2 + 3?\n/exit\n",
+                check=False, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                timeout=900, input="What is 2 + 3?\n/exit\n",
             )  # fmt: skip
-            console = result.stdout + result.stderr
-            assert result.returncode == 0, console[-4000:]
-            for name in ("sdg", "train", "export", "eval", "compare", "generate", "chat"):
-                assert f"exit 0: {name}" in result.stdout, console[-4000:]
-            # the server was asked, and answered with the key and the URL, for sdg's and generate's prompts
-            assert server.statuses.count(401) >= 4 and set(server.statuses) == {401}
-            out, run_dir = tmp_path / "out", tmp_path / "runs" / "secrets"
-            rows = [json.loads(line) for line in (out / "gen.jsonl").read_text().splitlines()]
-            assert all("Incorrect API key provided: ***REDACTED***" in row["error"] for row in rows), rows
-            assert "api_key=***REDACTED***" in (run_dir / "config.yaml").read_text()
-            assert (
-                f"user:***REDACTED***@{server.base_url.removeprefix('http://')}"
-                in (out / "exported" / "rayft_config.yaml").read_text()
-            )
-            for report in ("eval/eval.json", "compare/compare.json", "exported/README.md", "sdg/summary.json"):
-                assert (out / report).is_file(), report
-            assert list((run_dir / "checkpoints").glob("step-*")), "no checkpoint to inspect"
-            assert list(ray_tmp.rglob("session_*")) and list(ray_tmp.rglob("*.log")), "no Ray logs to inspect"
-            assert stored.is_file() and "runtime_env" in stored.read_text()
+            yield Commands(result, list(server.statuses), server.base_url, tmp_path, inputs, ray_tmp, stored)
+    finally:
+        shutil.rmtree(ray_tmp, ignore_errors=True)
 
-            written = [p for p in tmp_path.iterdir() if p != inputs]  # run dir, outputs, caches, what Ray stored
-            assert [hit for path in written for hit in files_containing(path, NEEDLES)] == []
-            assert files_containing(ray_tmp, NEEDLES) == []  # every Ray log and session file
-            for name, value in NEEDLES.items():
-                assert value not in console, name
-        finally:
-            shutil.rmtree(ray_tmp, ignore_errors=True)
+
+def test_console_shows_rayft_progress_not_ray_logs(commands_run: Commands) -> None:
+    assert "exit 0: run" in commands_run.result.stdout, commands_run.result.stdout[-4000:]
+    console = commands_run.output_of("run")
+    for header in ("== sdg: running", "== train: running", "== eval: running"):
+        assert header in console
+    assert "sdg symbolic: 8/8 seeds (100%)" in console
+    assert re.search(r"step 2/2 +loss \d", console), console
+    for label in ("base", "tuned"):
+        assert re.search(rf"eval {label}: 4/4 prompts \(100%\), [\d.]+ prompts/s, .* eta", console), console
+    assert "in-distribution check, not a GSM8K result" in console
+    for noise in RAY_NOISE:
+        assert noise not in console, f"{noise!r} reached the console:\n{console}"
+    assert len(console.splitlines()) < 40, console
+    log_file = commands_run.tmp_path / "runs" / "console" / "logs" / "rayft.log"
+    assert str(log_file) in console
+    assert "Starting execution of Dataset" in log_file.read_text()  # Ray's logs are kept, in the file
+    assert [name for name, value in CANARIES.items() if value in console] == []
+    assert files_containing(commands_run.tmp_path / "runs" / "console", CANARIES) == []
+
+
+def test_no_command_writes_a_secret_anywhere(commands_run: Commands) -> None:
+    result, tmp_path, ray_tmp = commands_run.result, commands_run.tmp_path, commands_run.ray_tmp
+    console = result.stdout  # and stderr, in the order written
+    assert result.returncode == 0, console[-4000:]
+    for name in ("sdg", "train", "export", "eval", "compare", "generate", "chat"):
+        assert f"exit 0: {name}" in console, console[-4000:]
+    # the server was asked, and answered with the key and the URL, for sdg's and generate's prompts
+    statuses = commands_run.statuses
+    assert statuses.count(401) >= 4 and set(statuses) == {401}
+    out, run_dir = tmp_path / "out", tmp_path / "runs" / "secrets"
+    rows = [json.loads(line) for line in (out / "gen.jsonl").read_text().splitlines()]
+    assert all("Incorrect API key provided: ***REDACTED***" in row["error"] for row in rows), rows
+    assert "api_key=***REDACTED***" in (run_dir / "config.yaml").read_text()
+    assert (
+        f"user:***REDACTED***@{commands_run.base_url.removeprefix('http://')}"
+        in (out / "exported" / "rayft_config.yaml").read_text()
+    )
+    for report in ("eval/eval.json", "compare/compare.json", "exported/README.md", "sdg/summary.json"):
+        assert (out / report).is_file(), report
+    assert list((run_dir / "checkpoints").glob("step-*")), "no checkpoint to inspect"
+    assert list(ray_tmp.rglob("session_*")) and list(ray_tmp.rglob("*.log")), "no Ray logs to inspect"
+    assert commands_run.stored.is_file() and "runtime_env" in commands_run.stored.read_text()
+
+    written = [p for p in tmp_path.iterdir() if p != commands_run.inputs]  # runs, outputs, caches, Ray's record
+    assert [hit for path in written for hit in files_containing(path, NEEDLES)] == []
+    assert files_containing(ray_tmp, NEEDLES) == []  # every Ray log and session file
+    for name, value in NEEDLES.items():
+        assert value not in console, name

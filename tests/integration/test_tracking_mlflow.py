@@ -42,6 +42,18 @@ def rayft(tmp_path: Path, args: list[str], env: dict[str, str] | None = None) ->
     )  # fmt: skip
 
 
+def rayft_here(tmp_path: Path, args: list[str], monkeypatch: pytest.MonkeyPatch) -> Any:
+    """``rayft ARGS`` in this process (the CLI on the tests' shared Ray), in the environment of :func:`rayft`:
+    for a command whose process is not what a test is about (no kill, no cold start)."""
+    from click.testing import CliRunner
+
+    from rayft.cli.main import cli
+
+    for name, value in {**TRACKER_CANARIES, "RAYFT_CACHE": str(tmp_path / "cache")}.items():
+        monkeypatch.setenv(name, value)
+    return CliRunner().invoke(cli, args, catch_exceptions=False)
+
+
 def train_config(tmp_path: Path, model_dir: Path, tracking_uri: str) -> Path:
     config = tmp_path / "train.yaml"
     config.write_text(
@@ -167,7 +179,7 @@ def test_train_killed_and_resumed_logs_one_run_without_duplicates(
 
 
 def test_pipeline_logs_a_parent_run_with_a_nested_run_per_stage(
-    server: Server, tiny_model_dir: Path, tmp_path: Path
+    server: Server, ray_session: None, tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from mlflow.tracking import MlflowClient
 
@@ -200,8 +212,8 @@ eval:
 export: {{merge: true}}
 """
     )
-    result = rayft(tmp_path, ["run", str(config)])
-    assert result.returncode == 0, result.stderr[-4000:]
+    result = rayft_here(tmp_path, ["run", str(config)], monkeypatch)
+    assert result.exit_code == 0, result.output[-4000:]
     run_dir = tmp_path / "runs" / "tracked-pipeline"
     ids = json.loads((run_dir / "tracking.json").read_text())["mlflow"]
     client = MlflowClient(tracking_uri=server.uri)
@@ -231,7 +243,9 @@ export: {{merge: true}}
     assert any(key.startswith("pairs.0.") and key.endswith("diff_ci_low") for key in evaluation)
 
 
-def test_unreachable_server_at_start_names_the_uri_or_warns(tiny_model_dir: Path, tmp_path: Path) -> None:
+def test_unreachable_server_at_start_names_the_uri_or_warns(
+    ray_session: None, tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from rayft.testing.servers import free_port
 
     dead = f"http://127.0.0.1:{free_port()}"
@@ -241,9 +255,10 @@ def test_unreachable_server_at_start_names_the_uri_or_warns(tiny_model_dir: Path
     assert f"MLflow server at {dead} is unreachable" in refused.stderr
     assert "logging.mlflow.required=false" in refused.stderr
     config.write_text(config.read_text().replace("name: tracked", "name: tracked-optional"))
-    going_on = rayft(tmp_path, ["train", str(config), "logging.wandb=null", "logging.mlflow.required=false"])
-    assert going_on.returncode == 0, going_on.stderr[-3000:]
-    assert "the run goes on without MLflow" in going_on.stderr
+    args = ["train", str(config), "logging.wandb=null", "logging.mlflow.required=false"]
+    going_on = rayft_here(tmp_path, args, monkeypatch)
+    assert going_on.exit_code == 0, going_on.output[-3000:]
+    assert "the run goes on without MLflow" in going_on.output
 
 
 def test_a_server_killed_mid_run_does_not_stop_training(server: Server, tiny_model_dir: Path, tmp_path: Path) -> None:

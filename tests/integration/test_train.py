@@ -1,6 +1,7 @@
-"""Training on Ray Train with 2 workers (gloo, CPU) on a tiny random model: LoRA and full,
-gradient-accumulation equivalence (one run on Ray's public path, without rayft._ray_private), and
-(slow tier) exact resume after a worker is killed."""
+"""Training on Ray Train with 2 workers (gloo, CPU) on a tiny random model: LoRA, gradient-accumulation
+equivalence (one run on Ray's public path, without rayft._ray_private), and (slow tier) exact resume
+after a worker is killed. Full fine-tuning on 2 workers: tests/integration/test_train_strategies.py
+(its DDP run, the reference of the sharded ones)."""
 
 from __future__ import annotations
 
@@ -99,23 +100,6 @@ def test_lora_on_two_workers(ray_session: None, tiny_model_dir: Path, prepared: 
     out = model.generate(ids, max_new_tokens=3, do_sample=False)
     assert out.shape[1] > ids.shape[1]
     assert (run_dir / "config.yaml").is_file() and (final / "rayft_config.yaml").is_file()
-
-
-def test_full_fine_tuning_on_two_workers(
-    ray_session: None, tiny_model_dir: Path, prepared: PreparedData, tmp_path: Path
-) -> None:
-    from transformers import AutoModelForCausalLM
-
-    cfg = tiny_config(tiny_model_dir, tmp_path, "train.method=full", "train.max_steps=4", "train.learning_rate=1e-3")
-    run_dir = train_on(cfg, prepared)
-
-    assert sorted(train_losses(run_dir)) == [1, 2, 3, 4]
-    final = run_dir / "final"
-    assert (final / "model.safetensors").is_file() and not (final / "adapter_config.json").exists()
-    tuned = AutoModelForCausalLM.from_pretrained(final)
-    base = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
-    moved = [n for n, p in tuned.named_parameters() if not p.detach().equal(dict(base.named_parameters())[n])]
-    assert moved, "full fine-tuning changed no weight"
 
 
 def test_gradient_accumulation_is_equivalent_and_so_is_rays_public_path(

@@ -1,5 +1,6 @@
 """FSDP and DeepSpeed ZeRO-3 (``train.strategy``) on 2 Ray Train workers (gloo, CPU) on a tiny random
-model: each trains as DDP does, its checkpoints hold whole weights (never one rank's shard), a
+model: full fine-tuning under DDP changes and saves the whole model; FSDP and DeepSpeed each train
+as DDP does, their checkpoints hold whole weights (never one rank's shard), a
 killed FSDP worker resumes exactly, and runs resume across strategies (DDP to FSDP, DDP to
 DeepSpeed, DeepSpeed to DDP). The slow tier adds DeepSpeed runs trained whole (with and without
 offload) and DDP runs that really fail before they resume."""
@@ -189,6 +190,20 @@ def test_deepspeed_lora_trains_as_ddp_and_saves_whole_adapters(
 
     assert_close_runs(run_dir, ddp_run)
     assert_whole_adapters(*sorted((run_dir / "checkpoints").glob("step-*")), run_dir / "final")
+
+
+def test_full_fine_tuning_on_two_workers_changes_and_saves_the_whole_model(
+    ddp_full_run: Path, tiny_model_dir: Path
+) -> None:
+    from transformers import AutoModelForCausalLM
+
+    assert sorted(train_losses(ddp_full_run)) == [1, 2, 3]
+    final = ddp_full_run / "final"
+    assert (final / "model.safetensors").is_file() and not (final / "adapter_config.json").exists()
+    tuned = AutoModelForCausalLM.from_pretrained(final)
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    moved = [n for n, p in tuned.named_parameters() if not p.detach().equal(dict(base.named_parameters())[n])]
+    assert moved, "full fine-tuning changed no weight"
 
 
 @pytest.mark.parametrize("strategy", [FSDP, DEEPSPEED])

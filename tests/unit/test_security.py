@@ -134,10 +134,11 @@ def test_once_installed_logs_tracebacks_prints_and_the_log_file_are_masked(tmp_p
 import logging, sys
 from pathlib import Path
 from rayft.console import attach_log_file, setup_console
+from rayft.runs.layout import LOG_FILE
 from rayft.security import install_redaction
 install_redaction()
 setup_console()
-attach_log_file(Path("run"))
+attach_log_file(Path("run") / LOG_FILE)
 log = logging.getLogger("rayft.test")
 log.warning("token %s", "{CANARY}")
 logging.getLogger("ray").error("url http://h/v1?api_key=abcdefgh123")

@@ -63,6 +63,18 @@ def test_resume_accepts_schedule_changes_but_not_model_changes(tmp_path: Path) -
         check_resumable(saved, cfg(tmp_path, "train.learning_rate=1e-3").model_dump(mode="json"))
 
 
+def test_resume_accepts_other_deepspeed_settings_and_another_strategy_without_them(tmp_path: Path) -> None:
+    offload = "train.deepspeed={zero_optimization: {offload_optimizer: {device: cpu}, offload_param: {device: cpu}}}"
+    saved = cfg(tmp_path, "train.strategy=deepspeed", offload).model_dump(mode="json")
+    # the same run on GPUs with room to spare: DeepSpeed's offload off, or DDP (which takes no train.deepspeed)
+    check_resumable(saved, cfg(tmp_path, "train.strategy=deepspeed").model_dump(mode="json"))
+    check_resumable(saved, cfg(tmp_path, "train.strategy=ddp").model_dump(mode="json"))
+    check_resumable(cfg(tmp_path).model_dump(mode="json"), saved)  # and from DDP to offloaded ZeRO-3
+    with pytest.raises(ConfigError, match=r"train.micro_batch_size: 4 -> 2"):
+        check_resumable(saved, cfg(tmp_path, "train.strategy=deepspeed", offload, "train.micro_batch_size=2")
+                        .model_dump(mode="json"))  # fmt: skip
+
+
 def test_unwritable_storage_is_reported(tmp_path: Path) -> None:
     blocker = tmp_path / "file"
     blocker.write_text("x")

@@ -11,6 +11,7 @@ import click
 from rayft.cache import cache_root
 from rayft.config import RayftConfig, load_config
 from rayft.console import attach_log_file
+from rayft.runs.layout import LOG_FILE
 from rayft.runs.location import log_dir
 from rayft.runs.lock import refuse_if_held
 
@@ -41,7 +42,7 @@ def open_run_log(cfg: RayftConfig, directory: Path | None = None) -> Path | None
     if directory is None:
         directory = log_dir(cfg.storage_path, cfg.name, cache_root())
     refuse_if_held(directory)  # a second driver of a run must not write into the first one's log
-    path = attach_log_file(directory)
+    path = attach_log_file(directory / LOG_FILE)
     if path is not None:
         log.info("full log: %s (rayft --verbose also shows Ray's output here)", path)
     return path

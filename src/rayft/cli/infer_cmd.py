@@ -70,10 +70,8 @@ def chat(source: str, overrides: tuple[str, ...], *, config_path: str | None, ch
     the reply being generated. With standard input not a terminal, each line is a message and each
     reply is one block on standard output. No Ray is started.
     """
-    from rayft.recipes import chat as recipe
-
     cfg = _with_inference(_load(config_path, overrides, checkpoint), sampling)
-    recipe.run(cfg, source, device=None if device == "auto" else device)
+    api.chat(cfg, source, device=None if device == "auto" else device)
 
 
 @click.command(epilog="Example: rayft generate runs/my-run --input prompts.jsonl --output out.jsonl --temperature 0")

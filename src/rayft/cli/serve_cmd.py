@@ -6,6 +6,7 @@ import threading
 
 import click
 
+from rayft import api
 from rayft.cli.address_opt import LOCAL_HELP
 from rayft.config import load_config
 
@@ -32,12 +33,10 @@ def serve(sources: tuple[str, ...], *, config_path: str | None, host: str | None
     share its replicas, loaded on demand by model id.
     Blocks until Ctrl-C, then lets the requests in flight finish.
     """
-    from rayft.recipes import serve as recipe
-
     cfg = load_config(config_path, [])
     host = host if host is not None else cfg.serve.host
-    handle = recipe.run(cfg, list(sources), host=host, port=port if port is not None else cfg.serve.port,
-                        address=address)  # fmt: skip
+    handle = api.serve(list(sources), config=cfg, host=host, port=port if port is not None else cfg.serve.port,
+                       address=address)  # fmt: skip
     with handle:
         click.echo(f"Serving at {handle.base_url}")
         click.echo(f"Models: {', '.join(handle.model_ids)}")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import click
 
+from rayft import api
 from rayft.cache import cache_root
 from rayft.cli.address_opt import address_option
 from rayft.cli.common import config_argument, load_cli_config, open_run_log, overrides_argument
@@ -24,13 +25,11 @@ def tune(config_path: str, overrides: tuple[str, ...]) -> None:
     Rerunning the same command continues an interrupted sweep: finished trials are kept, the
     others continue from their last checkpoint.
     """
-    from rayft.recipes.tune import run
-
     cfg = load_cli_config(config_path, overrides)
     # The log goes with the sweep (the recipe refuses a config without a tune section, after this).
     sweep = None if cfg.tune is None else cfg.tune.sweep_name(cfg.name)
     open_run_log(cfg, None if sweep is None else log_dir(cfg.storage_path, sweep, cache_root()))
-    outcome = run(cfg)
+    outcome = api.tune(cfg)
     click.echo(outcome.table)
     click.echo(f"Sweep: {outcome.where} ({len(outcome.result.trials)} trials in {outcome.elapsed_s:.0f} s)")
     if outcome.best_config is not None:

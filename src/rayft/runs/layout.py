@@ -9,6 +9,7 @@
         tracking.json               the MLflow / W&B run ids a restart or --resume continues
         tracking-unsent.json        metric records a tracker could not be sent (reported at the end)
         data/rejected.jsonl         rows the data plane rejected, with reasons
+        logs/rayft.log              the full log of the command (Ray's loggers included)
         profile/                    step_times.jsonl (every rank's step breakdown per logging window),
                                     trace-rank-0000.json (torch.profiler), profile.html
         checkpoints/step-000100/    one directory per saved step (see below)
@@ -38,6 +39,7 @@ CHECKPOINTS_DIR = "checkpoints"
 FINAL_DIR = "final"
 DATA_DIR = "data"
 TRACKING_FILE = "tracking.json"
+LOG_FILE = "logs/rayft.log"
 TRACKING_UNSENT_FILE = "tracking-unsent.json"
 STOP_REQUEST_FILE = ".rayft-stop-requested"
 """Written on SIGTERM into the run (its directory, or under its URI); the workers save and stop when they see it."""

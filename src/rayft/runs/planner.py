@@ -22,6 +22,9 @@ RESUMABLE_CHANGES = (
     "checkpoint.",
     "k8s.",  # where the job runs, not what it trains
     "train.strategy",  # checkpoints hold whole weights and name-keyed optimizer state under every strategy
+    # DeepSpeed's own settings (offload, buckets): where state lives while training, not what it holds; rayft
+    # owns batch sizes, precision, clipping and the ZeRO stage, and a change of strategy drops them all.
+    "train.deepspeed",
     "train.max_steps",
     "train.num_epochs",
     "train.eval_steps",
