@@ -4,13 +4,14 @@ without Ray."""
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
 from rayft.cli.main import cli
-from rayft.cluster.stacks import JobWorker, plan_stack_sources
+from rayft.cluster.stacks import JobWorker, local_ips, plan_stack_sources, py_spy_path, select_job_processes
 from rayft.config.train import ProfileConfig
 from rayft.runs import layout
 from rayft.training.profiling.breakdown import StepTimer, model_flops_utilization, peak_flops
@@ -157,6 +158,33 @@ def test_stacks_are_read_locally_only_for_workers_here_with_py_spy() -> None:
     workers = [JobWorker(10, "a", "10.0.0.1", "WORKER"), JobWorker(11, "b", "10.0.0.2", "WORKER")]
     assert plan_stack_sources(workers, {"10.0.0.1"}, py_spy_here=True) == ["local", "dashboard"]
     assert plan_stack_sources(workers, {"10.0.0.1"}, py_spy_here=False) == ["dashboard", "dashboard"]
+
+
+def test_a_jobs_processes_are_its_live_actors_and_its_driver() -> None:
+    rows = [(10, "n1", "10.0.0.1", True), (11, "n2", "10.0.0.2", True), (12, "n1", "10.0.0.1", False),
+            (13, "n1", "10.0.0.1", True), (14, "n2", "10.0.0.2", True)]  # fmt: skip
+    kinds = {11: "RayTrainWorker", 12: "RayTrainWorker", 14: "TrainController", 10: "DRIVER", 99: "RayTrainWorker"}
+    assert select_job_processes(rows, kinds) == [
+        JobWorker(10, "n1", "10.0.0.1", "DRIVER"),
+        JobWorker(11, "n2", "10.0.0.2", "RayTrainWorker"),
+        JobWorker(14, "n2", "10.0.0.2", "TrainController"),
+    ]  # dead (12), another job's (13) and not listed (99) are left out
+
+
+def test_every_address_of_this_machine_is_local() -> None:
+    """Ray may report a node here by an address the host name does not resolve to (an interface's)."""
+    import subprocess
+
+    listed = subprocess.run(["hostname", "-I"], capture_output=True, text=True, check=True).stdout.split()
+    assert {ip for ip in listed if ":" not in ip} | {"127.0.0.1"} <= local_ips()
+
+
+def test_py_spy_is_found_beside_this_python_when_the_path_lacks_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """ray[default] installs py-spy into the environment's bin, which an unactivated venv leaves off the PATH."""
+    beside = Path(sys.executable).parent / "py-spy"
+    assert beside.is_file(), "py-spy comes with ray[default]: pip install 'ray[default]'"
+    monkeypatch.setenv("PATH", "/nonexistent")
+    assert py_spy_path() == str(beside)
 
 
 def test_the_trace_window_records_its_steps_only(tmp_path: Path) -> None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import datetime
-import shutil
 import sys
 from typing import Any
 
@@ -105,13 +104,21 @@ def stacks(job_id: str, address: str) -> None:
     """The Python stacks of every live process of the job (py-spy), to read a hang without logging
     in to the nodes."""
     from rayft.cluster.jobs import job_info, jobs_url
-    from rayft.cluster.stacks import dump_stack, job_workers, local_ips, plan_stack_sources, require_workers
+    from rayft.cluster.stacks import (
+        dump_stack,
+        job_workers,
+        local_ips,
+        plan_stack_sources,
+        py_spy_path,
+        require_workers,
+    )
 
     url = jobs_url(address)
     info = job_info(url, job_id)
-    workers = job_workers(url, info.job_id or job_id)
+    driver = getattr(info, "driver_info", None)
+    workers = job_workers(url, info.job_id or job_id, int(driver.pid) if driver and driver.pid else None)
     require_workers(workers, job_id)
-    sources = plan_stack_sources(workers, local_ips(), py_spy_here=shutil.which("py-spy") is not None)
+    sources = plan_stack_sources(workers, local_ips(), py_spy_here=py_spy_path() is not None)
     for worker, source in zip(workers, sources, strict=True):
         click.echo(f"=== {worker.kind} pid {worker.pid} on {worker.ip} (node {worker.node_id[:12]}) ===")
         click.echo(redact(dump_stack(worker, source, url)))

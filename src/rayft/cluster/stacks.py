@@ -10,9 +10,11 @@ from __future__ import annotations
 import shutil
 import socket
 import subprocess
+import sys
 import urllib.parse
 from collections.abc import Collection
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Literal
 
 from rayft.errors import ClusterError
@@ -31,12 +33,25 @@ class JobWorker:
     kind: str
 
 
-def job_workers(url: str, job_id: str) -> list[JobWorker]:
-    """The live worker processes of the Ray job ``job_id`` (Ray's hex job id), by Ray's state API."""
-    from ray.util.state import list_workers
+def job_workers(url: str, job_id: str, driver_pid: int | None) -> list[JobWorker]:
+    """The live processes of the Ray job ``job_id`` (Ray's hex job id) by Ray's state API: its
+    actors' (Ray Train's controller and workers among them) and its driver's."""
+    from ray.util.state import list_actors, list_workers
 
-    rows = list_workers(address=url, filters=[("job_id", "=", job_id)], detail=True, raise_on_missing_output=False)
-    return [JobWorker(int(r.pid), str(r.node_id), str(r.ip), str(r.worker_type)) for r in rows if r.is_alive and r.pid]
+    # Ray's worker rows carry no job id, its actor rows do: the job's processes are its actors' pids.
+    actors = list_actors(address=url, filters=[("job_id", "=", job_id)], limit=10_000, raise_on_missing_output=False)
+    kinds = {int(a.pid): str(a.class_name) for a in actors if a.state == "ALIVE" and a.pid}
+    if driver_pid:
+        kinds[driver_pid] = "DRIVER"
+    rows = list_workers(address=url, limit=10_000, raise_on_missing_output=False)
+    return select_job_processes([(int(r.pid), str(r.node_id), str(r.ip), bool(r.is_alive)) for r in rows], kinds)
+
+
+def select_job_processes(rows: list[tuple[int, str, str, bool]], kinds: dict[int, str]) -> list[JobWorker]:
+    """Of the cluster's worker processes (pid, node id, ip, alive), the live ones that ``kinds``
+    names (pid to what runs there: an actor's class or ``DRIVER``), driver first."""
+    found = [JobWorker(pid, node, ip, kinds[pid]) for pid, node, ip, alive in rows if alive and pid in kinds]
+    return sorted(found, key=lambda w: (w.kind != "DRIVER", w.kind, w.pid))
 
 
 def plan_stack_sources(workers: list[JobWorker], local_ips: Collection[str], py_spy_here: bool) -> list[StackSource]:
@@ -46,10 +61,13 @@ def plan_stack_sources(workers: list[JobWorker], local_ips: Collection[str], py_
 
 
 def local_ips() -> set[str]:
-    """The addresses of this machine that Ray may report for a node on it."""
-    names = {socket.gethostname(), socket.getfqdn(), "localhost"}
-    ips = {"127.0.0.1"}
-    for name in names:
+    """The addresses of this machine that Ray may report for a node on it: every IPv4 address of its
+    interfaces (Ray may report one that the host name does not resolve to) and those of its names."""
+    import psutil  # type: ignore[import-untyped] # a dependency of Ray's (which this module needs); no stubs
+
+    ips = {a.address for addrs in psutil.net_if_addrs().values() for a in addrs if a.family == socket.AF_INET}
+    ips.add("127.0.0.1")
+    for name in {socket.gethostname(), socket.getfqdn(), "localhost"}:
         try:
             ips.update(str(info[4][0]) for info in socket.getaddrinfo(name, None, socket.AF_INET))
         except OSError:
@@ -57,10 +75,17 @@ def local_ips() -> set[str]:
     return ips
 
 
+def py_spy_path() -> str | None:
+    """This machine's py-spy: on the PATH, or beside this Python (``ray[default]`` installs it into
+    the environment's bin, which a venv used without activation leaves off the PATH)."""
+    beside = shutil.which("py-spy", path=str(Path(sys.executable).parent))
+    return shutil.which("py-spy") or beside
+
+
 def dump_stack(worker: JobWorker, source: StackSource, url: str, timeout_s: float = 30.0) -> str:
     """One worker's Python stacks as py-spy prints them."""
     if source == "local":
-        py_spy = shutil.which("py-spy")
+        py_spy = py_spy_path()
         assert py_spy is not None  # planned "local" only where it is installed
         done = subprocess.run(
             [py_spy, "dump", "--pid", str(worker.pid)], capture_output=True, text=True, timeout=timeout_s, check=False
