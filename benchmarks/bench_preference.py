@@ -125,14 +125,14 @@ def with_reference(model: Any, units: list[dict[str, Any]], pad_id: int) -> list
     return out
 
 
-def timed(step: Any, model: Any, optimizer: Any) -> tuple[int, int, float]:
-    """(real tokens, pairs, seconds) of one optimizer step."""
+def timed(step: Any, optimizer: Any, pairs: int) -> tuple[int, int, float]:
+    """(real tokens, ``pairs``, seconds) of one optimizer step on ``pairs`` pairs (their chosen side, for SFT)."""
     started = time.perf_counter()
     loss, tokens, terms = step()
-    (loss / max(terms, 1)).backward()
+    (loss / max(terms, 1)).backward()  # the mean over the loss terms: label tokens (SFT) or pairs
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
-    return tokens, terms, time.perf_counter() - started
+    return tokens, pairs, time.perf_counter() - started
 
 
 def main() -> None:
@@ -172,7 +172,7 @@ def main() -> None:
     for step in range(args.steps * args.repeats + 1):
         for name, (kind, run, data) in arms.items():
             batch = data[step * args.pairs : (step + 1) * args.pairs]
-            result = timed(lambda run=run, batch=batch: run(batch), models[kind], optimizers[kind])
+            result = timed(lambda run=run, batch=batch: run(batch), optimizers[kind], len(batch))
             if step > 0:
                 measured[name].append(result)
     report(measured, args, prepared)
