@@ -72,3 +72,25 @@ def test_the_driver_reads_none_of_the_training_split(ray_session: None, tiny_mod
     manifest = read_manifest(run_dir / "final")
     assert manifest is not None and manifest.step == 2  # the workers did read their rows and train
     assert read < split_bytes / 8, f"the driver read {read / 2**20:.1f} MiB of a {split_bytes / 2**20:.1f} MiB split"
+
+
+def test_a_worker_that_cannot_read_the_prepared_files_fails_at_once_naming_them(
+    ray_session: None, tiny_model_dir: Path, arithmetic_units: PreparedData, tmp_path: Path
+) -> None:
+    import dataclasses
+
+    from rayft.errors import DataError
+    from rayft.training.driver.run import default_launcher
+    from rayft.training.driver.startup import build_worker_plan, claim_run_dir
+
+    # As on a node that does not mount the data cache: the files the driver names are not there.
+    elsewhere = str(tmp_path / "not-mounted" / "part-00000.parquet")
+    prepared = dataclasses.replace(
+        arithmetic_units, train=dataclasses.replace(arithmetic_units.train, files=(elsewhere,))
+    )
+    cfg = tiny_config(tiny_model_dir, tmp_path / "runs", "failure.max_failures=0")
+    run_dir = claim_run_dir(cfg, resume=False)
+    with pytest.raises(
+        DataError, match=rf"rank \d on node .* cannot read the prepared file {elsewhere};.*data\.cache_dir"
+    ):
+        default_launcher(cfg).launch(build_worker_plan(cfg, prepared, run_dir), prepared)
