@@ -45,10 +45,6 @@ PRIVATE_SYMBOLS: tuple[str, ...] = (
     "ray.train.v2._internal.execution.scaling_policy:FixedScalingPolicy.after_controller_start",
     "ray.train.v2._internal.execution.scaling_policy:FixedScalingPolicy.before_controller_shutdown",
     "ray.train.v2._internal.execution.scaling_policy:FixedScalingPolicy.before_controller_abort",
-    "ray.data._internal.iterator.iterator_impl:DataIteratorImpl",
-    "ray.data._internal.iterator.iterator_impl:DataIteratorImpl._to_ref_bundle_iterator",
-    "ray.data._internal.logical.interfaces.logical_plan:LogicalPlan.dag",
-    "ray.data._internal.logical.interfaces.source_operator:SourceOperator.output_data",
     "ray._private.log_monitor:RAY_LOG_MONITOR_MANY_FILES_THRESHOLD",
     "ray.train.v2._internal.constants:ENABLE_PREEMPTION_WATCHER_ENV_VAR",
     "ray.train.v2._internal.execution.callback:WorkerGroupCallback",
@@ -178,8 +174,8 @@ def trainer_class(own_ray: bool) -> type:
     The coordinator is a detached actor through which Ray Train and Ray Data ask an autoscaler for
     nodes and share out what a cluster has. The controller creates it and waits for its process to
     start before it starts any worker (over a second of start-up on a small machine), and it then
-    lives beside training. A local Ray has no autoscaler and no nodes to add, and the workers' Ray
-    Data reads need no share of the CPUs (the shards hand them blocks already in the object store).
+    lives beside training. A local Ray has no autoscaler and no nodes to add, and the workers run
+    no Ray Data (each reads its rows of the prepared files itself).
     """
     from ray.train.torch import TorchTrainer
 
@@ -231,41 +227,6 @@ def local_scaling_policy(policy: Any) -> Any:
             """No request to renew."""
 
     return LocalFixedScalingPolicy(policy.scaling_config)
-
-
-def block_iterator_class() -> type | None:
-    """A Ray Data iterator over an in-memory dataset that hands its blocks to Ray Data's batching as
-    they are; None with the switch off, or where this Ray's internals differ (Ray Data's own
-    iterator is then used).
-
-    Iterating a ``from_blocks`` dataset the ordinary way starts a streaming executor in the worker
-    with nothing to execute (the blocks are already in the object store), and that executor starts
-    two detached actors, each a process that lives beside training: Ray Data's stats actor (which
-    then gets the iteration's metrics) and the autoscaling coordinator. The iterator is defined here,
-    not at module level, so that Ray Train's dataset actor need not import rayft to pass it on.
-    """
-    if not enabled():
-        return None
-    base = _load("ray.data._internal.iterator.iterator_impl:DataIteratorImpl")
-    if (
-        base is None
-        or _load("ray.data._internal.iterator.iterator_impl:DataIteratorImpl._to_ref_bundle_iterator") is None
-    ):
-        return None
-
-    class BlockIterator(base):  # type: ignore[misc, valid-type]
-        """A dataset's source blocks, without a streaming executor or stats (any other dataset is
-        iterated as usual)."""
-
-        def _to_ref_bundle_iterator(self) -> Any:
-            source = getattr(getattr(self._base_dataset, "_logical_plan", None), "dag", None)
-            output_data = getattr(source, "output_data", None)
-            bundles = output_data() if callable(output_data) else None
-            if bundles is None:
-                return super()._to_ref_bundle_iterator()
-            return iter(bundles), None, None
-
-    return BlockIterator
 
 
 def placement_group_recorder(directory: str) -> Any:

@@ -17,7 +17,6 @@ from rayft._ray_private import (
     LOCAL_RAY_TRAIN_ENV,
     PRIVATE_SYMBOLS,
     SWITCH_ENV,
-    block_iterator_class,
     local_init_kwargs,
     local_process_env,
     local_scaling_policy,
@@ -37,14 +36,9 @@ def test_every_private_ray_name_exists_in_the_installed_ray(symbol: str) -> None
 
 def test_the_private_names_are_used_as_this_ray_defines_them() -> None:
     import ray
-    from ray.data import Dataset
-    from ray.data._internal.iterator.iterator_impl import DataIteratorImpl
     from ray.train.v2._internal.constants import ENABLE_PREEMPTION_WATCHER_ENV_VAR, HEALTH_CHECK_INTERVAL_S_ENV_VAR
 
     assert 'kwargs.pop("_system_config"' in inspect.getsource(ray.init)
-    base = object()
-    assert DataIteratorImpl(base)._base_dataset is base  # type: ignore[arg-type]
-    assert "self._logical_plan" in inspect.getsource(Dataset.__init__)
     assert set(LOCAL_RAY_TRAIN_ENV) == {ENABLE_PREEMPTION_WATCHER_ENV_VAR, HEALTH_CHECK_INTERVAL_S_ENV_VAR}
     trainer_source = inspect.getsource(resolve("ray.train.v2.api.data_parallel_trainer:DataParallelTrainer.fit"))
     assert "scaling_policy=" in trainer_source and "_create_default_callbacks()" in trainer_source
@@ -94,35 +88,6 @@ def test_a_local_ray_trains_with_a_fixed_policy_that_never_calls_the_autoscaling
     assert local_scaling_policy(sentinel) is sentinel  # any other policy is left as it is
 
 
-class _Source:
-    """A dataset's source operator whose blocks are known (as ``from_blocks``'s are)."""
-
-    def __init__(self, bundles: list[str] | None) -> None:
-        self._bundles = bundles
-
-    def output_data(self) -> list[str] | None:
-        return self._bundles
-
-
-class _Dataset:
-    """The parts of a Ray Data dataset the block iterator reads."""
-
-    def __init__(self, bundles: list[str] | None) -> None:
-        self._logical_plan = type("Plan", (), {"dag": _Source(bundles)})()
-
-    def _execute_to_iterator(self) -> tuple[str, str, str]:
-        return "executed", "stats", "executor"
-
-
-def test_in_memory_shards_are_iterated_without_an_executor_or_stats() -> None:
-    iterator_class = block_iterator_class()
-    assert iterator_class is not None
-    bundles, stats, executor = iterator_class(_Dataset(["block-0", "block-1"]))._to_ref_bundle_iterator()
-    assert list(bundles) == ["block-0", "block-1"] and stats is None and executor is None
-    # A dataset whose blocks are not known yet is executed as usual.
-    assert iterator_class(_Dataset(None))._to_ref_bundle_iterator() == ("executed", "stats", "executor")
-
-
 def test_a_local_ray_trains_without_the_cleaner_and_the_coordinator() -> None:
     from ray.train.torch import TorchTrainer
 
@@ -138,9 +103,6 @@ def test_switched_off_every_path_is_rays_public_default(monkeypatch: pytest.Monk
     assert local_process_env(OFF) == {} and local_train_env(OFF) == {}
     monkeypatch.setenv(SWITCH_ENV, "0")
     assert trainer_class(own_ray=True) is TorchTrainer
-    assert block_iterator_class() is None
-    monkeypatch.setenv(SWITCH_ENV, "1")
-    assert block_iterator_class() is not None
 
 
 def test_a_private_name_this_ray_lacks_falls_back_with_a_warning(caplog: pytest.LogCaptureFixture) -> None:

@@ -1,5 +1,9 @@
 """Starting the workers: in this process (``num_workers: 0``) or as a Ray Train ``TorchTrainer``.
 
+The workers are given the names of the prepared files, not their rows: each reads its own rows
+(:mod:`rayft.training.loop.shards`), so the driver reads no training data and Ray's object store
+holds no copy of a split.
+
 Before Ray Train is asked for workers, the cluster is checked: a run that asks for more than the
 cluster has fails within seconds with what is missing, instead of Ray Train's endless retries.
 """
@@ -17,7 +21,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from rayft._ray_private import block_iterator_class, local_train_env, trainer_class
+from rayft._ray_private import local_train_env, trainer_class
 from rayft.cache import cache_root
 from rayft.config.train import CheckpointConfig, FailureConfig, ScalingConfig
 from rayft.console import quiet_worker_console, ray_train_log_level
@@ -32,7 +36,6 @@ from rayft.security import install_redaction
 from rayft.training.loop.faults import faults_from_env
 from rayft.training.loop.plan import missing_resources
 from rayft.training.loop.session import LocalSession, RaySession
-from rayft.training.loop.shards import parquet_row_counts, plan_shards, read_shard_tables
 from rayft.training.loop.worker import run_worker
 from rayft.training.loop.worker_plan import WorkerPlan
 
@@ -189,7 +192,11 @@ def launch_ray(
     own_ray = owns_ray()
     trainer = trainer_class(own_ray)(
         train_loop_per_worker=ray_worker_entry,
-        train_loop_config={"plan": plan, "idle_main_thread": own_ray and local_idle_main_thread(os.environ)},
+        train_loop_config={
+            "plan": plan,
+            "files": split_files(prepared),  # each worker reads its own rows of them
+            "idle_main_thread": own_ray and local_idle_main_thread(os.environ),
+        },
         scaling_config=ray.train.ScalingConfig(
             num_workers=scaling.num_workers,
             use_gpu=use_gpu,
@@ -206,8 +213,6 @@ def launch_ray(
             logging_config=ray.train.LoggingConfig(log_level=ray_train_log_level()),  # type: ignore[call-arg]
         ),
         torch_config=TorchConfig(backend="nccl" if use_gpu else "gloo", timeout_s=int(failure.collective_timeout_s)),
-        datasets=_ray_datasets(prepared),
-        dataset_config=PlannedShards(split_files(prepared), scaling.num_workers, direct=own_ray),
     )
     train_env = local_train_env(os.environ) if own_ray else {}
     with (
@@ -236,7 +241,9 @@ def ray_worker_entry(config: dict[str, Any]) -> None:
         idle_main_thread()
     location = plan.location.on_node(cache_root())
     plan = dataclasses.replace(plan, run_dir=str(location.local_dir))
-    session = RaySession(location.local_dir, remote_uri=plan.remote_uri, num_to_keep=plan.checkpoint.num_to_keep)
+    session = RaySession(
+        config["files"], location.local_dir, remote_uri=plan.remote_uri, num_to_keep=plan.checkpoint.num_to_keep
+    )
     run_worker(plan, session)
     open_store(location).drop_local_copy()  # with a URI, nothing of a finished run needs to stay on this node
 
@@ -274,68 +281,6 @@ def _ray_checkpoint_config(checkpoint: CheckpointConfig, has_validation: bool) -
             num_to_keep=checkpoint.num_to_keep, checkpoint_score_attribute="eval/loss", checkpoint_score_order="min"
         )
     return ray.train.CheckpointConfig(num_to_keep=checkpoint.num_to_keep)
-
-
-def _ray_datasets(prepared: PreparedData) -> dict[str, Any]:
-    """Lazy datasets naming the splits; the workers' shards come from :class:`PlannedShards`."""
-    import ray.data
-
-    return {name: ray.data.read_parquet(list(files)) for name, files in split_files(prepared).items()}
-
-
-def _planned_shards_class() -> type:
-    from ray.train import DataConfig
-
-    class _PlannedShards(DataConfig):
-        """Gives each worker the rows :func:`plan_shards` assigns it, as in-memory blocks in file
-        order: the same assignment as without Ray, and streamed without read tasks (which could
-        not get CPUs while the workers hold them all)."""
-
-        def __init__(self, shards: dict[str, list[Any]], iterator_class: type | None) -> None:
-            super().__init__(datasets_to_split="all")
-            self._shards = shards
-            self._iterator_class = iterator_class
-
-        def configure(
-            self, datasets: dict[str, Any], world_size: int, worker_handles: Any, worker_node_ids: Any, **kwargs: Any
-        ) -> list[dict[str, Any]]:
-            def iterator(dataset: Any) -> Any:
-                return self._iterator_class(dataset) if self._iterator_class else dataset.iterator()
-
-            return [{name: iterator(self._shards[name][rank]) for name in datasets} for rank in range(world_size)]
-
-    return _PlannedShards
-
-
-def PlannedShards(  # noqa: N802 - builds a DataConfig
-    files: dict[str, tuple[str, ...]], world_size: int, *, direct: bool = False
-) -> Any:
-    """A Ray Train DataConfig that shards by :func:`plan_shards`; with ``direct`` (a Ray that rayft
-    started), the workers iterate their shards with :func:`block_iterator_class`.
-
-    The per-rank datasets are built here, on the driver: building them inside Ray Train's
-    dataset actor blocks its event loop. They are made with ``from_blocks``, which reads each
-    table's row count and schema here, where ``from_arrow`` would run a task per shard to do so:
-    a worker process to wait for (or start) before the controller can start.
-    """
-    import ray.data
-
-    # The shards are small in-memory reads, iterated once per epoch on each worker: no progress
-    # bars or execution banners in the training log (the datasets keep a copy of this context).
-    context = ray.data.DataContext.get_current()
-    saved = (context.enable_progress_bars, context.print_on_execution_start)
-    context.enable_progress_bars, context.print_on_execution_start = False, False
-    try:
-        shards = {
-            name: [
-                ray.data.from_blocks(read_shard_tables(paths, ranges))
-                for ranges in plan_shards(parquet_row_counts(paths), world_size)
-            ]
-            for name, paths in files.items()
-        }
-    finally:
-        context.enable_progress_bars, context.print_on_execution_start = saved
-    return _planned_shards_class()(shards, block_iterator_class() if direct else None)
 
 
 @contextlib.contextmanager

@@ -31,7 +31,7 @@ from rayft.training.driver.startup import prepare_training_data, run_location
 from rayft.training.loop.batches import Unit
 from rayft.training.loop.plan import Schedule
 from rayft.training.loop.session import staging_path
-from rayft.training.loop.shards import iter_windows, parquet_row_counts, plan_shards, read_shard_tables
+from rayft.training.loop.shards import check_readable, iter_rank_tables, iter_windows
 from rayft.training.loop.worker import run_worker
 from rayft.training.loop.worker_plan import WorkerPlan
 
@@ -58,6 +58,7 @@ class TorchrunSession:
         self._device = torch.device(f"cuda:{self._local_rank}" if cuda else "cpu")
         if cuda:
             torch.cuda.set_device(self._device)
+        check_readable(files, self.rank)
         self._files = files
         self._run_dir = run_dir
         self._num_to_keep = num_to_keep
@@ -82,10 +83,9 @@ class TorchrunSession:
         return self._device
 
     def windows(self, split: str, window_size: int) -> Iterator[list[Unit]]:
-        """This rank's planned shard of ``split``, in order."""
+        """This rank's planned shard of ``split``, in order, read by this rank one row group at a time."""
         files = list(self._files.get(split, ()))
-        ranges = plan_shards(parquet_row_counts(files), self.world_size)[self.rank]
-        return iter_windows(read_shard_tables(files, ranges), window_size)
+        return iter_windows(iter_rank_tables(files, self.rank, self.world_size), window_size)
 
     @contextlib.contextmanager
     def restored_checkpoint(self) -> Iterator[Path | None]:

@@ -1,8 +1,9 @@
 """The seam between the per-worker training loop and whatever runs it.
 
-:class:`RaySession` runs under Ray Train (data from ``get_dataset_shard``, checkpoints through
-``ray.train.report``); :class:`LocalSession` runs in the calling process without Ray (the
-``num_workers: 0`` mode, and GPU machines without Ray). The loop sees only :class:`TrainSession`.
+:class:`RaySession` runs under Ray Train (each worker reads its planned rows of the prepared files
+itself, checkpoints go through ``ray.train.report``); :class:`LocalSession` runs in the calling
+process without Ray (the ``num_workers: 0`` mode, and GPU machines without Ray). The loop sees only
+:class:`TrainSession`.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from rayft.runs.checkpoints import prune_checkpoints, publish_checkpoint
 from rayft.runs.location import RunLocation
 from rayft.runs.store import open_store
 from rayft.training.loop.batches import Unit
-from rayft.training.loop.shards import iter_windows, parquet_row_counts, plan_shards, read_shard_tables
+from rayft.training.loop.shards import check_readable, iter_rank_tables, iter_windows
 
 if TYPE_CHECKING:
     import torch
@@ -106,7 +107,6 @@ class LocalSession:
         self._run_dir = run_dir
         self._num_to_keep = num_to_keep
         self._store = open_store(RunLocation(run_dir, remote_uri))
-        self._cache: dict[str, list[Any]] = {}
         self._device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
 
     @property
@@ -125,15 +125,9 @@ class LocalSession:
         return self._device
 
     def windows(self, split: str, window_size: int) -> Iterator[list[Unit]]:
-        """Every row of the split's parquet files in order, ``window_size`` rows at a time."""
-        return iter_windows(self._tables(split), window_size)
-
-    def _tables(self, split: str) -> list[Any]:
-        if split not in self._cache:
-            files = list(self._files.get(split, ()))
-            ranges = plan_shards(parquet_row_counts(files), 1)[0]
-            self._cache[split] = read_shard_tables(files, ranges)
-        return self._cache[split]
+        """Every row of the split's parquet files in order, ``window_size`` rows at a time, read one
+        row group at a time."""
+        return iter_windows(iter_rank_tables(list(self._files.get(split, ())), 0, 1), window_size)
 
     @contextlib.contextmanager
     def restored_checkpoint(self) -> Iterator[Path | None]:
@@ -160,6 +154,8 @@ class LocalSession:
 class RaySession:
     """Runs under Ray Train V2: one of ``world_size`` workers of a TorchTrainer.
 
+    ``files`` are the prepared parquet files of each split, which this worker reads its own rows of
+    (they must be where every node reads them: the data cache on a file system all nodes mount).
     With a local ``storage_path`` (a directory every node sees) the workers write into the run
     directory. With a URI, ``run_dir`` is this worker's own directory on its node
     (:func:`rayft.runs.location.worker_dir`), never the driver's mirror: rank 0 writes its
@@ -167,10 +163,19 @@ class RaySession:
     the checkpoint into it (once per node); Ray Train keeps the run's checkpoints under the URI.
     """
 
-    def __init__(self, run_dir: Path, *, remote_uri: str | None = None, num_to_keep: int | None = None) -> None:
+    def __init__(
+        self,
+        files: Mapping[str, Sequence[str]],
+        run_dir: Path,
+        *,
+        remote_uri: str | None = None,
+        num_to_keep: int | None = None,
+    ) -> None:
         import ray.train
 
         self._context = ray.train.get_context()
+        check_readable(files, self.rank)
+        self._files = files
         self._run_dir = run_dir
         self._store = open_store(RunLocation(run_dir, remote_uri))
         self._num_to_keep = num_to_keep
@@ -195,17 +200,11 @@ class RaySession:
         return ray.train.torch.get_device()
 
     def windows(self, split: str, window_size: int) -> Iterator[list[Unit]]:
-        """This worker's shard of ``split`` (planned by :func:`plan_shards`) from Ray Data, in order.
-
-        Ray Data hands over whole blocks (one per planned file range, fetched ahead by one), and
-        they are cut into windows here exactly as without Ray: Ray Data's per-batch cost (format
-        conversion, the prefetch hand-off) is paid once per block instead of once per step.
-        """
-        import ray.train
-
-        shard = ray.train.get_dataset_shard(split)
-        blocks = shard.iter_batches(batch_size=None, batch_format="pyarrow", prefetch_batches=1)
-        return iter_windows(blocks, window_size)
+        """This worker's shard of ``split`` (planned by
+        :func:`~rayft.training.loop.shards.plan_shards`), in order, read by this worker from the
+        prepared files one row group at a time and cut into windows exactly as without Ray."""
+        files = list(self._files.get(split, ()))
+        return iter_windows(iter_rank_tables(files, self.rank, self.world_size), window_size)
 
     @contextlib.contextmanager
     def restored_checkpoint(self) -> Iterator[Path | None]:
