@@ -151,3 +151,16 @@ def test_the_pairs_section_is_checked_when_the_config_loads() -> None:
         load_config(None, ["pairs.samples_per_problem=1"])
     with pytest.raises(ConfigError, match="pairs.answer_match"):
         load_config(None, ["pairs.answer_match=loose"])
+
+
+def test_the_cli_refuses_a_missing_model_before_anything_starts(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from rayft.cli.main import cli
+
+    config = Path(__file__).resolve().parents[2] / "configs" / "gsm8k-dpo.yaml"
+    args = ["pairs", str(config), f"storage_path={tmp_path}", "--model", str(tmp_path / "missing"), "-k", "3"]
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    assert f"Error: model source '{tmp_path / 'missing'}' does not exist" in result.output
+    assert not (tmp_path / "gsm8k-dpo" / "pairs").exists()

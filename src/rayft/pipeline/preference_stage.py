@@ -51,7 +51,7 @@ class PairsStage:
         if fresh:
             move_aside(out)
         source = pairs_model_source(ctx.cfg, ctx.run_dir, ctx.records)
-        result = pairs.make(ctx.cfg, source, out)
+        result = pairs.make(ctx.cfg, pairs.sampler_source(ctx.cfg, source), out)
         files = {"dir": out, "data_jsonl": result.data_jsonl, "no_pair_jsonl": result.no_pair_jsonl,
                  "summary_json": result.summary_json}  # fmt: skip
         return StageOutput(files, {**result.summary, "model": source})

@@ -49,8 +49,9 @@ def run(
 ) -> PairsOutput:
     """Make pairs from ``cfg.pairs`` with ``model`` (else ``pairs.model``, else ``model.name``)."""
     out = resolve_pairs_dir(cfg, output_dir)
+    resolved = sampler_source(cfg, model or cfg.pairs.model or cfg.model.name)  # a bad source fails before Ray starts
     with run_lock(out, command="rayft pairs"), ray_runtime(address or cfg.scaling.address):
-        return make(cfg, model or cfg.pairs.model or cfg.model.name, out)
+        return make(cfg, resolved, out)
 
 
 def sampler_source(cfg: RayftConfig, source: str) -> ResolvedSource:
@@ -60,9 +61,8 @@ def sampler_source(cfg: RayftConfig, source: str) -> ResolvedSource:
     return resolve_source(source, cfg.model, cfg.eval.checkpoint)
 
 
-def make(cfg: RayftConfig, source: str, out: Path) -> PairsOutput:
+def make(cfg: RayftConfig, resolved: ResolvedSource, out: Path) -> PairsOutput:
     """The work of :func:`run` into ``out``, with Ray running (the pipeline's pairs stage calls it)."""
-    resolved = sampler_source(cfg, source)
     plan = plan_pairs(cfg.pairs, resolved, cfg.seed)
     eval_questions = read_eval_questions(cfg.pairs.decontamination)
     return make_pairs_on_ray(plan, Gsm8kChecker(cfg.pairs.answer_match), eval_questions, out)
