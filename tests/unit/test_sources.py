@@ -108,3 +108,54 @@ def test_source_files_errors_name_the_glob_and_the_fix(tmp_path: Path) -> None:
         read_table(DatasetConfig(path=str(tmp_path / "missing"), files="*.py"))
     with pytest.raises(ValueError, match=r"chunk_chars=10 is set without files"):
         DatasetConfig(path=str(tmp_path), chunk_chars=10)
+
+
+def test_a_uri_dataset_is_read_a_batch_at_a_time_with_rows_numbered_and_cut_at_max_rows(tmp_path: Path) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from rayft.data.reader import iter_rows
+
+    rows = [{"text": f"row {i} " + "x" * 200} for i in range(40_000)]
+    path = tmp_path / "big.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), path, row_group_size=2_000)
+    size = pa.Table.from_pylist(rows).nbytes
+    del rows
+    uri = path.as_uri()
+    before = pa.total_allocated_bytes()
+    peak = 0
+    count = 0
+    for item in iter_rows(DatasetConfig(path=uri)):
+        assert item.row is not None and item.row["text"].startswith(f"row {count} ")
+        assert (item.file, item.line) == (uri, count + 1)
+        count += 1
+        if count % 1_000 == 0:
+            peak = max(peak, pa.total_allocated_bytes() - before)
+    assert count == 40_000
+    # The whole table is about 8.6 MB; a batch of 4,096 rows is under 1 MB, and the reader holds about
+    # 2.4 MB (the batch and the row groups it spans). A scanner that reads the file ahead holds 9.9 MB.
+    assert peak < size / 3, (peak, size)
+    assert [r.line for r in iter_rows(DatasetConfig(path=uri, max_rows=5))] == [1, 2, 3, 4, 5]
+
+
+def test_an_unreadable_uri_is_one_data_error_naming_it(tmp_path: Path) -> None:
+    from rayft.data.reader import iter_rows
+
+    uri = (tmp_path / "absent.parquet").as_uri()
+    with pytest.raises(DataError, match=r"cannot read it with pyarrow .*check the URI"):
+        next(iter_rows(DatasetConfig(path=uri)))
+
+
+def test_a_bad_line_of_a_json_lines_uri_is_one_rejected_row_not_a_refused_file(tmp_path: Path) -> None:
+    from rayft.data.reader import iter_rows
+
+    path = tmp_path / "rows.jsonl"
+    path.write_bytes(b'\xef\xbb\xbf{"text": "one"}\nnot json\n\n{"text": "caf\xe9"}\n{"text": "four"}\n')
+    items = list(iter_rows(DatasetConfig(path=path.as_uri())))
+    assert [(i.file, i.line, i.reason) for i in items] == [
+        (path.as_uri(), 1, ""),
+        (path.as_uri(), 2, "bad_json"),
+        (path.as_uri(), 4, "bad_encoding"),
+        (path.as_uri(), 5, ""),
+    ]
+    assert [i.row for i in items if i.row is not None] == [{"text": "one"}, {"text": "four"}]

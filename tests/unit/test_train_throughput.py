@@ -49,6 +49,7 @@ def test_tokens_per_s_is_the_training_rate_for_any_logging_window(logging_steps:
         logger=logger,
         scheduler=SimpleNamespace(get_last_lr=lambda: [1e-4]),
         window=ThroughputWindow(clock=clock),
+        window_units=0.0,
         objective=SimpleNamespace(throughput_unit="tokens"),
         profile=SimpleNamespace(timer=StepTimer(enabled=False), window_metrics=lambda step, rate: {}),
     )

@@ -43,6 +43,7 @@ def prepare(config_path: str, overrides: tuple[str, ...], in_process: bool, repo
     """
     from pathlib import Path
 
+    from rayft.data.preference import pair_preparation
     from rayft.data.prepare import prepare as run_prepare
 
     cfg = load_cli_config(config_path, overrides)
@@ -52,8 +53,9 @@ def prepare(config_path: str, overrides: tuple[str, ...], in_process: bool, repo
         fix = "pass --report-dir /a/local/dir"
         reports = local_run_dir(cfg.storage_path, cfg.name, command="rayft data", fix=fix) / layout.DATA_DIR
     use_ray = not in_process and cfg.scaling.num_workers > 0
+    pairs = pair_preparation(cfg.train.objective, cfg.train.preference.max_prompt_length)
     outcome = run_prepare(
-        cfg.data, cfg.model, cfg.seed, report_dir=reports, use_ray=use_ray, ray_address=cfg.scaling.address
+        cfg.data, cfg.model, cfg.seed, report_dir=reports, use_ray=use_ray, ray_address=cfg.scaling.address, pairs=pairs
     )
     click.echo(summary(outcome, reports))
 

@@ -8,7 +8,7 @@ from pydantic import Field, model_validator
 
 from rayft.config.base import Section
 
-DataFormat = Literal["auto", "template", "alpaca", "messages", "prompt_completion", "text"]
+DataFormat = Literal["auto", "template", "alpaca", "messages", "prompt_completion", "text", "preference"]
 
 
 class DatasetConfig(Section):
@@ -33,7 +33,8 @@ class DatasetConfig(Section):
         description=(
             "How rows become examples: 'template' (input_template/output_template), 'alpaca' "
             "(instruction, input, output), 'messages' (OpenAI or ShareGPT turns, loss on every "
-            "assistant turn), 'prompt_completion', 'text' (continued pre-training), or 'auto' "
+            "assistant turn), 'prompt_completion', 'text' (continued pre-training), 'preference' "
+            "(prompt + chosen + rejected pairs, for train.objective dpo, orpo or simpo), or 'auto' "
             "(detected from the columns, and reported)."
         ),
     )

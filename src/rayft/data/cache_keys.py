@@ -7,7 +7,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -74,16 +74,25 @@ def tokenizer_files_fingerprint(model: ModelConfig) -> str | None:
 
 
 def cache_key(
-    data: DataConfig, seed: int, tokenizer_hash: str, fingerprints: Sequence[str], *, seq2seq: bool = False
+    data: DataConfig,
+    seed: int,
+    tokenizer_hash: str,
+    fingerprints: Sequence[str],
+    *,
+    seq2seq: bool = False,
+    pairs: Mapping[str, Any] | None = None,
 ) -> str:
     """The content key: the datasets' fingerprints (:func:`dataset_fingerprint`), the tokenizer and the
     settings that shape the output (``seq2seq``: source/target pairs for an encoder-decoder, with their
-    own length limits). Which rows are selected follows from these and the seed."""
+    own length limits; ``pairs``: the preference-pair settings, for DPO, ORPO and SimPO alike, whose
+    tokens are the same). Which rows are selected follows from these and the seed."""
     settings = data.model_dump(mode="json", include={"datasets", "validation_datasets", "max_seq_length",
                                                      "overlong", "train_on_prompt", "packing",
                                                      "validation_fraction"})  # fmt: skip
     if seq2seq:
         settings["seq2seq_limits"] = list(data.seq2seq_limits())
+    if pairs is not None:
+        settings["preference_pairs"] = dict(pairs)
     header = {
         "version": PREPARE_VERSION,
         "seed": seed,

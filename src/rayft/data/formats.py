@@ -49,6 +49,7 @@ ROLE_ALIASES = {"human": "user", "user": "user", "gpt": "assistant", "assistant"
 MESSAGE_COLUMNS = ("messages", "conversations")
 PROMPT_ALIASES = ("prompt", "question", "query")
 COMPLETION_ALIASES = ("completion", "answer", "response")
+PREFERENCE_COLUMNS = frozenset({"chosen", "rejected"})  # a prompt column is optional (see rayft.data.preference)
 ALPACA_RAW = "### Instruction:\n{instruction}\n\n{input_block}### Response:\n"
 
 
@@ -130,6 +131,8 @@ def resolve_format(ds: DatasetConfig, columns: Sequence[str]) -> ResolvedFormat:
 def detect_format(columns: Sequence[str], mapping: Mapping[str, str]) -> str:
     """The format a table's columns (and the field mapping) suggest; DataError when none fits."""
     cols = set(columns) | set(mapping)
+    if cols >= PREFERENCE_COLUMNS:  # before messages: UltraFeedback rows carry a messages column too
+        return "preference"
     if cols & set(MESSAGE_COLUMNS):
         return "messages"
     if {"instruction", "output"} <= cols:
@@ -140,7 +143,8 @@ def detect_format(columns: Sequence[str], mapping: Mapping[str, str]) -> str:
         return "text"
     raise DataError(
         f"cannot detect the dataset format from the columns {sorted(columns)}: expected 'messages' or "
-        "'conversations' (chat), instruction+output (alpaca), prompt+completion or question+answer, or text. "
+        "'conversations' (chat), instruction+output (alpaca), prompt+completion or question+answer, text, or "
+        "chosen+rejected (preference pairs). "
         "Set format and field_mapping in the dataset's config"
     )
 
@@ -151,6 +155,8 @@ def _required_fields(ds: DatasetConfig, fmt: str, columns: Sequence[str], mappin
         return template_fields(ds)
     if fmt == "alpaca":
         return ["instruction", "output"]
+    if fmt == "preference":
+        return sorted(PREFERENCE_COLUMNS)
     if fmt == "messages":
         if "messages" not in mapping and "messages" not in columns and "conversations" in columns:
             mapping["messages"] = "conversations"

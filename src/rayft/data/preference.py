@@ -18,14 +18,19 @@ the prompt is shortened from the left to what leaves room for the longer respons
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rayft.config.data import DatasetConfig
-from rayft.data.formats import BadRowError, Example, parse_turns
+from rayft.data.formats import UNREADABLE_COLUMN, BadRowError, Example, ResolvedFormat, parse_turns
 from rayft.data.prepared import IGNORE_INDEX
-from rayft.data.tokenize import Rendered, TextTokenizer, label_tokens, render
+from rayft.data.tokenize import Rendered, TextTokenizer, TokenizeJob, label_tokens, render
+from rayft.errors import DataError
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 Turns = tuple[tuple[str, str], ...]
 
@@ -196,3 +201,103 @@ def fit_pair(chosen: Row, rejected: Row, max_seq_length: int, max_prompt_length:
 
 def _prompt_length(labels: Sequence[int]) -> int:
     return next((index for index, label in enumerate(labels) if label != IGNORE_INDEX), len(labels))
+
+
+@dataclass(frozen=True)
+class PairPreparation:
+    """How preparation turns preference rows into pair units (set for train.objective dpo, orpo, simpo)."""
+
+    max_prompt_length: int
+
+
+def pair_preparation(objective: str, max_prompt_length: int) -> PairPreparation | None:
+    """The pair settings of a run whose ``train.objective`` is ``objective`` (None for SFT)."""
+    return None if objective == "sft" else PairPreparation(max_prompt_length)
+
+
+PAIR_COLUMNS = ("chosen_input_ids", "chosen_labels", "rejected_input_ids", "rejected_labels")
+
+
+def tokenize_pair_rows(
+    job: TokenizeJob, pairs: PairPreparation, sample_ids: list[int], datasets: list[int], rows: list[str]
+) -> pa.Table:
+    """A batch of preference rows as a table: ``sample_id``, the four :data:`PAIR_COLUMNS`, ``length`` (the
+    longer side, untruncated), ``truncated``, ``reason`` and ``detail`` (a rejected row keeps its id,
+    empty sides and its reason, as :func:`rayft.data.tokenize.tokenize_rows` does)."""
+    import pyarrow as pa
+
+    out: dict[str, list[Any]] = {k: [] for k in (*PAIR_COLUMNS, "length", "truncated", "reason", "detail")}
+    for dataset, row in zip(datasets, rows, strict=True):
+        ds, fmt = job.datasets[int(dataset)]
+        try:
+            pair = _tokenize_row(json.loads(row), ds, fmt, job, pairs)
+        except BadRowError as bad:
+            values: tuple[Any, ...] = ([], [], [], [], 0, False, bad.reason, bad.detail)
+        else:
+            values = (pair.chosen_ids, pair.chosen_labels, pair.rejected_ids, pair.rejected_labels, pair.length,
+                      pair.truncated, "", "")  # fmt: skip
+        for key, value in zip(out, values, strict=True):
+            out[key].append(value)
+    tokens = pa.list_(pa.int32())
+    schema = pa.schema([("sample_id", pa.int64()), *((name, tokens) for name in PAIR_COLUMNS), ("length", pa.int64()),
+                        ("truncated", pa.bool_()), ("reason", pa.string()), ("detail", pa.string())])  # fmt: skip
+    return pa.table({"sample_id": [int(s) for s in sample_ids], **out}, schema=schema)
+
+
+def _tokenize_row(
+    row: Mapping[str, Any], ds: DatasetConfig, fmt: ResolvedFormat, job: TokenizeJob, pairs: PairPreparation
+) -> TokenizedPair:
+    if row.get(UNREADABLE_COLUMN):
+        reason, detail = row[UNREADABLE_COLUMN]
+        raise BadRowError(str(reason), str(detail))
+    if fmt.format != "preference":
+        raise BadRowError("wrong_type", f"format {fmt.format!r} holds no chosen/rejected pair")
+    pair = tokenize_preference(make_preference(row, ds), job.tokenizer, max_seq_length=job.max_seq_length,
+                               max_prompt_length=pairs.max_prompt_length)  # fmt: skip
+    if pair.truncated and job.overlong != "truncate":
+        raise BadRowError("over_length", f"{pair.length} tokens > max_seq_length {job.max_seq_length}")
+    return pair
+
+
+def pair_units(examples: pa.Table) -> pa.Table:
+    """Training units of kept pairs: the four :data:`PAIR_COLUMNS`, ``sample_ids`` (the pair's id),
+    ``num_tokens`` (both sides) and ``num_label_tokens`` (the response tokens of both sides)."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    def count(name: str) -> np.ndarray:
+        return np.asarray(pc.list_value_length(examples[name]).to_numpy(zero_copy_only=False), np.int64)
+
+    def trained(name: str) -> np.ndarray:
+        sizes = count(name)
+        flat = pc.list_flatten(examples[name]).to_numpy(zero_copy_only=False) != IGNORE_INDEX
+        ends = np.concatenate([[0], np.cumsum(flat)])
+        bounds = np.concatenate([[0], np.cumsum(sizes)])
+        return np.diff(ends[bounds])
+
+    ids = examples["sample_id"].combine_chunks()
+    sample_ids = pa.ListArray.from_arrays(pa.array(np.arange(len(ids) + 1), pa.int32()), ids)
+    columns = {name: examples[name].combine_chunks() for name in PAIR_COLUMNS}
+    return pa.table({
+        **columns, "sample_ids": sample_ids,
+        "num_tokens": pa.array(count("chosen_input_ids") + count("rejected_input_ids"), pa.int32()),
+        "num_label_tokens": pa.array(trained("chosen_labels") + trained("rejected_labels"), pa.int32()),
+    })  # fmt: skip
+
+
+def refuse_mismatched_formats(formats: Sequence[tuple[str, str]], pairs: bool) -> None:
+    """DataError when a dataset's format does not fit the objective: preference rows for SFT, or
+    SFT rows for a preference objective (``formats``: each dataset's name and resolved format)."""
+    for name, fmt in formats:
+        if pairs and fmt != "preference":
+            raise DataError(
+                f"dataset {name}: format {fmt!r} holds no preference pairs, and train.objective trains on pairs; "
+                "give rows with prompt, chosen and rejected (or chosen and rejected conversations), or set "
+                "train.objective=sft"
+            )
+        if not pairs and fmt == "preference":
+            raise DataError(
+                f"dataset {name}: format 'preference' (chosen/rejected pairs) with train.objective=sft; set "
+                "train.objective to dpo, orpo or simpo, or give SFT rows (prompt and completion, or messages)"
+            )

@@ -22,7 +22,7 @@ import logging
 import shutil
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +37,7 @@ from rayft.data.cache_keys import (
     tokenizer_fingerprint,
 )
 from rayft.data.executors import windows_in_process, windows_on_ray
+from rayft.data.preference import PairPreparation, refuse_mismatched_formats
 from rayft.data.prepared import REJECTED_FILE, PreparedData, commit_prepared, open_staging
 from rayft.data.reader import Source, read_sources
 from rayft.data.report import check_rejected, log_summary, rejected_error, warn_truncated, write_report
@@ -54,13 +55,20 @@ ROWS_DIR = ".rows"  # the spilled rows files, inside the staging directory, remo
 
 
 def prepare_data(
-    data: DataConfig, model: ModelConfig, seed: int, *, report_dir: Path | None, use_ray: bool
+    data: DataConfig,
+    model: ModelConfig,
+    seed: int,
+    *,
+    report_dir: Path | None,
+    use_ray: bool,
+    pairs: PairPreparation | None = None,
 ) -> PreparedData:
     """Tokenized, cached training (and validation) units for ``data``; reused when the inputs are unchanged.
 
-    With ``use_ray`` tokenization runs as a Ray Data job on the already initialised cluster.
+    With ``use_ray`` tokenization runs as a Ray Data job on the already initialised cluster; with
+    ``pairs``, the rows are preference pairs (:mod:`rayft.data.preference`).
     """
-    return prepare(data, model, seed, report_dir=report_dir, use_ray=use_ray).prepared
+    return prepare(data, model, seed, report_dir=report_dir, use_ray=use_ray, pairs=pairs).prepared
 
 
 @dataclass(frozen=True)
@@ -80,6 +88,7 @@ def prepare(
     report_dir: Path | None,
     use_ray: bool,
     ray_address: str | None = None,
+    pairs: PairPreparation | None = None,
 ) -> PrepareOutcome:
     """:func:`prepare_data`, also saying whether the cache was reused.
 
@@ -94,7 +103,8 @@ def prepare(
     if tokenizer is not None:
         fingerprint = "loaded:" + tokenizer_fingerprint(tokenizer)
     sources, fingerprints = _fingerprints(data)
-    key = cache_key(data, seed, str(fingerprint), fingerprints, seq2seq=seq2seq)
+    key = cache_key(data, seed, str(fingerprint), fingerprints, seq2seq=seq2seq,
+                    pairs=None if pairs is None else asdict(pairs))  # fmt: skip
     root = data_cache_dir(data) / key
     prepared = PreparedData.load(root)
     reused = prepared is not None
@@ -110,7 +120,7 @@ def prepare(
             tokenizer = tokenizer if tokenizer is not None else load_tokenizer(model)
             prepared = build(data, seed, tokenizer, sources, plan, staging=staging, root=root, key=key,
                              use_ray=use_ray, ray_address=ray_address, seq2seq=seq2seq,
-                             report_dir=report_dir)  # fmt: skip
+                             report_dir=report_dir, pairs=pairs)  # fmt: skip
         finally:
             shutil.rmtree(staging, ignore_errors=True)
     log_summary(prepared)
@@ -146,6 +156,7 @@ def build(
     ray_address: str | None = None,
     seq2seq: bool = False,
     report_dir: Path | None = None,
+    pairs: PairPreparation | None = None,
 ) -> PreparedData:
     """Prepare every window of the ``plan`` into ``staging``, add up their summaries, and commit it as
     ``root``. ``seq2seq``: source/target pairs for an encoder-decoder model (:mod:`rayft.data.seq2seq`).
@@ -153,6 +164,7 @@ def build(
     ``data.max_rejected_fraction`` (their report so far copied into ``report_dir``)."""
     if seq2seq:
         refuse_unpaired_formats([s.format.format for s in sources])
+    refuse_mismatched_formats([(s.name, s.format.format) for s in sources], pairs is not None)
     job = TokenizeJob(
         TextTokenizer.from_hf(tokenizer),
         tuple((s.config, s.format) for s in sources),
@@ -162,7 +174,7 @@ def build(
         data.seq2seq_limits() if seq2seq else None,
     )
     settings = WindowSettings(tuple(str(s.rows.path) for s in sources), str(staging), data.packing,
-                              data.max_seq_length, seed, seq2seq)  # fmt: skip
+                              data.max_seq_length, seed, seq2seq, pairs)  # fmt: skip
     windows = plan_windows(plan.num_train, len(plan))
     blocks = [window_inputs(plan, w) for w in windows]
     log.info("data: preparing %d rows in %d windows %s", len(plan), len(windows),
@@ -179,7 +191,7 @@ def build(
     validation = tally.split("validation")
     prepared = PreparedData(key, str(root), tally.split("train"), validation if validation.num_units else None,
                             data.packing, data.max_seq_length, tally.stats(data.packing, data.max_seq_length),
-                            seq2seq)  # fmt: skip
+                            seq2seq, pairs=pairs is not None)  # fmt: skip
     return commit_prepared(staging, prepared)
 
 

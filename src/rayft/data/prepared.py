@@ -77,6 +77,7 @@ class PreparedData:
     max_seq_length: int
     stats: dict[str, Any] = field(default_factory=dict)
     seq2seq: bool = False  # units are encoder-decoder source/target pairs (see rayft.data.seq2seq)
+    pairs: bool = False  # units are preference pairs (see rayft.data.preference)
 
     def to_json(self) -> str:
         """Serialise for the manifest written last into ``root``."""

@@ -29,13 +29,16 @@ from rayft.config.data import DataConfig, DatasetConfig
 from rayft.data.formats import UNREADABLE_COLUMN, ResolvedFormat, resolve_format
 from rayft.data.sources import (
     dataset_files,
+    is_json_uri,
     iter_json_lines,
     json_document,
-    read_table,
     source_file_rows,
     source_name,
+    table_batches,
+    uri_json_lines,
 )
 from rayft.errors import DataError
+from rayft.security import mask_uri
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -245,8 +248,8 @@ def iter_rows(ds: DatasetConfig) -> Iterator[ReadRow]:
     """Every row of a dataset (at most ``max_rows``), lazily: file by file, a line or a batch of rows
     at a time, so that a consumer holds only what it keeps."""
     files = dataset_files(ds)
-    if files is None:  # a built-in set, a URI or a Hub dataset: read as one table
-        streams: Iterable[Iterator[ReadRow]] = [_batch_rows(ds.path, read_table(ds).to_batches(BATCH_ROWS), 1)]
+    if files is None:  # a built-in set, a URI or a Hub dataset: one stream of rows
+        streams: Iterable[Iterator[ReadRow]] = [_remote_rows(ds)]
     else:
         base = Path(ds.path).expanduser()
         names = [path.relative_to(base).as_posix() if ds.files is not None else str(path) for path in files]
@@ -258,6 +261,17 @@ def iter_rows(ds: DatasetConfig) -> Iterator[ReadRow]:
                 return
             count += 1
             yield item
+
+
+def _remote_rows(ds: DatasetConfig) -> Iterator[ReadRow]:
+    """The rows of a built-in set, a URI or a Hub dataset: JSON Lines a line at a time (a bad line is a
+    rejected row), everything else a record batch at a time."""
+    if not is_json_uri(ds):
+        yield from _batch_rows(mask_uri(ds.path), table_batches(ds, BATCH_ROWS), 1)
+        return
+    for name, line in uri_json_lines(ds):
+        yield ReadRow(name, line.number, line.row, line.text if line.row is not None else None, line.reason,
+                      line.detail)  # fmt: skip
 
 
 def _file_rows(ds: DatasetConfig, path: Path, name: str) -> Iterator[ReadRow]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -20,9 +20,11 @@ from rayft.config.data import DatasetConfig
 from rayft.data.builtin import is_builtin, load_builtin
 from rayft.data.formats import ENCODING_ERROR_COLUMN
 from rayft.errors import DataError
+from rayft.security import mask_uri
 
 if TYPE_CHECKING:
     import pyarrow as pa
+    import pyarrow.dataset as pads
 
 log = logging.getLogger("rayft.data")
 
@@ -62,6 +64,95 @@ def read_table(ds: DatasetConfig) -> pa.Table:
     if table.num_rows == 0:
         raise DataError(f"dataset {ds.path!r} has no rows; check the path, split ({ds.split!r}) and max_rows")
     return table
+
+
+def table_batches(ds: DatasetConfig, batch_rows: int) -> Iterator[pa.RecordBatch]:
+    """The rows of a dataset that is not local files (a built-in set, a URI, a Hub dataset) as record
+    batches of at most ``batch_rows``, read lazily: a URI's files are scanned a batch at a time and a Hub
+    dataset is read from its memory-mapped cache, so a consumer holds only the batch it is on."""
+    if ds.path.startswith("stage:") or is_builtin(ds.path):
+        yield from read_table(ds).to_batches(batch_rows)  # read_table explains a stage path; built-ins are small
+    elif "://" in ds.path:
+        yield from _uri_batches(ds, batch_rows)
+    else:
+        for table in _load_hub(ds).with_format("arrow").iter(batch_size=batch_rows):
+            yield from table.to_batches()
+
+
+def _uri_batches(ds: DatasetConfig, batch_rows: int) -> Iterator[pa.RecordBatch]:
+    """A URI's record batches, file by file through the store's own streaming readers; a store's failure
+    is a DataError whenever it comes."""
+    filesystem, files = _uri_files(ds)
+    for path in files:
+        batches = iter(_file_batches(filesystem, path, batch_rows))
+        while True:
+            try:
+                batch = next(batches)
+            except StopIteration:
+                break
+            except Exception as exc:  # pyarrow raises many kinds for remote stores
+                raise _uri_error(ds, exc) from None
+            yield batch
+
+
+def uri_json_lines(ds: DatasetConfig) -> Iterator[tuple[str, JsonLine]]:
+    """Each non-blank line of a JSON Lines URI's files, with the file's URI, read a line at a time; a bad
+    line comes back without a row (see :func:`iter_json_lines`), so one bad line never refuses the file."""
+    import io
+
+    filesystem, files = _uri_files(ds)
+    base = mask_uri(ds.path.split("?", 1)[0])  # the name lands in reports: never with its credentials
+    for path in files:
+        name = base if len(files) == 1 else f"{base.rstrip('/')}/{Path(path).name}"
+        try:
+            with filesystem.open_input_stream(path) as stream:
+                for line in json_lines_of(io.BufferedReader(stream)):
+                    yield name, line
+        except OSError as exc:
+            raise _uri_error(ds, exc) from None
+
+
+def _uri_files(ds: DatasetConfig) -> tuple[Any, list[str]]:
+    """The filesystem of a URI and its files in name order: the file itself, or every file under a directory
+    (hidden and underscore-prefixed names skipped, as Arrow datasets do)."""
+    import pyarrow.fs as pafs
+
+    try:
+        filesystem, root = pafs.FileSystem.from_uri(ds.path)
+        info = filesystem.get_file_info(root)
+        if info.type == pafs.FileType.File:
+            return filesystem, [root]
+        if info.type == pafs.FileType.NotFound:
+            raise FileNotFoundError(f"no such file or directory: {root}")
+        found = filesystem.get_file_info(pafs.FileSelector(root, recursive=True))
+    except Exception as exc:  # pyarrow raises many kinds for remote stores
+        raise _uri_error(ds, exc) from None
+    names = [i.path for i in found if i.type == pafs.FileType.File and not Path(i.path).name.startswith((".", "_"))]
+    return filesystem, sorted(names)
+
+
+def is_json_uri(ds: DatasetConfig) -> bool:
+    """Whether ``ds`` is a URI of JSON Lines (read line by line, so that a bad line is a rejected row)."""
+    return "://" in ds.path and Path(ds.path.split("?", 1)[0]).suffix.lower() in (".jsonl", ".json")
+
+
+def _file_batches(filesystem: Any, path: str, batch_rows: int) -> Iterator[pa.RecordBatch]:
+    """One file's batches, read as they are consumed. Not ``Dataset.to_batches``: its scanner reads every
+    row group of a file ahead of the consumer, which holds the whole file in memory."""
+    import pyarrow.csv as pacsv
+    import pyarrow.json as pajson
+    import pyarrow.parquet as pq
+
+    suffix = Path(path).suffix.lower()
+    if suffix in (".jsonl", ".json"):
+        with filesystem.open_input_stream(path) as stream:
+            yield from pajson.open_json(stream)
+    elif suffix == ".csv":
+        with filesystem.open_input_stream(path) as stream:
+            yield from pacsv.open_csv(stream)
+    else:
+        with filesystem.open_input_file(path) as file:
+            yield from pq.ParquetFile(file).iter_batches(batch_size=batch_rows)
 
 
 def _looks_local(path: str) -> bool:
@@ -194,10 +285,15 @@ def iter_json_lines(path: Path) -> Iterator[JsonLine]:
     naming the first bad byte), not JSON, or not a JSON object (``bad_json``) comes back without a row.
     """
     with path.open("rb") as file:
-        for number, raw in enumerate(file, start=1):
-            line = raw.removeprefix(BOM) if number == 1 else raw
-            if line.strip():
-                yield _parse_line(number, line)
+        yield from json_lines_of(file)
+
+
+def json_lines_of(file: Iterable[bytes]) -> Iterator[JsonLine]:
+    """The non-blank lines of an open JSON Lines stream (see :func:`iter_json_lines`)."""
+    for number, raw in enumerate(file, start=1):
+        line = raw.removeprefix(BOM) if number == 1 else raw
+        if line.strip():
+            yield _parse_line(number, line)
 
 
 def _parse_line(number: int, raw: bytes) -> JsonLine:
@@ -313,24 +409,45 @@ def chunk_text(text: str, limit: int) -> list[str]:
 
 
 def _read_uri(ds: DatasetConfig) -> pa.Table:
+    try:
+        return _uri_dataset(ds).to_table()
+    except DataError:
+        raise
+    except Exception as exc:  # pyarrow raises many kinds for remote stores
+        raise _uri_error(ds, exc) from None
+
+
+def _uri_dataset(ds: DatasetConfig) -> pads.Dataset:
     import pyarrow.dataset as pads
 
     suffix = Path(ds.path.split("?", 1)[0]).suffix.lower()
     fmt = {".parquet": "parquet", ".csv": "csv", ".jsonl": "json", ".json": "json"}.get(suffix, "parquet")
     try:
-        return pads.dataset(ds.path, format=fmt).to_table()
+        return pads.dataset(ds.path, format=fmt)
     except Exception as exc:  # pyarrow raises many kinds for remote stores
-        raise DataError(
+        raise _uri_error(ds, exc) from None
+
+
+def _uri_error(ds: DatasetConfig, exc: Exception) -> DataError:
+    return DataError(
+        mask_uri(
             f"dataset {ds.path!r}: cannot read it with pyarrow ({type(exc).__name__}: {exc}); check the URI, "
             "its credentials (environment), and that the file type is one of parquet/csv/jsonl"
-        ) from None
+        )
+    )
 
 
 def _read_hub(ds: DatasetConfig) -> pa.Table:
+    table: pa.Table = _load_hub(ds).with_format("arrow")[:]
+    return table
+
+
+def _load_hub(ds: DatasetConfig) -> Any:
+    """A Hub dataset's split, loaded into (or from) the local datasets cache, memory-mapped."""
     import datasets
 
     try:
-        loaded = datasets.load_dataset(
+        return datasets.load_dataset(
             ds.path, ds.config_name, data_dir=ds.data_dir, split=ds.split, revision=ds.revision
         )
     except Exception as exc:  # the Hub client raises many kinds (offline, not found, bad config)
@@ -339,5 +456,3 @@ def _read_hub(ds: DatasetConfig) -> pa.Table:
             f"Face Hub ({type(exc).__name__}: {str(exc)[:300]}). If this machine is offline, download it where the "
             "Hub is reachable and set path to the local file or directory; if it is a local path, check it exists"
         ) from None
-    table: pa.Table = loaded.with_format("arrow")[:]
-    return table

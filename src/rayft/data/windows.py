@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rayft.data.packing import plan_packs
+from rayft.data.preference import PairPreparation, pair_units, tokenize_pair_rows
 from rayft.data.prepared import IGNORE_INDEX, unit_schema
 from rayft.data.reader import take_rows
 from rayft.data.tokenize import as_table
@@ -85,6 +86,7 @@ class WindowSettings:
     max_seq_length: int
     seed: int
     seq2seq: bool
+    pairs: PairPreparation | None = None  # preference pairs (train.objective dpo, orpo, simpo)
 
 
 def prepare_window(job: TokenizeJob, settings: WindowSettings, block: pa.Table) -> pa.Table:
@@ -97,18 +99,29 @@ def prepare_window(job: TokenizeJob, settings: WindowSettings, block: pa.Table) 
     texts = _texts(settings.rows_files, block["dataset"].to_numpy(), block["row"].to_numpy())
     ids, datasets = block["sample_id"].to_pylist(), block["dataset"].to_pylist()
     tokenized = pa.concat_tables(
-        as_table(job({"sample_id": ids[i : i + BATCH_ROWS], "dataset": datasets[i : i + BATCH_ROWS],
-                      "row": texts[i : i + BATCH_ROWS]}))
+        _tokenize(job, settings.pairs, ids[i : i + BATCH_ROWS], datasets[i : i + BATCH_ROWS], texts[i : i + BATCH_ROWS])
         for i in range(0, len(ids), BATCH_ROWS)
-    )  # fmt: skip
+    )
     kept = pc.equal(tokenized["reason"], "")
     examples, rejected = tokenized.filter(kept), tokenized.filter(pc.invert(kept))
-    units = unit_table(examples, _packs(examples, settings, index), seq2seq=settings.seq2seq)
+    if settings.pairs is not None:
+        units = pair_units(examples)
+    else:
+        units = unit_table(examples, _packs(examples, settings, index), seq2seq=settings.seq2seq)
     relative = f"{split}/part-{index:05d}.parquet"
     if units.num_rows:
         (Path(settings.staging) / split).mkdir(exist_ok=True)
         pq.write_table(units, Path(settings.staging) / relative, row_group_size=ROWS_PER_GROUP)
     return _summary(split, index, relative if units.num_rows else "", examples=examples, rejected=rejected, units=units)
+
+
+def _tokenize(
+    job: TokenizeJob, pairs: PairPreparation | None, ids: list[int], datasets: list[int], texts: list[str]
+) -> pa.Table:
+    """One batch of rows tokenized: as preference pairs, or as SFT examples."""
+    if pairs is not None:
+        return tokenize_pair_rows(job, pairs, ids, datasets, texts)
+    return as_table(job({"sample_id": ids, "dataset": datasets, "row": texts}))
 
 
 def _texts(rows_files: tuple[str, ...], datasets: np.ndarray, rows: np.ndarray) -> list[str]:

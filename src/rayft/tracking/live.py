@@ -25,6 +25,10 @@ STREAM_GAUGES: dict[str, tuple[str, str]] = {
                                       "train/tokens_per_s"),
     "rayft_train_grad_norm": ("Global gradient norm before clipping.", "train/grad_norm"),
     "rayft_eval_loss": ("Validation loss of the last evaluation.", "eval/loss"),
+    "rayft_train_rewards_accuracies": ("Preference training: share of pairs whose chosen response out-rewards the "
+                                       "rejected one over the logging window.", "rewards/accuracies"),
+    "rayft_train_rewards_margins": ("Preference training: mean reward margin (chosen minus rejected) over the "
+                                    "logging window.", "rewards/margins"),
     "rayft_checkpoint_save_seconds": ("Seconds the training loop spent in the last checkpoint save.",
                                       "checkpoint/save_seconds"),
     "rayft_step_seconds": ("Wall seconds per optimizer step of this rank over the logging window.", "time/step"),

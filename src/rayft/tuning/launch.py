@@ -11,10 +11,9 @@ import warnings
 from pathlib import Path
 
 from rayft.config import RayftConfig
-from rayft.data.prepare import prepare_data
 from rayft.errors import ConfigError
 from rayft.runtime import owns_ray
-from rayft.training.driver.startup import make_schedule, prepare_inputs
+from rayft.training.driver.startup import make_schedule, prepare_inputs, prepare_training_data
 from rayft.tuning import sweep
 from rayft.tuning.outputs import write_sweep_outputs
 from rayft.tuning.plan import plan_concurrency
@@ -43,7 +42,7 @@ def prepare_once(cfg: RayftConfig) -> int:
         with tempfile.TemporaryDirectory(prefix="rayft-task-units-") as scratch:
             prepared = prepare_inputs(cfg, Path(scratch), use_ray=True)
     else:
-        prepared = prepare_data(cfg.data, cfg.model, cfg.seed, report_dir=None, use_ray=True)
+        prepared = prepare_training_data(cfg, None, use_ray=True)
     if cfg.tune.metric.startswith("eval/") and prepared.validation is None:
         raise ConfigError(
             f"tune.metric={cfg.tune.metric}: the run has no validation data to evaluate; set "

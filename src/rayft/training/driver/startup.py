@@ -15,8 +15,10 @@ import yaml
 from rayft._version import __version__
 from rayft.cache import cache_root
 from rayft.config import RayftConfig, dump_config
+from rayft.config.model import ModelConfig
 from rayft.config.task import TaskConfig
 from rayft.custom import load_task, resolve_task_path
+from rayft.data.preference import pair_preparation
 from rayft.data.prepare import prepare_data
 from rayft.data.prepared import PreparedData
 from rayft.errors import DataError
@@ -28,6 +30,7 @@ from rayft.runs.planner import plan_train_start
 from rayft.runs.store import RunStore, open_store
 from rayft.training.loop.objective import write_task_units
 from rayft.training.loop.plan import Schedule, plan_schedule
+from rayft.training.loop.reference import ReferenceJob, attach_reference, needs_reference, reference_device
 from rayft.training.loop.worker_plan import WorkerPlan
 
 log = logging.getLogger("rayft.train")
@@ -67,7 +70,7 @@ def prepare_inputs(cfg: RayftConfig, run_dir: Path, *, use_ray: bool) -> Prepare
     """The training units: the tokenized data (prepared once, cached), or the example indices of
     a custom task (``task.path``), whose datasets the task builds here and again on every worker."""
     if cfg.task.path is None:
-        return prepare_data(cfg.data, cfg.model, cfg.seed, report_dir=run_dir / layout.DATA_DIR, use_ray=use_ray)
+        return prepare_training_data(cfg, run_dir / layout.DATA_DIR, use_ray=use_ray)
 
     task_cfg = worker_task(cfg)
     assert task_cfg is not None and task_cfg.path is not None
@@ -75,6 +78,18 @@ def prepare_inputs(cfg: RayftConfig, run_dir: Path, *, use_ray: bool) -> Prepare
     log.info("task %s: %d training and %d validation examples", cfg.task.path, len(data.train),
              len(data.validation or ()))  # fmt: skip
     return write_task_units(run_dir / layout.DATA_DIR / "task-units", data, key=f"task:{cfg.task.path}")
+
+
+def prepare_training_data(cfg: RayftConfig, report_dir: Path | None, *, use_ray: bool) -> PreparedData:
+    """The tokenized data: SFT examples, or preference pairs (``train.objective`` dpo, orpo, simpo),
+    with DPO's reference log-probabilities stored beside them for full fine-tuning."""
+    pairs = pair_preparation(cfg.train.objective, cfg.train.preference.max_prompt_length)
+    prepared = prepare_data(cfg.data, cfg.model, cfg.seed, report_dir=report_dir, use_ray=use_ray, pairs=pairs)
+    if needs_reference(cfg.train.objective, cfg.train.method):
+        device = reference_device(cfg.scaling.use_gpu, use_ray=use_ray)
+        job = ReferenceJob(anchored(cfg.model), cfg.lora, cfg.train.mixed_precision, device)
+        prepared = attach_reference(prepared, job, use_ray=use_ray)
+    return prepared
 
 
 def worker_task(cfg: RayftConfig) -> TaskConfig | None:
@@ -110,14 +125,18 @@ def build_worker_plan(
         "run": cfg.name, "data_key": prepared.key, "world_size": world, "rayft_version": __version__,
         "rejected_rows": int(prepared.stats.get("rejected_total", 0) or 0),
     }  # fmt: skip
-    # workers run in another directory: a relative local model path is anchored here
-    model = cfg.model.model_copy(update={"name": anchored_name(cfg.model.name)})
+    model = anchored(cfg.model)
     return WorkerPlan(
         model=model, lora=cfg.lora, train=cfg.train, logging=cfg.logging, checkpoint=cfg.checkpoint,
         seed=cfg.seed, run_dir=str(run_dir), resolved_config=dump_config(cfg), schedule=schedule,
         shuffle_window=cfg.data.shuffle_buffer_size, has_validation=has_validation, lineage=lineage,
         remote_uri=remote_uri, task=worker_task(cfg),
     )  # fmt: skip
+
+
+def anchored(model: ModelConfig) -> ModelConfig:
+    """``model`` with a relative local path anchored here: workers run in another directory."""
+    return model.model_copy(update={"name": anchored_name(model.name)})
 
 
 def check_model_fits_data(cfg: RayftConfig, prepared: PreparedData) -> None:
@@ -132,6 +151,12 @@ def check_model_fits_data(cfg: RayftConfig, prepared: PreparedData) -> None:
         raise DataError(
             f"data: the prepared dataset {prepared.root} holds {made}, but model.name={cfg.model.name!r} is {wanted}; "
             "prepare the data with this model (rayft data prepare with the same config), or set model.architecture"
+        )
+    if prepared.pairs != (cfg.train.objective != "sft"):
+        made = "preference pairs" if prepared.pairs else "SFT examples"
+        raise DataError(
+            f"data: the prepared dataset {prepared.root} holds {made}, but train.objective={cfg.train.objective!r}; "
+            "prepare the data with this config (rayft data prepare with the same train.objective)"
         )
 
 

@@ -22,13 +22,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rayft.config import CheckpointConfig, LoggingConfig, LoraConfig, ModelConfig, RayftConfig, TrainConfig
-from rayft.data.prepare import prepare_data
 from rayft.errors import ConfigError, RayftError
 from rayft.runs import layout
 from rayft.runs.checkpoints import latest_valid_checkpoint, prune_checkpoints, publish_checkpoint
 from rayft.training.driver.launcher import split_files, stop_on_sigterm
 from rayft.training.driver.run import RunStart, drive
-from rayft.training.driver.startup import run_location
+from rayft.training.driver.startup import prepare_training_data, run_location
 from rayft.training.loop.batches import Unit
 from rayft.training.loop.plan import Schedule
 from rayft.training.loop.session import staging_path
@@ -276,7 +275,7 @@ def check_torchrun_run(cfg: RayftConfig, world: int) -> Any:
 
 
 def _prepare(cfg: RayftConfig) -> PreparedData:
-    return prepare_data(cfg.data, cfg.model, cfg.seed, report_dir=None, use_ray=False)
+    return prepare_training_data(cfg, None, use_ray=False)
 
 
 def _in_turn(selected: bool, step: Any) -> None:

@@ -45,6 +45,7 @@ from rayft.training.loop.metrics import (
 )
 from rayft.training.loop.objective import CausalLm, Objective, TaskObjective
 from rayft.training.loop.plan import is_due, learning_rate_factor, units_before_step
+from rayft.training.loop.preference import PreferenceTraining
 from rayft.training.loop.session import RaySession, TrainSession, all_reduce_sum
 from rayft.training.loop.steps import StepStats, train_step
 from rayft.training.loop.timing import StepProfile, open_step_profile
@@ -78,6 +79,7 @@ class Worker:
     profile: StepProfile
     stopped_on_request: bool = False
     window: ThroughputWindow = field(default_factory=ThroughputWindow)
+    window_units: float = 0.0  # every worker's loss terms (pairs, for preference training) since the last log line
 
 
 def run_worker(plan: WorkerPlan, session: TrainSession) -> TrainerState:
@@ -168,10 +170,14 @@ def setup_worker(plan: WorkerPlan, session: TrainSession) -> Worker:
 
 
 def build_objective(plan: WorkerPlan) -> Objective:
-    """What this run trains: the plan's causal LM, or its custom task (with the task's datasets)."""
+    """What this run trains: the plan's causal LM (supervised, or on preference pairs with
+    ``train.objective`` dpo, orpo or simpo), or its custom task (with the task's datasets)."""
     if plan.task is None:
         seq2seq = resolve_architecture(plan.model) == "seq2seq"
-        return CausalLm(plan, load_tokenizer(plan.model), model_files(plan), model_type(plan.model), seq2seq)
+        lm = CausalLm(plan, load_tokenizer(plan.model), model_files(plan), model_type(plan.model), seq2seq)
+        if plan.train.objective == "sft":
+            return lm
+        return PreferenceTraining(lm, plan.train.objective, plan.train.preference)
 
     task = load_task(plan.task.path or "", plan.task.options)
     return TaskObjective(task, task.build_datasets(plan.seed), plan.resolved_config)
@@ -350,6 +356,7 @@ def after_step(worker: Worker, stats: StepStats) -> None:
 def record_throughput(worker: Worker, stats: StepStats) -> None:
     """Accumulate real and computed tokens for tokens/s and padding efficiency."""
     worker.window.add_step(stats.real_tokens, stats.computed_tokens)
+    worker.window_units += stats.label_tokens
     worker.state.real_tokens += stats.real_tokens
     worker.state.computed_tokens += stats.computed_tokens
 
@@ -369,6 +376,9 @@ def step_metrics(worker: Worker, stats: StepStats) -> dict[str, float]:
     }
     if unit == "tokens":
         metrics["train/padding_efficiency"] = worker.state.real_tokens / max(worker.state.computed_tokens, 1)
+    if isinstance(worker.objective, PreferenceTraining):  # TRL's figures, under TRL's names (every rank joins)
+        metrics.update(worker.objective.take_figures(worker.session.device, worker.window_units))
+    worker.window_units = 0.0
     worker.state.last_train_loss = stats.loss
     return metrics
 
