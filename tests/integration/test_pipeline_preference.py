@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -72,3 +73,63 @@ def test_pairs_are_sampled_from_the_sft_model_and_lineage_records_both_steps(
     again = CliRunner().invoke(cli, ["run", str(config)], catch_exceptions=False)
     assert again.exit_code == 0, again.output
     assert "== train: skipped" in again.output and "== pairs: skipped" in again.output
+
+
+def test_dpo_trains_from_the_merged_sft_model_on_the_pairs_and_eval_compares_the_two(
+    ray_session: None, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    import yaml
+    from click.testing import CliRunner
+
+    from rayft.cli.main import cli
+    from rayft.testing.openai_server import OpenAIServer
+
+    problems = tmp_path / "problems.jsonl"
+    problems.write_text("".join(json.dumps({"question": f"What is twice {n}?", "answer": f"#### {2 * n}"}) + "\n"
+                                for n in range(3, 9)))  # fmt: skip
+    calls: dict[str, int] = {}
+
+    def mixed(request: dict[str, Any]) -> str:  # right on odd attempts, wrong on even ones
+        question = request["messages"][-1]["content"]
+        calls[question] = calls.get(question, 0) + 1
+        n = int(question.split("twice ")[1].split("?")[0])
+        answer = 2 * n if calls[question] % 2 else 2 * n + 1
+        return f"Attempt {calls[question]}: {answer}\n#### {answer}"
+
+    with OpenAIServer(responder=mixed) as server:
+        extra = f"""  backend: openai
+preference:
+  objective: dpo
+  train: {{max_steps: 2, learning_rate: 1.0e-3}}
+eval:
+  datasets: [{{path: "{problems}"}}]
+  max_samples: 3
+  batch_size: 4
+  generation: {{max_new_tokens: 4}}
+"""
+        config = write_config(tmp_path, tiny_model_dir, extra=extra)
+        text = config.read_text().replace(
+            'problems: {path: "builtin:arithmetic", split: test}', f"problems: {{path: {problems}}}"
+        )
+        text = text.replace(
+            "generation: {max_new_tokens: 6, batch_size: 8}\n",
+            f"generation:\n    endpoint: {{base_url: '{server.base_url}'}}\n  ",
+        )
+        config.write_text(text)
+        result = CliRunner().invoke(cli, ["run", str(config)], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    run_dir = tmp_path / "runs" / "tiny-pairs"
+    lineage = json.loads((run_dir / "lineage.json").read_text())
+    assert [s["stage"] for s in lineage["stages"]] == ["train", "pairs", "preference", "eval"]
+    pairs, preference = lineage["stages"][1], lineage["stages"][2]
+    assert json.loads((run_dir / pairs["outputs"]["summary_json"]).read_text())["pairs"] == 4  # num_problems: 4
+    assert preference["outputs"]["start"] == "sft-merged" and (run_dir / "sft-merged" / "config.json").is_file()
+    assert preference["inputs"]["sft"] == pairs["inputs"]["sft"] == hash_file(run_dir / "train/final" / MANIFEST_FILE)
+    final = run_dir / preference["outputs"]["final"]
+    saved = yaml.safe_load((final / "rayft_config.yaml").read_text())
+    assert saved["model"]["name"] == str(run_dir / "sft-merged") and saved["train"]["objective"] == "dpo"
+    assert saved["data"]["packing"] is False and (final / "adapter_model.safetensors").is_file()
+    metrics = [json.loads(line) for line in (run_dir / "preference" / "metrics.jsonl").read_text().splitlines()]
+    assert any("rewards/accuracies" in row for row in metrics)
+    compare = json.loads((run_dir / "eval" / "compare.json").read_text())
+    assert set(compare["models"]) == {"sft", "dpo"}
