@@ -26,7 +26,7 @@ def run(
     only: str | None,
     force: bool,
 ) -> None:
-    """Run the stages CONFIG requests (its sdg, train, eval and export sections) in order on one Ray.
+    """Run the stages CONFIG requests (its sdg, train, pairs, preference, eval and export sections) in order on one Ray.
 
     Each stage's outputs go to <storage_path>/<name>/<stage>/ with a fingerprint of its inputs; a
     rerun skips the stages whose inputs did not change. The run directory also gets lineage.json
