@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from rayft.recipes.generate import GenerateResult
     from rayft.recipes.sdg import SdgResult
     from rayft.recipes.tune import TuneResult
+    from rayft.sdg.pair_maker import PairsOutput
     from rayft.serving.handle import ServeHandle
     from rayft.training.driver.run import TrainResult
 
@@ -104,6 +105,20 @@ def sdg(cfg: RayftConfig, output_dir: str | Path | None = None, *, test_mode: bo
     from rayft.recipes import sdg as recipe
 
     return recipe.run(cfg, output_dir=Path(output_dir) if output_dir is not None else None, test_mode=test_mode)
+
+
+@_redacted
+def pairs(cfg: RayftConfig, model: str | None = None, output_dir: str | Path | None = None) -> PairsOutput:
+    """Preference pairs from ``model``'s verified answers to ``cfg.pairs``' problems (``rayft pairs``).
+
+    Args:
+        cfg: The config.
+        model: The model source (default: ``pairs.model``, else ``model.name``).
+        output_dir: Where the pairs go (default: ``pairs.output_dir``, else ``<storage_path>/<name>/pairs``).
+    """
+    from rayft.recipes import pairs as recipe
+
+    return recipe.run(cfg, model=model, output_dir=Path(output_dir) if output_dir is not None else None)
 
 
 @_redacted

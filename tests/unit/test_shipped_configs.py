@@ -83,3 +83,19 @@ def test_t5_sql_cpu_learns_the_builtin_set_offline() -> None:
     assert [(d.path, d.split) for d in cfg.eval.datasets] == [("builtin:sql", "test")]
     assert cfg.eval.task == "sql" and cfg.eval.question_field == "input" and cfg.eval.prompt_template == "{question}"
     assert cfg.data.datasets[0].input_template == "{input}"  # eval prompts with the training source
+
+
+def test_gsm8k_dpo_config_trains_sft_then_dpo_on_on_policy_pairs(tmp_path: Path) -> None:
+    train, test = tmp_path / "train.jsonl", tmp_path / "test.jsonl"
+    overrides = [
+        f"data.datasets.0.path={train}",
+        f"pairs.problems.path={train}",
+        f"pairs.decontamination.datasets.0.path={test}",
+        f"eval.datasets.0.path={test}",
+    ]
+    cfg = load_config(CONFIGS[0].parent / "gsm8k-dpo.yaml", overrides)
+    assert requested_stages(cfg.model_fields_set) == ["train", "pairs", "preference", "eval"]
+    assert cfg.model.name == "smollm2-135m-instruct" and cfg.train.objective == "sft" and cfg.pairs.model is None
+    assert cfg.preference.objective == "dpo" and cfg.eval.task == "gsm8k"
+    assert cfg.data.datasets[0].input_template == cfg.pairs.prompt_template  # the pairs prompt as SFT taught
+    assert [d.path for d in cfg.pairs.decontamination.datasets] == [d.path for d in cfg.eval.datasets] == [str(test)]

@@ -234,11 +234,11 @@ def test_rank_0_under_torchrun_drives_the_run(
 def test_the_pipeline_train_stage_drives_its_run(
     tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from rayft.pipeline import stages
+    from rayft.pipeline import training
     from rayft.pipeline.stages import StageContext, TrainStage
 
     ctx = StageContext(config(tiny_model_dir, tmp_path), tmp_path / "pipeline", {})
-    with driven_with_fakes(monkeypatch, stages) as (events, calls):
+    with driven_with_fakes(monkeypatch, training) as (events, calls):
         output = TrainStage().run(ctx, fresh=False)
     assert isinstance(calls[0][0], driver.LocalLauncher)
     assert output.summary["steps"] == 3 and output.files["final"] == tmp_path / "pipeline" / "train" / "final"

@@ -19,6 +19,7 @@ from rayft.cli import (
     infer_cmd,
     jobs_cmd,
     k8s_cmd,
+    pairs_cmd,
     profile_cmd,
     run_cmd,
     sdg_cmd,
@@ -79,6 +80,7 @@ def _register() -> None:
     cli.add_command(data_cmd.data)
     cli.add_command(run_cmd.run)
     cli.add_command(sdg_cmd.sdg)
+    cli.add_command(pairs_cmd.pairs)
     cli.add_command(eval_cmd.eval_)
     cli.add_command(eval_cmd.compare)
     cli.add_command(eval_cmd.export)

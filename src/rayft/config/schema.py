@@ -10,6 +10,7 @@ from rayft.config.evaluation import EvalConfig, ExportConfig
 from rayft.config.inference import InferenceConfig
 from rayft.config.k8s import K8sConfig
 from rayft.config.model import LoraConfig, ModelConfig
+from rayft.config.pairs import PairsConfig, PreferenceStageConfig, preference_train_section
 from rayft.config.sdg import SdgConfig
 from rayft.config.serve import ServeConfig
 from rayft.config.task import TaskConfig
@@ -57,6 +58,14 @@ class RayftConfig(Section):
     logging: LoggingConfig = Field(default_factory=LoggingConfig, description="Metric sinks.")
     sdg: SdgConfig = Field(
         default_factory=SdgConfig, description="Synthetic data generation (rayft sdg): seeds, generator, filters."
+    )
+    pairs: PairsConfig = Field(
+        default_factory=PairsConfig,
+        description="Preference pairs from verified samples (rayft pairs; in rayft run, from the trained model).",
+    )
+    preference: PreferenceStageConfig = Field(
+        default_factory=PreferenceStageConfig,
+        description="Preference training after SFT in rayft run (dpo, orpo, simpo) on the pairs stage's pairs.",
     )
     eval: EvalConfig = Field(
         default_factory=EvalConfig, description="Evaluation and comparison of models (rayft eval / compare)."
@@ -142,4 +151,9 @@ class RayftConfig(Section):
                 f"train.objective={objective!r} with task.path set: a custom task trains its own objective; set "
                 "train.objective=sft or remove task.path"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _preference_stage_trains(self) -> RayftConfig:
+        preference_train_section(self.train, self.preference)  # its errors name preference.train.<key>
         return self

@@ -27,12 +27,25 @@ def model_identity(cfg: RayftConfig) -> dict[str, Any]:
     return identity
 
 
-def final_manifest_hash(run_dir: Path, records: dict[str, StageRecord]) -> str | None:
-    """The hash of the trained model's manifest (None when the pipeline has no train stage)."""
-    if "train" not in records:
-        return None
-    manifest = records["train"].output(run_dir, "final") / layout.MANIFEST_FILE
-    return hash_file(manifest) if manifest.is_file() else None
+TRAINING_STAGES = ("preference", "train")
+"""The stages that train a model, the last one to run first."""
+
+
+def trained_final(run_dir: Path, records: dict[str, StageRecord]) -> Path | None:
+    """The pipeline's last trained model (preference training's final/, else SFT's), or None."""
+    stage = next((s for s in TRAINING_STAGES if s in records), None)
+    return records[stage].output(run_dir, "final") if stage is not None else None
+
+
+def final_manifest_hash(run_dir: Path, records: dict[str, StageRecord], stage: str | None = None) -> str | None:
+    """The hash of the manifest of ``stage``'s final model (default: the last trained model); None when
+    there is no such model or manifest."""
+    if stage is None:
+        final = trained_final(run_dir, records)
+    else:
+        final = records[stage].output(run_dir, "final") if stage in records else None
+    manifest = final / layout.MANIFEST_FILE if final is not None else None
+    return hash_file(manifest) if manifest is not None and manifest.is_file() else None
 
 
 def local_files(section: Any) -> dict[str, str]:

@@ -8,27 +8,22 @@ from __future__ import annotations
 
 import json
 import logging
-from typing import TYPE_CHECKING, Any
-
-import yaml
+from typing import Any
 
 from rayft._version import __version__
 from rayft.cache import cache_root
-from rayft.config import RayftConfig, dump_config
+from rayft.config import RayftConfig
 from rayft.files import replace_dir, staging_dir
-from rayft.pipeline.inputs import final_manifest_hash, local_files, model_identity, train_data_config
+from rayft.pipeline.inputs import final_manifest_hash, local_files, model_identity, train_data_config, trained_final
+from rayft.pipeline.preference_plan import compare_sources
+from rayft.pipeline.preference_stage import PairsStage, PreferenceStage
 from rayft.pipeline.stage import Stage, StageContext, StageOutput
+from rayft.pipeline.training import run_training
 from rayft.pipeline.tune_stage import TuneStage, adopt_trial_run, plan_train_handoff, tuned_config
 from rayft.recipes import compare, evaluate, export, sdg
-from rayft.runs import layout
 from rayft.runs.location import plan_run_location
-from rayft.runs.planner import StartPlan, plan_stage_start
-from rayft.runs.store import RunStore, move_aside, open_store
-from rayft.training.driver.run import RunStart, default_launcher, drive
-from rayft.training.driver.startup import run_location
-
-if TYPE_CHECKING:
-    from rayft.training.driver.run import TrainResult
+from rayft.runs.planner import StartPlan
+from rayft.runs.store import move_aside
 
 log = logging.getLogger("rayft.run")
 
@@ -82,39 +77,31 @@ class TrainStage:
 
     def run(self, ctx: StageContext, *, fresh: bool) -> StageOutput:
         """Train with the training driver, keeping a finished run with the same settings and resuming
-        an unfinished one (:func:`rayft.runs.planner.plan_stage_start`)."""
+        an unfinished one (:func:`rayft.runs.planner.plan_stage_start`); after a sweep, adopting its
+        best trial's run when it trained the same thing."""
         out = ctx.run_dir / "train"
         if fresh:
             move_aside(out)
         train_cfg = train_stage_config(ctx)
-        location = run_location(train_cfg, mirror_dir=out)
-        store = open_store(location)
-        store.probe()
-        wanted = yaml.safe_load(dump_config(train_cfg))
-        plan = plan_stage_start(
-            store.where, ctx.cfg.name, store.state(), store.saved_config(), wanted, can_replace=store.can_replace
-        )
-        handoff = plan_train_handoff(ctx, wanted)
-        extra = {"handoff": handoff[0].action, "handoff_reason": handoff[0].reason} if handoff else {}
-        if handoff is not None and handoff[0].action == "reuse" and plan.action != "keep":
-            adopt_trial_run(handoff[1], out, train_cfg)
-            plan = StartPlan("keep", "the sweep's best trial trained it")
-        if handoff is not None:
+        extra: dict[str, Any] = {}
+
+        def adopt(plan: StartPlan, wanted: dict[str, Any]) -> StartPlan:
+            handoff = plan_train_handoff(ctx, wanted)
+            if handoff is None:
+                return plan
+            extra.update(handoff=handoff[0].action, handoff_reason=handoff[0].reason)
             log.info("stage train: after the sweep, %s", handoff[0].reason)
-        log.info("stage train: %s: %s", store.where, plan.reason)
-        files = {"dir": out, "final": out / layout.FINAL_DIR, "metrics": out / layout.METRICS_FILE}
-        kept = kept_summary(store) if plan.action == "keep" else None
-        if kept is not None:
-            return StageOutput(files, kept | extra)
-        if plan.action == "replace":
-            move_aside(out)
-        start = RunStart(resume=plan.action == "resume")
-        trained = drive(train_cfg, default_launcher(train_cfg), location, start=start)
-        return StageOutput(files, train_summary(trained) | extra)
+            if handoff[0].action == "reuse" and plan.action != "keep":
+                adopt_trial_run(handoff[1], out, train_cfg)
+                return StartPlan("keep", "the sweep's best trial trained it")
+            return plan
+
+        output = run_training(out, train_cfg, ctx.cfg.name, adopt=adopt)
+        return StageOutput(output.files, output.summary | extra)
 
 
 class EvalStage:
-    """Base vs fine-tuned (or the model alone) into ``eval/``."""
+    """Base vs fine-tuned, SFT vs preference-trained after a preference stage, or the model alone, into ``eval/``."""
 
     name = "eval"
 
@@ -133,12 +120,12 @@ class EvalStage:
         """Compare the base model with the fine-tuned one when the pipeline trains, else evaluate the model."""
         out = ctx.run_dir / "eval"
         staging = staging_dir(out)
-        if "train" not in ctx.records:
+        if trained_final(ctx.run_dir, ctx.records) is None:
             single = evaluate.run(ctx.cfg, ctx.cfg.model.name, staging)
             replace_dir(staging, out)
             return StageOutput({"dir": out}, single.summary.to_dict())
 
-        sources = {"base": ctx.cfg.model.name, "tuned": str(ctx.records["train"].output(ctx.run_dir, "final"))}
+        sources = compare_sources(ctx.cfg, ctx.run_dir, ctx.records)
         result = compare.run(ctx.cfg, sources, staging)
         replace_dir(staging, out)
         files = {
@@ -169,14 +156,17 @@ class ExportStage:
         """Export (merged or as an adapter) and verify."""
         out = ctx.run_dir / "export"
         staging = staging_dir(out)
-        final = str(ctx.records["train"].output(ctx.run_dir, "final"))
+        final = str(trained_final(ctx.run_dir, ctx.records))
         result = export.run(ctx.cfg, final, staging, destination=out)
         replace_dir(staging, out)
         summary = {"merged": result.merged, **{f"verification.{k}": v for k, v in dict(result.verification).items()}}
         return StageOutput({"dir": out}, summary)
 
 
-STAGES: dict[str, Stage] = {s.name: s for s in (SdgStage(), TuneStage(), TrainStage(), EvalStage(), ExportStage())}
+STAGES: dict[str, Stage] = {
+    s.name: s
+    for s in (SdgStage(), TuneStage(), TrainStage(), PairsStage(), PreferenceStage(), EvalStage(), ExportStage())
+}
 """Every stage by name (the order they run in is :data:`rayft.pipeline.plan.STAGES`)."""
 
 
@@ -187,27 +177,3 @@ def train_stage_config(ctx: StageContext) -> RayftConfig:
     storage = plan_run_location(cfg.storage_path, cfg.name, cache_root()).storage_under()
     data = train_data_config(cfg, ctx.run_dir, ctx.records)
     return cfg.model_copy(update={"storage_path": storage, "name": "train", "data": data, "tune": None})
-
-
-def kept_summary(store: RunStore) -> dict[str, Any] | None:
-    """The summary of a finished training run kept as it is (None when its final/ cannot be read)."""
-    final = store.final_manifest()
-    if final is None:
-        return None
-    summary = {"steps": final.step, "train_loss": final.metrics.get("train/loss"),
-               "eval_loss": final.metrics.get("eval/loss")}  # fmt: skip
-    return summary | ({"storage_uri": store.shown_uri} if store.shown_uri else {})
-
-
-def train_summary(result: TrainResult) -> dict[str, Any]:
-    """What the train stage's record keeps of a finished training run."""
-    summary: dict[str, Any] = {
-        "steps": result.steps,
-        "train_loss": result.train_loss,
-        "eval_loss": result.eval_loss,
-        "data_key": result.data_key,
-        "seconds": round(result.elapsed_s, 1),
-    }
-    if result.storage_uri:
-        summary["storage_uri"] = result.storage_uri
-    return summary

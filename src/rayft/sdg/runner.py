@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 
 def restore_filters(sdg: SdgConfig, store: SdgStore) -> RowFilters:
     """The driver's filters, knowing every row already committed (a resumed run dedups against them)."""
-    filters = RowFilters(sdg.dedup, sdg.decontamination, read_eval_questions(sdg))
+    filters = RowFilters(sdg.dedup, sdg.decontamination, read_eval_questions(sdg.decontamination))
     for row in store.committed_accepted():
         filters.remember(row["question"], row["seed_id"])
     return filters
@@ -105,21 +105,24 @@ def generate_and_commit(
     return {"generate": time.monotonic() - started - filter_s - write_s, "filters": filter_s, "write_parts": write_s}
 
 
-def complete_seed_batches(batches: Iterable[Any]) -> Iterator[list[Row]]:
+def complete_seed_batches(
+    batches: Iterable[Any], *, key: str = "seed_id", size: str = "seed_rows"
+) -> Iterator[list[Row]]:
     """Regroup streamed batches so that each yielded list holds every row of its seeds.
 
     Every row says how many rows its seed produces (``seed_rows``); rows of seeds still waiting
     for siblings are held back until those arrive, so a committed part never holds half a seed.
+    ``key`` and ``size`` name the columns of another grouping (a problem's k samples).
     """
     pending: dict[str, list[Row]] = {}
     for batch in batches:
         for row in batch.to_pylist():
-            pending.setdefault(row["seed_id"], []).append(row)
-        complete = [sid for sid, rows in pending.items() if len(rows) >= rows[0]["seed_rows"]]
+            pending.setdefault(row[key], []).append(row)
+        complete = [sid for sid, rows in pending.items() if len(rows) >= rows[0][size]]
         if complete:
             yield [row for sid in complete for row in pending.pop(sid)]
     if pending:
         raise DataError(
-            f"{len(pending)} seed(s) lost rows between SDG stages (first: {next(iter(pending))}); "
+            f"{len(pending)} group(s) of {key!r} lost rows between stages (first: {next(iter(pending))}); "
             "please report this as a bug"
         )

@@ -10,7 +10,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Container, Iterable, Iterator
 
-from rayft.config.sdg import SdgConfig
+from rayft.config.sdg import SdgConfig, SdgDecontaminationConfig
 from rayft.data.reader import iter_rows
 from rayft.data.sources import read_table
 from rayft.errors import DataError
@@ -78,16 +78,16 @@ def read_seeds(sdg: SdgConfig) -> list[Row]:
     return list(iter_seeds(sdg))
 
 
-def read_eval_questions(sdg: SdgConfig) -> list[str]:
-    """The problems of every decontamination set."""
+def read_eval_questions(decontamination: SdgDecontaminationConfig) -> list[str]:
+    """The problems of every decontamination set (of SDG's rows, or of the pair maker's problems)."""
     questions: list[str] = []
-    column = sdg.decontamination.question_column
-    for ds in sdg.decontamination.datasets:
+    column = decontamination.question_column
+    for ds in decontamination.datasets:
         table = read_table(ds)
         if column not in table.column_names:
             raise DataError(
                 f"decontamination set {ds.path!r} has no column {column!r} (columns: {table.column_names}); "
-                "set sdg.decontamination.question_column"
+                "set the decontamination section's question_column"
             )
         questions.extend(str(q) for q in table.column(column).to_pylist() if q)
     return questions
