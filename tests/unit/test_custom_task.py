@@ -112,6 +112,19 @@ def test_task_units_index_every_example_of_both_splits(tmp_path: Path) -> None:
         write_task_units(tmp_path / "units", TaskData(train=[]), key="k")
 
 
+def test_task_units_live_in_the_data_cache_written_once_per_pair_of_sizes(tmp_path: Path) -> None:
+    from rayft.training.loop.objective import write_task_units
+
+    cache = tmp_path / "cache"
+    first = write_task_units(cache, TaskData(train=list(range(5)), validation=[0]), key="a")
+    written = {f: Path(f).stat().st_mtime_ns for f in first.train.files}
+    again = write_task_units(cache, TaskData(train=list("abcde"), validation=["x"]), key="b")
+    assert again.train.files == first.train.files and all(Path(f).parent.parent.parent == cache for f in written)
+    assert {f: Path(f).stat().st_mtime_ns for f in again.train.files} == written  # reused, not rewritten
+    assert write_task_units(cache, TaskData(train=list(range(6))), key="c").train.files != first.train.files
+    assert sorted(p.name for p in cache.iterdir()) == ["task-units-v1-5-1", "task-units-v1-6-0"]  # no staging left
+
+
 def test_batches_move_nested_tensors_and_count_examples() -> None:
     import torch
 

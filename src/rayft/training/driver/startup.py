@@ -18,6 +18,7 @@ from rayft.config import RayftConfig, dump_config
 from rayft.config.model import ModelConfig
 from rayft.config.task import TaskConfig
 from rayft.custom import load_task, resolve_task_path
+from rayft.data.cache_keys import data_cache_dir
 from rayft.data.preference import pair_preparation
 from rayft.data.prepare import prepare_data
 from rayft.data.prepared import PreparedData
@@ -77,7 +78,7 @@ def prepare_inputs(cfg: RayftConfig, run_dir: Path, *, use_ray: bool) -> Prepare
     data = load_task(task_cfg.path, task_cfg.options).build_datasets(cfg.seed)
     log.info("task %s: %d training and %d validation examples", cfg.task.path, len(data.train),
              len(data.validation or ()))  # fmt: skip
-    return write_task_units(run_dir / layout.DATA_DIR / "task-units", data, key=f"task:{cfg.task.path}")
+    return write_task_units(data_cache_dir(cfg.data), data, key=f"task:{cfg.task.path}")
 
 
 def prepare_training_data(cfg: RayftConfig, report_dir: Path | None, *, use_ray: bool) -> PreparedData:

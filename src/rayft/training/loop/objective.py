@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -20,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from rayft.data.collate import collate
 from rayft.data.prepared import PreparedData, PreparedSplit
 from rayft.errors import DataError
+from rayft.files import staging_dir
 from rayft.runs import layout
 from rayft.security import redact
 from rayft.training.loop.batches import Unit, micro_batches
@@ -135,32 +137,40 @@ def task_units(num_examples: int) -> list[dict[str, Any]]:
     return [{"sample_ids": [index], "num_tokens": 1, "num_label_tokens": 1} for index in range(num_examples)]
 
 
-def write_task_units(directory: Path, data: TaskData, key: str) -> PreparedData:
-    """The index units of a task's splits as parquet files under ``directory`` (rewritten on every
-    start: they depend only on the split sizes), so that the loop shards, shuffles and resumes a
-    task's examples exactly as it does token units."""
+def write_task_units(cache: Path, data: TaskData, key: str) -> PreparedData:
+    """The index units of a task's splits as parquet files under ``cache`` (the data cache), so that
+    the loop shards, shuffles and resumes a task's examples exactly as it does token units, and every
+    worker reads them where it reads prepared data. They depend only on the split sizes, so a
+    directory per pair of sizes is written once (staged, then renamed; the first writer wins) and
+    reused by every run and trial."""
     import shutil
 
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    shutil.rmtree(directory, ignore_errors=True)
-    splits: dict[str, PreparedSplit | None] = {"train": None, "validation": None}
-    for name, examples in (("train", data.train), ("validation", data.validation)):
-        if not examples:
-            continue
-        units = task_units(len(examples))
-        (directory / name).mkdir(parents=True)
-        files = []
-        for index, start in enumerate(range(0, len(units), _UNITS_PER_FILE)):
-            path = directory / name / f"part-{index:05d}.parquet"
-            pq.write_table(pa.Table.from_pylist(units[start : start + _UNITS_PER_FILE]), path)
-            files.append(str(path))
-        splits[name] = PreparedSplit.of(files, units)
-    train = splits["train"]
-    if train is None:
+    sizes = {"train": len(data.train), "validation": len(data.validation or ())}
+    if not sizes["train"]:
         raise DataError("the task's build_datasets returned no training examples; return a non-empty train sequence")
-    return PreparedData(key, str(directory), train, splits["validation"], packed=False, max_seq_length=1)
+    directory = cache / f"task-units-v1-{sizes['train']}-{sizes['validation']}"
+    if not (directory / "train").is_dir():
+        staging = staging_dir(directory)
+        for name, count in sizes.items():
+            units = task_units(count)
+            for index, start in enumerate(range(0, count, _UNITS_PER_FILE)):
+                (staging / name).mkdir(parents=True, exist_ok=True)
+                pq.write_table(pa.Table.from_pylist(units[start : start + _UNITS_PER_FILE]),
+                               staging / name / f"part-{index:05d}.parquet")  # fmt: skip
+        try:
+            os.rename(staging, directory)  # fails when another process put the same units there first
+        except OSError:
+            shutil.rmtree(staging, ignore_errors=True)
+    splits: dict[str, PreparedSplit | None] = {"train": None, "validation": None}
+    for name, count in sizes.items():
+        if count:
+            files = [str(directory / name / f"part-{i:05d}.parquet") for i in range(-(-count // _UNITS_PER_FILE))]
+            splits[name] = PreparedSplit.of(files, task_units(count))
+    assert splits["train"] is not None
+    return PreparedData(key, str(directory), splits["train"], splits["validation"], packed=False, max_seq_length=1)
 
 
 @dataclass(frozen=True)

@@ -64,8 +64,8 @@ def check_readable(files: Mapping[str, Sequence[str]], rank: int) -> None:
                 raise DataError(
                     f"data: rank {rank} on node {socket.gethostname()} cannot read the prepared file {path}; "
                     "every worker reads its rows itself, so on a cluster of more than one node put the data "
-                    "cache (data.cache_dir or $RAYFT_DATA_CACHE; a custom task's units: the run's storage_path) "
-                    "on a file system that every node mounts at the same path"
+                    "cache (data.cache_dir or $RAYFT_DATA_CACHE; a custom task's units live there too) on a file "
+                    "system that every node mounts at the same path"
                 )
 
 
