@@ -104,6 +104,20 @@ def replace_dir(staging: Path, target: Path, *, sync: bool = False) -> Path:
     return target
 
 
+def publish_dir_once(staging: Path, target: Path) -> bool:
+    """Put the fully written directory ``staging`` in place as ``target`` unless ``target`` exists,
+    for content that is the same whoever writes it (two processes writing it at once: the first
+    rename wins, the other's staging is deleted). Whether this call put it there."""
+    try:
+        os.rename(staging, target)  # refuses an existing non-empty target, so readers never see it swapped
+    except OSError:
+        shutil.rmtree(staging, ignore_errors=True)
+        if not target.is_dir():
+            raise
+        return False
+    return True
+
+
 def fsync_dir(path: Path) -> None:
     """Flush a directory entry to disk (a no-op where directories cannot be opened)."""
     try:

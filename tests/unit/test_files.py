@@ -105,3 +105,16 @@ def test_no_module_writes_a_file_or_directory_into_place_by_itself() -> None:
         for call in renames(path)
     ]
     assert not others, "write through rayft.files (replacing, write_atomic, replace_dir):\n" + "\n".join(others)
+
+
+def test_a_directory_published_once_keeps_the_first_writers_copy(tmp_path: Path) -> None:
+    from rayft.files import publish_dir_once
+
+    target = tmp_path / "units"
+    first = staging_dir(target, "a")
+    (first / "f").write_text("first")
+    second = staging_dir(target, "b")
+    (second / "f").write_text("second")
+    assert publish_dir_once(first, target) is True
+    assert publish_dir_once(second, target) is False
+    assert (target / "f").read_text() == "first" and sorted(p.name for p in tmp_path.iterdir()) == ["units"]

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import os
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -21,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from rayft.data.collate import collate
 from rayft.data.prepared import PreparedData, PreparedSplit
 from rayft.errors import DataError
-from rayft.files import staging_dir
+from rayft.files import publish_dir_once, staging_dir
 from rayft.runs import layout
 from rayft.security import redact
 from rayft.training.loop.batches import Unit, micro_batches
@@ -143,8 +142,6 @@ def write_task_units(cache: Path, data: TaskData, key: str) -> PreparedData:
     worker reads them where it reads prepared data. They depend only on the split sizes, so a
     directory per pair of sizes is written once (staged, then renamed; the first writer wins) and
     reused by every run and trial."""
-    import shutil
-
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -160,10 +157,7 @@ def write_task_units(cache: Path, data: TaskData, key: str) -> PreparedData:
                 (staging / name).mkdir(parents=True, exist_ok=True)
                 pq.write_table(pa.Table.from_pylist(units[start : start + _UNITS_PER_FILE]),
                                staging / name / f"part-{index:05d}.parquet")  # fmt: skip
-        try:
-            os.rename(staging, directory)  # fails when another process put the same units there first
-        except OSError:
-            shutil.rmtree(staging, ignore_errors=True)
+        publish_dir_once(staging, directory)
     splits: dict[str, PreparedSplit | None] = {"train": None, "validation": None}
     for name, count in sizes.items():
         if count:
