@@ -38,8 +38,8 @@ def prepare_once(cfg: RayftConfig) -> int:
     """Prepare the base config's data (trials whose values leave the data alone reuse it from the
     cache) and return how many reports one training run makes."""
     assert cfg.tune is not None
-    if cfg.task.path is not None:  # a custom task's units are counted here and written by each trial
-        with tempfile.TemporaryDirectory(prefix="rayft-task-units-") as scratch:
+    if cfg.task.path is not None:  # a custom task's units: written to the data cache here, reused by each trial
+        with tempfile.TemporaryDirectory(prefix="rayft-task-") as scratch:  # the run directory it does not use
             prepared = prepare_inputs(cfg, Path(scratch), use_ray=True)
     else:
         prepared = prepare_training_data(cfg, None, use_ray=True)
