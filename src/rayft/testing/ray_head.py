@@ -41,6 +41,14 @@ class RayHead:
         return subprocess.run(status, check=False, env=run_env, capture_output=True, timeout=60).returncode == 0
 
 
+def _port_outside(taken: range) -> int:
+    """A free port outside ``taken`` (a node's worker port range: Ray refuses to start when one of its
+    other ports falls inside it)."""
+    while (port := free_port()) in taken:
+        pass
+    return port
+
+
 def free_port() -> int:
     """A TCP port of 127.0.0.1 that nothing listens on now."""
     with socket.socket() as probe:
@@ -99,12 +107,14 @@ def ray_worker_node(
     path = f"{_BIN}{os.pathsep}{os.environ.get('PATH', '')}"
     node_env = {**os.environ, **(env or {}), **head.env, "RAY_ADDRESS": "", "PATH": path}
     worker_port = free_port()
+    workers = range(worker_port, worker_port + 201)
     command = [
         str(_BIN / "ray"), "start", "--block", f"--address={head.gcs}", f"--num-cpus={num_cpus}",
         f"--resources={json.dumps(dict(resources or {}))}", "--node-ip-address=127.0.0.1", "--disable-usage-stats",
-        f"--node-manager-port={free_port()}", f"--object-manager-port={free_port()}",
-        f"--metrics-export-port={free_port()}", f"--runtime-env-agent-port={free_port()}",
-        f"--dashboard-agent-listen-port={free_port()}", f"--dashboard-agent-grpc-port={free_port()}",
+        f"--node-manager-port={_port_outside(workers)}", f"--object-manager-port={_port_outside(workers)}",
+        f"--metrics-export-port={_port_outside(workers)}", f"--runtime-env-agent-port={_port_outside(workers)}",
+        f"--dashboard-agent-listen-port={_port_outside(workers)}",
+        f"--dashboard-agent-grpc-port={_port_outside(workers)}",
         f"--min-worker-port={worker_port}", f"--max-worker-port={worker_port + 200}",
         "--object-store-memory=100000000",
     ]  # fmt: skip
