@@ -154,15 +154,28 @@ class ReferenceScorer:
         import pyarrow as pa
         import pyarrow.parquet as pq
 
-        table = pq.read_table(source)
-        chosen, rejected = self.score(table.to_pylist())
-        table = table.append_column("ref_chosen_logps", pa.array(chosen, pa.float64()))
-        table = table.append_column("ref_rejected_logps", pa.array(rejected, pa.float64()))
         target.parent.mkdir(parents=True, exist_ok=True)
-        metadata = pq.ParquetFile(source).metadata
-        rows_per_group = metadata.row_group(0).num_rows if metadata.num_row_groups else None
-        pq.write_table(table, target, row_group_size=rows_per_group)
-        return int(table.num_rows)
+        parquet = pq.ParquetFile(source)
+        count = 0
+        writer = None
+        try:  # one row group at a time, kept as it was: a worker holds a group's pairs, not the file's
+            for group in range(parquet.num_row_groups):
+                table = parquet.read_row_group(group)
+                chosen, rejected = self.score(table.to_pylist())
+                table = table.append_column("ref_chosen_logps", pa.array(chosen, pa.float64()))
+                table = table.append_column("ref_rejected_logps", pa.array(rejected, pa.float64()))
+                writer = writer or pq.ParquetWriter(target, table.schema)
+                writer.write_table(table)
+                count += table.num_rows
+        finally:
+            if writer is not None:
+                writer.close()
+        if writer is None:  # a file without pairs still gets its copy, with the two columns
+            empty = parquet.schema_arrow.empty_table()
+            for name in ("ref_chosen_logps", "ref_rejected_logps"):
+                empty = empty.append_column(name, pa.array([], pa.float64()))
+            pq.write_table(empty, target)
+        return count
 
     def score(self, units: list[dict[str, Any]]) -> tuple[list[float], list[float]]:
         """Each pair's summed response log-probabilities under the model, chosen and rejected."""
