@@ -107,7 +107,11 @@ class LocalSession:
         self._run_dir = run_dir
         self._num_to_keep = num_to_keep
         self._store = open_store(RunLocation(run_dir, remote_uri))
-        self._device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        chosen = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        if chosen.type == "cuda" and chosen.index is None:
+            # The loop pins its GPU with torch.cuda.set_device, which refuses a device without an index.
+            chosen = torch.device("cuda", torch.cuda.current_device())
+        self._device = chosen
 
     @property
     def rank(self) -> int:
