@@ -1,7 +1,7 @@
 """One command on a GPU machine: the ``gpu`` test tier, then the training-step benchmark, one table.
 
-Runs without Ray and without network (torch, transformers, peft, pydantic, PyYAML and pytest are
-enough): ``pytest -m gpu tests/gpu`` and ``benchmarks/bench_gpu_step.py`` as child processes of
+Runs without Ray and without network (torch, transformers, peft, pydantic, PyYAML, pyarrow and
+pytest are enough; bitsandbytes for the QLoRA cases, which skip without it): ``pytest -m gpu tests/gpu`` and ``benchmarks/bench_gpu_step.py`` as child processes of
 this one, with the repository's ``src`` on the path, then prints every test's outcome and the
 benchmark's table together. Exit status 0 only when every test passed or was skipped.
 
@@ -24,7 +24,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-NEEDED = ("torch", "transformers", "peft", "pydantic", "yaml", "pytest")
+NEEDED = ("torch", "transformers", "peft", "pydantic", "yaml", "pyarrow", "pytest")
 
 
 def missing_packages() -> list[str]:
