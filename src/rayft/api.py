@@ -23,6 +23,7 @@ from rayft.runs.location import local_run_dir
 from rayft.security import install_redaction
 
 if TYPE_CHECKING:
+    from rayft.data.prepare import PrepareOutcome
     from rayft.inference.chat import ChatIO
     from rayft.pipeline.plan import StageDecision
     from rayft.pipeline.runner import PipelineResult
@@ -65,6 +66,14 @@ def default_report_dir(cfg: RayftConfig, kind: str, *, command: str, fix: str) -
     return local_run_dir(cfg.storage_path, cfg.name, command=command, fix=fix) / kind
 
 
+def default_data_report_dir(cfg: RayftConfig) -> Path:
+    """Where ``rayft data prepare`` reports rejected rows and statistics when no directory is named:
+    the run's data directory (``<storage_path>/<name>/data``), where ``rayft train`` reports them too."""
+    from rayft.runs import layout
+
+    return default_report_dir(cfg, layout.DATA_DIR, command="rayft data", fix="pass --report-dir /a/local/dir")
+
+
 @_redacted
 def train(cfg: RayftConfig, resume: bool = False) -> TrainResult:
     """Fine-tune ``cfg.model`` on ``cfg.data`` into ``<storage_path>/<name>/`` (``rayft train``).
@@ -76,6 +85,24 @@ def train(cfg: RayftConfig, resume: bool = False) -> TrainResult:
     from rayft.recipes import train as recipe
 
     return recipe.run(cfg, resume=resume)
+
+
+@_redacted
+def prepare_data(cfg: RayftConfig, report_dir: str | Path | None = None, *, in_process: bool = False) -> PrepareOutcome:
+    """Tokenize and cache the training data of ``cfg`` as ``rayft train`` would (``rayft data
+    prepare``): a run of the same config then reuses it without tokenizing, and for DPO with full
+    fine-tuning without computing the reference log-probabilities again.
+
+    Args:
+        cfg: The config.
+        report_dir: Where rejected.jsonl and stats.json go (default: ``<storage_path>/<name>/data``).
+        in_process: Tokenize in this process instead of a Ray Data job (the same output).
+    """
+    from rayft.training.driver.startup import prepare_for_training
+
+    reports = Path(report_dir) if report_dir is not None else default_data_report_dir(cfg)
+    use_ray = not in_process and cfg.scaling.num_workers > 0
+    return prepare_for_training(cfg, reports, use_ray=use_ray, ray_address=cfg.scaling.address)
 
 
 @_redacted

@@ -7,6 +7,7 @@ import json
 import re
 from pathlib import Path
 
+import pytest
 from click.testing import CliRunner
 
 from rayft.cli.main import cli
@@ -53,3 +54,29 @@ def test_prepare_reports_a_bad_dataset_as_one_line(tiny_model_dir: Path, tmp_pat
     result = CliRunner().invoke(cli, ["data", "prepare", str(_config(tmp_path, tiny_model_dir, data)), "--in-process"])
     assert result.exit_code == 2
     assert "Error: cannot detect the dataset format from the columns ['a', 'b']" in result.output
+
+
+def test_prepare_of_full_dpo_stores_the_reference_pass_that_training_reuses(
+    tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from rayft.config import load_config
+    from rayft.training.driver.startup import prepare_training_data
+
+    rows = [
+        {"prompt": f"Question: {i} + 1\nAnswer: ", "chosen": f"{i + 1}!", "rejected": f"{i + 1}?"} for i in range(6)
+    ]
+    data = tmp_path / "pairs.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    config = _config(tmp_path, tiny_model_dir, data)
+    monkeypatch.setenv("RAYFT_DATA_CACHE", str(tmp_path / "cache"))
+    dpo = ["train.objective=dpo", "train.method=full", "scaling.use_gpu=false"]
+
+    result = CliRunner().invoke(cli, ["data", "prepare", str(config), "--in-process", *dpo])
+    assert result.exit_code == 0, result.output
+    manifests = list((tmp_path / "cache").rglob("reference-*/reference.json"))
+    assert len(manifests) == 1 and json.loads(manifests[0].read_text())  # the pass ran and was committed
+    before = manifests[0].stat().st_mtime_ns
+    # A run of the same config finds the pairs and their reference log-probabilities in the cache.
+    prepared = prepare_training_data(load_config(str(config), dpo), None, use_ray=False)
+    assert all(f.startswith(str(manifests[0].parent)) for f in prepared.train.files)
+    assert manifests[0].stat().st_mtime_ns == before

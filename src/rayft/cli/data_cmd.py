@@ -8,8 +8,6 @@ import click
 
 from rayft.cli.address_opt import address_option
 from rayft.cli.common import config_argument, load_cli_config, overrides_argument
-from rayft.runs import layout
-from rayft.runs.location import local_run_dir
 
 if TYPE_CHECKING:
     from rayft.data.prepare import PrepareOutcome
@@ -41,22 +39,11 @@ def prepare(config_path: str, overrides: tuple[str, ...], in_process: bool, repo
     Prints the cache key, the row counts, the rejected rows by reason and the token statistics.
     A second run with the same inputs reuses the cache without tokenizing.
     """
-    from pathlib import Path
-
-    from rayft.data.preference import pair_preparation
-    from rayft.data.prepare import prepare as run_prepare
+    from rayft import api
 
     cfg = load_cli_config(config_path, overrides)
-    if report_dir:
-        reports = Path(report_dir)
-    else:
-        fix = "pass --report-dir /a/local/dir"
-        reports = local_run_dir(cfg.storage_path, cfg.name, command="rayft data", fix=fix) / layout.DATA_DIR
-    use_ray = not in_process and cfg.scaling.num_workers > 0
-    pairs = pair_preparation(cfg.train.objective, cfg.train.preference.max_prompt_length)
-    outcome = run_prepare(
-        cfg.data, cfg.model, cfg.seed, report_dir=reports, use_ray=use_ray, ray_address=cfg.scaling.address, pairs=pairs
-    )
+    outcome = api.prepare_data(cfg, report_dir, in_process=in_process)
+    reports = report_dir or api.default_data_report_dir(cfg)
     click.echo(summary(outcome, reports))
 
 

@@ -7,7 +7,9 @@ they are library functions, not a recipe.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+from dataclasses import replace
 from pathlib import Path
 
 import yaml
@@ -20,7 +22,7 @@ from rayft.config.task import TaskConfig
 from rayft.custom import load_task, resolve_task_path
 from rayft.data.cache_keys import data_cache_dir
 from rayft.data.preference import pair_preparation
-from rayft.data.prepare import prepare_data
+from rayft.data.prepare import PrepareOutcome, prepare
 from rayft.data.prepared import PreparedData
 from rayft.errors import DataError
 from rayft.models.architecture import refuse_fp16, resolve_architecture
@@ -29,6 +31,7 @@ from rayft.runs import layout
 from rayft.runs.location import RunLocation, plan_run_location
 from rayft.runs.planner import plan_train_start
 from rayft.runs.store import RunStore, open_store
+from rayft.runtime import ray_runtime
 from rayft.training.loop.objective import write_task_units
 from rayft.training.loop.plan import Schedule, plan_schedule
 from rayft.training.loop.reference import ReferenceJob, attach_reference, needs_reference, reference_device
@@ -84,13 +87,25 @@ def prepare_inputs(cfg: RayftConfig, run_dir: Path, *, use_ray: bool) -> Prepare
 def prepare_training_data(cfg: RayftConfig, report_dir: Path | None, *, use_ray: bool) -> PreparedData:
     """The tokenized data: SFT examples, or preference pairs (``train.objective`` dpo, orpo, simpo),
     with DPO's reference log-probabilities stored beside them for full fine-tuning."""
+    return prepare_for_training(cfg, report_dir, use_ray=use_ray).prepared
+
+
+def prepare_for_training(
+    cfg: RayftConfig, report_dir: Path | None, *, use_ray: bool, ray_address: str | None = None
+) -> PrepareOutcome:
+    """:func:`prepare_training_data`, also saying whether the tokenized data came from the cache:
+    what ``rayft data prepare`` runs, so that a run of the same config reuses all of it, the
+    reference pass of full DPO included. With ``use_ray`` and no Ray yet, Ray is started (or
+    ``ray_address`` joined) for the work that needs it."""
     pairs = pair_preparation(cfg.train.objective, cfg.train.preference.max_prompt_length)
-    prepared = prepare_data(cfg.data, cfg.model, cfg.seed, report_dir=report_dir, use_ray=use_ray, pairs=pairs)
-    if needs_reference(cfg.train.objective, cfg.train.method):
+    outcome = prepare(cfg.data, cfg.model, cfg.seed, report_dir=report_dir, use_ray=use_ray,
+                      ray_address=ray_address, pairs=pairs)  # fmt: skip
+    if not needs_reference(cfg.train.objective, cfg.train.method):
+        return outcome
+    with ray_runtime(ray_address) if use_ray else contextlib.nullcontext():
         device = reference_device(cfg.scaling.use_gpu, use_ray=use_ray)
         job = ReferenceJob(anchored(cfg.model), cfg.lora, cfg.train.mixed_precision, device)
-        prepared = attach_reference(prepared, job, use_ray=use_ray)
-    return prepared
+        return replace(outcome, prepared=attach_reference(outcome.prepared, job, use_ray=use_ray))
 
 
 def worker_task(cfg: RayftConfig) -> TaskConfig | None:
