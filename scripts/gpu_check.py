@@ -1,9 +1,10 @@
 """One command on a GPU machine: the ``gpu`` test tier, then the training-step benchmark, one table.
 
 Runs without Ray and without network (torch, transformers, peft, pydantic, PyYAML, pyarrow and
-pytest are enough; bitsandbytes for the QLoRA cases, which skip without it): ``pytest -m gpu tests/gpu`` and ``benchmarks/bench_gpu_step.py`` as child processes of
-this one, with the repository's ``src`` on the path, then prints every test's outcome and the
-benchmark's table together. Exit status 0 only when every test passed or was skipped.
+pytest are enough; bitsandbytes for the QLoRA cases, which skip without it): ``pytest -m gpu
+tests/gpu`` and ``benchmarks/bench_gpu_step.py`` as child processes of this one, with the
+repository's ``src`` on the path, then prints every test's outcome and the benchmark's table
+together. Exit status 0 only when every test passed or was skipped.
 
     make gpu-check                      # or: python scripts/gpu_check.py
     python scripts/gpu_check.py --bench-args "--arch qwen2.5-1.5b --methods lora --steps 5"
