@@ -6,23 +6,12 @@ dynamic cache's. No Ray: only torch, transformers and the tiny model's tokenizer
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 pytestmark = pytest.mark.gpu
-
-
-@pytest.fixture(scope="module")
-def device() -> str:
-    import torch
-
-    wanted = os.environ.get("RAYFT_GPU_TIER_DEVICE", "cuda")
-    if wanted == "cuda" and not torch.cuda.is_available():
-        pytest.skip("needs a CUDA GPU (RAYFT_GPU_TIER_DEVICE=cpu checks the tier on the CPU)")
-    return wanted
 
 
 def _backend(model_dir: Path, device: str, **options: Any) -> Any:

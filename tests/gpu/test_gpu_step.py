@@ -25,13 +25,11 @@ ARCH = "qwen2-tiny"
 
 
 @pytest.fixture(scope="module")
-def device() -> Any:
+def device(device: str) -> Any:
+    """The tier's device (tests/gpu/conftest.py) as a torch.device."""
     import torch
 
-    wanted = os.environ.get("RAYFT_GPU_TIER_DEVICE", "cuda")
-    if wanted == "cuda" and not torch.cuda.is_available():
-        pytest.skip("needs a CUDA GPU (RAYFT_GPU_TIER_DEVICE=cpu checks the tier on the CPU)")
-    return torch.device(wanted)
+    return torch.device(device)
 
 
 def _examples(vocab: int, count: int = 12, seed: int = 0) -> list[dict[str, Any]]:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import pickle
 from pathlib import Path
 
@@ -29,16 +28,6 @@ from tests.helpers import read_metrics, tiny_config, train_losses, train_on
 pytestmark = pytest.mark.gpu
 
 LOCAL = ("scaling.num_workers=0", "train.save_steps=100", "train.eval_steps=null", "train.logging_steps=1")
-
-
-@pytest.fixture(scope="module")
-def device() -> str:
-    import torch
-
-    wanted = os.environ.get("RAYFT_GPU_TIER_DEVICE", "cuda")
-    if wanted == "cuda" and not torch.cuda.is_available():
-        pytest.skip("needs a CUDA GPU (RAYFT_GPU_TIER_DEVICE=cpu checks the tier on the CPU)")
-    return wanted
 
 
 @pytest.fixture(scope="module")
