@@ -1,5 +1,6 @@
 """QLoRA: a LoRA adapter trained on a base quantized by bitsandbytes (its CPU kernels), its loss falling,
-then exported merged into the base in its own dtype, reloaded and generating."""
+then exported merged into the base in its own dtype, reloaded and generating; the same with the tied
+embedding and head quantized too."""
 
 from __future__ import annotations
 
@@ -32,15 +33,16 @@ def prepared(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Prepa
     return arithmetic_prepared(tmp_path_factory.mktemp("units"), AutoTokenizer.from_pretrained(model_dir), num_train=16)
 
 
-@pytest.mark.parametrize("quantize", ["nf4", "int8"])
+@pytest.mark.parametrize(("quantize", "tables"), [("nf4", False), ("int8", False), ("nf4", True), ("int8", True)])
 def test_qlora_trains_and_its_merged_export_loads_and_generates(
-    model_dir: Path, prepared: PreparedData, tmp_path: Path, quantize: str
+    model_dir: Path, prepared: PreparedData, tmp_path: Path, quantize: str, tables: bool
 ) -> None:
     from rayft.recipes.export import export_model
 
     cfg = tiny_config(model_dir, tmp_path / "runs", "scaling.num_workers=0", "train.max_steps=12",
                       "train.learning_rate=1e-2", "train.eval_steps=100", "train.save_steps=100",
-                      f"lora.quantize={quantize}", "lora.r=8")  # fmt: skip
+                      f"lora.quantize={quantize}", f"lora.quantize_embeddings={str(tables).lower()}",
+                      "lora.r=8")  # fmt: skip
     run_dir = train_on(cfg, prepared)
     losses = train_losses(run_dir)
     assert max(losses) == 12 and sum(list(losses.values())[-3:]) < sum(list(losses.values())[:3]), losses
@@ -52,3 +54,17 @@ def test_qlora_trains_and_its_merged_export_loads_and_generates(
     assert result.merged and result.verification["reload_generate_ok"] is True
     assert result.verification["adapter_effect_max_abs_logit"] > 0
     assert (result.output_dir / "model.safetensors").is_file()
+    assert_tied_in_file(result.output_dir / "model.safetensors")
+
+
+def assert_tied_in_file(weights: Path) -> None:
+    """The tiny model ties its head to its embedding; the merged export keeps the tie: one stored table,
+    which a reloaded model reads as both."""
+    from safetensors import safe_open
+    from transformers import AutoModelForCausalLM
+
+    with safe_open(str(weights), "pt") as f:
+        names = set(f.keys())
+    assert "model.embed_tokens.weight" in names and "lm_head.weight" not in names
+    model = AutoModelForCausalLM.from_pretrained(weights.parent)
+    assert model.get_output_embeddings().weight is model.get_input_embeddings().weight
