@@ -1,16 +1,19 @@
 """QLoRA: a LoRA adapter trained on a base quantized by bitsandbytes (its CPU kernels), its loss falling,
 then exported merged into the base in its own dtype, reloaded and generating; the same with the tied
-embedding and head quantized too."""
+embedding and head quantized too; and DPO on a quantized base, whose reference is that base with the
+adapter off."""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import pytest
 
 from rayft.config import load_config
 from rayft.data.prepared import PreparedData
-from tests.helpers import adapter_tensors, tiny_config, train_losses, train_on
+from tests.helpers import adapter_tensors, read_metrics, tiny_config, train_losses, train_on
+from tests.integration.test_train_preference import pair_config, write_pairs
 
 pytestmark = pytest.mark.integration
 pytest.importorskip("bitsandbytes")
@@ -68,3 +71,22 @@ def assert_tied_in_file(weights: Path) -> None:
     assert "model.embed_tokens.weight" in names and "lm_head.weight" not in names
     model = AutoModelForCausalLM.from_pretrained(weights.parent)
     assert model.get_output_embeddings().weight is model.get_input_embeddings().weight
+
+
+@pytest.mark.parametrize(("quantize", "tables"), [("nf4", False), ("int8", True)])
+def test_dpo_on_a_quantized_base_starts_at_ln2_and_its_loss_falls(
+    ray_session: None, model_dir: Path, tmp_path: Path, quantize: str, tables: bool
+) -> None:
+    from rayft.training.driver.startup import prepare_training_data
+
+    pairs = write_pairs(tmp_path / "pairs.jsonl", 32)
+    cfg = pair_config(model_dir, tmp_path / "runs", pairs, "scaling.num_workers=0", f"lora.quantize={quantize}",
+                      f"lora.quantize_embeddings={str(tables).lower()}", "train.save_steps=100")  # fmt: skip
+    run_dir = train_on(cfg, prepare_training_data(cfg, None, use_ray=True))
+    losses = train_losses(run_dir)
+    assert list(losses) == list(range(1, 7))
+    # The adapter starts at zero: the policy is the quantized base with the adapter on, the reference with it off.
+    assert losses[1] == pytest.approx(math.log(2), abs=1e-6)
+    assert losses[6] < losses[1] - 0.05, losses
+    last = next(r for r in read_metrics(run_dir) if r.get("step") == 6 and "train/loss" in r)
+    assert last["rewards/margins"] > 0
