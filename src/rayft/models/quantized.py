@@ -39,8 +39,10 @@ class QuantizedTable(nn.Module):
         if kind == "nf4":
             packed, state = bnb.quantize_4bit(weight.detach(), blocksize=_BLOCK, quant_type="nf4")
             scales = state.absmax
-        else:
-            packed, scales, _ = bnb.int8_vectorwise_quant(weight.detach())
+        else:  # LLM.int8()'s row-wise absmax rounding (bitsandbytes' CUDA kernel for it takes float16 alone)
+            scales = weight.detach().float().abs().amax(dim=1)
+            packed = torch.round(weight.detach().float() * (127.0 / scales.clamp_min(1e-12)).unsqueeze(1))
+            packed = packed.to(torch.int8)
         # Buffers: they move with the model and count as its memory, and no optimizer or adapter sees them.
         self.register_buffer("packed", packed)
         self.register_buffer("scales", scales)
