@@ -73,15 +73,17 @@ def assert_tied_in_file(weights: Path) -> None:
     assert model.get_output_embeddings().weight is model.get_input_embeddings().weight
 
 
-@pytest.mark.parametrize(("quantize", "tables"), [("nf4", False), ("int8", True)])
+# Two Ray Train workers: DDP broadcasts rank 0's quantized weights and tables (uint8 buffers) as it wraps.
+@pytest.mark.parametrize(("quantize", "tables", "workers"), [("nf4", False, 0), ("int8", True, 0), ("nf4", True, 2)])
 def test_dpo_on_a_quantized_base_starts_at_ln2_and_its_loss_falls(
-    ray_session: None, model_dir: Path, tmp_path: Path, quantize: str, tables: bool
+    ray_session: None, model_dir: Path, tmp_path: Path, *, quantize: str, tables: bool, workers: int
 ) -> None:
     from rayft.training.driver.startup import prepare_training_data
 
-    pairs = write_pairs(tmp_path / "pairs.jsonl", 32)
-    cfg = pair_config(model_dir, tmp_path / "runs", pairs, "scaling.num_workers=0", f"lora.quantize={quantize}",
-                      f"lora.quantize_embeddings={str(tables).lower()}", "train.save_steps=100")  # fmt: skip
+    pairs = write_pairs(tmp_path / "pairs.jsonl", 64)
+    cfg = pair_config(model_dir, tmp_path / "runs", pairs, f"scaling.num_workers={workers}",
+                      f"lora.quantize={quantize}", f"lora.quantize_embeddings={str(tables).lower()}",
+                      "train.save_steps=100")  # fmt: skip
     run_dir = train_on(cfg, prepare_training_data(cfg, None, use_ray=True))
     losses = train_losses(run_dir)
     assert list(losses) == list(range(1, 7))
