@@ -1,5 +1,6 @@
 """`rayft run` with SFT then pairs sampled from what it trained, at tiny sizes: the pairs stage samples
-the train stage's final model, lineage records both steps, and a rerun skips both."""
+the train stage's final model, lineage records both steps, and a rerun skips both; then DPO on the
+pairs, tracked in a real ``mlflow server``, whose run's final model is the DPO one."""
 
 from __future__ import annotations
 
@@ -96,7 +97,11 @@ def test_dpo_trains_from_the_merged_sft_model_on_the_pairs_and_eval_compares_the
         answer = 2 * n if calls[question] % 2 else 2 * n + 1
         return f"Attempt {calls[question]}: {answer}\n#### {answer}"
 
-    with OpenAIServer(responder=mixed) as server:
+    from mlflow.tracking import MlflowClient
+
+    from rayft.testing.servers import mlflow_server
+
+    with OpenAIServer(responder=mixed) as server, mlflow_server(tmp_path / "mlflow") as tracking:
         extra = f"""  backend: openai
 preference:
   objective: dpo
@@ -115,8 +120,16 @@ eval:
             "generation: {max_new_tokens: 6, batch_size: 8}\n",
             f"generation:\n    endpoint: {{base_url: '{server.base_url}'}}\n  ",
         )
+        text = text.replace(
+            "logging: {tensorboard: false}",
+            f"logging: {{tensorboard: false, mlflow: {{tracking_uri: '{tracking.uri}', artifacts: [final]}}}}",
+        )
         config.write_text(text)
         result = CliRunner().invoke(cli, ["run", str(config)], catch_exceptions=False)
+        # The run's final model is the last one trained: DPO's adapter, not the SFT one it started from.
+        client = MlflowClient(tracking_uri=tracking.uri)
+        run_id = json.loads((tmp_path / "runs" / "tiny-pairs" / "tracking.json").read_text())["mlflow"]["run_id"]
+        logged = Path(client.download_artifacts(run_id, "final/rayft_config.yaml", str(tmp_path / "logged")))
     assert result.exit_code == 0, result.output
     run_dir = tmp_path / "runs" / "tiny-pairs"
     lineage = json.loads((run_dir / "lineage.json").read_text())
@@ -133,3 +146,4 @@ eval:
     assert any("rewards/accuracies" in row for row in metrics)
     compare = json.loads((run_dir / "eval" / "compare.json").read_text())
     assert set(compare["models"]) == {"sft", "dpo"}
+    assert logged.read_text() == (final / "rayft_config.yaml").read_text()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -29,3 +30,25 @@ def test_a_missing_bitsandbytes_names_the_extra(monkeypatch: pytest.MonkeyPatch)
     monkeypatch.setitem(sys.modules, "bitsandbytes", None)  # as if not installed: importing it raises ImportError
     with pytest.raises(ModelError, match=r"lora.quantize='nf4' needs bitsandbytes: pip install 'rayft\[qlora\]'"):
         quantization("nf4", "cpu")
+
+
+def test_quantized_embeddings_are_refused_without_a_quantized_base() -> None:
+    with pytest.raises(
+        ConfigError, match=r"lora.quantize_embeddings=true .* lora.quantize is 'none': set lora.quantize=nf4"
+    ):
+        load_config(None, ["lora.quantize_embeddings=true"])
+    assert load_config(None, ["lora.quantize=nf4", "lora.quantize_embeddings=true"]).lora.quantize_embeddings
+
+
+@pytest.mark.parametrize("trained", ["lm_head", "embed_tokens"])
+def test_a_quantized_embedding_or_head_cannot_also_be_trained_in_full(tmp_path: Path, trained: str) -> None:
+    pytest.importorskip("bitsandbytes")
+    from rayft.config import LoraConfig, ModelConfig
+    from rayft.testing import build_tiny_model
+    from rayft.training.modeling.model import build_training_model
+
+    model_dir = build_tiny_model(tmp_path, hidden_size=64)
+    lora = LoraConfig(quantize="nf4", quantize_embeddings=True, modules_to_save=[trained])
+    with pytest.raises(ModelError, match=rf"lora.modules_to_save=\['{trained}'\] trains the embedding or head in full"):
+        build_training_model(ModelConfig(name=str(model_dir)), lora, "lora", "cpu", gradient_checkpointing=False,
+                             restore_dir=None)  # fmt: skip

@@ -126,3 +126,13 @@ class LoraConfig(Section):
             "train.method 'lora' and train.strategy 'ddp'."
         ),
     )
+    quantize_embeddings: bool = Field(
+        False,
+        description=(
+            "With lora.quantize: also store the frozen token embedding and output head in the same 4-bit or "
+            "8-bit form (one table for both where the model ties them). Off by default because the head's "
+            "rounding reaches every logit, which costs small models accuracy; on small models the embedding "
+            "is a large share of the weights (a fifth of SmolLM2-135M's), so this is what brings them near "
+            "the saving the linear layers get. An embedding or head in lora.modules_to_save is refused."
+        ),
+    )

@@ -120,6 +120,11 @@ class RayftConfig(Section):
     def _quantized_base_trains_an_adapter_under_ddp(self) -> RayftConfig:
         quantize = self.lora.quantize
         if quantize == "none":
+            if self.lora.quantize_embeddings:
+                raise ValueError(
+                    "lora.quantize_embeddings=true stores the embedding and head in lora.quantize's form, but "
+                    "lora.quantize is 'none': set lora.quantize=nf4 (or int8), or lora.quantize_embeddings=false"
+                )
             return self
         if self.train.method != "lora":
             raise ValueError(

@@ -36,7 +36,8 @@ class MlflowConfig(Section):
         default_factory=lambda: list[MlflowArtifact](["config", "eval", "report", "profile"]),
         description=(
             "What is uploaded at the end: 'config' (the resolved config), 'final' (final/: the adapter, or the "
-            "whole model with train.method full; can be large), 'export' (the merged export/ of rayft run), "
+            "whole model with train.method full, of the last training under rayft run: preference training's when it "
+            "ran; can be large), 'export' (the merged export/ of rayft run), "
             "'eval' (compare/eval JSON), 'report' (report.html of rayft run), 'profile' (profile/: the step "
             "breakdown and the torch.profiler traces of train.profile). [] uploads nothing."
         ),

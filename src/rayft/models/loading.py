@@ -188,10 +188,14 @@ def auto_model_class(cfg: ModelConfig) -> Any:
     return AutoModelForSeq2SeqLM if resolve_architecture(cfg) == "seq2seq" else AutoModelForCausalLM
 
 
-def load_causal_lm(cfg: ModelConfig, device_type: str = "cpu", *, quantize: str = "none") -> PreTrainedModel:
+def load_causal_lm(
+    cfg: ModelConfig, device_type: str = "cpu", *, quantize: str = "none", quantize_embeddings: bool = False
+) -> PreTrainedModel:
     """Load the model described by ``cfg`` (weights from safetensors, or dequantized GGUF): a causal
     LM, or an encoder-decoder when ``cfg`` names one (:func:`auto_model_class`); with ``quantize``
-    ('nf4', 'int8'), its linear layers quantized by bitsandbytes as they load (:func:`quantization`)."""
+    ('nf4', 'int8'), its linear layers quantized by bitsandbytes as they load (:func:`quantization`),
+    and with ``quantize_embeddings`` its embedding and head too
+    (:func:`rayft.models.quantized.quantize_embeddings`)."""
     location, kwargs = model_location(cfg)
     if quantize != "none":
         kwargs.update(quantization(quantize, device_type))
@@ -202,6 +206,10 @@ def load_causal_lm(cfg: ModelConfig, device_type: str = "cpu", *, quantize: str 
             attn_implementation=cfg.attn_implementation,
             **kwargs,
         )
+    if quantize_embeddings and quantize != "none":
+        from rayft.models.quantized import quantize_embeddings as quantize_tables  # bitsandbytes: an optional extra
+
+        quantize_tables(model, "nf4" if quantize == "nf4" else "int8")
     return model
 
 

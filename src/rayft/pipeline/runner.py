@@ -40,6 +40,7 @@ from rayft.config import RayftConfig, dump_config
 from rayft.config.tracking import MlflowArtifact
 from rayft.evaluation.summary import CompareSummary
 from rayft.pipeline.fingerprint import hash_object
+from rayft.pipeline.inputs import trained_final
 from rayft.pipeline.lineage import relative
 from rayft.pipeline.outputs import (
     CONFIG_FILE,
@@ -189,11 +190,13 @@ def run_stage(
 
 
 def tracked_artifacts(run_dir: Path, records: dict[str, StageRecord]) -> dict[MlflowArtifact, Path]:
-    """What a tracker may upload at the end of a pipeline (``logging.mlflow.artifacts`` picks)."""
+    """What a tracker may upload at the end of a pipeline (``logging.mlflow.artifacts`` picks): 'final'
+    is the last trained model, preference training's when the pipeline ran it, else SFT's."""
     found: dict[MlflowArtifact, Path] = {"config": run_dir / CONFIG_FILE, "report": run_dir / REPORT_FILE}
-    if "train" in records:
-        found["final"] = records["train"].output(run_dir, "final")
-        profile = found["final"].parent / PROFILE_DIR
+    final = trained_final(run_dir, records)
+    if final is not None:
+        found["final"] = final
+        profile = final.parent / PROFILE_DIR
         if profile.is_dir():
             found["profile"] = profile
     if "eval" in records and "json" in records["eval"].outputs:

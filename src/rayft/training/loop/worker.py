@@ -134,9 +134,11 @@ def setup_worker(plan: WorkerPlan, session: TrainSession) -> Worker:
     parallel = parallelism(plan.train.strategy, session.world_size)
     with session.restored_checkpoint() as candidate:
         restore_dir = resume_checkpoint(candidate, checkpoints)
-        model = objective.build_model(
-            restore_dir, device_type=session.device.type, weights=session.rank == 0 or not parallel.weights_from_rank0
-        )
+        # bitsandbytes quantizes a base as it loads it, so there is no empty quantized model for rank 0 to fill:
+        # under DDP (the one strategy a quantized base allows) every worker loads and quantizes its own copy.
+        quantized = plan.train.method == "lora" and plan.lora.quantize != "none"
+        weights = session.rank == 0 or not parallel.weights_from_rank0 or quantized
+        model = objective.build_model(restore_dir, device_type=session.device.type, weights=weights)
         precision = resolve_precision(plan.train.mixed_precision, session.device.type, objective.model_type)
         check_device_memory(model, plan.train, parallel, precision, session)
         model, optimizer = parallel.prepare(

@@ -192,7 +192,7 @@ def fused_head(model: Any, targets: torch.Tensor, kind: LossKind, *, shifted: bo
     def forward(hidden: torch.Tensor) -> torch.Tensor:
         if shifted:
             hidden = hidden[:, :-1]
-        return head_loss(hidden, head.weight, head.bias, targets, kind)
+        return head_loss(hidden, head_weight(head).to(hidden.dtype), head.bias, targets, kind)
 
     head.forward = forward
     try:
@@ -201,9 +201,17 @@ def fused_head(model: Any, targets: torch.Tensor, kind: LossKind, *, shifted: bo
         del head.forward
 
 
+def head_weight(head: Any) -> torch.Tensor:
+    """The head's weight: its own, or a quantized head's frozen table read back whole for this pass
+    (``lora.quantize_embeddings``: :class:`rayft.models.quantized.QuantizedHead`)."""
+    dequantized = getattr(head, "dequantized_weight", None)
+    return dequantized() if dequantized is not None else head.weight  # type: ignore[no-any-return]
+
+
 def output_head(model: Any) -> Any:
-    """The linear layer that makes logits, inside DDP and PEFT wrappers (PEFT's trained copy when
-    the head is among ``modules_to_save``); a head with a LoRA adapter of its own is refused."""
+    """The layer that makes logits, inside DDP and PEFT wrappers (PEFT's trained copy when the head
+    is among ``modules_to_save``): a linear layer, or a quantized head (:func:`head_weight`); a head
+    with a LoRA adapter of its own is refused."""
     import torch
 
     net = getattr(model, "module", model)
@@ -212,7 +220,7 @@ def output_head(model: Any) -> Any:
     copies = getattr(head, "modules_to_save", None)
     if copies is not None:
         head = copies[head.active_adapter if isinstance(head.active_adapter, str) else head.active_adapter[0]]
-    if type(head) is not torch.nn.Linear:
+    if type(head) is not torch.nn.Linear and not hasattr(head, "dequantized_weight"):
         raise ConfigError(
             f"train.fused_loss computes the loss from the output head's weight, but {type(base).__name__}'s head "
             f"is a {type(head).__name__} (a LoRA adapter on lm_head?); set train.fused_loss=none or leave lm_head "

@@ -65,7 +65,9 @@ def build_training_model(
     elif full_restore is not None:
         net = _load_full_from(full_restore, load_cfg, device_type)
     else:
-        net = load_causal_lm(load_cfg, device_type, quantize=quantize)
+        net = load_causal_lm(load_cfg, device_type, quantize=quantize, quantize_embeddings=lora.quantize_embeddings)
+        if lora.quantize_embeddings and quantize != "none":
+            _refuse_trained_tables(net, lora.modules_to_save)
     return prepare_training_model(
         net, lora, method, load_cfg.attn_implementation, device_type, gradient_checkpointing=gradient_checkpointing,
         compile_blocks=compile_blocks, restore_dir=restore_dir if weights else None,
@@ -134,6 +136,18 @@ def _load_full_from(directory: Path, cfg: ModelConfig, device_type: str) -> Any:
         dtype=resolve_dtype(cfg.dtype, device_type),
         attn_implementation=cfg.attn_implementation,
     )
+
+
+def _refuse_trained_tables(net: Any, modules_to_save: list[str]) -> None:
+    """A quantized embedding or head is a frozen table: it cannot also be trained in full."""
+    tables = {n for n, m in net.named_modules() if m is net.get_input_embeddings() or m is net.get_output_embeddings()}
+    trained = [name for name in modules_to_save if any(t == name or t.endswith(f".{name}") for t in tables)]
+    if trained:
+        raise ModelError(
+            f"lora.modules_to_save={trained} trains the embedding or head in full, but lora.quantize_embeddings "
+            "stores them quantized and frozen: remove them from lora.modules_to_save, or set "
+            "lora.quantize_embeddings=false"
+        )
 
 
 def _attach_adapter(net: Any, lora: LoraConfig, restore_dir: Path | None) -> Any:
