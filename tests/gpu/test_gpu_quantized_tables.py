@@ -5,28 +5,15 @@ dequantized matrix's. ``RAYFT_GPU_TIER_DEVICE=cpu`` runs them on the CPU."""
 
 from __future__ import annotations
 
-import os
-from typing import Any
-
 import pytest
 
 pytestmark = pytest.mark.gpu
 pytest.importorskip("bitsandbytes")
 
 
-@pytest.fixture(scope="module")
-def device() -> Any:
-    import torch
-
-    wanted = os.environ.get("RAYFT_GPU_TIER_DEVICE", "cuda")
-    if wanted == "cuda" and not torch.cuda.is_available():
-        pytest.skip("needs a CUDA GPU (RAYFT_GPU_TIER_DEVICE=cpu checks the tier on the CPU)")
-    return torch.device(wanted)
-
-
 @pytest.mark.parametrize(("kind", "tolerance"), [("nf4", 0.16), ("int8", 0.01)])
 def test_a_bf16_table_on_the_device_reads_back_and_carries_the_heads_gradient(
-    device: Any, kind: str, tolerance: float
+    device: str, kind: str, tolerance: float
 ) -> None:
     import torch
 
@@ -36,7 +23,7 @@ def test_a_bf16_table_on_the_device_reads_back_and_carries_the_heads_gradient(
     weight = torch.randn(4096, 576, dtype=torch.bfloat16, device=device)
     table = QuantizedTable(weight, kind)  # type: ignore[arg-type]
     restored = table.dequantized()
-    assert table.packed.device.type == device.type and restored.dtype == torch.bfloat16
+    assert table.packed.device.type == device and restored.dtype == torch.bfloat16
     relative = (restored.float() - weight.float()).abs() / weight.abs().amax(dim=1, keepdim=True).float()
     assert relative.max() < tolerance
     ids = torch.randint(0, 4096, (4, 33), device=device)
