@@ -55,7 +55,6 @@ def test_the_tiny_model_samples_every_problem_and_every_problem_is_accounted_for
     cfg = load_config(None, [
         f"storage_path={tmp_path}", f"pairs.problems.path={problems}", "pairs.samples_per_problem=3",
         "pairs.answer_match=flexible", "pairs.generation.max_new_tokens=6", "pairs.generation.batch_size=8",
-        "pairs.problems_per_batch=2",
     ])  # fmt: skip
     result = run(cfg, model=str(tiny_model_dir))
     summary = assert_counts_add_up(result, num_problems=5, k=3)
@@ -120,3 +119,21 @@ def test_pairs_hold_a_verified_right_answer_over_a_wrong_one_and_say_why_others_
         assert pair["chosen"].endswith(f"#### {right}") and pair["rejected"].endswith(f"#### {right + 1}")
         assert pair["prompt"].startswith("Question: What is twice")
     assert sum(sampler.calls.values()) == 5 * 4  # the screened problems were never sampled
+
+
+def test_samples_come_back_one_generate_batch_at_a_time(ray_session: None, tiny_model_dir: Path) -> None:
+    """Each generate batch's samples are streamed back as soon as it is generated, not when every batch
+    of a larger block is, so that finished problems are written (and counted) as the batches come and
+    the actors share the work batch by batch."""
+    from rayft.models.sources import ResolvedSource
+    from rayft.sdg.pair_maker import build_dataset
+    from rayft.sdg.pair_plan import plan_pairs, problem_row
+
+    cfg = load_config(None, ["pairs.samples_per_problem=4", "pairs.generation.max_new_tokens=2",
+                             "pairs.generation.batch_size=8", "pairs.generation.concurrency=2"])  # fmt: skip
+    model = cfg.model.model_copy(update={"name": str(tiny_model_dir)})
+    plan = plan_pairs(cfg.pairs, ResolvedSource(str(tiny_model_dir), "model", model), default_seed=0)
+    problems = [problem_row(f"What is {i} plus 0?", str(i), f"#### {i}", cfg.pairs) for i in range(8)]
+    blocks = list(build_dataset(problems, plan).iter_batches(batch_size=None, batch_format="pyarrow"))
+    assert sum(block.num_rows for block in blocks) == 8 * 4
+    assert [block.num_rows for block in blocks] == [8, 8, 8, 8]

@@ -18,7 +18,14 @@ from rayft.models.sources import ResolvedSource
 from rayft.recipes.pairs import Gsm8kChecker
 from rayft.sdg.dedup import NgramIndex
 from rayft.sdg.pair_maker import _Sink, iter_problems, pair_problem
-from rayft.sdg.pair_plan import plan_pairs, problem_prompt, problem_row, sample_rows, screen_problem
+from rayft.sdg.pair_plan import (
+    plan_pairs,
+    problem_prompt,
+    problem_row,
+    sample_blocks,
+    sample_rows,
+    screen_problem,
+)
 from rayft.sdg.pairs import NO_PAIR_REASONS, PairCounts
 from rayft.sdg.runner import complete_seed_batches
 
@@ -144,6 +151,15 @@ def test_samples_of_a_problem_are_regrouped_from_any_batches() -> None:
                                                                                    [("a", 0), ("a", 1)]]  # fmt: skip
     with pytest.raises(DataError, match="'problem_id' lost rows"):
         list(complete_seed_batches(batches[:1], key="problem_id", size="samples"))
+
+
+def test_the_samples_are_cut_into_blocks_of_one_generate_batch_each() -> None:
+    problems = [problem_row(f"What is {i}?", str(i), f"#### {i}", PairsConfig()) for i in range(5)]
+    blocks = sample_blocks(problems, 4, 8)
+    assert [len(block) for block in blocks] == [8, 8, 4]
+    rows = [(row["problem_id"], row["sample"]) for block in blocks for row in block]
+    assert rows == [(p["problem_id"], sample) for p in problems for sample in range(4)]
+    assert [len(block) for block in sample_blocks(problems, 4, 3)] == [3] * 6 + [2]
 
 
 def test_the_pairs_section_is_checked_when_the_config_loads() -> None:

@@ -78,9 +78,6 @@ class PairsConfig(Section):
         default_factory=SdgDecontaminationConfig,
         description="Evaluation sets whose problems must not become pairs (as for SDG rows); leaks are counted.",
     )
-    problems_per_batch: int = Field(
-        16, gt=0, description="Problems per Ray Data block (their k samples each are generated as one stream)."
-    )
     seed: int | None = Field(
         None, ge=0, description="Seed of sampling and of the choice of pairs (default: the run's)."
     )

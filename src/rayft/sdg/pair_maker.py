@@ -30,7 +30,7 @@ from rayft.errors import DataError
 from rayft.files import AtomicJsonl, write_text_atomic
 from rayft.generation.ray_pool import generate_dataset
 from rayft.sdg.dedup import NgramIndex
-from rayft.sdg.pair_plan import PairsPlan, problem_of, problem_row, sample_rows, screen_problem
+from rayft.sdg.pair_plan import PairsPlan, problem_of, problem_row, sample_blocks, screen_problem
 from rayft.sdg.pairs import AnswerChecker, PairCounts, pairs_for_problem
 from rayft.sdg.runner import complete_seed_batches
 from rayft.sdg.stages import Row
@@ -40,8 +40,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("rayft.pairs")
 
-PROBLEM_BLOCKS_PER_DATASET = 16
-"""Blocks of ``problems_per_batch`` problems planned as one Ray dataset: the problems held at once."""
+PROBLEMS_PER_DATASET = 256
+"""Problems planned as one Ray dataset: the problems held at once."""
 
 
 @dataclass(frozen=True)
@@ -83,7 +83,7 @@ def make_pairs_on_ray(plan: PairsPlan, checker: AnswerChecker, eval_questions: I
         Progress(f"pairs ({plan.model})", total, unit="problems") as progress,
     ):
         sink = _Sink(data, no_pair, PairCounts())
-        for chunk in _chunks(iter_problems(pairs), pairs.problems_per_batch * PROBLEM_BLOCKS_PER_DATASET):
+        for chunk in _chunks(iter_problems(pairs), PROBLEMS_PER_DATASET):
             to_sample = []
             for question, answer in chunk:
                 row = problem_row(question, str(checker.reference(answer)), answer, pairs)
@@ -170,16 +170,14 @@ def sampled_problems(problems: list[Row], plan: PairsPlan) -> Iterator[list[Row]
 
 
 def build_dataset(problems: list[Row], plan: PairsPlan) -> ray.data.Dataset:
-    """The lazy dataset: one block per ``problems_per_batch`` problems (k rows each), then the sampler."""
+    """The lazy dataset: the problems' k rows each, one generate batch per block, then the sampler."""
     import pyarrow as pa
     import ray.data
 
-    k, step = plan.pairs.samples_per_problem, plan.pairs.problems_per_batch
-    blocks = [
-        pa.Table.from_pylist([row for problem in problems[i : i + step] for row in sample_rows(problem, k)])
-        for i in range(0, len(problems), step)
-    ]
-    return generate_dataset(ray.data.from_arrow(blocks), plan.sampler, "prompt")
+    blocks = sample_blocks(problems, plan.pairs.samples_per_problem, plan.sampler.batch_size)
+    return generate_dataset(
+        ray.data.from_arrow([pa.Table.from_pylist(rows) for rows in blocks]), plan.sampler, "prompt"
+    )
 
 
 def _chunks(items: Iterable[Any], size: int) -> Iterator[list[Any]]:

@@ -85,3 +85,15 @@ def problem_row(question: str, reference: str, answer: str, pairs: PairsConfig) 
 def sample_rows(problem: dict[str, Any], k: int) -> list[dict[str, Any]]:
     """A problem's row repeated once per sample, each saying how many samples its problem has."""
     return [{**problem, "sample": index, "samples": k} for index in range(k)]
+
+
+def sample_blocks(problems: list[dict[str, Any]], k: int, batch_size: int) -> list[list[dict[str, Any]]]:
+    """The problems' sample rows (k each, in order) cut into blocks of one generate batch each.
+
+    Ray Data returns a block's rows when every batch of it is generated, by the one actor that took
+    it: a block of one batch comes back as soon as that batch is done, so finished problems are
+    written as the batches come, and the actors share the work batch by batch. A problem's samples
+    may straddle two blocks; they are regrouped by problem as they come back.
+    """
+    rows = [row for problem in problems for row in sample_rows(problem, k)]
+    return [rows[start : start + batch_size] for start in range(0, len(rows), batch_size)]
