@@ -49,6 +49,25 @@ def test_decisions() -> None:
     assert decide("sdg", "f1", "f0", allowed=["eval"], forced={"eval"}).action == "reuse"
     with pytest.raises(ConfigError, match="no finished output"):
         decide("sdg", "f1", None, allowed=["eval"], forced={"eval"})
+    # --only train on a fresh directory: the stages after it have nothing yet and nothing needs them.
+    later = decide("eval", "f1", None, allowed=["train"], forced={"train"})
+    assert later.action == "skip" and "not selected" in later.reason
+
+
+def test_a_stage_left_out_is_not_fingerprinted(tmp_path: Path) -> None:
+    from rayft.config import load_config
+    from rayft.pipeline.runner import decide_stage
+    from rayft.pipeline.stage import StageContext
+
+    class Preference:  # its inputs are the pairs stage's outputs, which --only train never makes
+        name = "preference"
+
+        def inputs(self, ctx: StageContext) -> dict[str, str]:
+            raise AssertionError("a stage that cannot run was fingerprinted")
+
+    ctx = StageContext(load_config(None, []), tmp_path, {})
+    decision, inputs = decide_stage(Preference(), ctx, allowed=["train"], forced={"train"})  # type: ignore[arg-type]
+    assert decision.action == "skip" and inputs == {}
 
 
 def test_fingerprints_are_canonical_and_content_based(tmp_path: Path) -> None:

@@ -80,8 +80,13 @@ def runnable_stages(requested: list[str], *, from_stage: str | None, only: str |
 def decide(
     stage: str, fingerprint: str, recorded: str | None, *, allowed: Collection[str], forced: Collection[str]
 ) -> StageDecision:
-    """Decide one stage from its fingerprint now and the one recorded with its outputs (None if none)."""
+    """Decide one stage from its fingerprint now and the one recorded with its outputs (None if none).
+
+    A stage that ``--from``/``--only`` leaves out keeps its outputs; one without outputs is an error
+    when a selected stage comes after it (it may need them), and is left alone when none does."""
     if stage not in allowed:
+        if recorded is None and STAGES.index(stage) > max(STAGES.index(s) for s in allowed):
+            return StageDecision(stage, "skip", "not selected by --from/--only (no output yet)")
         if recorded is None:
             raise ConfigError(
                 f"stage {stage!r} has no finished output in this run directory, and a later stage needs it; "

@@ -135,7 +135,8 @@ def decide_stage(
 ) -> tuple[StageDecision, dict[str, Any]]:
     """Decide one stage from its inputs now and its record; return the decision and the inputs. A stage
     that is not run has its record adopted into ``ctx.records`` (later stages read its outputs)."""
-    inputs = stage.inputs(ctx)
+    # A stage left out by --from/--only is not fingerprinted: its inputs may be outputs nothing made.
+    inputs = stage.inputs(ctx) if stage.name in allowed else {}
     usable = usable_record(ctx.run_dir, stage.name)
     recorded = usable.fingerprint if usable else None
     decision = decide(stage.name, hash_object(inputs), recorded, allowed=allowed, forced=forced)
