@@ -28,9 +28,12 @@ $(STAMP): pyproject.toml constraints/cpu.txt scripts/pip_sources.py
 quickstart: setup
 	$(VENV)/bin/rayft run configs/quickstart.yaml
 
-# --durations: every CI log lists the slowest tests (the suite must stay within CI's time budget).
+# The unit tier runs on both cores (pytest-xdist: its tests share no state), then the integration and
+# chaos tiers in one process, around the one local Ray they share. --durations: every CI log lists the
+# slowest tests (the suite must stay within CI's time budget).
 test: setup
-	$(VENV)/bin/pytest -m "$(PYTEST_MARKERS)" --durations=25 $(PYTEST_ARGS)
+	$(VENV)/bin/pytest -n 2 -m "($(PYTEST_MARKERS)) and not integration and not chaos" $(PYTEST_ARGS)
+	$(VENV)/bin/pytest -m "($(PYTEST_MARKERS)) and (integration or chaos)" --durations=25 $(PYTEST_ARGS)
 
 test-slow: setup
 	$(VENV)/bin/pytest -m "slow and not gpu" --durations=25 $(PYTEST_ARGS)
