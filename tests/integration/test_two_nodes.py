@@ -26,7 +26,8 @@ from rayft.testing.ray_head import RayHead, ray_head, ray_worker_node
 pytestmark = pytest.mark.integration
 
 RAYFT = str(Path(sys.executable).parent / "rayft")
-STEPS = 200
+STEPS = 8
+SAVE_STEPS = 4
 
 
 @pytest.fixture(scope="module")
@@ -69,7 +70,7 @@ def test_rank_0_on_another_node_stores_and_resumes_the_run_through_s3(
     config.write_text(
         f"name: spread\nstorage_path: '{uri}'\nmodel: {{name: {tiny_model_dir}}}\n"
         "data: {datasets: [{path: 'builtin:arithmetic', max_rows: 40}], validation_fraction: 0.0}\n"
-        f"train: {{max_steps: {STEPS}, micro_batch_size: 4, save_steps: 50}}\nlora: {{r: 4}}\n"
+        f"train: {{max_steps: {STEPS}, micro_batch_size: 4, save_steps: {SAVE_STEPS}}}\nlora: {{r: 4}}\n"
         f"scaling: {{num_workers: 1, address: '{head.gcs}', resources_per_worker: {{second_node: 1}}}}\n"
         "logging: {tensorboard: false}\n"
     )
@@ -78,9 +79,11 @@ def test_rank_0_on_another_node_stores_and_resumes_the_run_through_s3(
     mirror = plan_run_location(uri, "spread", driver_cache).local_dir
     rank0_dir = worker_dir(join_uri(uri, "spread"), node_cache)
 
-    first = _rayft(["train", str(config)], env)
-    # Until the first checkpoint is in the bucket, however long a cold start takes here; the run
-    # cannot end first unnoticed (it has STEPS - 50 more steps to go, and an ended run fails the wait).
+    # Held before the step after the first checkpoint until rank 0 sees the stop request, which only
+    # the URI carries to it: the SIGTERM lands mid-run however fast the machine trains.
+    hold = {"RAYFT_FAULT_HOLD": f"{SAVE_STEPS + 1}:{tmp_path / 'never-released'}"}
+    first = _rayft(["train", str(config)], {**env, **hold})
+    # Until the first checkpoint is in the bucket, however long a cold start takes here.
     while not any(c.complete for c in remote.scan_checkpoints()):
         assert first.poll() is None, (first.communicate()[0] or "")[-3000:]
         time.sleep(0.3)
@@ -89,7 +92,7 @@ def test_rank_0_on_another_node_stores_and_resumes_the_run_through_s3(
     assert first.returncode == 143, output[-3000:]
     assert "stopped on SIGTERM after saving checkpoint s3://" in output, output[-3000:]
     saved = max(c.step for c in remote.scan_checkpoints() if c.complete)
-    assert saved < STEPS and not remote.is_file("final/rayft_checkpoint.json")
+    assert saved == SAVE_STEPS + 1 and not remote.is_file("final/rayft_checkpoint.json")  # the step it was held at
     # Rank 0 wrote under its own node's cache; the driver's mirror never held a checkpoint.
     assert (rank0_dir / "checkpoints" / f"step-{saved:06d}" / "rayft_checkpoint.json").is_file()
     assert not (mirror / "checkpoints").exists() and not (driver_cache / "workers").exists()

@@ -59,6 +59,18 @@ def test_a_held_step_waits_for_its_file_on_every_rank_and_other_steps_do_not(tmp
     waiting.join(timeout=30)
 
 
+def test_a_held_step_also_ends_when_the_rank_sees_a_stop_request(tmp_path: Path) -> None:
+    faults = Faults(hold=(3, str(tmp_path / "never-created")))
+    stop = threading.Event()
+    passed = threading.Event()
+    waiting = threading.Thread(target=lambda: (faults.before_step(0, 3, stop.is_set), passed.set()), daemon=True)
+    waiting.start()
+    assert not passed.wait(0.3)  # held while no stop is requested and the file is missing
+    stop.set()  # what StopWatch.requested() says once the driver sent SIGTERM's request
+    assert passed.wait(30)
+    waiting.join(timeout=30)
+
+
 def test_redaction_masks_every_credential_of_the_environment() -> None:
     env = {"HF_TOKEN": CANARY, "MY_SERVICE_PASSWORD": "pw-0123456789", "DEBUG": "1", "AWS_SESSION_TOKEN": "short"}
     assert set(secret_values(env)) == {CANARY, "pw-0123456789"}  # short values are not secrets to mask

@@ -10,9 +10,11 @@ environment variables on the driver, and the driver hands them to every worker i
 ``RAYFT_FAULT_STEP_DELAY_S=SECONDS``
     Every rank sleeps this long before each optimizer step (a slow step, to signal a run mid-way).
 ``RAYFT_FAULT_HOLD=STEP:PATH``
-    Every rank waits before optimizer step ``STEP`` until the file ``PATH`` exists (on every
-    attempt): a test acts on a run at a known step (kills a worker, stops a server) and then lets it
-    go on, instead of racing the run's speed.
+    Every rank waits before optimizer step ``STEP`` until the file ``PATH`` exists or the rank sees a
+    stop request (on every attempt): a test acts on a run at a known step (kills a worker, stops a
+    server, stops the run) and then lets it go on, instead of racing the run's speed. A stopped run
+    takes that step and saves it, so a short run is stopped mid-way however fast it trains. (On a run
+    at a URI only rank 0 watches for the request; the other ranks wait for ``PATH``.)
 ``RAYFT_FAULT_SLOW_RANK=RANK:SECONDS``
     Rank ``RANK`` alone sleeps this long before each optimizer step (a straggler).
 ``RAYFT_FAULT_DATA_DELAY_S=SECONDS``
@@ -30,7 +32,7 @@ import json
 import os
 import signal
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -58,12 +60,13 @@ class Faults:
         if self.kill_in_save == (step, point):
             os.kill(os.getpid(), signal.SIGKILL)
 
-    def before_step(self, rank: int, step: int) -> None:
-        """Slow down, hang or raise before optimizer step ``step`` (1-based) when asked to."""
+    def before_step(self, rank: int, step: int, stop_requested: Callable[[], bool] = lambda: False) -> None:
+        """Slow down, hang or raise before optimizer step ``step`` (1-based) when asked to; a hold
+        also ends when ``stop_requested()`` (the worker's stop watch) says the run is to stop."""
         if self.step_delay_s > 0:
             time.sleep(self.step_delay_s)
         if self.hold is not None and self.hold[0] == step:
-            while not os.path.exists(self.hold[1]):
+            while not os.path.exists(self.hold[1]) and not stop_requested():
                 time.sleep(0.02)
         if self.slow_rank is not None and self.slow_rank[0] == rank:
             time.sleep(self.slow_rank[1])

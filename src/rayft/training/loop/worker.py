@@ -90,7 +90,7 @@ def run_worker(plan: WorkerPlan, session: TrainSession) -> TrainerState:
         timer.start()
         for batches in step_batches(plan, session, worker.state.step, worker.objective):
             # A rank slowed before its step waits like a slow loader: both count as data_wait.
-            plan.faults.before_step(session.rank, worker.state.step + 1)
+            plan.faults.before_step(session.rank, worker.state.step + 1, worker.stop.requested)
             plan.faults.log_samples(session.rank, worker.state.step + 1, [i for b in batches for i in b.sample_ids])
             timer.lap("data_wait")
             stats = run_step(worker, batches)
