@@ -51,6 +51,25 @@ def ray_session() -> Iterator[None]:
 
 
 @pytest.fixture(scope="session")
+def qlora_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny Llama at width 128: bitsandbytes' CPU 4-bit kernels take input widths in blocks of 64."""
+    from rayft.testing import build_tiny_model
+
+    return build_tiny_model(tmp_path_factory.mktemp("tiny-128"), hidden_size=128)
+
+
+@pytest.fixture(scope="session")
+def qlora_units(qlora_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> PreparedData:
+    """16 training units of arithmetic problems for the width-128 model."""
+    from transformers import AutoTokenizer
+
+    from rayft.testing.units import arithmetic_prepared
+
+    tokenizer = AutoTokenizer.from_pretrained(qlora_model_dir)
+    return arithmetic_prepared(tmp_path_factory.mktemp("units-128"), tokenizer, num_train=16)
+
+
+@pytest.fixture(scope="session")
 def arithmetic_units(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> PreparedData:
     """64 training and 8 validation units of arithmetic problems (sample ids 0..63 for training)."""
     from rayft.config import ModelConfig

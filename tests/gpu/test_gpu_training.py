@@ -30,23 +30,6 @@ pytestmark = pytest.mark.gpu
 LOCAL = ("scaling.num_workers=0", "train.save_steps=100", "train.eval_steps=null", "train.logging_steps=1")
 
 
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The tiny Llama at width 128 (bitsandbytes' CPU 4-bit kernels take input widths in blocks of 64)."""
-    from rayft.testing import build_tiny_model
-
-    return build_tiny_model(tmp_path_factory.mktemp("tiny-128"), hidden_size=128)
-
-
-@pytest.fixture(scope="module")
-def units(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> PreparedData:
-    from transformers import AutoTokenizer
-
-    from rayft.testing.units import arithmetic_prepared
-
-    return arithmetic_prepared(tmp_path_factory.mktemp("units"), AutoTokenizer.from_pretrained(model_dir), num_train=16)
-
-
 def _on_device(run_dir: Path, device: str) -> None:
     """The run trained where the tier asked: CUDA runs report their peak memory and MFU."""
     records = [r for r in read_metrics(run_dir) if "train/loss" in r]
@@ -58,21 +41,21 @@ def _on_device(run_dir: Path, device: str) -> None:
 
 @pytest.mark.parametrize("quantize", ["nf4", "int8"])
 def test_qlora_trains_on_the_gpu_and_its_merged_export_generates(
-    device: str, model_dir: Path, units: PreparedData, tmp_path: Path, quantize: str
+    device: str, qlora_model_dir: Path, qlora_units: PreparedData, tmp_path: Path, quantize: str
 ) -> None:
     pytest.importorskip("bitsandbytes")
     from rayft.config import load_config
     from rayft.recipes.export import export_model
 
-    # 16 units, 8 a step: each epoch's two batches come back every other step, so the loss must fall.
-    cfg = tiny_config(model_dir, tmp_path / "runs", *LOCAL, "train.max_steps=12", "train.micro_batch_size=8",
+    # 16 qlora_units, 8 a step: each epoch's two batches come back every other step, so the loss must fall.
+    cfg = tiny_config(qlora_model_dir, tmp_path / "runs", *LOCAL, "train.max_steps=12", "train.micro_batch_size=8",
                       "train.learning_rate=1e-2", f"lora.quantize={quantize}", "lora.r=8")  # fmt: skip
-    run_dir = train_on(cfg, units)
+    run_dir = train_on(cfg, qlora_units)
     losses = list(train_losses(run_dir).values())
     assert len(losses) == 12 and sum(losses[-3:]) < sum(losses[:3]), losses
     _on_device(run_dir, device)
 
-    result = export_model(load_config(None, [f"model.name={model_dir}"]), str(run_dir), tmp_path / "merged")
+    result = export_model(load_config(None, [f"model.name={qlora_model_dir}"]), str(run_dir), tmp_path / "merged")
     assert result.merged and result.verification["reload_generate_ok"] is True
     assert result.verification["adapter_effect_max_abs_logit"] > 0
 
@@ -85,9 +68,9 @@ def _write_pairs(path: Path, count: int) -> Path:
     return path
 
 
-def _dpo_config(model_dir: Path, root: Path, *overrides: str) -> RayftConfig:
+def _dpo_config(qlora_model_dir: Path, root: Path, *overrides: str) -> RayftConfig:
     pairs = _write_pairs(root / "pairs.jsonl", 64)
-    return tiny_config(model_dir, root / "runs", *LOCAL, f"data.datasets=[{{path: {pairs}}}]",
+    return tiny_config(qlora_model_dir, root / "runs", *LOCAL, f"data.datasets=[{{path: {pairs}}}]",
                        "data.validation_fraction=0", f"data.cache_dir={root / 'cache'}", "lora.dropout=0",
                        "train.objective=dpo", "train.max_steps=6", "train.micro_batch_size=8",
                        "train.learning_rate=1e-2", *overrides)  # fmt: skip
@@ -95,13 +78,13 @@ def _dpo_config(model_dir: Path, root: Path, *overrides: str) -> RayftConfig:
 
 @pytest.mark.parametrize("quantize", ["none", "nf4"])
 def test_dpo_on_the_gpu_starts_at_ln2_and_separates_the_pairs(
-    device: str, model_dir: Path, tmp_path: Path, quantize: str
+    device: str, qlora_model_dir: Path, tmp_path: Path, quantize: str
 ) -> None:
     if quantize != "none":
         pytest.importorskip("bitsandbytes")
     from rayft.training.driver.startup import prepare_training_data
 
-    cfg = _dpo_config(model_dir, tmp_path, f"lora.quantize={quantize}")
+    cfg = _dpo_config(qlora_model_dir, tmp_path, f"lora.quantize={quantize}")
     run_dir = train_on(cfg, prepare_training_data(cfg, None, use_ray=False))
     records = {r["step"]: r for r in read_metrics(run_dir) if "train/loss" in r}
     assert list(records) == list(range(1, 7))
@@ -113,14 +96,16 @@ def test_dpo_on_the_gpu_starts_at_ln2_and_separates_the_pairs(
 
 
 def test_a_trace_window_records_gpu_kernels_and_a_memory_snapshot(
-    device: str, model_dir: Path, units: PreparedData, tmp_path: Path
+    device: str, qlora_model_dir: Path, qlora_units: PreparedData, tmp_path: Path
 ) -> None:
     from rayft.runs import layout
     from rayft.training.profiling.report import load_profile
 
     window = ("train.profile.wait_steps=2", "train.profile.warmup_steps=1", "train.profile.active_steps=2",
               "train.profile.memory_snapshot=true", "train.profile.step_timing=synced")  # fmt: skip
-    run_dir = train_on(tiny_config(model_dir, tmp_path / "runs", *LOCAL, "train.max_steps=6", *window), units)
+    run_dir = train_on(
+        tiny_config(qlora_model_dir, tmp_path / "runs", *LOCAL, "train.max_steps=6", *window), qlora_units
+    )
 
     profile = load_profile(run_dir)
     assert profile.traces == [layout.trace_file(0)]

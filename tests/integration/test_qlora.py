@@ -19,40 +19,23 @@ pytestmark = pytest.mark.integration
 pytest.importorskip("bitsandbytes")
 
 
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The tiny Llama at width 128: bitsandbytes' CPU 4-bit kernels take input widths in blocks of 64."""
-    from rayft.testing import build_tiny_model
-
-    return build_tiny_model(tmp_path_factory.mktemp("tiny-128"), hidden_size=128)
-
-
-@pytest.fixture(scope="module")
-def prepared(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> PreparedData:
-    from transformers import AutoTokenizer
-
-    from rayft.testing.units import arithmetic_prepared
-
-    return arithmetic_prepared(tmp_path_factory.mktemp("units"), AutoTokenizer.from_pretrained(model_dir), num_train=16)
-
-
 @pytest.mark.parametrize(("quantize", "tables"), [("nf4", False), ("int8", False), ("nf4", True), ("int8", True)])
 def test_qlora_trains_and_its_merged_export_loads_and_generates(
-    model_dir: Path, prepared: PreparedData, tmp_path: Path, quantize: str, tables: bool
+    qlora_model_dir: Path, qlora_units: PreparedData, tmp_path: Path, quantize: str, tables: bool
 ) -> None:
     from rayft.recipes.export import export_model
 
-    cfg = tiny_config(model_dir, tmp_path / "runs", "scaling.num_workers=0", "train.max_steps=12",
+    cfg = tiny_config(qlora_model_dir, tmp_path / "runs", "scaling.num_workers=0", "train.max_steps=12",
                       "train.learning_rate=1e-2", "train.eval_steps=100", "train.save_steps=100",
                       f"lora.quantize={quantize}", f"lora.quantize_embeddings={str(tables).lower()}",
                       "lora.r=8")  # fmt: skip
-    run_dir = train_on(cfg, prepared)
+    run_dir = train_on(cfg, qlora_units)
     losses = train_losses(run_dir)
     assert max(losses) == 12 and sum(list(losses.values())[-3:]) < sum(list(losses.values())[:3]), losses
     adapter = adapter_tensors(run_dir / "final")
     assert adapter and all(str(t.dtype) == "torch.float32" for t in adapter.values())  # the adapter is not quantized
 
-    export_cfg = load_config(None, [f"model.name={model_dir}"])
+    export_cfg = load_config(None, [f"model.name={qlora_model_dir}"])
     result = export_model(export_cfg, str(run_dir), tmp_path / "merged")
     assert result.merged and result.verification["reload_generate_ok"] is True
     assert result.verification["adapter_effect_max_abs_logit"] > 0
@@ -76,12 +59,12 @@ def assert_tied_in_file(weights: Path) -> None:
 # Two Ray Train workers: DDP broadcasts rank 0's quantized weights and tables (uint8 buffers) as it wraps.
 @pytest.mark.parametrize(("quantize", "tables", "workers"), [("nf4", False, 0), ("int8", True, 0), ("nf4", True, 2)])
 def test_dpo_on_a_quantized_base_starts_at_ln2_and_its_loss_falls(
-    ray_session: None, model_dir: Path, tmp_path: Path, *, quantize: str, tables: bool, workers: int
+    ray_session: None, qlora_model_dir: Path, tmp_path: Path, *, quantize: str, tables: bool, workers: int
 ) -> None:
     from rayft.training.driver.startup import prepare_training_data
 
     pairs = write_pairs(tmp_path / "pairs.jsonl", 64)
-    cfg = pair_config(model_dir, tmp_path / "runs", pairs, f"scaling.num_workers={workers}",
+    cfg = pair_config(qlora_model_dir, tmp_path / "runs", pairs, f"scaling.num_workers={workers}",
                       f"lora.quantize={quantize}", f"lora.quantize_embeddings={str(tables).lower()}",
                       "train.save_steps=100")  # fmt: skip
     run_dir = train_on(cfg, prepare_training_data(cfg, None, use_ray=True))
