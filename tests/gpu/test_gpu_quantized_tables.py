@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 pytestmark = pytest.mark.gpu
-pytest.importorskip("bitsandbytes")
+pytest.importorskip("bitsandbytes", reason="QLoRA needs the qlora extra: pip install 'rayft[qlora]'")
 
 
 @pytest.mark.parametrize(("kind", "tolerance"), [("nf4", 0.16), ("int8", 0.01)])

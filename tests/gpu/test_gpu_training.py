@@ -43,7 +43,7 @@ def _on_device(run_dir: Path, device: str) -> None:
 def test_qlora_trains_on_the_gpu_and_its_merged_export_generates(
     device: str, qlora_model_dir: Path, qlora_units: PreparedData, tmp_path: Path, quantize: str
 ) -> None:
-    pytest.importorskip("bitsandbytes")
+    pytest.importorskip("bitsandbytes", reason="QLoRA needs the qlora extra: pip install 'rayft[qlora]'")
     from rayft.config import load_config
     from rayft.recipes.export import export_model
 
@@ -81,7 +81,7 @@ def test_dpo_on_the_gpu_starts_at_ln2_and_separates_the_pairs(
     device: str, qlora_model_dir: Path, tmp_path: Path, quantize: str
 ) -> None:
     if quantize != "none":
-        pytest.importorskip("bitsandbytes")
+        pytest.importorskip("bitsandbytes", reason="QLoRA needs the qlora extra: pip install 'rayft[qlora]'")
     from rayft.training.driver.startup import prepare_training_data
 
     cfg = _dpo_config(qlora_model_dir, tmp_path, f"lora.quantize={quantize}")

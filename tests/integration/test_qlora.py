@@ -16,7 +16,7 @@ from tests.helpers import adapter_tensors, read_metrics, tiny_config, train_loss
 from tests.integration.test_train_preference import pair_config, write_pairs
 
 pytestmark = pytest.mark.integration
-pytest.importorskip("bitsandbytes")
+pytest.importorskip("bitsandbytes", reason="QLoRA needs the qlora extra: pip install 'rayft[qlora]'")
 
 
 @pytest.mark.parametrize(("quantize", "tables"), [("nf4", False), ("int8", False), ("nf4", True), ("int8", True)])

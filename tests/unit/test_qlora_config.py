@@ -42,7 +42,7 @@ def test_quantized_embeddings_are_refused_without_a_quantized_base() -> None:
 
 @pytest.mark.parametrize("trained", ["lm_head", "embed_tokens"])
 def test_a_quantized_embedding_or_head_cannot_also_be_trained_in_full(tmp_path: Path, trained: str) -> None:
-    pytest.importorskip("bitsandbytes")
+    pytest.importorskip("bitsandbytes", reason="QLoRA needs the qlora extra: pip install 'rayft[qlora]'")
     from rayft.config import LoraConfig, ModelConfig
     from rayft.testing import build_tiny_model
     from rayft.training.modeling.model import build_training_model

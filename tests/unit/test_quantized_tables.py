@@ -5,16 +5,26 @@ and two for an untied one, an NF4 table 0.28x of its bf16 size (4 bits a value a
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 
-pytest.importorskip("bitsandbytes")
+pytest.importorskip("bitsandbytes", reason="QLoRA needs the qlora extra: pip install 'rayft[qlora]'")
 
-from rayft.models.quantized import QuantizedHead, QuantizedTable, is_tied, quantize_embeddings
+from rayft.models.quantized import QuantizedHead, QuantizedTable, quantize_embeddings
 
 # Relative to a row's largest value: NF4 rounds to its nearest of 16 levels, at most half its widest gap
 # (between 0.72 and 1.0) off, plus the bf16 rounding of the result; int8 to the nearest 1/127.
 TOLERANCE = {"nf4": 0.16, "int8": 0.01}
+
+
+def is_tied(model: Any) -> bool:
+    """Whether ``model``'s head reads its input embedding's table (as loaded, or as quantized)."""
+    embedding, head = model.get_input_embeddings(), model.get_output_embeddings()
+    if isinstance(head, QuantizedHead):
+        return head.table is embedding
+    return bool(head.weight is embedding.weight)
 
 
 def tiny_llama(*, tied: bool) -> torch.nn.Module:

@@ -125,11 +125,3 @@ def quantize_embeddings(model: Any, kind: Literal["nf4", "int8"]) -> list[str]:
     model.set_input_embeddings(table)
     model.set_output_embeddings(QuantizedHead(head_table, head.bias))
     return replaced
-
-
-def is_tied(model: Any) -> bool:
-    """Whether ``model``'s head reads its input embedding's table (as loaded, or as quantized here)."""
-    embedding, head = model.get_input_embeddings(), model.get_output_embeddings()
-    if isinstance(head, QuantizedHead):
-        return head.table is embedding
-    return bool(head.weight is embedding.weight)

@@ -156,25 +156,20 @@ class ReferenceScorer:
 
         target.parent.mkdir(parents=True, exist_ok=True)
         parquet = pq.ParquetFile(source)
+        schema = parquet.schema_arrow
+        for name in ("ref_chosen_logps", "ref_rejected_logps"):
+            schema = schema.append(pa.field(name, pa.float64()))
         count = 0
-        writer = None
-        try:  # one row group at a time, kept as it was: a worker holds a group's pairs, not the file's
+        # One row group at a time, kept as it was: a worker holds a group's pairs, not the file's. A file
+        # without pairs still gets its copy, with the two columns.
+        with pq.ParquetWriter(target, schema) as writer:
             for group in range(parquet.num_row_groups):
                 table = parquet.read_row_group(group)
                 chosen, rejected = self.score(table.to_pylist())
                 table = table.append_column("ref_chosen_logps", pa.array(chosen, pa.float64()))
                 table = table.append_column("ref_rejected_logps", pa.array(rejected, pa.float64()))
-                writer = writer or pq.ParquetWriter(target, table.schema)
                 writer.write_table(table)
                 count += table.num_rows
-        finally:
-            if writer is not None:
-                writer.close()
-        if writer is None:  # a file without pairs still gets its copy, with the two columns
-            empty = parquet.schema_arrow.empty_table()
-            for name in ("ref_chosen_logps", "ref_rejected_logps"):
-                empty = empty.append_column(name, pa.array([], pa.float64()))
-            pq.write_table(empty, target)
         return count
 
     def score(self, units: list[dict[str, Any]]) -> tuple[list[float], list[float]]:
