@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -99,15 +100,25 @@ def actor_classes() -> set[tuple[str, str]]:
     return {(actor_id, info["ActorClassName"]) for actor_id, info in ray._private.state.actors().items()}
 
 
-def train_workers(since: float) -> list[Any]:
-    """The Ray Train worker processes (psutil) started at ``since`` (``time.time()``) or later: this
-    test's, never those of another Ray on the same machine, which are older."""
+def train_workers(since: float, *, ours: bool = True) -> list[Any]:
+    """The Ray Train worker processes (psutil) started at ``since`` (``time.time()``) or later.
+
+    With ``ours``, only those that descend from this test process (through the Ray it started, or
+    a driver it runs): never those of another Ray on the same machine, which may be another test
+    process's running beside this one. A cluster from ``ray start`` is not this process's
+    descendant: its callers pass ``ours=False`` and tell its workers apart another way."""
     import psutil
 
     since -= 1.0  # psutil dates a process from the boot time, which Linux gives in whole seconds
-    processes = psutil.process_iter(["cmdline", "create_time"])
-    return [p for p in processes if "ray::RayTrainWorker" in " ".join(p.info["cmdline"] or []) and
-            p.info["create_time"] >= since]  # fmt: skip
+    me = os.getpid()
+    found = []
+    for process in psutil.process_iter(["cmdline", "create_time"]):
+        if "ray::RayTrainWorker" not in " ".join(process.info["cmdline"] or []) or process.info["create_time"] < since:
+            continue
+        with contextlib.suppress(psutil.Error):
+            if not ours or any(parent.pid == me for parent in process.parents()):
+                found.append(process)
+    return found
 
 
 def kill_a_worker_at(

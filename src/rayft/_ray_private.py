@@ -33,11 +33,13 @@ CHECKED_RAY_SERIES = "2.60"
 _WORKER_GROUP_STATE = "ray.train.v2._internal.execution.worker_group.worker_group:WorkerGroup.get_worker_group_state"
 _RESTORE_FROM_REMOTE = "ray.tune.logger.logger:LoggerCallback._restore_from_remote"
 _ENTRYPOINT_NAME = "ray._private.utils:get_entrypoint_name"
+_DATASETS_CALLBACK = "ray.train.v2._internal.callbacks.datasets:DatasetsCallback"
 
 # Every private name used below, as "module:attribute.path" (the canary test resolves each).
 PRIVATE_SYMBOLS: tuple[str, ...] = (
     "ray:init",  # its private keyword argument _system_config (checked apart)
     "ray.train.v2._internal.callbacks.placement_group_callback:PlacementGroupCleanerCallback",
+    _DATASETS_CALLBACK,
     "ray.train.torch:TorchTrainer._create_default_callbacks",
     "ray.train.torch:TorchTrainer._initialize_and_run_controller",
     "ray.train.v2._internal.execution.scaling_policy:FixedScalingPolicy",
@@ -176,6 +178,10 @@ def trainer_class(own_ray: bool) -> type:
     start before it starts any worker (over a second of start-up on a small machine), and it then
     lives beside training. A local Ray has no autoscaler and no nodes to add, and the workers run
     no Ray Data (each reads its rows of the prepared files itself).
+
+    For the same reason a trainer given no datasets (rayft's never is) drops Ray Train's datasets
+    callback: it starts a dataset-manager actor for every run all the same, one more process that
+    imports Ray Data (over a second of CPU here) only to hand out shards nobody asks for.
     """
     from ray.train.torch import TorchTrainer
 
@@ -185,14 +191,19 @@ def trainer_class(own_ray: bool) -> type:
     if any(_load(f"ray.train.torch:TorchTrainer.{name}") is None for name in overridden):
         return TorchTrainer
     cleaner = _load("ray.train.v2._internal.callbacks.placement_group_callback:PlacementGroupCleanerCallback")
+    datasets_callback = _load(_DATASETS_CALLBACK)
     dropped: tuple[type, ...] = (cleaner,) if cleaner is not None else ()
 
     class LocalTorchTrainer(TorchTrainer):
-        """``TorchTrainer`` without the placement-group cleaner and the autoscaling coordinator."""
+        """``TorchTrainer`` without the placement-group cleaner and the autoscaling coordinator,
+        and, given no datasets, without the datasets callback."""
 
         def _create_default_callbacks(self) -> list[Any]:
             callbacks: list[Any] = super()._create_default_callbacks()  # type: ignore[misc]
-            return [c for c in callbacks if not isinstance(c, dropped)]
+            drop = dropped
+            if datasets_callback is not None and not self.datasets:
+                drop = (*dropped, datasets_callback)
+            return [c for c in callbacks if not isinstance(c, drop)]
 
         def _initialize_and_run_controller(self, **controller_init_kwargs: Any) -> Any:
             if "scaling_policy" in controller_init_kwargs:

@@ -17,7 +17,7 @@ import pytest
 from rayft.data.prepared import PreparedData
 from rayft.runs.checkpoints import scan_checkpoints
 from tests.chaos.conftest import chaos_seed, chaos_trials, start_driver
-from tests.helpers import RESUME_RUN, read_metrics, tiny_config, train_losses, train_on
+from tests.helpers import RESUME_RUN, read_metrics, tiny_config, train_losses, train_on, train_workers
 
 pytestmark = pytest.mark.chaos
 
@@ -59,15 +59,12 @@ def started_at(driver: subprocess.Popen[str]) -> float:
 def wait_for_no_train_workers(since: float, timeout_s: float = 90) -> None:
     """Ray ends a dead driver's actors; wait until none of its Ray Train worker processes is left.
 
-    The driver's workers are the ones started after it: a Ray Train worker of another Ray on the
-    same machine (a run beside the tests) is older and not this driver's to end.
+    The driver's workers are those of this process's Ray started after it: a Ray Train worker of
+    another Ray on the same machine (a run or a test process beside this one) is not this driver's.
     """
-    import psutil
-
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        if not any("ray::RayTrainWorker" in " ".join(p.info["cmdline"] or []) and p.info["create_time"] >= since
-                   for p in psutil.process_iter(["cmdline", "create_time"])):  # fmt: skip
+        if not train_workers(since):
             return
         time.sleep(0.5)
     raise AssertionError(f"Ray Train workers still running {timeout_s} s after their driver died")

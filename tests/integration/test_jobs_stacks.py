@@ -89,7 +89,7 @@ def test_stacks_of_a_held_job_show_every_worker_in_the_training_loop(
     assert dumped.returncode == 0, dumped.stdout[-3000:] + dumped.stderr[-3000:]
     stacks = _sections(dumped.stdout)
     # This head's workers, not those of another Ray on the machine: they inherited its environment.
-    workers = {w.pid for w in train_workers(since) if w.environ().get("RAYFT_FAULT_HOLD") == hold}
+    workers = {w.pid for w in train_workers(since, ours=False) if w.environ().get("RAYFT_FAULT_HOLD") == hold}
     assert len(workers) == 2 and workers <= stacks.keys(), (workers, dumped.stdout[-3000:])
     for pid in workers:
         kind, text = stacks[pid]

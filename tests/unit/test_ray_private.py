@@ -96,6 +96,21 @@ def test_a_local_ray_trains_without_the_cleaner_and_the_coordinator() -> None:
     assert trainer_class(own_ray=False) is TorchTrainer  # a joined cluster keeps Ray's defaults
 
 
+def test_a_local_trainer_without_datasets_starts_no_dataset_manager() -> None:
+    from ray.train.v2._internal.callbacks.datasets import DatasetsCallback
+    from ray.train.v2._internal.callbacks.placement_group_callback import PlacementGroupCleanerCallback
+
+    def kinds(trainer: object) -> set[type]:
+        return {type(c) for c in trainer._create_default_callbacks()}  # type: ignore[attr-defined]
+
+    local, public = trainer_class(own_ray=True), trainer_class(own_ray=False)
+    assert {DatasetsCallback, PlacementGroupCleanerCallback} <= kinds(public(train_loop_per_worker=lambda: None))
+    assert not {DatasetsCallback, PlacementGroupCleanerCallback} & kinds(local(train_loop_per_worker=lambda: None))
+    # Given a dataset (a callable that makes it), the local trainer keeps the callback that shards it.
+    with_data = local(train_loop_per_worker=lambda: None, datasets={"train": lambda: None})
+    assert DatasetsCallback in kinds(with_data) and PlacementGroupCleanerCallback not in kinds(with_data)
+
+
 def test_switched_off_every_path_is_rays_public_default(monkeypatch: pytest.MonkeyPatch) -> None:
     from ray.train.torch import TorchTrainer
 
