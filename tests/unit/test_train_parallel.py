@@ -179,6 +179,17 @@ def test_a_missing_deepspeed_names_the_install_line(monkeypatch: pytest.MonkeyPa
         import_deepspeed()
 
 
+def test_deepspeed_joins_without_building_its_inference_all_reduce_kernel() -> None:
+    deepspeed = pytest.importorskip("deepspeed", reason="needs the deepspeed extra: pip install 'rayft[deepspeed]'")
+    from deepspeed.comm.torch import build_shm_op
+
+    from rayft.training.strategies.zero3 import skip_inference_comm_kernel
+
+    skip_inference_comm_kernel(deepspeed)
+    # What DeepSpeed's backend calls as it joins the process group: no kernel, and no compiler run.
+    assert build_shm_op() is None
+
+
 def test_one_worker_shares_nothing_whatever_the_strategy() -> None:
     from rayft.training.strategies.parallel import TorchParallelism
     from rayft.training.strategies.table import parallelism

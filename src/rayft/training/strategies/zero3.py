@@ -77,6 +77,20 @@ def import_deepspeed() -> Any:
     return deepspeed
 
 
+def skip_inference_comm_kernel(deepspeed: Any) -> None:
+    """Keep DeepSpeed from building its shared-memory all-reduce kernel when it joins the process group.
+
+    On the CPU, DeepSpeed's communication backend compiles that C++ kernel the first time it starts
+    in an environment (23 s of wall time and 46 s of CPU on 2 cores, and a compiler, which a laptop
+    may lack). Only its inference all-reduce uses it; training reduces through the process group.
+    DeepSpeed reads the kernel's entry in its table of compatible ops (one module-level dict, which
+    it keeps so that edits persist) and skips the build where it is false.
+    """
+    builder = deepspeed.accelerator.get_accelerator().create_op_builder("ShareMemCommBuilder")
+    if builder is not None:
+        deepspeed.ops.__compatible_ops__[builder.NAME] = False
+
+
 class DeepSpeedZero3:
     """The ``deepspeed`` strategy: a DeepSpeed engine in ZeRO stage 3 (see the module docstring)."""
 
@@ -92,6 +106,7 @@ class DeepSpeedZero3:
         deepspeed = import_deepspeed()
         if setup.device.type == "cuda":
             torch.cuda.set_device(setup.device)
+        skip_inference_comm_kernel(deepspeed)
         deepspeed.init_distributed(dist_backend=dist.get_backend())  # joins the process group Ray set up
         optimizer = make_optimizer(model)
         dtype = setup.precision.autocast_dtype
