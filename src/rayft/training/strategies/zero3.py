@@ -81,7 +81,7 @@ def skip_inference_comm_kernel(deepspeed: Any) -> None:
     """Keep DeepSpeed from building its shared-memory all-reduce kernel when it joins the process group.
 
     On the CPU, DeepSpeed's communication backend compiles that C++ kernel the first time it starts
-    in an environment (23 s of wall time and 46 s of CPU on 2 cores, and a compiler, which a laptop
+    in an environment (23 s of wall time and over 40 s of CPU on 2 cores, and a compiler, which a laptop
     may lack). Only its inference all-reduce uses it; training reduces through the process group.
     DeepSpeed reads the kernel's entry in its table of compatible ops (one module-level dict, which
     it keeps so that edits persist) and skips the build where it is false.
