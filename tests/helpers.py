@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import signal
@@ -110,15 +109,15 @@ def train_workers(since: float, *, ours: bool = True) -> list[Any]:
     import psutil
 
     since -= 1.0  # psutil dates a process from the boot time, which Linux gives in whole seconds
-    me = os.getpid()
-    found = []
-    for process in psutil.process_iter(["cmdline", "create_time"]):
-        if "ray::RayTrainWorker" not in " ".join(process.info["cmdline"] or []) or process.info["create_time"] < since:
-            continue
-        with contextlib.suppress(psutil.Error):
-            if not ours or any(parent.pid == me for parent in process.parents()):
-                found.append(process)
-    return found
+
+    def started_worker(process: Any) -> bool:
+        try:
+            return "ray::RayTrainWorker" in " ".join(process.cmdline()) and process.create_time() >= since
+        except psutil.Error:  # ended meanwhile
+            return False
+
+    candidates = psutil.Process().children(recursive=True) if ours else psutil.process_iter()
+    return [p for p in candidates if started_worker(p)]
 
 
 def kill_a_worker_at(
