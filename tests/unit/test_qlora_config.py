@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import json
+import shutil
+import subprocess
 import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -52,3 +56,52 @@ def test_a_quantized_embedding_or_head_cannot_also_be_trained_in_full(tmp_path: 
     with pytest.raises(ModelError, match=rf"lora.modules_to_save=\['{trained}'\] trains the embedding or head in full"):
         build_training_model(ModelConfig(name=str(model_dir)), lora, "lora", "cpu", gradient_checkpointing=False,
                              restore_dir=None)  # fmt: skip
+
+
+HIDDEN_IN_A_WORKER = """
+import importlib.util, sys
+import torch
+from rayft.config.model import LoraConfig, ModelConfig
+from rayft.models.loading import hide_unused_bitsandbytes, load_causal_lm
+from rayft.training.modeling.model import prepare_training_model
+
+cfg = ModelConfig(name=sys.argv[1])
+assert importlib.util.find_spec("bitsandbytes") is not None  # installed
+assert hide_unused_bitsandbytes(cfg, "none")
+net = prepare_training_model(load_causal_lm(cfg), LoraConfig(r=4), "lora", "sdpa", "cpu",
+                             gradient_checkpointing=False, compile_blocks=False)
+from peft.import_utils import is_bnb_available
+from transformers.utils import is_bitsandbytes_available
+net(input_ids=torch.tensor([[1, 2, 3]]), labels=torch.tensor([[1, 2, 3]])).loss.backward()
+loaded = sorted(m for m, v in sys.modules.items() if m.startswith("bitsandbytes") and v)
+print(is_bnb_available(), is_bitsandbytes_available(), loaded)
+"""
+
+
+def test_a_worker_that_loads_no_quantized_model_trains_lora_without_bitsandbytes(tiny_model_dir: Path) -> None:
+    pytest.importorskip("bitsandbytes", reason="the qlora extra: pip install 'rayft[qlora]'")
+
+    # A fresh interpreter: the hiding lasts for the process.
+    done = subprocess.run(
+        [sys.executable, "-c", HIDDEN_IN_A_WORKER, str(tiny_model_dir)], capture_output=True, text=True, check=False
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split("\n")[-2] == "False False []"  # PEFT and transformers see it absent; never imported
+
+
+def test_bitsandbytes_stays_for_a_quantized_base_a_quantized_checkpoint_or_once_imported(
+    tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from rayft.config.model import ModelConfig
+    from rayft.models.loading import hide_unused_bitsandbytes
+
+    monkeypatch.delitem(sys.modules, "bitsandbytes", raising=False)  # restored after the test
+    assert not hide_unused_bitsandbytes(ModelConfig(name=str(tiny_model_dir)), "nf4")
+    saved = shutil.copytree(tiny_model_dir, tmp_path / "saved-in-4-bit")
+    config = json.loads((saved / "config.json").read_text())
+    (saved / "config.json").write_text(json.dumps({**config, "quantization_config": {"quant_method": "bitsandbytes"}}))
+    assert not hide_unused_bitsandbytes(ModelConfig(name=str(saved)), "none")
+    assert "bitsandbytes" not in sys.modules
+    monkeypatch.setitem(sys.modules, "bitsandbytes", types.ModuleType("bitsandbytes"))
+    assert not hide_unused_bitsandbytes(ModelConfig(name=str(tiny_model_dir)), "none")
+    assert sys.modules["bitsandbytes"] is not None

@@ -11,6 +11,7 @@ import fcntl
 import importlib.util
 import logging
 import shutil
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,7 +22,7 @@ from rayft.config.model import ModelConfig
 from rayft.console import ignore_known_warnings
 from rayft.errors import ModelError
 from rayft.files import replace_dir
-from rayft.models.architecture import resolve_architecture
+from rayft.models.architecture import model_config_dict, resolve_architecture
 from rayft.models.hub import check_model_available, check_tokenizer_files
 from rayft.models.registry import BUILTIN_MODELS, CHATML_TEMPLATE
 from rayft.models.resolve import ModelSource, resolve_model_source
@@ -211,6 +212,27 @@ def load_causal_lm(
 
         quantize_tables(model, "nf4" if quantize == "nf4" else "int8")
     return model
+
+
+def hide_unused_bitsandbytes(cfg: ModelConfig, quantize: str) -> bool:
+    """Make bitsandbytes unimportable in this process when it loads no model quantized by it: the
+    run does not quantize its base (``quantize`` 'none') and the base's config holds no
+    ``quantization_config``. Returns whether it hid it (not when something already imported it).
+
+    Only for a process that trains one run and ends with it (a Ray Train worker). PEFT imports
+    bitsandbytes whenever it is installed, which loads its kernels and registers its torch ops:
+    about 1 s of CPU in every worker of a LoRA run, for nothing when the base is not quantized. A
+    ``None`` in ``sys.modules`` is Python's way to make an import fail (and
+    ``importlib.util.find_spec`` answer None), so PEFT and transformers see bitsandbytes as absent;
+    it cannot be undone for modules already imported, hence not in a process that may go on to
+    load a quantized model (the driver, a notebook, a Tune trial actor that Tune may reuse).
+    """
+    if quantize != "none" or "bitsandbytes" in sys.modules:
+        return False
+    if "quantization_config" in model_config_dict(cfg):  # a checkpoint saved quantized: loading it needs bitsandbytes
+        return False
+    sys.modules["bitsandbytes"] = None  # type: ignore[assignment]
+    return True
 
 
 def quantization(quantize: str, device_type: str) -> dict[str, Any]:

@@ -27,6 +27,7 @@ from rayft.config.train import CheckpointConfig, FailureConfig, ScalingConfig
 from rayft.console import quiet_worker_console, ray_train_log_level
 from rayft.data.prepared import PreparedData
 from rayft.errors import RayftError, ResourceError, RunInterruptedError, TrainingError, exception_chain
+from rayft.models.loading import hide_unused_bitsandbytes
 from rayft.runs import layout
 from rayft.runs.location import RunLocation
 from rayft.runs.stop import StopRequest
@@ -239,6 +240,8 @@ def ray_worker_entry(config: dict[str, Any]) -> None:
     quiet_worker_console()
     if config.get("idle_main_thread"):
         idle_main_thread()
+    if plan.task is None:  # a custom task's own code may use bitsandbytes
+        hide_unused_bitsandbytes(plan.model, plan.lora.quantize if plan.train.method == "lora" else "none")
     location = plan.location.on_node(cache_root())
     plan = dataclasses.replace(plan, run_dir=str(location.local_dir))
     session = RaySession(
