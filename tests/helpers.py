@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -118,6 +119,27 @@ def train_workers(since: float, *, ours: bool = True) -> list[Any]:
 
     candidates = psutil.Process().children(recursive=True) if ours else psutil.process_iter()
     return [p for p in candidates if started_worker(p)]
+
+
+def end_orphaned_cleaners() -> list[int]:
+    """SIGKILL the placement-group cleaners that a killed driver left on this process's Ray; returns
+    their pids.
+
+    For a run on a Ray that rayft did not start (a driver joining the tests' shared Ray by address),
+    Ray Train starts a detached ``PlacementGroupCleaner`` that asks the State API every second whether
+    the run's controller lives. The shared Ray has no dashboard, hence no State API: once the driver
+    is killed its cleaner never gets an answer, and would poll and log a warning every second for the
+    rest of the session. The driver's placement group ended with its job, so there is nothing to clean.
+    """
+    import psutil
+
+    killed = []
+    for process in psutil.Process().children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            if "ray::PlacementGroupCleaner" in " ".join(process.cmdline()):
+                process.kill()
+                killed.append(process.pid)
+    return killed
 
 
 def kill_a_worker_at(

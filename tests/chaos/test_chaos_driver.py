@@ -17,7 +17,15 @@ import pytest
 from rayft.data.prepared import PreparedData
 from rayft.runs.checkpoints import scan_checkpoints
 from tests.chaos.conftest import chaos_seed, chaos_trials, start_driver
-from tests.helpers import RESUME_RUN, read_metrics, tiny_config, train_losses, train_on, train_workers
+from tests.helpers import (
+    RESUME_RUN,
+    end_orphaned_cleaners,
+    read_metrics,
+    tiny_config,
+    train_losses,
+    train_on,
+    train_workers,
+)
 
 pytestmark = pytest.mark.chaos
 
@@ -102,6 +110,7 @@ def test_killing_the_driver_then_resume_continues_from_the_last_committed_checkp
         killed_at = time.time()
         driver.communicate()
         wait_for_no_train_workers(since)
+        assert end_orphaned_cleaners(), "a run on a Ray it did not start has a placement-group cleaner"
         last = max(committed_steps(storage / "run"), default=0)
         assert last >= 3, what
 

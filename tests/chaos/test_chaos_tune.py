@@ -24,7 +24,7 @@ from rayft.cli.main import cli
 from rayft.runs.checkpoints import scan_checkpoints
 from rayft.runs.layout import MANIFEST_FILE
 from tests.chaos.test_chaos_driver import gcs_address
-from tests.helpers import read_metrics
+from tests.helpers import end_orphaned_cleaners, read_metrics
 
 pytestmark = pytest.mark.chaos
 
@@ -82,6 +82,7 @@ def test_a_killed_sweep_continues_without_rerunning_finished_trials(
     wait_until(driver, second_has_checkpoint)
     os.killpg(driver.pid, signal.SIGKILL)
     driver.communicate()
+    end_orphaned_cleaners()  # the interrupted trial's
     (done,) = finished()
     before = (done / "final" / MANIFEST_FILE).stat().st_mtime_ns, (done / "metrics.jsonl").read_text()
     (second,) = [p for p in trials.iterdir() if p.is_dir() and p != done]
