@@ -100,25 +100,39 @@ def actor_classes() -> set[tuple[str, str]]:
     return {(actor_id, info["ActorClassName"]) for actor_id, info in ray._private.state.actors().items()}
 
 
-def train_workers(since: float, *, ours: bool = True) -> list[Any]:
-    """The Ray Train worker processes (psutil) started at ``since`` (``time.time()``) or later.
+def ray_processes(title: str, *, ours: bool = True) -> list[Any]:
+    """The processes (psutil) whose command line holds ``title`` (a Ray actor's, ``ray::Class``).
 
     With ``ours``, only those that descend from this test process (through the Ray it started, or
     a driver it runs): never those of another Ray on the same machine, which may be another test
     process's running beside this one. A cluster from ``ray start`` is not this process's
-    descendant: its callers pass ``ours=False`` and tell its workers apart another way."""
+    descendant: its callers pass ``ours=False`` and tell its processes apart another way."""
     import psutil
 
-    since -= 1.0  # psutil dates a process from the boot time, which Linux gives in whole seconds
-
-    def started_worker(process: Any) -> bool:
+    def titled(process: Any) -> bool:
         try:
-            return "ray::RayTrainWorker" in " ".join(process.cmdline()) and process.create_time() >= since
+            return title in " ".join(process.cmdline())
         except psutil.Error:  # ended meanwhile
             return False
 
     candidates = psutil.Process().children(recursive=True) if ours else psutil.process_iter()
-    return [p for p in candidates if started_worker(p)]
+    return [p for p in candidates if titled(p)]
+
+
+def train_workers(since: float, *, ours: bool = True) -> list[Any]:
+    """The Ray Train worker processes (psutil) started at ``since`` (``time.time()``) or later; ``ours``
+    as for :func:`ray_processes`."""
+    import psutil
+
+    since -= 1.0  # psutil dates a process from the boot time, which Linux gives in whole seconds
+
+    def started(process: Any) -> bool:
+        try:
+            return bool(process.create_time() >= since)
+        except psutil.Error:  # ended meanwhile
+            return False
+
+    return [p for p in ray_processes("ray::RayTrainWorker", ours=ours) if started(p)]
 
 
 def end_orphaned_cleaners() -> list[int]:
@@ -134,11 +148,10 @@ def end_orphaned_cleaners() -> list[int]:
     import psutil
 
     killed = []
-    for process in psutil.Process().children(recursive=True):
+    for process in ray_processes("ray::PlacementGroupCleaner"):
         with contextlib.suppress(psutil.Error):
-            if "ray::PlacementGroupCleaner" in " ".join(process.cmdline()):
-                process.kill()
-                killed.append(process.pid)
+            process.kill()
+            killed.append(process.pid)
     return killed
 
 

@@ -35,14 +35,13 @@ pytestmark = pytest.mark.integration
 class ThreadSeen:
     """A thread of a Ray Train worker as the watcher last saw it."""
 
-    main: bool
     idle_once: bool  # under SCHED_IDLE at some sighting
     cpu_s: float
 
 
 def _watch_worker_threads(stop: threading.Event, seen: dict[tuple[int, int], ThreadSeen]) -> threading.Thread:
-    """Until ``stop``, record every thread of the Ray Train workers (by process and thread id):
-    whether it is the process's main thread, whether it ran under SCHED_IDLE, and its CPU time."""
+    """Until ``stop``, record every thread of the Ray Train workers (by process and thread id; the
+    main thread's id is the process's): whether it ran under SCHED_IDLE, and its CPU time."""
     import psutil
 
     since = time.time()
@@ -57,7 +56,7 @@ def _watch_worker_threads(stop: threading.Event, seen: dict[tuple[int, int], Thr
                             key = (process.pid, thread.id)
                             was = seen.get(key)
                             cpu_s = thread.user_time + thread.system_time
-                            seen[key] = ThreadSeen(thread.id == process.pid, idle or bool(was and was.idle_once), cpu_s)
+                            seen[key] = ThreadSeen(idle or bool(was and was.idle_once), cpu_s)
 
     thread = threading.Thread(target=watch, daemon=True)
     thread.start()
@@ -93,13 +92,14 @@ def test_lora_on_two_workers(ray_session: None, tiny_model_dir: Path, prepared: 
     # (the busiest of the others) never does. A thread Ray's main thread starts late would inherit its
     # policy, as intended for Ray's own work.
     if hasattr(os, "SCHED_IDLE"):
-        workers = {pid for (pid, _), t in threads.items() if not t.main}  # not a child forked for a moment
+        workers = {pid for pid, tid in threads if tid != pid}  # not a child forked for a moment
         assert len(workers) == 2, threads
         for pid in workers:
-            mine = [t for (p, _), t in threads.items() if p == pid]
-            assert any(t.main and t.idle_once for t in mine), mine
-            trainer = max((t for t in mine if not t.main), key=lambda t: t.cpu_s)
-            assert not trainer.idle_once, mine
+            main = threads.get((pid, pid))
+            assert main is not None and main.idle_once, threads
+            others = [t for (p, tid), t in threads.items() if p == pid and tid != pid]
+            trainer = max(others, key=lambda t: t.cpu_s)
+            assert not trainer.idle_once, others
     losses = train_losses(run_dir)
     assert sorted(losses) == [1, 2, 3, 4, 5, 6]
     evals = [r["eval/loss"] for r in read_metrics(run_dir) if "eval/loss" in r]

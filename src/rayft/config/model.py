@@ -136,3 +136,8 @@ class LoraConfig(Section):
             "the saving the linear layers get. An embedding or head in lora.modules_to_save is refused."
         ),
     )
+
+    def applied_quantize(self, method: str) -> str:
+        """How the base is quantized for a run of ``train.method`` ``method``: ``quantize`` for LoRA,
+        'none' for full fine-tuning (which the config refuses with a quantized base)."""
+        return self.quantize if method == "lora" else "none"

@@ -241,7 +241,7 @@ def ray_worker_entry(config: dict[str, Any]) -> None:
     if config.get("idle_main_thread"):
         idle_main_thread()
     if plan.task is None:  # a custom task's own code may use bitsandbytes
-        hide_unused_bitsandbytes(plan.model, plan.lora.quantize if plan.train.method == "lora" else "none")
+        hide_unused_bitsandbytes(plan.model, plan.lora.applied_quantize(plan.train.method))
     location = plan.location.on_node(cache_root())
     plan = dataclasses.replace(plan, run_dir=str(location.local_dir))
     session = RaySession(

@@ -136,7 +136,7 @@ def setup_worker(plan: WorkerPlan, session: TrainSession) -> Worker:
         restore_dir = resume_checkpoint(candidate, checkpoints)
         # bitsandbytes quantizes a base as it loads it, so there is no empty quantized model for rank 0 to fill:
         # under DDP (the one strategy a quantized base allows) every worker loads and quantizes its own copy.
-        quantized = plan.train.method == "lora" and plan.lora.quantize != "none"
+        quantized = plan.lora.applied_quantize(plan.train.method) != "none"
         weights = session.rank == 0 or not parallel.weights_from_rank0 or quantized
         model = objective.build_model(restore_dir, device_type=session.device.type, weights=weights)
         precision = resolve_precision(plan.train.mixed_precision, session.device.type, objective.model_type)

@@ -53,7 +53,7 @@ def build_training_model(
     """
     load_cfg = model.model_copy(update={"dtype": training_dtype(model, method, device_type)})
     full_restore = restore_dir if method == "full" else None
-    quantize = lora.quantize if method == "lora" else "none"
+    quantize = lora.applied_quantize(method)
     net: Any
     if quantize != "none" and not weights:
         # The config refuses the strategies that build workers without weights (FSDP, ZeRO-3) for a quantized base.
