@@ -28,12 +28,18 @@ $(STAMP): pyproject.toml constraints/cpu.txt scripts/pip_sources.py
 quickstart: setup
 	$(VENV)/bin/rayft run configs/quickstart.yaml
 
-# The unit tier runs on both cores (pytest-xdist: its tests share no state), then the integration and
-# chaos tiers in one process, around the one local Ray they share. --durations: every CI log lists the
-# slowest tests (the suite must stay within CI's time budget).
+# The unit tier runs on both cores (pytest-xdist: its tests share no state). Then the integration and
+# chaos tiers, on INTEGRATION_WORKERS pytest-xdist workers (0: all in this one process), each worker
+# around a local Ray of its own. One process alone kept the two cores 72% busy (it waits on
+# subprocesses, servers and Ray); two overlap their waits. --dist loadfile keeps each
+# test file on one worker, so that its module fixtures run once; tests act only on processes they
+# started (tests/helpers.ray_processes), never on another worker's. --durations: every CI log lists
+# the slowest tests (the suite must stay within CI's time budget).
+INTEGRATION_WORKERS ?= 2
 test: setup
 	$(VENV)/bin/pytest -n 2 -m "($(PYTEST_MARKERS)) and not integration and not chaos" $(PYTEST_ARGS)
-	$(VENV)/bin/pytest -m "($(PYTEST_MARKERS)) and (integration or chaos)" --durations=25 $(PYTEST_ARGS)
+	$(VENV)/bin/pytest -n $(INTEGRATION_WORKERS) --dist loadfile -m "($(PYTEST_MARKERS)) and (integration or chaos)" \
+	    --durations=25 $(PYTEST_ARGS)
 
 test-slow: setup
 	$(VENV)/bin/pytest -m "slow and not gpu" --durations=25 $(PYTEST_ARGS)

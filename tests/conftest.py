@@ -40,7 +40,8 @@ def tiny_t5_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def ray_session() -> Iterator[None]:
-    """One local Ray (2 CPUs) shared by every integration test of the session."""
+    """One local Ray (2 CPUs) shared by every integration test of this pytest process (each
+    pytest-xdist worker has its own)."""
     import ray
 
     from rayft.testing.ray_cluster import start_local_ray
