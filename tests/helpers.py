@@ -86,6 +86,21 @@ def train_losses(run_dir: Path) -> dict[int, float]:
     return {r["step"]: r["train/loss"] for r in read_metrics(run_dir) if "train/loss" in r}
 
 
+def resumed_after(run_dir: Path, interrupted_at: float, last_step: int) -> int:
+    """The step a resumed run restarted from, read from metrics.jsonl, which keeps the records up to
+    the restored step (written before the interruption, at ``time.time()`` ``interrupted_at``) and
+    appends those of the steps after it, up to ``last_step``, each once.
+
+    What the file holds is the evidence: the worker's "resumed from" log line reaches the driver
+    through Ray's log relay, which may deliver it after the command has returned."""
+    records = [r for r in read_metrics(run_dir) if "train/loss" in r]
+    before = [r["step"] for r in records if r["time"] < interrupted_at]
+    after = [r["step"] for r in records if r["time"] >= interrupted_at]
+    assert before == list(range(1, len(before) + 1)), records
+    assert after == list(range(len(before) + 1, last_step + 1)), records
+    return len(before)
+
+
 def adapter_tensors(directory: Path) -> dict[str, Any]:
     """The tensors of an adapter_model.safetensors."""
     from safetensors.torch import load_file
