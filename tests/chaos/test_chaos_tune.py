@@ -23,7 +23,7 @@ from click.testing import CliRunner
 from rayft.cli.main import cli
 from rayft.runs.checkpoints import scan_checkpoints
 from rayft.runs.layout import MANIFEST_FILE
-from tests.chaos.test_chaos_driver import gcs_address
+from tests.chaos.test_chaos_driver import gcs_address, started_at, wait_for_no_train_workers
 from tests.helpers import end_orphaned_cleaners, resumed_after
 
 pytestmark = pytest.mark.chaos
@@ -80,10 +80,14 @@ def test_a_killed_sweep_continues_without_rerunning_finished_trials(
         tune_command(config), cwd=REPO, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         start_new_session=True,
     )  # fmt: skip
+    since = started_at(driver)
     wait_until(driver, second_has_checkpoint)
     os.killpg(driver.pid, signal.SIGKILL)
-    killed_at = time.time()
     driver.communicate()
+    # The trial's workers outlive the killed driver for a moment: what they leave (checkpoints, steps)
+    # is read once Ray has ended them.
+    wait_for_no_train_workers(since)
+    ended_at = time.time()
     end_orphaned_cleaners()  # the interrupted trial's
     (done,) = finished()
     before = (done / "final" / MANIFEST_FILE).stat().st_mtime_ns, (done / "metrics.jsonl").read_text()
@@ -96,7 +100,7 @@ def test_a_killed_sweep_continues_without_rerunning_finished_trials(
     after = (done / "final" / MANIFEST_FILE).stat().st_mtime_ns, (done / "metrics.jsonl").read_text()
     assert after == before  # the finished trial did not train again
     # continued from its last complete checkpoint, not from step 0: each step logged once, those after it anew
-    assert resumed_after(second, killed_at, MAX_STEPS) == saved >= 2
+    assert resumed_after(second, ended_at, MAX_STEPS) == saved >= 2
     assert (second / "final").is_dir()
     result = json.loads((tmp_path / "runs" / "sw-tune" / "tune.json").read_text())
     assert sorted(t["status"] for t in result["trials"]) == ["TERMINATED", "TERMINATED"]
