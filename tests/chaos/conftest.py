@@ -1,16 +1,19 @@
-"""Fixtures of the chaos tests: prepared units, trial counts, and a subprocess driver."""
+"""Fixtures of the chaos tests: prepared units, trial counts, and a subprocess driver on the tests'
+shared Ray (started, dated, and waited on until Ray has ended its workers)."""
 
 from __future__ import annotations
 
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
 
 from rayft.data.prepared import PreparedData
+from tests.helpers import train_workers
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -51,6 +54,34 @@ def run_driver(*args: object, timeout_s: float = 300, **kwargs: object) -> subpr
         out, err = process.communicate()
         raise AssertionError(f"driver did not finish within {timeout_s} s:\n{err[-3000:]}") from None
     return subprocess.CompletedProcess(process.args, process.returncode, out, err)
+
+
+def gcs_address() -> str:
+    """The GCS address of this test process's Ray, for a driver that joins it."""
+    import ray
+
+    return str(ray.get_runtime_context().gcs_address)
+
+
+def started_at(driver: subprocess.Popen[str]) -> float:
+    """When the driver process started (read while it runs: a reaped pid has no start time)."""
+    import psutil
+
+    return float(psutil.Process(driver.pid).create_time())
+
+
+def wait_for_no_train_workers(since: float, timeout_s: float = 90) -> None:
+    """Ray ends a dead driver's actors; wait until none of its Ray Train worker processes is left.
+
+    The driver's workers are those of this process's Ray started after it: a Ray Train worker of
+    another Ray on the same machine (a run or a test process beside this one) is not this driver's.
+    """
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if not train_workers(since):
+            return
+        time.sleep(0.5)
+    raise AssertionError(f"Ray Train workers still running {timeout_s} s after their driver died")
 
 
 @pytest.fixture(scope="session")

@@ -16,7 +16,14 @@ import pytest
 
 from rayft.data.prepared import PreparedData
 from rayft.runs.checkpoints import scan_checkpoints
-from tests.chaos.conftest import chaos_seed, chaos_trials, start_driver
+from tests.chaos.conftest import (
+    chaos_seed,
+    chaos_trials,
+    gcs_address,
+    start_driver,
+    started_at,
+    wait_for_no_train_workers,
+)
 from tests.helpers import (
     RESUME_RUN,
     end_orphaned_cleaners,
@@ -25,7 +32,6 @@ from tests.helpers import (
     tiny_config,
     train_losses,
     train_on,
-    train_workers,
 )
 
 pytestmark = pytest.mark.chaos
@@ -36,12 +42,6 @@ COMMON = RESUME_RUN
 @pytest.fixture(scope="module")
 def reference(uninterrupted_run: Path) -> dict[int, float]:
     return train_losses(uninterrupted_run)
-
-
-def gcs_address() -> str:
-    import ray
-
-    return str(ray.get_runtime_context().gcs_address)
 
 
 def wait_for_step(process: subprocess.Popen[str], run_dir: Path, step: int, timeout_s: float = 300) -> int:
@@ -56,27 +56,6 @@ def wait_for_step(process: subprocess.Popen[str], run_dir: Path, step: int, time
         time.sleep(0.01)
     process.kill()
     raise AssertionError(f"step {step} not reached within {timeout_s} s")
-
-
-def started_at(driver: subprocess.Popen[str]) -> float:
-    """When the driver process started (read while it runs: a reaped pid has no start time)."""
-    import psutil
-
-    return float(psutil.Process(driver.pid).create_time())
-
-
-def wait_for_no_train_workers(since: float, timeout_s: float = 90) -> None:
-    """Ray ends a dead driver's actors; wait until none of its Ray Train worker processes is left.
-
-    The driver's workers are those of this process's Ray started after it: a Ray Train worker of
-    another Ray on the same machine (a run or a test process beside this one) is not this driver's.
-    """
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if not train_workers(since):
-            return
-        time.sleep(0.5)
-    raise AssertionError(f"Ray Train workers still running {timeout_s} s after their driver died")
 
 
 def committed_steps(run_dir: Path) -> list[int]:
