@@ -35,7 +35,9 @@ quickstart: setup
 # test file on one worker, so that its module fixtures run once; tests act only on processes they
 # started (tests/helpers.ray_processes), never on another worker's. --durations: every CI log lists
 # the slowest tests (the suite must stay within CI's time budget).
-INTEGRATION_WORKERS ?= 2
+# Default 0: with two workers, one run in six here failed a test on a placement group another test left on
+# its worker's Ray (not yet found which).
+INTEGRATION_WORKERS ?= 0
 test: setup
 	$(VENV)/bin/pytest -n 2 -m "($(PYTEST_MARKERS)) and not integration and not chaos" $(PYTEST_ARGS)
 	$(VENV)/bin/pytest -n $(INTEGRATION_WORKERS) --dist loadfile -m "($(PYTEST_MARKERS)) and (integration or chaos)" \
