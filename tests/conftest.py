@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -116,3 +117,41 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     if component is not None:
         report.outcome = "failed"
         report.longrepr = f"CI=true and a test component is missing ({component}): {reason}"
+
+
+@pytest.fixture(autouse=True)
+def _no_placement_group_left(request: pytest.FixtureRequest) -> Iterator[None]:
+    """After each test on the shared Ray, no placement group of its making may stay reserved: the
+    tests after it on this Ray would find those CPUs held and fail to reserve their own workers, for
+    a reason that is not theirs. A group first seen after a test is that test's (or its fixtures').
+
+    A group made by this test process (an in-process run, sweep or probe that did not free its
+    workers' reservation) fails the test. A group of another job, a driver process the test started
+    and has seen end, is Ray's to remove when that job ends; where Ray has not within a grace, it is
+    removed here and reported as a warning (drivers killed mid-run by the chaos tests are such jobs)."""
+    yield
+    if "ray_session" not in request.fixturenames:
+        return
+    import ray
+
+    from tests.helpers import live_placement_groups, remove_placement_groups
+
+    if not ray.is_initialized():
+        return
+    new = {k: v for k, v in live_placement_groups().items() if k not in _KNOWN_GROUPS}
+    _KNOWN_GROUPS.update(new)
+    left = remove_placement_groups(new, grace_s=30) if new else {}
+    ours = ray.get_runtime_context().get_job_id()
+    of_others = {k: v for k, v in left.items() if v["job"] != ours}
+    if of_others:
+        warnings.warn(
+            f"placement groups of an ended job left reserved 30 s after {request.node.nodeid} (removed): {of_others}",
+            stacklevel=1,
+        )
+    if len(left) > len(of_others):
+        mine = {k: v for k, v in left.items() if k not in of_others}
+        pytest.fail(f"{request.node.nodeid} left placement groups reserved on the shared Ray (removed): {mine}")
+
+
+_KNOWN_GROUPS: set[str] = set()
+"""The placement groups of this process's shared Ray that a test has already been checked for."""

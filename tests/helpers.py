@@ -170,6 +170,38 @@ def end_orphaned_cleaners() -> list[int]:
     return killed
 
 
+def live_placement_groups() -> dict[str, dict[str, Any]]:
+    """The placement groups of this process's Ray that are not removed, by id (hex): their state,
+    bundles and the job that made them (an id ends with its job's)."""
+    import ray
+
+    return {
+        group: {"state": entry["state"], "bundles": list(entry["bundles"].values()), "job": group[-8:]}
+        for group, entry in ray.util.placement_group_table().items()
+        if entry["state"] != "REMOVED"
+    }
+
+
+def remove_placement_groups(groups: dict[str, Any], grace_s: float) -> dict[str, Any]:
+    """Give Ray ``grace_s`` to remove ``groups`` (by id, as :func:`live_placement_groups` gives them),
+    then remove those still there; returns those."""
+    import ray
+    from ray.util.placement_group import PlacementGroup, remove_placement_group
+
+    deadline = time.monotonic() + grace_s
+    left = dict(groups)
+    while left and time.monotonic() < deadline:
+        time.sleep(0.1)
+        live = live_placement_groups()
+        left = {group: info for group, info in left.items() if group in live}
+    for group in left:
+        remove_placement_group(PlacementGroup(ray.PlacementGroupID(bytes.fromhex(group))))
+    removed = time.monotonic() + 10  # removal is asynchronous: the next test finds the CPUs free
+    while set(left) & set(live_placement_groups()) and time.monotonic() < removed:
+        time.sleep(0.1)
+    return left
+
+
 def kill_a_worker_at(
     run_dir: Path, step: int, killed: list[int], monkeypatch: Any, choose: Callable[[list[Any]], Any] = lambda w: w[-1]
 ) -> threading.Thread:
