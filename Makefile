@@ -33,11 +33,10 @@ quickstart: setup
 # around a local Ray of its own. One process alone kept the two cores 72% busy (it waits on
 # subprocesses, servers and Ray); two overlap their waits. --dist loadfile keeps each
 # test file on one worker, so that its module fixtures run once; tests act only on processes they
-# started (tests/helpers.ray_processes), never on another worker's. --durations: every CI log lists
+# started (tests/helpers.ray_processes), never on another worker's, and a placement group a test
+# leaves on its worker's Ray is caught after that test (tests/conftest.py). --durations: every CI log lists
 # the slowest tests (the suite must stay within CI's time budget).
-# Default 0: with two workers, one run in six here failed a test on a placement group another test left on
-# its worker's Ray (not yet found which).
-INTEGRATION_WORKERS ?= 0
+INTEGRATION_WORKERS ?= 2
 test: setup
 	$(VENV)/bin/pytest -n 2 -m "($(PYTEST_MARKERS)) and not integration and not chaos" $(PYTEST_ARGS)
 	$(VENV)/bin/pytest -n $(INTEGRATION_WORKERS) --dist loadfile -m "($(PYTEST_MARKERS)) and (integration or chaos)" \
