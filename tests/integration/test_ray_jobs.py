@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from rayft.testing.ray_head import RayHead, free_port, ray_head
+from rayft.testing.ray_head import RayHead, ray_head
+from rayft.testing.servers import free_port
 from tests.helpers import read_metrics, train_losses
 
 pytestmark = pytest.mark.integration

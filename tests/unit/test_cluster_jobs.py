@@ -16,7 +16,7 @@ from rayft.cli.job_entry import missing_env
 from rayft.cluster.job_plan import JobRequest, exit_code, plan_job
 from rayft.errors import ClusterError, ConfigError
 from rayft.runtime.address import parse_address
-from rayft.testing.ray_head import free_port
+from rayft.testing.servers import free_port, free_ports
 
 
 @pytest.mark.parametrize(
@@ -128,3 +128,12 @@ def test_probes_name_the_address_and_the_fix_within_seconds(plain_http: str) -> 
     with pytest.raises(ClusterError, match=rf"--address {plain_http}: this is an HTTP server, not a Ray head's GCS"):
         check_gcs(plain_http)
     assert time.monotonic() - started < 10
+
+
+def test_a_test_nodes_ports_are_distinct_and_outside_its_worker_range() -> None:
+    """Ray refuses to start a node whose two components were given one port ("is trying to use a port
+    number ... that is used by other components"), or one inside its worker port range."""
+    workers = range(40000, 50000)
+    ports = free_ports(64, outside=workers)
+    assert len(set(ports)) == 64
+    assert not [port for port in ports if port in workers]

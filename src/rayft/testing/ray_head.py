@@ -8,7 +8,6 @@ import os
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -18,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rayft._ray_private import LOCAL_RAY_TRAIN_ENV
+from rayft.testing.servers import free_port, free_ports
 
 _BIN = Path(sys.executable).parent
 
@@ -41,21 +41,6 @@ class RayHead:
         return subprocess.run(status, check=False, env=run_env, capture_output=True, timeout=60).returncode == 0
 
 
-def _port_outside(taken: range) -> int:
-    """A free port outside ``taken`` (a node's worker port range: Ray refuses to start when one of its
-    other ports falls inside it)."""
-    while (port := free_port()) in taken:
-        pass
-    return port
-
-
-def free_port() -> int:
-    """A TCP port of 127.0.0.1 that nothing listens on now."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 @contextlib.contextmanager
 def ray_head(
     *, num_cpus: int = 2, dashboard: bool = True, env: Mapping[str, str] | None = None, timeout_s: float = 120
@@ -68,13 +53,14 @@ def ray_head(
     path = f"{_BIN}{os.pathsep}{os.environ.get('PATH', '')}"  # the jobs' `python` is this one
     head_env = {**_train_env(), **os.environ, **(env or {}), "RAY_ADDRESS": "", "RAY_AUTH_MODE": "token",
                 "RAY_AUTH_TOKEN_PATH": str(token), "PATH": path}  # fmt: skip
-    gcs, dash = f"127.0.0.1:{free_port()}", free_port()
+    port, dash, client, agent_http, metrics, runtime_env, agent_grpc = free_ports(7)
+    gcs = f"127.0.0.1:{port}"
     command = [
-        str(_BIN / "ray"), "start", "--head", "--block", f"--port={gcs.rpartition(':')[2]}", f"--num-cpus={num_cpus}",
+        str(_BIN / "ray"), "start", "--head", "--block", f"--port={port}", f"--num-cpus={num_cpus}",
         "--node-ip-address=127.0.0.1", "--disable-usage-stats", f"--temp-dir={temp / 'ray'}",
-        f"--ray-client-server-port={free_port()}", f"--dashboard-agent-listen-port={free_port()}",
-        f"--metrics-export-port={free_port()}", f"--runtime-env-agent-port={free_port()}",
-        f"--dashboard-agent-grpc-port={free_port()}",
+        f"--ray-client-server-port={client}", f"--dashboard-agent-listen-port={agent_http}",
+        f"--metrics-export-port={metrics}", f"--runtime-env-agent-port={runtime_env}",
+        f"--dashboard-agent-grpc-port={agent_grpc}",
         *([f"--dashboard-port={dash}", "--dashboard-host=127.0.0.1"] if dashboard else ["--include-dashboard=false"]),
     ]  # fmt: skip
     log = temp / "head.log"
@@ -108,13 +94,13 @@ def ray_worker_node(
     node_env = {**os.environ, **(env or {}), **head.env, "RAY_ADDRESS": "", "PATH": path}
     worker_port = free_port()
     workers = range(worker_port, worker_port + 201)
+    node_manager, object_manager, metrics, runtime_env, agent_http, agent_grpc = free_ports(6, outside=workers)
     command = [
         str(_BIN / "ray"), "start", "--block", f"--address={head.gcs}", f"--num-cpus={num_cpus}",
         f"--resources={json.dumps(dict(resources or {}))}", "--node-ip-address=127.0.0.1", "--disable-usage-stats",
-        f"--node-manager-port={_port_outside(workers)}", f"--object-manager-port={_port_outside(workers)}",
-        f"--metrics-export-port={_port_outside(workers)}", f"--runtime-env-agent-port={_port_outside(workers)}",
-        f"--dashboard-agent-listen-port={_port_outside(workers)}",
-        f"--dashboard-agent-grpc-port={_port_outside(workers)}",
+        f"--node-manager-port={node_manager}", f"--object-manager-port={object_manager}",
+        f"--metrics-export-port={metrics}", f"--runtime-env-agent-port={runtime_env}",
+        f"--dashboard-agent-listen-port={agent_http}", f"--dashboard-agent-grpc-port={agent_grpc}",
         f"--min-worker-port={worker_port}", f"--max-worker-port={worker_port + 200}",
         "--object-store-memory=100000000",
     ]  # fmt: skip

@@ -28,9 +28,24 @@ from pathlib import Path
 
 def free_port() -> int:
     """A TCP port of 127.0.0.1 that nothing listens on right now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    return free_ports(1)[0]
+
+
+def free_ports(count: int, outside: range = range(0)) -> list[int]:
+    """``count`` distinct TCP ports of 127.0.0.1 that nothing listens on now, none in ``outside`` (a
+    node's worker port range: Ray refuses to start when one of its other ports falls inside it).
+
+    Every probe stays bound until all are chosen: the kernel may hand a port it has just released to
+    the next probe, and Ray refuses to start a node whose two components were given the same port."""
+    with contextlib.ExitStack() as probes:
+        ports: list[int] = []
+        while len(ports) < count:
+            probe = probes.enter_context(socket.socket())
+            probe.bind(("127.0.0.1", 0))
+            port = int(probe.getsockname()[1])
+            if port not in outside:
+                ports.append(port)
+        return ports
 
 
 def wait_http(url: str, process: subprocess.Popen[bytes], log: Path, timeout_s: float = 60.0) -> None:
