@@ -140,18 +140,22 @@ def _no_placement_group_left(request: pytest.FixtureRequest) -> Iterator[None]:
         return
     new = {k: v for k, v in live_placement_groups().items() if k not in _KNOWN_GROUPS}
     _KNOWN_GROUPS.update(new)
-    left = remove_placement_groups(new, grace_s=30) if new else {}
+    left = remove_placement_groups(new, grace_s=GROUP_GRACE_S) if new else {}
     ours = ray.get_runtime_context().get_job_id()
     of_others = {k: v for k, v in left.items() if v["job"] != ours}
     if of_others:
         warnings.warn(
-            f"placement groups of an ended job left reserved 30 s after {request.node.nodeid} (removed): {of_others}",
+            f"placement groups of an ended job left reserved {GROUP_GRACE_S} s after {request.node.nodeid} (removed): "
+            f"{of_others}",
             stacklevel=1,
         )
     if len(left) > len(of_others):
         mine = {k: v for k, v in left.items() if k not in of_others}
         pytest.fail(f"{request.node.nodeid} left placement groups reserved on the shared Ray (removed): {mine}")
 
+
+GROUP_GRACE_S = 30
+"""How long Ray has to remove an ended job's placement groups before a test's guard does."""
 
 _KNOWN_GROUPS: set[str] = set()
 """The placement groups of this process's shared Ray that a test has already been checked for."""

@@ -8,7 +8,7 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -185,21 +185,23 @@ def live_placement_groups() -> dict[str, dict[str, Any]]:
 def remove_placement_groups(groups: dict[str, Any], grace_s: float) -> dict[str, Any]:
     """Give Ray ``grace_s`` to remove ``groups`` (by id, as :func:`live_placement_groups` gives them),
     then remove those still there; returns those."""
-    import ray
-    from ray.util.placement_group import PlacementGroup, remove_placement_group
+    from rayft.tuning.reaper import remove_group
 
-    deadline = time.monotonic() + grace_s
-    left = dict(groups)
-    while left and time.monotonic() < deadline:
-        time.sleep(0.1)
-        live = live_placement_groups()
-        left = {group: info for group, info in left.items() if group in live}
+    left = {group: groups[group] for group in still_live(groups, grace_s)}
     for group in left:
-        remove_placement_group(PlacementGroup(ray.PlacementGroupID(bytes.fromhex(group))))
-    removed = time.monotonic() + 10  # removal is asynchronous: the next test finds the CPUs free
-    while set(left) & set(live_placement_groups()) and time.monotonic() < removed:
-        time.sleep(0.1)
+        remove_group(group)
+    still_live(left, 10)  # removal is asynchronous: the next test finds the CPUs free
     return left
+
+
+def still_live(groups: Iterable[str], timeout_s: float) -> set[str]:
+    """Those of ``groups`` (ids) that Ray has not removed within ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    live = set(groups) & set(live_placement_groups())
+    while live and time.monotonic() < deadline:
+        time.sleep(0.1)
+        live &= set(live_placement_groups())
+    return live
 
 
 def kill_a_worker_at(

@@ -24,20 +24,25 @@ GROUPS_DIR = ".placement-groups"
 def remove_recorded_groups(run_dir: Path) -> int:
     """Remove every placement group recorded under ``run_dir`` (those already gone are skipped);
     returns how many records were cleared."""
-    import ray
-    from ray.util.placement_group import PlacementGroup, remove_placement_group
-
     directory = run_dir / GROUPS_DIR
     if not directory.is_dir():
         return 0
     cleared = 0
     for record in directory.iterdir():
         with contextlib.suppress(Exception):  # removed already, or a stray file: nothing holds it
-            remove_placement_group(PlacementGroup(ray.PlacementGroupID(bytes.fromhex(record.name))))
+            remove_group(record.name)
             log.debug("removed placement group %s of %s", record.name, run_dir.name)
         record.unlink(missing_ok=True)
         cleared += 1
     return cleared
+
+
+def remove_group(group_id: str) -> None:
+    """Remove the placement group whose id is ``group_id`` (hex, as Ray prints it)."""
+    import ray
+    from ray.util.placement_group import PlacementGroup, remove_placement_group
+
+    remove_placement_group(PlacementGroup(ray.PlacementGroupID(bytes.fromhex(group_id))))
 
 
 def reaper_callback(run_dir_of: Any, interval_s: float = 1.0) -> Any:
