@@ -101,7 +101,7 @@ def test_dpo_pairs_are_prepared_on_ray_data_with_bad_rows_reported(
     from rayft.data.prepare import prepare_data
 
     prepared = prepare_data(cfg.data, cfg.model, cfg.seed, report_dir=tmp_path / "report", use_ray=True,
-                            pairs=pair_preparation("dpo", 256))  # fmt: skip
+                            pairs=pair_preparation(True, 256))  # fmt: skip
     assert prepared.pairs and prepared.train.num_examples == 12
     rejected = [json.loads(line) for line in (tmp_path / "report" / "rejected.jsonl").read_text().splitlines()]
     assert sorted((r["line"], r["reason"]) for r in rejected) == [

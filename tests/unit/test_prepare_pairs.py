@@ -31,7 +31,7 @@ def run_prepare(model: Path, data: Path, tmp_path: Path, *overrides: str, object
     cfg = load_config(None, [f"model.name={model}", f"data.datasets=[{{path: {data}}}]", f"train.objective={objective}",
                              "data.validation_fraction=0", f"data.cache_dir={tmp_path / 'cache'}",
                              "data.max_rejected_fraction=0.5", *overrides])  # fmt: skip
-    settings = pair_preparation(cfg.train.objective, cfg.train.preference.max_prompt_length)
+    settings = pair_preparation(cfg.train.preference_objective, cfg.train.preference.max_prompt_length)
     return prepare(cfg.data, cfg.model, cfg.seed, report_dir=tmp_path / "report", use_ray=False, pairs=settings)
 
 

@@ -145,6 +145,11 @@ class RayftConfig(Section):
         objective = self.train.objective
         if objective == "sft":
             return self
+        if self.data.packing and objective == "grpo":
+            raise ValueError(
+                "train.objective='grpo' with data.packing=true: each row's prompt is sampled from on its own, and "
+                "packing would join unrelated rows; set data.packing=false"
+            )
         if self.data.packing:
             raise ValueError(
                 f"train.objective={objective!r} with data.packing=true: a preference pair's chosen and rejected "

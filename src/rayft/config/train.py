@@ -8,6 +8,7 @@ from pydantic import Field, field_validator, model_validator
 
 from rayft.config.base import Section
 from rayft.config.preference import PreferenceConfig
+from rayft.config.rl import RlConfig
 from rayft.config.tracking import MlflowConfig, PrometheusConfig, WandbConfig
 
 # DeepSpeed settings that rayft derives from train.*; train.deepspeed may not set them.
@@ -85,14 +86,17 @@ class TrainConfig(Section):
     method: Literal["lora", "full"] = Field(
         "lora", description="Train a LoRA adapter (see the lora section) or every weight."
     )
-    objective: Literal["sft", "dpo", "orpo", "simpo"] = Field(
+    objective: Literal["sft", "dpo", "orpo", "simpo", "grpo"] = Field(
         "sft",
         description=(
-            "What is trained: 'sft' (supervised: the response's likelihood) or preference training on "
+            "What is trained: 'sft' (supervised: the response's likelihood); preference training on "
             "prompt/chosen/rejected pairs: 'dpo' (against a reference model: the base with the adapter off for "
             "LoRA, reference log-probabilities computed once before training for full fine-tuning), 'orpo' "
             "(likelihood plus an odds-ratio term, no reference) or 'simpo' (length-normalised rewards with a "
-            "margin, no reference). train.preference holds their settings; preference data cannot be packed."
+            "margin, no reference), whose settings are in train.preference; or 'grpo': online reinforcement "
+            "learning on the data's prompts, with completions sampled by the policy and scored by reward "
+            "functions against the rows' responses (GRPO, Dr. GRPO, DAPO, RLOO: train.rl). Preference and grpo "
+            "data cannot be packed."
         ),
     )
     strategy: Literal["ddp", "fsdp", "deepspeed"] = Field(
@@ -178,6 +182,13 @@ class TrainConfig(Section):
         default_factory=PreferenceConfig,
         description="Settings of the preference objectives (train.objective dpo, orpo or simpo): beta, loss, margins.",
     )
+    rl: RlConfig = Field(
+        default_factory=RlConfig,
+        description=(
+            "Settings of train.objective grpo: samples per prompt, sampling, rewards, the loss variant, clipping and "
+            "the KL penalty (see the reinforcement learning guide)."
+        ),
+    )
     profile: ProfileConfig = Field(
         default_factory=ProfileConfig,
         description="Step-time breakdown, straggler warnings and torch.profiler traces (see the profiling guide).",
@@ -198,6 +209,20 @@ class TrainConfig(Section):
                 f"train.deepspeed sets {what}, which rayft decides (batch sizes from train.micro_batch_size, "
                 "precision from train.mixed_precision, clipping from train.max_grad_norm, ZeRO stage 3); remove "
                 "them from train.deepspeed"
+            )
+        return self
+
+    @property
+    def preference_objective(self) -> bool:
+        """Whether the objective trains on preference pairs (dpo, orpo, simpo)."""
+        return self.objective in ("dpo", "orpo", "simpo")
+
+    @model_validator(mode="after")
+    def _rl_strategy(self) -> TrainConfig:
+        if self.objective == "grpo" and self.strategy != "ddp":
+            raise ValueError(
+                f"train.objective=grpo with train.strategy={self.strategy!r}: the workers sample completions "
+                "themselves, which needs each worker to hold the whole model; set train.strategy=ddp"
             )
         return self
 

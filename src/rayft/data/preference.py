@@ -210,9 +210,9 @@ class PairPreparation:
     max_prompt_length: int
 
 
-def pair_preparation(objective: str, max_prompt_length: int) -> PairPreparation | None:
-    """The pair settings of a run whose ``train.objective`` is ``objective`` (None for SFT)."""
-    return None if objective == "sft" else PairPreparation(max_prompt_length)
+def pair_preparation(preference: bool, max_prompt_length: int) -> PairPreparation | None:
+    """The pair settings of a run whose ``train.objective`` trains on preference pairs (None for any other)."""
+    return PairPreparation(max_prompt_length) if preference else None
 
 
 PAIR_COLUMNS = ("chosen_input_ids", "chosen_labels", "rejected_input_ids", "rejected_labels")

@@ -170,19 +170,20 @@ def bertscore_f1(outputs: Sequence[str], references: Sequence[str], model: str, 
 CustomMetric = Callable[[str, str], Any]
 
 
-def load_custom_metric(path: str) -> CustomMetric:
-    """Import the function ``package.module:function`` named by ``eval.metric``."""
+def load_custom_metric(path: str, field: str = "eval.metric") -> CustomMetric:
+    """Import the function ``package.module:function`` named by ``field`` (``eval.metric``, or a reward
+    function of ``train.rl.rewards``)."""
     module_name, _, attr = path.partition(":")
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
         raise ConfigError(
-            f"eval.metric: cannot import module {module_name!r} ({exc}); make it importable (installed, or on "
+            f"{field}: cannot import module {module_name!r} ({exc}); make it importable (installed, or on "
             "PYTHONPATH) or fix the path 'package.module:function'"
         ) from exc
     fn = getattr(module, attr, None)
     if not callable(fn):
-        raise ConfigError(f"eval.metric: {module_name!r} has no function {attr!r}; check the name after ':'")
+        raise ConfigError(f"{field}: {module_name!r} has no function {attr!r}; check the name after ':'")
     return fn  # type: ignore[no-any-return]
 
 

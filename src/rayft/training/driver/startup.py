@@ -97,7 +97,7 @@ def prepare_for_training(
     what ``rayft data prepare`` runs, so that a run of the same config reuses all of it, the
     reference pass of full DPO included. With ``use_ray`` and no Ray yet, Ray is started (or
     ``ray_address`` joined) for the work that needs it."""
-    pairs = pair_preparation(cfg.train.objective, cfg.train.preference.max_prompt_length)
+    pairs = pair_preparation(cfg.train.preference_objective, cfg.train.preference.max_prompt_length)
     outcome = prepare(cfg.data, cfg.model, cfg.seed, report_dir=report_dir, use_ray=use_ray,
                       ray_address=ray_address, pairs=pairs)  # fmt: skip
     if not needs_reference(cfg.train.objective, cfg.train.method):
@@ -168,7 +168,7 @@ def check_model_fits_data(cfg: RayftConfig, prepared: PreparedData) -> None:
             f"data: the prepared dataset {prepared.root} holds {made}, but model.name={cfg.model.name!r} is {wanted}; "
             "prepare the data with this model (rayft data prepare with the same config), or set model.architecture"
         )
-    if prepared.pairs != (cfg.train.objective != "sft"):
+    if prepared.pairs != cfg.train.preference_objective:
         made = "preference pairs" if prepared.pairs else "SFT examples"
         raise DataError(
             f"data: the prepared dataset {prepared.root} holds {made}, but train.objective={cfg.train.objective!r}; "

@@ -46,6 +46,7 @@ from rayft.training.loop.metrics import (
 from rayft.training.loop.objective import CausalLm, Objective, TaskObjective
 from rayft.training.loop.plan import is_due, learning_rate_factor, units_before_step
 from rayft.training.loop.preference import PreferenceTraining
+from rayft.training.loop.rl import RlTraining
 from rayft.training.loop.session import RaySession, TrainSession, all_reduce_sum
 from rayft.training.loop.steps import StepStats, train_step
 from rayft.training.loop.timing import StepProfile, open_step_profile
@@ -93,6 +94,8 @@ def run_worker(plan: WorkerPlan, session: TrainSession) -> TrainerState:
             plan.faults.before_step(session.rank, worker.state.step + 1, worker.stop.requested)
             plan.faults.log_samples(session.rank, worker.state.step + 1, [i for b in batches for i in b.sample_ids])
             timer.lap("data_wait")
+            if isinstance(worker.objective, RlTraining):
+                batches = rollout(worker, batches)
             stats = run_step(worker, batches)
             after_step(worker, stats)
             worker.profile.step_done()
@@ -172,13 +175,16 @@ def setup_worker(plan: WorkerPlan, session: TrainSession) -> Worker:
 
 
 def build_objective(plan: WorkerPlan) -> Objective:
-    """What this run trains: the plan's causal LM (supervised, or on preference pairs with
-    ``train.objective`` dpo, orpo or simpo), or its custom task (with the task's datasets)."""
+    """What this run trains: the plan's causal LM (supervised, on preference pairs with
+    ``train.objective`` dpo, orpo or simpo, or by GRPO on its prompts), or its custom task (with the
+    task's datasets)."""
     if plan.task is None:
         seq2seq = resolve_architecture(plan.model) == "seq2seq"
         lm = CausalLm(plan, load_tokenizer(plan.model), model_files(plan), model_type(plan.model), seq2seq)
         if plan.train.objective == "sft":
             return lm
+        if plan.train.objective == "grpo":
+            return RlTraining.build(lm, plan.train.rl, plan.seed)
         return PreferenceTraining(lm, plan.train.objective, plan.train.preference)
 
     task = load_task(plan.task.path or "", plan.task.options)
@@ -314,6 +320,16 @@ def step_batches(plan: WorkerPlan, session: TrainSession, start_step: int, objec
                 return
 
 
+def rollout(worker: Worker, batches: list[Any]) -> list[Any]:
+    """The step's completions, sampled from its prompts with the current policy and scored (GRPO)."""
+    assert isinstance(worker.objective, RlTraining)
+    device = worker.session.device
+    step, rank = worker.state.step + 1, worker.session.rank
+    sampled = worker.objective.rollout(worker.model, batches, step=step, rank=rank)
+    worker.profile.timer.lap("rollout")
+    return [batch.to(device) for batch in sampled]
+
+
 def run_step(worker: Worker, batches: list[Any]) -> StepStats:
     """One optimizer step; a non-finite loss stops the run with a clear error."""
     objective, precision = worker.objective, worker.precision
@@ -380,6 +396,8 @@ def step_metrics(worker: Worker, stats: StepStats) -> dict[str, float]:
         metrics["train/padding_efficiency"] = worker.state.real_tokens / max(worker.state.computed_tokens, 1)
     if isinstance(worker.objective, PreferenceTraining):  # TRL's figures, under TRL's names (every rank joins)
         metrics.update(worker.objective.take_figures(worker.session.device, worker.window_units))
+    if isinstance(worker.objective, RlTraining):  # every rank joins
+        metrics.update(worker.objective.take_figures(worker.session.device, worker.session.world_size))
     worker.window_units = 0.0
     worker.state.last_train_loss = stats.loss
     return metrics

@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-PHASES = ("data_wait", "forward", "backward", "optimizer", "comm", "checkpoint", "eval")
+PHASES = ("data_wait", "rollout", "forward", "backward", "optimizer", "comm", "checkpoint", "eval")
 """The ``time/<phase>`` components of a step, in the order a step runs them."""
 
 # Dense bf16/fp16 tensor peaks (FLOP/s) of the devices whose peak is published; the first name

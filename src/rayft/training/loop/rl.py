@@ -1,0 +1,411 @@
+"""Online reinforcement learning (``train.objective: grpo``) through the loop's objective seam.
+
+A training unit is a prompt: a prepared row whose prompt tokens are its unlabelled prefix and whose
+response (the labelled tokens, decoded) is the reference the rewards compare with, so any dataset the
+SFT path reads (GSM8K, the built-in sets, SDG output) is a prompt set, read, sharded and resumed as
+SFT's units are. Before each optimizer step every worker samples ``group_size`` completions of each of
+its prompts with the current policy (colocated: the workers that train also generate, so no weights
+travel and no copy waits to be synchronised), scores them with the rewards, turns rewards into
+group-relative advantages, and the step trains on the completions (:mod:`rayft.training.modeling.rl`).
+
+Sampling is seeded by (run seed, step, rank): a resumed run samples the same completions as an
+uninterrupted one, and 1 worker draws what each of 2 draws for the same prompts only when the prompts
+fall on the same rank, as the data order already decides. A step's samples are on-policy, so the
+probability ratio of the clipped loss is 1 with the gradient of the log-probabilities (TRL's
+``num_iterations=1``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from rayft.config.rl import RlConfig
+from rayft.data.collate import MicroBatch, collate
+from rayft.data.prepared import IGNORE_INDEX
+from rayft.errors import ConfigError
+from rayft.evaluation.rewards import RewardSet, Scores
+from rayft.training.loop.batches import Unit, micro_batches
+from rayft.training.loop.objective import CausalLm
+from rayft.training.loop.session import all_reduce_sum
+from rayft.training.modeling.model import unwrap
+from rayft.training.modeling.rl import (
+    PolicyLossSettings,
+    group_advantages,
+    policy_loss,
+    token_logps_and_entropy,
+    unbiased_std,
+)
+
+if TYPE_CHECKING:
+    import torch
+    from transformers import PreTrainedModel
+
+    from rayft.training.modeling.precision import Precision
+
+log = logging.getLogger("rayft.train")
+
+
+@dataclass
+class PromptBatch:
+    """A micro-batch of prompts before its rollout: each prompt's token ids and its reference text."""
+
+    prompts: list[list[int]]
+    references: list[str]
+    sample_ids: list[int]
+
+    def to(self, device: object) -> PromptBatch:
+        """Prompts stay host lists until they are sampled from."""
+        return self
+
+
+@dataclass
+class RolloutBatch:
+    """A micro-batch of sampled completions, ready to train on: each row a prompt and one completion
+    (labels on the completion), with its advantage and, for the KL penalty, its reference log-probabilities."""
+
+    rows: MicroBatch
+    advantages: torch.Tensor
+    ref_logps: torch.Tensor | None
+    terms: int
+
+    @property
+    def sample_ids(self) -> list[int]:
+        """The prompts' sample ids (each once)."""
+        return self.rows.sample_ids
+
+    @property
+    def num_label_tokens(self) -> int:
+        """Loss terms (completions, or completion tokens with the 'dapo' loss)."""
+        return self.terms
+
+    @property
+    def num_tokens(self) -> int:
+        """Real tokens of prompts and completions."""
+        return self.rows.num_tokens
+
+    @property
+    def num_computed_tokens(self) -> int:
+        """Tokens the model computes, padding included."""
+        return self.rows.num_computed_tokens
+
+    def to(self, device: torch.device) -> RolloutBatch:
+        """The same batch with its tensors on ``device``."""
+        ref = None if self.ref_logps is None else self.ref_logps.to(device)
+        return RolloutBatch(self.rows.to(device), self.advantages.to(device), ref, self.terms)
+
+
+def split_unit(unit: Unit) -> tuple[list[int], list[int]]:
+    """A prepared row's prompt (the tokens before its first label) and its response tokens (the labelled)."""
+    ids, labels = list(unit["input_ids"]), list(unit["labels"])
+    first = next((i for i, label in enumerate(labels) if label != IGNORE_INDEX), len(ids))
+    return ids[:first], [t for t, label in zip(ids, labels, strict=True) if label != IGNORE_INDEX]
+
+
+def seed_of(seed: int, step: int, rank: int) -> int:
+    """The sampling seed of a rank's rollout at a step (a function of the three alone: exact resume)."""
+    return (seed * 1_000_003 + step * 10_007 + rank) % (2**63 - 1)
+
+
+@dataclass
+class Completions:
+    """Sampled completions: per row its completion token ids (up to and with the end-of-sequence token)."""
+
+    token_ids: list[list[int]]
+    texts: list[str]
+    generated_tokens: int
+    seconds: float
+
+
+FIGURES = ("reward", "reward_std", "pass@1", "pass@k", "completion_length", "kl", "clip_low", "clip_high",
+           "entropy", "zero_std_groups")  # fmt: skip
+
+
+@dataclass
+class RlTraining:
+    """The :class:`~rayft.training.loop.objective.Objective` of GRPO and its variants: the model, its files
+    and checkpoints are :class:`~rayft.training.loop.objective.CausalLm`'s (LoRA or full); the batches are
+    rollouts and the loss is the clipped policy loss."""
+
+    lm: CausalLm
+    settings: RlConfig
+    rewards: RewardSet
+    seed: int
+    reference_model: PreTrainedModel | None = None
+    sums: dict[str, float] = field(default_factory=dict)  # this rank's figure sums since take_figures()
+    throughput_unit: str = "tokens"
+
+    @classmethod
+    def build(cls, lm: CausalLm, settings: RlConfig, seed: int) -> RlTraining:
+        """The objective, with the reward functions loaded (a user's module fails here, at start)."""
+        if lm.seq2seq:
+            raise ConfigError("train.objective=grpo trains a causal LM; model.name is an encoder-decoder")
+        return cls(lm, settings, RewardSet.build(settings.rewards, settings.max_new_tokens), seed)
+
+    @property
+    def model_type(self) -> str:
+        """The base model's type, for the precision checks."""
+        return self.lm.model_type
+
+    @property
+    def loss_settings(self) -> PolicyLossSettings:
+        """The policy loss's settings."""
+        s = self.settings
+        return PolicyLossSettings(s.loss, s.epsilon, s.clip_high, s.kl_coef, s.max_new_tokens)
+
+    def build_model(self, restore_dir: Path | None, *, device_type: str, weights: bool) -> Any:
+        """The model :class:`CausalLm` builds, and the frozen reference copy when the KL penalty asks for one."""
+        model = self.lm.build_model(restore_dir, device_type=device_type, weights=weights)
+        if self.reference_kind(model) == "copy":
+            from rayft.models.loading import load_causal_lm
+
+            self.reference_model = load_causal_lm(self.lm.plan.model, device_type).eval().requires_grad_(False)
+        return model
+
+    def reference_kind(self, model: Any) -> str:
+        """'none' (no KL penalty), 'base' (the adapter switched off) or 'copy' (a frozen copy)."""
+        s = self.settings
+        if s.kl_coef == 0.0:
+            return "none"
+        kind = s.reference if s.reference != "auto" else ("base" if self.lm.plan.train.method == "lora" else "copy")
+        if kind == "base" and self.lm.plan.train.method != "lora":
+            raise ConfigError(
+                "train.rl.reference=base switches a LoRA adapter off, but train.method is 'full'; set "
+                "train.rl.reference=copy (or auto)"
+            )
+        return kind
+
+    def write_model(self, model: Any, directory: Path, state_dict: dict[str, Any] | None) -> None:
+        """The files :class:`CausalLm` writes."""
+        self.lm.write_model(model, directory, state_dict)
+
+    def collate(self, units: list[Unit]) -> PromptBatch:
+        """The units' prompts and references (decoded response text)."""
+        prompts, references = [], []
+        for unit in units:
+            prompt, response = split_unit(unit)
+            prompts.append(prompt)
+            references.append(self.lm.tokenizer.decode(response, skip_special_tokens=True))
+        return PromptBatch(prompts, references, [int(i) for u in units for i in u["sample_ids"]])
+
+    # -- the rollout ------------------------------------------------------------------------------------
+
+    def rollout(self, model: Any, batches: Sequence[PromptBatch], *, step: int, rank: int) -> list[RolloutBatch]:
+        """Sample, score and turn each prompt micro-batch into a micro-batch of completions to train on."""
+        import torch
+
+        inner = unwrap(model)
+        torch.manual_seed(seed_of(self.seed, step, rank))
+        out = []
+        for batch in batches:
+            sampled = self.sample(inner, batch.prompts, self.settings.group_size, greedy=False)
+            references = [ref for ref in batch.references for _ in range(self.settings.group_size)]
+            scores = self.rewards.score(sampled.texts, references)
+            out.append(self.to_rollout(inner, batch, sampled, scores))
+            self.add("time/rollout_generate_s", sampled.seconds)
+            self.add("rollout_tokens", float(sampled.generated_tokens))
+        return out
+
+    def sample(self, inner: Any, prompts: list[list[int]], group: int, *, greedy: bool) -> Completions:
+        """``group`` completions of each prompt (consecutive), sampled from ``inner`` with the rollout
+        settings (or greedily), each cut after its end-of-sequence token."""
+        import torch
+        from transformers import GenerationConfig
+
+        rows = [p for p in prompts for _ in range(group)]
+        width = max(len(p) for p in rows)
+        pad = self.pad_id
+        device = next(inner.parameters()).device
+        input_ids = torch.tensor([[pad] * (width - len(p)) + p for p in rows], device=device)
+        attention = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in rows], device=device)
+        s = self.settings
+        config = GenerationConfig(
+            do_sample=not greedy, temperature=s.temperature if not greedy else None,
+            top_p=s.top_p if not greedy else None, top_k=0 if not greedy else None, max_new_tokens=s.max_new_tokens,
+            pad_token_id=pad, eos_token_id=self.eos_ids,
+        )  # fmt: skip
+        was_training = inner.training
+        inner.eval()
+        started = time.perf_counter()
+        with torch.no_grad():
+            generated = inner.generate(input_ids=input_ids, attention_mask=attention, generation_config=config)
+        inner.train(was_training)
+        seconds = time.perf_counter() - started
+        token_ids = [self._cut(row) for row in generated[:, width:].tolist()]
+        texts = self.lm.tokenizer.batch_decode(token_ids, skip_special_tokens=True)
+        return Completions(token_ids, texts, sum(len(t) for t in token_ids), seconds)
+
+    @property
+    def pad_id(self) -> int:
+        """The padding token (the end-of-sequence token when the tokenizer has none)."""
+        tokenizer = self.lm.tokenizer
+        return int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id)
+
+    @property
+    def eos_ids(self) -> list[int]:
+        """The tokens that end a completion: the tokenizer's end of sequence (what the SFT rows end with)."""
+        return [int(self.lm.tokenizer.eos_token_id)]
+
+    def _cut(self, row: list[int]) -> list[int]:
+        """A generated row up to and with its first end-of-sequence token (the padding after it dropped)."""
+        for index, token in enumerate(row):
+            if token in self.eos_ids:
+                return row[: index + 1]
+        return row
+
+    def to_rollout(self, inner: Any, batch: PromptBatch, sampled: Completions, scores: Scores) -> RolloutBatch:
+        """The completions as training rows with their advantages; the step's figures are added up."""
+        import torch
+
+        g = self.settings.group_size
+        rewards = torch.tensor(scores.total, dtype=torch.float32)
+        advantages = group_advantages(rewards, g, baseline=self.settings.advantage, scale=self.settings.scale_rewards)
+        units = []
+        for index, completion in enumerate(sampled.token_ids):
+            prompt = batch.prompts[index // g]
+            ids = prompt + completion
+            units.append({"input_ids": ids, "labels": [IGNORE_INDEX] * len(prompt) + completion,
+                          "position_ids": range(len(ids)),
+                          "sample_ids": [batch.sample_ids[index // g]] if index % g == 0 else []})  # fmt: skip
+        from rayft.training.modeling.attention import row_multiple
+
+        rows = collate(units, self.pad_id, row_multiple(self.lm.plan.model.attn_implementation))
+        ref = self.reference_logps(inner, rows) if self.reference_kind(inner) != "none" else None
+        tokens = sum(len(c) for c in sampled.token_ids)
+        terms = tokens if self.settings.loss == "dapo" else len(units)
+        self.add_scores(scores, rewards, sampled)
+        return RolloutBatch(rows, advantages, ref, terms)
+
+    def reference_logps(self, inner: Any, rows: MicroBatch) -> torch.Tensor:
+        """The reference model's per-token log-probabilities of the completions (the policy's layout)."""
+        import torch
+
+        kind = self.reference_kind(inner)
+        with torch.no_grad():
+            if kind == "copy":
+                assert self.reference_model is not None
+                return self.logps(self.reference_model.to(rows.input_ids.device), rows, None)[0]
+            disabled = inner.disable_adapter() if kind == "base" else contextlib.nullcontext()
+            with disabled:
+                return self.logps(inner, rows, None)[0]
+
+    def logps(self, model: Any, rows: MicroBatch, precision: Precision | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Per-token log-probabilities and entropies of the rows' completion tokens, and their mask, at the
+        positions some row trains on (``logits_to_keep``: prompts skip the vocabulary projection)."""
+        import torch
+
+        targets = rows.labels[:, 1:]
+        keep = (targets != IGNORE_INDEX).any(dim=0).nonzero().flatten()
+        dtype = precision.autocast_dtype if precision is not None else None
+        autocast = (
+            torch.autocast(device_type=rows.input_ids.device.type, dtype=dtype)
+            if dtype is not None
+            else contextlib.nullcontext()
+        )
+        with autocast:
+            logits = model(input_ids=rows.input_ids, position_ids=rows.position_ids, use_cache=False,
+                           logits_to_keep=keep).logits  # fmt: skip
+        kept = targets[:, keep]
+        logps, entropy = token_logps_and_entropy(logits, kept)
+        return logps, entropy, kept != IGNORE_INDEX
+
+    # -- the loss and the figures -------------------------------------------------------------------------
+
+    def loss_sum(self, model: Any, batch: RolloutBatch, precision: Precision) -> torch.Tensor:
+        """The sum of the batch's loss terms under ``train.rl.loss``."""
+        logps, entropy, mask = self.logps(model, batch.rows, precision)
+        result = policy_loss(logps, logps.detach(), batch.ref_logps, batch.advantages, mask, self.loss_settings)
+        self.add("kl", result.kl_sum)
+        self.add("clip_low", result.low_clipped)
+        self.add("clip_high", result.high_clipped)
+        self.add("entropy", float(entropy.sum()))
+        self.add("loss_tokens", result.tokens)
+        return result.loss_sum
+
+    def add(self, name: str, value: float) -> None:
+        """Add ``value`` to this rank's sum of ``name`` since the last figures."""
+        self.sums[name] = self.sums.get(name, 0.0) + value
+
+    def add_scores(self, scores: Scores, rewards: torch.Tensor, sampled: Completions) -> None:
+        """The rollout's reward figures: totals, each function's, errors, pass rates, group spread, lengths."""
+        g = self.settings.group_size
+        grouped = rewards.view(-1, g)
+        first = self.rewards.names[0]
+        solved = [value >= 1.0 for value in scores.by_function[first]]
+        self.add("completions", float(len(scores.total)))
+        self.add("groups", float(grouped.shape[0]))
+        self.add("reward", float(rewards.sum()))
+        self.add("reward_std", float(unbiased_std(grouped, dim=1).sum()))
+        self.add("zero_std_groups", float((grouped.max(dim=1).values == grouped.min(dim=1).values).sum()))
+        self.add("pass@1", float(sum(solved)))
+        self.add("pass@k", float(sum(any(solved[i : i + g]) for i in range(0, len(solved), g))))
+        self.add("completion_length", float(sampled.generated_tokens))
+        for name in self.rewards.names:
+            self.add(f"reward/{name}", sum(scores.by_function[name]))
+            self.add(f"reward_errors/{name}", float(scores.errors[name]))
+
+    def figure_names(self) -> list[str]:
+        """Every sum :meth:`take_figures` reduces, in one order on every rank."""
+        fixed = ["completions", "groups", "reward", "reward_std", "zero_std_groups", "pass@1", "pass@k",
+                 "completion_length", "kl", "clip_low", "clip_high", "entropy", "loss_tokens", "rollout_tokens",
+                 "time/rollout_generate_s"]  # fmt: skip
+        return fixed + [f"reward/{n}" for n in self.rewards.names] + [f"reward_errors/{n}" for n in self.rewards.names]
+
+    def take_figures(self, device: torch.device, world_size: int) -> dict[str, float]:
+        """The figures since the last call over every rank (rl/*), and reset: means per completion, per
+        group or per completion token; counts of reward errors; rollout tokens per second of generation."""
+        names = self.figure_names()
+        total = dict(zip(names, all_reduce_sum([self.sums.get(n, 0.0) for n in names], device), strict=True))
+        self.sums.clear()
+        completions, groups = max(total["completions"], 1.0), max(total["groups"], 1.0)
+        tokens = max(total["loss_tokens"], 1.0)
+        figures = {
+            "rl/reward": total["reward"] / completions,
+            "rl/reward_std": total["reward_std"] / groups,
+            "rl/zero_std_groups": total["zero_std_groups"] / groups,
+            "rl/pass@1": total["pass@1"] / completions,
+            f"rl/pass@{self.settings.group_size}": total["pass@k"] / groups,
+            "rl/completion_length": total["completion_length"] / completions,
+            "rl/entropy": total["entropy"] / tokens,
+            "rl/clip_fraction": (total["clip_low"] + total["clip_high"]) / tokens,
+            # Generation runs on every rank at once: tokens of all ranks over one rank's mean generating time.
+            "rl/rollout_tokens_per_s": total["rollout_tokens"]
+            / max(total["time/rollout_generate_s"] / world_size, 1e-9),
+        }
+        if self.settings.kl_coef:
+            figures["rl/kl"] = total["kl"] / tokens
+        for name in self.rewards.names:
+            figures[f"rl/reward/{name}"] = total[f"reward/{name}"] / completions
+            figures[f"rl/reward_errors/{name}"] = total[f"reward_errors/{name}"]
+        return figures
+
+    # -- evaluation ---------------------------------------------------------------------------------------
+
+    def evaluate(
+        self, model: Any, units: Iterable[Unit], *, batch_size: int, precision: Precision, device: torch.device,
+        lockstep: bool,
+    ) -> dict[str, float]:  # fmt: skip
+        """Greedy completions of every worker's validation prompts, scored: ``eval/reward`` (and each
+        function's), ``eval/pass@1``, and ``eval/loss`` = minus the mean reward, which ranks checkpoints."""
+        inner = unwrap(model)
+        names = self.rewards.names
+        sums = [0.0] * (len(names) + 3)  # total reward, each function's, solved, completions
+        for chunk in micro_batches(iter(units), batch_size):
+            batch = self.collate(chunk)
+            sampled = self.sample(inner, batch.prompts, 1, greedy=True)
+            scores = self.rewards.score(sampled.texts, batch.references)
+            sums[0] += sum(scores.total)
+            for index, name in enumerate(names):
+                sums[index + 1] += sum(scores.by_function[name])
+            sums[-2] += sum(value >= 1.0 for value in scores.by_function[names[0]])
+            sums[-1] += len(scores.total)
+        totals = all_reduce_sum(sums, device)
+        count = max(totals[-1], 1.0)
+        figures = {"eval/loss": -totals[0] / count, "eval/reward": totals[0] / count, "eval/pass@1": totals[-2] / count}
+        figures.update({f"eval/reward/{name}": totals[i + 1] / count for i, name in enumerate(names)})
+        return figures

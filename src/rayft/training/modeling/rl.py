@@ -1,0 +1,125 @@
+"""The numbers of group-relative policy optimisation: advantages from a group's rewards, and the clipped
+policy loss with its KL penalty, as sums of loss terms the training loop normalises.
+
+The loss variants (``train.rl.loss``) differ only in what a loss term is, so that the loop's rule (the
+sum of every worker's terms over their count) gives each paper's normalisation whatever the split into
+workers and micro-batches:
+
+- ``grpo``: a term is a completion, worth its mean token loss (DeepSeekMath);
+- ``dr_grpo``: a term is a completion, worth its token-loss sum over ``max_new_tokens`` (Dr. GRPO);
+- ``dapo``: a term is a completion token (DAPO's token-level mean).
+
+The formulas are TRL's ``GRPOTrainer`` and ``RLOOTrainer``'s (tests compare them on the same inputs).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal
+
+if TYPE_CHECKING:
+    import torch
+
+RlLoss = Literal["grpo", "dr_grpo", "dapo"]
+Baseline = Literal["group", "rloo"]
+Scale = Literal["group", "batch", "none"]
+STD_EPS = 1e-4  # TRL's: a group whose rewards are all equal gets advantage 0, not a division by 0
+
+
+def unbiased_std(values: torch.Tensor, dim: int | None = None) -> torch.Tensor:
+    """The standard deviation with Bessel's correction (as TRL's ``nanstd``)."""
+    if dim is None:
+        return values.std(unbiased=True) if values.numel() > 1 else values.new_zeros(())
+    return values.std(dim=dim, unbiased=True)
+
+
+def group_advantages(rewards: torch.Tensor, group_size: int, *, baseline: Baseline, scale: Scale) -> torch.Tensor:
+    """Each completion's advantage: its reward less its group's baseline (the group mean, or RLOO's mean of
+    the others), divided by the group's or the batch's reward standard deviation unless ``scale`` is 'none'.
+    ``rewards`` holds ``group_size`` consecutive completions per prompt."""
+    grouped = rewards.view(-1, group_size)
+    if baseline == "rloo":
+        others = (grouped.sum(dim=1, keepdim=True) - grouped) / (group_size - 1)
+        advantages = (grouped - others).reshape(-1)
+    else:
+        advantages = (grouped - grouped.mean(dim=1, keepdim=True)).reshape(-1)
+    if scale == "group":
+        advantages = advantages / (unbiased_std(grouped, dim=1).repeat_interleave(group_size) + STD_EPS)
+    elif scale == "batch":
+        advantages = advantages / (unbiased_std(rewards) + STD_EPS)
+    return advantages
+
+
+def token_logps_and_entropy(logits: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-position log-probability of ``targets`` (``-100`` where none; those positions hold 0) and the
+    entropy of the distribution (without gradient), from ``logits`` aligned with ``targets``."""
+    import torch
+
+    mask = targets != -100
+    scores = logits.float()
+    norm = torch.logsumexp(scores, dim=-1)
+    logps = scores.gather(-1, targets.masked_fill(~mask, 0).unsqueeze(-1)).squeeze(-1) - norm
+    with torch.no_grad():
+        entropy = norm - (torch.softmax(scores, dim=-1) * scores).sum(-1)
+    return logps * mask, entropy * mask
+
+
+@dataclass(frozen=True)
+class PolicyLossSettings:
+    """What the policy loss needs from ``train.rl``."""
+
+    loss: RlLoss = "dapo"
+    epsilon_low: float = 0.2
+    epsilon_high: float = 0.2
+    kl_coef: float = 0.0
+    max_new_tokens: int = 128
+
+
+@dataclass(frozen=True)
+class PolicyLoss:
+    """The loss of a micro-batch of completions: ``loss_sum`` over ``terms`` loss terms, and the sums behind
+    the step's figures (over the batch's ``tokens`` completion tokens)."""
+
+    loss_sum: torch.Tensor
+    terms: int
+    tokens: float
+    kl_sum: float
+    low_clipped: float
+    high_clipped: float
+
+
+def policy_loss(
+    logps: torch.Tensor,
+    old_logps: torch.Tensor,
+    ref_logps: torch.Tensor | None,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    settings: PolicyLossSettings,
+) -> PolicyLoss:
+    """The clipped surrogate ``-min(r A, clip(r, 1 - eps_low, 1 + eps_high) A)`` per completion token (``r``
+    the probability ratio to the sampling policy's ``old_logps``), plus ``kl_coef`` times the k3 estimate of
+    the KL divergence to ``ref_logps``, summed into the loss terms of ``settings.loss``. Every tensor but
+    ``advantages`` (one per row) is ``(rows, positions)``; ``mask`` marks completion tokens."""
+    import torch
+
+    weights = mask.to(logps.dtype)
+    ratio = torch.exp(logps - old_logps)
+    column = advantages.unsqueeze(1)
+    clipped = torch.clamp(ratio, 1 - settings.epsilon_low, 1 + settings.epsilon_high)
+    per_token = -torch.min(ratio * column, clipped * column)
+    kl_sum = 0.0
+    if ref_logps is not None and settings.kl_coef != 0.0:
+        kl = torch.exp(ref_logps - logps) - (ref_logps - logps) - 1
+        per_token = per_token + settings.kl_coef * kl
+        kl_sum = float((kl.detach() * weights).sum())
+    token_sums = (per_token * weights).sum(-1)
+    if settings.loss == "grpo":
+        loss_sum, terms = (token_sums / weights.sum(-1).clamp(min=1.0)).sum(), int(mask.shape[0])
+    elif settings.loss == "dr_grpo":
+        loss_sum, terms = token_sums.sum() / settings.max_new_tokens, int(mask.shape[0])
+    else:
+        loss_sum, terms = token_sums.sum(), int(mask.sum())
+    with torch.no_grad():
+        low = ((ratio < 1 - settings.epsilon_low) & (column < 0) & mask).sum()
+        high = ((ratio > 1 + settings.epsilon_high) & (column > 0) & mask).sum()
+    return PolicyLoss(loss_sum, terms, float(weights.sum()), kl_sum, float(low), float(high))

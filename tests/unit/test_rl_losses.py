@@ -1,0 +1,156 @@
+"""The GRPO losses against TRL's ``GRPOTrainer`` as the oracle, on random log-probabilities.
+
+TRL computes its loss in ``GRPOTrainer._compute_loss``, bound to a trainer; the tests call it with the few
+attributes it reads and a stand-in for its per-token log-probability pass that returns the same random
+values rayft's loss gets, so every formula (clipping, KL, each loss type's normalisation) is TRL's own.
+Losses and their gradients must agree.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("trl")
+
+from rayft.training.modeling.rl import (  # noqa: E402
+    PolicyLossSettings,
+    group_advantages,
+    policy_loss,
+    token_logps_and_entropy,
+)
+
+ROWS, LENGTH, MAX_NEW = 6, 9, 12
+
+
+def _inputs(seed: int, *, kl: bool) -> dict[str, torch.Tensor]:
+    generator = torch.Generator().manual_seed(seed)
+    mask = torch.zeros(ROWS, LENGTH, dtype=torch.long)
+    for row in range(ROWS):  # completions of different lengths, one of them empty
+        mask[row, : int(torch.randint(0 if row == 0 else 1, LENGTH + 1, (1,), generator=generator))] = 1
+    return {
+        "logps": -3 * torch.rand(ROWS, LENGTH, generator=generator),
+        "ref": -3 * torch.rand(ROWS, LENGTH, generator=generator) if kl else torch.zeros(ROWS, LENGTH),
+        "advantages": torch.randn(ROWS, generator=generator),
+        "mask": mask,
+    }
+
+
+def _trl_loss(data: dict[str, torch.Tensor], logps: torch.Tensor, *, loss_type: str, beta: float,
+              eps_low: float, eps_high: float) -> torch.Tensor:  # fmt: skip
+    """TRL's ``GRPOTrainer._compute_loss`` (one process, no accumulation) with ``logps`` as the policy's
+    per-token log-probabilities of the completions."""
+    from trl import GRPOTrainer
+
+    def per_token(model: Any, input_ids: Any, attention_mask: Any, logits_to_keep: int, **_: Any) -> Any:
+        return logps, torch.zeros_like(logps), None
+
+    metrics: dict[str, dict[str, list[float]]] = {"train": defaultdict(list)}
+    accelerator = SimpleNamespace(num_processes=1, gather=lambda x: x, gather_for_metrics=lambda x: x,
+                                  reduce=lambda x, reduction: x)  # fmt: skip
+    trainer = SimpleNamespace(
+        _get_per_token_logps_and_entropies=per_token, top_entropy_quantile=1.0, off_policy_mask_threshold=None,
+        importance_sampling_level="token", beta=beta, loss_type=loss_type, epsilon_low=eps_low, epsilon_high=eps_high,
+        args=SimpleNamespace(delta=None, use_bias_correction_kl=False, steps_per_generation=1), use_vllm=False, aux_loss_enabled=False,
+        model=SimpleNamespace(training=True), current_gradient_accumulation_steps=1, max_completion_length=MAX_NEW,
+        accelerator=accelerator, _metrics=metrics, _entropy_bonus_enabled=False,
+    )  # fmt: skip
+    mask = data["mask"]
+    inputs = {
+        "prompt_ids": torch.zeros(ROWS, 2, dtype=torch.long), "prompt_mask": torch.ones(ROWS, 2, dtype=torch.long),
+        "completion_ids": torch.zeros(ROWS, LENGTH, dtype=torch.long), "completion_mask": mask,
+        "advantages": data["advantages"], "ref_per_token_logps": data["ref"], "num_items_in_batch": mask.sum(),
+    }  # fmt: skip
+    return GRPOTrainer._compute_loss(trainer, None, inputs)  # type: ignore[no-any-return]
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+@pytest.mark.parametrize("loss_type", ["grpo", "dr_grpo", "dapo"])
+@pytest.mark.parametrize("beta", [0.0, 0.04])
+def test_policy_loss_and_gradient_equal_trls(seed: int, loss_type: str, beta: float) -> None:
+    data = _inputs(seed, kl=beta > 0)
+    eps_high = 0.28 if loss_type == "dapo" else 0.2  # DAPO's clip-higher
+    ours_logps = data["logps"].clone().requires_grad_(True)
+    settings = PolicyLossSettings(loss_type, 0.2, eps_high, beta, MAX_NEW)  # type: ignore[arg-type]
+    result = policy_loss(ours_logps, ours_logps.detach(), data["ref"] if beta else None, data["advantages"],
+                         data["mask"].bool(), settings)  # fmt: skip
+    ours = result.loss_sum / max(result.terms, 1)
+    ours.backward()
+
+    trl_logps = data["logps"].clone().requires_grad_(True)
+    trl = _trl_loss(data, trl_logps, loss_type=loss_type, beta=beta, eps_low=0.2, eps_high=eps_high)
+    trl.backward()
+    assert float(ours.detach()) == pytest.approx(float(trl.detach()), rel=1e-6, abs=1e-7)
+    assert ours_logps.grad is not None and trl_logps.grad is not None
+    torch.testing.assert_close(ours_logps.grad, trl_logps.grad, rtol=1e-5, atol=1e-7)
+    assert result.terms == (int(data["mask"].sum()) if loss_type == "dapo" else ROWS)
+
+
+def test_clipping_with_stale_samples_equals_trls() -> None:
+    """With a sampling policy that differs from the current one (``old`` log-probabilities), the clipped
+    surrogate is TRL's (its ``old_per_token_logps`` input), both clip ranges in play."""
+    from trl import GRPOTrainer
+
+    data = _inputs(3, kl=False)
+    old = data["logps"] + 0.5 * torch.randn(ROWS, LENGTH, generator=torch.Generator().manual_seed(9))
+    logps = data["logps"].clone().requires_grad_(True)
+    result = policy_loss(logps, old, None, data["advantages"], data["mask"].bool(),
+                         PolicyLossSettings("grpo", 0.2, 0.28, 0.0, MAX_NEW))  # fmt: skip
+    assert result.low_clipped + result.high_clipped > 0
+
+    trl_logps = data["logps"].clone().requires_grad_(True)
+    original = GRPOTrainer._compute_loss
+
+    def with_old(trainer: Any, model: Any, inputs: dict[str, Any]) -> Any:
+        return original(trainer, model, {**inputs, "old_per_token_logps": old})
+
+    trl = _trl_loss_with(with_old, data, trl_logps)
+    assert float(result.loss_sum.detach() / result.terms) == pytest.approx(float(trl.detach()), rel=1e-6)
+
+
+def _trl_loss_with(compute: Any, data: dict[str, torch.Tensor], logps: torch.Tensor) -> torch.Tensor:
+    from trl import GRPOTrainer
+
+    saved = GRPOTrainer._compute_loss
+    GRPOTrainer._compute_loss = compute  # type: ignore[method-assign]
+    try:
+        return _trl_loss(data, logps, loss_type="grpo", beta=0.0, eps_low=0.2, eps_high=0.28)
+    finally:
+        GRPOTrainer._compute_loss = saved  # type: ignore[method-assign]
+
+
+def test_group_advantages_are_trls_grpo_and_rloo_formulas() -> None:
+    """GRPO: (r - group mean) / (group std + 1e-4), TRL's unbiased ``nanstd``; RLOO: r less the mean of the
+    group's other rewards; a group whose rewards are all equal gets 0."""
+    from trl.trainer.utils import nanstd
+
+    rewards = torch.tensor([1.0, 0.0, 0.0, 1.0, 0.5, 0.5, 0.5, 0.5, 0.0, 0.0, 0.0, 2.0])
+    grouped = rewards.view(-1, 4)
+    mean = grouped.mean(1).repeat_interleave(4)
+    std = nanstd(grouped, dim=1).repeat_interleave(4)
+    torch.testing.assert_close(group_advantages(rewards, 4, baseline="group", scale="group"),
+                               (rewards - mean) / (std + 1e-4))  # fmt: skip
+    torch.testing.assert_close(group_advantages(rewards, 4, baseline="group", scale="none"), rewards - mean)
+    torch.testing.assert_close(group_advantages(rewards, 4, baseline="group", scale="batch"),
+                               (rewards - mean) / (nanstd(rewards) + 1e-4))  # fmt: skip
+    loo = (grouped.sum(1, keepdim=True) - grouped) / 3
+    torch.testing.assert_close(group_advantages(rewards, 4, baseline="rloo", scale="none"),
+                               (grouped - loo).reshape(-1))  # fmt: skip
+    assert group_advantages(rewards, 4, baseline="group", scale="group")[4:8].abs().max() == 0
+
+
+def test_token_logps_and_entropy_of_logits() -> None:
+    generator = torch.Generator().manual_seed(0)
+    logits = torch.randn(3, 5, 11, generator=generator)
+    targets = torch.randint(0, 11, (3, 5), generator=generator)
+    targets[0, :2] = -100
+    logps, entropy = token_logps_and_entropy(logits, targets)
+    want = torch.log_softmax(logits, -1).gather(-1, targets.clamp(min=0)[..., None]).squeeze(-1)
+    torch.testing.assert_close(logps, want * (targets != -100))
+    probs = torch.softmax(logits, -1)
+    torch.testing.assert_close(entropy, -(probs * probs.log()).sum(-1) * (targets != -100))
+    assert logps[0, :2].abs().sum() == 0
