@@ -8,9 +8,8 @@ its prompts with the current policy (colocated: the workers that train also gene
 travel and no copy waits to be synchronised), scores them with the rewards, turns rewards into
 group-relative advantages, and the step trains on the completions (:mod:`rayft.training.modeling.rl`).
 
-Sampling is seeded by (run seed, step, rank): a resumed run samples the same completions as an
-uninterrupted one, and 1 worker draws what each of 2 draws for the same prompts only when the prompts
-fall on the same rank, as the data order already decides. A step's samples are on-policy, so the
+Each prompt's samples are seeded by (run seed, step, the prompt's sample id): a resumed run samples the
+same completions as an uninterrupted one, and 1 worker draws for a prompt what 2 workers draw for it. A step's samples are on-policy, so the
 probability ratio of the clipped loss is 1 with the gradient of the log-probabilities (TRL's
 ``num_iterations=1``).
 """
@@ -33,6 +32,7 @@ from rayft.evaluation.rewards import RewardSet, Scores
 from rayft.training.loop.batches import Unit, micro_batches
 from rayft.training.loop.objective import CausalLm
 from rayft.training.loop.session import all_reduce_sum
+from rayft.training.modeling.attention import generation_attention, row_multiple
 from rayft.training.modeling.model import unwrap
 from rayft.training.modeling.rl import (
     PolicyLossSettings,
@@ -107,9 +107,9 @@ def split_unit(unit: Unit) -> tuple[list[int], list[int]]:
     return ids[:first], [t for t, label in zip(ids, labels, strict=True) if label != IGNORE_INDEX]
 
 
-def seed_of(seed: int, step: int, rank: int) -> int:
-    """The sampling seed of a rank's rollout at a step (a function of the three alone: exact resume)."""
-    return (seed * 1_000_003 + step * 10_007 + rank) % (2**63 - 1)
+def seed_of(seed: int, step: int, sample_id: int) -> int:
+    """The sampling seed of a prompt's group at a step: a function of the three alone (exact resume)."""
+    return (seed * 1_000_003 + step * 10_007 + sample_id * 7_919_113) % (2**63 - 1)
 
 
 @dataclass
@@ -195,15 +195,15 @@ class RlTraining:
 
     # -- the rollout ------------------------------------------------------------------------------------
 
-    def rollout(self, model: Any, batches: Sequence[PromptBatch], *, step: int, rank: int) -> list[RolloutBatch]:
+    def rollout(self, model: Any, batches: Sequence[PromptBatch], *, step: int) -> list[RolloutBatch]:
         """Sample, score and turn each prompt micro-batch into a micro-batch of completions to train on."""
         import torch
 
         inner = unwrap(model)
-        torch.manual_seed(seed_of(self.seed, step, rank))
         out = []
         for batch in batches:
-            sampled = self.sample(inner, batch.prompts, self.settings.group_size, greedy=False)
+            seeds = [seed_of(self.seed, step, sample) for sample in batch.sample_ids]
+            sampled = self.sample(inner, batch.prompts, self.settings.group_size, seeds=seeds)
             references = [ref for ref in batch.references for _ in range(self.settings.group_size)]
             scores = self.rewards.score(sampled.texts, references)
             out.append(self.to_rollout(inner, batch, sampled, scores))
@@ -211,34 +211,45 @@ class RlTraining:
             self.add("rollout_tokens", float(sampled.generated_tokens))
         return out
 
-    def sample(self, inner: Any, prompts: list[list[int]], group: int, *, greedy: bool) -> Completions:
-        """``group`` completions of each prompt (consecutive), sampled from ``inner`` with the rollout
-        settings (or greedily), each cut after its end-of-sequence token."""
+    def sample(self, inner: Any, prompts: list[list[int]], group: int, *, seeds: list[int] | None) -> Completions:
+        """``group`` completions of each prompt (consecutive), each cut after its end-of-sequence token:
+        sampled with the rollout settings, one ``generate`` call per prompt seeded by ``seeds`` (so a
+        prompt's samples depend on its seed alone, not on the prompts beside it or the worker it is on),
+        or, without seeds, greedy (one call for all prompts)."""
+        import torch
+
+        was_training = inner.training
+        inner.eval()
+        started = time.perf_counter()
+        token_ids: list[list[int]] = []
+        with torch.no_grad(), generation_attention(inner, self.lm.plan.model.attn_implementation):
+            if seeds is None:
+                token_ids = self.generate(inner, prompts, greedy=True)
+            else:
+                for prompt, seed in zip(prompts, seeds, strict=True):
+                    torch.manual_seed(seed)
+                    token_ids += self.generate(inner, [prompt] * group, greedy=False)
+        inner.train(was_training)
+        seconds = time.perf_counter() - started
+        texts = self.lm.tokenizer.batch_decode(token_ids, skip_special_tokens=True)
+        return Completions(token_ids, texts, sum(len(t) for t in token_ids), seconds)
+
+    def generate(self, inner: Any, rows: list[list[int]], *, greedy: bool) -> list[list[int]]:
+        """One ``generate`` call over ``rows`` (left-padded), each completion cut after its end of sequence."""
         import torch
         from transformers import GenerationConfig
 
-        rows = [p for p in prompts for _ in range(group)]
         width = max(len(p) for p in rows)
         pad = self.pad_id
         device = next(inner.parameters()).device
         input_ids = torch.tensor([[pad] * (width - len(p)) + p for p in rows], device=device)
         attention = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in rows], device=device)
         s = self.settings
-        config = GenerationConfig(
-            do_sample=not greedy, temperature=s.temperature if not greedy else None,
-            top_p=s.top_p if not greedy else None, top_k=0 if not greedy else None, max_new_tokens=s.max_new_tokens,
-            pad_token_id=pad, eos_token_id=self.eos_ids,
-        )  # fmt: skip
-        was_training = inner.training
-        inner.eval()
-        started = time.perf_counter()
-        with torch.no_grad():
-            generated = inner.generate(input_ids=input_ids, attention_mask=attention, generation_config=config)
-        inner.train(was_training)
-        seconds = time.perf_counter() - started
-        token_ids = [self._cut(row) for row in generated[:, width:].tolist()]
-        texts = self.lm.tokenizer.batch_decode(token_ids, skip_special_tokens=True)
-        return Completions(token_ids, texts, sum(len(t) for t in token_ids), seconds)
+        sampling = {} if greedy else {"temperature": s.temperature, "top_p": s.top_p, "top_k": 0}
+        config = GenerationConfig(do_sample=not greedy, max_new_tokens=s.max_new_tokens, pad_token_id=pad,
+                                  eos_token_id=self.eos_ids, **sampling)  # fmt: skip
+        generated = inner.generate(input_ids=input_ids, attention_mask=attention, generation_config=config)
+        return [self._cut(row) for row in generated[:, width:].tolist()]
 
     @property
     def pad_id(self) -> int:
@@ -272,8 +283,6 @@ class RlTraining:
             units.append({"input_ids": ids, "labels": [IGNORE_INDEX] * len(prompt) + completion,
                           "position_ids": range(len(ids)),
                           "sample_ids": [batch.sample_ids[index // g]] if index % g == 0 else []})  # fmt: skip
-        from rayft.training.modeling.attention import row_multiple
-
         rows = collate(units, self.pad_id, row_multiple(self.lm.plan.model.attn_implementation))
         ref = self.reference_logps(inner, rows) if self.reference_kind(inner) != "none" else None
         tokens = sum(len(c) for c in sampled.token_ids)
@@ -397,7 +406,7 @@ class RlTraining:
         sums = [0.0] * (len(names) + 3)  # total reward, each function's, solved, completions
         for chunk in micro_batches(iter(units), batch_size):
             batch = self.collate(chunk)
-            sampled = self.sample(inner, batch.prompts, 1, greedy=True)
+            sampled = self.sample(inner, batch.prompts, 1, seeds=None)
             scores = self.rewards.score(sampled.texts, batch.references)
             sums[0] += sum(scores.total)
             for index, name in enumerate(names):

@@ -324,8 +324,7 @@ def rollout(worker: Worker, batches: list[Any]) -> list[Any]:
     """The step's completions, sampled from its prompts with the current policy and scored (GRPO)."""
     assert isinstance(worker.objective, RlTraining)
     device = worker.session.device
-    step, rank = worker.state.step + 1, worker.session.rank
-    sampled = worker.objective.rollout(worker.model, batches, step=step, rank=rank)
+    sampled = worker.objective.rollout(worker.model, batches, step=worker.state.step + 1)
     worker.profile.timer.lap("rollout")
     return [batch.to(device) for batch in sampled]
 

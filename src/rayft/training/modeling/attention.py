@@ -17,8 +17,10 @@ that does not hand ``position_ids`` to its attention layers (most transformers d
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import itertools
+from collections.abc import Iterator
 from typing import Any
 
 PER_EXAMPLE_SDPA = "sdpa_per_example"
@@ -95,6 +97,22 @@ def use_training_attention(net: Any, attn_implementation: str, device_type: str)
         return
     register()
     net.set_attn_implementation(chosen)
+
+
+@contextlib.contextmanager
+def generation_attention(net: Any, attn_implementation: str) -> Iterator[None]:
+    """Inside the block, a training model whose attention is the per-example variant (which refuses a
+    cache and a mask) generates with the configured implementation; the variant is back after it."""
+    base = net.get_base_model() if hasattr(net, "get_base_model") else net
+    current = getattr(base.config, "_attn_implementation", None)
+    if current != PER_EXAMPLE_SDPA:
+        yield
+        return
+    base.set_attn_implementation(attn_implementation)
+    try:
+        yield
+    finally:
+        base.set_attn_implementation(PER_EXAMPLE_SDPA)
 
 
 def example_bounds(position_ids: Any) -> list[list[tuple[int, int]]]:
