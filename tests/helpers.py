@@ -48,6 +48,27 @@ def train_on(cfg: RayftConfig, prepared: PreparedData, *, resume: bool = False) 
     return run_dir
 
 
+def interleaved(prepared: PreparedData, root: Path, per_rank: int = 4) -> PreparedData:
+    """The same units ordered so that one worker with two micro-batches a step trains, in every step,
+    the micro-batches the two workers of ``prepared`` train (rank 0's, then rank 1's), ``per_rank``
+    units each (unshuffled data: each rank reads its half in storage order)."""
+    from dataclasses import replace
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from rayft.testing.units import write_split
+
+    units = pa.concat_tables(pq.read_table(f) for f in prepared.train.files).to_pylist()
+    half = len(units) // 2
+    ordered = [
+        u
+        for step in range(0, half, per_rank)
+        for u in (*units[step : step + per_rank], *units[half + step : half + step + per_rank])
+    ]
+    return replace(prepared, root=str(root), train=write_split(root / "train", ordered))
+
+
 def crashed_copy(finished: Path, storage: Path, *, crashed_at: int) -> Path:
     """The state a run leaves when it dies before step ``crashed_at``, made from a finished run
     instead of training again: a copy of ``finished`` as ``storage/run`` without final/, without

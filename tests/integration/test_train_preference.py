@@ -16,7 +16,7 @@ import pytest
 
 from rayft.config import RayftConfig
 from rayft.data.prepared import PreparedData
-from tests.helpers import adapter_tensors, crashed_copy, read_metrics, tiny_config, train_losses, train_on
+from tests.helpers import adapter_tensors, crashed_copy, interleaved, read_metrics, tiny_config, train_losses, train_on
 
 pytestmark = pytest.mark.integration
 
@@ -64,24 +64,6 @@ def ddp_run(
     ray_session: None, tiny_model_dir: Path, pairs_file: Path, prepared: PreparedData, tmp_path_factory: Any
 ) -> Path:
     return train_on(pair_config(tiny_model_dir, tmp_path_factory.mktemp("ddp"), pairs_file), prepared)
-
-
-def interleaved(prepared: PreparedData, root: Path) -> PreparedData:
-    """The same pairs ordered so that one worker with two micro-batches a step trains, in every step,
-    the micro-batches the two workers of ``prepared`` train (rank 0's, then rank 1's)."""
-    from dataclasses import replace
-
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    from rayft.testing.units import write_split
-
-    units = pa.concat_tables(pq.read_table(f) for f in prepared.train.files).to_pylist()
-    half = len(units) // 2
-    ordered = [
-        u for step in range(0, half, 4) for u in (*units[step : step + 4], *units[half + step : half + step + 4])
-    ]
-    return replace(prepared, root=str(root), train=write_split(root / "train", ordered))
 
 
 def figures(run_dir: Path) -> dict[int, dict[str, float]]:

@@ -53,12 +53,24 @@ def _trl_loss(data: dict[str, torch.Tensor], logps: torch.Tensor, *, loss_type: 
     accelerator = SimpleNamespace(num_processes=1, gather=lambda x: x, gather_for_metrics=lambda x: x,
                                   reduce=lambda x, reduction: x)  # fmt: skip
     trainer = SimpleNamespace(
-        _get_per_token_logps_and_entropies=per_token, top_entropy_quantile=1.0, off_policy_mask_threshold=None,
-        importance_sampling_level="token", beta=beta, loss_type=loss_type, epsilon_low=eps_low, epsilon_high=eps_high,
-        args=SimpleNamespace(delta=None, use_bias_correction_kl=False, steps_per_generation=1), use_vllm=False, aux_loss_enabled=False,
-        model=SimpleNamespace(training=True), current_gradient_accumulation_steps=1, max_completion_length=MAX_NEW,
-        accelerator=accelerator, _metrics=metrics, _entropy_bonus_enabled=False,
-    )  # fmt: skip
+        _get_per_token_logps_and_entropies=per_token,
+        top_entropy_quantile=1.0,
+        off_policy_mask_threshold=None,
+        importance_sampling_level="token",
+        beta=beta,
+        loss_type=loss_type,
+        epsilon_low=eps_low,
+        epsilon_high=eps_high,
+        args=SimpleNamespace(delta=None, use_bias_correction_kl=False, steps_per_generation=1),
+        use_vllm=False,
+        aux_loss_enabled=False,
+        model=SimpleNamespace(training=True),
+        current_gradient_accumulation_steps=1,
+        max_completion_length=MAX_NEW,
+        accelerator=accelerator,
+        _metrics=metrics,
+        _entropy_bonus_enabled=False,
+    )
     mask = data["mask"]
     inputs = {
         "prompt_ids": torch.zeros(ROWS, 2, dtype=torch.long), "prompt_mask": torch.ones(ROWS, 2, dtype=torch.long),

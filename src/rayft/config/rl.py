@@ -29,7 +29,8 @@ class RewardConfig(Section):
     )
     weight: float = Field(1.0, description="Factor of this function's reward in the sample's total reward.")
     pattern: str | None = Field(
-        None, description="For function 'regex': the regular expression (Python re.search, DOTALL) a completion must match."
+        None,
+        description="For function 'regex': the regular expression (Python re.search, DOTALL) a completion must match.",
     )
     name: str | None = Field(
         None, description="The name its figures are logged under (rl/reward/<name>); default: the function."

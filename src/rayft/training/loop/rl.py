@@ -9,9 +9,9 @@ travel and no copy waits to be synchronised), scores them with the rewards, turn
 group-relative advantages, and the step trains on the completions (:mod:`rayft.training.modeling.rl`).
 
 Each prompt's samples are seeded by (run seed, step, the prompt's sample id): a resumed run samples the
-same completions as an uninterrupted one, and 1 worker draws for a prompt what 2 workers draw for it. A step's samples are on-policy, so the
-probability ratio of the clipped loss is 1 with the gradient of the log-probabilities (TRL's
-``num_iterations=1``).
+same completions as an uninterrupted one, and 1 worker draws for a prompt what 2 workers draw for it. A
+step's samples are on-policy, so the probability ratio of the clipped loss is 1 with the gradient of the
+log-probabilities (TRL's ``num_iterations=1``).
 """
 
 from __future__ import annotations
@@ -44,7 +44,6 @@ from rayft.training.modeling.rl import (
 
 if TYPE_CHECKING:
     import torch
-    from transformers import PreTrainedModel
 
     from rayft.training.modeling.precision import Precision
 
@@ -136,7 +135,7 @@ class RlTraining:
     settings: RlConfig
     rewards: RewardSet
     seed: int
-    reference_model: PreTrainedModel | None = None
+    reference_model: torch.nn.Module | None = None
     sums: dict[str, float] = field(default_factory=dict)  # this rank's figure sums since take_figures()
     throughput_unit: str = "tokens"
 
@@ -164,7 +163,8 @@ class RlTraining:
         if self.reference_kind(model) == "copy":
             from rayft.models.loading import load_causal_lm
 
-            self.reference_model = load_causal_lm(self.lm.plan.model, device_type).eval().requires_grad_(False)
+            reference: torch.nn.Module = load_causal_lm(self.lm.plan.model, device_type)
+            self.reference_model = reference.eval().requires_grad_(False)
         return model
 
     def reference_kind(self, model: Any) -> str:
@@ -197,7 +197,6 @@ class RlTraining:
 
     def rollout(self, model: Any, batches: Sequence[PromptBatch], *, step: int) -> list[RolloutBatch]:
         """Sample, score and turn each prompt micro-batch into a micro-batch of completions to train on."""
-        import torch
 
         inner = unwrap(model)
         out = []
@@ -246,8 +245,9 @@ class RlTraining:
         attention = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in rows], device=device)
         s = self.settings
         sampling = {} if greedy else {"temperature": s.temperature, "top_p": s.top_p, "top_k": 0}
+        # A fresh config, not the model's: its sampling defaults must not leak into greedy or sampled runs.
         config = GenerationConfig(do_sample=not greedy, max_new_tokens=s.max_new_tokens, pad_token_id=pad,
-                                  eos_token_id=self.eos_ids, **sampling)  # fmt: skip
+                                  eos_token_id=self.eos_ids, **sampling)  # type: ignore[no-untyped-call]  # fmt: skip
         generated = inner.generate(input_ids=input_ids, attention_mask=attention, generation_config=config)
         return [self._cut(row) for row in generated[:, width:].tolist()]
 
@@ -303,7 +303,9 @@ class RlTraining:
             with disabled:
                 return self.logps(inner, rows, None)[0]
 
-    def logps(self, model: Any, rows: MicroBatch, precision: Precision | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def logps(
+        self, model: Any, rows: MicroBatch, precision: Precision | None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Per-token log-probabilities and entropies of the rows' completion tokens, and their mask, at the
         positions some row trains on (``logits_to_keep``: prompts skip the vocabulary projection)."""
         import torch

@@ -89,13 +89,13 @@ def run_worker(plan: WorkerPlan, session: TrainSession) -> TrainerState:
     timer = worker.profile.timer
     try:
         timer.start()
-        for batches in step_batches(plan, session, worker.state.step, worker.objective):
+        for loaded in step_batches(plan, session, worker.state.step, worker.objective):
             # A rank slowed before its step waits like a slow loader: both count as data_wait.
             plan.faults.before_step(session.rank, worker.state.step + 1, worker.stop.requested)
-            plan.faults.log_samples(session.rank, worker.state.step + 1, [i for b in batches for i in b.sample_ids])
+            plan.faults.log_samples(session.rank, worker.state.step + 1, [i for b in loaded for i in b.sample_ids])
             timer.lap("data_wait")
-            if isinstance(worker.objective, RlTraining):
-                batches = rollout(worker, batches)
+            # GRPO's batches are prompts: the step trains on the completions sampled from them.
+            batches = rollout(worker, loaded) if isinstance(worker.objective, RlTraining) else loaded
             stats = run_step(worker, batches)
             after_step(worker, stats)
             worker.profile.step_done()

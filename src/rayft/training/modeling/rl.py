@@ -88,7 +88,7 @@ class PolicyLoss:
     high_clipped: float
 
 
-def policy_loss(
+def policy_loss(  # noqa: PLR0917 - the tensors of one formula, in its order
     logps: torch.Tensor,
     old_logps: torch.Tensor,
     ref_logps: torch.Tensor | None,
