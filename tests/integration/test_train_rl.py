@@ -84,12 +84,12 @@ def figures_of(run_dir: Path, *names: str) -> dict[int, dict[str, float]]:
     return {r["step"]: {k: r[k] for k in names} for r in read_metrics(run_dir) if "train/loss" in r}
 
 
-def test_grpo_on_two_workers_equals_one_worker(
+def test_grpo_on_two_workers_equals_one_worker_whatever_the_forward_split(
     ddp_run: Path, tiny_model_dir: Path, prompts: PreparedData, tmp_path: Path
 ) -> None:
     one = rl_config(tiny_model_dir, tmp_path, BUILTIN_REWARDS, "train.max_steps=4", "train.save_steps=2",
-                    "train.learning_rate=5e-2", "scaling.num_workers=0",
-                    "train.gradient_accumulation_steps=2")  # fmt: skip
+                    "train.learning_rate=5e-2", "scaling.num_workers=0", "train.gradient_accumulation_steps=2",
+                    "train.rl.completions_per_forward=3")  # fmt: skip
     single = train_on(one, interleaved(prompts, tmp_path / "units", per_rank=2))
     want, got = train_losses(ddp_run), train_losses(single)
     assert list(want) == [1, 2, 3, 4] and want.keys() == got.keys()

@@ -72,6 +72,15 @@ class RlConfig(Section):
         ),
     )
     max_new_tokens: int = Field(128, gt=0, description="Longest completion sampled, in tokens.")
+    completions_per_forward: int | None = Field(
+        None,
+        gt=0,
+        description=(
+            "Completions per training forward pass: a step's rollout (train.micro_batch_size prompts x group_size "
+            "per worker) is trained in micro-batches of this many rows, which bounds activation memory; the "
+            "update is the same whatever the split. Unset: group_size."
+        ),
+    )
     temperature: float = Field(1.0, gt=0, description="Sampling temperature of the rollouts.")
     top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling of the rollouts (1: off).")
     loss: Literal["grpo", "dr_grpo", "dapo"] = Field(

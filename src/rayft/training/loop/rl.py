@@ -205,7 +205,7 @@ class RlTraining:
             sampled = self.sample(inner, batch.prompts, self.settings.group_size, seeds=seeds)
             references = [ref for ref in batch.references for _ in range(self.settings.group_size)]
             scores = self.rewards.score(sampled.texts, references)
-            out.append(self.to_rollout(inner, batch, sampled, scores))
+            out += self.to_rollout(inner, batch, sampled, scores)
             self.add("time/rollout_generate_s", sampled.seconds)
             self.add("rollout_tokens", float(sampled.generated_tokens))
         return out
@@ -269,8 +269,9 @@ class RlTraining:
                 return row[: index + 1]
         return row
 
-    def to_rollout(self, inner: Any, batch: PromptBatch, sampled: Completions, scores: Scores) -> RolloutBatch:
-        """The completions as training rows with their advantages; the step's figures are added up."""
+    def to_rollout(self, inner: Any, batch: PromptBatch, sampled: Completions, scores: Scores) -> list[RolloutBatch]:
+        """The completions as training micro-batches of at most ``train.rl.completions_per_forward`` rows, with
+        their advantages (over each whole group); the step's figures are added up."""
         import torch
 
         g = self.settings.group_size
@@ -283,12 +284,18 @@ class RlTraining:
             units.append({"input_ids": ids, "labels": [IGNORE_INDEX] * len(prompt) + completion,
                           "position_ids": range(len(ids)),
                           "sample_ids": [batch.sample_ids[index // g]] if index % g == 0 else []})  # fmt: skip
+        self.add_scores(scores, rewards, sampled)
+        size = self.settings.completions_per_forward or g
+        return [self.training_batch(inner, units[i : i + size], advantages[i : i + size])
+                for i in range(0, len(units), size)]  # fmt: skip
+
+    def training_batch(self, inner: Any, units: list[Unit], advantages: torch.Tensor) -> RolloutBatch:
+        """Completion rows as one padded micro-batch, with their reference log-probabilities if the KL term
+        needs them."""
         rows = collate(units, self.pad_id, row_multiple(self.lm.plan.model.attn_implementation))
         ref = self.reference_logps(inner, rows) if self.reference_kind(inner) != "none" else None
-        tokens = sum(len(c) for c in sampled.token_ids)
-        terms = tokens if self.settings.loss == "dapo" else len(units)
-        self.add_scores(scores, rewards, sampled)
-        return RolloutBatch(rows, advantages, ref, terms)
+        tokens = sum(len(u["input_ids"]) - u["labels"].count(IGNORE_INDEX) for u in units)
+        return RolloutBatch(rows, advantages, ref, tokens if self.settings.loss == "dapo" else len(units))
 
     def reference_logps(self, inner: Any, rows: MicroBatch) -> torch.Tensor:
         """The reference model's per-token log-probabilities of the completions (the policy's layout)."""
