@@ -52,7 +52,7 @@ def prepare_pairs(path: Path) -> tuple[Any, list[dict[str, Any]]]:
 
     cfg = load_config(None, [f"model.name={MODEL}", f"data.datasets=[{{path: '{path}'}}]", "train.objective=dpo",
                              f"data.max_seq_length={MAX_LEN}", "data.validation_fraction=0"])  # fmt: skip
-    pairs = pair_preparation("dpo", cfg.train.preference.max_prompt_length)
+    pairs = pair_preparation(True, cfg.train.preference.max_prompt_length)
     prepared = prepare(cfg.data, cfg.model, cfg.seed, report_dir=None, use_ray=False, pairs=pairs).prepared
     return prepared, [row for f in prepared.train.files for row in pq.read_table(f).to_pylist()]
 

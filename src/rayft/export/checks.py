@@ -52,6 +52,7 @@ def check_adapter(
     *,
     expected_r: int | None = None,
     expected_targets: Sequence[str] | None = None,
+    zero_b_allowed: bool = False,
 ) -> tuple[list[str], AdapterSummary | None]:
     """Problems of the adapter in ``directory`` (empty list: usable), and a summary when readable.
 
@@ -59,6 +60,7 @@ def check_adapter(
         directory: Holds adapter_model.safetensors and adapter_config.json.
         expected_r: The rank the training config asked for (lora.r).
         expected_targets: Module names the training config listed (None for 'all-linear').
+        zero_b_allowed: Accept lora_B left all zero (an adapter no update has moved yet).
     """
     import torch
 
@@ -98,7 +100,7 @@ def check_adapter(
             problems.append(f"{weights}: {module} holds NaN or infinite values")
         if not b.any():
             zero_b.append(module)
-    if zero_b:
+    if zero_b and not zero_b_allowed:
         problems.append(
             f"{weights}: lora_B of {len(zero_b)} of {len(pairs)} modules is all zero ({', '.join(zero_b[:3])}"
             f"{', ...' if len(zero_b) > 3 else ''}): the adapter changes nothing there (saved untrained or empty)"

@@ -145,6 +145,9 @@ class ModelFiles:
     lora_r: int  # the adapter rank the written adapter is checked against
     resolved_config: str  # the run's resolved config (secrets are redacted on writing)
     lineage: dict[str, Any] = field(default_factory=dict)  # recorded in every manifest (method, base model, ...)
+    # GRPO leaves a fresh adapter at zero until some prompt's group gets rewards that differ: a checkpoint
+    # written before then is untrained by right, not emptied by a sharded save.
+    untrained_allowed: bool = False
 
 
 @dataclass(frozen=True)
@@ -286,7 +289,8 @@ def write_model_files(
         inner.save_pretrained(directory, safe_serialization=True, state_dict=state_dict)
     if files.method == "lora":
         saved = list(state_dict) if state_dict is not None else trainable_names(inner)
-        check_written_adapter(directory, files.lora_r, modules=sum(".lora_A." in name for name in saved))
+        modules = sum(".lora_A." in name for name in saved)
+        check_written_adapter(directory, files.lora_r, modules=modules, untrained_allowed=files.untrained_allowed)
     tokenizer.save_pretrained(directory)
     generation = _generation_config(inner, tokenizer)
     generation.save_pretrained(directory)
@@ -294,12 +298,12 @@ def write_model_files(
     share_like_siblings(directory)  # the weights are written 0600 through a temporary file
 
 
-def check_written_adapter(directory: Path, r: int, *, modules: int) -> None:
+def check_written_adapter(directory: Path, r: int, *, modules: int, untrained_allowed: bool = False) -> None:
     """Read back the adapter just written to ``directory`` and refuse it (the checkpoint then never
     counts) unless it holds ``modules`` adapted modules, each with lora_A (r x in) and lora_B
     (out x r), finite, with no lora_B left all zero: the forms in which sharded trainers are known
-    to save adapters empty, as one rank's slice, or untrained."""
-    problems, summary = check_adapter(directory, expected_r=r)
+    to save adapters empty, as one rank's slice, or untrained (unless ``untrained_allowed``)."""
+    problems, summary = check_adapter(directory, expected_r=r, zero_b_allowed=untrained_allowed)
     if summary is not None and len(summary.modules) != modules:
         problems.append(f"it adapts {len(summary.modules)} modules, but the model trains {modules}")
     if problems:

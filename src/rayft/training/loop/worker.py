@@ -197,7 +197,8 @@ def model_files(plan: WorkerPlan) -> ModelFiles:
     if plan.task is not None:
         return ModelFiles("full", 0, plan.resolved_config, {"method": "task", "task": plan.task.path, **plan.lineage})
     lineage = {"method": plan.train.method, "base_model": plan.model.name, **plan.lineage}
-    return ModelFiles(plan.train.method, plan.lora.r, plan.resolved_config, lineage)
+    untrained = plan.train.objective == "grpo"
+    return ModelFiles(plan.train.method, plan.lora.r, plan.resolved_config, lineage, untrained_allowed=untrained)
 
 
 def save_checkpoint(worker: Worker) -> None:

@@ -1,0 +1,183 @@
+"""GRPO's step against TRL's ``GRPOTrainer`` on identical work: rollout tokens/s, trainer tokens/s and step time.
+
+Both arms run in this process, one after the other, on SmolLM2-135M-Instruct (rayft's offline copy) with a
+LoRA adapter (r 16, alpha 32, every linear layer, no dropout), the same GSM8K training problems as raw-text
+prompts (``Question: ...\\nAnswer:``, no chat template), the same group size, completion length, sampling
+(temperature 1, top-p 1, no top-k), DAPO's loss with clip-higher, no KL term, one update per rollout, the math
+reward (GSM8K's answer extraction against the reference), the same learning rate and steps, one prompt batch
+per step. rayft runs its own loop in-process (``scaling.num_workers=0``: no Ray start-up to leave out);
+TRL its trainer. The first step of each arm is a warm-up and is left out; step times come from rayft's
+metrics.jsonl (``time/step``, ``time/rollout``) and from a TRL callback around each optimizer step.
+
+Rollout tokens/s counts generated completion tokens over generation time; trainer tokens/s counts every
+real token of the training rows (prompt and completion) over the rest of the step.
+
+An asynchronous rollout mode (rollouts for step n+1 while step n trains) does not exist in rayft yet, so
+the synchronous loop is the only arm of rayft.
+
+    .venv/bin/python benchmarks/bench_rl.py [--steps 5] [--prompts 4] [--group 4] [--max-new-tokens 48]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+GSM8K = REPO.parent / "shared" / "datasets" / "gsm8k" / "train.jsonl"
+MODEL = "smollm2-135m-instruct"
+LR = 1e-5
+
+
+def problems(count: int) -> list[dict[str, str]]:
+    """The first ``count`` GSM8K training problems."""
+    return [json.loads(line) for line in GSM8K.read_text().splitlines()[:count]]
+
+
+def prompt_of(question: str) -> str:
+    """The raw-text prompt both arms sample from."""
+    return f"Question: {question}\nAnswer:"
+
+
+def run_rayft(work: Path, rows: list[dict[str, str]], args: argparse.Namespace) -> dict[str, float]:
+    """rayft's GRPO, in-process; per-step figures from its metrics.jsonl (the warm-up step left out)."""
+    import rayft
+    from rayft.config import load_config
+
+    data = work / "problems.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    cfg = load_config(None, [
+        f"model.name={MODEL}", f"storage_path={work}", "name=rayft-grpo", "scaling.num_workers=0",
+        f"data.datasets=[{{path: '{data}', format: template, use_chat_template: false, "
+        "input_template: 'Question: {question}\\nAnswer:', output_template: '{answer}'}]",
+        "data.packing=false", "data.validation_fraction=0", "data.shuffle_buffer_size=1", "data.max_seq_length=512",
+        f"data.cache_dir={work / 'cache'}", "train.objective=grpo", f"train.max_steps={args.steps}",
+        f"train.micro_batch_size={args.prompts}", f"train.learning_rate={LR}", "train.warmup_steps=0",
+        "train.eval_steps=null", f"train.save_steps={args.steps}", "train.logging_steps=1", "lora.r=16",
+        "lora.alpha=32", "lora.dropout=0", "lora.target_modules=all-linear", "logging.tensorboard=false",
+        f"train.rl.group_size={args.group}", f"train.rl.max_new_tokens={args.max_new_tokens}",
+        "train.rl.temperature=1.0", "train.rl.loss=dapo", "train.rl.epsilon_high=0.28",
+        f"train.rl.completions_per_forward={args.prompts * args.group}",
+    ])  # fmt: skip
+    run = rayft.train(cfg)
+    records = [json.loads(line) for line in (run.run_dir / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in records if "train/loss" in r][1:]
+    return summarise(
+        [r["time/step"] for r in steps],
+        [r["time/rollout"] for r in steps],
+        [r["rl/completion_length"] * args.prompts * args.group for r in steps],
+        [r["train/tokens_per_s"] * (r["time/step"] - r["time/rollout"]) for r in steps],
+        [r["rl/reward"] for r in steps],
+    )
+
+
+def run_trl(work: Path, rows: list[dict[str, str]], args: argparse.Namespace, model_dir: str) -> dict[str, float]:
+    """TRL's ``GRPOTrainer`` on the same work; step and generation times from callbacks and timers."""
+    import torch
+    from datasets import Dataset
+    from peft import LoraConfig
+    from transformers import TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    from rayft.evaluation.rewards import math_reward
+
+    timing: dict[str, list[float]] = {"step": [], "rollout": [], "generated": [], "rewards": []}
+
+    def reward(prompts: list[str], completions: list[str], answer: list[str], **_: Any) -> list[float]:
+        values = [math_reward(c, a) for c, a in zip(completions, answer, strict=True)]
+        timing["rewards"].append(sum(values) / len(values))
+        return values
+
+    class StepClock(TrainerCallback):  # type: ignore[misc]
+        def on_step_begin(self, *_: Any, **__: Any) -> None:
+            self.started = time.perf_counter()
+
+        def on_step_end(self, *_: Any, **__: Any) -> None:
+            timing["step"].append(time.perf_counter() - self.started)
+
+    dataset = Dataset.from_list([{"prompt": prompt_of(r["question"]), "answer": r["answer"]} for r in rows])
+    config = GRPOConfig(
+        output_dir=str(work / "trl"), use_cpu=True, bf16=False, report_to=[], save_strategy="no", logging_steps=1,
+        max_steps=args.steps, learning_rate=LR, lr_scheduler_type="cosine", warmup_steps=0,
+        per_device_train_batch_size=args.prompts * args.group, num_generations=args.group,
+        max_completion_length=args.max_new_tokens, temperature=1.0, top_p=1.0, top_k=0, loss_type="dapo", beta=0.0,
+        epsilon=0.2, epsilon_high=0.28, num_iterations=1, shuffle_dataset=False, seed=0, max_grad_norm=1.0,
+        weight_decay=0.0, gradient_checkpointing=False,  # rayft's default: train.gradient_checkpointing=false
+    )  # fmt: skip
+    peft = LoraConfig(r=16, lora_alpha=32, lora_dropout=0.0, target_modules="all-linear", task_type="CAUSAL_LM")
+    trainer = GRPOTrainer(model=model_dir, reward_funcs=reward, args=config, train_dataset=dataset,
+                          peft_config=peft, callbacks=[StepClock()])  # fmt: skip
+    generate = trainer.model.generate
+
+    def timed_generate(*a: Any, **kw: Any) -> Any:
+        started = time.perf_counter()
+        out = generate(*a, **kw)
+        timing["rollout"].append(time.perf_counter() - started)
+        prompt = kw.get("input_ids", a[0] if a else None)
+        width = 0 if prompt is None else prompt.shape[1]
+        pad = trainer.processing_class.pad_token_id
+        timing["generated"].append(float((out[:, width:] != pad).sum()))
+        return out
+
+    trainer.model.generate = timed_generate
+    torch.manual_seed(0)
+    trainer.train()
+    keep = slice(1, None)
+    trained = [float("nan")] * len(timing["step"][keep])  # TRL logs no real-token count per step
+    return summarise(timing["step"][keep], timing["rollout"][keep], timing["generated"][keep], trained,
+                     timing["rewards"][keep])  # fmt: skip
+
+
+def summarise(steps: list[float], rollouts: list[float], generated: list[float], trained: list[float],
+              rewards: list[float]) -> dict[str, float]:  # fmt: skip
+    """Medians of the per-step figures."""
+    return {
+        "step_s": statistics.median(steps),
+        "rollout_s": statistics.median(rollouts),
+        "train_s": statistics.median(s - r for s, r in zip(steps, rollouts, strict=True)),
+        "rollout_tokens_per_s": statistics.median(g / r for g, r in zip(generated, rollouts, strict=True)),
+        "trainer_tokens_per_s": statistics.median(
+            t / (s - r) for t, s, r in zip(trained, steps, rollouts, strict=True)
+        ),
+        "reward": statistics.mean(rewards) if rewards else float("nan"),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--prompts", type=int, default=4, help="prompts per step")
+    parser.add_argument("--group", type=int, default=4, help="completions per prompt")
+    parser.add_argument("--max-new-tokens", type=int, default=48)
+    args = parser.parse_args()
+    from rayft.models.loading import ensure_builtin_model
+
+    model_dir = str(ensure_builtin_model(MODEL))
+    rows = problems(args.steps * args.prompts)
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        ours = run_rayft(work, rows, args)
+        theirs = run_trl(work, rows, args, model_dir)
+    print(f"GRPO step, SmolLM2-135M LoRA r16 on CPU: {args.prompts} prompts x {args.group} completions of at most "
+          f"{args.max_new_tokens} tokens per step, {args.steps} steps (first left out), medians")  # fmt: skip
+    print(f"{'arm':<22}{'step s':>9}{'rollout s':>11}{'train s':>9}{'rollout tok/s':>15}{'reward':>9}")
+    for name, figures in (("rayft (sync, coloc.)", ours), ("TRL GRPOTrainer", theirs)):
+        print(f"{name:<22}{figures['step_s']:>9.2f}{figures['rollout_s']:>11.2f}{figures['train_s']:>9.2f}"
+              f"{figures['rollout_tokens_per_s']:>15.1f}{figures['reward']:>9.3f}")  # fmt: skip
+    print(f"rayft trainer tokens/s (real prompt+completion tokens over the step less its rollout): "
+          f"{ours['trainer_tokens_per_s']:.1f}")  # fmt: skip
+    print(f"ratios rayft/TRL: step time {ours['step_s'] / theirs['step_s']:.2f}x, rollout tokens/s "
+          f"{ours['rollout_tokens_per_s'] / theirs['rollout_tokens_per_s']:.2f}x, training time "
+          f"{ours['train_s'] / theirs['train_s']:.2f}x")  # fmt: skip
+    print("asynchronous rollouts: not available in rayft (only the synchronous arm ran)")
+    print("command: " + " ".join([".venv/bin/python", "benchmarks/bench_rl.py", *sys.argv[1:]]))
+
+
+if __name__ == "__main__":
+    main()
