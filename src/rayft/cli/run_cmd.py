@@ -9,7 +9,7 @@ from rayft.cli.address_opt import address_option
 from rayft.cli.common import config_argument, load_cli_config, open_run_log, overrides_argument
 from rayft.data.builtin import builtin_eval_note
 
-_STAGES = click.Choice(["sdg", "tune", "train", "pairs", "preference", "eval", "export"])
+_STAGES = click.Choice(["sdg", "tune", "train", "pairs", "preference", "rl", "eval", "export"])
 
 
 @click.command(epilog="Example: rayft run configs/quickstart.yaml train.max_steps=50 --from eval")
@@ -26,7 +26,7 @@ def run(
     only: str | None,
     force: bool,
 ) -> None:
-    """Run the stages CONFIG requests (its sdg, train, pairs, preference, eval and export sections) in order on one Ray.
+    """Run the stages CONFIG requests (sdg, train, pairs, preference, rl, eval, export) in order on one Ray.
 
     Each stage's outputs go to <storage_path>/<name>/<stage>/ with a fingerprint of its inputs; a
     rerun skips the stages whose inputs did not change. The run directory also gets lineage.json

@@ -133,7 +133,7 @@ def preference_train_section(train: TrainConfig, stage: PreferenceStageConfig) -
         ValueError: a change names an unknown field or a bad value (its dotted path under preference.train).
     """
     raw = merge_nested(train.model_dump(mode="json"), {**stage.train, "objective": stage.objective})
-    validated: TrainConfig = _validated(TrainConfig, raw, "preference.train")
+    validated: TrainConfig = validated_section(TrainConfig, raw, "preference.train")
     return validated
 
 
@@ -142,11 +142,12 @@ def preference_data_section(data: DataConfig, stage: PreferenceStageConfig, pair
     only dataset, and packing off (a pair's two sides are not packed)."""
     raw = merge_nested(data.model_dump(mode="json"), stage.data)
     raw.update(datasets=[pairs.model_dump(mode="json")], packing=False)
-    validated: DataConfig = _validated(DataConfig, raw, "preference.data")
+    validated: DataConfig = validated_section(DataConfig, raw, "preference.data")
     return validated
 
 
-def _validated(model: type[Any], raw: dict[str, Any], where: str) -> Any:
+def validated_section(model: type[Any], raw: dict[str, Any], where: str) -> Any:
+    """``raw`` validated as ``model``; the first error as one line naming its dotted path under ``where``."""
     try:
         return model.model_validate(raw)
     except ValidationError as exc:

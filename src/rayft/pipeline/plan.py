@@ -1,6 +1,6 @@
 """Which pipeline stages run, which are skipped, and why: pure decisions, no I/O.
 
-A stage is *requested* when its section (``sdg``, ``tune``, ``train``, ``pairs``, ``preference``,
+A stage is *requested* when its section (``sdg``, ``tune``, ``train``, ``pairs``, ``preference``, ``rl``,
 ``eval``, ``export``) is written in the config; a ``tune`` section also requests ``train``, which trains
 the best trial's config, and a ``preference`` section requests ``pairs``, the pairs it trains on.
 ``--only`` and ``--from`` narrow the stages that may run; a stage that may run is skipped when its
@@ -15,14 +15,23 @@ from typing import Literal
 
 from rayft.errors import ConfigError, StorageError
 
-STAGES = ("sdg", "tune", "train", "pairs", "preference", "eval", "export")
+STAGES = ("sdg", "tune", "train", "pairs", "preference", "rl", "eval", "export")
 """Every stage, in the order it runs."""
 
 IMPLIES = {"tune": ("train",), "preference": ("pairs",)}
 """Stages a written section requests besides its own (a sweep is there to train its best trial;
 preference training, to train on the pairs made just before it)."""
 
-NEEDS = {"sdg": (), "tune": (), "train": (), "pairs": (), "preference": ("pairs",), "eval": (), "export": ("train",)}
+NEEDS = {
+    "sdg": (),
+    "tune": (),
+    "train": (),
+    "pairs": (),
+    "preference": ("pairs",),
+    "rl": (),
+    "eval": (),
+    "export": ("train",),
+}
 """Stages whose outputs a stage cannot do without (eval compares with train when both are requested)."""
 
 REMOTE_STAGES = ("train",)

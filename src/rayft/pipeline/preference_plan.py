@@ -86,11 +86,14 @@ def preference_stage_config(cfg: RayftConfig, start_model: str, pairs_jsonl: Pat
 
 
 def compare_sources(cfg: RayftConfig, run_dir: Path, records: dict[str, StageRecord]) -> dict[str, str]:
-    """What the eval stage compares: after preference training, the model it started from against it
-    (SFT vs SFT + DPO on the same problems, with the paired test); else the base against the SFT model."""
-    if "preference" in records:
+    """What the eval stage compares: after preference training or RL, the model it started from against it
+    (SFT vs SFT + DPO, or SFT vs SFT + GRPO, on the same problems, with the paired test); else the base
+    against the SFT model."""
+    after = next(((s, name) for s, name in (("preference", cfg.preference.objective), ("rl", "grpo")) if s in records),
+                 None)  # fmt: skip
+    if after is not None:
         before = (
             ("sft", str(records["train"].output(run_dir, "final"))) if "train" in records else ("base", cfg.model.name)
         )
-        return {before[0]: before[1], cfg.preference.objective: str(records["preference"].output(run_dir, "final"))}
+        return {before[0]: before[1], after[1]: str(records[after[0]].output(run_dir, "final"))}
     return {"base": cfg.model.name, "tuned": str(records["train"].output(run_dir, "final"))}

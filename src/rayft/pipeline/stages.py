@@ -17,6 +17,7 @@ from rayft.files import replace_dir, staging_dir
 from rayft.pipeline.inputs import final_manifest_hash, local_files, model_identity, train_data_config, trained_final
 from rayft.pipeline.preference_plan import compare_sources
 from rayft.pipeline.preference_stage import PairsStage, PreferenceStage
+from rayft.pipeline.rl_stage import RlStage
 from rayft.pipeline.stage import Stage, StageContext, StageOutput
 from rayft.pipeline.training import run_training
 from rayft.pipeline.tune_stage import TuneStage, adopt_trial_run, plan_train_handoff, tuned_config
@@ -165,7 +166,16 @@ class ExportStage:
 
 STAGES: dict[str, Stage] = {
     s.name: s
-    for s in (SdgStage(), TuneStage(), TrainStage(), PairsStage(), PreferenceStage(), EvalStage(), ExportStage())
+    for s in (
+        SdgStage(),
+        TuneStage(),
+        TrainStage(),
+        PairsStage(),
+        PreferenceStage(),
+        RlStage(),
+        EvalStage(),
+        ExportStage(),
+    )
 }
 """Every stage by name (the order they run in is :data:`rayft.pipeline.plan.STAGES`)."""
 

@@ -1,0 +1,67 @@
+"""SFT then GRPO in ``rayft run``, planned without Ray: the stages, the RL run's config, and what eval
+compares and export exports."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from rayft.config import RayftConfig, load_config
+from rayft.errors import ConfigError
+from rayft.pipeline.inputs import trained_final
+from rayft.pipeline.plan import requested_stages
+from rayft.pipeline.preference_plan import compare_sources
+from rayft.pipeline.records import StageRecord
+from rayft.pipeline.rl_stage import rl_stage_config
+from rayft.pipeline.stage import StageContext
+
+RUN = Path("/runs/p")
+
+
+def record(stage: str, **outputs: str) -> StageRecord:
+    return StageRecord(stage=stage, fingerprint="f", inputs={}, outputs=outputs)
+
+
+TRAIN = record("train", final="train/final", dir="train")
+RL = record("rl", final="rl/final", dir="rl")
+
+
+def config(*overrides: str) -> RayftConfig:
+    return load_config(None, ["train.learning_rate=2e-3", "data.packing=true", *overrides])
+
+
+def test_an_rl_section_is_a_stage_after_train_and_before_eval() -> None:
+    assert requested_stages({"train", "rl", "eval", "export"}) == ["train", "rl", "eval", "export"]
+    assert requested_stages({"rl"}) == ["rl"]
+
+
+def test_the_rl_config_is_grpo_with_the_stages_changes_and_no_packing() -> None:
+    cfg = config("rl.train.learning_rate=5e-5", "rl.train.rl.group_size=4", "rl.data.max_seq_length=256")
+    ctx = StageContext(cfg=cfg, run_dir=RUN, records={"train": TRAIN})
+    rl = rl_stage_config(ctx, str(RUN / "sft-merged"), str(RUN))
+    assert (rl.name, rl.storage_path, rl.tune, rl.model.name) == ("rl", str(RUN), None, str(RUN / "sft-merged"))
+    assert rl.train.objective == "grpo" and rl.train.learning_rate == 5e-5 and rl.train.rl.group_size == 4
+    assert rl.train.micro_batch_size == cfg.train.micro_batch_size and rl.lora == cfg.lora
+    assert rl.data.packing is False and rl.data.max_seq_length == 256 and rl.data.datasets == cfg.data.datasets
+
+
+def test_eval_compares_sft_with_grpo_and_the_rl_model_is_the_pipelines_final() -> None:
+    records = {"train": TRAIN, "rl": RL}
+    assert compare_sources(config(), RUN, records) == {"sft": str(RUN / "train/final"), "grpo": str(RUN / "rl/final")}
+    assert trained_final(RUN, records) == RUN / "rl/final"
+    assert compare_sources(config(), RUN, {"rl": RL}) == {"base": config().model.name, "grpo": str(RUN / "rl/final")}
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["rl.train.rl.group_size=1"], r"rl\.train\.rl\.group_size"),
+        (["rl.train.strategy=fsdp"], "set train.strategy=ddp"),
+        (["rl.train.learning_rat=1"], r"rl\.train\.learning_rat"),
+        (["rl.train.max_steps=3", "preference.objective=dpo"], "both an rl and a preference section"),
+    ],
+)
+def test_rl_stage_settings_that_cannot_work_are_refused(overrides: list[str], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        config(*overrides)
