@@ -14,6 +14,7 @@ from rayft.pipeline.plan import requested_stages
 from rayft.pipeline.preference_plan import compare_sources
 from rayft.pipeline.records import StageRecord
 from rayft.pipeline.rl_stage import rl_stage_config
+from rayft.pipeline.runner import check_rl_stage
 from rayft.pipeline.stage import StageContext
 
 RUN = Path("/runs/p")
@@ -34,6 +35,8 @@ def config(*overrides: str) -> RayftConfig:
 def test_an_rl_section_is_a_stage_after_train_and_before_eval() -> None:
     assert requested_stages({"train", "rl", "eval", "export"}) == ["train", "rl", "eval", "export"]
     assert requested_stages({"rl"}) == ["rl"]
+    with pytest.raises(ConfigError, match="both an rl and a preference section"):
+        requested_stages({"train", "preference", "rl"})
 
 
 def test_the_rl_config_is_grpo_with_the_stages_changes_and_no_packing() -> None:
@@ -59,9 +62,18 @@ def test_eval_compares_sft_with_grpo_and_the_rl_model_is_the_pipelines_final() -
         (["rl.train.rl.group_size=1"], r"rl\.train\.rl\.group_size"),
         (["rl.train.strategy=fsdp"], "set train.strategy=ddp"),
         (["rl.train.learning_rat=1"], r"rl\.train\.learning_rat"),
-        (["rl.train.max_steps=3", "preference.objective=dpo"], "both an rl and a preference section"),
     ],
 )
-def test_rl_stage_settings_that_cannot_work_are_refused(overrides: list[str], message: str) -> None:
+def test_rl_stage_settings_that_cannot_work_are_refused_before_the_pipeline_runs(
+    overrides: list[str], message: str
+) -> None:
     with pytest.raises(ConfigError, match=message):
-        config(*overrides)
+        check_rl_stage(config(*overrides))
+
+
+def test_a_deepspeed_config_without_an_rl_stage_loads_and_round_trips(tmp_path: Path) -> None:
+    from rayft.config import dump_config
+
+    cfg = config("train.strategy=deepspeed")
+    (tmp_path / "c.yaml").write_text(dump_config(cfg))
+    assert load_config(tmp_path / "c.yaml") == cfg

@@ -11,7 +11,7 @@ from rayft.config.inference import InferenceConfig
 from rayft.config.k8s import K8sConfig
 from rayft.config.model import LoraConfig, ModelConfig
 from rayft.config.pairs import PairsConfig, PreferenceStageConfig, preference_train_section
-from rayft.config.rl_stage import RlStageConfig, rl_data_section, rl_train_section
+from rayft.config.rl_stage import RlStageConfig
 from rayft.config.sdg import SdgConfig
 from rayft.config.serve import ServeConfig
 from rayft.config.task import TaskConfig
@@ -171,16 +171,4 @@ class RayftConfig(Section):
     @model_validator(mode="after")
     def _preference_stage_trains(self) -> RayftConfig:
         preference_train_section(self.train, self.preference)  # its errors name preference.train.<key>
-        return self
-
-    @model_validator(mode="after")
-    def _rl_stage_trains(self) -> RayftConfig:
-        if "rl" not in self.model_fields_set:
-            return self
-        if "preference" in self.model_fields_set:
-            raise ValueError(
-                "both an rl and a preference section are set: rayft run trains one of them after SFT; remove one"
-            )
-        rl_train_section(self.train, self.rl)  # its errors name rl.train.<key>
-        rl_data_section(self.data, self.rl)
         return self

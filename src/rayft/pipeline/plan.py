@@ -62,6 +62,10 @@ def requested_stages(sections_set: Iterable[str]) -> list[str]:
             "the config names no pipeline stage; add at least one of the sections "
             f"{', '.join(STAGES)} (an empty section like `eval: {{}}` takes the defaults)"
         )
+    if {"preference", "rl"} <= written:
+        raise ConfigError(
+            "the config has both an rl and a preference section: rayft run trains one of them after SFT; remove one"
+        )
     missing = [(s, n) for s in stages for n in NEEDS[s] if n not in written]
     if missing:
         stage, need = missing[0]

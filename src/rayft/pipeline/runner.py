@@ -37,7 +37,9 @@ from typing import Any
 
 from rayft.cache import cache_root
 from rayft.config import RayftConfig, dump_config
+from rayft.config.rl_stage import rl_data_section, rl_train_section
 from rayft.config.tracking import MlflowArtifact
+from rayft.errors import ConfigError
 from rayft.evaluation.summary import CompareSummary
 from rayft.pipeline.fingerprint import hash_object
 from rayft.pipeline.inputs import trained_final
@@ -92,6 +94,8 @@ def run(
 ) -> PipelineResult:
     """Run the stages the config requests, skipping those whose inputs did not change."""
     requested = requested_stages(cfg.model_fields_set)
+    if "rl" in requested:  # before anything runs: its errors name rl.train.<key> or rl.data.<key>
+        check_rl_stage(cfg)
     allowed, forced = runnable_stages(requested, from_stage=from_stage, only=only)
     forced = set(allowed) if force else forced
     location = pipeline_location(cfg)
@@ -188,6 +192,16 @@ def run_stage(
     ctx.records[stage.name] = record
     progress.elapsed[stage.name] = record.elapsed_s
     tracker.stage_summary(stage.name, output.summary)
+
+
+def check_rl_stage(cfg: RayftConfig) -> None:
+    """The rl stage's train and data sections are valid (a resolved config of a run without an rl stage holds
+    the default section, which a DeepSpeed train section would fail, so this is checked only when requested)."""
+    try:
+        rl_train_section(cfg.train, cfg.rl)
+        rl_data_section(cfg.data, cfg.rl)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def tracked_artifacts(run_dir: Path, records: dict[str, StageRecord]) -> dict[MlflowArtifact, Path]:
