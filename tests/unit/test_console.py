@@ -54,3 +54,14 @@ def test_one_duration_format_for_console_progress_and_training_eta(caplog: pytes
     with caplog.at_level(logging.INFO, logger="rayft.train"):
         logger.log(1, {"train/loss": 1.0, "train/tokens_per_s": 10.0})
     assert caplog.records[-1].getMessage().endswith("eta 1m00s")
+
+
+def test_a_grpo_step_line_shows_the_reward_and_pass_rate(caplog: pytest.LogCaptureFixture) -> None:
+    from rayft.training.loop.metrics import ConsoleLogger
+
+    logger = ConsoleLogger(total_steps=3, start_step=0)
+    with caplog.at_level(logging.INFO, logger="rayft.train"):
+        logger.log(1, {"train/loss": 0.0, "train/tokens_per_s": 10.0, "rl/reward": 0.25, "rl/pass@1": 0.125})
+        logger.log(2, {"train/loss": 0.5, "train/tokens_per_s": 10.0})
+    assert "loss 0.0000  reward 0.250  pass@1 0.125  lr" in caplog.records[-2].getMessage()
+    assert "reward" not in caplog.records[-1].getMessage()

@@ -105,9 +105,11 @@ class ConsoleLogger:
             ((value, name[len("train/") : -len("_per_s")]) for name, value in metrics.items()
              if name.startswith("train/") and name.endswith("_per_s")), (math.nan, "tokens"),
         )  # fmt: skip
+        # GRPO's loss hovers near 0 by construction: its reward is what shows progress.
+        rl = f"  reward {metrics['rl/reward']:.3f}  pass@1 {metrics['rl/pass@1']:.3f}" if "rl/reward" in metrics else ""
         log.info(
-            "step %d/%d  loss %.4f  lr %.2e  grad_norm %.3f  %.0f %s/s  eta %s",
-            step, self._total, metrics["train/loss"], metrics.get("train/learning_rate", math.nan),
+            "step %d/%d  loss %.4f%s  lr %.2e  grad_norm %.3f  %.0f %s/s  eta %s",
+            step, self._total, metrics["train/loss"], rl, metrics.get("train/learning_rate", math.nan),
             metrics.get("train/grad_norm", math.nan), rate, "tok" if unit == "tokens" else unit, clock(eta),
         )  # fmt: skip
 
