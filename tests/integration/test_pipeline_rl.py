@@ -65,6 +65,8 @@ export: {{merge: true}}
     export = lineage["stages"][3]
     assert export["inputs"]["tuned"] == hash_file(run_dir / "rl/final" / MANIFEST_FILE)  # the GRPO model exported
     assert (run_dir / "export" / "config.json").is_file()
+    report = (run_dir / "report.html").read_text()
+    assert "Reinforcement learning (GRPO)" in report and "pass@1" in report
 
     again = CliRunner().invoke(cli, ["run", str(config)], catch_exceptions=False)
     assert again.exit_code == 0, again.output

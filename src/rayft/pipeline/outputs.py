@@ -58,6 +58,14 @@ def read_comparison(run_dir: Path, records: dict[str, StageRecord]) -> CompareSu
     return CompareSummary.from_dict(json.loads(path.read_text(encoding="utf-8"))) if path.is_file() else None
 
 
+def stage_metrics(run_dir: Path, records: dict[str, StageRecord], stage: str) -> list[dict[str, Any]]:
+    """The metrics.jsonl records of a training stage (none when it did not run or wrote none)."""
+    path = records[stage].output(run_dir, "metrics") if stage in records else None
+    if path is None or not path.is_file():
+        return []
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
 def report_inputs(name: str, run_dir: Path, progress: PipelineProgress) -> ReportInputs:
     """Gather what the report shows from the stage records and the files they name."""
     records, elapsed = progress.records, progress.elapsed
@@ -70,13 +78,8 @@ def report_inputs(name: str, run_dir: Path, progress: PipelineProgress) -> Repor
         )
         for d in progress.decisions
     ]
-    metrics: list[dict[str, Any]] = []
-    profile = None
-    if "train" in records:
-        path = records["train"].output(run_dir, "metrics")
-        if path.is_file():
-            metrics = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
-        profile = read_profile(path.parent)
+    metrics, rl_metrics = stage_metrics(run_dir, records, "train"), stage_metrics(run_dir, records, "rl")
+    profile = read_profile(records["train"].output(run_dir, "metrics").parent) if "train" in records else None
     compare = read_comparison(run_dir, records)
     examples: list[dict[str, Any]] = []
     if compare is not None and "examples" in records["eval"].outputs:
@@ -88,6 +91,8 @@ def report_inputs(name: str, run_dir: Path, progress: PipelineProgress) -> Repor
         sdg_summary=records["sdg"].summary if "sdg" in records else {},
         train_metrics=metrics,
         train_summary=records["train"].summary if "train" in records else {},
+        rl_metrics=rl_metrics,
+        rl_summary=records["rl"].summary if "rl" in records else {},
         compare_summary=compare,
         examples=examples,
         export_summary=records["export"].summary if "export" in records else {},

@@ -39,6 +39,8 @@ class ReportInputs:
     sdg_summary: Mapping[str, Any] = field(default_factory=dict)
     train_metrics: Sequence[Mapping[str, Any]] = ()
     train_summary: Mapping[str, Any] = field(default_factory=dict)
+    rl_metrics: Sequence[Mapping[str, Any]] = ()  # the rl stage's metrics.jsonl records
+    rl_summary: Mapping[str, Any] = field(default_factory=dict)
     compare_summary: CompareSummary | None = None
     headline_note: str = ""
     examples: Sequence[Mapping[str, Any]] = ()
@@ -58,6 +60,8 @@ def render_report(inputs: ReportInputs) -> str:
         parts.append(_mapping_section("Synthetic data", inputs.sdg_summary))
     if inputs.train_metrics or inputs.train_summary:
         parts.append(_training_section(inputs.train_metrics, inputs.train_summary))
+    if inputs.rl_metrics or inputs.rl_summary:
+        parts.append(_rl_section(inputs.rl_metrics, inputs.rl_summary))
     if inputs.profile_section:
         parts.append(inputs.profile_section)
     if inputs.compare_summary:
@@ -138,17 +142,31 @@ def _format_value(value: Any) -> str:
     return escape(str(value))
 
 
-def _training_section(metrics: Sequence[Mapping[str, Any]], summary: Mapping[str, Any]) -> str:
-    def series(key: str) -> list[tuple[float, float]]:
-        return [(float(r["step"]), float(r[key])) for r in metrics if key in r and _finite(r[key])]
+def _series(metrics: Sequence[Mapping[str, Any]], key: str) -> list[tuple[float, float]]:
+    """(step, value) of every record holding a finite ``key``."""
+    return [(float(r["step"]), float(r[key])) for r in metrics if key in r and _finite(r[key])]
 
-    loss = {"train loss": series("train/loss"), "validation loss": series("eval/loss")}
+
+def _training_section(metrics: Sequence[Mapping[str, Any]], summary: Mapping[str, Any]) -> str:
+    loss = {"train loss": _series(metrics, "train/loss"), "validation loss": _series(metrics, "eval/loss")}
     drawn = [
         _line_chart({k: v for k, v in loss.items() if v}, charts.Names("step", "Loss", "loss")),
-        _line_chart({"learning rate": series("train/learning_rate")}, charts.Names("step", "Learning rate", "lr")),
+        _line_chart(
+            {"learning rate": _series(metrics, "train/learning_rate")}, charts.Names("step", "Learning rate", "lr")
+        ),
     ]
     table = _mapping_table(summary) if summary else ""
     return f"<h2>Training</h2>{table}<div class='charts'>{''.join(c for c in drawn if c)}</div>"
+
+
+def _rl_section(metrics: Sequence[Mapping[str, Any]], summary: Mapping[str, Any]) -> str:
+    """The RL run: its reward, pass rate and validation reward by step, beside the stage's summary."""
+
+    names = {"reward": "rl/reward", "pass@1": "rl/pass@1", "validation reward": "eval/reward"}
+    rewards = {label: _series(metrics, key) for label, key in names.items()}
+    drawn = _line_chart({k: v for k, v in rewards.items() if v}, charts.Names("step", "Reward", "reward"))
+    table = _mapping_table(summary) if summary else ""
+    return f"<h2>Reinforcement learning (GRPO)</h2>{table}<div class='charts'>{drawn}</div>"
 
 
 def _finite(value: Any) -> bool:
