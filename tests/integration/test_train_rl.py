@@ -77,7 +77,7 @@ def test_grpo_raises_a_learnable_reward_over_a_short_run(
                     f"train.rl.rewards=[{{function: '{reward_module}:digit_share'}}]")  # fmt: skip
     rewards = [values["rl/reward"] for values in figures_of(train_on(cfg, prompts), "rl/reward").values()]
     first, last = sum(rewards[:6]) / 6, sum(rewards[-6:]) / 6
-    assert last > first + 0.1, rewards
+    assert last > 2 * first and last > first + 0.05, rewards
 
 
 def figures_of(run_dir: Path, *names: str) -> dict[int, dict[str, float]]:
