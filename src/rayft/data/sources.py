@@ -11,15 +11,16 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rayft.config.data import DatasetConfig
+from rayft.config.data import DEFAULT_MAX_ROW_BYTES, DatasetConfig
 from rayft.data.builtin import is_builtin, load_builtin
 from rayft.data.formats import ENCODING_ERROR_COLUMN
 from rayft.errors import DataError
+from rayft.lines import LineReadable, OversizedLine, bounded_lines, describe_size
 from rayft.security import mask_uri
 
 if TYPE_CHECKING:
@@ -106,7 +107,7 @@ def uri_json_lines(ds: DatasetConfig) -> Iterator[tuple[str, JsonLine]]:
         name = base if len(files) == 1 else f"{base.rstrip('/')}/{Path(path).name}"
         try:
             with filesystem.open_input_stream(path) as stream:
-                for line in json_lines_of(io.BufferedReader(stream)):
+                for line in json_lines_of(io.BufferedReader(stream), ds.max_row_bytes):
                     yield name, line
         except OSError as exc:
             raise _uri_error(ds, exc) from None
@@ -215,7 +216,7 @@ def _read_file(ds: DatasetConfig, path: Path) -> pa.Table:
         if suffix == ".csv":
             return pacsv.read_csv(path)
         if suffix in (".jsonl", ".json"):
-            return _rows_to_table(ds, path, _read_json_rows(path))
+            return _rows_to_table(ds, path, _read_json_rows(path, ds.max_row_bytes))
     except (pa.ArrowInvalid, OSError) as exc:
         raise DataError(
             f"dataset {ds.path!r}: cannot read {path} ({exc}); check that it is valid {suffix[1:]}"
@@ -223,15 +224,16 @@ def _read_file(ds: DatasetConfig, path: Path) -> pa.Table:
     raise DataError(f"dataset {ds.path!r}: file {path} has an unsupported type; use one of {', '.join(SUFFIXES)}")
 
 
-def _read_json_rows(path: Path) -> list[dict[str, Any]]:
+def _read_json_rows(path: Path, max_row_bytes: int) -> list[dict[str, Any]]:
     """Every row of a JSON or JSON Lines file, or DataError listing the lines that are not JSON objects
-    (a table has no place for a bad row; preparation reports them per row: :mod:`rayft.data.reader`)."""
+    or are larger than ``max_row_bytes`` (a table has no place for a bad row; preparation reports them
+    per row: :mod:`rayft.data.reader`)."""
     document = json_document(path)
     if document is not None:
-        return _only_objects(path, document)
+        return _only_objects(path, document, max_row_bytes)
     rows: list[dict[str, Any]] = []
     bad: list[str] = []
-    for line in iter_json_lines(path):
+    for line in iter_json_lines(path, max_row_bytes):
         if line.row is None:
             bad.append(f"line {line.number}: {line.detail}")
         else:
@@ -240,7 +242,8 @@ def _read_json_rows(path: Path) -> list[dict[str, Any]]:
         listed = "; ".join(bad[:_MAX_LISTED]) + (
             f"; and {len(bad) - _MAX_LISTED} more" if len(bad) > _MAX_LISTED else ""
         )
-        raise DataError(f"{path}: {len(bad)} line(s) are not JSON objects ({listed}); fix or remove them")
+        raise DataError(f"{path}: {len(bad)} line(s) are not JSON objects or are too large ({listed}); fix or "
+                        "remove them")  # fmt: skip
     return rows
 
 
@@ -278,22 +281,35 @@ class JsonLine:
     detail: str = ""
 
 
-def iter_json_lines(path: Path) -> Iterator[JsonLine]:
+def iter_json_lines(path: Path, max_row_bytes: int = DEFAULT_MAX_ROW_BYTES) -> Iterator[JsonLine]:
     """The non-blank lines of a JSON Lines file, read one line at a time (never the whole file).
 
     A UTF-8 byte order mark opening the file is dropped. A line that is not UTF-8 (``bad_encoding``,
-    naming the first bad byte), not JSON, or not a JSON object (``bad_json``) comes back without a row.
+    naming the first bad byte), not JSON, or not a JSON object (``bad_json``) comes back without a row,
+    as does a line of more than ``max_row_bytes`` bytes (``row_too_large``), which is skipped without
+    being held whole.
     """
     with path.open("rb") as file:
-        yield from json_lines_of(file)
+        yield from json_lines_of(file, max_row_bytes)
 
 
-def json_lines_of(file: Iterable[bytes]) -> Iterator[JsonLine]:
+def json_lines_of(file: LineReadable, max_row_bytes: int = DEFAULT_MAX_ROW_BYTES) -> Iterator[JsonLine]:
     """The non-blank lines of an open JSON Lines stream (see :func:`iter_json_lines`)."""
-    for number, raw in enumerate(file, start=1):
+    for number, raw in enumerate(bounded_lines(file, max_row_bytes), start=1):
+        if isinstance(raw, OversizedLine):
+            yield JsonLine(number, "", None, "row_too_large", too_large_detail(raw.size, max_row_bytes))
+            continue
         line = raw.removeprefix(BOM) if number == 1 else raw
         if line.strip():
             yield _parse_line(number, line)
+
+
+def too_large_detail(size: int, max_row_bytes: int) -> str:
+    """Why a row was rejected as too large: its size against the bound, and the fix."""
+    return (
+        f"{describe_size(size)}, above max_row_bytes ({describe_size(max_row_bytes)}); "
+        "split the row or raise the dataset's max_row_bytes"
+    )
 
 
 def _parse_line(number: int, raw: bytes) -> JsonLine:
@@ -311,11 +327,21 @@ def _parse_line(number: int, raw: bytes) -> JsonLine:
     return JsonLine(number, text, row)
 
 
-def _only_objects(path: Path, data: list[Any]) -> list[dict[str, Any]]:
+def _only_objects(path: Path, data: list[Any], max_row_bytes: int) -> list[dict[str, Any]]:
     bad = [i for i, row in enumerate(data) if not isinstance(row, dict)]
     if bad:
         raise DataError(f"{path}: rows {bad[:_MAX_LISTED]} are not JSON objects; every row must be an object")
+    large = [(i, size) for i, row in enumerate(data) if (size := row_size(row)) > max_row_bytes]
+    if large:
+        first, size = large[0]
+        raise DataError(f"{path}: {len(large)} item(s) larger than max_row_bytes (item {first + 1}: "
+                        f"{too_large_detail(size, max_row_bytes)})")  # fmt: skip
     return data
+
+
+def row_size(row: Any) -> int:
+    """A row's size in bytes as JSON text (UTF-8): what max_row_bytes bounds for rows not read as lines."""
+    return len(json.dumps(row, ensure_ascii=False, default=str).encode("utf-8"))
 
 
 def _rows_to_table(ds: DatasetConfig, path: Path, rows: list[dict[str, Any]]) -> pa.Table:

@@ -15,8 +15,10 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from rayft.config.data import DEFAULT_MAX_ROW_BYTES
 from rayft.data.formats import ROLE_ALIASES
 from rayft.generation.backend import Message, Prompt
+from rayft.lines import OversizedLine, describe_size
 
 DEFAULT_FIELDS = ("prompt", "messages")
 MAX_VALUE_CHARS = 2000
@@ -30,6 +32,7 @@ REASONS = {
     "empty_field": "the prompt is empty",
     "wrong_type": "the prompt is neither a string nor a list of chat turns",
     "unknown_role": "a chat turn has a role that is not system/user/assistant",
+    "row_too_large": "the line is longer than inference.max_row_bytes (it was not read whole)",
 }
 """Reason code -> what it means; the codes appear in the rejects file and the summary."""
 
@@ -80,7 +83,7 @@ class BadPromptError(Exception):
         self.reason, self.detail = reason, detail
 
 
-def read_prompts(lines: Iterable[bytes], prompt_field: str | None = None) -> PromptFile:
+def read_prompts(lines: Iterable[bytes | OversizedLine], prompt_field: str | None = None) -> PromptFile:
     """Sort the lines of a JSON Lines file (as bytes) into prompt rows and rejected rows."""
     parsed = PromptFile()
     for item in iter_prompts(lines, prompt_field):
@@ -91,10 +94,18 @@ def read_prompts(lines: Iterable[bytes], prompt_field: str | None = None) -> Pro
     return parsed
 
 
-def iter_prompts(lines: Iterable[bytes], prompt_field: str | None = None) -> Iterator[PromptRow | RejectedRow]:
+def iter_prompts(
+    lines: Iterable[bytes | OversizedLine], prompt_field: str | None = None, max_row_bytes: int = DEFAULT_MAX_ROW_BYTES
+) -> Iterator[PromptRow | RejectedRow]:
     """Each non-blank line of a JSON Lines file (as bytes), as it is read: a prompt row or a rejected
-    row. A UTF-8 byte order mark opening the first line is skipped."""
+    row. A UTF-8 byte order mark opening the first line is skipped; a line too long to read
+    (:class:`~rayft.lines.OversizedLine`, over ``max_row_bytes``) is rejected with its size."""
     for number, raw in enumerate(lines, start=1):
+        if isinstance(raw, OversizedLine):
+            detail = (f"{describe_size(raw.size)}, above inference.max_row_bytes ({describe_size(max_row_bytes)}); "
+                      "split the line or raise inference.max_row_bytes")  # fmt: skip
+            yield RejectedRow(number, "row_too_large", detail, "")
+            continue
         line = raw.removeprefix(codecs.BOM_UTF8) if number == 1 else raw
         if not line.strip():
             continue
