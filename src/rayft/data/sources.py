@@ -9,8 +9,10 @@ returned as they are: checking and rendering them is the preparation step's job.
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -185,8 +187,21 @@ def dataset_files(ds: DatasetConfig) -> list[Path] | None:
 
 def _local_files(ds: DatasetConfig, path: Path) -> list[Path]:
     if not path.exists():
-        raise DataError(f"dataset path {ds.path!r}: no such file or directory ({path.resolve()}); fix data path")
+        raise DataError(f"dataset path {ds.path!r}: {why_missing(path)}; fix data path")
     return _data_files(ds, path) if path.is_dir() else [path]
+
+
+def why_missing(path: Path) -> str:
+    """Why ``path`` cannot be read, for an error message: a symbolic link loop, a link to nothing, or no
+    such file. Never resolves the path (resolving a loop raises)."""
+    try:
+        os.stat(path)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            return f"a symbolic link loop ({os.path.abspath(path)} leads back to itself)"
+        if path.is_symlink():
+            return f"a symbolic link to nothing ({os.path.abspath(path)} -> {os.readlink(path)})"
+    return f"no such file or directory ({os.path.abspath(path)})"
 
 
 def _data_files(ds: DatasetConfig, directory: Path) -> list[Path]:
@@ -319,12 +334,34 @@ def _parse_line(number: int, raw: bytes) -> JsonLine:
         detail = f"not UTF-8: byte 0x{raw[exc.start]:02x} at offset {exc.start} of the line ({exc.reason})"
         return JsonLine(number, "", None, "bad_encoding", detail)
     try:
-        row = json.loads(text)
+        row = json.loads(text, object_pairs_hook=unique_keys)
     except json.JSONDecodeError as exc:
         return JsonLine(number, text, None, "bad_json", f"not JSON: {exc.msg} at column {exc.colno}")
+    except DuplicateKeyError as exc:
+        return JsonLine(number, text, None, "duplicate_key", f"key {exc.key!r} appears twice in one object; keep one")
     if not isinstance(row, dict):
         return JsonLine(number, text, None, "bad_json", f"a {type(row).__name__}, not an object")
     return JsonLine(number, text, row)
+
+
+class DuplicateKeyError(ValueError):
+    """A JSON object that repeats a key (``json`` keeps the last silently; rayft refuses the row)."""
+
+    def __init__(self, key: str) -> None:
+        super().__init__(f"duplicate key {key!r}")
+        self.key = key
+
+
+def unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """``json.loads``'s ``object_pairs_hook``: the object as a dict, or DuplicateKeyError naming a repeated key."""
+    found = dict(pairs)
+    if len(found) != len(pairs):  # rare: only then look for the repeated key
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise DuplicateKeyError(key)
+            seen.add(key)
+    return found
 
 
 def _only_objects(path: Path, data: list[Any], max_row_bytes: int) -> list[dict[str, Any]]:

@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rayft.config.data import DEFAULT_MAX_ROW_BYTES
-from rayft.data.formats import ROLE_ALIASES
+from rayft.data.formats import MESSAGE_COLUMNS, ROLE_ALIASES
+from rayft.data.sources import DuplicateKeyError, unique_keys
 from rayft.generation.backend import Message, Prompt
 from rayft.lines import OversizedLine, describe_size
 
@@ -32,6 +33,7 @@ REASONS = {
     "empty_field": "the prompt is empty",
     "wrong_type": "the prompt is neither a string nor a list of chat turns",
     "unknown_role": "a chat turn has a role that is not system/user/assistant",
+    "duplicate_key": "a JSON object on the line repeats a key",
     "row_too_large": "the line is longer than inference.max_row_bytes (it was not read whole)",
 }
 """Reason code -> what it means; the codes appear in the rejects file and the summary."""
@@ -125,9 +127,11 @@ def iter_prompts(
 def parse_line(text: str, prompt_field: str | None) -> tuple[dict[str, Any], Prompt]:
     """The row of one line and its prompt; raises :class:`BadPromptError` with the reason it has none."""
     try:
-        row = json.loads(text)
+        row = json.loads(text, object_pairs_hook=unique_keys)
     except json.JSONDecodeError as exc:
         raise BadPromptError("not_json", f"{exc.msg} at column {exc.colno}") from None
+    except DuplicateKeyError as exc:
+        raise BadPromptError("duplicate_key", f"key {exc.key!r} appears twice in one object; keep one") from None
     if not isinstance(row, dict):
         raise BadPromptError("not_object", f"a JSON {type(row).__name__}, not an object")
     name = prompt_field or next((f for f in DEFAULT_FIELDS if row.get(f) is not None), None)
@@ -139,7 +143,13 @@ def parse_line(text: str, prompt_field: str | None) -> tuple[dict[str, Any], Pro
 
 
 def to_prompt(name: str, value: Any) -> Prompt:
-    """A text prompt or a chat conversation from the value of column ``name``."""
+    """A text prompt or a chat conversation from the value of column ``name`` (a conversation column,
+    ``messages`` or ``conversations``, must hold a list of turns: a string there is the wrong type)."""
+    if isinstance(value, str) and name in MESSAGE_COLUMNS:
+        raise BadPromptError(
+            "wrong_type",
+            f"{name!r} is a string; give a list of chat turns ({{role, content}}) or the text as 'prompt'",
+        )
     if isinstance(value, str):
         if not value.strip():
             raise BadPromptError("empty_field", f"{name!r} is an empty string")
