@@ -173,9 +173,7 @@ def tokenize_preference(
     (chosen, chosen_labels), (rejected, rejected_labels), truncated = fit_pair(rows[0], rows[1], max_seq_length,
                                                                                 max_prompt_length)  # fmt: skip
     if truncated and overlong != "truncate":
-        raise BadRowError(
-            "over_length", f"{length} tokens > max_seq_length {max_seq_length} (data.overlong: {overlong})"
-        )
+        raise BadRowError("over_length", f"{length} tokens > max_seq_length {max_seq_length}")
     for labels, side in ((chosen_labels, "chosen"), (rejected_labels, "rejected")):
         if all(label == IGNORE_INDEX for label in labels):
             raise BadRowError("all_labels_masked", f"the {side} response has no token left (max_seq_length "
