@@ -204,6 +204,9 @@ def workspace(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) ->
         (emptycfg / name).write_bytes((tiny_model_dir / name).read_bytes())
     (emptycfg / "config.json").write_text("")
     run = build_run_dir(ws / "finished", tiny_model_dir, eval_losses={1: None}, method="full")
+    build_run_dir(ws / "quickstart" / "train", tiny_model_dir, eval_losses={1: None}, method="lora")
+    (ws / "quickstart" / "stages").mkdir()
+    (ws / "quickstart" / "stages" / "train.json").write_text("{}")
     with tmpfs(ws / "ro", size_kib=64, readonly=True) as ro, tmpfs(ws / "full", size_kib=64) as full:
         yield {"ws": str(ws), "cfg": str(config), "tiny": str(tiny_model_dir), "notok": str(notok),
                "emptycfg": str(emptycfg), "run": str(run), "ro": str(ro), "full": str(full)}  # fmt: skip
@@ -270,3 +273,15 @@ def test_a_run_whose_start_failed_does_not_block_the_corrected_command(workspace
         done, _ = rayft_cli(["train", cfg, "name=retry", f"model.name={workspace['notok']}", *resume], cwd=ws)
         assert_one_line_error(done, "has no tokenizer")
         assert "starting again: the earlier start of this run stopped before it trained a step" in done.stderr
+
+
+def test_a_pipeline_directory_is_exported_as_its_trained_model(workspace: dict[str, str]) -> None:
+    """`rayft export runs/quickstart` (the directory `make quickstart` names) exports the model its train
+    stage made, and says which."""
+    ws = Path(workspace["ws"])
+    done, _ = rayft_cli(["export", str(ws / "quickstart"), str(ws / "exported-pipeline")], cwd=ws)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f"{ws / 'quickstart'} is a pipeline run; using its trained model in {ws / 'quickstart' / 'train'}" in (
+        done.stdout + done.stderr
+    )
+    assert (ws / "exported-pipeline" / "config.json").is_file()
