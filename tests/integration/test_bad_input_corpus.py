@@ -8,6 +8,7 @@ All fail before Ray starts, so none starts it. Add a case here with every fix of
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -94,6 +95,37 @@ CASES = {
     "missing data file": Case(
         "train {cfg} data.datasets.0.path={ws}/nope.jsonl", r"dataset path '.*nope.jsonl': no such file .*fix"
     ),
+    "data path a symlink loop": Case(
+        "train {cfg} data.datasets.0.path={ws}/loop.jsonl",
+        r"dataset path '.*loop.jsonl': a symbolic link loop \(.*loop.jsonl leads back to itself\); fix data path",
+    ),
+    "data row larger than max_row_bytes": Case(
+        "data prepare {cfg} data.datasets.0.path={ws}/huge-row.jsonl data.datasets.0.max_row_bytes=4096",
+        r"1 of 3 rows \(33.3%\) were rejected, .* Top reasons: row_too_large: 1 .*rejected.jsonl; fix the rows",
+        report=True,
+    ),
+    "data row with a repeated key": Case(
+        "data prepare {cfg} data.datasets.0.path={ws}/dup-key.jsonl",
+        r"1 of 3 rows \(33.3%\) were rejected, .* Top reasons: duplicate_key: 1 .*rejected.jsonl; fix the rows",
+        report=True,
+    ),
+    "messages as a string": Case(
+        "data prepare {cfg} data.datasets.0.path={ws}/messages-string.jsonl",
+        r"1 of 2 rows \(50.0%\) were rejected, .* Top reasons: wrong_type: 1 .*rejected.jsonl; fix the rows",
+        report=True,
+    ),
+    "DPO pair over max_seq_length with overlong error": Case(
+        "data prepare {cfg} data.datasets.0.path={ws}/long-pair.jsonl train.objective=dpo data.overlong=error "
+        "data.max_seq_length=64",
+        r"^Error: dataset 'long-pair.jsonl' row 1: \d+ tokens > max_seq_length 64 \(.*"
+        r"long-pair.jsonl line 2; data.overlong=error\); raise data.max_seq_length",
+        report=True,
+    ),
+    "qlora on widths not multiples of 64": Case(
+        "train {cfg} lora.quantize=nf4",
+        r"lora.quantize='nf4': model.name='.*' has hidden_size=32, and bitsandbytes' quantized linear layers need "
+        r"input widths that are multiples of 64; use a model whose widths are, or lora.quantize=none",
+    ),
     # eval, compare, export: every source and output checked before a model loads
     "compare with a missing run": Case(
         "compare {cfg} --model base={tiny} --model tuned=runs/nope --output {ws}/cmp",
@@ -108,6 +140,21 @@ CASES = {
     ),
     "export into a read-only directory": Case(
         "export {run} {ro}/exported", r"export: cannot write into .*; choose a writable output directory"
+    ),
+    "export onto a full disk": Case(
+        "export {run} {full}/exported",
+        r"^Error: export: .*full ran out of space while the export was written .*nothing was left there",
+    ),
+    "export of a pipeline without a trained model": Case(
+        "export {ws}/sdg-pipeline {ws}/exported",
+        r"sdg-pipeline is a pipeline run with no trained model \(finished "
+        r"stages: sdg\); run its train stage",
+    ),
+    "chat on a pipeline without a trained model": Case(
+        "chat {ws}/sdg-pipeline", r"sdg-pipeline is a pipeline run with no trained model"
+    ),
+    "profile given a file": Case(
+        "profile {ws}/data.jsonl", r"'.*data.jsonl' is a file; rayft profile takes a training run's directory"
     ),
     "export of a missing checkpoint": Case(
         "export {run} {ws}/exported --checkpoint step-9",
@@ -127,6 +174,22 @@ def workspace(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) ->
     (ws / "data.jsonl").write_text(DATA_ROWS)
     (ws / "not-json.jsonl").write_text(DATA_ROWS.splitlines()[0] + "\nnot json\n")
     (ws / "mixed.jsonl").write_text(DATA_ROWS + '{"prompt": 3, "completion": " 3"}\n')
+    (ws / "loop.jsonl").symlink_to(ws / "loop.jsonl")
+    lines = DATA_ROWS.splitlines()
+    huge = json.dumps({"prompt": "x" * 10_000, "completion": " 2"})
+    (ws / "huge-row.jsonl").write_text(f"{lines[0]}\n{huge}\n{lines[1]}\n")
+    (ws / "dup-key.jsonl").write_text(DATA_ROWS + '{"prompt": "3 + 3 =", "completion": " 6", "completion": " 7"}\n')
+    (ws / "messages-string.jsonl").write_text(
+        '{"messages": [{"role": "user", "content": "1 + 1 ="}, {"role": "assistant", "content": "2"}]}\n'
+        '{"messages": "a string"}\n'
+    )
+    (ws / "long-pair.jsonl").write_text(
+        '{"prompt": "1 + 1 =", "chosen": " 2", "rejected": " 3"}\n'
+        + json.dumps({"prompt": "add " * 200 + "=", "chosen": " 2", "rejected": " 3"})
+        + "\n"
+    )
+    (ws / "sdg-pipeline" / "stages").mkdir(parents=True)
+    (ws / "sdg-pipeline" / "stages" / "sdg.json").write_text("{}")
     config = ws / "ok.yaml"
     config.write_text(
         f"name: corpus\nstorage_path: {ws / 'runs'}\nmodel: {{name: {tiny_model_dir}}}\nscaling: {{num_workers: 0}}\n"
@@ -141,9 +204,12 @@ def workspace(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) ->
         (emptycfg / name).write_bytes((tiny_model_dir / name).read_bytes())
     (emptycfg / "config.json").write_text("")
     run = build_run_dir(ws / "finished", tiny_model_dir, eval_losses={1: None}, method="full")
-    with tmpfs(ws / "ro", size_kib=64, readonly=True) as ro:
+    build_run_dir(ws / "quickstart" / "train", tiny_model_dir, eval_losses={1: None}, method="lora")
+    (ws / "quickstart" / "stages").mkdir()
+    (ws / "quickstart" / "stages" / "train.json").write_text("{}")
+    with tmpfs(ws / "ro", size_kib=64, readonly=True) as ro, tmpfs(ws / "full", size_kib=64) as full:
         yield {"ws": str(ws), "cfg": str(config), "tiny": str(tiny_model_dir), "notok": str(notok),
-               "emptycfg": str(emptycfg), "run": str(run), "ro": str(ro)}  # fmt: skip
+               "emptycfg": str(emptycfg), "run": str(run), "ro": str(ro), "full": str(full)}  # fmt: skip
 
 
 def rayft_cli(argv: list[str], cwd: Path) -> tuple[subprocess.CompletedProcess[str], float]:
@@ -207,3 +273,15 @@ def test_a_run_whose_start_failed_does_not_block_the_corrected_command(workspace
         done, _ = rayft_cli(["train", cfg, "name=retry", f"model.name={workspace['notok']}", *resume], cwd=ws)
         assert_one_line_error(done, "has no tokenizer")
         assert "starting again: the earlier start of this run stopped before it trained a step" in done.stderr
+
+
+def test_a_pipeline_directory_is_exported_as_its_trained_model(workspace: dict[str, str]) -> None:
+    """`rayft export runs/quickstart` (the directory `make quickstart` names) exports the model its train
+    stage made, and says which."""
+    ws = Path(workspace["ws"])
+    done, _ = rayft_cli(["export", str(ws / "quickstart"), str(ws / "exported-pipeline")], cwd=ws)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f"{ws / 'quickstart'} is a pipeline run; using its trained model in {ws / 'quickstart' / 'train'}" in (
+        done.stdout + done.stderr
+    )
+    assert (ws / "exported-pipeline" / "config.json").is_file()

@@ -48,6 +48,21 @@ def stdout_of(notebook: object) -> str:
     return "".join(o.get("text", "") for c in cells if c.cell_type == "code" for o in c.outputs)
 
 
+def images_of(notebook: object) -> int:
+    """How many images (plots saved inline as PNG) the notebook's cells show."""
+    cells = notebook.cells  # type: ignore[attr-defined]
+    return sum("image/png" in o.get("data", {}) for c in cells if c.cell_type == "code" for o in c.outputs)
+
+
+def assert_clean(notebook: object) -> None:
+    """No progress bar or widget warning among the cells' outputs: what a person reads is the results."""
+    cells = notebook.cells  # type: ignore[attr-defined]
+    errors = "".join(o.get("text", "") for c in cells if c.cell_type == "code" for o in c.outputs
+                     if o.get("name") == "stderr")  # fmt: skip
+    for clutter in ("it/s]", "IProgress not found", "ipywidgets"):
+        assert clutter not in errors, errors[:2000]
+
+
 def test_the_notebooks_are_the_four_phases() -> None:
     assert [p.name for p in NOTEBOOKS] == [
         "01_synthetic_data.ipynb",
@@ -58,7 +73,9 @@ def test_the_notebooks_are_the_four_phases() -> None:
 
 
 def test_01_synthetic_data(workdir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    out = stdout_of(execute("01_synthetic_data.ipynb", workdir, monkeypatch))
+    notebook = execute("01_synthetic_data.ipynb", workdir, monkeypatch)
+    out = stdout_of(notebook)
+    assert_clean(notebook)
     sdg = workdir / "pipeline" / "sdg"
     rows = (sdg / "data.jsonl").read_text().splitlines()
     assert len(rows) > 0
@@ -68,7 +85,10 @@ def test_01_synthetic_data(workdir: Path, monkeypatch: pytest.MonkeyPatch) -> No
 
 
 def test_02_training(workdir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    out = stdout_of(execute("02_training.ipynb", workdir, monkeypatch))
+    notebook = execute("02_training.ipynb", workdir, monkeypatch)
+    out = stdout_of(notebook)
+    assert images_of(notebook) == 1  # loss and learning rate from metrics.jsonl
+    assert_clean(notebook)
     run = workdir / "pipeline"
     assert (run / "final" / "rayft_checkpoint.json").is_file()
     assert "4 steps in" in out
@@ -77,7 +97,10 @@ def test_02_training(workdir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_03_evaluation(workdir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    out = stdout_of(execute("03_evaluation.ipynb", workdir, monkeypatch))
+    notebook = execute("03_evaluation.ipynb", workdir, monkeypatch)
+    out = stdout_of(notebook)
+    assert images_of(notebook) == 1  # the difference with its interval
+    assert_clean(notebook)
     compared = json.loads((workdir / "pipeline" / "compare" / "compare.json").read_text())
     assert "base" in json.dumps(compared) and "tuned" in json.dumps(compared)
     assert (workdir / "pipeline" / "eval" / "eval.json").is_file()

@@ -129,3 +129,14 @@ def test_a_response_cut_to_nothing_is_rejected(tokenizer: Any) -> None:
     with pytest.raises(BadRowError) as caught:
         tokenize_preference(pair, TextTokenizer.from_hf(tokenizer), max_seq_length=16, max_prompt_length=16)
     assert caught.value.reason == "all_labels_masked"
+
+
+@pytest.mark.parametrize("overlong", ["error", "drop"])
+def test_an_overlong_pair_is_refused_for_its_length_unless_truncating(tokenizer: Any, overlong: str) -> None:
+    # The pair whose response truncation would mask: with overlong error or drop it is over_length, never
+    # counted as all_labels_masked (which hid that it was refused for its length).
+    pair = make_preference({"prompt": " ".join(["long"] * 80), "chosen": "a", "rejected": "b"}, DS)
+    with pytest.raises(BadRowError, match=r"\d+ tokens > max_seq_length 16$") as caught:
+        tokenize_preference(pair, TextTokenizer.from_hf(tokenizer), max_seq_length=16, max_prompt_length=16,
+                            overlong=overlong)  # fmt: skip
+    assert caught.value.reason == "over_length"

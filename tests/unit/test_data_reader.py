@@ -36,6 +36,7 @@ CORPUS: list[tuple[bytes, str]] = [
     (b'{"prompt": "Blank completion", "completion": "  "}\n', "empty_field"),
     (b"\n", "blank"),  # a blank line is no row at all
     (b"[1, 2]\n", "bad_json"),
+    (b'{"prompt": "Twice", "completion": "a", "completion": "b"}\n', "duplicate_key"),
     *[(_good(i), "") for i in range(2, 14)],
 ]
 
@@ -57,7 +58,7 @@ def test_every_bad_line_is_kept_as_a_row_with_its_line(tmp_path: Path) -> None:
     unreadable = [(line, json.loads(text)[UNREADABLE_COLUMN]) for (_, line), text in zip(lines, rows.rows, strict=True)
                   if UNREADABLE_COLUMN in text]  # fmt: skip
     assert [(line, reason) for line, (reason, _) in unreadable] == [(3, "bad_json"), (6, "bad_encoding"),
-                                                                   (10, "bad_json")]  # fmt: skip
+                                                                   (10, "bad_json"), (11, "duplicate_key")]  # fmt: skip
     assert unreadable[1][1][1] == "not UTF-8: byte 0xe9 at offset 15 of the line (invalid continuation byte)"
     assert json.loads(rows.rows[0]) == {"prompt": "What is 0+1?", "completion": "1"}  # no BOM left
     assert rows.text_columns() == {"prompt", "completion"}
@@ -80,11 +81,11 @@ def test_the_corpus_is_rejected_row_by_row_and_the_counts_add_up(tiny_model_dir:
     )
     rows_in = sum(1 for _, kind in CORPUS if kind != "blank")
     stats = prepared.stats
-    assert stats["rows_total"] == rows_in == 21
-    assert stats["rejected_total"] == len(report) == 7
+    assert stats["rows_total"] == rows_in == 22
+    assert stats["rejected_total"] == len(report) == 8
     assert prepared.train.num_examples + stats["rejected_total"] == rows_in
     assert stats["rejected_by_reason"] == {"bad_json": 2, "wrong_type": 2, "bad_encoding": 1, "missing_field": 1,
-                                           "empty_field": 1}  # fmt: skip
+                                           "empty_field": 1, "duplicate_key": 1}  # fmt: skip
 
 
 def test_a_number_column_stays_text_when_most_rows_hold_numbers(tmp_path: Path) -> None:
@@ -113,7 +114,7 @@ def test_rayft_data_prepare_reports_the_corpus_or_stops_on_the_threshold(tiny_mo
 
     lenient = _prepare_cli(config(0.5))
     assert lenient.returncode == 0, lenient.stderr
-    assert "21 read, 21 train, 0 validation" in lenient.stdout and "rejected:   7\n" in lenient.stdout
+    assert "22 read, 22 train, 0 validation" in lenient.stdout and "rejected:   8\n" in lenient.stdout
     report = tmp_path / "runs" / "prep-0.5" / "data" / "rejected.jsonl"
     entries = [json.loads(line) for line in report.read_text().splitlines()]
     assert sorted((r["line"], r["reason"]) for r in entries) == _expected_rejects()
@@ -121,7 +122,7 @@ def test_rayft_data_prepare_reports_the_corpus_or_stops_on_the_threshold(tiny_mo
     strict = _prepare_cli(config(0.1))
     assert strict.returncode == 2
     assert "Traceback" not in strict.stderr
-    assert "Error: data: 7 of 21 rows (33.3%) were rejected, more than data.max_rejected_fraction=0.1" in strict.stderr
+    assert "Error: data: 8 of 22 rows (36.4%) were rejected, more than data.max_rejected_fraction=0.1" in strict.stderr
 
 
 def test_max_rows_counts_bad_rows_and_stops_reading(tmp_path: Path) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import re
 
 import pytest
@@ -20,6 +21,7 @@ from rayft.evaluation.report import (
     render_markdown,
 )
 from rayft.evaluation.runner import Example, Examples, ModelRun, choose_runtime, score_run
+from rayft.evaluation.stats import mcnemar_test
 from rayft.evaluation.summary import CompareSummary
 from rayft.evaluation.tasks import build_task
 from rayft.generation.backend import Generation
@@ -60,11 +62,29 @@ def test_pair_tests_give_the_known_mcnemar_p_value() -> None:
     pairs = pair_tests(_runs(), 0.95, 0.05, 200, 0)
     assert [(p.a, p.b) for p in pairs] == [("base", "tuned")]
     strict = pairs[0].tests["accuracy_strict"]
-    assert strict.test == "mcnemar_exact"
-    assert strict.p_value == pytest.approx(2 / 2**8)
+    assert strict.test == "mcnemar"
+    assert strict.p_value == pytest.approx(math.erfc(2))  # z = 8 / sqrt(8)
     assert strict.significant is True
     assert strict.difference == pytest.approx(8 / N)
     assert strict.detail["only_b_correct"] == 8
+
+
+def test_compare_line_and_headline_at_the_boundary_reach_above_the_estimate() -> None:
+    # 100 examples, base never right, tuned right on 27: the conditional interval printed
+    # "+0.270 95% CI [+0.201, +0.270]"; Tango's interval reaches the Wilson upper bound of 27 / 100.
+    from rayft.evaluation.report import pair_lines
+    from rayft.evaluation.summary import PairComparison
+
+    test = mcnemar_test([0.0] * 100, [1.0] * 27 + [0.0] * 73)
+    summary = dataclasses.replace(
+        _summary(_runs()), pairs=[PairComparison("base", "tuned", {"accuracy_flexible": test})]
+    )
+    line = "tuned - base accuracy_flexible: +0.270 95% CI [+0.193, +0.364], mcnemar p=2.035e-07 (significant)"
+    assert pair_lines(summary) == [line]
+    assert summary.headline() == (
+        "accuracy_flexible: base 0.167, tuned 0.833; difference +0.270 95% CI [+0.193, +0.364], "
+        "mcnemar p=2.03e-07 (significant)"
+    )
 
 
 def _summary(runs: list[ModelRun]) -> CompareSummary:
@@ -84,7 +104,7 @@ def test_compare_summary_round_trips_through_its_json_form() -> None:
     summary = _summary(_runs())
     plain = json.loads(json.dumps(summary.to_dict()))
     assert plain["models"]["tuned"]["metrics"]["accuracy_flexible"]["kind"] == "binary"
-    assert plain["pairs"][0]["tests"]["accuracy_strict"]["test"] == "mcnemar_exact"
+    assert plain["pairs"][0]["tests"]["accuracy_strict"]["test"] == "mcnemar"
     assert CompareSummary.from_dict(plain) == summary
     headline = summary.headline()
     assert headline is not None and headline.startswith("accuracy_flexible: base 0.167, tuned 0.833; difference +0.667")
@@ -101,7 +121,7 @@ def test_html_is_self_contained_and_escapes_text() -> None:
     assert "What is 2 &lt;b&gt;?&lt;/b&gt;" in page  # question text is escaped
     assert "<b>?</b>" not in page
     assert page.count('class="example"') == 8  # the 8 examples where the models disagree
-    assert "mcnemar_exact" in page
+    assert "mcnemar" in page
 
 
 def test_markdown_and_console_table() -> None:
@@ -109,7 +129,7 @@ def test_markdown_and_console_table() -> None:
     summary = _summary(runs)
     rows = comparison_examples(runs, _examples())
     md = render_markdown(summary, rows)
-    assert "| tuned vs base | accuracy_strict | mcnemar_exact | +0.667 |" in md
+    assert "| tuned vs base | accuracy_strict | mcnemar | +0.667 |" in md
     assert "## Examples where the models disagree (8 shown)" in md
     table = console_table(summary.models, 0.95)
     assert "tuned  accuracy_flexible  0.833" in table

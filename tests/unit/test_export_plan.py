@@ -62,3 +62,39 @@ def test_an_occupied_target_is_refused_before_anything_loads(tmp_path: Path, occ
         (target / "keep.txt").write_text("x")
     with pytest.raises(RunStateError, match="already exists and is not empty; choose a new directory"):
         plan_export(str(_adapter(tmp_path / "adapter")), target, ModelConfig(), "latest", merge=True)
+
+
+def _pipeline(root: Path, tiny_model_dir: Path, trained: tuple[str, ...]) -> Path:
+    """A pipeline run directory as `rayft run` leaves it: stage records, and a run per training stage."""
+    from rayft.testing.checkpoints import build_run_dir
+
+    (root / "stages").mkdir(parents=True)
+    (root / "stages" / "sdg.json").write_text("{}")
+    for stage in trained:
+        build_run_dir(root / stage, tiny_model_dir, eval_losses={1: None}, method="lora")
+        (root / "stages" / f"{stage}.json").write_text("{}")
+    return root
+
+
+def test_a_pipeline_directory_stands_for_its_final_trained_model(
+    tiny_model_dir: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    from rayft.models.sources import resolve_source
+
+    sft = _pipeline(tmp_path / "quickstart", tiny_model_dir, ("train",))
+    with caplog.at_level("INFO"):
+        plan = plan_export(str(sft), tmp_path / "out", ModelConfig(), "latest", merge=True)
+    assert plan.source.adapter_path == str(sft / "train" / "final")
+    assert f"{sft} is a pipeline run; using its trained model in {sft / 'train'}" in caplog.text
+    dpo = _pipeline(tmp_path / "dpo", tiny_model_dir, ("train", "preference"))
+    assert resolve_source(str(dpo), ModelConfig()).adapter_path == str(dpo / "preference" / "final")
+
+
+def test_a_pipeline_directory_without_a_trained_model_is_refused_naming_its_stages(tmp_path: Path) -> None:
+    from rayft.errors import ModelError
+
+    untrained = tmp_path / "sdg-only"
+    (untrained / "stages").mkdir(parents=True)
+    (untrained / "stages" / "sdg.json").write_text("{}")
+    with pytest.raises(ModelError, match=r"sdg-only is a pipeline run with no trained model \(finished stages: sdg\)"):
+        plan_export(str(untrained), tmp_path / "out", ModelConfig(), "latest", merge=True)

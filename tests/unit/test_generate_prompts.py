@@ -78,6 +78,20 @@ def test_rejected_rows_say_what_is_wrong_and_keep_the_text() -> None:
     assert parsed.rejected_by_reason() == {"missing_field": 1, "not_utf8": 1, "wrong_type": 1}
 
 
+def test_a_conversation_column_holding_a_string_and_a_repeated_key_are_rejected_per_line() -> None:
+    lines = [b'{"messages": "a string"}\n', b'{"prompt": "a", "prompt": "b"}\n', b'{"prompt": "fine"}\n',
+             b'{"prompt": "x", "meta": {"k": 1, "k": 2}}\n']  # fmt: skip
+    parsed = read_prompts(lines)
+    assert [row.line for row in parsed.rows] == [3]
+    rejected = [(r.line, r.reason, r.detail) for r in parsed.rejected]
+    assert rejected == [
+        (1, "wrong_type", "'messages' is a string; give a list of chat turns ({role, content}) or the text as "
+                          "'prompt'"),
+        (2, "duplicate_key", "key 'prompt' appears twice in one object; keep one"),
+        (4, "duplicate_key", "key 'k' appears twice in one object; keep one"),
+    ]  # fmt: skip
+
+
 def test_output_rows_carry_the_other_columns_in_input_order() -> None:
     parsed = read_prompts([line.encode() for line in LINES[:4]])
     generations = [Generation("4", 5, 1, "stop"), Generation("", finish_reason="error", error="boom"),

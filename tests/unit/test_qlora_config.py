@@ -105,3 +105,28 @@ def test_bitsandbytes_stays_for_a_quantized_base_a_quantized_checkpoint_or_once_
     monkeypatch.setitem(sys.modules, "bitsandbytes", types.ModuleType("bitsandbytes"))
     assert not hide_unused_bitsandbytes(ModelConfig(name=str(tiny_model_dir)), "none")
     assert sys.modules["bitsandbytes"] is not None
+
+
+def _model_config(directory: Path, hidden: int, ffn: int) -> Path:
+    directory.mkdir()
+    (directory / "config.json").write_text(json.dumps({"model_type": "llama", "hidden_size": hidden,
+                                                       "intermediate_size": ffn}))  # fmt: skip
+    return directory
+
+
+def test_qlora_on_widths_that_are_not_multiples_of_64_is_refused_before_training(tmp_path: Path) -> None:
+    from rayft.models.architecture import refuse_quantize_widths
+    from rayft.recipes.train import run
+
+    narrow = _model_config(tmp_path / "narrow", 96, 256)
+    cfg = load_config(None, [f"model.name={narrow}", "lora.quantize=nf4", f"storage_path={tmp_path / 'runs'}"])
+    rule = (
+        r"lora.quantize='nf4': model.name='.*narrow' has hidden_size=96, and bitsandbytes' quantized linear "
+        r"layers need input widths that are multiples of 64; use a model whose widths are, or lora.quantize=none"
+    )
+    with pytest.raises(ConfigError, match=rule):
+        run(cfg)
+    assert not (tmp_path / "runs").exists()  # refused before the run directory
+    refuse_quantize_widths(cfg.model, "none")  # no quantization: no rule
+    wide = _model_config(tmp_path / "wide", 128, 512)
+    refuse_quantize_widths(cfg.model.model_copy(update={"name": str(wide)}), "int8")

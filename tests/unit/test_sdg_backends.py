@@ -36,6 +36,20 @@ def test_chat_and_text_prompts_round_trip_with_usage_and_stop() -> None:
     assert backend.name == f"openai:teacher@{server.base_url}"
 
 
+def test_a_base_url_with_a_query_gets_the_route_before_it_and_never_shows_the_key() -> None:
+    # The docs' form of a key carried in the URL: the route goes on the path, the query stays.
+    with OpenAIServer(responder=echo) as server:
+        backend = OpenAIBackend("m", EndpointConfig(base_url=f"{server.base_url}/?api_key=SeCrEt-K&x=1", **FAST))
+        chat, text = backend.generate([[{"role": "user", "content": "hi"}], "plain"], SamplingParams())
+        server.fail_next(400)
+        (failed,) = backend.generate(["plain"], SamplingParams())
+    assert (chat.text, text.text) == ("echo: hi STOP tail", "echo: plain STOP tail")
+    assert sorted(server.targets[:2]) == ["/v1/chat/completions?api_key=SeCrEt-K&x=1",
+                                          "/v1/completions?api_key=SeCrEt-K&x=1"]  # fmt: skip
+    assert failed.error is not None and "HTTP 400 from http://" in failed.error
+    assert "SeCrEt-K" not in failed.error and "SeCrEt-K" not in backend.name
+
+
 def test_429_and_5xx_are_retried_until_success() -> None:
     with OpenAIServer(responder=echo) as server:
         server.fail_next(429, times=2)

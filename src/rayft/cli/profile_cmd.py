@@ -22,6 +22,18 @@ def profile(run_dir: Path, margin: float) -> None:
     job's Python stacks instead."""
     from rayft.training.profiling.report import load_profile, profile_text, write_profile_page
 
+    check_run_dir(run_dir)
     found = load_profile(run_dir, margin)
     click.echo(profile_text(found))
     click.echo(f"Page: {write_profile_page(run_dir, found)}")
+
+
+def check_run_dir(run_dir: Path) -> None:
+    """RunStateError for a file given where a run's directory is expected, saying what is expected."""
+    from rayft.errors import RunStateError
+
+    if run_dir.is_file():
+        raise RunStateError(
+            f"{str(run_dir)!r} is a file; rayft profile takes a training run's directory (storage_path/name, "
+            "holding profile/step_times.jsonl), e.g. rayft profile runs/my-run"
+        )

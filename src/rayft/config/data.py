@@ -11,6 +11,11 @@ from rayft.config.base import Section
 DataFormat = Literal["auto", "template", "alpaca", "messages", "prompt_completion", "text", "preference"]
 
 
+DEFAULT_MAX_ROW_BYTES = 16 * 2**20
+"""The default bound on one row's size (16 MiB): far above any training example, far below a
+machine's memory."""
+
+
 class DatasetConfig(Section):
     """One dataset: where it is, which rows to take, and how to turn a row into an example."""
 
@@ -69,6 +74,16 @@ class DatasetConfig(Section):
         description="Mixing weight against the other datasets (relative share of training rows).",
     )
     max_rows: int | None = Field(None, gt=0, description="Read at most this many rows (all when unset).")
+    max_row_bytes: int = Field(
+        DEFAULT_MAX_ROW_BYTES,
+        gt=0,
+        description=(
+            "Largest row read, in bytes (a JSON Lines line, a JSON list item, a CSV or Parquet row as JSON). "
+            "A larger row is rejected as row_too_large with its file, line and size, and counted like any bad "
+            "row; a JSON Lines line is never held whole past this size, so it also bounds a reader's memory. "
+            "Default 16 MiB."
+        ),
+    )
     files: str | None = Field(
         None,
         description=(

@@ -7,6 +7,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from rayft.config.base import Section
+from rayft.config.data import DEFAULT_MAX_ROW_BYTES
 from rayft.config.generation import (
     COMPILE_DESCRIPTION,
     KV_CACHE_DESCRIPTION,
@@ -47,6 +48,14 @@ class InferenceConfig(Section):
         None, description="System message a chat session starts with (/system changes it during the session)."
     )
     batch_size: int = Field(16, gt=0, description="Prompts per generate call (rayft generate).")
+    max_row_bytes: int = Field(
+        DEFAULT_MAX_ROW_BYTES,
+        gt=0,
+        description=(
+            "Longest line of a rayft generate input, in bytes: a longer line is rejected (row_too_large, with "
+            "its line and size, in the rejects file) without being held whole. Default 16 MiB."
+        ),
+    )
     window: int = Field(
         GENERATION_WINDOW,
         gt=0,

@@ -35,6 +35,8 @@ REASONS = {
     "all_labels_masked": "no token is left to train on (often: truncation cut the whole response)",
     "bad_encoding": "a line or source file is not valid UTF-8 text (see its detail for the first bad byte)",
     "bad_json": "a line of a JSON Lines file (or an item of a JSON list) is not a JSON object",
+    "duplicate_key": "a JSON object repeats a key (which value is meant is unknown)",
+    "row_too_large": "a row is larger than the dataset's max_row_bytes (its detail gives the size)",
     "identical_responses": "a preference pair's chosen and rejected responses are the same text",
     "no_shared_prompt": "a preference pair's chosen and rejected conversations share no prompt turns",
 }

@@ -153,10 +153,17 @@ class TokenizedPair:
 
 
 def tokenize_preference(
-    example: PreferenceExample, tokenizer: TextTokenizer, *, max_seq_length: int, max_prompt_length: int
+    example: PreferenceExample,
+    tokenizer: TextTokenizer,
+    *,
+    max_seq_length: int,
+    max_prompt_length: int,
+    overlong: str = "truncate",
 ) -> TokenizedPair:
     """Render and tokenize both sides (each as one text, as the model sees it), then fit them to
-    ``max_seq_length`` (see the module's docstring); BadRowError when a side keeps no response token."""
+    ``max_seq_length`` (see the module's docstring). BadRowError ``over_length`` when the pair does not
+    fit and ``overlong`` is not ``truncate`` (checked first: such a pair is refused for its length, not
+    cut), and ``all_labels_masked`` when a side keeps no response token."""
     sides = [render(example.side(response), tokenizer, train_on_prompt=False)
              for response in (example.chosen, example.rejected)]  # fmt: skip
     ids_list, offsets_list = tokenizer.encode([side.text for side in sides])
@@ -165,6 +172,8 @@ def tokenize_preference(
     length = max(len(ids) for ids, _ in rows)
     (chosen, chosen_labels), (rejected, rejected_labels), truncated = fit_pair(rows[0], rows[1], max_seq_length,
                                                                                 max_prompt_length)  # fmt: skip
+    if truncated and overlong != "truncate":
+        raise BadRowError("over_length", f"{length} tokens > max_seq_length {max_seq_length}")
     for labels, side in ((chosen_labels, "chosen"), (rejected_labels, "rejected")):
         if all(label == IGNORE_INDEX for label in labels):
             raise BadRowError("all_labels_masked", f"the {side} response has no token left (max_seq_length "
@@ -252,11 +261,8 @@ def _tokenize_row(
         raise BadRowError(str(reason), str(detail))
     if fmt.format != "preference":
         raise BadRowError("wrong_type", f"format {fmt.format!r} holds no chosen/rejected pair")
-    pair = tokenize_preference(make_preference(row, ds), job.tokenizer, max_seq_length=job.max_seq_length,
-                               max_prompt_length=pairs.max_prompt_length)  # fmt: skip
-    if pair.truncated and job.overlong != "truncate":
-        raise BadRowError("over_length", f"{pair.length} tokens > max_seq_length {job.max_seq_length}")
-    return pair
+    return tokenize_preference(make_preference(row, ds), job.tokenizer, max_seq_length=job.max_seq_length,
+                               max_prompt_length=pairs.max_prompt_length, overlong=job.overlong)  # fmt: skip
 
 
 def pair_units(examples: pa.Table) -> pa.Table:

@@ -35,9 +35,11 @@ from rayft.data.sources import (
     source_file_rows,
     source_name,
     table_batches,
+    too_large_detail,
     uri_json_lines,
 )
 from rayft.errors import DataError
+from rayft.lines import describe_size
 from rayft.security import mask_uri
 
 if TYPE_CHECKING:
@@ -267,7 +269,7 @@ def _remote_rows(ds: DatasetConfig) -> Iterator[ReadRow]:
     """The rows of a built-in set, a URI or a Hub dataset: JSON Lines a line at a time (a bad line is a
     rejected row), everything else a record batch at a time."""
     if not is_json_uri(ds):
-        yield from _batch_rows(mask_uri(ds.path), table_batches(ds, BATCH_ROWS), 1)
+        yield from _batch_rows(mask_uri(ds.path), table_batches(ds, BATCH_ROWS), 1, ds.max_row_bytes)
         return
     for name, line in uri_json_lines(ds):
         yield ReadRow(name, line.number, line.row, line.text if line.row is not None else None, line.reason,
@@ -282,57 +284,86 @@ def _file_rows(ds: DatasetConfig, path: Path, name: str) -> Iterator[ReadRow]:
         if ds.files is not None:
             yield from _source_file_rows(path, name, ds.chunk_chars)
         elif suffix in (".jsonl", ".json"):
-            yield from _json_rows(path, name)
+            yield from _json_rows(path, name, ds.max_row_bytes)
         elif suffix == ".parquet":
-            yield from _parquet_rows(path, name)
+            yield from _parquet_rows(path, name, ds.max_row_bytes)
         elif suffix == ".csv":
-            yield from _csv_rows(path, name)
+            yield from _csv_rows(path, name, ds.max_row_bytes)
         else:
             raise DataError(
                 f"dataset {ds.path!r}: file {path} has an unsupported type; use one of .jsonl, .json, .parquet, .csv"
             )
     except (pa.ArrowInvalid, OSError) as exc:
+        if "straddling" in str(exc):  # a CSV row pyarrow could not fit in its read block
+            raise DataError(
+                f"dataset {ds.path!r}: {path} has a row longer than a CSV read block "
+                f"({describe_size(csv_block_bytes(ds.max_row_bytes))}, from max_row_bytes); split the row or raise "
+                "the dataset's max_row_bytes"
+            ) from None
         raise DataError(
             f"dataset {ds.path!r}: cannot read {path} ({exc}); check that it is valid {suffix[1:]}"
         ) from None
 
 
-def _json_rows(path: Path, name: str) -> Iterator[ReadRow]:
+def _json_rows(path: Path, name: str, max_row_bytes: int) -> Iterator[ReadRow]:
     document = json_document(path)
     if document is not None:  # one JSON document: read whole, its items numbered from 1
         for number, item in enumerate(document, start=1):
             if isinstance(item, dict):
-                yield ReadRow(name, number, item)
+                yield _sized_row(name, number, item, max_row_bytes)
             else:
                 yield ReadRow(name, number, None, None, "bad_json", f"item {number} is a {type(item).__name__}, "
                               "not an object")  # fmt: skip
         return
-    for line in iter_json_lines(path):
+    for line in iter_json_lines(path, max_row_bytes):
         yield ReadRow(name, line.number, line.row, line.text if line.row is not None else None, line.reason,
                       line.detail)  # fmt: skip
 
 
-def _parquet_rows(path: Path, name: str) -> Iterator[ReadRow]:
+def _parquet_rows(path: Path, name: str, max_row_bytes: int) -> Iterator[ReadRow]:
     """Rows numbered from 1 within the file (Parquet has no lines)."""
     import pyarrow.parquet as pq
 
-    yield from _batch_rows(name, pq.ParquetFile(path).iter_batches(batch_size=BATCH_ROWS), 1)
+    yield from _batch_rows(name, pq.ParquetFile(path).iter_batches(batch_size=BATCH_ROWS), 1, max_row_bytes)
 
 
-def _csv_rows(path: Path, name: str) -> Iterator[ReadRow]:
-    """Rows numbered by their line, the header being line 1 (a quoted value spanning lines counts once)."""
+def _csv_rows(path: Path, name: str, max_row_bytes: int) -> Iterator[ReadRow]:
+    """Rows numbered by their line, the header being line 1 (a quoted value spanning lines counts once).
+
+    pyarrow reads a block at a time and may refuse a row longer than its block, so the block holds a
+    row of ``max_row_bytes`` (see :func:`csv_block_bytes`); a row over the bound is rejected on its
+    own once parsed, so unlike a JSON Lines line it is held whole for that moment, and one that
+    pyarrow cannot fit in a block refuses the file in one line (see :func:`_file_rows`).
+    """
     import pyarrow.csv as pacsv
 
-    yield from _batch_rows(name, pacsv.open_csv(path), 2)
+    options = pacsv.ReadOptions(block_size=csv_block_bytes(max_row_bytes))
+    yield from _batch_rows(name, pacsv.open_csv(path, read_options=options), 2, max_row_bytes)
 
 
-def _batch_rows(name: str, batches: Iterable[pa.RecordBatch], first_line: int) -> Iterator[ReadRow]:
-    """The rows of a stream of record batches, numbered from ``first_line``."""
+def csv_block_bytes(max_row_bytes: int) -> int:
+    """The block pyarrow reads a CSV file in: room for one row of ``max_row_bytes``, and at least
+    pyarrow's own default (1 MiB)."""
+    return max(max_row_bytes + 1, 1 << 20)
+
+
+def _batch_rows(name: str, batches: Iterable[pa.RecordBatch], first_line: int, max_row_bytes: int) -> Iterator[ReadRow]:
+    """The rows of a stream of record batches, numbered from ``first_line``; a row of more than
+    ``max_row_bytes`` as JSON is rejected (``row_too_large``)."""
     number = first_line
     for batch in batches:
         for row in batch.to_pylist():
-            yield ReadRow(name, number, row)
+            yield _sized_row(name, number, row, max_row_bytes)
             number += 1
+
+
+def _sized_row(name: str, number: int, row: dict[str, Any], max_row_bytes: int) -> ReadRow:
+    """A row read whole (a batch's, a JSON list's item) with its JSON text, or rejected as too large."""
+    text = json.dumps(row, ensure_ascii=False, default=str)
+    size = len(text.encode("utf-8"))
+    if size > max_row_bytes:
+        return ReadRow(name, number, None, None, "row_too_large", too_large_detail(size, max_row_bytes))
+    return ReadRow(name, number, row, text)
 
 
 def _source_file_rows(path: Path, name: str, chunk_chars: int | None) -> Iterator[ReadRow]:

@@ -9,17 +9,20 @@ returned as they are: checking and rendering them is the preparation step's job.
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
-from collections.abc import Iterable, Iterator
+import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rayft.config.data import DatasetConfig
+from rayft.config.data import DEFAULT_MAX_ROW_BYTES, DatasetConfig
 from rayft.data.builtin import is_builtin, load_builtin
 from rayft.data.formats import ENCODING_ERROR_COLUMN
 from rayft.errors import DataError
+from rayft.lines import LineReadable, OversizedLine, bounded_lines, describe_size
 from rayft.security import mask_uri
 
 if TYPE_CHECKING:
@@ -106,7 +109,7 @@ def uri_json_lines(ds: DatasetConfig) -> Iterator[tuple[str, JsonLine]]:
         name = base if len(files) == 1 else f"{base.rstrip('/')}/{Path(path).name}"
         try:
             with filesystem.open_input_stream(path) as stream:
-                for line in json_lines_of(io.BufferedReader(stream)):
+                for line in json_lines_of(io.BufferedReader(stream), ds.max_row_bytes):
                     yield name, line
         except OSError as exc:
             raise _uri_error(ds, exc) from None
@@ -184,8 +187,21 @@ def dataset_files(ds: DatasetConfig) -> list[Path] | None:
 
 def _local_files(ds: DatasetConfig, path: Path) -> list[Path]:
     if not path.exists():
-        raise DataError(f"dataset path {ds.path!r}: no such file or directory ({path.resolve()}); fix data path")
+        raise DataError(f"dataset path {ds.path!r}: {why_missing(path)}; fix data path")
     return _data_files(ds, path) if path.is_dir() else [path]
+
+
+def why_missing(path: Path) -> str:
+    """Why ``path`` cannot be read, for an error message: a symbolic link loop, a link to nothing, or no
+    such file. Never resolves the path (resolving a loop raises)."""
+    try:
+        os.stat(path)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            return f"a symbolic link loop ({os.path.abspath(path)} leads back to itself)"
+        if path.is_symlink():
+            return f"a symbolic link to nothing ({os.path.abspath(path)} -> {os.readlink(path)})"
+    return f"no such file or directory ({os.path.abspath(path)})"
 
 
 def _data_files(ds: DatasetConfig, directory: Path) -> list[Path]:
@@ -215,7 +231,7 @@ def _read_file(ds: DatasetConfig, path: Path) -> pa.Table:
         if suffix == ".csv":
             return pacsv.read_csv(path)
         if suffix in (".jsonl", ".json"):
-            return _rows_to_table(ds, path, _read_json_rows(path))
+            return _rows_to_table(ds, path, _read_json_rows(path, ds.max_row_bytes))
     except (pa.ArrowInvalid, OSError) as exc:
         raise DataError(
             f"dataset {ds.path!r}: cannot read {path} ({exc}); check that it is valid {suffix[1:]}"
@@ -223,15 +239,16 @@ def _read_file(ds: DatasetConfig, path: Path) -> pa.Table:
     raise DataError(f"dataset {ds.path!r}: file {path} has an unsupported type; use one of {', '.join(SUFFIXES)}")
 
 
-def _read_json_rows(path: Path) -> list[dict[str, Any]]:
+def _read_json_rows(path: Path, max_row_bytes: int) -> list[dict[str, Any]]:
     """Every row of a JSON or JSON Lines file, or DataError listing the lines that are not JSON objects
-    (a table has no place for a bad row; preparation reports them per row: :mod:`rayft.data.reader`)."""
+    or are larger than ``max_row_bytes`` (a table has no place for a bad row; preparation reports them
+    per row: :mod:`rayft.data.reader`)."""
     document = json_document(path)
     if document is not None:
-        return _only_objects(path, document)
+        return _only_objects(path, document, max_row_bytes)
     rows: list[dict[str, Any]] = []
     bad: list[str] = []
-    for line in iter_json_lines(path):
+    for line in iter_json_lines(path, max_row_bytes):
         if line.row is None:
             bad.append(f"line {line.number}: {line.detail}")
         else:
@@ -240,7 +257,8 @@ def _read_json_rows(path: Path) -> list[dict[str, Any]]:
         listed = "; ".join(bad[:_MAX_LISTED]) + (
             f"; and {len(bad) - _MAX_LISTED} more" if len(bad) > _MAX_LISTED else ""
         )
-        raise DataError(f"{path}: {len(bad)} line(s) are not JSON objects ({listed}); fix or remove them")
+        raise DataError(f"{path}: {len(bad)} line(s) are not JSON objects or are too large ({listed}); fix or "
+                        "remove them")  # fmt: skip
     return rows
 
 
@@ -278,22 +296,35 @@ class JsonLine:
     detail: str = ""
 
 
-def iter_json_lines(path: Path) -> Iterator[JsonLine]:
+def iter_json_lines(path: Path, max_row_bytes: int = DEFAULT_MAX_ROW_BYTES) -> Iterator[JsonLine]:
     """The non-blank lines of a JSON Lines file, read one line at a time (never the whole file).
 
     A UTF-8 byte order mark opening the file is dropped. A line that is not UTF-8 (``bad_encoding``,
-    naming the first bad byte), not JSON, or not a JSON object (``bad_json``) comes back without a row.
+    naming the first bad byte), not JSON, or not a JSON object (``bad_json``) comes back without a row,
+    as does a line of more than ``max_row_bytes`` bytes (``row_too_large``), which is skipped without
+    being held whole.
     """
     with path.open("rb") as file:
-        yield from json_lines_of(file)
+        yield from json_lines_of(file, max_row_bytes)
 
 
-def json_lines_of(file: Iterable[bytes]) -> Iterator[JsonLine]:
+def json_lines_of(file: LineReadable, max_row_bytes: int = DEFAULT_MAX_ROW_BYTES) -> Iterator[JsonLine]:
     """The non-blank lines of an open JSON Lines stream (see :func:`iter_json_lines`)."""
-    for number, raw in enumerate(file, start=1):
+    for number, raw in enumerate(bounded_lines(file, max_row_bytes), start=1):
+        if isinstance(raw, OversizedLine):
+            yield JsonLine(number, "", None, "row_too_large", too_large_detail(raw.size, max_row_bytes))
+            continue
         line = raw.removeprefix(BOM) if number == 1 else raw
         if line.strip():
             yield _parse_line(number, line)
+
+
+def too_large_detail(size: int, max_row_bytes: int) -> str:
+    """Why a row was rejected as too large: its size against the bound, and the fix."""
+    return (
+        f"{describe_size(size)}, above max_row_bytes ({describe_size(max_row_bytes)}); "
+        "split the row or raise the dataset's max_row_bytes"
+    )
 
 
 def _parse_line(number: int, raw: bytes) -> JsonLine:
@@ -303,19 +334,51 @@ def _parse_line(number: int, raw: bytes) -> JsonLine:
         detail = f"not UTF-8: byte 0x{raw[exc.start]:02x} at offset {exc.start} of the line ({exc.reason})"
         return JsonLine(number, "", None, "bad_encoding", detail)
     try:
-        row = json.loads(text)
+        row = json.loads(text, object_pairs_hook=unique_keys)
     except json.JSONDecodeError as exc:
         return JsonLine(number, text, None, "bad_json", f"not JSON: {exc.msg} at column {exc.colno}")
+    except DuplicateKeyError as exc:
+        return JsonLine(number, text, None, "duplicate_key", f"key {exc.key!r} appears twice in one object; keep one")
     if not isinstance(row, dict):
         return JsonLine(number, text, None, "bad_json", f"a {type(row).__name__}, not an object")
     return JsonLine(number, text, row)
 
 
-def _only_objects(path: Path, data: list[Any]) -> list[dict[str, Any]]:
+class DuplicateKeyError(ValueError):
+    """A JSON object that repeats a key (``json`` keeps the last silently; rayft refuses the row)."""
+
+    def __init__(self, key: str) -> None:
+        super().__init__(f"duplicate key {key!r}")
+        self.key = key
+
+
+def unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """``json.loads``'s ``object_pairs_hook``: the object as a dict, or DuplicateKeyError naming a repeated key."""
+    found = dict(pairs)
+    if len(found) != len(pairs):  # rare: only then look for the repeated key
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise DuplicateKeyError(key)
+            seen.add(key)
+    return found
+
+
+def _only_objects(path: Path, data: list[Any], max_row_bytes: int) -> list[dict[str, Any]]:
     bad = [i for i, row in enumerate(data) if not isinstance(row, dict)]
     if bad:
         raise DataError(f"{path}: rows {bad[:_MAX_LISTED]} are not JSON objects; every row must be an object")
+    large = [(i, size) for i, row in enumerate(data) if (size := row_size(row)) > max_row_bytes]
+    if large:
+        first, size = large[0]
+        raise DataError(f"{path}: {len(large)} item(s) larger than max_row_bytes (item {first + 1}: "
+                        f"{too_large_detail(size, max_row_bytes)})")  # fmt: skip
     return data
+
+
+def row_size(row: Any) -> int:
+    """A row's size in bytes as JSON text (UTF-8): what max_row_bytes bounds for rows not read as lines."""
+    return len(json.dumps(row, ensure_ascii=False, default=str).encode("utf-8"))
 
 
 def _rows_to_table(ds: DatasetConfig, path: Path, rows: list[dict[str, Any]]) -> pa.Table:

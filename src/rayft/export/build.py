@@ -6,6 +6,7 @@ finished directory into place (a failure leaves no partial export behind)."""
 
 from __future__ import annotations
 
+import errno
 import json
 import shutil
 from pathlib import Path
@@ -42,9 +43,24 @@ def export_checkpoint(plan: ExportPlan, cfg: ExportConfig) -> dict[str, Any]:
         write_text_atomic(staging / "README.md", render_model_card(plan.source, verification, merged=plan.merged))
         share_like_siblings(staging)  # the weights are written 0600 through a temporary file
         replace_dir(staging, plan.target)  # the empty directory the plan allowed, if any, is replaced
+    except Exception as exc:
+        if is_disk_full(exc):
+            raise StorageError(
+                f"export: {plan.target.parent} ran out of space while the export was written ({exc}); nothing was "
+                "left there (the partial export is removed): free space or choose another output directory"
+            ) from None
+        raise
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return verification
+
+
+def is_disk_full(exc: BaseException) -> bool:
+    """Whether ``exc`` says the disk or quota is full: an OSError (ENOSPC, EDQUOT), or a writer that reports
+    the OS error in its text (safetensors' SafetensorError: "No space left on device (os error 28)")."""
+    if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return True
+    return f"(os error {errno.ENOSPC})" in str(exc) or "No space left on device" in str(exc)
 
 
 def _make_staging(target: Path) -> Path:

@@ -19,6 +19,7 @@ import weakref
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
+from urllib.parse import parse_qsl, urlsplit, urlunsplit
 
 import httpx
 
@@ -44,6 +45,8 @@ class OpenAIBackend:
         self.model = model
         self.endpoint = endpoint
         self.base_url = endpoint.base_url.rstrip("/")
+        for value in query_values(self.base_url):
+            remember_secret(value)  # a key in the query (?api_key=K) is masked wherever the URL is shown
         key_env = endpoint.api_key_env
         self.api_key = api_key if api_key is not None else (os.environ.get(key_env) if key_env else None)
         remember_secret(self.api_key)  # a server that echoes it back, or a log line, shows it masked
@@ -132,20 +135,33 @@ class OpenAIBackend:
         return min(MAX_BACKOFF_S, base * (0.5 + random.random() / 2))
 
     def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
-        url = self.base_url + path
+        url = endpoint_url(self.base_url, path)
+        shown = mask_uri(url)
         try:
             response = self.client().post(url, json=body)
         except httpx.TimeoutException as exc:
-            raise RetryableError(f"{type(exc).__name__}: timed out calling {url}: {exc}") from None
+            raise RetryableError(f"{type(exc).__name__}: timed out calling {shown}: {exc}") from None
         except httpx.TransportError as exc:
-            raise RetryableError(f"{type(exc).__name__} calling {url}: {exc}") from None
+            raise RetryableError(f"{type(exc).__name__} calling {shown}: {exc}") from None
         if response.status_code >= 400:
-            message = f"HTTP {response.status_code} from {url}: {response.text[:300]}"
+            message = f"HTTP {response.status_code} from {shown}: {response.text[:300]}"
             if response.status_code == 429 or response.status_code >= 500:
                 raise RetryableError(message, _retry_after(response.headers.get("Retry-After")))
             raise RuntimeError(message)
         payload: dict[str, Any] = response.json()
         return payload
+
+
+def endpoint_url(base_url: str, path: str) -> str:
+    """``path`` (``/chat/completions``) appended to the path of ``base_url``, keeping its query and
+    fragment: ``https://h/v1?api_key=K`` -> ``https://h/v1/chat/completions?api_key=K``."""
+    parts = urlsplit(base_url)
+    return urlunsplit(parts._replace(path=parts.path.rstrip("/") + path))
+
+
+def query_values(url: str) -> list[str]:
+    """The values of ``url``'s query parameters (a base URL may carry its key there)."""
+    return [value for _, value in parse_qsl(urlsplit(url).query) if value]
 
 
 def _retry_after(value: str | None) -> float | None:

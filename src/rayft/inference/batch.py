@@ -24,6 +24,7 @@ from rayft.files import AtomicJsonl
 from rayft.generation.backend import Generation
 from rayft.generation.pool import Runtime, in_input_order, open_pool
 from rayft.inference.prompts import REASONS, PromptRow, RejectedRow, iter_prompts
+from rayft.lines import OversizedLine, bounded_lines
 from rayft.models.sources import resolve_source
 from rayft.runtime import ray_runtime
 
@@ -90,12 +91,13 @@ def generate_file(
     tally = Tally()
     window = cfg.inference.window
     with (
-        input_lines(paths.input) as lines,
+        input_lines(paths.input, cfg.inference.max_row_bytes) as lines,
         AtomicJsonl(paths.rejects) as rejects,
         AtomicJsonl(paths.output) as output,
-        Progress("generate", count_lines(paths.input), unit="lines") as progress,
+        Progress("generate", count_lines(paths.input, cfg.inference.max_row_bytes), unit="lines") as progress,
     ):
-        rows = usable_rows(iter_prompts(lines, prompt_field), rejects, tally, paths.input, progress)
+        rows = usable_rows(iter_prompts(lines, prompt_field, cfg.inference.max_row_bytes), rejects, tally,
+                           paths.input, progress)  # fmt: skip
         first = list(itertools.islice(rows, window))  # before anything loads
         if not first:
             rejects.commit()
@@ -145,28 +147,31 @@ def check_paths(input_path: Path, output_path: Path, rejects_path: Path) -> None
             raise DataError(f"{option} {str(path)!r} is the input file; write the results to another file")
 
 
-def count_lines(input_path: Path) -> int:
-    """Non-blank lines of the input (the progress total), read a line at a time."""
+def count_lines(input_path: Path, max_row_bytes: int) -> int:
+    """Non-blank lines of the input (the progress total), read a line at a time (none held whole)."""
     count = 0
     with contextlib.suppress(OSError), input_path.open("rb") as handle:
-        count = sum(1 for line in handle if line.strip())
+        count = sum(
+            1 for line in bounded_lines(handle, max_row_bytes) if isinstance(line, OversizedLine) or line.strip()
+        )
     return count
 
 
 @contextlib.contextmanager
-def input_lines(input_path: Path) -> Iterator[Iterator[bytes]]:
-    """The input's lines as bytes, read as they are consumed."""
+def input_lines(input_path: Path, max_row_bytes: int) -> Iterator[Iterator[bytes | OversizedLine]]:
+    """The input's lines as bytes, read as they are consumed; a line of more than ``max_row_bytes``
+    comes as its size alone (:class:`~rayft.lines.OversizedLine`)."""
     try:
         handle = input_path.open("rb")
     except OSError as exc:
         raise DataError(f"--input {str(input_path)!r}: cannot read it ({exc.strerror})") from None
     with handle:  # an OSError of the body (a model that cannot load, say) is not the input's
-        yield _lines(handle, input_path)
+        yield _lines(handle, input_path, max_row_bytes)
 
 
-def _lines(handle: IO[bytes], input_path: Path) -> Iterator[bytes]:
+def _lines(handle: IO[bytes], input_path: Path, max_row_bytes: int) -> Iterator[bytes | OversizedLine]:
     try:
-        yield from handle
+        yield from bounded_lines(handle, max_row_bytes)
     except OSError as exc:
         raise DataError(f"--input {str(input_path)!r}: cannot read it ({exc.strerror})") from None
 

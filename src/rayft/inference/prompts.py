@@ -15,8 +15,11 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from rayft.data.formats import ROLE_ALIASES
+from rayft.config.data import DEFAULT_MAX_ROW_BYTES
+from rayft.data.formats import MESSAGE_COLUMNS, ROLE_ALIASES
+from rayft.data.sources import DuplicateKeyError, unique_keys
 from rayft.generation.backend import Message, Prompt
+from rayft.lines import OversizedLine, describe_size
 
 DEFAULT_FIELDS = ("prompt", "messages")
 MAX_VALUE_CHARS = 2000
@@ -30,6 +33,8 @@ REASONS = {
     "empty_field": "the prompt is empty",
     "wrong_type": "the prompt is neither a string nor a list of chat turns",
     "unknown_role": "a chat turn has a role that is not system/user/assistant",
+    "duplicate_key": "a JSON object on the line repeats a key",
+    "row_too_large": "the line is longer than inference.max_row_bytes (it was not read whole)",
 }
 """Reason code -> what it means; the codes appear in the rejects file and the summary."""
 
@@ -80,7 +85,7 @@ class BadPromptError(Exception):
         self.reason, self.detail = reason, detail
 
 
-def read_prompts(lines: Iterable[bytes], prompt_field: str | None = None) -> PromptFile:
+def read_prompts(lines: Iterable[bytes | OversizedLine], prompt_field: str | None = None) -> PromptFile:
     """Sort the lines of a JSON Lines file (as bytes) into prompt rows and rejected rows."""
     parsed = PromptFile()
     for item in iter_prompts(lines, prompt_field):
@@ -91,10 +96,18 @@ def read_prompts(lines: Iterable[bytes], prompt_field: str | None = None) -> Pro
     return parsed
 
 
-def iter_prompts(lines: Iterable[bytes], prompt_field: str | None = None) -> Iterator[PromptRow | RejectedRow]:
+def iter_prompts(
+    lines: Iterable[bytes | OversizedLine], prompt_field: str | None = None, max_row_bytes: int = DEFAULT_MAX_ROW_BYTES
+) -> Iterator[PromptRow | RejectedRow]:
     """Each non-blank line of a JSON Lines file (as bytes), as it is read: a prompt row or a rejected
-    row. A UTF-8 byte order mark opening the first line is skipped."""
+    row. A UTF-8 byte order mark opening the first line is skipped; a line too long to read
+    (:class:`~rayft.lines.OversizedLine`, over ``max_row_bytes``) is rejected with its size."""
     for number, raw in enumerate(lines, start=1):
+        if isinstance(raw, OversizedLine):
+            detail = (f"{describe_size(raw.size)}, above inference.max_row_bytes ({describe_size(max_row_bytes)}); "
+                      "split the line or raise inference.max_row_bytes")  # fmt: skip
+            yield RejectedRow(number, "row_too_large", detail, "")
+            continue
         line = raw.removeprefix(codecs.BOM_UTF8) if number == 1 else raw
         if not line.strip():
             continue
@@ -114,9 +127,11 @@ def iter_prompts(lines: Iterable[bytes], prompt_field: str | None = None) -> Ite
 def parse_line(text: str, prompt_field: str | None) -> tuple[dict[str, Any], Prompt]:
     """The row of one line and its prompt; raises :class:`BadPromptError` with the reason it has none."""
     try:
-        row = json.loads(text)
+        row = json.loads(text, object_pairs_hook=unique_keys)
     except json.JSONDecodeError as exc:
         raise BadPromptError("not_json", f"{exc.msg} at column {exc.colno}") from None
+    except DuplicateKeyError as exc:
+        raise BadPromptError("duplicate_key", f"key {exc.key!r} appears twice in one object; keep one") from None
     if not isinstance(row, dict):
         raise BadPromptError("not_object", f"a JSON {type(row).__name__}, not an object")
     name = prompt_field or next((f for f in DEFAULT_FIELDS if row.get(f) is not None), None)
@@ -128,7 +143,13 @@ def parse_line(text: str, prompt_field: str | None) -> tuple[dict[str, Any], Pro
 
 
 def to_prompt(name: str, value: Any) -> Prompt:
-    """A text prompt or a chat conversation from the value of column ``name``."""
+    """A text prompt or a chat conversation from the value of column ``name`` (a conversation column,
+    ``messages`` or ``conversations``, must hold a list of turns: a string there is the wrong type)."""
+    if isinstance(value, str) and name in MESSAGE_COLUMNS:
+        raise BadPromptError(
+            "wrong_type",
+            f"{name!r} is a string; give a list of chat turns ({{role, content}}) or the text as 'prompt'",
+        )
     if isinstance(value, str):
         if not value.strip():
             raise BadPromptError("empty_field", f"{name!r} is an empty string")

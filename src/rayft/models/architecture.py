@@ -74,6 +74,29 @@ def refuse_packing(cfg: ModelConfig, packing: bool) -> None:
         )
 
 
+QUANTIZED_WIDTH_MULTIPLE = 64
+"""bitsandbytes' 4-bit and 8-bit linear layers need input widths that are multiples of this."""
+_LINEAR_INPUT_WIDTHS = ("hidden_size", "intermediate_size", "d_model", "d_ff")  # the widths linear layers take in
+
+
+def refuse_quantize_widths(cfg: ModelConfig, quantize: str) -> None:
+    """ConfigError when ``lora.quantize`` is on for a model whose linear layers' input widths (hidden and
+    feed-forward sizes, from its config) are not multiples of :data:`QUANTIZED_WIDTH_MULTIPLE`: refused
+    before any training starts, instead of failing inside bitsandbytes once the workers load the model."""
+    if quantize == "none":
+        return
+    config = model_config_dict(cfg)
+    widths = {key: config[key] for key in _LINEAR_INPUT_WIDTHS if isinstance(config.get(key), int)}
+    bad = {key: width for key, width in widths.items() if width % QUANTIZED_WIDTH_MULTIPLE}
+    if bad:
+        listed = ", ".join(f"{key}={width}" for key, width in bad.items())
+        raise ConfigError(
+            f"lora.quantize={quantize!r}: model.name={cfg.name!r} has {listed}, and bitsandbytes' quantized linear "
+            f"layers need input widths that are multiples of {QUANTIZED_WIDTH_MULTIPLE}; use a model whose widths "
+            "are, or lora.quantize=none"
+        )
+
+
 FP16_UNSAFE = ("t5", "mt5", "umt5")
 """transformers model types whose activations overflow float16 (T5's feed-forward outputs exceed 65504)."""
 

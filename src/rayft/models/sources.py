@@ -2,7 +2,8 @@
 and to a sweep's task evaluation.
 
 A source is a Hub id, a built-in name, a .gguf file, a model directory, a checkpoint directory
-(``checkpoints/step-N`` or ``final/``) or a run directory, where ``eval.checkpoint`` picks one.
+(``checkpoints/step-N`` or ``final/``) or a run directory, where ``eval.checkpoint`` picks one; a
+pipeline run directory (``rayft run``) stands for the run of its last training stage.
 A LoRA checkpoint is evaluated on its base model (read from the checkpoint's
 ``rayft_config.yaml``, else ``adapter_config.json``) with the adapter applied, unmerged.
 Nothing here imports torch; the run's checkpoint is chosen by :mod:`rayft.runs.selection`.
@@ -26,7 +27,7 @@ from rayft.models.loading import builtin_gguf_path
 from rayft.models.registry import BUILTIN_MODELS
 from rayft.models.resolve import resolve_model_source
 from rayft.runs import layout
-from rayft.runs.checkpoints import checkpoint_of_run, is_run_dir
+from rayft.runs.checkpoints import checkpoint_of_run, is_pipeline_dir, is_run_dir, trained_run_of_pipeline
 from rayft.runs.manifest import read_manifest, sha256_file, verify_checkpoint
 
 log = logging.getLogger(__name__)
@@ -64,6 +65,8 @@ def resolve_source(source: str, default_model: ModelConfig, checkpoint: str = "l
     if not path.is_dir():
         _check_exists(source)
         return ResolvedSource(source, "model", _named_model(source, default_model))
+    if is_pipeline_dir(path):
+        path = _trained_run(path)
     directory = checkpoint_of_run(path, checkpoint) if is_run_dir(path) else path
     manifest = read_manifest(directory)
     if manifest is not None:
@@ -95,6 +98,19 @@ def resolve_source(source: str, default_model: ModelConfig, checkpoint: str = "l
         f"{directory} is neither a model directory (config.json), a LoRA adapter (adapter_config.json) nor a "
         "run directory (checkpoints/, final/); give one of those, a Hub id, a .gguf file or a built-in name"
     )
+
+
+def _trained_run(pipeline: Path) -> Path:
+    """The run directory of a pipeline's final trained model (logged, so the user sees which), or ModelError."""
+    run = trained_run_of_pipeline(pipeline)
+    if run is None:
+        stages = sorted(p.stem for p in (pipeline / layout.STAGE_RECORDS_DIR).glob("*.json"))
+        raise ModelError(
+            f"{pipeline} is a pipeline run with no trained model (finished stages: {', '.join(stages) or 'none'}); "
+            f"run its train stage (rayft run CONFIG), or give a model or run directory"
+        )
+    log.info("%s is a pipeline run; using its trained model in %s", pipeline, run)
+    return run
 
 
 def _check_exists(source: str) -> None:

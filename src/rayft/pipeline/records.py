@@ -9,8 +9,9 @@ from pathlib import Path
 from typing import Any
 
 from rayft.files import write_text_atomic
+from rayft.runs import layout
 
-RECORDS_DIR = "stages"
+RECORDS_DIR = layout.STAGE_RECORDS_DIR
 
 
 @dataclass(frozen=True)

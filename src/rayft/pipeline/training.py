@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from rayft.config import RayftConfig, dump_config
+from rayft.models.architecture import refuse_quantize_widths
 from rayft.pipeline.stage import StageOutput
 from rayft.runs import layout
 from rayft.runs.planner import StartPlan, plan_stage_start
@@ -34,6 +35,8 @@ def run_training(
 ) -> StageOutput:
     """Train ``train_cfg`` into the stage directory ``out``: keep a finished run with the same settings,
     resume an unfinished one, replace one with other settings (``adopt`` may change that plan first)."""
+    if train_cfg.task.path is None:  # before the stage's run directory is touched
+        refuse_quantize_widths(train_cfg.model, train_cfg.lora.quantize)
     location = run_location(train_cfg, mirror_dir=out)
     store = open_store(location)
     store.probe()

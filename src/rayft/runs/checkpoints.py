@@ -188,6 +188,21 @@ def is_run_dir(path: Path) -> bool:
     )
 
 
+def is_pipeline_dir(path: Path) -> bool:
+    """A pipeline run directory (``rayft run``): it holds the records of its stages."""
+    return (path / layout.STAGE_RECORDS_DIR).is_dir() and not is_run_dir(path)
+
+
+def trained_run_of_pipeline(path: Path) -> Path | None:
+    """The training run of a pipeline run directory's final model: its last training stage that finished
+    (preference, else train) and left a run directory; None when no training stage did."""
+    for stage in layout.TRAINED_STAGES:
+        run = path / stage
+        if (path / layout.STAGE_RECORDS_DIR / f"{stage}.json").is_file() and is_run_dir(run):
+            return run
+    return None
+
+
 def final_info(run_dir: Path) -> CheckpointInfo | None:
     """What a planner needs to know of ``final/`` of a run (None when there is no final/)."""
     final = run_dir / layout.FINAL_DIR

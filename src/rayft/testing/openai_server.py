@@ -22,6 +22,7 @@ from collections import deque
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
+from urllib.parse import urlsplit
 
 from rayft.generation.backend import GenerationBackend, Prompt, SamplingParams
 
@@ -46,6 +47,7 @@ class OpenAIServer:
         self.delay_s = delay_s
         self.api_key = api_key
         self.requests: list[dict[str, Any]] = []
+        self.targets: list[str] = []  # each POST's request target as sent: its path and query
         self.statuses: list[int] = []
         self.connections = 0  # TCP connections accepted (HTTP/1.1 keep-alive lets clients reuse them)
         self._failures: deque[tuple[int, float | None]] = deque()
@@ -156,7 +158,10 @@ def _handler_for(server: OpenAIServer) -> type[BaseHTTPRequestHandler]:
             if server.api_key is not None and self._rejected_key(request):
                 return
             routes = {"/v1/completions": False, "/v1/chat/completions": True}
-            if self.path not in routes:
+            with server._lock:
+                server.targets.append(self.path)
+            path = urlsplit(self.path).path
+            if path not in routes:
                 self._send(404, {"error": {"message": f"no route {self.path}"}})
                 return
             if server.delay_s:
@@ -168,7 +173,7 @@ def _handler_for(server: OpenAIServer) -> type[BaseHTTPRequestHandler]:
                 headers = {"Retry-After": str(retry_after)} if retry_after is not None else {}
                 self._send(status, {"error": {"message": f"injected HTTP {status}"}}, headers)
                 return
-            reply = server.complete(request, routes[self.path])
+            reply = server.complete(request, routes[path])
             server._record(request, 200)
             self._send(200, reply)
 
