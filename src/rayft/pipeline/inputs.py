@@ -27,13 +27,9 @@ def model_identity(cfg: RayftConfig) -> dict[str, Any]:
     return identity
 
 
-TRAINING_STAGES = ("rl", "preference", "train")
-"""The stages that train a model, the last one to run first."""
-
-
 def trained_final(run_dir: Path, records: dict[str, StageRecord]) -> Path | None:
     """The pipeline's last trained model (RL's or preference training's final/, else SFT's), or None."""
-    stage = next((s for s in TRAINING_STAGES if s in records), None)
+    stage = next((s for s in layout.TRAINED_STAGES if s in records), None)
     return records[stage].output(run_dir, "final") if stage is not None else None
 
 

@@ -195,7 +195,7 @@ def is_pipeline_dir(path: Path) -> bool:
 
 def trained_run_of_pipeline(path: Path) -> Path | None:
     """The training run of a pipeline run directory's final model: its last training stage that finished
-    (preference, else train) and left a run directory; None when no training stage did."""
+    (rl, preference, else train) and left a run directory; None when no training stage did."""
     for stage in layout.TRAINED_STAGES:
         run = path / stage
         if (path / layout.STAGE_RECORDS_DIR / f"{stage}.json").is_file() and is_run_dir(run):
