@@ -146,7 +146,8 @@ def test_sampling_settings_are_per_row_within_one_batch(engine: Engine) -> None:
     async def together() -> list[list[Event]]:
         sinks: list[list[Event]] = [[], [], []]
         jobs = [sampled, _job(PROMPTS[1], 16), sampled]
-        await asyncio.gather(*(_drain(engine.submit(engine.prepare(j, None)), s) for j, s in zip(jobs, sinks, strict=True)))
+        streams = [engine.submit(engine.prepare(job, None)) for job in jobs]
+        await asyncio.gather(*(_drain(stream, sink) for stream, sink in zip(streams, sinks, strict=True)))
         return sinks
 
     alone: list[Event] = []
