@@ -16,7 +16,6 @@ keeps per-layer offsets that padding rows together would break.
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -95,6 +94,7 @@ class RunningBatch:
         self.rows: list[_Row] = []
         self.cache: Any = None
         self.mask: torch.Tensor = torch.zeros((0, 0), dtype=torch.long)
+        self._cache_names: dict[int, str] = {}
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -161,7 +161,9 @@ class RunningBatch:
                  adapters: list[str]) -> torch.Tensor:  # fmt: skip
         """The last position's logits of each row (``[rows, vocab]``); ``cache`` grows in place."""
         kwargs: dict[str, Any] = {"adapter_names": adapters} if self.adapters else {}
-        kwargs[_cache_argument(self.model)] = cache
+        if id(self.model) not in self._cache_names:  # the model changes once, when a PEFT model wraps it
+            self._cache_names[id(self.model)] = _cache_argument(self.model)
+        kwargs[self._cache_names[id(self.model)]] = cache
         out = self.model(input_ids=ids, attention_mask=mask.to(self.device), position_ids=positions, use_cache=True,
                          logits_to_keep=1, **kwargs)  # fmt: skip
         logits: torch.Tensor = out.logits[:, -1, :]
@@ -207,7 +209,6 @@ def _pad_left(tensor: torch.Tensor, width: int) -> torch.Tensor:
     return torch.cat([tensor.new_zeros(shape), tensor], dim=dim)
 
 
-@functools.cache
 def _cache_argument(model: Any) -> str:
     """The name the model's forward takes its KV cache by: ``cache`` (transformers 5.x, most models), or
     ``past_key_values`` (deprecated there, still the only one of some model classes)."""
