@@ -2,10 +2,11 @@
 
 Every row keeps its keys and values in one left-padded :class:`~transformers.DynamicCache`
 (``[rows, heads, positions, dim]``) with a 0/1 attention mask over its positions, and decodes at its
-own position ids, as HF ``generate`` decodes a left-padded batch. A step first drops the rows that
-left (their cache rows are removed, and positions padded in every remaining row are cut), decodes
-one token for each running row, then prefills the rows that join (left-padded among themselves,
-one forward) and appends their caches to the batch's, padded on the left to one length. A PEFT
+own position ids, as HF ``generate`` decodes a left-padded batch. Rows that leave are dropped between
+steps (their cache rows are removed, and positions padded in every remaining row are cut). A step
+either prefills the rows that join (left-padded among themselves, one forward), whose caches are
+then appended to the batch's, padded on the left to one length, or decodes one token for every
+running row. A PEFT
 model with adapters gets each row's adapter by name (``adapter_names``, PEFT's mixed-adapter
 inference). Each row samples with its own settings and generator, from the raw logits' softmax.
 
@@ -122,12 +123,13 @@ class RunningBatch:
             layer.values = layer.values.index_select(0, index)[:, :, used:]
 
     def step(self, joining: list[NewRow]) -> dict[int, Picked]:
-        """One token for every running row, and the first token of each joining row, by key."""
+        """The first token of each joining row (a prefill step), or else one token for every running row, by key.
+
+        A prefill step comes first, so that a new request's first token waits for its own prompt only,
+        not also for a decoding step of the rows already running.
+        """
         with torch.inference_mode():
-            picked = self._decode() if self.rows else {}
-            if joining:
-                picked.update(self._prefill(joining))
-        return picked
+            return self._prefill(joining) if joining else self._decode() if self.rows else {}
 
     def _decode(self) -> dict[int, Picked]:
         ids = torch.tensor([[row.next_token] for row in self.rows], device=self.device)

@@ -4,11 +4,12 @@ An :class:`Engine` owns one :class:`~rayft.generation.hf.HFBackend` (the base mo
 and loads LoRA adapters into it by name. Requests join and leave one running batch between
 decoding steps (:mod:`rayft.serving.batch`): a loop per replica (an asyncio task, whose steps run
 on a worker thread) admits waiting requests while the batch has rows and KV budget left
-(:mod:`rayft.serving.scheduler`), prefills them while the other rows decode, and hands every row
-its new text at each step. A row that ends (end of sequence, a stop string, its token limit) or
-whose client is gone leaves the batch before the next step. Rows with different adapters (PEFT's
-per-row ``adapter_names``) and different sampling settings decode in one batch. The waiting queue
-is bounded: a request beyond it is refused with 429 and a retry hint.
+(:mod:`rayft.serving.scheduler`), prefills them in a step of their own between the running rows'
+decoding steps, and hands every row its new text at each step. A row that ends (end of sequence,
+a stop string, its token limit) or whose client is gone leaves the batch before the next step.
+Rows with different adapters (PEFT's per-row ``adapter_names``) and different sampling settings
+decode in one batch. The waiting queue is bounded: a request beyond it is refused with 429 and a
+retry hint.
 
 Why not transformers' own continuous batching (``generate_batch`` / ``init_continuous_batching``,
 transformers 5.24): it runs on CPU, but packs every request into one sequence (batch dimension 1),
@@ -44,8 +45,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-MAX_PREFILL_TOKENS = 4096
-"""Prompt tokens prefilled in one step at most (beyond one prompt): bounds how long the running rows wait."""
+MAX_PREFILL_TOKENS = 256
+"""Prompt tokens prefilled in one step at most (beyond one prompt): a burst of requests joins over a few
+steps, so that the first of them start streaming early and the running rows are not held up long."""
 
 
 @dataclass(frozen=True)
