@@ -70,7 +70,7 @@ def _reference(model_dir: Path, adapter: Path | None, prompt: str, max_tokens: i
 async def _drain(stream: AsyncGenerator[Event, None], sink: list[Event], after: asyncio.Event | None = None) -> None:
     async for event in stream:
         sink.append(event)
-        if after is not None and sum(isinstance(e, str) for e in sink) >= 2:
+        if after is not None and sum(not isinstance(e, Finished) for e in sink) >= 2:
             after.set()
 
 
@@ -79,7 +79,7 @@ def _ids(events: list[Event]) -> list[int]:
 
 
 def _text(events: list[Event]) -> str:
-    return "".join(e for e in events if isinstance(e, str))
+    return "".join(e.text if isinstance(e, Text) else e for e in events if not isinstance(e, Finished))
 
 
 async def _staggered(engine: Engine, jobs: list[tuple[Job, str | None]]) -> list[list[Event]]:
@@ -127,7 +127,7 @@ def test_a_short_request_finishes_while_a_long_one_streams(engine: Engine) -> No
             async for event in engine.submit(engine.prepare(job, None)):
                 if isinstance(event, Finished):
                     order.append(f"{name} finished")
-                elif name == "long" and "long streams" not in order:
+                elif name == "long" and "long streams" not in order:  # its first piece of text
                     order.append("long streams")
 
         long = asyncio.create_task(run("long", _job(PROMPTS[0], 300)))
@@ -169,6 +169,9 @@ def test_stop_strings_end_their_row_and_logprobs_come_with_the_text(engine: Engi
     first = next(lp for e in full if isinstance(e, Text) for lp in e.logprobs or ())
     assert len(first.top) == 3 and first.top[0][1] >= first.logprob - 1e-6 and first.logprob <= 0
     assert first.top == sorted(first.top, key=lambda t: -t[1])
+    plain: list[Event] = []  # a request that asks for no log-probabilities gets plain text
+    asyncio.run(_drain(engine.submit(engine.prepare(Job(PROMPTS[0], 12, 0.0, 1.0, (), None), "beta")), plain))
+    assert all(type(e) is str for e in plain[:-1]) and "".join(plain[:-1]) == text  # type: ignore[arg-type]
 
 
 def test_a_closed_stream_frees_its_row_at_once(engine: Engine) -> None:

@@ -22,9 +22,6 @@ from typing import Any
 
 import torch
 
-BASE_ADAPTER = "__base__"
-"""PEFT's name for 'no adapter' in a batch that mixes adapters."""
-
 
 @dataclass
 class Sampler:

@@ -45,6 +45,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+BASE_ADAPTER = "__base__"
+"""PEFT's name for 'no adapter' in a batch that mixes adapters."""
+
 MAX_PREFILL_TOKENS = 256
 """Prompt tokens prefilled in one step at most (beyond one prompt): a burst of requests joins over a few
 steps, so that the first of them start streaming early and the running rows are not held up long."""
@@ -84,18 +87,13 @@ class Finished:
     completion_tokens: int
 
 
-class Text(str):
-    """A piece of streamed text; ``logprobs`` holds its tokens' log-probabilities when the request asked."""
+@dataclass(frozen=True)
+class Text:
+    """A piece of streamed text with its tokens' log-probabilities (sent instead of a plain ``str``
+    when the request asked for ``logprobs``)."""
 
-    logprobs: list[TokenLogprob] | None
-
-    def __new__(cls, text: str, logprobs: list[TokenLogprob] | None = None) -> Text:
-        piece = super().__new__(cls, text)
-        piece.logprobs = logprobs
-        return piece
-
-    def __reduce__(self) -> tuple[Any, ...]:  # Serve pickles events between the replica and the router
-        return (Text, (str(self), self.logprobs))
+    text: str
+    logprobs: list[TokenLogprob] | None = None
 
 
 @dataclass
@@ -113,8 +111,9 @@ class Prepared:
         return Need(len(self.input_ids), self.max_tokens)
 
 
-Event = str | Finished
-"""What a request receives: pieces of text (:class:`Text`), then one :class:`Finished`."""
+Event = str | Text | Finished
+"""What a request receives: pieces of text (``str``, or :class:`Text` with log-probabilities), then one
+:class:`Finished`."""
 
 
 @dataclass
@@ -364,7 +363,7 @@ class Engine:
         return self._batch
 
     def _new_row(self, request: _Request) -> NewRow:
-        from rayft.serving.batch import BASE_ADAPTER, NewRow, Sampler
+        from rayft.serving.batch import NewRow, Sampler
 
         job, adapter = request.prepared.job, request.prepared.adapter
         sampler = Sampler(job.temperature, job.top_p, job.seed)
@@ -417,8 +416,10 @@ class _RowState:
         self.shown = len(self.text)
         return [self._text(piece)] if piece else []
 
-    def _text(self, piece: str) -> Text:
-        logprobs, self.logprobs = (self.logprobs, []) if self.wants_logprobs else (None, self.logprobs)
+    def _text(self, piece: str) -> str | Text:
+        if not self.wants_logprobs:
+            return piece
+        logprobs, self.logprobs = self.logprobs, []
         return Text(piece, logprobs)
 
     def finish(self, reason: str) -> list[Event]:
