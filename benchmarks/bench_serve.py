@@ -1,8 +1,10 @@
 """`rayft serve` under load against `rayft generate` on the same prompts, in one run, on one local Ray.
 
 A fixed number of streamed chat requests (greedy, the same max_tokens) is sent with the real
-`openai` client at each concurrency; per level: p50/p95 latency, p50/p95 time to first token and
-generated tokens/s (completion tokens of all requests / wall time of the level). The offline arm is
+`openai` client at each concurrency, each level after the server has started and warmed up (its
+start-up is not timed; the replica batches continuously, `serve.max_batch_size` rows); per level:
+p50/p95 latency, p50/p95 time to first token and generated tokens/s (completion tokens of all
+requests / wall time of the level). The offline arm is
 `rayft generate` over the same prompts as a JSON Lines file (batch 16), end to end (its model load
 and actor start included), and without its fixed cost (a 1-prompt run's time subtracted). Both
 arms get the same CPUs: the Serve replica and the generate actor each reserve --cpus.
@@ -137,6 +139,9 @@ def main() -> None:
     top = levels[max(levels)]["tokens_per_s"]
     print(f"serve at concurrency {max(levels)} / generate: {top / base['tokens_per_s']:.2f}x end to end, "
           f"{top / base['tokens_per_s_without_startup']:.2f}x without its start-up (target >= 0.7x)")  # fmt: skip
+    low, high = min(levels), max(levels)
+    ttft = levels[high]["p50_ttft_s"] / levels[low]["p50_ttft_s"]
+    print(f"p50 time to first token at concurrency {high} / at {low}: {ttft:.2f}x (target <= 3x)")
 
 
 if __name__ == "__main__":

@@ -38,9 +38,7 @@ def adapters(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> 
 
 @pytest.fixture(scope="module")
 def server(ray_session: None, adapters: dict[str, Path]) -> Iterator[rayft.ServeHandle]:
-    cfg = RayftConfig.model_validate(
-        {"serve": {"max_batch_size": 8, "max_adapters_per_replica": 2, "max_tokens": 8, "batch_wait_timeout_s": 0.02}}
-    )
+    cfg = RayftConfig.model_validate({"serve": {"max_batch_size": 8, "max_adapters_per_replica": 2, "max_tokens": 8}})
     handle = rayft.serve([str(adapters["alpha"]), str(adapters["beta"])], config=cfg)
     yield handle
     handle.shutdown()

@@ -1,21 +1,32 @@
-"""The batch engine of `rayft serve` in-process (no Ray): mixed adapters in one batch decode as each
-alone does with `rayft generate`'s backend, rows stop on their own, a cancelled row stops early."""
+"""The continuous-batching engine of `rayft serve` in-process (no Ray): rows that join a running batch at
+different steps, with different prompt lengths, adapters and sampling settings, decode token for token as
+HF `generate` decodes each alone; rows leave on their own; a full queue refuses; a client gone frees its row."""
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncGenerator
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from rayft.config import ModelConfig
-from rayft.generation.backend import SamplingParams
 from rayft.generation.hf import HFBackend
-from rayft.serving.engine import Engine, EngineSettings, Event, Finished, Prepared
+from rayft.serving.engine import Engine, EngineSettings, Event, Finished, QueueFullError, Text
 from rayft.serving.plan import Adapter, BaseGroup
 from rayft.serving.protocol import Job, RequestError
 
-PROMPT = "The quick brown fox"
+PROMPTS = ["The quick brown fox", "Question: A baker has 12 apples and buys 7 more. How many", "SELECT", "0 1 2 3"]
+
+
+@dataclass(frozen=True)
+class LogprobJob(Job):
+    """A job that asks for log-probabilities (the fields the protocol's Job gains for them)."""
+
+    logprobs: bool = True
+    top_logprobs: int = 0
 
 
 @pytest.fixture(scope="module")
@@ -27,61 +38,182 @@ def adapter_dirs(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory)
             (("alpha", 1), ("beta", 2))}  # fmt: skip
 
 
+def _engine(tiny_model_dir: Path, adapter_dirs: dict[str, Path], **settings: Any) -> Engine:
+    adapters = tuple(Adapter(name, str(path)) for name, path in adapter_dirs.items())
+    return Engine(BaseGroup("base", ModelConfig(name=str(tiny_model_dir)), adapters), EngineSettings(**settings))
+
+
 @pytest.fixture(scope="module")
 def engine(tiny_model_dir: Path, adapter_dirs: dict[str, Path]) -> Engine:
-    adapters = tuple(Adapter(name, str(path)) for name, path in adapter_dirs.items())
-    return Engine(BaseGroup("base", ModelConfig(name=str(tiny_model_dir)), adapters), EngineSettings())
+    return _engine(tiny_model_dir, adapter_dirs)
 
 
-def _job(max_tokens: int | None = 6, stop: tuple[str, ...] = ()) -> Job:
-    return Job(PROMPT, max_tokens, 0.0, 1.0, stop, None)
+def _job(prompt: str = PROMPTS[0], max_tokens: int | None = 6, stop: tuple[str, ...] = (), **kw: Any) -> Job:
+    temperature, top_p, seed = kw.get("temperature", 0.0), kw.get("top_p", 1.0), kw.get("seed")
+    return LogprobJob(prompt, max_tokens, temperature, top_p, stop, seed, top_logprobs=kw.get("top", 0))
 
 
-async def _collect(engine: Engine, requests: list[Prepared], cancel_after: int | None = None) -> list[list[Event]]:
-    events: list[list[Event]] = [[] for _ in requests]
-    steps = 0
-    async for updates in engine.run_batch(requests):
-        steps += 1
-        for index, update in enumerate(updates):
-            events[index].extend(update or ())
-        if cancel_after is not None and steps == cancel_after:
-            requests[0].cancelled = True
-    return events
+def _reference(model_dir: Path, adapter: Path | None, prompt: str, max_tokens: int) -> list[int]:
+    """The token ids HF `generate` decodes greedily for ``prompt`` alone (up to and without EOS)."""
+    import torch
+
+    backend = HFBackend(ModelConfig(name=str(model_dir)), adapter_path=str(adapter) if adapter else None, device="cpu")
+    ids = backend.encode([prompt])[0]
+    with torch.inference_mode():
+        out = backend.model.generate(torch.tensor([ids]), attention_mask=torch.ones((1, len(ids)), dtype=torch.long),
+                                     max_new_tokens=max_tokens, do_sample=False, eos_token_id=sorted(backend.eos_ids()),
+                                     pad_token_id=backend.tokenizer.pad_token_id)  # fmt: skip
+    new = out[0, len(ids) :].tolist()
+    return next((new[:i] for i, t in enumerate(new) if t in backend.eos_ids()), new)
+
+
+async def _drain(stream: AsyncGenerator[Event, None], sink: list[Event], after: asyncio.Event | None = None) -> None:
+    async for event in stream:
+        sink.append(event)
+        if after is not None and sum(not isinstance(e, Finished) for e in sink) >= 2:
+            after.set()
+
+
+def _ids(events: list[Event]) -> list[int]:
+    return [lp.token_id for e in events if isinstance(e, Text) for lp in e.logprobs or ()]
 
 
 def _text(events: list[Event]) -> str:
-    return "".join(e for e in events if isinstance(e, str))
+    return "".join(e.text if isinstance(e, Text) else e for e in events if not isinstance(e, Finished))
 
 
-def test_a_mixed_batch_decodes_each_row_as_its_adapter_alone(
+async def _staggered(engine: Engine, jobs: list[tuple[Job, str | None]]) -> list[list[Event]]:
+    """Each request submitted once the one before it has streamed two pieces of text (so joins a running batch)."""
+    sinks: list[list[Event]] = [[] for _ in jobs]
+    tasks = []
+    for index, (job, adapter) in enumerate(jobs):
+        started = asyncio.Event()
+        tasks.append(asyncio.create_task(_drain(engine.submit(engine.prepare(job, adapter)), sinks[index], started)))
+        if index < len(jobs) - 1:
+            await asyncio.wait([asyncio.create_task(started.wait()), tasks[-1]], return_when=asyncio.FIRST_COMPLETED)
+    await asyncio.gather(*tasks)
+    return sinks
+
+
+def test_rows_joining_a_running_batch_decode_as_generate_alone(engine: Engine, tiny_model_dir: Path) -> None:
+    lengths = [40, 24, 16, 8]
+    before = engine.stats.joined_running_batch
+    events = asyncio.run(_staggered(engine, [(_job(p, n), None) for p, n in zip(PROMPTS, lengths, strict=True)]))
+    for prompt, n, got in zip(PROMPTS, lengths, events, strict=True):
+        expected = _reference(tiny_model_dir, None, prompt, n)
+        assert _ids(got) == expected, prompt
+        assert got[-1] == Finished("length" if len(expected) == n else "stop", len(expected) + (len(expected) < n))
+    assert engine.stats.joined_running_batch - before == 3
+    assert engine.stats.rows_in_flight == 0 and engine.stats.largest_batch >= 2
+
+
+def test_mixed_adapters_in_one_running_batch_decode_as_each_alone(
     engine: Engine, tiny_model_dir: Path, adapter_dirs: dict[str, Path]
 ) -> None:
-    for name in ("alpha", "beta"):
-        engine.load_adapter(name)
-    requests = [engine.prepare(_job(), adapter) for adapter in (None, "alpha", "beta", "alpha")]
-    events = asyncio.run(_collect(engine, requests))
-    params = SamplingParams(max_new_tokens=6, temperature=0.0)
-    expected = [HFBackend(ModelConfig(name=str(tiny_model_dir)), device="cpu").generate([PROMPT], params)[0]]
-    for name in ("alpha", "beta"):
-        alone = HFBackend(ModelConfig(name=str(tiny_model_dir)), adapter_path=str(adapter_dirs[name]), device="cpu")
-        expected.append(alone.generate([PROMPT], params)[0])
-    expected.append(expected[1])
-    assert [_text(e) for e in events] == [g.text for g in expected]
-    assert [e[-1] for e in events] == [Finished(g.finish_reason, g.num_generated_tokens) for g in expected]
-    assert len({_text(e) for e in events}) == 3
+    plan: list[tuple[str, str | None]] = [(PROMPTS[1], "alpha"), (PROMPTS[0], None), (PROMPTS[3], "beta"),
+                                          (PROMPTS[2], "alpha")]  # fmt: skip
+    events = asyncio.run(_staggered(engine, [(_job(p, 12), a) for p, a in plan]))
+    for (prompt, adapter), got in zip(plan, events, strict=True):
+        assert _ids(got) == _reference(tiny_model_dir, adapter_dirs[adapter] if adapter else None, prompt, 12)
+    assert len({tuple(_ids(e)) for e in events[:3]}) == 3
     assert engine.stats.base_loads == 1 and engine.stats.adapter_loads == {"alpha": 1, "beta": 1}
 
 
-def test_rows_stop_on_their_own_and_a_cancelled_row_early(engine: Engine) -> None:
-    full = _text(asyncio.run(_collect(engine, [engine.prepare(_job(12), "beta")]))[0])
-    stop = full[3:5]
-    requests = [engine.prepare(_job(40), "alpha"), engine.prepare(_job(12, (stop,)), "beta"),
-                engine.prepare(_job(3), None)]  # fmt: skip
-    events = asyncio.run(_collect(engine, requests, cancel_after=2))
-    assert not any(isinstance(e, Finished) for e in events[0]) and engine.stats.cancelled == 1
-    assert _text(events[1]) == full[: full.index(stop)] and events[1][-1].finish_reason == "stop"  # type: ignore[union-attr]
-    assert events[2][-1] == Finished("length", 3)
-    assert engine.stats.rows_in_flight == 0
+def test_a_short_request_finishes_while_a_long_one_streams(engine: Engine) -> None:
+    async def scenario() -> list[str]:
+        order: list[str] = []
+
+        async def run(name: str, job: Job) -> None:
+            async for event in engine.submit(engine.prepare(job, None)):
+                if isinstance(event, Finished):
+                    order.append(f"{name} finished")
+                elif name == "long" and "long streams" not in order:  # its first piece of text
+                    order.append("long streams")
+
+        long = asyncio.create_task(run("long", _job(PROMPTS[0], 300)))
+        while "long streams" not in order:
+            await asyncio.sleep(0.01)
+        await run("short", _job(PROMPTS[2], 3))
+        await long
+        return order
+
+    assert asyncio.run(scenario()) == ["long streams", "short finished", "long finished"]
+
+
+def test_sampling_settings_are_per_row_within_one_batch(engine: Engine) -> None:
+    sampled = _job(PROMPTS[1], 16, temperature=1.5, top_p=0.9, seed=7)
+
+    async def together() -> list[list[Event]]:
+        sinks: list[list[Event]] = [[], [], []]
+        jobs = [sampled, _job(PROMPTS[1], 16), sampled]
+        streams = [engine.submit(engine.prepare(job, None)) for job in jobs]
+        await asyncio.gather(*(_drain(stream, sink) for stream, sink in zip(streams, sinks, strict=True)))
+        return sinks
+
+    alone: list[Event] = []
+    asyncio.run(_drain(engine.submit(engine.prepare(sampled, None)), alone))
+    mixed = asyncio.run(together())
+    assert _ids(mixed[0]) == _ids(mixed[2]) == _ids(alone)  # a seeded row samples the same, whatever its batch
+    assert _ids(mixed[0]) != _ids(mixed[1])
+
+
+def test_stop_strings_end_their_row_and_logprobs_come_with_the_text(engine: Engine) -> None:
+    full: list[Event] = []
+    asyncio.run(_drain(engine.submit(engine.prepare(_job(PROMPTS[0], 12, top=3), "beta")), full))
+    text = _text(full)
+    stop = text[3:5]
+    stopped: list[Event] = []
+    asyncio.run(_drain(engine.submit(engine.prepare(_job(PROMPTS[0], 12, (stop,)), "beta")), stopped))
+    assert _text(stopped) == text[: text.index(stop)]
+    assert isinstance(stopped[-1], Finished) and stopped[-1].finish_reason == "stop"
+    first = next(lp for e in full if isinstance(e, Text) for lp in e.logprobs or ())
+    assert len(first.top) == 3 and first.top[0][1] >= first.logprob - 1e-6 and first.logprob <= 0
+    assert first.top == sorted(first.top, key=lambda t: -t[1])
+    plain: list[Event] = []  # a request that asks for no log-probabilities gets plain text
+    asyncio.run(_drain(engine.submit(engine.prepare(Job(PROMPTS[0], 12, 0.0, 1.0, (), None), "beta")), plain))
+    assert all(type(e) is str for e in plain[:-1]) and "".join(plain[:-1]) == text  # type: ignore[arg-type]
+
+
+def test_a_closed_stream_frees_its_row_at_once(engine: Engine) -> None:
+    async def scenario() -> tuple[int, int]:
+        stream = engine.submit(engine.prepare(_job(PROMPTS[0], 500), None))
+        await anext(stream)
+        running, steps = engine.stats.rows_in_flight, engine.stats.steps
+        await stream.aclose()  # what Serve does when the client goes away
+        while engine.stats.rows_in_flight:
+            await asyncio.sleep(0.01)
+        return running, engine.stats.steps - steps
+
+    before = engine.stats.cancelled
+    running, steps_after_close = asyncio.run(scenario())
+    assert running == 1 and engine.stats.cancelled == before + 1
+    assert steps_after_close <= 2  # the step under way when it closed, at most: not its 500 tokens
+
+
+def test_a_full_queue_refuses_with_a_retry_hint_and_the_kv_budget_serialises(
+    engine: Engine, tiny_model_dir: Path, adapter_dirs: dict[str, Path]
+) -> None:
+    budget = engine.prepare(_job(PROMPTS[0], 100), None).need().kv_tokens + 1  # one request at a time
+    small = _engine(tiny_model_dir, adapter_dirs, max_rows=4, kv_tokens=budget, max_queued=1)
+
+    async def scenario() -> tuple[list[Event], list[Event], QueueFullError]:
+        first: list[Event] = []
+        second: list[Event] = []
+        started = asyncio.Event()
+        running = asyncio.create_task(_drain(small.submit(small.prepare(_job(PROMPTS[0], 100), None)), first, started))
+        await started.wait()
+        waiting = asyncio.create_task(_drain(small.submit(small.prepare(_job(PROMPTS[2], 4), None)), second))
+        while not small.stats.waiting:
+            await asyncio.sleep(0.01)
+        with pytest.raises(QueueFullError) as refused:
+            await anext(small.submit(small.prepare(_job(PROMPTS[3], 4), None)))
+        await asyncio.gather(running, waiting)
+        return first, second, refused.value
+
+    first, second, refused = asyncio.run(scenario())
+    assert refused.status == 429 and refused.retry_after_s >= 1 and "serve.max_queued_requests" in refused.message
+    assert small.stats.refused == 1 and small.stats.largest_batch == 1
+    assert isinstance(first[-1], Finished) and isinstance(second[-1], Finished)
 
 
 def test_unloading_an_adapter_frees_it_and_a_request_reloads_it(engine: Engine) -> None:
@@ -89,15 +221,22 @@ def test_unloading_an_adapter_frees_it_and_a_request_reloads_it(engine: Engine) 
     before = engine.stats.adapter_loads["alpha"]
     engine.unload_adapter("alpha")
     assert engine.stats.adapter_unloads >= 1
-    asyncio.run(_collect(engine, [engine.prepare(_job(2), "alpha")]))
+    asyncio.run(_drain(engine.submit(engine.prepare(_job(max_tokens=2), "alpha")), []))
     assert engine.stats.adapter_loads["alpha"] == before + 1
 
 
-def test_a_prompt_or_max_tokens_past_the_context_is_refused(engine: Engine) -> None:
+def test_a_prompt_or_max_tokens_past_the_context_or_kv_budget_is_refused(engine: Engine) -> None:
     with pytest.raises(RequestError, match="this model's context is 2048 tokens") as caught:
         engine.prepare(Job("fox " * 3000, None, 0.0, 1.0, (), None), None)
     assert caught.value.param == "prompt" and caught.value.code == "context_length_exceeded"
     with pytest.raises(RequestError, match="ask for at most") as too_many:
-        engine.prepare(_job(5000), None)
+        engine.prepare(_job(max_tokens=5000), None)
     assert too_many.value.param == "max_tokens"
-    assert engine.prepare(_job(None), None).max_tokens == EngineSettings().default_max_tokens
+    assert engine.prepare(_job(max_tokens=None), None).max_tokens == EngineSettings().default_max_tokens
+    small = EngineSettings(kv_tokens=64)
+    engine.limits, saved = small.limits(), engine.limits
+    try:
+        with pytest.raises(RequestError, match=r"serve.kv_cache_tokens"):
+            engine.prepare(_job(max_tokens=100), None)
+    finally:
+        engine.limits = saved

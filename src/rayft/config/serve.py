@@ -19,7 +19,7 @@ class ServeConfig(Section):
     backend: Literal["hf", "vllm"] = Field(
         "hf",
         description=(
-            "'hf': transformers + PEFT on CPU or GPU with dynamic request batching; 'vllm': Ray Serve LLM "
+            "'hf': transformers + PEFT on CPU or GPU with continuous batching; 'vllm': Ray Serve LLM "
             "(ray.serve.llm) on GPUs, with continuous batching (pip install 'rayft[vllm]')."
         ),
     )
@@ -48,10 +48,29 @@ class ServeConfig(Section):
     num_cpus_per_replica: float = Field(1.0, gt=0, description="CPUs reserved by each model replica.")
     num_gpus_per_replica: float = Field(0.0, ge=0, description="GPUs reserved by each model replica (0: CPU).")
     max_batch_size: int = Field(
-        16, gt=0, description="Requests generated together in one batch (hf: serve.batch's max_batch_size)."
+        16,
+        gt=0,
+        description=(
+            "Requests a replica decodes together (hf: rows of its running batch, joined and left at every "
+            "decoding step; vllm: max_num_seqs)."
+        ),
     )
-    batch_wait_timeout_s: float = Field(
-        0.05, ge=0, description="How long a batch waits for more requests before it starts, in seconds."
+    kv_cache_tokens: int = Field(
+        32768,
+        gt=0,
+        description=(
+            "hf: KV cache tokens a replica reserves for its running requests (each takes its prompt plus its "
+            "max_tokens while it runs); a request that does not fit waits in the queue."
+        ),
+    )
+    max_queued_requests: int = Field(
+        48,
+        ge=0,
+        description=(
+            "hf: requests that wait per replica for a row of the running batch; one more is answered 429 with "
+            "Retry-After. Keep max_batch_size + max_queued_requests <= max_ongoing_requests, or Serve queues the "
+            "rest before they reach the replica."
+        ),
     )
     max_adapters_per_replica: int = Field(
         4, gt=0, description="LoRA adapters a replica keeps loaded; the least recently used is unloaded first."

@@ -47,9 +47,8 @@ def build_application(plan: ServePlan, cfg: ServeConfig) -> Any:
     from rayft.serving.replica import replica_class
     from rayft.serving.router import Router
 
-    replica = replica_class(cfg.max_adapters_per_replica, cfg.max_batch_size, cfg.batch_wait_timeout_s)
-    device = "cuda" if cfg.num_gpus_per_replica > 0 else "cpu"
-    settings = EngineSettings(device=device, default_max_tokens=cfg.max_tokens)
+    replica = replica_class(cfg.max_adapters_per_replica)
+    settings = EngineSettings.of(cfg)
     models = [
         serve.deployment(name=f"model-{index}", **deployment_options(cfg))(replica).bind(group, settings)
         for index, group in enumerate(plan.groups)

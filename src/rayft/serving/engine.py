@@ -1,41 +1,82 @@
-"""Generation inside one model replica: a base model, its LoRA adapters, and batches that stream.
+"""Generation inside one model replica: a base model, its LoRA adapters, and continuous batching.
 
 An :class:`Engine` owns one :class:`~rayft.generation.hf.HFBackend` (the base model, loaded once)
-and loads LoRA adapters into it by name. A batch of requests, each with its own adapter, is decoded
-by one ``generate`` call (PEFT's per-row ``adapter_names``), one batch per distinct sampling
-setting; every decoding step hands each request its new text, so a request streams while its
-batch runs. Each row stops on its own (end of sequence, a stop string, its token limit, or its
-client gone) and stops costing compute then. Ray Serve calls this from
-:mod:`rayft.serving.replica`; nothing here imports Serve.
+and loads LoRA adapters into it by name. Requests join and leave one running batch between
+decoding steps (:mod:`rayft.serving.batch`): a loop per replica (an asyncio task, whose steps run
+on a worker thread) admits waiting requests while the batch has rows and KV budget left
+(:mod:`rayft.serving.scheduler`), prefills them in a step of their own between the running rows'
+decoding steps, and hands every row its new text at each step. A row that ends (end of sequence,
+a stop string, its token limit) or whose client is gone leaves the batch before the next step.
+Rows with different adapters (PEFT's per-row ``adapter_names``) and different sampling settings
+decode in one batch. The waiting queue is bounded: a request beyond it is refused with 429 and a
+retry hint.
+
+Why not transformers' own continuous batching (``generate_batch`` / ``init_continuous_batching``,
+transformers 5.24): it runs on CPU, but packs every request into one sequence (batch dimension 1),
+so PEFT's per-row ``adapter_names`` cannot select an adapter per request; it seeds once per
+manager, not per request; and on this project's 2-core CPU machine its ``generate_batch`` took 57 s
+for two 8-token greedy completions of a tiny test model that ``generate`` decodes in well under a
+second. Ray Serve calls this from :mod:`rayft.serving.replica`; nothing here imports Serve.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import threading
+import time
 import warnings
-from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from rayft.generation.backend import SamplingParams, StopFilter
+from rayft.config.serve import ServeConfig
+from rayft.generation.backend import StopFilter
 from rayft.generation.hf import HFBackend
+from rayft.serving.logprobs import TokenLogprob
 from rayft.serving.plan import BaseGroup
 from rayft.serving.protocol import Job, RequestError
+from rayft.serving.scheduler import Limits, Need, plan_admission, queue_full, retry_after_s
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncGenerator
+
+    from rayft.serving.batch import NewRow, Picked, RunningBatch
 
 log = logging.getLogger(__name__)
 
 BASE_ADAPTER = "__base__"
 """PEFT's name for 'no adapter' in a batch that mixes adapters."""
 
+MAX_PREFILL_TOKENS = 256
+"""Prompt tokens prefilled in one step at most (beyond one prompt): a burst of requests joins over a few
+steps, so that the first of them start streaming early and the running rows are not held up long."""
+
 
 @dataclass(frozen=True)
 class EngineSettings:
-    """What an engine needs from ``serve:``: the device and the default completion length."""
+    """What an engine needs from ``serve:``: the device, the default completion length and the batch's bounds."""
 
     device: str = "cpu"
     default_max_tokens: int = 256
+    max_rows: int = 16
+    kv_tokens: int = 32768
+    max_queued: int = 48
+
+    @classmethod
+    def of(cls, cfg: ServeConfig) -> EngineSettings:
+        """The settings of ``serve:`` (a replica with GPUs runs on CUDA)."""
+        return cls(
+            device="cuda" if cfg.num_gpus_per_replica > 0 else "cpu",
+            default_max_tokens=cfg.max_tokens,
+            max_rows=cfg.max_batch_size,
+            kv_tokens=cfg.kv_cache_tokens,
+            max_queued=cfg.max_queued_requests,
+        )
+
+    def limits(self) -> Limits:
+        """The scheduler's bounds."""
+        return Limits(self.max_rows, self.kv_tokens, self.max_queued, MAX_PREFILL_TOKENS)
 
 
 @dataclass(frozen=True)
@@ -46,9 +87,18 @@ class Finished:
     completion_tokens: int
 
 
+@dataclass(frozen=True)
+class Text:
+    """A piece of streamed text with its tokens' log-probabilities (sent instead of a plain ``str``
+    when the request asked for ``logprobs``)."""
+
+    text: str
+    logprobs: list[TokenLogprob] | None = None
+
+
 @dataclass
 class Prepared:
-    """A request ready to join a batch: its token ids, its adapter and its limits."""
+    """A request ready to join the batch: its token ids, its adapter and its limits."""
 
     job: Job
     adapter: str | None
@@ -56,26 +106,54 @@ class Prepared:
     max_tokens: int
     cancelled: bool = False
 
-    def sampling_key(self) -> tuple[float, float, int | None]:
-        """Requests with equal keys are decoded in one ``generate`` call."""
-        return (self.job.temperature, self.job.top_p if self.job.temperature > 0 else 1.0, self.job.seed)
+    def need(self) -> Need:
+        """What the request takes of the batch."""
+        return Need(len(self.input_ids), self.max_tokens)
 
 
-Event = str | Finished
-"""What a request receives at a step: new text, then one :class:`Finished`."""
+Event = str | Text | Finished
+"""What a request receives: pieces of text (``str``, or :class:`Text` with log-probabilities), then one
+:class:`Finished`."""
 
 
 @dataclass
 class EngineStats:
-    """Counters of one replica, for tests and operators: loads, unloads, rows in flight."""
+    """Counters of one replica, for tests and operators: loads, unloads, steps, rows in flight."""
 
     base_loads: int = 0
     adapter_loads: dict[str, int] = field(default_factory=dict)
     adapter_unloads: int = 0
-    batches: int = 0
+    steps: int = 0
     rows_in_flight: int = 0
+    waiting: int = 0
     cancelled: int = 0
+    refused: int = 0
     largest_batch: int = 0
+    joined_running_batch: int = 0  # requests prefilled while other rows were decoding
+
+
+class QueueFullError(RequestError):
+    """429: the replica's waiting queue is full; ``retry_after_s`` says when to try again."""
+
+    def __init__(self, waiting: int, retry_after_s: int) -> None:
+        super().__init__(
+            429,
+            f"the model replica has {waiting} requests waiting, as many as serve.max_queued_requests allows; "
+            f"retry after {retry_after_s} s, or add replicas",
+            None,
+            "rate_limit_exceeded",
+        )
+        self.retry_after_s = retry_after_s
+
+
+@dataclass
+class _Request:
+    """One request in the engine: its row's decoding state and the queue its events go to."""
+
+    key: int
+    prepared: Prepared
+    state: _RowState
+    events: asyncio.Queue[Any]
 
 
 class Engine:
@@ -83,12 +161,23 @@ class Engine:
 
     def __init__(self, group: BaseGroup, settings: EngineSettings) -> None:
         self.backend = HFBackend(group.model, device=settings.device, kv_cache="dynamic", compile=False)
-        self.settings = settings
+        if self.backend.encoder_decoder:
+            raise ValueError(
+                f"{group.model.name} is an encoder-decoder model; rayft serve's hf backend batches decoder-only "
+                "models; serve a causal language model"
+            )
+        self.settings, self.limits = settings, settings.limits()
         self.adapters = {a.model_id: a for a in group.adapters}
         self._names = {a.model_id: f"adapter{i}" for i, a in enumerate(group.adapters)}  # PEFT names: no dots
         self._loaded: set[str] = set()
-        self._lock = threading.Lock()  # adapter loads and unloads change the modules generate runs through
+        self._lock = threading.Lock()  # adapter loads and unloads change the modules a step runs through
         self.stats = EngineStats(base_loads=1)
+        self._waiting: collections.deque[_Request] = collections.deque()
+        self._running: dict[int, _Request] = {}
+        self._keys = 0
+        self._loop_task: asyncio.Task[None] | None = None
+        self._step_s = 0.0  # recent time of one step, for the retry hint of a refusal
+        self._batch: RunningBatch | None = None
 
     def load_adapter(self, model_id: str) -> None:
         """Load the adapter served as ``model_id`` into the base model (idempotent)."""
@@ -143,6 +232,15 @@ class Engine:
                 "context_length_exceeded",
             )
         limit = job.max_tokens or min(self.settings.default_max_tokens, room or self.settings.default_max_tokens)
+        if len(ids) + limit > self.limits.kv_tokens:
+            raise RequestError(
+                400,
+                f"the prompt ({len(ids)} tokens) and max_tokens ({limit}) need {len(ids) + limit} KV cache tokens; "
+                f"a replica holds {self.limits.kv_tokens} (serve.kv_cache_tokens); shorten the prompt or lower "
+                "max_tokens",
+                "max_tokens",
+                "context_length_exceeded",
+            )
         return Prepared(job, adapter, ids, limit)
 
     def render(self, job: Job, adapter: str | None) -> str:
@@ -154,106 +252,133 @@ class Engine:
         return str(tokenizer.apply_chat_template(job.prompt, tokenize=False, add_generation_prompt=True,
                                                  chat_template=template))  # fmt: skip
 
-    async def run_batch(self, requests: Sequence[Prepared]) -> AsyncIterator[list[list[Event] | None]]:
-        """Decode a batch, yielding one entry per request at each step (None: nothing new, or done).
+    def admit(self) -> None:
+        """Refuse a new request now (:class:`QueueFullError`) when the waiting queue is full."""
+        if queue_full(len(self._waiting), self.limits):
+            self.stats.refused += 1
+            remaining = [r.prepared.max_tokens - r.state.count for r in self._running.values()]
+            raise QueueFullError(len(self._waiting), retry_after_s(remaining, self._step_s))
 
-        Requests with different sampling settings are decoded one group after the other.
+    async def submit(self, prepared: Prepared) -> AsyncGenerator[Event, None]:
+        """Queue a request and stream its events; closing the stream (a client gone) frees its row.
+
+        Raises:
+            QueueFullError: the waiting queue is full (check with :meth:`admit` before anything is sent).
         """
-        self.stats.batches += 1
-        self.stats.largest_batch = max(self.stats.largest_batch, len(requests))
-        groups: dict[tuple[float, float, int | None], list[int]] = {}
-        for index, request in enumerate(requests):
-            groups.setdefault(request.sampling_key(), []).append(index)
-        for indices in groups.values():
-            async for updates in self._run_group([requests[i] for i in indices]):
-                out: list[list[Event] | None] = [None] * len(requests)
-                for index, events in zip(indices, updates, strict=True):
-                    out[index] = events
-                yield out
-
-    async def _run_group(self, rows: list[Prepared]) -> AsyncIterator[list[list[Event] | None]]:
-        loop = asyncio.get_running_loop()
-        queue: asyncio.Queue[Any] = asyncio.Queue()
-        states = [_RowState(self.backend, row) for row in rows]
-        self.stats.rows_in_flight += len(rows)
-        thread = threading.Thread(target=self._generate, args=(rows, states, loop, queue), daemon=True)
-        thread.start()
+        self.admit()
+        self._keys += 1
+        request = _Request(self._keys, prepared, _RowState(self.backend, prepared), asyncio.Queue())
+        self._waiting.append(request)
+        self.stats.waiting = len(self._waiting)
+        if self._loop_task is None or self._loop_task.done():
+            self._loop_task = asyncio.get_running_loop().create_task(self._run())
+        finished = False
         try:
-            while (item := await queue.get()) is not _END:
-                if isinstance(item, BaseException):
-                    raise item
-                updates = [state.step(token) for state, token in zip(states, item, strict=True)]
-                yield [events or None for events in updates]
-            yield [state.finish("length") if not state.done else None for state in states]
+            while True:
+                event = await request.events.get()
+                if isinstance(event, BaseException):
+                    raise event
+                finished = isinstance(event, Finished)
+                yield event
+                if finished:
+                    return
         finally:
-            for state in states:
-                state.done = True  # stops the generation thread, should this generator be closed early
-            self.stats.rows_in_flight -= len(rows)
-            self.stats.cancelled += sum(row.cancelled for row in rows)
+            if not finished:
+                prepared.cancelled = True  # the loop drops its row before the next step
+                if request in self._waiting:
+                    self._waiting.remove(request)
+                    self.stats.waiting = len(self._waiting)
+                    self.stats.cancelled += 1
 
-    def _generate(self, rows: list[Prepared], states: list[_RowState], loop: Any, queue: asyncio.Queue[Any]) -> None:
-        """The ``generate`` call of one group, on its own thread; each step's tokens go to ``queue``."""
-        try:
-            with self._lock:
-                for adapter in {row.adapter for row in rows if row.adapter}:
-                    self._load(adapter)  # again, if Serve's cache dropped it while the request waited
-                kwargs = self._generate_args(rows, states, loop, queue)
-                import torch
+    async def _run(self) -> None:
+        """The replica's decoding loop: one step at a time while requests run or wait."""
+        while self._waiting or self._running:
+            admitted = self._take_admitted()
+            started = time.perf_counter()
+            try:
+                results = await asyncio.to_thread(self._step, admitted)
+            except Exception as exc:  # the batch is lost: every request in it gets the error
+                log.error("a decoding step failed: %s: %s", type(exc).__name__, exc)
+                for request in [*self._running.values(), *admitted]:
+                    request.events.put_nowait(exc)
+                self._running.clear()
+                self._batch = None
+                self.stats.rows_in_flight = 0
+                continue
+            self._step_s = 0.8 * self._step_s + 0.2 * (time.perf_counter() - started) if self._step_s else (
+                time.perf_counter() - started)  # fmt: skip
+            for request, events in results:
+                for event in events:
+                    request.events.put_nowait(event)
 
-                seed = rows[0].job.seed
-                if seed is not None:
-                    torch.manual_seed(seed)
-                with torch.inference_mode():
-                    self.backend.model.generate(**kwargs)
-        except BaseException as exc:  # handed to the event loop, which raises it to every request
-            loop.call_soon_threadsafe(queue.put_nowait, exc)
-        loop.call_soon_threadsafe(queue.put_nowait, _END)
+    def _take_admitted(self) -> list[_Request]:
+        """The waiting requests that join at this step (the scheduler's plan), now counted as running."""
+        while self._waiting and self._waiting[0].prepared.cancelled:
+            self._waiting.popleft()
+        running = [r.prepared.need() for r in self._running.values()]
+        count = plan_admission([r.prepared.need() for r in self._waiting], running, self.limits)
+        admitted = [self._waiting.popleft() for _ in range(count)]
+        if admitted and self._running:
+            self.stats.joined_running_batch += len(admitted)
+        for request in admitted:
+            self._running[request.key] = request
+        self.stats.waiting = len(self._waiting)
+        self.stats.rows_in_flight = len(self._running)
+        self.stats.largest_batch = max(self.stats.largest_batch, len(self._running))
+        return admitted
 
-    def _generate_args(self, rows: list[Prepared], states: list[_RowState], loop: Any, queue: Any) -> dict[str, Any]:
-        from transformers import StoppingCriteriaList
+    def _step(self, admitted: list[_Request]) -> list[tuple[_Request, list[Event]]]:
+        """One decoding step on the worker thread: drop rows whose client left, decode, hand out the text."""
+        with self._lock:
+            batch = self._running_batch()
+            gone = {key for key, r in self._running.items() if r.prepared.cancelled}
+            if gone:
+                batch.drop(gone)
+                for key in gone:
+                    del self._running[key]
+                self.stats.cancelled += len(gone)
+            for adapter in {r.prepared.adapter for r in self._running.values() if r.prepared.adapter}:
+                self._load(adapter)  # again, if Serve's cache dropped it while the request waited or ran
+            batch.adapters = bool(self._loaded)
+            joining = [self._new_row(r) for r in admitted if not r.prepared.cancelled]
+            picked = batch.step(joining) if len(batch) or joining else {}
+            self.stats.steps += 1
+            results = [(r, self._events(r, picked[key])) for key, r in self._running.items() if key in picked]
+            done = {r.key for r, _ in results if r.state.done}
+            self.stats.cancelled += sum(self._running[key].prepared.cancelled for key in done)  # gone mid-step
+            batch.drop(done)
+            for key in done:
+                del self._running[key]
+            self.stats.rows_in_flight = len(self._running)
+        return results
 
-        tokenizer = self.backend.tokenizer
-        padded = tokenizer.pad({"input_ids": [row.input_ids for row in rows]}, return_tensors="pt")
-        job = rows[0].job
-        params = SamplingParams(max(row.max_tokens for row in rows), job.temperature, job.top_p, (), job.seed)
-        kwargs: dict[str, Any] = {k: v.to(self.backend.model.device) for k, v in padded.items()}
-        kwargs.update(self.backend.generate_kwargs(params))
-        kwargs.update(streamer=_QueueStreamer(loop, queue), stopping_criteria=StoppingCriteriaList([_RowStop(states)]))
-        if self._loaded:  # a PEFT model: each row names its adapter
-            kwargs["adapter_names"] = [self._names[row.adapter] if row.adapter else BASE_ADAPTER for row in rows]
-        return kwargs
+    def _running_batch(self) -> RunningBatch:
+        if self._batch is None:
+            from rayft.serving.batch import RunningBatch
 
+            pad = self.backend.tokenizer.pad_token_id
+            pad = pad if pad is not None else next(iter(self.backend.eos_ids()), 0)
+            self._batch = RunningBatch(self.backend.model, int(pad), self.settings.device)
+        self._batch.model = self.backend.model  # a PeftModel once the first adapter is loaded
+        return self._batch
 
-_END = object()
+    def _new_row(self, request: _Request) -> NewRow:
+        from rayft.serving.batch import NewRow, Sampler
 
+        job, adapter = request.prepared.job, request.prepared.adapter
+        sampler = Sampler(job.temperature, job.top_p, job.seed)
+        top = int(getattr(job, "top_logprobs", 0) or 0) if getattr(job, "logprobs", False) else None
+        name = self._names[adapter] if adapter else BASE_ADAPTER
+        return NewRow(request.key, request.prepared.input_ids, name, sampler, top)
 
-class _QueueStreamer:
-    """A transformers streamer that hands each step's token ids (one per row) to the event loop."""
-
-    def __init__(self, loop: Any, queue: asyncio.Queue[Any]) -> None:
-        self.loop, self.queue, self.prompt_seen = loop, queue, False
-
-    def put(self, value: Any) -> None:
-        if not self.prompt_seen:  # generate puts the prompt ids first
-            self.prompt_seen = True
-            return
-        self.loop.call_soon_threadsafe(self.queue.put_nowait, value.reshape(-1).tolist())
-
-    def end(self) -> None:
-        """Nothing to do: the generation thread signals the end itself, after any error."""
-
-
-class _RowStop:
-    """Stopping criteria that end each row on its own: finished, or its request cancelled."""
-
-    def __init__(self, states: list[_RowState]) -> None:
-        self.states = states
-
-    def __call__(self, input_ids: Any, scores: Any, **kwargs: Any) -> Any:
-        import torch
-
-        done = [state.done or state.row.cancelled or state.count >= state.row.max_tokens for state in self.states]
-        return torch.tensor(done, dtype=torch.bool, device=input_ids.device)
+    def _events(self, request: _Request, picked: Picked) -> list[Event]:
+        """The events of one row's new token; its log-probabilities ride on the next piece of text."""
+        state = request.state
+        if picked.logprob is not None:
+            decode = self.backend.tokenizer.decode
+            top = [(str(decode([t])), value) for t, value in picked.top]
+            state.logprobs.append(TokenLogprob(str(decode([picked.token])), picked.token, picked.logprob, top))
+        return state.step(picked.token)
 
 
 class _RowState:
@@ -263,6 +388,8 @@ class _RowState:
         self.tokenizer, self.eos = backend.tokenizer, backend.eos_ids()
         self.row, self.ids, self.count, self.shown, self.text = row, list[int](), 0, 0, ""
         self.filter = StopFilter(row.job.stop)
+        self.logprobs: list[TokenLogprob] = []  # of the tokens whose text has not been sent yet
+        self.wants_logprobs = bool(getattr(row.job, "logprobs", False))
         self.done = False
 
     def step(self, token: int) -> list[Event]:
@@ -272,6 +399,7 @@ class _RowState:
             return []
         self.count += 1
         if token in self.eos:
+            self.logprobs.clear()  # the end of sequence is no text: OpenAI reports no log-probability for it
             return self.finish("stop")
         self.ids.append(token)
         self.text = str(self.tokenizer.decode(self.ids, skip_special_tokens=True))
@@ -286,7 +414,13 @@ class _RowState:
     def _show(self) -> list[Event]:
         piece = self.filter.feed(self.text[self.shown :])
         self.shown = len(self.text)
-        return [piece] if piece else []
+        return [self._text(piece)] if piece else []
+
+    def _text(self, piece: str) -> str | Text:
+        if not self.wants_logprobs:
+            return piece
+        logprobs, self.logprobs = self.logprobs, []
+        return Text(piece, logprobs)
 
     def finish(self, reason: str) -> list[Event]:
         """The text held back and the end, once; the text is what decoding the whole row gives."""
@@ -295,4 +429,4 @@ class _RowState:
         self.done = True
         events = self._show()
         tail = self.filter.flush()
-        return [*events, *([tail] if tail else []), Finished(reason, self.count)]
+        return [*events, *([self._text(tail)] if tail else []), Finished(reason, self.count)]

@@ -2,20 +2,22 @@
 
 Serve routes a request for an adapter to a replica that has it loaded when it can
 (``serve.multiplexed``); a replica keeps at most ``serve.max_adapters_per_replica`` adapters and
-unloads the least recently used one first. Requests queue in ``serve.batch`` and a batch decodes
-together (:class:`~rayft.serving.engine.Engine`), each request streaming its own events back.
+unloads the least recently used one first. Each request joins the replica's running batch
+(:class:`~rayft.serving.engine.Engine`, continuous batching) and streams its own events back; a
+request beyond the replica's waiting queue is refused with 429 and ``Retry-After``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 from collections.abc import AsyncIterator
 from typing import Any
 
 from ray import serve
 
-from rayft.serving.engine import Engine, EngineSettings, Event, Finished, Prepared
+from rayft.serving.engine import Engine, EngineSettings, Event, QueueFullError
 from rayft.serving.plan import BaseGroup
 from rayft.serving.protocol import Job, RequestError
 
@@ -29,10 +31,11 @@ class Started:
 
 @dataclasses.dataclass(frozen=True)
 class Refused:
-    """The only event of a refused request: the HTTP status and OpenAI error body."""
+    """The only event of a refused request: the HTTP status, OpenAI error body and response headers."""
 
     status: int
     body: dict[str, Any]
+    headers: dict[str, str] = dataclasses.field(default_factory=dict)
 
 
 class _AdapterSlot:
@@ -47,12 +50,11 @@ class _AdapterSlot:
             self.engine.unload_adapter(self.model_id)
 
 
-def replica_class(max_adapters: int, max_batch_size: int, batch_wait_timeout_s: float) -> type:
-    """The deployment class, with the cache and batch sizes of ``serve:`` (Serve takes them at decoration)."""
+def replica_class(max_adapters: int) -> type:
+    """The deployment class, with the adapter cache size of ``serve:`` (Serve takes it at decoration)."""
 
-    # Serve's decorators are typed for plain functions; these methods are what they take at run time.
+    # Serve's decorator is typed for plain functions; this method is what it takes at run time.
     multiplexed: Any = serve.multiplexed(max_num_models_per_replica=max_adapters)
-    batched: Any = serve.batch(max_batch_size=max_batch_size, batch_wait_timeout_s=batch_wait_timeout_s)
 
     class ModelReplica:
         """One replica of a base model's deployment."""
@@ -69,39 +71,31 @@ def replica_class(max_adapters: int, max_batch_size: int, batch_wait_timeout_s: 
             return _AdapterSlot(self.engine, model_id)
 
         async def generate(self, job: Job) -> AsyncIterator[Started | Refused | Event]:
-            """Stream one request: :class:`Started` (or :class:`Refused`), its text, then :class:`Finished`."""
+            """Stream one request: :class:`Started` (or :class:`Refused`), its text, then its end."""
             adapter = serve.get_multiplexed_model_id() or None
             try:
+                self.engine.admit()
                 if adapter is not None:
                     await self.adapter(adapter)
                 prepared = self.engine.prepare(job, adapter)
+                events = self.engine.submit(prepared)
+                first = await anext(events)  # a full queue refuses here, before anything is sent
+            except QueueFullError as error:
+                yield Refused(error.status, error.body(), {"Retry-After": str(error.retry_after_s)})
+                return
             except RequestError as error:
                 yield Refused(error.status, error.body())
                 return
-            yield Started(len(prepared.input_ids))
-            finished = False
-            try:
-                async for events in self._batch(prepared):
-                    for event in events or ():
-                        finished = finished or isinstance(event, Finished)
-                        yield event
-            finally:
-                # A client gone mid-stream (Serve cancels this generator): its row stops at the next step.
-                prepared.cancelled = not finished
-
-        @batched  # type: ignore[untyped-decorator]
-        async def _batch(self, requests: list[Prepared]) -> AsyncIterator[list[Any]]:
-            finished = [False] * len(requests)
-            async for updates in self.engine.run_batch(requests):
-                out: list[Any] = []
-                for index, events in enumerate(updates):
-                    out.append(StopIteration if finished[index] else events)
-                    finished[index] = finished[index] or any(isinstance(e, Finished) for e in events or ())
-                yield out
-            yield [StopIteration] * len(requests)
+            # A client gone mid-stream: Serve cancels this generator, which closes the engine's
+            # stream, whose row leaves the batch before the next step.
+            async with contextlib.aclosing(events):
+                yield Started(len(prepared.input_ids))
+                yield first
+                async for event in events:
+                    yield event
 
         def stats(self) -> dict[str, Any]:
-            """The engine's counters (loads, unloads, batches, rows in flight)."""
+            """The engine's counters (loads, unloads, steps, rows in flight, refusals)."""
             return dataclasses.asdict(self.engine.stats)
 
     return ModelReplica

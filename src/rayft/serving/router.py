@@ -133,7 +133,7 @@ class Router:
             failed = _failure(exc)
             return JSONResponse(failed.body(), status_code=failed.status)
         if isinstance(first, Refused):
-            return JSONResponse(first.body, status_code=first.status)
+            return JSONResponse(first.body, status_code=first.status, headers=first.headers)
         assert isinstance(first, Started)
         reply = ResponseBuilder(endpoint, request.model)
         if not request.stream:

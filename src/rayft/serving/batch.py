@@ -1,0 +1,229 @@
+"""The running batch of one replica: rows that join and leave between decoding steps, over the model's forward.
+
+Every row keeps its keys and values in one left-padded :class:`~transformers.DynamicCache`
+(``[rows, heads, positions, dim]``) with a 0/1 attention mask over its positions, and decodes at its
+own position ids, as HF ``generate`` decodes a left-padded batch. Rows that leave are dropped between
+steps (their cache rows are removed, and positions padded in every remaining row are cut). A step
+either prefills the rows that join (left-padded among themselves, one forward), whose caches are
+then appended to the batch's, padded on the left to one length, or decodes one token for every
+running row. A PEFT
+model with adapters gets each row's adapter by name (``adapter_names``, PEFT's mixed-adapter
+inference). Each row samples with its own settings and generator, from the raw logits' softmax.
+
+Only decoder-only models whose cache layers are plain :class:`~transformers.cache_utils.DynamicLayer`
+run here (Llama, Qwen2, Mistral without sliding window, GPT-2, ...): a sliding-window or hybrid cache
+keeps per-layer offsets that padding rows together would break.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+
+@dataclass
+class Sampler:
+    """How one row picks its tokens: greedy at temperature 0, else nucleus sampling with its own generator."""
+
+    temperature: float
+    top_p: float
+    seed: int | None
+    generator: torch.Generator | None = None
+
+    def __post_init__(self) -> None:
+        if self.temperature > 0:
+            self.generator = torch.Generator()
+            if self.seed is not None:
+                self.generator.manual_seed(self.seed)
+            else:
+                self.generator.seed()
+
+    def pick(self, logits: torch.Tensor) -> int:
+        """The next token of one row, from its raw logits (``[vocab]``)."""
+        if self.temperature <= 0:
+            return int(logits.argmax())
+        probs = torch.softmax(logits.float() / self.temperature, dim=-1)
+        if self.top_p < 1.0:
+            ordered, order = probs.sort(descending=True)
+            beyond = ordered.cumsum(-1) - ordered > self.top_p  # tokens after the nucleus is complete
+            ordered[beyond] = 0.0
+            probs = torch.zeros_like(probs).scatter_(0, order, ordered)
+        return int(torch.multinomial(probs.cpu(), 1, generator=self.generator))
+
+
+@dataclass
+class NewRow:
+    """A row that joins the batch: its key, prompt ids, adapter (PEFT name) and sampler."""
+
+    key: int
+    input_ids: list[int]
+    adapter: str
+    sampler: Sampler
+    top_logprobs: int | None = None  # None: no log-probabilities; 0: the chosen token's only
+
+
+@dataclass
+class Picked:
+    """One row's new token at one step, with its log-probability and the top alternatives when asked."""
+
+    token: int
+    logprob: float | None = None
+    top: list[tuple[int, float]] = field(default_factory=list)
+
+
+@dataclass
+class _Row:
+    key: int
+    adapter: str
+    sampler: Sampler
+    top_logprobs: int | None
+    position: int  # position id of the row's next input token
+    next_token: int
+
+
+class RunningBatch:
+    """Rows decoding together on one model; see the module docstring."""
+
+    def __init__(self, model: Any, pad_token_id: int, device: str, *, adapters: bool = False) -> None:
+        self.model, self.pad, self.device = model, pad_token_id, device
+        self.adapters = adapters  # whether the model is a PEFT model that takes adapter_names
+        self.rows: list[_Row] = []
+        self.cache: Any = None
+        self.mask: torch.Tensor = torch.zeros((0, 0), dtype=torch.long)
+        self._cache_names: dict[int, str] = {}
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def width(self) -> int:
+        """Positions the cache holds per row (the longest row's, the others padded to it)."""
+        return int(self.mask.shape[1])
+
+    def drop(self, keys: set[int]) -> None:
+        """Remove rows (finished, or their client gone) and the positions no remaining row uses."""
+        keep = [i for i, row in enumerate(self.rows) if row.key not in keys]
+        if len(keep) == len(self.rows):
+            return
+        self.rows = [self.rows[i] for i in keep]
+        if not keep:
+            self.cache, self.mask = None, torch.zeros((0, 0), dtype=torch.long)
+            return
+        index = torch.tensor(keep)
+        self.mask = self.mask.index_select(0, index)
+        used = int(self.mask.any(dim=0).long().argmax())  # the first position some row uses
+        self.mask = self.mask[:, used:]
+        index = index.to(self.device)
+        for layer in self.cache.layers:
+            layer.keys = layer.keys.index_select(0, index)[:, :, used:]
+            layer.values = layer.values.index_select(0, index)[:, :, used:]
+
+    def step(self, joining: list[NewRow]) -> dict[int, Picked]:
+        """The first token of each joining row (a prefill step), or else one token for every running row, by key.
+
+        A prefill step comes first, so that a new request's first token waits for its own prompt only,
+        not also for a decoding step of the rows already running.
+        """
+        with torch.inference_mode():
+            return self._prefill(joining) if joining else self._decode() if self.rows else {}
+
+    def _decode(self) -> dict[int, Picked]:
+        ids = torch.tensor([[row.next_token] for row in self.rows], device=self.device)
+        positions = torch.tensor([[row.position] for row in self.rows], device=self.device)
+        self.mask = torch.cat([self.mask, torch.ones((len(self.rows), 1), dtype=torch.long)], dim=1)
+        logits = self._forward(ids, self.mask, positions, self.cache, [row.adapter for row in self.rows])
+        out = self._pick(logits, self.rows)
+        for row in self.rows:
+            row.position += 1
+            row.next_token = out[row.key].token
+        return out
+
+    def _prefill(self, joining: list[NewRow]) -> dict[int, Picked]:
+        from transformers import DynamicCache
+
+        longest = max(len(row.input_ids) for row in joining)
+        ids = torch.tensor([[self.pad] * (longest - len(r.input_ids)) + r.input_ids for r in joining])
+        mask = torch.tensor([[0] * (longest - len(r.input_ids)) + [1] * len(r.input_ids) for r in joining])
+        positions = (mask.cumsum(-1) - 1).masked_fill_(mask == 0, 1)  # as generate places a left-padded batch
+        cache = DynamicCache()
+        rows = [_Row(r.key, r.adapter, r.sampler, r.top_logprobs, len(r.input_ids), 0) for r in joining]
+        logits = self._forward(ids.to(self.device), mask.to(self.device), positions.to(self.device), cache,
+                               [r.adapter for r in joining])  # fmt: skip
+        out = self._pick(logits, rows)
+        for row in rows:
+            row.next_token = out[row.key].token
+        self._append(rows, cache, mask)
+        return out
+
+    def _forward(self, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, cache: Any,
+                 adapters: list[str]) -> torch.Tensor:  # fmt: skip
+        """The last position's logits of each row (``[rows, vocab]``); ``cache`` grows in place."""
+        kwargs: dict[str, Any] = {"adapter_names": adapters} if self.adapters else {}
+        if id(self.model) not in self._cache_names:  # the model changes once, when a PEFT model wraps it
+            self._cache_names[id(self.model)] = _cache_argument(self.model)
+        kwargs[self._cache_names[id(self.model)]] = cache
+        out = self.model(input_ids=ids, attention_mask=mask.to(self.device), position_ids=positions, use_cache=True,
+                         logits_to_keep=1, **kwargs)  # fmt: skip
+        logits: torch.Tensor = out.logits[:, -1, :]
+        return logits
+
+    def _pick(self, logits: torch.Tensor, rows: list[_Row]) -> dict[int, Picked]:
+        greedy = logits.argmax(dim=-1).tolist()
+        wanted = any(row.top_logprobs is not None for row in rows)
+        logprobs = torch.log_softmax(logits.float(), dim=-1) if wanted else None
+        out: dict[int, Picked] = {}
+        for index, row in enumerate(rows):
+            token = greedy[index] if row.sampler.temperature <= 0 else row.sampler.pick(logits[index])
+            out[row.key] = Picked(token)
+            if logprobs is not None and row.top_logprobs is not None:
+                out[row.key].logprob = float(logprobs[index, token])
+                if row.top_logprobs:
+                    values, ids = logprobs[index].topk(row.top_logprobs)
+                    out[row.key].top = list(zip(ids.tolist(), values.tolist(), strict=True))
+        return out
+
+    def _append(self, rows: list[_Row], cache: Any, mask: torch.Tensor) -> None:
+        """Join the prefilled rows to the batch, both padded on the left to the longer width."""
+        _check_layers(cache)
+        if not self.rows:
+            self.rows, self.cache, self.mask = rows, cache, mask
+            return
+        width = max(self.width(), int(mask.shape[1]))
+        for old, new in zip(self.cache.layers, cache.layers, strict=True):
+            old.keys = torch.cat([_pad_left(old.keys, width), _pad_left(new.keys, width)], dim=0)
+            old.values = torch.cat([_pad_left(old.values, width), _pad_left(new.values, width)], dim=0)
+        self.mask = torch.cat([_pad_left(self.mask, width), _pad_left(mask, width)], dim=0)
+        self.rows = [*self.rows, *rows]
+
+
+def _pad_left(tensor: torch.Tensor, width: int) -> torch.Tensor:
+    """``tensor`` with zeros before its positions (dim 2 of a cache layer, dim 1 of a mask) up to ``width``."""
+    dim = 2 if tensor.dim() == 4 else 1
+    missing = width - int(tensor.shape[dim])
+    if missing <= 0:
+        return tensor
+    shape = list(tensor.shape)
+    shape[dim] = missing
+    return torch.cat([tensor.new_zeros(shape), tensor], dim=dim)
+
+
+def _cache_argument(model: Any) -> str:
+    """The name the model's forward takes its KV cache by: ``cache`` (transformers 5.x, most models), or
+    ``past_key_values`` (deprecated there, still the only one of some model classes)."""
+    import inspect
+
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model  # under a PEFT model
+    return "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
+
+
+def _check_layers(cache: Any) -> None:
+    from transformers.cache_utils import DynamicLayer
+
+    kinds = {type(layer).__name__ for layer in cache.layers if type(layer) is not DynamicLayer}
+    if kinds:
+        raise RuntimeError(
+            f"this model's KV cache has {', '.join(sorted(kinds))} layers, which continuous batching in rayft "
+            "serve does not pad together; serve it with serve.backend: vllm, or a model without sliding-window "
+            "attention"
+        )
