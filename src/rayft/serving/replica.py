@@ -18,6 +18,7 @@ from ray import serve
 from rayft.serving.engine import Engine, EngineSettings, Event, Finished, Prepared
 from rayft.serving.plan import BaseGroup
 from rayft.serving.protocol import Job, RequestError
+from rayft.serving.scoring import Scored
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,6 +89,20 @@ def replica_class(max_adapters: int, max_batch_size: int, batch_wait_timeout_s: 
             finally:
                 # A client gone mid-stream (Serve cancels this generator): its row stops at the next step.
                 prepared.cancelled = not finished
+
+        async def score(self, job: Job) -> Scored | Refused:
+            """An ``echo`` request: the prompt's token log-probabilities and a greedy continuation."""
+            adapter = serve.get_multiplexed_model_id() or None
+            try:
+                if adapter is not None:
+                    await self.adapter(adapter)
+                return await asyncio.to_thread(self.engine.score, job, adapter)
+            except RequestError as error:
+                return Refused(error.status, error.body())
+
+        def ready(self) -> bool:
+            """True: a replica answers only once its model is loaded (the router's health check)."""
+            return True
 
         @batched  # type: ignore[untyped-decorator]
         async def _batch(self, requests: list[Prepared]) -> AsyncIterator[list[Any]]:
