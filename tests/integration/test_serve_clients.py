@@ -171,3 +171,83 @@ def test_every_error_has_the_openai_shape(  # noqa: PLR0917 (the parameters of t
     assert response.status_code == status, response.text
     error = response.json()["error"]
     assert set(error) == {"message", "type", "param", "code"} and says in error["message"], error
+
+
+QUESTIONS = [
+    {"question": "Question: 3 + 4 =", "choices": [" 7", " 8", " 12"], "answer": 0, "target": "7"},
+    {"question": "The quick brown fox", "choices": [" jumps", " sleeps"], "answer": 0, "target": "jumps"},
+    {"question": "SELECT name FROM", "choices": [" table", " users", " dog"], "answer": 0, "target": "table"},
+]
+
+
+def _write_tasks(root: Path) -> Path:
+    """A multiple-choice (log-likelihood) task and a generation task on a three-row JSON Lines file."""
+    data = root / "questions.jsonl"
+    data.write_text("".join(json.dumps(q) + "\n" for q in QUESTIONS), encoding="utf-8")
+    common = f"dataset_path: json\ndataset_kwargs:\n  data_files:\n    test: {data}\ntest_split: test\n"
+    (root / "mc.yaml").write_text(
+        f"task: rayft_mc\n{common}output_type: multiple_choice\ndoc_to_text: '{{{{question}}}}'\n"
+        "doc_to_choice: '{{choices}}'\ndoc_to_target: '{{answer}}'\nmetric_list:\n  - metric: acc\n",
+        encoding="utf-8",
+    )
+    (root / "gen.yaml").write_text(
+        f"task: rayft_gen\n{common}output_type: generate_until\ndoc_to_text: '{{{{question}}}}'\n"
+        "doc_to_target: '{{target}}'\ngeneration_kwargs:\n  until: ['\\n']\n  max_gen_toks: 6\n  do_sample: false\n"
+        "  temperature: 0\nmetric_list:\n  - metric: exact_match\n",
+        encoding="utf-8",
+    )
+    return root
+
+
+def _loglikelihoods(results: dict[str, Any]) -> list[float]:
+    return [float(resp[0][0]) for sample in results["samples"]["rayft_mc"] for resp in sample["resps"]]
+
+
+def test_lm_eval_local_completions_scores_as_lm_eval_in_process(
+    server: rayft.ServeHandle, tiny_model_dir: Path, alpha: Path, tmp_path: Path
+) -> None:
+    """lm-eval's own `local-completions` (token-id requests, batched) gives the log-likelihoods its `hf`
+    model computes in-process with the same adapter."""
+    lm_eval = pytest.importorskip("lm_eval", reason="needs lm-eval (the dev extra)")
+    from lm_eval.tasks import TaskManager
+
+    tasks = TaskManager(include_path=str(_write_tasks(tmp_path)))
+    served = lm_eval.simple_evaluate(
+        model="local-completions",
+        model_args={"base_url": f"{server.base_url}/completions", "model": "alpha", "tokenizer": str(tiny_model_dir),
+                    "tokenizer_backend": "huggingface", "batch_size": 4, "max_retries": 1},
+        tasks=["rayft_mc"], task_manager=tasks, log_samples=True,
+    )  # fmt: skip
+    local = lm_eval.simple_evaluate(
+        model="hf", model_args={"pretrained": str(tiny_model_dir), "peft": str(alpha), "device": "cpu"},
+        tasks=["rayft_mc"], task_manager=tasks, log_samples=True,
+    )  # fmt: skip
+    assert served is not None and local is not None
+    assert len(_loglikelihoods(served)) == sum(len(q["choices"]) for q in QUESTIONS)
+    assert _loglikelihoods(served) == pytest.approx(_loglikelihoods(local), abs=1e-4)
+    assert served["results"]["rayft_mc"]["acc,none"] == local["results"]["rayft_mc"]["acc,none"]
+
+
+def test_lm_eval_local_chat_completions_generates(
+    server: rayft.ServeHandle, client: openai.OpenAI, tmp_path: Path
+) -> None:
+    """lm-eval's `local-chat-completions` (generate_until) through the chat template; its answers are the server's."""
+    lm_eval = pytest.importorskip("lm_eval", reason="needs lm-eval (the dev extra)")
+    from lm_eval.tasks import TaskManager
+
+    results = lm_eval.simple_evaluate(
+        model="local-chat-completions",
+        model_args={"base_url": f"{server.base_url}/chat/completions", "model": "alpha", "max_retries": 1},
+        tasks=["rayft_gen"], task_manager=TaskManager(include_path=str(_write_tasks(tmp_path))),
+        apply_chat_template=True, log_samples=True,
+    )  # fmt: skip
+    assert results is not None and "exact_match,none" in results["results"]["rayft_gen"]
+    answers = [sample["resps"][0][0] for sample in results["samples"]["rayft_gen"]]
+    expected = []
+    for question in QUESTIONS:
+        messages = [{"role": "user", "content": question["question"]}]
+        reply = client.chat.completions.create(
+            model="alpha", messages=messages, max_tokens=6, temperature=0, stop=["\n"]
+        )  # type: ignore[arg-type]
+        expected.append(reply.choices[0].message.content)
+    assert sorted(answers) == sorted(expected)
