@@ -183,7 +183,9 @@ def _invalid(exc: ValidationError | RecursionError) -> RequestError:
     if isinstance(exc, RecursionError):
         return RequestError(400, "the request body nests too deeply to read; send a flatter JSON object")
     error = exc.errors()[0]
-    if error["loc"][:1] == ("prompt",) and error["type"] != "missing":  # the union's own errors name its branches, not what to send
+    if (
+        error["loc"][:1] == ("prompt",) and error["type"] != "missing"
+    ):  # the union's own errors name its branches, not what to send
         return RequestError(400, f"prompt: {_PROMPT_SHAPES} (got {_shown(error.get('input'))})", "prompt")
     param = ".".join(str(p) for p in error["loc"])
     message = error["msg"].removeprefix("Value error, ")

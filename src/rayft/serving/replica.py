@@ -58,10 +58,13 @@ def replica_class(max_adapters: int, max_batch_size: int, batch_wait_timeout_s: 
     class ModelReplica:
         """One replica of a base model's deployment."""
 
-        def __init__(self, group: BaseGroup, settings: EngineSettings) -> None:
+        def __init__(self, group: BaseGroup, settings: EngineSettings, access_log_console: bool = False) -> None:
             from rayft.security import install_redaction
+            from rayft.serving.access_log import hide_access_log_from_console
 
             install_redaction()
+            if not access_log_console:
+                hide_access_log_from_console()
             self.engine = Engine(group, settings)
 
         @multiplexed  # type: ignore[untyped-decorator]

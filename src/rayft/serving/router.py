@@ -20,7 +20,9 @@ from ray import serve
 from ray.serve.handle import DeploymentHandle
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from rayft.serving.access_log import hide_access_log_from_console
 from rayft.serving.engine import Finished
+from rayft.serving.keys import authorized
 from rayft.serving.logprobs import TokenLogprob, chat_logprobs, completion_logprobs
 from rayft.serving.protocol import (
     DONE,
@@ -207,24 +209,46 @@ app.add_exception_handler(Exception, _unexpected)
 class Router:
     """Routes OpenAI requests to the base models' deployments."""
 
-    def __init__(self, handles: list[DeploymentHandle[Any]], routes: dict[str, tuple[int, str | None]]) -> None:
+    def __init__(
+        self,
+        handles: list[DeploymentHandle[Any]],
+        routes: dict[str, tuple[int, str | None]],
+        key_digests: tuple[bytes, ...] = (),
+        access_log_console: bool = False,
+    ) -> None:
         from rayft.security import install_redaction
 
         install_redaction()
-        self.handles, self.routes = handles, routes
+        if not access_log_console:
+            hide_access_log_from_console()
+        self.handles, self.routes, self.key_digests = handles, routes, key_digests
         self.created = int(time.time())
 
     def _model(self, model_id: str) -> dict[str, Any]:
         return {"id": model_id, "object": "model", "created": self.created, "owned_by": "rayft"}
 
+    def _refused(self, request: Request) -> JSONResponse | None:
+        """401 unless the request carries one of the keys (None: let it through)."""
+        if authorized(request.headers.get("authorization"), self.key_digests):
+            return None
+        error = RequestError(
+            401, "this server needs an API key: send 'Authorization: Bearer <key>' with one of its keys "
+            "(the OpenAI client's api_key)", code="invalid_api_key",
+        )  # fmt: skip
+        return _error(error, headers={"WWW-Authenticate": "Bearer"})
+
     @app.get("/v1/models")
-    def models(self) -> dict[str, Any]:
+    def models(self, request: Request) -> Response:
         """The served model ids."""
-        return {"object": "list", "data": [self._model(i) for i in self.routes]}
+        if refused := self._refused(request):
+            return refused
+        return JSONResponse({"object": "list", "data": [self._model(i) for i in self.routes]})
 
     @app.get("/v1/models/{model_id:path}")
-    def model(self, model_id: str) -> Response:
+    def model(self, model_id: str, request: Request) -> Response:
         """One served model (ids may hold slashes: ``run/step-000100``, ``org/name``)."""
+        if refused := self._refused(request):
+            return refused
         if model_id not in self.routes:
             return _error(unknown_model(model_id, list(self.routes)))
         return JSONResponse(self._model(model_id))
@@ -245,17 +269,19 @@ class Router:
     @app.post("/v1/chat/completions")
     async def chat(self, request: Request) -> Response:
         """OpenAI chat completions: the messages through the model's chat template."""
-        return await self._complete(await request.body(), "chat")
+        return self._refused(request) or await self._complete(await request.body(), "chat")
 
     @app.post("/v1/completions")
     async def completions(self, request: Request) -> Response:
         """OpenAI text completions: the prompt (text or token ids, one or a batch) as it is."""
-        return await self._complete(await request.body(), "completion")
+        return self._refused(request) or await self._complete(await request.body(), "completion")
 
     @app.get("/rayft/stats")
-    async def stats(self) -> dict[str, Any]:
+    async def stats(self, request: Request) -> Response:
         """Each deployment's counters (from one of its replicas): model loads, adapter loads, rows in flight."""
-        return {"deployments": [await handle.stats.remote() for handle in self.handles]}
+        if refused := self._refused(request):
+            return refused
+        return JSONResponse({"deployments": [await handle.stats.remote() for handle in self.handles]})
 
     def _handle(self, model: str) -> Any:
         index, adapter = self.routes[model]
