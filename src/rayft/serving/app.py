@@ -81,6 +81,8 @@ def start(plan: ServePlan, cfg: ServeConfig, host: str, port: int) -> str:
     digests = load_key_digests(cfg.api_keys_env, cfg.api_keys_file)
     if warning := exposure_warning(host, bool(digests), cfg.api_keys_env):
         log.warning(warning)
+    if port and _http_port() is None:  # Serve not running yet: its proxy will bind the port
+        check_port_free(host, port)
     port = port or free_port(host)
     serve.start(http_options={"host": host, "port": port})
     actual = serve.status().proxies and _http_port()
@@ -94,10 +96,22 @@ def start(plan: ServePlan, cfg: ServeConfig, host: str, port: int) -> str:
     return f"http://{shown}:{port}/v1"
 
 
+def check_port_free(host: str, port: int) -> None:
+    """Fail fast, in one line, where Serve's proxy could not listen (it would retry, then fail deep in Ray)."""
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as probe:
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            raise ConfigError(
+                f"cannot listen on {host}:{port} ({exc.strerror or exc}); another server may use the port: choose "
+                "another --port (0: a free one), or stop that server"
+            ) from None
+
+
 def _http_port() -> int | None:
     from ray.serve.context import _get_global_client
 
-    client = _get_global_client()
+    client = _get_global_client(raise_if_no_controller_running=False)
     options = client.http_config if client is not None else None
     return int(options.port) if options is not None else None
 
