@@ -219,3 +219,24 @@ def test_the_cli_refuses_a_missing_source_in_one_line(tmp_path: Path) -> None:
     assert result.exit_code == 2
     assert result.output.startswith("Error: model source") and "does not exist" in result.output
     assert "Traceback" not in result.output
+
+
+def test_a_pipeline_directory_serves_its_final_model_under_the_run_name(tmp_path: Path, tiny_model_dir: Path) -> None:
+    from rayft.runs.records import StageRecord, write_record
+    from rayft.testing.checkpoints import build_lora_checkpoint
+
+    pipeline = tmp_path / "quickstart"
+    build_lora_checkpoint(pipeline / "train" / "final", tiny_model_dir, seed=1)
+    write_record(pipeline, StageRecord("train", "f1", {}, {"final": "train/final"}))
+    plan = plan_serving([str(pipeline)], ModelConfig())
+    assert plan.model_ids == [tiny_model_dir.name, "quickstart"]
+    assert plan.served_from == {"quickstart": str(pipeline / "train" / "final")}
+    build_lora_checkpoint(pipeline / "preference" / "final", tiny_model_dir, seed=2)
+    write_record(pipeline, StageRecord("preference", "f2", {}, {"final": "preference/final"}))
+    assert plan_serving([str(pipeline)], ModelConfig()).served_from == {
+        "quickstart": str(pipeline / "preference" / "final")
+    }
+    untrained = tmp_path / "only-data"
+    write_record(untrained, StageRecord("sdg", "f0", {}, {"data": "sdg/data.jsonl"}))
+    with pytest.raises(ConfigError, match="only-data is a pipeline run that has trained no model yet"):
+        plan_serving([str(untrained)], ModelConfig())

@@ -31,7 +31,8 @@ def serve(sources: tuple[str, ...], *, config_path: str | None, host: str | None
           address: str | None) -> None:  # fmt: skip
     """Serve models with an OpenAI-compatible API (/v1/models, /v1/chat/completions, /v1/completions).
 
-    SOURCE is a run directory (eval.checkpoint picks its checkpoint), a checkpoints/step-N or final/
+    SOURCE is a pipeline run directory (`rayft run`'s output: its final model, named after the run),
+    a run directory (eval.checkpoint picks its checkpoint), a checkpoints/step-N or final/
     directory, an exported model directory, a Hub id or a built-in name; each is served under a model
     id printed at start (with no SOURCE, serve.sources of the config). LoRA adapters of one base model
     share its replicas, loaded on demand by model id.
@@ -47,6 +48,9 @@ def serve(sources: tuple[str, ...], *, config_path: str | None, host: str | None
         stopping = _stop_on_signals()
         click.echo(f"Serving at {handle.base_url}")
         click.echo(f"Models: {', '.join(handle.model_ids)}")
+        for model_id, path in handle.served_from.items():
+            if path != model_id:
+                click.echo(f"  {model_id}: {path}")
         click.echo("Press Ctrl-C to stop.")
         stopping.wait()
         grace = cfg.serve.graceful_shutdown_timeout_s
