@@ -56,3 +56,29 @@ def test_requests_need_one_of_the_keys(server: rayft.ServeHandle, capfd: pytest.
     assert "POST /v1/completions" not in console.out + console.err  # the access log stays in the Serve log files
     serve_logs = "".join(p.read_text(errors="replace") for p in (logs / "serve").glob("*.log"))
     assert "POST /v1/completions" in serve_logs
+
+
+def test_health_is_503_until_every_model_is_loaded(server: rayft.ServeHandle, tiny_model_dir: Path) -> None:
+    """A second application on the same Serve whose model replica cannot be placed (more CPUs than the test
+    Ray has): its router is up, its model never loads, and /health says so until the model answers."""
+    from ray import serve
+
+    from rayft.config.model import ModelConfig
+    from rayft.config.serve import ServeConfig
+    from rayft.serving.app import build_application
+    from rayft.serving.plan import plan_serving
+
+    plan = plan_serving([str(tiny_model_dir)], ModelConfig())
+    unplaceable = ServeConfig(num_cpus_per_replica=64)
+    serve._run(build_application(plan, unplaceable), name="loading", route_prefix="/loading", _blocking=False)
+    try:
+        url = server.base_url.removesuffix("/v1") + "/loading/health"
+        response = httpx.get(url, timeout=60)
+        while response.status_code == 404:  # the proxy learns the new route
+            response = httpx.get(url, timeout=60)
+        assert response.status_code == 503, response.text
+        error = response.json()["error"]
+        assert error["code"] == "model_not_ready" and tiny_model_dir.name in error["message"]
+        assert response.headers["retry-after"] == "2"
+    finally:
+        serve.delete("loading")
