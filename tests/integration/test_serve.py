@@ -172,7 +172,7 @@ def test_unknown_model_is_404_naming_the_served_ids(server: rayft.ServeHandle, c
         ("chat/completions", {"model": "alpha", "messages": "hello"}, "messages", "valid list"),
         ("completions", {"model": "alpha", "prompt": "hi", "temperature": "hot"}, "temperature", "valid number"),
         ("completions", {"model": "alpha"}, "prompt", "Field required"),
-        ("completions", {"model": "alpha", "prompt": "hi", "max_tokens": 0}, "max_tokens", "greater than 0"),
+        ("completions", {"model": "alpha", "prompt": "hi", "max_tokens": 0}, "max_tokens", "0 asks for nothing"),
         ("completions", {"model": "alpha", "prompt": "hi", "max_tokens": 5000}, "max_tokens", "ask for at most"),
         ("completions", {"model": "alpha", "prompt": "fox " * 3000}, "prompt", "context is 2048 tokens"),
     ],

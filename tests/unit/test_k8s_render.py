@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import jsonschema
@@ -281,3 +282,18 @@ def test_rayservice_serves_the_sources_of_its_config_on_a_cluster_sized_from_ser
     assert (workers["minReplicas"], workers["maxReplicas"], cluster["enableInTreeAutoscaling"]) == (1, 3, True)
     with pytest.raises(ConfigError, match="serve.sources is empty"):
         render(cluster_config("serve.sources=[]"), "rayservice")
+
+
+def test_rayservice_takes_the_api_keys_from_a_secret_by_reference() -> None:
+    service = by_kind(render(cluster_config("serve.api_keys_secret=serve-keys"), "rayservice"), "RayService")
+    validate(service)
+    cluster = service["spec"]["rayClusterConfig"]
+    groups = [cluster["headGroupSpec"], *cluster["workerGroupSpecs"]]
+    for container in (c for group in groups for c in group["template"]["spec"]["containers"]):
+        (entry,) = [e for e in container["env"] if e["name"] == "RAYFT_API_KEYS"]
+        assert entry == {
+            "name": "RAYFT_API_KEYS",
+            "valueFrom": {"secretKeyRef": {"name": "serve-keys", "key": "RAYFT_API_KEYS"}},
+        }
+    plain = by_kind(render(cluster_config(), "rayservice"), "RayService")
+    assert "RAYFT_API_KEYS" not in json.dumps(plain)

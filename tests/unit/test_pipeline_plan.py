@@ -9,7 +9,7 @@ import pytest
 from rayft.errors import ConfigError
 from rayft.pipeline.fingerprint import hash_object, hash_tree
 from rayft.pipeline.plan import decide, requested_stages, runnable_stages
-from rayft.pipeline.records import StageRecord, outputs_exist, read_record, write_record
+from rayft.runs.records import StageRecord, outputs_exist, read_record, write_record
 
 ALL = ["sdg", "train", "eval", "export"]
 

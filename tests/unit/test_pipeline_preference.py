@@ -9,7 +9,7 @@ import pytest
 
 from rayft.config import RayftConfig, load_config
 from rayft.errors import ConfigError
-from rayft.pipeline.inputs import final_manifest_hash, trained_final
+from rayft.pipeline.inputs import final_manifest_hash
 from rayft.pipeline.plan import requested_stages
 from rayft.pipeline.preference_plan import (
     compare_sources,
@@ -18,9 +18,9 @@ from rayft.pipeline.preference_plan import (
     preference_stage_config,
 )
 from rayft.pipeline.preference_stage import PairsStage, PreferenceStage
-from rayft.pipeline.records import StageRecord
 from rayft.pipeline.stage import StageContext
 from rayft.runs.layout import MANIFEST_FILE
+from rayft.runs.records import StageRecord, trained_final
 
 RUN = Path("/runs/p")
 

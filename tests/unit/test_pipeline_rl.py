@@ -9,13 +9,12 @@ import pytest
 
 from rayft.config import RayftConfig, load_config
 from rayft.errors import ConfigError
-from rayft.pipeline.inputs import trained_final
 from rayft.pipeline.plan import requested_stages
 from rayft.pipeline.preference_plan import compare_sources
-from rayft.pipeline.records import StageRecord
 from rayft.pipeline.rl_stage import rl_stage_config
 from rayft.pipeline.runner import check_rl_stage
 from rayft.pipeline.stage import StageContext
+from rayft.runs.records import StageRecord, trained_final
 
 RUN = Path("/runs/p")
 

@@ -7,10 +7,10 @@ from pathlib import Path
 import yaml
 
 from rayft.config import dump_config, load_config
-from rayft.pipeline.records import StageRecord
 from rayft.pipeline.stages import StageContext, TrainStage, train_stage_config
 from rayft.pipeline.tune_stage import adopt_trial_run, plan_train_handoff, sweep_summary, tune_stage_config
 from rayft.runs.manifest import write_manifest
+from rayft.runs.records import StageRecord
 from rayft.tuning.outputs import write_sweep_outputs
 from rayft.tuning.results import SweepResult
 from tests.unit.test_tune_results import BASE, sweep

@@ -96,7 +96,7 @@ def test_stage_records_and_rendered_manifests_are_written_masked(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from rayft.deploy.writer import write_manifests
-    from rayft.pipeline.records import StageRecord, write_record
+    from rayft.runs.records import StageRecord, write_record
 
     monkeypatch.setenv("HF_TOKEN", CANARY)
     uri = f"http://h:8000/v1?api_key={CANARY}"

@@ -17,12 +17,13 @@ from rayft.serving.plan import BaseGroup, plan_serving
 from rayft.serving.protocol import (
     DONE,
     ChatRequest,
+    Job,
     RequestError,
     ResponseBuilder,
     Usage,
     parse_request,
     sse,
-    to_job,
+    to_jobs,
     unknown_model,
 )
 from rayft.serving.vllm import llm_configs, validate_llm_configs
@@ -35,13 +36,13 @@ def _body(**fields: object) -> bytes:
 def test_a_chat_request_becomes_a_job() -> None:
     request = parse_request(_body(max_tokens=5, temperature=0, stop="\n", seed=3, unknown_field={"x": 1}), "chat")
     assert isinstance(request, ChatRequest)
-    job = to_job(request)
+    (job,) = to_jobs(request)
     assert (job.prompt, job.max_tokens, job.temperature, job.stop, job.seed) == (
         [{"role": "user", "content": "hi"}], 5, 0.0, ("\n",), 3,
     )  # fmt: skip
-    assert to_job(parse_request(_body(max_completion_tokens=7), "chat")).max_tokens == 7
+    assert to_jobs(parse_request(_body(max_completion_tokens=7), "chat"))[0].max_tokens == 7
     text = parse_request(json.dumps({"model": "m", "prompt": ["one"], "stop": ["a", "b"]}).encode(), "completion")
-    assert (to_job(text).prompt, to_job(text).stop) == ("one", ("a", "b"))
+    assert [(j.prompt, j.stop) for j in to_jobs(text)] == [("one", ("a", "b"))]
 
 
 @pytest.mark.parametrize(
@@ -67,9 +68,72 @@ def test_bad_requests_name_the_field(raw: bytes, param: str | None, says: str) -
     assert caught.value.body()["error"]["type"] == "invalid_request_error"
 
 
-def test_a_completion_takes_one_prompt() -> None:
-    with pytest.raises(RequestError, match="one prompt per request"):
-        parse_request(json.dumps({"model": "m", "prompt": ["a", "b"]}).encode(), "completion")
+def _completion(**fields: object) -> list[Job]:
+    return to_jobs(parse_request(json.dumps({"model": "m", **fields}).encode(), "completion"))
+
+
+def test_prompts_are_text_or_token_ids_one_or_a_batch() -> None:
+    assert [j.prompt for j in _completion(prompt=["a", "b"])] == ["a", "b"]
+    assert [(j.prompt, j.prompt_ids) for j in _completion(prompt=[5, 6])] == [("", (5, 6))]
+    batch = _completion(prompt=[[1, 2], [3]], echo=True, logprobs=2, max_tokens=0)
+    assert [j.prompt_ids for j in batch] == [(1, 2), (3,)]
+    assert all(j.echo and j.logprobs and j.top_logprobs == 2 and j.max_tokens == 0 for j in batch)
+    chat = to_jobs(parse_request(_body(logprobs=True, top_logprobs=3), "chat"))[0]
+    assert (chat.logprobs, chat.top_logprobs, chat.echo) == (True, 3, False)
+
+
+def test_chat_content_may_be_text_parts() -> None:
+    parts = [{"type": "text", "text": "one"}, {"type": "text", "text": "two"}]
+    request = parse_request(_body(messages=[{"role": "user", "content": parts}]), "chat")
+    assert to_jobs(request)[0].prompt == [{"role": "user", "content": "one\ntwo"}]
+
+
+@pytest.mark.parametrize(
+    ("fields", "param", "says"),
+    [
+        ({"prompt": ""}, "prompt", "the prompt is empty"),
+        ({"prompt": []}, "prompt", "the list of prompts is empty"),
+        ({"prompt": ["a", ""]}, "prompt.1", "the prompt is empty"),
+        ({"prompt": [[1], []]}, "prompt.1", "the prompt is empty"),
+        ({"prompt": [-1]}, "prompt", "token ids (integers >= 0)"),
+        ({"prompt": [True]}, "prompt", "token ids (integers >= 0)"),
+        ({"prompt": {"text": "a"}}, "prompt", "give a string"),
+        ({"prompt": ["a"] * 257}, "prompt", "at most 256"),
+        ({"prompt": "a", "max_tokens": 0}, "max_tokens", "0 asks for nothing without echo"),
+        ({"prompt": "a", "logprobs": 21}, "logprobs", "less than or equal to 20"),
+    ],
+)
+def test_bad_prompts_name_the_field(fields: dict[str, object], param: str, says: str) -> None:
+    with pytest.raises(RequestError) as caught:
+        _completion(**fields)
+    assert caught.value.status == 400 and caught.value.param == param and says in caught.value.message
+
+
+@pytest.mark.parametrize(
+    ("raw", "param", "says"),
+    [
+        (_body(messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]),
+         "messages.0.content", "content part 0 has type 'image_url'"),
+        (_body(messages=[{"role": "user", "content": [{"type": "text"}]}]), "messages.0.content", "needs 'text'"),
+        (_body(top_logprobs=2), "top_logprobs", "needs logprobs: true"),
+        (b'{"model": "m", "messages": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", None, "nests too deeply"),
+        (b'{"model": "m", "seed": ' + b"9" * 5000 + b"}", None, "not valid JSON"),
+    ],
+)  # fmt: skip
+def test_bad_chat_bodies_are_refused_by_name(raw: bytes, param: str | None, says: str) -> None:
+    with pytest.raises(RequestError) as caught:
+        parse_request(raw, "chat")
+    assert caught.value.status == 400 and caught.value.param == param and says in caught.value.message
+
+
+def test_errors_take_openai_types_by_status() -> None:
+    kinds = {
+        status: RequestError(status, "x").body()["error"]["type"] for status in (400, 401, 404, 405, 429, 500, 503)
+    }
+    assert kinds == {
+        400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
+        405: "invalid_request_error", 429: "rate_limit_error", 500: "server_error", 503: "service_unavailable_error",
+    }  # fmt: skip
 
 
 def test_unknown_model_names_the_served_ids() -> None:
@@ -80,7 +144,7 @@ def test_unknown_model_names_the_served_ids() -> None:
 
 def test_responses_and_chunks_have_the_openai_shape() -> None:
     chat = ResponseBuilder("chat", "m")
-    whole = chat.response("hi", "stop", Usage(3, 2))
+    whole = chat.response([chat.choice(0, "hi", "stop")], Usage(3, 2))
     assert whole["object"] == "chat.completion" and whole["choices"][0]["message"] == {
         "role": "assistant",
         "content": "hi",
@@ -88,7 +152,9 @@ def test_responses_and_chunks_have_the_openai_shape() -> None:
     assert whole["usage"] == {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}
     first = chat.chunk(None, first=True)
     assert first["object"] == "chat.completion.chunk" and first["choices"][0]["delta"] == {"role": "assistant"}
-    assert chat.chunk(None, "length")["choices"][0] == {"index": 0, "delta": {}, "finish_reason": "length"}
+    assert chat.chunk(None, "length")["choices"][0] == {
+        "index": 0, "delta": {}, "logprobs": None, "finish_reason": "length",
+    }  # fmt: skip
     text = ResponseBuilder("completion", "m").chunk("a")
     assert text["object"] == "text_completion" and text["choices"][0]["text"] == "a"
     assert sse({"a": 1}) == b'data: {"a":1}\n\n' and DONE == b"data: [DONE]\n\n"
@@ -153,3 +219,24 @@ def test_the_cli_refuses_a_missing_source_in_one_line(tmp_path: Path) -> None:
     assert result.exit_code == 2
     assert result.output.startswith("Error: model source") and "does not exist" in result.output
     assert "Traceback" not in result.output
+
+
+def test_a_pipeline_directory_serves_its_final_model_under_the_run_name(tmp_path: Path, tiny_model_dir: Path) -> None:
+    from rayft.runs.records import StageRecord, write_record
+    from rayft.testing.checkpoints import build_lora_checkpoint
+
+    pipeline = tmp_path / "quickstart"
+    build_lora_checkpoint(pipeline / "train" / "final", tiny_model_dir, seed=1)
+    write_record(pipeline, StageRecord("train", "f1", {}, {"final": "train/final"}))
+    plan = plan_serving([str(pipeline)], ModelConfig())
+    assert plan.model_ids == [tiny_model_dir.name, "quickstart"]
+    assert plan.served_from == {"quickstart": str(pipeline / "train" / "final")}
+    build_lora_checkpoint(pipeline / "preference" / "final", tiny_model_dir, seed=2)
+    write_record(pipeline, StageRecord("preference", "f2", {}, {"final": "preference/final"}))
+    assert plan_serving([str(pipeline)], ModelConfig()).served_from == {
+        "quickstart": str(pipeline / "preference" / "final")
+    }
+    untrained = tmp_path / "only-data"
+    write_record(untrained, StageRecord("sdg", "f0", {}, {"data": "sdg/data.jsonl"}))
+    with pytest.raises(ConfigError, match="only-data is a pipeline run that has trained no model yet"):
+        plan_serving([str(untrained)], ModelConfig())

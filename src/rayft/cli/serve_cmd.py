@@ -1,8 +1,10 @@
-"""``rayft serve``: models behind an OpenAI-compatible API on Ray Serve, until Ctrl-C."""
+"""``rayft serve``: models behind an OpenAI-compatible API on Ray Serve, until Ctrl-C or SIGTERM."""
 
 from __future__ import annotations
 
+import signal
 import threading
+from types import FrameType
 
 import click
 
@@ -21,27 +23,52 @@ from rayft.config import load_config
     help="Config file (optional): its serve section (replicas, batching, adapters, address).",
 )
 @click.option("--host", default=None, help="Address to listen on [serve.host: 127.0.0.1].")
-@click.option("--port", type=int, default=None, help="HTTP port, 0 for a free one [serve.port: 8000].")
+@click.option(
+    "--port", type=click.IntRange(0, 65535), default=None, help="HTTP port, 0 for a free one [serve.port: 8000]."
+)
 @click.option("--address", default=None, metavar="ADDRESS", help=LOCAL_HELP)
 def serve(sources: tuple[str, ...], *, config_path: str | None, host: str | None, port: int | None,
           address: str | None) -> None:  # fmt: skip
     """Serve models with an OpenAI-compatible API (/v1/models, /v1/chat/completions, /v1/completions).
 
-    SOURCE is a run directory (eval.checkpoint picks its checkpoint), a checkpoints/step-N or final/
+    SOURCE is a pipeline run directory (`rayft run`'s output: its final model, named after the run),
+    a run directory (eval.checkpoint picks its checkpoint), a checkpoints/step-N or final/
     directory, an exported model directory, a Hub id or a built-in name; each is served under a model
     id printed at start (with no SOURCE, serve.sources of the config). LoRA adapters of one base model
     share its replicas, loaded on demand by model id.
-    Blocks until Ctrl-C, then lets the requests in flight finish.
+    Blocks until Ctrl-C (SIGINT) or SIGTERM, then lets the requests in flight finish (up to
+    serve.graceful_shutdown_timeout_s), stops the Ray it started and exits 0. Keys (optional) come
+    from the variable serve.api_keys_env (RAYFT_API_KEYS) or serve.api_keys_file, never from here.
     """
     cfg = load_config(config_path, [])
     host = host if host is not None else cfg.serve.host
     handle = api.serve(list(sources), config=cfg, host=host, port=port if port is not None else cfg.serve.port,
                        address=address)  # fmt: skip
     with handle:
+        stopping = _stop_on_signals()
         click.echo(f"Serving at {handle.base_url}")
         click.echo(f"Models: {', '.join(handle.model_ids)}")
+        for model_id, path in handle.served_from.items():
+            if path != model_id:
+                click.echo(f"  {model_id}: {path}")
         click.echo("Press Ctrl-C to stop.")
-        try:
-            threading.Event().wait()
-        except KeyboardInterrupt:
-            click.echo("Stopping: finishing the requests in flight...")
+        stopping.wait()
+        grace = cfg.serve.graceful_shutdown_timeout_s
+        click.echo(f"Stopping: finishing the requests in flight (up to {grace:g} s)...")
+    click.echo("Stopped.")
+
+
+def _stop_on_signals() -> threading.Event:
+    """An event set by SIGINT or SIGTERM, whichever comes first; later ones are ignored while draining.
+
+    Both are handled here, after Ray has started: Ray's own SIGTERM handler kills its processes at
+    once (cutting the requests in flight), and a script's background job starts with SIGINT ignored.
+    """
+    stopping = threading.Event()
+
+    def stop(signum: int, frame: FrameType | None) -> None:
+        stopping.set()
+
+    for kind in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(kind, stop)
+    return stopping

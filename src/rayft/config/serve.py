@@ -85,9 +85,41 @@ class ServeConfig(Section):
             "(Ray Serve LLM loads adapters from remote storage); requested as model '<base id>:<adapter id>'."
         ),
     )
+    api_keys_env: str | None = Field(
+        "RAYFT_API_KEYS",
+        description=(
+            "Environment variable holding the API keys (comma- or newline-separated): requests must then send "
+            "'Authorization: Bearer <key>' (401 otherwise). Unset or empty: no key needed. Keys are never taken "
+            "from the command line or this file."
+        ),
+    )
+    api_keys_file: str | None = Field(
+        None, description="A file of API keys, one a line ('#' starts a comment), added to those of api_keys_env."
+    )
+    api_keys_secret: str | None = Field(
+        None,
+        pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$",
+        description=(
+            "RayService (rayft k8s render): the Kubernetes Secret whose key named after api_keys_env holds the API "
+            "keys; every pod gets that variable from it."
+        ),
+    )
+    access_log_console: bool = Field(
+        False,
+        description=(
+            "Also print Ray Serve's access log (method, route, status, latency; never a key or a prompt) on the "
+            "console; it always goes to the Serve log files under the Ray session's logs/serve/."
+        ),
+    )
     graceful_shutdown_timeout_s: float = Field(
         30.0, ge=0, description="On shutdown, how long replicas finish the requests in flight before they stop."
     )
+
+    @model_validator(mode="after")
+    def _check_keys_secret(self) -> ServeConfig:
+        if self.api_keys_secret and not self.api_keys_env:
+            raise ValueError("serve.api_keys_secret needs serve.api_keys_env (the variable the pods read); set it")
+        return self
 
     @model_validator(mode="after")
     def _check_autoscaling(self) -> ServeConfig:

@@ -209,10 +209,23 @@ def ray_service(cfg: RayftConfig) -> Manifest:
     most = cfg.serve.max_replicas or cfg.serve.num_replicas
     least = cfg.serve.min_replicas if cfg.serve.min_replicas is not None else most
     cluster = ray_cluster_spec(cfg, plan, min_pods=least, max_pods=most)
+    _add_api_keys(cfg, cluster)
     if cfg.serve.min_replicas is not None:
         cluster["enableInTreeAutoscaling"] = True
     spec = {"serveConfigV2": yaml.safe_dump(serve_config(cfg), sort_keys=False), "rayClusterConfig": cluster}
     return {"apiVersion": "ray.io/v1", "kind": "RayService", "metadata": metadata(cfg), "spec": spec}
+
+
+def _add_api_keys(cfg: RayftConfig, cluster: dict[str, Any]) -> None:
+    """Every pod reads ``serve.api_keys_env`` from the Secret ``serve.api_keys_secret`` (by reference: the
+    keys are in no manifest); the pod that builds the Serve application hashes them for the router."""
+    secret, variable = cfg.serve.api_keys_secret, cfg.serve.api_keys_env
+    if not secret or not variable:
+        return
+    entry = {"name": variable, "valueFrom": {"secretKeyRef": {"name": secret, "key": variable}}}
+    groups = [cluster["headGroupSpec"], *cluster["workerGroupSpecs"]]
+    for container in (c for group in groups for c in group["template"]["spec"]["containers"]):
+        container["env"] = [*(e for e in container.get("env", []) if e["name"] != variable), entry]
 
 
 def kubeflow_command(cfg: RayftConfig) -> list[str]:

@@ -6,7 +6,7 @@
 - :mod:`~rayft.pipeline.stages`: one object per stage: what its fingerprint covers, how it runs.
 - :mod:`~rayft.pipeline.inputs`: the config pieces and file hashes a fingerprint covers.
 - :mod:`~rayft.pipeline.fingerprint`: hashing of objects, files and directories.
-- :mod:`~rayft.pipeline.records`: ``stages/<stage>.json``, written last by a finished stage.
+- :mod:`~rayft.runs.records`: ``stages/<stage>.json``, written last by a finished stage.
 - :mod:`~rayft.pipeline.outputs`: the pipeline's config, lineage and report files.
 - :mod:`~rayft.pipeline.lineage`, :mod:`~rayft.pipeline.report`: their contents.
 """

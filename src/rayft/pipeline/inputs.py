@@ -10,8 +10,8 @@ from typing import Any
 from rayft.config import DataConfig, DatasetConfig, RayftConfig
 from rayft.errors import ConfigError
 from rayft.pipeline.fingerprint import hash_file, hash_path
-from rayft.pipeline.records import StageRecord
 from rayft.runs import layout
+from rayft.runs.records import StageRecord, trained_final
 
 SDG_PATH = "stage:sdg"
 """A dataset path that stands for the synthetic data of this pipeline's ``sdg`` stage."""
@@ -25,12 +25,6 @@ def model_identity(cfg: RayftConfig) -> dict[str, Any]:
         files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
         identity["files"] = [(str(p), p.stat().st_size, p.stat().st_mtime_ns) for p in files]
     return identity
-
-
-def trained_final(run_dir: Path, records: dict[str, StageRecord]) -> Path | None:
-    """The pipeline's last trained model (RL's or preference training's final/, else SFT's), or None."""
-    stage = next((s for s in layout.TRAINED_STAGES if s in records), None)
-    return records[stage].output(run_dir, "final") if stage is not None else None
 
 
 def final_manifest_hash(run_dir: Path, records: dict[str, StageRecord], stage: str | None = None) -> str | None:

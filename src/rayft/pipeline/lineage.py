@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from rayft.pipeline.records import StageRecord
+from rayft.runs.records import StageRecord
 
 PACKAGES = ("rayft", "ray", "torch", "transformers", "peft", "datasets", "pyarrow", "safetensors")
 

@@ -16,9 +16,9 @@ from rayft.files import write_text_atomic
 from rayft.pipeline.fingerprint import hash_object
 from rayft.pipeline.lineage import build_lineage, software_versions
 from rayft.pipeline.plan import StageDecision
-from rayft.pipeline.records import RECORDS_DIR, StageRecord
 from rayft.pipeline.report import ReportInputs, StageRow, render_report
 from rayft.runs.layout import TRACKING_FILE
+from rayft.runs.records import RECORDS_DIR, StageRecord
 from rayft.runs.store import RunStore
 from rayft.training.profiling.report import profile_section, read_profile
 

@@ -16,7 +16,7 @@ from typing import Literal
 from rayft.config import RayftConfig
 from rayft.config.data import DatasetConfig
 from rayft.config.pairs import preference_data_section, preference_train_section
-from rayft.pipeline.records import StageRecord
+from rayft.runs.records import StageRecord
 
 START_DIR = "sft-merged"
 """The pipeline's directory of the merged SFT model a LoRA preference training starts from."""

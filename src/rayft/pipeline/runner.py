@@ -21,7 +21,7 @@ With a URI as ``storage_path`` only the train stage may run: it writes through a
 (under the cache) and uploads to ``<uri>/<name>/train/``; the pipeline's records follow at the end.
 
 The parts: which stages run (:mod:`rayft.pipeline.plan`), each stage's inputs and work
-(:mod:`rayft.pipeline.stages`), its record (:mod:`rayft.pipeline.records`), and the pipeline's own
+(:mod:`rayft.pipeline.stages`), its record (:mod:`rayft.runs.records`), and the pipeline's own
 files (:mod:`rayft.pipeline.outputs`).
 """
 
@@ -42,7 +42,6 @@ from rayft.config.tracking import MlflowArtifact
 from rayft.errors import ConfigError
 from rayft.evaluation.summary import CompareSummary
 from rayft.pipeline.fingerprint import hash_object
-from rayft.pipeline.inputs import trained_final
 from rayft.pipeline.lineage import relative
 from rayft.pipeline.outputs import (
     CONFIG_FILE,
@@ -54,12 +53,12 @@ from rayft.pipeline.outputs import (
     write_text,
 )
 from rayft.pipeline.plan import StageDecision, check_remote_stages, decide, requested_stages, runnable_stages
-from rayft.pipeline.records import StageRecord, outputs_exist, read_record, write_record
 from rayft.pipeline.stage import Stage, StageContext
 from rayft.pipeline.stages import STAGES
 from rayft.runs.layout import PROFILE_DIR, TRACKING_FILE
 from rayft.runs.location import RunLocation, plan_run_location
 from rayft.runs.lock import run_lock
+from rayft.runs.records import StageRecord, outputs_exist, read_record, trained_final, write_record
 from rayft.runs.store import open_store
 from rayft.runtime import ray_runtime
 from rayft.tracking.driver import PipelineTracker

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from rayft.config import RayftConfig
-from rayft.pipeline.records import StageRecord
+from rayft.runs.records import StageRecord
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ from rayft._version import __version__
 from rayft.cache import cache_root
 from rayft.config import RayftConfig
 from rayft.files import replace_dir, staging_dir
-from rayft.pipeline.inputs import final_manifest_hash, local_files, model_identity, train_data_config, trained_final
+from rayft.pipeline.inputs import final_manifest_hash, local_files, model_identity, train_data_config
 from rayft.pipeline.preference_plan import compare_sources
 from rayft.pipeline.preference_stage import PairsStage, PreferenceStage
 from rayft.pipeline.rl_stage import RlStage
@@ -24,6 +24,7 @@ from rayft.pipeline.tune_stage import TuneStage, adopt_trial_run, plan_train_han
 from rayft.recipes import compare, evaluate, export, sdg
 from rayft.runs.location import plan_run_location
 from rayft.runs.planner import StartPlan
+from rayft.runs.records import trained_final
 from rayft.runs.store import move_aside
 
 log = logging.getLogger("rayft.run")

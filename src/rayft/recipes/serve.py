@@ -33,4 +33,4 @@ def run(cfg: RayftConfig, sources: list[str], *, host: str, port: int, address: 
         resources.close()
         raise
     log.info("serving %s at %s", ", ".join(plan.model_ids), base_url)
-    return ServeHandle(base_url, plan.model_ids, resources)
+    return ServeHandle(base_url, plan.model_ids, dict(plan.served_from), resources)

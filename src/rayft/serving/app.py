@@ -15,6 +15,7 @@ from typing import Any
 
 from rayft.config.serve import ServeConfig
 from rayft.errors import ConfigError
+from rayft.serving.keys import exposure_warning, load_key_digests
 from rayft.serving.plan import ServePlan
 
 log = logging.getLogger(__name__)
@@ -39,8 +40,9 @@ def deployment_options(cfg: ServeConfig) -> dict[str, Any]:
     return {**options, "autoscaling_config": autoscaling}
 
 
-def build_application(plan: ServePlan, cfg: ServeConfig) -> Any:
-    """The Serve application: one deployment per base model, behind the OpenAI router."""
+def build_application(plan: ServePlan, cfg: ServeConfig, key_digests: tuple[bytes, ...] = ()) -> Any:
+    """The Serve application: one deployment per base model, behind the OpenAI router (which asks for
+    one of the keys of ``key_digests``, when there are any)."""
     from ray import serve
 
     from rayft.serving.engine import EngineSettings
@@ -50,7 +52,9 @@ def build_application(plan: ServePlan, cfg: ServeConfig) -> Any:
     replica = replica_class(cfg.max_adapters_per_replica)
     settings = EngineSettings.of(cfg)
     models = [
-        serve.deployment(name=f"model-{index}", **deployment_options(cfg))(replica).bind(group, settings)
+        serve.deployment(name=f"model-{index}", **deployment_options(cfg))(replica).bind(
+            group, settings, cfg.access_log_console
+        )
         for index, group in enumerate(plan.groups)
     ]
     router = serve.deployment(
@@ -59,7 +63,7 @@ def build_application(plan: ServePlan, cfg: ServeConfig) -> Any:
         max_ongoing_requests=cfg.max_ongoing_requests * len(plan.groups),
         graceful_shutdown_timeout_s=cfg.graceful_shutdown_timeout_s,
     )(Router)
-    return router.bind(models, plan.routes)
+    return router.bind(models, plan.routes, key_digests, cfg.access_log_console)
 
 
 def free_port(host: str) -> int:
@@ -73,6 +77,11 @@ def start(plan: ServePlan, cfg: ServeConfig, host: str, port: int) -> str:
     """Deploy the plan on the Ray this process uses (waits until every replica is up); the base URL."""
     from ray import serve
 
+    digests = load_key_digests(cfg.api_keys_env, cfg.api_keys_file)
+    if warning := exposure_warning(host, bool(digests), cfg.api_keys_env):
+        log.warning(warning)
+    if port and _http_port() is None:  # Serve not running yet: its proxy will bind the port
+        check_port_free(host, port)
     port = port or free_port(host)
     serve.start(http_options={"host": host, "port": port})
     actual = serve.status().proxies and _http_port()
@@ -81,15 +90,27 @@ def start(plan: ServePlan, cfg: ServeConfig, host: str, port: int) -> str:
             f"Ray Serve already runs on this cluster with its HTTP port at {actual}, not {port}; serve on port "
             f"{actual}, or stop the other Serve application first (serve shutdown)"
         )
-    serve.run(build_application(plan, cfg), name=APP_NAME, route_prefix="/")
+    serve.run(build_application(plan, cfg, digests), name=APP_NAME, route_prefix="/")
     shown = "127.0.0.1" if host in ("0.0.0.0", "::") else host
     return f"http://{shown}:{port}/v1"
+
+
+def check_port_free(host: str, port: int) -> None:
+    """Fail fast, in one line, where Serve's proxy could not listen (it would retry, then fail deep in Ray)."""
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as probe:
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            raise ConfigError(
+                f"cannot listen on {host}:{port} ({exc.strerror or exc}); another server may use the port: choose "
+                "another --port (0: a free one), or stop that server"
+            ) from None
 
 
 def _http_port() -> int | None:
     from ray.serve.context import _get_global_client
 
-    client = _get_global_client()
+    client = _get_global_client(raise_if_no_controller_running=False)
     options = client.http_config if client is not None else None
     return int(options.port) if options is not None else None
 

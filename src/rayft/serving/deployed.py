@@ -18,6 +18,7 @@ def build_app(args: dict[str, Any]) -> Any:
     from rayft.errors import ConfigError
     from rayft.security import install_redaction
     from rayft.serving.app import build_application
+    from rayft.serving.keys import load_key_digests
     from rayft.serving.plan import plan_serving
     from rayft.serving.vllm import llm_configs, validate_llm_configs
 
@@ -27,7 +28,10 @@ def build_app(args: dict[str, Any]) -> Any:
     cfg = load_config(str(args["config"]), [])
     plan = plan_serving(list(cfg.serve.sources), cfg.model, cfg.eval.checkpoint)
     if cfg.serve.backend == "hf":
-        return build_application(plan, cfg.serve)
+        # The keys are read here, in the pod that builds the application (from the Secret of
+        # serve.api_keys_secret); only their digests reach the router.
+        digests = load_key_digests(cfg.serve.api_keys_env, cfg.serve.api_keys_file)
+        return build_application(plan, cfg.serve, digests)
     from ray.serve.llm import build_openai_app
 
     return build_openai_app({"llm_configs": validate_llm_configs(llm_configs(plan, cfg.serve))})

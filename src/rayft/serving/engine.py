@@ -37,6 +37,7 @@ from rayft.serving.logprobs import TokenLogprob
 from rayft.serving.plan import BaseGroup
 from rayft.serving.protocol import Job, RequestError
 from rayft.serving.scheduler import Limits, Need, plan_admission, queue_full, retry_after_s
+from rayft.serving.scoring import Scored, score_tokens
 
 if TYPE_CHECKING:
     from collections.abc import AsyncGenerator
@@ -212,7 +213,7 @@ class Engine:
 
     def prepare(self, job: Job, adapter: str | None) -> Prepared:
         """Render and tokenize a request; a :class:`RequestError` (400) when it cannot fit the context."""
-        ids = self.backend.encode([self.render(job, adapter)])[0]
+        ids = self.prompt_ids(job, adapter)
         context = self.backend.context_tokens()
         if context is not None and len(ids) >= context:
             raise RequestError(
@@ -242,6 +243,36 @@ class Engine:
                 "context_length_exceeded",
             )
         return Prepared(job, adapter, ids, limit)
+
+    def prompt_ids(self, job: Job, adapter: str | None) -> list[int]:
+        """The prompt's token ids: given ones as they are (each checked against the vocabulary), else
+        the rendered prompt's."""
+        if job.prompt_ids is None:
+            return self.backend.encode([self.render(job, adapter)])[0]
+        vocabulary = len(self.backend.tokenizer)
+        if bad := [i for i in job.prompt_ids if i >= vocabulary]:
+            raise RequestError(
+                400, f"the prompt has {len(bad)} token ids outside this model's vocabulary of {vocabulary} tokens, "
+                f"first {bad[0]}; send ids below {vocabulary}, or the prompt as text", "prompt",
+            )  # fmt: skip
+        return list(job.prompt_ids)
+
+    def score(self, job: Job, adapter: str | None) -> Scored:
+        """The prompt's token log-probabilities and a greedy continuation of ``job.max_tokens``
+        (``echo`` requests), by forward passes outside the decoding batches."""
+        ids = self.prepare(job, adapter).input_ids
+        tokenizer = self.backend.tokenizer
+        with self._lock:  # the same lock as a batch's generate: adapters stay put, PEFT's hooks are ours
+            if adapter:
+                self._load(adapter)
+            extra = {"adapter_names": [self._names[adapter] if adapter else BASE_ADAPTER]} if self._loaded else {}
+            return score_tokens(
+                self.backend.model, ids, decode=lambda t: str(tokenizer.decode(t)), top_n=job.top_logprobs,
+                new_tokens=self._echo_tokens(job), eos=frozenset(self.backend.eos_ids()), forward_kwargs=extra,
+            )  # fmt: skip
+
+    def _echo_tokens(self, job: Job) -> int:
+        return job.max_tokens if job.max_tokens is not None else self.settings.default_max_tokens
 
     def render(self, job: Job, adapter: str | None) -> str:
         """The text fed to the model: an adapter's chat template when it was trained with its own."""

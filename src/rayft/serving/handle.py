@@ -14,10 +14,12 @@ class ServeHandle:
     Attributes:
         base_url: The OpenAI base URL, e.g. ``http://127.0.0.1:8000/v1`` (``openai.OpenAI(base_url=...)``).
         model_ids: The ids the endpoint answers to (``model=`` of a request), base models first.
+        served_from: What each source's model id loads (a pipeline's final model, a checkpoint, a name).
     """
 
     base_url: str
     model_ids: list[str]
+    served_from: dict[str, str] = field(default_factory=dict)
     _resources: contextlib.ExitStack = field(default_factory=contextlib.ExitStack, repr=False)
 
     def shutdown(self) -> None:

@@ -1,7 +1,9 @@
 """Which deployment serves which model id (pure: reads the sources' files, loads no model).
 
 Every source gets a model id: a model name as given; a directory by its name, or
-``<run>/<checkpoint>`` for ``step-N`` and ``final`` directories. LoRA adapters trained on the same
+``<run>/<checkpoint>`` for ``step-N`` and ``final`` directories; a pipeline run directory
+(``rayft run``'s output) serves its final model (the preference-trained one when the pipeline
+trained one) under the run's name. LoRA adapters trained on the same
 base model share that base's deployment (one replica set, the adapter chosen per request); the base
 is served under its own name beside them. A full checkpoint or an export is a base of its own.
 """
@@ -14,6 +16,8 @@ from pathlib import Path
 from rayft.config.model import ModelConfig
 from rayft.errors import ConfigError
 from rayft.models.sources import ResolvedSource, resolve_source
+from rayft.runs import layout
+from rayft.runs.checkpoints import is_pipeline_dir, trained_run_of_pipeline
 
 
 @dataclass(frozen=True)
@@ -44,6 +48,8 @@ class ServePlan:
 
     groups: tuple[BaseGroup, ...]
     routes: dict[str, tuple[int, str | None]] = field(default_factory=dict)
+    served_from: dict[str, str] = field(default_factory=dict)
+    """What each source's model id serves: the directory or model name it loads."""
 
     @property
     def model_ids(self) -> list[str]:
@@ -70,7 +76,8 @@ def plan_serving(sources: list[str], default_model: ModelConfig, checkpoint: str
             "rayft serve needs at least one SOURCE (a run directory, checkpoint, export or model name); give it on "
             "the command line or in serve.sources"
         )
-    resolved = [(model_id_of(s), resolve_source(s, default_model, checkpoint)) for s in sources]
+    named = [_named_source(s) for s in sources]
+    resolved = [(model_id, resolve_source(path, default_model, checkpoint)) for model_id, path in named]
     _check_unique([model_id for model_id, _ in resolved], sources)
     groups: dict[str, BaseGroup] = {}
     for model_id, source in resolved:
@@ -82,7 +89,21 @@ def plan_serving(sources: list[str], default_model: ModelConfig, checkpoint: str
         for index, group in enumerate(ordered)
         for model_id in group.ids()
     }
-    return ServePlan(ordered, routes)
+    return ServePlan(ordered, routes, dict(named))
+
+
+def _named_source(source: str) -> tuple[str, str]:
+    """A source's model id and what it loads: a pipeline directory names its final model."""
+    path = Path(source).expanduser()
+    if not (path.is_dir() and is_pipeline_dir(path)):
+        return model_id_of(source), source
+    run = trained_run_of_pipeline(path)
+    if run is None:
+        raise ConfigError(
+            f"{source} is a pipeline run that has trained no model yet (no finished train, preference or rl stage); "
+            "serve it once `rayft run` has trained, or give a checkpoint or model"
+        )
+    return path.resolve().name, str(run / layout.FINAL_DIR)
 
 
 def _add(groups: dict[str, BaseGroup], model_id: str, source: ResolvedSource) -> None:

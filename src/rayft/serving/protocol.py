@@ -12,13 +12,18 @@ import json
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from rayft.generation.backend import Message, Prompt
 
 Endpoint = Literal["chat", "completion"]
+
+
+_ERROR_TYPES = {401: "authentication_error", 403: "permission_error", 404: "not_found_error",
+                429: "rate_limit_error", 503: "service_unavailable_error"}  # fmt: skip
+"""OpenAI's error ``type`` by HTTP status; other 4xx are ``invalid_request_error``, other 5xx ``server_error``."""
 
 
 class RequestError(Exception):
@@ -30,8 +35,15 @@ class RequestError(Exception):
 
     def body(self) -> dict[str, Any]:
         """``{"error": {...}}`` as OpenAI's API returns it."""
-        kind = "not_found_error" if self.status == 404 else "invalid_request_error"
+        kind = _ERROR_TYPES.get(self.status, "server_error" if self.status >= 500 else "invalid_request_error")
         return {"error": {"message": self.message, "type": kind, "param": self.param, "code": self.code}}
+
+
+MAX_PROMPTS = 256
+"""The most prompts one completions request may batch (each becomes one choice)."""
+
+MAX_TOP_LOGPROBS = 20
+"""The most alternatives per token ``logprobs`` (completions) or ``top_logprobs`` (chat) may ask for."""
 
 
 class _Sampling(BaseModel):
@@ -40,7 +52,6 @@ class _Sampling(BaseModel):
     model_config = ConfigDict(strict=True, extra="ignore")
 
     model: str = Field(min_length=1)
-    max_tokens: int | None = Field(None, gt=0)
     temperature: float = Field(1.0, ge=0, le=2)
     top_p: float = Field(1.0, gt=0, le=1)
     stop: str | list[str] | None = None
@@ -50,29 +61,79 @@ class _Sampling(BaseModel):
     n: int = Field(1, ge=1, le=1)
 
 
+def _text_of_parts(parts: list[dict[str, Any]]) -> str:
+    """The text of a message given as content parts; only text parts are understood."""
+    texts: list[str] = []
+    for index, part in enumerate(parts):
+        kind = part.get("type")
+        if kind != "text":
+            raise ValueError(
+                f"content part {index} has type {kind!r}; this server reads only text parts "
+                "({'type': 'text', 'text': ...}); send the content as text"
+            )
+        text = part.get("text")
+        if not isinstance(text, str):
+            raise ValueError(f"content part {index} (type 'text') needs 'text' as a string; got {_shown(text)}")
+        texts.append(text)
+    return "\n".join(texts)  # as vLLM joins a message's text parts
+
+
 class _ChatMessage(BaseModel):
     model_config = ConfigDict(strict=True, extra="ignore")
 
     role: Literal["system", "user", "assistant"]
-    content: str
+    content: str | list[dict[str, Any]]
+
+    @field_validator("content")
+    @classmethod
+    def _join_parts(cls, content: str | list[dict[str, Any]]) -> str:
+        return content if isinstance(content, str) else _text_of_parts(content)
 
 
 class ChatRequest(_Sampling):
     """POST /v1/chat/completions."""
 
     messages: list[_ChatMessage] = Field(min_length=1)
+    max_tokens: int | None = Field(None, gt=0)
     max_completion_tokens: int | None = Field(None, gt=0)
+    logprobs: bool = False
+    top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
+
+
+_PROMPT_SHAPES = "give a string, a list of strings, token ids (integers >= 0), or a list of token id lists"
+
+TokenIds = list[Annotated[int, Field(ge=0)]]
 
 
 class CompletionRequest(_Sampling):
-    """POST /v1/completions."""
+    """POST /v1/completions: one prompt or a batch of them, each text or token ids."""
 
-    prompt: str | list[str]
+    prompt: str | list[str] | TokenIds | list[TokenIds]
+    max_tokens: int | None = Field(None, ge=0)
+    logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
+    echo: bool = False
+
+    def prompts(self) -> list[str | tuple[int, ...]]:
+        """Each prompt of the request: text, or token ids."""
+        prompt = self.prompt
+        if isinstance(prompt, str):
+            return [prompt]
+        if prompt and all(isinstance(p, int) for p in prompt):
+            return [tuple(p for p in prompt if isinstance(p, int))]
+        return [p if isinstance(p, str) else tuple(p) for p in prompt if not isinstance(p, int)]
 
 
 @dataclass(frozen=True)
 class Job:
-    """What a replica generates for one request: the prompt and the sampling, as plain values."""
+    """What a replica generates for one request: the prompt and the sampling, as plain values.
+
+    Attributes:
+        prompt: The text or chat conversation (empty when ``prompt_ids`` is given).
+        prompt_ids: The prompt as token ids, fed to the model as they are (no template).
+        logprobs: Whether each generated token's log-probability comes back with its text.
+        top_logprobs: How many alternatives per generated token come back with it (0: none).
+        echo: Whether the prompt's own tokens and log-probabilities come back before the completion.
+    """
 
     prompt: Prompt
     max_tokens: int | None
@@ -80,38 +141,87 @@ class Job:
     top_p: float
     stop: tuple[str, ...]
     seed: int | None
+    prompt_ids: tuple[int, ...] | None = None
+    logprobs: bool = False
+    top_logprobs: int = 0
+    echo: bool = False
 
 
 def parse_request(raw: bytes, endpoint: Endpoint) -> ChatRequest | CompletionRequest:
     """The request of a body, or a :class:`RequestError` naming the first bad field."""
-    try:
-        body = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise RequestError(400, f"the request body is not valid JSON ({exc}); send a JSON object") from None
-    if not isinstance(body, dict):
-        raise RequestError(400, f"the request body is a JSON {type(body).__name__}; send a JSON object")
+    body = _json_object(raw)
     model = ChatRequest if endpoint == "chat" else CompletionRequest
     try:
         request = model.model_validate(body)
-    except ValidationError as exc:
-        error = exc.errors()[0]
-        param = ".".join(str(p) for p in error["loc"])
-        raise RequestError(400, f"{param}: {error['msg']} (got {_shown(error.get('input'))})", param) from None
-    if isinstance(request, CompletionRequest) and isinstance(request.prompt, list) and len(request.prompt) != 1:
-        raise RequestError(400, "prompt: give one prompt per request (a string, or a list of one)", "prompt")
+    except (ValidationError, RecursionError) as exc:
+        raise _invalid(exc) from None
+    if isinstance(request, CompletionRequest):
+        _check_prompts(request.prompts())
+        if request.max_tokens == 0 and not request.echo:
+            raise RequestError(400, "max_tokens: 0 asks for nothing without echo; ask for 1 or more, or set echo: true",
+                               "max_tokens")  # fmt: skip
+    elif request.top_logprobs and not request.logprobs:
+        raise RequestError(
+            400, "top_logprobs: needs logprobs: true; set both, or leave top_logprobs out", "top_logprobs"
+        )
     return request
 
 
-def to_job(request: ChatRequest | CompletionRequest) -> Job:
-    """The generation job of a parsed request."""
+def _json_object(raw: bytes) -> dict[str, Any]:
+    try:
+        body = json.loads(raw)
+    except RecursionError:
+        raise RequestError(400, "the request body nests too deeply to read; send a flatter JSON object") from None
+    except (ValueError, UnicodeDecodeError) as exc:  # JSONDecodeError, or an integer of over 4300 digits
+        raise RequestError(400, f"the request body is not valid JSON ({exc}); send a JSON object") from None
+    if not isinstance(body, dict):
+        raise RequestError(400, f"the request body is a JSON {type(body).__name__}; send a JSON object")
+    return body
+
+
+def _invalid(exc: ValidationError | RecursionError) -> RequestError:
+    if isinstance(exc, RecursionError):
+        return RequestError(400, "the request body nests too deeply to read; send a flatter JSON object")
+    error = exc.errors()[0]
+    if (
+        error["loc"][:1] == ("prompt",) and error["type"] != "missing"
+    ):  # the union's own errors name its branches, not what to send
+        return RequestError(400, f"prompt: {_PROMPT_SHAPES} (got {_shown(error.get('input'))})", "prompt")
+    param = ".".join(str(p) for p in error["loc"])
+    message = error["msg"].removeprefix("Value error, ")
+    return RequestError(400, f"{param}: {message} (got {_shown(error.get('input'))})", param)
+
+
+def _check_prompts(prompts: list[str | tuple[int, ...]]) -> None:
+    if not prompts:
+        raise RequestError(400, "prompt: the list of prompts is empty; send at least one prompt", "prompt")
+    if len(prompts) > MAX_PROMPTS:
+        raise RequestError(
+            400, f"prompt: {len(prompts)} prompts in one request; send at most {MAX_PROMPTS} per request", "prompt"
+        )
+    for index, prompt in enumerate(prompts):
+        if not prompt:
+            where = "prompt" if len(prompts) == 1 else f"prompt.{index}"
+            raise RequestError(400, f"{where}: the prompt is empty; send at least one character or token id", where)
+
+
+def to_jobs(request: ChatRequest | CompletionRequest) -> list[Job]:
+    """The generation jobs of a parsed request: one, or one per prompt of a batched completion."""
     stop = (request.stop,) if isinstance(request.stop, str) else tuple(request.stop or ())
+    sampling = (request.temperature, request.top_p, stop, request.seed)
     if isinstance(request, ChatRequest):
-        prompt: Prompt = [Message(role=m.role, content=m.content) for m in request.messages]
+        prompt: Prompt = [Message(role=m.role, content=str(m.content)) for m in request.messages]
         max_tokens = request.max_completion_tokens or request.max_tokens
-    else:
-        prompt = request.prompt if isinstance(request.prompt, str) else request.prompt[0]
-        max_tokens = request.max_tokens
-    return Job(prompt, max_tokens, request.temperature, request.top_p, stop, request.seed)
+        top = request.top_logprobs or 0
+        return [Job(prompt, max_tokens, *sampling, logprobs=request.logprobs, top_logprobs=top)]
+    wanted = request.logprobs is not None
+    top = request.logprobs or 0
+    return [
+        Job(p, request.max_tokens, *sampling, logprobs=wanted, top_logprobs=top, echo=request.echo)
+        if isinstance(p, str)
+        else Job("", request.max_tokens, *sampling, prompt_ids=p, logprobs=wanted, top_logprobs=top, echo=request.echo)
+        for p in request.prompts()
+    ]
 
 
 def unknown_model(model: str, served: list[str]) -> RequestError:
@@ -132,6 +242,9 @@ class Usage:
 
     prompt_tokens: int
     completion_tokens: int
+
+    def __add__(self, other: Usage) -> Usage:
+        return Usage(self.prompt_tokens + other.prompt_tokens, self.completion_tokens + other.completion_tokens)
 
     def to_dict(self) -> dict[str, int]:
         """The ``usage`` object of a response."""
@@ -154,24 +267,36 @@ class ResponseBuilder:
             kind += ".chunk"  # OpenAI streams text completions as text_completion objects
         return {"id": self.id, "object": kind, "created": self.created, "model": self.model}
 
-    def response(self, text: str, finish_reason: str, usage: Usage) -> dict[str, Any]:
-        """The whole (non-streamed) response."""
+    def choice(
+        self, index: int, text: str, finish_reason: str, logprobs: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
+        """One choice of a whole response (``logprobs`` in the endpoint's shape, see :mod:`.logprobs`)."""
         if self.endpoint == "chat":
-            choice: dict[str, Any] = {"index": 0, "message": {"role": "assistant", "content": text}}
-        else:
-            choice = {"index": 0, "text": text, "logprobs": None}
-        choice["finish_reason"] = finish_reason
-        return {**self._envelope(False), "choices": [choice], "usage": usage.to_dict()}
+            message = {"role": "assistant", "content": text}
+            return {"index": index, "message": message, "logprobs": logprobs, "finish_reason": finish_reason}
+        return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
 
-    def chunk(self, text: str | None, finish_reason: str | None = None, *, first: bool = False) -> dict[str, Any]:
+    def response(self, choices: list[dict[str, Any]], usage: Usage) -> dict[str, Any]:
+        """The whole (non-streamed) response."""
+        return {**self._envelope(False), "choices": choices, "usage": usage.to_dict()}
+
+    def chunk(
+        self,
+        text: str | None,
+        finish_reason: str | None = None,
+        *,
+        first: bool = False,
+        index: int = 0,
+        logprobs: dict[str, Any] | None = None,
+    ) -> dict[str, Any]:
         """One streamed piece (``text`` None: an empty delta, with the finish reason)."""
         if self.endpoint == "chat":
             delta: dict[str, Any] = {"role": "assistant"} if first else {}
             if text is not None:
                 delta["content"] = text
-            choice: dict[str, Any] = {"index": 0, "delta": delta}
+            choice: dict[str, Any] = {"index": index, "delta": delta, "logprobs": logprobs}
         else:
-            choice = {"index": 0, "text": text or "", "logprobs": None}
+            choice = {"index": index, "text": text or "", "logprobs": logprobs}
         choice["finish_reason"] = finish_reason
         return {**self._envelope(True), "choices": [choice]}
 

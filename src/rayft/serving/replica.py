@@ -20,6 +20,7 @@ from ray import serve
 from rayft.serving.engine import Engine, EngineSettings, Event, QueueFullError
 from rayft.serving.plan import BaseGroup
 from rayft.serving.protocol import Job, RequestError
+from rayft.serving.scoring import Scored
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,10 +60,13 @@ def replica_class(max_adapters: int) -> type:
     class ModelReplica:
         """One replica of a base model's deployment."""
 
-        def __init__(self, group: BaseGroup, settings: EngineSettings) -> None:
+        def __init__(self, group: BaseGroup, settings: EngineSettings, access_log_console: bool = False) -> None:
             from rayft.security import install_redaction
+            from rayft.serving.access_log import hide_access_log_from_console
 
             install_redaction()
+            if not access_log_console:
+                hide_access_log_from_console()
             self.engine = Engine(group, settings)
 
         @multiplexed  # type: ignore[untyped-decorator]
@@ -93,6 +97,20 @@ def replica_class(max_adapters: int) -> type:
                 yield first
                 async for event in events:
                     yield event
+
+        async def score(self, job: Job) -> Scored | Refused:
+            """An ``echo`` request: the prompt's token log-probabilities and a greedy continuation."""
+            adapter = serve.get_multiplexed_model_id() or None
+            try:
+                if adapter is not None:
+                    await self.adapter(adapter)
+                return await asyncio.to_thread(self.engine.score, job, adapter)
+            except RequestError as error:
+                return Refused(error.status, error.body())
+
+        def ready(self) -> bool:
+            """True: a replica answers only once its model is loaded (the router's health check)."""
+            return True
 
         def stats(self) -> dict[str, Any]:
             """The engine's counters (loads, unloads, steps, rows in flight, refusals)."""

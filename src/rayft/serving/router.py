@@ -8,6 +8,7 @@ A client that goes away mid-stream cancels its request down to the replica, whos
 
 # No `from __future__ import annotations` here: FastAPI reads the route signatures' annotations as
 # objects (`request: Request`), and Serve's ingress copies the methods out of this module's namespace.
+import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -17,22 +18,34 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from ray import serve
 from ray.serve.handle import DeploymentHandle
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from rayft.serving.access_log import hide_access_log_from_console
 from rayft.serving.engine import Finished
+from rayft.serving.keys import authorized
+from rayft.serving.logprobs import TokenLogprob, chat_logprobs, completion_logprobs
 from rayft.serving.protocol import (
     DONE,
+    ChatRequest,
+    CompletionRequest,
     Endpoint,
+    Job,
     RequestError,
     ResponseBuilder,
     Usage,
     parse_request,
     sse,
-    to_job,
+    to_jobs,
     unknown_model,
 )
 from rayft.serving.replica import Refused, Started
+from rayft.serving.scoring import Scored
 
 log = logging.getLogger(__name__)
+
+
+READY_TIMEOUT_S = 2.0
+"""How long ``/health`` waits for each model deployment's answer before it reports that model loading."""
 
 
 def _failure(exc: BaseException) -> RequestError:
@@ -41,103 +54,289 @@ def _failure(exc: BaseException) -> RequestError:
     return RequestError(500, f"generation failed in the model replica ({type(exc).__name__}); retry the request")
 
 
-async def _whole(events: Any, reply: ResponseBuilder, prompt_tokens: int) -> Response:
-    """The non-streamed response: every piece joined."""
-    pieces: list[str] = []
-    failure = RequestError(500, "the replica ended the request without finishing it; retry it")
-    try:
+def _error(error: RequestError, headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse(error.body(), status_code=error.status, headers=headers)
+
+
+def _piece(event: Any) -> tuple[str, list[TokenLogprob] | None]:
+    """The text of a streamed event and the log-probabilities of its tokens, when the engine sent them."""
+    if isinstance(event, str):
+        return event, None
+    return str(event.text), getattr(event, "logprobs", None)
+
+
+class _Choice:
+    """One choice as its events arrive: its text, its tokens' log-probabilities, how it ended."""
+
+    def __init__(self) -> None:
+        self.pieces: list[str] = []
+        self.tokens: list[TokenLogprob] = []
+        self.finished: Finished | None = None
+
+    async def collect(self, events: Any) -> None:
         async for event in events:
             if isinstance(event, Finished):
-                usage = Usage(prompt_tokens, event.completion_tokens)
-                return JSONResponse(reply.response("".join(pieces), event.finish_reason, usage))
-            pieces.append(event)
+                self.finished = event
+                return
+            text, tokens = _piece(event)
+            self.pieces.append(text)
+            self.tokens.extend(tokens or ())
+
+
+def _rendered(endpoint: Endpoint, tokens: list[TokenLogprob], job: Job, offset: int = 0) -> dict[str, Any] | None:
+    """A choice's (or chunk's) ``logprobs`` when the request asked for them."""
+    if not job.logprobs:
+        return None
+    return chat_logprobs(tokens) if endpoint == "chat" else completion_logprobs(tokens, offset)
+
+
+async def _whole(streams: list[Any], jobs: list[Job], reply: ResponseBuilder, prompt_tokens: list[int]) -> Response:
+    """The non-streamed response: every choice's pieces joined."""
+    choices = [_Choice() for _ in streams]
+    try:
+        await asyncio.gather(*(c.collect(s) for c, s in zip(choices, streams, strict=True)))
     except Exception as exc:
-        failure = _failure(exc)
-    return JSONResponse(failure.body(), status_code=failure.status)
+        return _error(_failure(exc))
+    if any(c.finished is None for c in choices):
+        return _error(RequestError(500, "the replica ended the request without finishing it; retry it"))
+    body = [
+        reply.choice(i, "".join(c.pieces), c.finished.finish_reason, _rendered(reply.endpoint, c.tokens, job))
+        for i, (c, job) in enumerate(zip(choices, jobs, strict=True))
+        if c.finished is not None
+    ]
+    completion = sum(c.finished.completion_tokens for c in choices if c.finished is not None)
+    return JSONResponse(reply.response(body, Usage(sum(prompt_tokens), completion)))
 
 
 async def _stream(
-    events: Any, reply: ResponseBuilder, prompt_tokens: int, include_usage: bool, *, echo_role: bool
+    streams: list[Any], jobs: list[Job], reply: ResponseBuilder, prompt_tokens: list[int], include_usage: bool
 ) -> AsyncIterator[bytes]:
-    """Server-sent events: the role, each piece, the finish reason, the usage if asked, ``[DONE]``."""
-    finished = False
+    """Server-sent events: per choice the role, each piece, the finish reason; then the usage if asked,
+    and ``[DONE]``. The choices of a batched prompt run together on the replicas and are sent in turn."""
+    finished = [False] * len(streams)
+    usage = Usage(sum(prompt_tokens), 0)
     try:
-        if echo_role:
-            yield sse(reply.chunk(None, first=True))
-        async for event in events:
-            if isinstance(event, Finished):
-                finished = True
-                yield sse(reply.chunk(None, event.finish_reason))
-                if include_usage:
-                    yield sse(reply.usage_chunk(Usage(prompt_tokens, event.completion_tokens)))
-                break
-            yield sse(reply.chunk(event))
+        for index, (events, job) in enumerate(zip(streams, jobs, strict=True)):
+            if reply.endpoint == "chat":
+                yield sse(reply.chunk(None, first=True, index=index))
+            offset = 0
+            async for event in events:
+                if isinstance(event, Finished):
+                    finished[index] = True
+                    usage += Usage(0, event.completion_tokens)
+                    yield sse(reply.chunk(None, event.finish_reason, index=index))
+                    break
+                text, tokens = _piece(event)
+                logprobs = _rendered(reply.endpoint, list(tokens or ()), job, offset)
+                offset += len(text)
+                yield sse(reply.chunk(text, index=index, logprobs=logprobs))
+        if include_usage:
+            yield sse(reply.usage_chunk(usage))
         yield DONE
     except Exception as exc:  # the status line has gone out already: the error is the stream's last event
         yield sse(_failure(exc).body())
     finally:
-        if not finished:
-            events.cancel()  # the client left (or the stream failed): free the replica's batch row
+        for events, done in zip(streams, finished, strict=True):
+            if not done:
+                events.cancel()  # the client left (or the stream failed): free the replica's batch row
 
 
-app = FastAPI(title="rayft serve", docs_url=None, redoc_url=None)
+def _echoed(reply: ResponseBuilder, index: int, job: Job, scored: Scored) -> dict[str, Any]:
+    """A completions choice of an ``echo`` request: the prompt, then its continuation."""
+    tokens = [*scored.prompt, *scored.completion]
+    logprobs = completion_logprobs(tokens) if job.logprobs else None
+    return reply.choice(index, scored.prompt_text + scored.text, scored.finish_reason, logprobs)
+
+
+def _check_echo(job: Job) -> None:
+    """Refuse what the scoring path of ``echo`` does not do, rather than do something else."""
+    if job.max_tokens != 0 and job.temperature > 0:
+        raise RequestError(
+            400, "echo with a completion is decoded greedily; set temperature to 0, or max_tokens to 0 to only "
+            "score the prompt", "temperature",
+        )  # fmt: skip
+    if job.max_tokens != 0 and job.stop:
+        raise RequestError(400, "stop is not applied with echo; leave stop out, or set max_tokens to 0", "stop")
+
+
+def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+    """Routing errors (unknown path, wrong method) in OpenAI's error shape instead of FastAPI's."""
+    if exc.status_code == 404:
+        message = f"no route {request.url.path}; this server answers {', '.join(ROUTES)}"
+    elif exc.status_code == 405:
+        message = (
+            f"{request.method} is not allowed on {request.url.path}; use {exc.headers and exc.headers.get('Allow')}"
+        )
+    else:
+        message = str(exc.detail)
+    return _error(RequestError(exc.status_code, message), headers=dict(exc.headers or {}))
+
+
+def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+    """Anything else the router raises: a 500 in OpenAI's error shape, never a plain-text page."""
+    log.error("request to %s failed: %s: %s", request.url.path, type(exc).__name__, exc)
+    return _error(RequestError(500, f"the server failed on this request ({type(exc).__name__}); retry it"))
+
+
+async def _ready(handle: Any) -> bool:
+    try:
+        return bool(await asyncio.wait_for(handle.ready.remote(), READY_TIMEOUT_S))
+    except Exception:  # a timeout (no replica up yet) or a replica that failed: not ready either way
+        return False
+
+
+async def _echo_events(
+    reply: ResponseBuilder, choices: list[dict[str, Any]], usage: Usage, request: ChatRequest | CompletionRequest
+) -> AsyncIterator[bytes]:
+    """A streamed ``echo`` response: each choice whole in one chunk, then its finish reason."""
+    for choice in choices:
+        yield sse(reply.chunk(choice["text"], index=choice["index"], logprobs=choice["logprobs"]))
+        yield sse(reply.chunk(None, choice["finish_reason"], index=choice["index"]))
+    if (request.stream_options or {}).get("include_usage"):
+        yield sse(reply.usage_chunk(usage))
+    yield DONE
+
+
+ROUTES = ("/v1/models", "/v1/models/{model}", "/v1/chat/completions", "/v1/completions", "/health")
+"""The routes of the OpenAI surface, as a routing error names them."""
+
+app = FastAPI(title="rayft serve", docs_url=None, redoc_url=None, openapi_url=None)
+app.add_exception_handler(StarletteHTTPException, _http_error)  # type: ignore[arg-type]
+app.add_exception_handler(Exception, _unexpected)
 
 
 @serve.ingress(app)
 class Router:
     """Routes OpenAI requests to the base models' deployments."""
 
-    def __init__(self, handles: list[DeploymentHandle[Any]], routes: dict[str, tuple[int, str | None]]) -> None:
+    def __init__(
+        self,
+        handles: list[DeploymentHandle[Any]],
+        routes: dict[str, tuple[int, str | None]],
+        key_digests: tuple[bytes, ...] = (),
+        access_log_console: bool = False,
+    ) -> None:
         from rayft.security import install_redaction
 
         install_redaction()
-        self.handles, self.routes = handles, routes
+        if not access_log_console:
+            hide_access_log_from_console()
+        self.handles, self.routes, self.key_digests = handles, routes, key_digests
         self.created = int(time.time())
 
+    def _model(self, model_id: str) -> dict[str, Any]:
+        return {"id": model_id, "object": "model", "created": self.created, "owned_by": "rayft"}
+
+    def _refused(self, request: Request) -> JSONResponse | None:
+        """401 unless the request carries one of the keys (None: let it through)."""
+        if authorized(request.headers.get("authorization"), self.key_digests):
+            return None
+        error = RequestError(
+            401, "this server needs an API key: send 'Authorization: Bearer <key>' with one of its keys "
+            "(the OpenAI client's api_key)", code="invalid_api_key",
+        )  # fmt: skip
+        return _error(error, headers={"WWW-Authenticate": "Bearer"})
+
     @app.get("/v1/models")
-    def models(self) -> dict[str, Any]:
+    def models(self, request: Request) -> Response:
         """The served model ids."""
-        data = [{"id": i, "object": "model", "created": self.created, "owned_by": "rayft"} for i in self.routes]
-        return {"object": "list", "data": data}
+        if refused := self._refused(request):
+            return refused
+        return JSONResponse({"object": "list", "data": [self._model(i) for i in self.routes]})
+
+    @app.get("/v1/models/{model_id:path}")
+    def model(self, model_id: str, request: Request) -> Response:
+        """One served model (ids may hold slashes: ``run/step-000100``, ``org/name``)."""
+        if refused := self._refused(request):
+            return refused
+        if model_id not in self.routes:
+            return _error(unknown_model(model_id, list(self.routes)))
+        return JSONResponse(self._model(model_id))
+
+    @app.get("/health")
+    async def health(self) -> Response:
+        """200 once every model deployment answers (its model loaded), else 503 naming those still loading."""
+        waiting = [group for group, handle in zip(self._bases(), self.handles, strict=True) if not await _ready(handle)]
+        if waiting:
+            message = f"not ready: {', '.join(waiting)} still loading (or unreachable); retry shortly"
+            return _error(RequestError(503, message, code="model_not_ready"), headers={"Retry-After": "2"})
+        return JSONResponse({"status": "ok", "models": list(self.routes)})
+
+    def _bases(self) -> list[str]:
+        return [next(m for m, (i, adapter) in self.routes.items() if i == n and adapter is None) for n in
+                range(len(self.handles))]  # fmt: skip
 
     @app.post("/v1/chat/completions")
     async def chat(self, request: Request) -> Response:
         """OpenAI chat completions: the messages through the model's chat template."""
-        return await self._complete(await request.body(), "chat")
+        return self._refused(request) or await self._complete(await request.body(), "chat")
 
     @app.post("/v1/completions")
     async def completions(self, request: Request) -> Response:
-        """OpenAI text completions: the prompt as it is."""
-        return await self._complete(await request.body(), "completion")
+        """OpenAI text completions: the prompt (text or token ids, one or a batch) as it is."""
+        return self._refused(request) or await self._complete(await request.body(), "completion")
 
     @app.get("/rayft/stats")
-    async def stats(self) -> dict[str, Any]:
+    async def stats(self, request: Request) -> Response:
         """Each deployment's counters (from one of its replicas): model loads, adapter loads, rows in flight."""
-        return {"deployments": [await handle.stats.remote() for handle in self.handles]}
+        if refused := self._refused(request):
+            return refused
+        return JSONResponse({"deployments": [await handle.stats.remote() for handle in self.handles]})
+
+    def _handle(self, model: str) -> Any:
+        index, adapter = self.routes[model]
+        return self.handles[index].options(multiplexed_model_id=adapter) if adapter else self.handles[index]
 
     async def _complete(self, raw: bytes, endpoint: Endpoint) -> Response:
         try:
             request = parse_request(raw, endpoint)
             if request.model not in self.routes:
                 raise unknown_model(request.model, list(self.routes))
+            jobs = to_jobs(request)
+            if any(job.echo for job in jobs):
+                for job in jobs:
+                    _check_echo(job)
+                return await self._echo(request, jobs)
         except RequestError as error:
-            return JSONResponse(error.body(), status_code=error.status)
-        index, adapter = self.routes[request.model]
-        options: dict[str, Any] = {"stream": True}
-        if adapter is not None:
-            options["multiplexed_model_id"] = adapter
-        events: Any = self.handles[index].options(**options).generate.remote(to_job(request))
-        try:
-            first = await events.__anext__()
-        except Exception as exc:  # the replica failed before it started (an adapter that does not load)
-            failed = _failure(exc)
-            return JSONResponse(failed.body(), status_code=failed.status)
-        if isinstance(first, Refused):
-            return JSONResponse(first.body, status_code=first.status, headers=first.headers)
-        assert isinstance(first, Started)
+            return _error(error)
+        return await self._generate(request, jobs, endpoint)
+
+    async def _echo(self, request: ChatRequest | CompletionRequest, jobs: list[Job]) -> Response:
+        handle = self._handle(request.model)
+        results = await asyncio.gather(*(handle.score.remote(job) for job in jobs), return_exceptions=True)
+        for result in results:
+            if isinstance(result, BaseException):
+                return _error(_failure(result))
+            if isinstance(result, Refused):
+                return JSONResponse(result.body, status_code=result.status)
+        scored: list[Scored] = results  # type: ignore[assignment]
+        reply = ResponseBuilder("completion", request.model)
+        choices = [_echoed(reply, i, job, s) for i, (job, s) in enumerate(zip(jobs, scored, strict=True))]
+        usage = Usage(sum(len(s.prompt) for s in scored), sum(len(s.completion) for s in scored))
+        if not request.stream:
+            return JSONResponse(reply.response(choices, usage))
+        return StreamingResponse(_echo_events(reply, choices, usage, request), media_type="text/event-stream")
+
+    async def _generate(
+        self, request: ChatRequest | CompletionRequest, jobs: list[Job], endpoint: Endpoint
+    ) -> Response:
+        handle = self._handle(request.model).options(stream=True)
+        streams: list[Any] = [handle.generate.remote(job) for job in jobs]
+        prompt_tokens: list[int] = []
+        for events in streams:
+            try:
+                first = await events.__anext__()
+            except Exception as exc:  # the replica failed before it started (an adapter that does not load)
+                first = Refused(500, _failure(exc).body())
+            if isinstance(first, Refused):
+                for other in streams:
+                    other.cancel()
+                return JSONResponse(first.body, status_code=first.status, headers=first.headers)
+            assert isinstance(first, Started)
+            prompt_tokens.append(first.prompt_tokens)
         reply = ResponseBuilder(endpoint, request.model)
         if not request.stream:
-            return await _whole(events, reply, first.prompt_tokens)
+            return await _whole(streams, jobs, reply, prompt_tokens)
         include_usage = bool((request.stream_options or {}).get("include_usage"))
-        chunks = _stream(events, reply, first.prompt_tokens, include_usage, echo_role=endpoint == "chat")
+        chunks = _stream(streams, jobs, reply, prompt_tokens, include_usage)
         return StreamingResponse(chunks, media_type="text/event-stream")

@@ -1,5 +1,9 @@
 """Stage records: the file written last when a pipeline stage finishes (``stages/<stage>.json`` in the
-run directory), naming its inputs' fingerprint, its outputs and a summary. No record: not finished."""
+run directory), naming its inputs' fingerprint, its outputs and a summary. No record: not finished.
+
+They live beside the run layout (not in :mod:`rayft.pipeline`) because readers below the pipeline
+need them too: ``rayft serve runs/quickstart`` serves a pipeline directory's final model.
+"""
 
 from __future__ import annotations
 
@@ -56,3 +60,9 @@ def read_record(run_dir: Path, stage: str) -> StageRecord | None:
 def outputs_exist(run_dir: Path, record: StageRecord) -> bool:
     """Whether every output the record names is still there."""
     return all((run_dir / rel).exists() for rel in record.outputs.values())
+
+
+def trained_final(run_dir: Path, records: dict[str, StageRecord]) -> Path | None:
+    """The pipeline's last trained model (RL's or preference training's final/, else SFT's), or None."""
+    stage = next((s for s in layout.TRAINED_STAGES if s in records), None)
+    return records[stage].output(run_dir, "final") if stage is not None else None
