@@ -226,16 +226,22 @@ def test_a_pipeline_directory_serves_its_final_model_under_the_run_name(tmp_path
     from rayft.testing.checkpoints import build_lora_checkpoint
 
     pipeline = tmp_path / "quickstart"
-    build_lora_checkpoint(pipeline / "train" / "final", tiny_model_dir, seed=1)
-    write_record(pipeline, StageRecord("train", "f1", {}, {"final": "train/final"}))
+
+    def trained(stage: str, seed: int) -> None:  # a training stage's run directory: final/ beside its config
+        build_lora_checkpoint(pipeline / stage / "final", tiny_model_dir, seed=seed)
+        (pipeline / stage / "config.yaml").write_text("name: x\n")
+        write_record(pipeline, StageRecord(stage, f"f{seed}", {}, {"final": f"{stage}/final"}))
+
+    trained("train", 1)
     plan = plan_serving([str(pipeline)], ModelConfig())
     assert plan.model_ids == [tiny_model_dir.name, "quickstart"]
     assert plan.served_from == {"quickstart": str(pipeline / "train" / "final")}
-    build_lora_checkpoint(pipeline / "preference" / "final", tiny_model_dir, seed=2)
-    write_record(pipeline, StageRecord("preference", "f2", {}, {"final": "preference/final"}))
+    trained("preference", 2)
     assert plan_serving([str(pipeline)], ModelConfig()).served_from == {
         "quickstart": str(pipeline / "preference" / "final")
     }
+    trained("rl", 3)
+    assert plan_serving([str(pipeline)], ModelConfig()).served_from == {"quickstart": str(pipeline / "rl" / "final")}
     untrained = tmp_path / "only-data"
     write_record(untrained, StageRecord("sdg", "f0", {}, {"data": "sdg/data.jsonl"}))
     with pytest.raises(ConfigError, match="only-data is a pipeline run that has trained no model yet"):
