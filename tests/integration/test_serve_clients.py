@@ -117,6 +117,36 @@ def test_echo_returns_the_prompt_logprobs_of_a_forward_pass(
     assert reply.usage is not None and (reply.usage.prompt_tokens, reply.usage.completion_tokens) == (len(ids), 0)
 
 
+def test_generated_tokens_carry_their_logprobs_as_a_forward_pass_gives_them(
+    client: openai.OpenAI, tokenizer: Any, tiny_model_dir: Path, alpha: Path
+) -> None:
+    """Completions with ``logprobs``: each generated token's log-probability (and its alternatives) equals
+    the log-softmax of a forward pass of the same model over the prompt and the tokens before it."""
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    reply = _greedy(client, PROMPT, logprobs=2)
+    (choice,) = reply.choices
+    assert choice.logprobs is not None and choice.logprobs.token_logprobs is not None
+    ids = tokenizer(PROMPT)["input_ids"]
+    model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny_model_dir), alpha).eval()
+    with torch.inference_mode():  # the server's greedy tokens are HF generate's
+        out = model.generate(input_ids=torch.tensor([ids]), max_new_tokens=6, do_sample=False, min_new_tokens=6)
+        generated = out[0, len(ids) :].tolist()
+        logits = model(input_ids=out).logits[0].float()
+    logprobs = torch.log_softmax(logits, dim=-1)
+    expected = [float(logprobs[len(ids) + i - 1, token]) for i, token in enumerate(generated)]
+    assert choice.logprobs.tokens == [tokenizer.decode([t]) for t in generated]
+    assert choice.logprobs.token_logprobs == pytest.approx(expected, abs=1e-4)
+    assert choice.logprobs.top_logprobs is not None
+    assert all(len(top) == 2 for top in choice.logprobs.top_logprobs)
+    chat = client.chat.completions.create(model="alpha", messages=[{"role": "user", "content": PROMPT}],
+                                          max_tokens=4, temperature=0, logprobs=True, top_logprobs=2)  # fmt: skip
+    content = chat.choices[0].logprobs.content  # type: ignore[union-attr]
+    assert content and all(len(t.top_logprobs) == 2 and t.logprob <= 0 for t in content)
+
+
 def test_echo_with_one_more_token_serves_lm_eval_loglikelihood(client: openai.OpenAI, tokenizer: Any) -> None:
     """lm-eval's request: token ids, echo, logprobs 1, max_tokens 1; it reads ``token_logprobs[ctxlen:-1]``."""
     ids = tokenizer(PROMPT)["input_ids"]
