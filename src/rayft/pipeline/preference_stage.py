@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from rayft._version import __version__
 from rayft.cache import cache_root
+from rayft.config import RayftConfig
 from rayft.files import replace_dir, staging_dir
 from rayft.pipeline.fingerprint import hash_file
 from rayft.pipeline.inputs import final_manifest_hash, local_files, model_identity
@@ -80,23 +82,31 @@ class PreferenceStage:
 
     def run(self, ctx: StageContext, *, fresh: bool) -> StageOutput:
         """Merge the SFT adapter when there is one, then train on the pairs from it."""
-        out = ctx.run_dir / "preference"
-        if fresh:
-            move_aside(out)
-        start = plan_preference_start(ctx.cfg, ctx.run_dir, ctx.records)
-        log.info("stage preference: starts from %s (%s)", start.target, start.reason)
-        if start.kind == "merge_adapter":
-            merge_adapter(ctx, start.source, Path(start.target))
-        storage = plan_run_location(ctx.cfg.storage_path, ctx.cfg.name, cache_root()).storage_under()
         pairs_jsonl = ctx.records["pairs"].output(ctx.run_dir, "data_jsonl")
-        train_cfg = preference_stage_config(ctx.cfg, start.target, pairs_jsonl, storage)
-        output = run_training(out, train_cfg, ctx.cfg.name)
-        files = dict(output.files)
-        if start.kind == "merge_adapter":
-            files["start"] = Path(start.target)
-        summary = {**output.summary, "objective": ctx.cfg.preference.objective, "start": start.kind,
-                   "start_model": start.target}  # fmt: skip
-        return StageOutput(files, summary)
+        output = train_after_sft(
+            ctx, ctx.run_dir / "preference", lambda start, storage: preference_stage_config(
+                ctx.cfg, start, pairs_jsonl, storage), fresh=fresh,
+        )  # fmt: skip
+        return StageOutput(output.files, {**output.summary, "objective": ctx.cfg.preference.objective})
+
+
+def train_after_sft(
+    ctx: StageContext, out: Path, stage_config: Callable[[str, str], RayftConfig], *, fresh: bool
+) -> StageOutput:
+    """A training stage that starts from the SFT model (preference training, RL) into ``out``: the SFT
+    adapter merged when there is one, then ``stage_config(start model, storage path)`` trained."""
+    if fresh:
+        move_aside(out)
+    start = plan_preference_start(ctx.cfg, ctx.run_dir, ctx.records)
+    log.info("stage %s: starts from %s (%s)", out.name, start.target, start.reason)
+    if start.kind == "merge_adapter":
+        merge_adapter(ctx, start.source, Path(start.target))
+    storage = plan_run_location(ctx.cfg.storage_path, ctx.cfg.name, cache_root()).storage_under()
+    output = run_training(out, stage_config(start.target, storage), ctx.cfg.name)
+    files = dict(output.files)
+    if start.kind == "merge_adapter":
+        files["start"] = Path(start.target)
+    return StageOutput(files, {**output.summary, "start": start.kind, "start_model": start.target})
 
 
 def merge_adapter(ctx: StageContext, adapter: str, target: Path) -> None:

@@ -5,23 +5,14 @@ a LoRA SFT adapter is merged into its base, and the RL run puts a fresh adapter 
 from __future__ import annotations
 
 import json
-import logging
-from pathlib import Path
 from typing import Any
 
 from rayft._version import __version__
-from rayft.cache import cache_root
 from rayft.config import RayftConfig
 from rayft.config.rl_stage import rl_data_section, rl_train_section
 from rayft.pipeline.inputs import final_manifest_hash, local_files, model_identity, train_data_config
-from rayft.pipeline.preference_plan import plan_preference_start
-from rayft.pipeline.preference_stage import merge_adapter
+from rayft.pipeline.preference_stage import train_after_sft
 from rayft.pipeline.stage import StageContext, StageOutput
-from rayft.pipeline.training import run_training
-from rayft.runs.location import plan_run_location
-from rayft.runs.store import move_aside
-
-log = logging.getLogger("rayft.run")
 
 
 def rl_stage_config(ctx: StageContext, start_model: str, storage_path: str) -> RayftConfig:
@@ -71,16 +62,6 @@ class RlStage:
 
     def run(self, ctx: StageContext, *, fresh: bool) -> StageOutput:
         """Merge the SFT adapter when there is one, then train with GRPO from it."""
-        out = ctx.run_dir / "rl"
-        if fresh:
-            move_aside(out)
-        start = plan_preference_start(ctx.cfg, ctx.run_dir, ctx.records)
-        log.info("stage rl: starts from %s (%s)", start.target, start.reason)
-        if start.kind == "merge_adapter":
-            merge_adapter(ctx, start.source, Path(start.target))
-        storage = plan_run_location(ctx.cfg.storage_path, ctx.cfg.name, cache_root()).storage_under()
-        output = run_training(out, rl_stage_config(ctx, start.target, storage), ctx.cfg.name)
-        files = dict(output.files)
-        if start.kind == "merge_adapter":
-            files["start"] = Path(start.target)
-        return StageOutput(files, {**output.summary, "start": start.kind, "start_model": start.target})
+        return train_after_sft(
+            ctx, ctx.run_dir / "rl", lambda start, storage: rl_stage_config(ctx, start, storage), fresh=fresh
+        )
