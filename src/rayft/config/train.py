@@ -224,6 +224,11 @@ class TrainConfig(Section):
                 f"train.objective=grpo with train.strategy={self.strategy!r}: the workers sample completions "
                 "themselves, which needs each worker to hold the whole model; set train.strategy=ddp"
             )
+        if self.rl.kl_coef and self.rl.reference == "base" and self.method != "lora":
+            raise ValueError(
+                "train.rl.reference=base switches a LoRA adapter off, but train.method is 'full'; set "
+                "train.rl.reference=copy (or auto)"
+            )
         return self
 
     @model_validator(mode="after")

@@ -123,10 +123,6 @@ class Completions:
     seconds: float
 
 
-FIGURES = ("reward", "reward_std", "pass@1", "pass@k", "completion_length", "kl", "clip_low", "clip_high",
-           "entropy", "zero_std_groups")  # fmt: skip
-
-
 @dataclass
 class RlTraining:
     """The :class:`~rayft.training.loop.objective.Objective` of GRPO and its variants: the model, its files
@@ -162,25 +158,21 @@ class RlTraining:
     def build_model(self, restore_dir: Path | None, *, device_type: str, weights: bool) -> Any:
         """The model :class:`CausalLm` builds, and the frozen reference copy when the KL penalty asks for one."""
         model = self.lm.build_model(restore_dir, device_type=device_type, weights=weights)
-        if self.reference_kind(model) == "copy":
+        if self.reference_kind == "copy":
             from rayft.models.loading import load_causal_lm
 
             reference: torch.nn.Module = load_causal_lm(self.lm.plan.model, device_type)
             self.reference_model = reference.eval().requires_grad_(False)
         return model
 
-    def reference_kind(self, model: Any) -> str:
-        """'none' (no KL penalty), 'base' (the adapter switched off) or 'copy' (a frozen copy)."""
+    @property
+    def reference_kind(self) -> str:
+        """'none' (no KL penalty), 'base' (the adapter switched off) or 'copy' (a frozen copy); the config
+        refuses 'base' without a LoRA adapter."""
         s = self.settings
         if s.kl_coef == 0.0:
             return "none"
-        kind = s.reference if s.reference != "auto" else ("base" if self.lm.plan.train.method == "lora" else "copy")
-        if kind == "base" and self.lm.plan.train.method != "lora":
-            raise ConfigError(
-                "train.rl.reference=base switches a LoRA adapter off, but train.method is 'full'; set "
-                "train.rl.reference=copy (or auto)"
-            )
-        return kind
+        return s.reference if s.reference != "auto" else ("base" if self.lm.plan.train.method == "lora" else "copy")
 
     def write_model(self, model: Any, directory: Path, state_dict: dict[str, Any] | None) -> None:
         """The files :class:`CausalLm` writes."""
@@ -290,7 +282,7 @@ class RlTraining:
         """Completion rows as one padded micro-batch, with their reference log-probabilities if the KL term
         needs them."""
         rows = collate(units, self.pad_id, row_multiple(self.lm.plan.model.attn_implementation))
-        ref = self.reference_logps(inner, rows) if self.reference_kind(inner) != "none" else None
+        ref = self.reference_logps(inner, rows) if self.reference_kind != "none" else None
         tokens = sum(len(u["input_ids"]) - u["labels"].count(IGNORE_INDEX) for u in units)
         return RolloutBatch(rows, advantages, ref, tokens if self.settings.loss == "dapo" else len(units))
 
@@ -298,7 +290,7 @@ class RlTraining:
         """The reference model's per-token log-probabilities of the completions (the policy's layout)."""
         import torch
 
-        kind = self.reference_kind(inner)
+        kind = self.reference_kind
         with torch.no_grad():
             if kind == "copy":
                 assert self.reference_model is not None
