@@ -10,7 +10,13 @@ import pytest
 
 from rayft.config import load_config
 from rayft.errors import ConfigError, ModelError
-from rayft.models.hub import check_model_available, check_tokenizer_files, did_you_mean, read_model_config
+from rayft.models.hub import (
+    check_model_available,
+    check_tokenizer_files,
+    check_trainable_model,
+    did_you_mean,
+    read_model_config,
+)
 from rayft.models.resolve import resolve_model_source
 
 
@@ -30,6 +36,23 @@ def test_offline_a_missing_hub_model_is_refused_at_once_with_a_did_you_mean(
     assert "Did you mean 'smollm2-135m-instruct'?" in message
     assert "Models this machine has: smollm2-135m-instruct, org/cached-model." in message
     assert "model.architecture" not in message  # it cannot fix a missing model
+
+
+def test_an_adapter_or_a_run_is_refused_as_a_model_to_train_from_with_the_export_that_fixes_it(tmp_path: Path) -> None:
+    adapter = tmp_path / "run" / "final"
+    adapter.mkdir(parents=True)
+    (adapter / "adapter_config.json").write_text("{}")
+    (tmp_path / "run" / "checkpoints").mkdir()
+    for source, holds in ((adapter, "a LoRA adapter"), (tmp_path / "run", "a training run")):
+        with pytest.raises(ModelError) as raised:
+            check_trainable_model(str(source))
+        message = str(raised.value)
+        assert holds in message and f"rayft export {source} MERGED_DIR --merge" in message
+        assert "\n" not in message
+    model = tmp_path / "merged"
+    model.mkdir()
+    (model / "config.json").write_text('{"model_type": "llama"}')
+    check_trainable_model(str(model))
 
 
 def test_a_close_name_is_suggested_case_aside() -> None:

@@ -31,12 +31,12 @@ def train(config_path: str, overrides: tuple[str, ...], resume: bool) -> None:
     Started by torchrun (`torchrun --nproc-per-node N --no-python rayft train CONFIG`), each process
     trains as one of the scaling.num_workers ranks, without Ray.
     """
-    from rayft.models.hub import check_model_available
+    from rayft.models.hub import check_trainable_model
     from rayft.training.driver import torchrun
 
     cfg = load_cli_config(config_path, overrides)
     if cfg.task.path is None:  # a model that cannot be had here is refused before the run directory is touched
-        check_model_available(cfg.model.name)
+        check_trainable_model(cfg.model.name)
     open_run_log(cfg)
     try:
         if torchrun.launched_by_torchrun():  # one rank of `torchrun --no-python rayft train CONFIG`

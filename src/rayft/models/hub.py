@@ -53,6 +53,28 @@ def check_model_available(name: str, *, setting: str = "model.name") -> None:
     )
 
 
+def check_trainable_model(name: str, *, setting: str = "model.name") -> None:
+    """Refuse what training cannot start from: what :func:`check_model_available` refuses, and a local
+    directory that holds a LoRA adapter or a run rather than a model (training reads ``config.json``;
+    without this, transformers fails on every worker with "Unrecognized model", and each retry again).
+
+    Raises:
+        ModelError: naming the directory, what it holds, and the command that makes a model of it.
+    """
+    check_model_available(name, setting=setting)
+    directory = Path(name).expanduser()
+    if not directory.is_dir() or (directory / "config.json").is_file():
+        return
+    holds = "a LoRA adapter (adapter_config.json)" if (directory / "adapter_config.json").is_file() else None
+    if holds is None and (directory / "checkpoints").is_dir():
+        holds = "a training run"
+    if holds is not None:
+        raise ModelError(
+            f"{setting}: {name} holds {holds}, not a model to train from; merge it into a model directory first "
+            f"(rayft export {name} MERGED_DIR --merge) and give {setting}=MERGED_DIR"
+        )
+
+
 def check_tokenizer_files(directory: Path, *, setting: str = "model.name") -> None:
     """Refuse a local model directory without tokenizer files, before transformers tries to build a
     tokenizer from nothing (its error then asks to install sentencepiece)."""
