@@ -54,6 +54,23 @@ def test_light_tokenizer_renders_and_encodes_as_transformers_does(tokenizer: Any
     assert light.encode([text]) == ([encoded["input_ids"][0]], [[tuple(o) for o in encoded["offset_mapping"][0]]])
 
 
+def test_a_tokenizer_saved_after_a_padded_call_still_encodes_rows_unpadded(tokenizer: Any, tmp_path: Path) -> None:
+    from transformers import AutoTokenizer
+
+    from rayft.export.verify import probe_batch
+
+    texts = ["a", "the quick brown fox jumps"]
+    unpadded = TextTokenizer.from_hf(tokenizer).encode(texts)[0]
+    probe_batch(tokenizer, ["hi", "a longer prompt than the first"])  # export's verification pads, left
+    tokenizer.save_pretrained(tmp_path)  # and then saves the tokenizer beside the export
+    assert json.loads((tmp_path / "tokenizer.json").read_text())["padding"] is None
+    padded = AutoTokenizer.from_pretrained(tmp_path)
+    padded.backend_tokenizer.enable_padding(direction="left", pad_id=0)  # as a file saved by another tool may be
+    padded.backend_tokenizer.enable_truncation(2)
+    assert TextTokenizer.from_hf(padded).encode(texts)[0] == unpadded
+    assert padded.backend_tokenizer.padding is not None  # the caller's tokenizer is left as it was
+
+
 def test_template_without_chat_template_trains_the_response_and_eos(tokenizer: Any) -> None:
     ds = DatasetConfig(path="x.jsonl", format="template", input_template="Question: {q}\nAnswer: ",
                        output_template="{a}", field_mapping={"q": "question", "a": "answer"},

@@ -21,7 +21,8 @@ from rayft.models.registry import CHATML_TEMPLATE
 
 # Bump when the output of the same inputs changes. 2: splits and mixtures from per-row hashes; keys
 # from file fingerprints. 3: packing within windows of consecutive examples, one file per window.
-PREPARE_VERSION = 3
+# 4: rows encoded unpadded even when the tokenizer file saved a padding setting.
+PREPARE_VERSION = 4
 _PIECE_BYTES = 1 << 20
 
 

@@ -58,6 +58,14 @@ class TextTokenizer:
         """Extract what is needed from a loaded transformers tokenizer."""
         template = tokenizer.get_chat_template() if getattr(tokenizer, "chat_template", None) else None
         backend = getattr(tokenizer, "backend_tokenizer", None)
+        if backend is not None and (backend.padding is not None or backend.truncation is not None):
+            # A tokenizer.json saved after a padded or truncating call keeps that setting, and the backend
+            # would then pad every batch of rows to its longest or cut them: rows are encoded one by one.
+            from tokenizers import Tokenizer
+
+            backend = Tokenizer.from_str(backend.to_str())
+            backend.no_padding()
+            backend.no_truncation()
         return cls(
             backend=backend if backend is not None else tokenizer,
             chat_template=template,

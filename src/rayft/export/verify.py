@@ -13,16 +13,24 @@ from rayft.errors import CheckpointError
 def probe_batch(tokenizer: Any, prompts: Sequence[str]) -> dict[str, Any]:
     """Probe inputs: each prompt rendered with the chat template, left-padded into one batch. A
     tokenizer without a chat template (an encoder-decoder's, such as T5's) takes the prompts as plain
-    text with its special tokens, right-padded as an encoder's input is."""
-    if not getattr(tokenizer, "chat_template", None):
-        tokenizer.padding_side = "right"
-        return dict(tokenizer(list(prompts), return_tensors="pt", padding=True))
-    texts = [
-        str(tokenizer.apply_chat_template([{"role": "user", "content": p}], tokenize=False, add_generation_prompt=True))
-        for p in prompts
-    ]
-    tokenizer.padding_side = "left"
-    return dict(tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False))
+    text with its special tokens, right-padded as an encoder's input is. The tokenizer is left as it
+    was: it is saved beside the export afterwards."""
+    side = tokenizer.padding_side
+    try:
+        if not getattr(tokenizer, "chat_template", None):
+            tokenizer.padding_side = "right"
+            return dict(tokenizer(list(prompts), return_tensors="pt", padding=True))
+        chats = [[{"role": "user", "content": p}] for p in prompts]
+        texts = [str(tokenizer.apply_chat_template(c, tokenize=False, add_generation_prompt=True)) for c in chats]
+        tokenizer.padding_side = "left"
+        return dict(tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False))
+    finally:
+        # A padded call switches padding on in the fast backend, and save_pretrained writes that into
+        # tokenizer.json: every later encode of the exported tokenizer would pad (training data included).
+        tokenizer.padding_side = side
+        backend = getattr(tokenizer, "backend_tokenizer", None)
+        if backend is not None:
+            backend.no_padding()
 
 
 def is_encoder_decoder(model: Any) -> bool:
