@@ -32,7 +32,7 @@ def alpha(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Pat
 @pytest.fixture(scope="module")
 def server(ray_session: None, alpha: Path) -> Iterator[rayft.ServeHandle]:
     cfg = RayftConfig.model_validate({"serve": {"max_batch_size": 8, "max_tokens": 8}})
-    with rayft.serve([str(alpha)], config=cfg) as handle:
+    with rayft.api.serve(cfg, [alpha], port=0) as handle:
         yield handle
 
 

@@ -176,7 +176,8 @@ def test_the_cli_and_the_python_api_install_redaction(tmp_path: Path) -> None:
     assert cli.returncode == 2 and "Error:" in cli.stderr and CANARY not in cli.stdout + cli.stderr
     api = run_python(
         "import logging, sys, rayft\n"
-        "try:\n    rayft.export('no-such-run', 'out')\nexcept rayft.RayftError as exc:\n    print(exc)\n"
+        "try:\n    rayft.api.export(rayft.RayftConfig(), 'no-such-run', 'out')\n"
+        "except rayft.RayftError as exc:\n    print(exc)\n"
         f"print('{CANARY}')\n",
         tmp_path,
     )
