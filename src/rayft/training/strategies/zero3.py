@@ -17,14 +17,17 @@ from __future__ import annotations
 import contextlib
 import copy
 from collections.abc import Iterator, Mapping
-from typing import TYPE_CHECKING, Any
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, cast
 
 from rayft.errors import TrainingError
-from rayft.training.modeling.model import named_trainable, parameter_group_names
+from rayft.training.modeling.model import full_shape, named_trainable, parameter_group_names
 from rayft.training.strategies.parallel import MakeOptimizer, ParallelSetup, retie
 
 if TYPE_CHECKING:
     import torch
+    from deepspeed import DeepSpeedEngine  # DeepSpeed ships no type information: mypy reads these as Any
+    from deepspeed.runtime.zero.stage3 import DeepSpeedZeroOptimizer_Stage3
 
 INSTALL_HINT = "pip install 'rayft[deepspeed]'"
 
@@ -66,7 +69,7 @@ def merge(base: Mapping[str, Any], extra: Mapping[str, Any]) -> dict[str, Any]:
     return merged
 
 
-def import_deepspeed() -> Any:
+def import_deepspeed() -> ModuleType:
     """The ``deepspeed`` package, or an error with the install line."""
     try:
         import deepspeed
@@ -74,10 +77,10 @@ def import_deepspeed() -> Any:
         raise TrainingError(
             f"train.strategy=deepspeed needs DeepSpeed on every worker ({exc}); install it with: {INSTALL_HINT}"
         ) from exc
-    return deepspeed
+    return cast("ModuleType", deepspeed)  # no type information: DeepSpeed ships none
 
 
-def skip_inference_comm_kernel(deepspeed: Any) -> None:
+def skip_inference_comm_kernel(deepspeed: ModuleType) -> None:
     """Keep DeepSpeed from building its shared-memory all-reduce kernel when it joins the process group.
 
     On the CPU, DeepSpeed's communication backend compiles that C++ kernel the first time it starts
@@ -97,7 +100,9 @@ class DeepSpeedZero3:
     sharded = True
     weights_from_rank0 = False  # every worker loads the weights (DeepSpeed's zero.Init is not used)
 
-    def prepare(self, model: Any, make_optimizer: MakeOptimizer, setup: ParallelSetup) -> tuple[Any, Any]:
+    def prepare(
+        self, model: torch.nn.Module, make_optimizer: MakeOptimizer, setup: ParallelSetup
+    ) -> tuple[DeepSpeedEngine, torch.optim.Optimizer]:
         """Build the torch optimizer, then the engine around model and optimizer; the torch
         optimizer is returned, as the scheduler sets its learning rate."""
         import torch
@@ -119,22 +124,28 @@ class DeepSpeedZero3:
         return engine, optimizer
 
     @contextlib.contextmanager
-    def accumulating(self, model: Any, *, last: bool) -> Iterator[None]:
+    def accumulating(self, model: DeepSpeedEngine, *, last: bool) -> Iterator[None]:
         """Tell the engine whether this micro-batch ends the step (it then reduces and may step)."""
         model.set_gradient_accumulation_boundary(last)
         yield
 
-    def backward(self, model: Any, loss: torch.Tensor, scaler: Any) -> None:
+    def backward(self, model: DeepSpeedEngine, loss: torch.Tensor, scaler: torch.amp.GradScaler | None) -> None:
         """The engine's backward (it scales fp16 losses itself; ``scaler`` is not used)."""
         model.backward(loss)
 
-    def step(self, model: Any, optimizer: Any, scaler: Any, max_grad_norm: float | None) -> float:
+    def step(
+        self,
+        model: DeepSpeedEngine,
+        optimizer: torch.optim.Optimizer,
+        scaler: torch.amp.GradScaler | None,
+        max_grad_norm: float | None,
+    ) -> float:
         """The engine clips (``gradient_clipping``), steps and clears the gradients."""
         model.step()
         norm = model.get_global_grad_norm()
         return float(norm) if norm is not None else float("nan")
 
-    def model_state(self, model: Any, method: str, rank: int) -> dict[str, Any] | None:
+    def model_state(self, model: DeepSpeedEngine, method: str, rank: int) -> dict[str, Any] | None:
         """Every rank gathers each parameter's fp32 master copy; rank 0 keeps them."""
         from deepspeed.utils import safe_get_full_fp32_param
 
@@ -150,7 +161,9 @@ class DeepSpeedZero3:
         buffers = {name: b.detach().cpu().clone() for name, b in module.named_buffers() if name in module.state_dict()}
         return retie({**state, **buffers}, module)
 
-    def optimizer_state(self, model: Any, optimizer: Any, rank: int) -> dict[str, Any] | None:
+    def optimizer_state(
+        self, model: DeepSpeedEngine, optimizer: torch.optim.Optimizer, rank: int
+    ) -> dict[str, Any] | None:
         """The full optimizer state dict of ``torch.distributed.checkpoint`` (keyed by parameter
         name, with the groups of :func:`rayft.training.modeling.model.parameter_groups`), gathered from
         the partitions by every rank."""
@@ -164,7 +177,7 @@ class DeepSpeedZero3:
         for name, param in trainable:  # collectives, same order everywhere
             values = {key: safe_get_full_optimizer_state(param, key) for key in keys}
             if rank == 0:
-                shape = tuple(param.ds_shape)
+                shape = full_shape(param)  # ZeRO-3's whole shape (ds_shape), not its emptied tensor's
                 state[name] = {
                     "step": step.clone(),
                     **{k: v.detach().cpu().clone().reshape(shape) for k, v in values.items()},
@@ -177,7 +190,9 @@ class DeepSpeedZero3:
         ]
         return {"state": state, "param_groups": groups}
 
-    def load_optimizer_state(self, model: Any, optimizer: Any, saved: dict[str, Any]) -> None:
+    def load_optimizer_state(
+        self, model: DeepSpeedEngine, optimizer: torch.optim.Optimizer, saved: dict[str, Any]
+    ) -> None:
         """Each rank copies its partition of every saved tensor; the step count and the groups'
         settings are restored too."""
         from deepspeed.utils import safe_set_full_optimizer_state
@@ -199,7 +214,9 @@ class DeepSpeedZero3:
             group.update({k: v for k, v in saved_group.items() if k != "params"})
 
 
-def _create_adam_state(zero_optimizer: Any, optimizer: Any, keys: list[str]) -> None:
+def _create_adam_state(
+    zero_optimizer: DeepSpeedZeroOptimizer_Stage3, optimizer: torch.optim.Optimizer, keys: list[str]
+) -> None:
     """Create the AdamW state of each fp32 partition, as AdamW does on its first step (it is
     created lazily; DeepSpeed copies a checkpoint's values into it)."""
     import torch
@@ -211,7 +228,7 @@ def _create_adam_state(zero_optimizer: Any, optimizer: Any, keys: list[str]) -> 
             state.update({key: torch.zeros_like(flat, memory_format=torch.preserve_format) for key in keys})
 
 
-def _adam_step(optimizer: Any) -> Any:
+def _adam_step(optimizer: torch.optim.Optimizer) -> torch.Tensor:
     """The step count of the partitions' AdamW state (the same for all of them)."""
     import torch
 
