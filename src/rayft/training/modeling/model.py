@@ -226,6 +226,11 @@ def unwrap(net: torch.nn.Module) -> torch.nn.Module:
     return cast("torch.nn.Module", getattr(net, "module", net))
 
 
+def transformers_model(net: torch.nn.Module) -> TransformersModel:
+    """The model inside DDP / DeepSpeed wrappers of a causal-LM objective (as :func:`build_training_model` built it)."""
+    return cast("TransformersModel", unwrap(net))
+
+
 def base_model(net: torch.nn.Module) -> PreTrainedModel:
     """The transformers model inside DDP / DeepSpeed and PEFT wrappers (a causal-LM objective's model)."""
     inner = unwrap(net)
