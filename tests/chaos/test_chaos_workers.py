@@ -17,7 +17,8 @@ import pytest
 
 from rayft.data.prepared import PreparedData
 from tests.chaos.conftest import chaos_seed, chaos_trials
-from tests.helpers import adapter_tensors, kill_a_worker_at, tiny_config, train_losses, train_on
+from tests.support.kills import kill_a_worker_at
+from tests.support.runs import adapter_tensors, tiny_config, train_losses, train_on
 
 pytestmark = pytest.mark.chaos
 

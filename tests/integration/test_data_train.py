@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import tiny_config, train_losses
+from tests.support.runs import tiny_config, train_losses
 
 pytestmark = pytest.mark.integration
 

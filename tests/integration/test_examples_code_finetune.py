@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from rayft.config import load_config
-from tests.helpers import train_losses
+from tests.support.runs import train_losses
 
 pytestmark = pytest.mark.integration
 

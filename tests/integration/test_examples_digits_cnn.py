@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from rayft.config import load_config
-from tests.helpers import kill_a_worker_at, read_metrics, train_losses
+from tests.support.kills import kill_a_worker_at
+from tests.support.runs import read_metrics, train_losses
 
 pytestmark = pytest.mark.integration
 

@@ -27,7 +27,7 @@ SECRET = "hf_" + "AbCdEfGhIjKlMnOpQrStUvWxYz0123456789"
 @pytest.fixture(scope="module")
 def adapters(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """Two LoRA adapters of the tiny model with different (seeded, large) weights."""
-    from rayft.testing.checkpoints import build_lora_checkpoint
+    from tests.support.checkpoints import build_lora_checkpoint
 
     root = tmp_path_factory.mktemp("adapters")
     return {

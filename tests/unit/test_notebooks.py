@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 import rayft
-from tests.notebooks import NOTEBOOKS, NOTEBOOKS_DIR
+from tests.support.notebooks import NOTEBOOKS, NOTEBOOKS_DIR
 
 ROOT = NOTEBOOKS_DIR.parents[1]
 # `rayft.<name>` and `rayft.api.<function>` in a code cell; `rayft.testing` (tiny models for the test size)

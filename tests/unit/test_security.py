@@ -19,7 +19,7 @@ from rayft.files import write_jsonl_atomic, write_text_atomic
 from rayft.generation.backend import SamplingParams
 from rayft.generation.openai_http import OpenAIBackend
 from rayft.security import MASK, is_secret_name, mask_uri, redact, remember_secret, secret_values
-from rayft.testing.openai_server import OpenAIServer
+from tests.support.openai_server import OpenAIServer
 
 CANARY = "canary-0123456789abcdef"
 
