@@ -84,7 +84,7 @@ class Snapshot:
     state_json: str
     scheduler_json: str
     rng_files: dict[str, bytes]
-    model_state: dict[str, Any] | None = None
+    model_state: dict[str, torch.Tensor] | None = None
     optimizer_state: dict[str, Any] | None = None
     scaler_state: dict[str, Any] | None = None
 
@@ -165,7 +165,7 @@ class TrainingObjects:
     scaler: torch.amp.GradScaler | None = None  # the fp16 GradScaler, when there is one
 
 
-WriteModel: TypeAlias = "Callable[[torch.nn.Module, Path, dict[str, Any] | None], None]"
+WriteModel: TypeAlias = "Callable[[torch.nn.Module, Path, dict[str, torch.Tensor] | None], None]"
 """Writes the model files of a checkpoint: (model, directory, state dict snapshot or None for the
 live weights); :meth:`rayft.training.loop.objective.Objective.write_model`."""
 
@@ -288,7 +288,7 @@ def write_model_files(
     files: ModelFiles,
     directory: Path,
     *,
-    state_dict: dict[str, Any] | None = None,
+    state_dict: dict[str, torch.Tensor] | None = None,
 ) -> None:
     """Weights (adapter or full) as safetensors, tokenizer with chat template, generation config
     whose EOS ids include the end-of-turn token, and the resolved config (secrets redacted).
@@ -385,7 +385,7 @@ def save_final(
     state: TrainerState,
     run_dir: Path,
     *,
-    weights: dict[str, Any] | None = None,
+    weights: dict[str, torch.Tensor] | None = None,
 ) -> Path:
     """Write ``final/`` (model files, config, manifest) atomically into ``run_dir``; the model's
     live weights, or ``weights`` (gathered from the shards of a sharded model) when given."""

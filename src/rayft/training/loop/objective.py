@@ -79,7 +79,7 @@ class Objective(Protocol):
         """Figures over every worker's validation units, ``eval/loss`` first (every rank joins)."""
         ...
 
-    def write_model(self, model: torch.nn.Module, directory: Path, state_dict: dict[str, Any] | None) -> None:
+    def write_model(self, model: torch.nn.Module, directory: Path, state_dict: dict[str, torch.Tensor] | None) -> None:
         """The model files of a checkpoint or of ``final/`` (``state_dict``: a snapshot to write
         instead of the live weights)."""
         ...
@@ -125,7 +125,7 @@ class CausalLm:
                            seq2seq=self.seq2seq, **self._kernels(device.type))  # fmt: skip
         return {"eval/loss": loss, "eval/perplexity": math.exp(min(loss, 50.0))}
 
-    def write_model(self, model: torch.nn.Module, directory: Path, state_dict: dict[str, Any] | None) -> None:
+    def write_model(self, model: torch.nn.Module, directory: Path, state_dict: dict[str, torch.Tensor] | None) -> None:
         """Weights or adapter, tokenizer, generation config and resolved config."""
         write_model_files(model, self.tokenizer, self.files, directory, state_dict=state_dict)
 
@@ -272,7 +272,7 @@ class TaskObjective:
         for chunk in micro_batches(iter(units), batch_size):
             yield self.collate(chunk, split="validation").to(device)
 
-    def write_model(self, model: torch.nn.Module, directory: Path, state_dict: dict[str, Any] | None) -> None:
+    def write_model(self, model: torch.nn.Module, directory: Path, state_dict: dict[str, torch.Tensor] | None) -> None:
         """``model.safetensors`` (every tensor of the state dict, buffers included) and the resolved config."""
         from safetensors.torch import save_file
 

@@ -146,7 +146,7 @@ class PreferenceTraining:
         """The model :class:`CausalLm` builds."""
         return self.lm.build_model(restore_dir, device_type=device_type, weights=weights)
 
-    def write_model(self, model: torch.nn.Module, directory: Path, state_dict: dict[str, Any] | None) -> None:
+    def write_model(self, model: torch.nn.Module, directory: Path, state_dict: dict[str, torch.Tensor] | None) -> None:
         """The files :class:`CausalLm` writes."""
         self.lm.write_model(model, directory, state_dict)
 

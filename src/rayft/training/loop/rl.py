@@ -23,7 +23,7 @@ import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, cast
 
 from rayft.config.rl import RlConfig
 from rayft.data.collate import MicroBatch, collate
@@ -178,7 +178,7 @@ class RlTraining:
             return "none"
         return s.reference if s.reference != "auto" else ("base" if self.lm.plan.train.method == "lora" else "copy")
 
-    def write_model(self, model: torch.nn.Module, directory: Path, state_dict: dict[str, Any] | None) -> None:
+    def write_model(self, model: torch.nn.Module, directory: Path, state_dict: dict[str, torch.Tensor] | None) -> None:
         """The files :class:`CausalLm` writes."""
         self.lm.write_model(model, directory, state_dict)
 

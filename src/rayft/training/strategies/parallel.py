@@ -88,7 +88,7 @@ class Parallelism(Protocol):
         """Clip, take the optimizer step, clear the gradients; return the gradient norm before clipping."""
         ...
 
-    def model_state(self, model: torch.nn.Module, method: str, rank: int) -> dict[str, Any] | None:
+    def model_state(self, model: torch.nn.Module, method: str, rank: int) -> dict[str, torch.Tensor] | None:
         """CPU copies of what a checkpoint stores of the model, on rank 0 (None elsewhere): the
         trained parameters of a LoRA adapter (PEFT picks the adapter keys from them), or the whole
         state dict for full fine-tuning. Whole tensors, never one rank's shard."""
@@ -226,7 +226,7 @@ class TorchParallelism:
         optimizer.zero_grad(set_to_none=True)
         return float(norm)
 
-    def model_state(self, model: torch.nn.Module, method: str, rank: int) -> dict[str, Any] | None:
+    def model_state(self, model: torch.nn.Module, method: str, rank: int) -> dict[str, torch.Tensor] | None:
         """Copied from the live parameters on rank 0; gathered (every rank joins) under FSDP."""
         if not self.sharded:
             return cpu_copy(_local_model_state(unwrap(model), method)) if rank == 0 else None
@@ -237,7 +237,8 @@ class TorchParallelism:
             gathered = {name: cast("DTensor", p).full_tensor() for name, p in named_trainable(unwrap(model))}
             return {name: t.detach().cpu() for name, t in gathered.items()} if rank == 0 else None
         state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-        return retie(dict(state), model) if rank == 0 else None
+        whole = cast("dict[str, torch.Tensor]", dict(state))  # full_state_dict: plain whole tensors
+        return retie(whole, model) if rank == 0 else None
 
     def optimizer_state(
         self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, rank: int
@@ -299,7 +300,7 @@ def trainable_names(model: torch.nn.Module) -> list[str]:
     return [name for name, _ in named_trainable(unwrap(model))]
 
 
-def retie(state: dict[str, Any], model: torch.nn.Module) -> dict[str, Any]:
+def retie(state: dict[str, torch.Tensor], model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """``state`` with the entries of tied parameters (one parameter under several names, as tied
     input and output embeddings) sharing one tensor again: gathering copies each name on its own,
     and transformers recognises tied weights by their shared storage when it saves them."""
@@ -313,13 +314,14 @@ def retie(state: dict[str, Any], model: torch.nn.Module) -> dict[str, Any]:
     return state
 
 
-def _local_model_state(model: torch.nn.Module, method: str) -> dict[str, Any]:
+def _local_model_state(model: torch.nn.Module, method: str) -> dict[str, torch.Tensor]:
     if method == "lora":
-        return dict(named_trainable(unwrap(model)))
+        trained: dict[str, torch.Tensor] = dict(named_trainable(unwrap(model)))
+        return trained
     return dict(model.state_dict())
 
 
-def check_full_shapes(state: dict[str, Any], model: torch.nn.Module) -> None:
+def check_full_shapes(state: dict[str, torch.Tensor], model: torch.nn.Module) -> None:
     """Refuse to save a model state that is not whole: every tensor must have its parameter's
     full shape (a shard's shape would save one rank's slice), and a LoRA state must hold every
     trained parameter (an empty adapter saves nothing)."""

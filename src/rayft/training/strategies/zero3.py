@@ -179,7 +179,7 @@ class DeepSpeedZero3:
         norm = engine.get_global_grad_norm()
         return float(norm) if norm is not None else float("nan")
 
-    def model_state(self, model: torch.nn.Module, method: str, rank: int) -> dict[str, Any] | None:
+    def model_state(self, model: torch.nn.Module, method: str, rank: int) -> dict[str, torch.Tensor] | None:
         """Every rank gathers each parameter's fp32 master copy; rank 0 keeps them."""
         from deepspeed.utils import safe_get_full_fp32_param
 
