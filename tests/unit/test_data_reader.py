@@ -15,8 +15,7 @@ import pytest
 from rayft.config import DatasetConfig, load_config
 from rayft.data.formats import UNREADABLE_COLUMN
 from rayft.data.prepare import prepare_data
-from rayft.data.reader import read_rows
-from rayft.data.sources import iter_json_lines
+from rayft.data.reader import iter_json_lines, read_rows
 from rayft.errors import DataError
 
 

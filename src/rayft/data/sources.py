@@ -1,39 +1,33 @@
-"""Reading a dataset's rows as one Arrow table, whatever it is: a local file or directory, a URI, a
-Hugging Face Hub dataset, or a built-in set (for evaluation and seeds), and the pieces that
-preparation's row-by-row reader (:mod:`rayft.data.reader`) shares with it: which files a dataset
-is, and JSON Lines read one line at a time.
+"""Where a dataset's rows are, whatever the dataset is: which local files (a file, a directory of one
+type, or the files a glob matches), a URI's files and their record batches, a Hugging Face Hub
+dataset's or a built-in set's record batches, a JSON document's items, a source file as text rows.
 
-Errors name the dataset, the file (and line, for JSON Lines), the problem and the fix. Rows are
-returned as they are: checking and rendering them is the preparation step's job.
+:mod:`rayft.data.reader` reads them, row by row: it is the one reader of datasets, and this module
+is what it reads from. Errors name the dataset, the file, the problem and the fix. Rows are returned
+as they are: checking and rendering them is the preparation step's job.
 """
 
 from __future__ import annotations
 
 import errno
 import json
-import logging
 import os
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rayft.config.data import DEFAULT_MAX_ROW_BYTES, DatasetConfig
+from rayft.config.data import DatasetConfig
 from rayft.data.builtin import is_builtin, load_builtin
 from rayft.data.formats import ENCODING_ERROR_COLUMN
 from rayft.errors import DataError
-from rayft.lines import LineReadable, OversizedLine, bounded_lines, describe_size
 from rayft.security import mask_uri
 
 if TYPE_CHECKING:
     import pyarrow as pa
-    import pyarrow.dataset as pads
 
-log = logging.getLogger("rayft.data")
 
 SUFFIXES = (".jsonl", ".json", ".parquet", ".csv")
 BOM = b"\xef\xbb\xbf"
-_MAX_LISTED = 5
 
 
 def source_name(ds: DatasetConfig) -> str:
@@ -43,38 +37,23 @@ def source_name(ds: DatasetConfig) -> str:
     return ds.path.rstrip("/").rsplit("/", 1)[-1] or ds.path
 
 
-def read_table(ds: DatasetConfig) -> pa.Table:
-    """All rows of a dataset (at most ``max_rows``) as an Arrow table."""
-    import pyarrow as pa
-
+def _refuse_stage(ds: DatasetConfig) -> None:
     if ds.path.startswith("stage:"):
         raise DataError(
             f"dataset path {ds.path!r} names the output of a pipeline stage; run the config with `rayft run`, "
             "or set the path to that stage's output file (for example runs/<name>/sdg/data.jsonl)"
         )
-    if is_builtin(ds.path):
-        table = pa.Table.from_pylist(load_builtin(ds.path, ds.split, ds.max_rows))
-    elif "://" in ds.path:
-        table = _read_uri(ds)
-    elif ds.files is not None:
-        table = _read_source_files(ds, Path(ds.path).expanduser())
-    elif _looks_local(ds.path):
-        table = _read_local(ds, Path(ds.path).expanduser())
-    else:
-        table = _read_hub(ds)
-    if ds.max_rows is not None and table.num_rows > ds.max_rows:
-        table = table.slice(0, ds.max_rows)
-    if table.num_rows == 0:
-        raise DataError(f"dataset {ds.path!r} has no rows; check the path, split ({ds.split!r}) and max_rows")
-    return table
 
 
 def table_batches(ds: DatasetConfig, batch_rows: int) -> Iterator[pa.RecordBatch]:
     """The rows of a dataset that is not local files (a built-in set, a URI, a Hub dataset) as record
     batches of at most ``batch_rows``, read lazily: a URI's files are scanned a batch at a time and a Hub
     dataset is read from its memory-mapped cache, so a consumer holds only the batch it is on."""
-    if ds.path.startswith("stage:") or is_builtin(ds.path):
-        yield from read_table(ds).to_batches(batch_rows)  # read_table explains a stage path; built-ins are small
+    import pyarrow as pa
+
+    _refuse_stage(ds)
+    if is_builtin(ds.path):  # small, and generated whole
+        yield from pa.Table.from_pylist(load_builtin(ds.path, ds.split, ds.max_rows)).to_batches(batch_rows)
     elif "://" in ds.path:
         yield from _uri_batches(ds, batch_rows)
     else:
@@ -85,7 +64,7 @@ def table_batches(ds: DatasetConfig, batch_rows: int) -> Iterator[pa.RecordBatch
 def _uri_batches(ds: DatasetConfig, batch_rows: int) -> Iterator[pa.RecordBatch]:
     """A URI's record batches, file by file through the store's own streaming readers; a store's failure
     is a DataError whenever it comes."""
-    filesystem, files = _uri_files(ds)
+    filesystem, files = uri_files(ds)
     for path in files:
         batches = iter(_file_batches(filesystem, path, batch_rows))
         while True:
@@ -94,28 +73,11 @@ def _uri_batches(ds: DatasetConfig, batch_rows: int) -> Iterator[pa.RecordBatch]
             except StopIteration:
                 break
             except Exception as exc:  # pyarrow raises many kinds for remote stores
-                raise _uri_error(ds, exc) from None
+                raise uri_error(ds, exc) from None
             yield batch
 
 
-def uri_json_lines(ds: DatasetConfig) -> Iterator[tuple[str, JsonLine]]:
-    """Each non-blank line of a JSON Lines URI's files, with the file's URI, read a line at a time; a bad
-    line comes back without a row (see :func:`iter_json_lines`), so one bad line never refuses the file."""
-    import io
-
-    filesystem, files = _uri_files(ds)
-    base = mask_uri(ds.path.split("?", 1)[0])  # the name lands in reports: never with its credentials
-    for path in files:
-        name = base if len(files) == 1 else f"{base.rstrip('/')}/{Path(path).name}"
-        try:
-            with filesystem.open_input_stream(path) as stream:
-                for line in json_lines_of(io.BufferedReader(stream), ds.max_row_bytes):
-                    yield name, line
-        except OSError as exc:
-            raise _uri_error(ds, exc) from None
-
-
-def _uri_files(ds: DatasetConfig) -> tuple[Any, list[str]]:
+def uri_files(ds: DatasetConfig) -> tuple[Any, list[str]]:
     """The filesystem of a URI and its files in name order: the file itself, or every file under a directory
     (hidden and underscore-prefixed names skipped, as Arrow datasets do)."""
     import pyarrow.fs as pafs
@@ -129,7 +91,7 @@ def _uri_files(ds: DatasetConfig) -> tuple[Any, list[str]]:
             raise FileNotFoundError(f"no such file or directory: {root}")
         found = filesystem.get_file_info(pafs.FileSelector(root, recursive=True))
     except Exception as exc:  # pyarrow raises many kinds for remote stores
-        raise _uri_error(ds, exc) from None
+        raise uri_error(ds, exc) from None
     names = [i.path for i in found if i.type == pafs.FileType.File and not Path(i.path).name.startswith((".", "_"))]
     return filesystem, sorted(names)
 
@@ -161,18 +123,6 @@ def _file_batches(filesystem: Any, path: str, batch_rows: int) -> Iterator[pa.Re
 def _looks_local(path: str) -> bool:
     p = Path(path).expanduser()
     return p.exists() or p.is_absolute() or path.startswith(".") or p.suffix.lower() in SUFFIXES
-
-
-def _read_local(ds: DatasetConfig, path: Path) -> pa.Table:
-    import pyarrow as pa
-
-    tables = [_read_file(ds, f) for f in _local_files(ds, path)]
-    try:
-        return pa.concat_tables(tables, promote_options="permissive") if len(tables) > 1 else tables[0]
-    except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
-        raise DataError(
-            f"dataset {ds.path!r}: its files do not share one schema ({exc}); make the columns agree"
-        ) from None
 
 
 def dataset_files(ds: DatasetConfig) -> list[Path] | None:
@@ -219,49 +169,6 @@ def _data_files(ds: DatasetConfig, directory: Path) -> list[Path]:
     return next(iter(by_suffix.values()))
 
 
-def _read_file(ds: DatasetConfig, path: Path) -> pa.Table:
-    import pyarrow as pa
-    import pyarrow.csv as pacsv
-    import pyarrow.parquet as pq
-
-    suffix = path.suffix.lower()
-    try:
-        if suffix == ".parquet":
-            return pq.read_table(path)
-        if suffix == ".csv":
-            return pacsv.read_csv(path)
-        if suffix in (".jsonl", ".json"):
-            return _rows_to_table(ds, path, _read_json_rows(path, ds.max_row_bytes))
-    except (pa.ArrowInvalid, OSError) as exc:
-        raise DataError(
-            f"dataset {ds.path!r}: cannot read {path} ({exc}); check that it is valid {suffix[1:]}"
-        ) from None
-    raise DataError(f"dataset {ds.path!r}: file {path} has an unsupported type; use one of {', '.join(SUFFIXES)}")
-
-
-def _read_json_rows(path: Path, max_row_bytes: int) -> list[dict[str, Any]]:
-    """Every row of a JSON or JSON Lines file, or DataError listing the lines that are not JSON objects
-    or are larger than ``max_row_bytes`` (a table has no place for a bad row; preparation reports them
-    per row: :mod:`rayft.data.reader`)."""
-    document = json_document(path)
-    if document is not None:
-        return _only_objects(path, document, max_row_bytes)
-    rows: list[dict[str, Any]] = []
-    bad: list[str] = []
-    for line in iter_json_lines(path, max_row_bytes):
-        if line.row is None:
-            bad.append(f"line {line.number}: {line.detail}")
-        else:
-            rows.append(line.row)
-    if bad:
-        listed = "; ".join(bad[:_MAX_LISTED]) + (
-            f"; and {len(bad) - _MAX_LISTED} more" if len(bad) > _MAX_LISTED else ""
-        )
-        raise DataError(f"{path}: {len(bad)} line(s) are not JSON objects or are too large ({listed}); fix or "
-                        "remove them")  # fmt: skip
-    return rows
-
-
 def json_document(path: Path) -> list[Any] | None:
     """The rows of a ``.json`` file that holds one JSON document (a list of rows, or an object with one
     such list); None for JSON Lines, whatever the suffix. A document is read whole: only JSON Lines stream."""
@@ -285,138 +192,6 @@ def json_document(path: Path) -> list[Any] | None:
     return None
 
 
-@dataclass(frozen=True)
-class JsonLine:
-    """One non-blank line of a JSON Lines file: its 1-based number, and the row it holds, or why not."""
-
-    number: int
-    text: str
-    row: dict[str, Any] | None
-    reason: str = ""
-    detail: str = ""
-
-
-def iter_json_lines(path: Path, max_row_bytes: int = DEFAULT_MAX_ROW_BYTES) -> Iterator[JsonLine]:
-    """The non-blank lines of a JSON Lines file, read one line at a time (never the whole file).
-
-    A UTF-8 byte order mark opening the file is dropped. A line that is not UTF-8 (``bad_encoding``,
-    naming the first bad byte), not JSON, or not a JSON object (``bad_json``) comes back without a row,
-    as does a line of more than ``max_row_bytes`` bytes (``row_too_large``), which is skipped without
-    being held whole.
-    """
-    with path.open("rb") as file:
-        yield from json_lines_of(file, max_row_bytes)
-
-
-def json_lines_of(file: LineReadable, max_row_bytes: int = DEFAULT_MAX_ROW_BYTES) -> Iterator[JsonLine]:
-    """The non-blank lines of an open JSON Lines stream (see :func:`iter_json_lines`)."""
-    for number, raw in enumerate(bounded_lines(file, max_row_bytes), start=1):
-        if isinstance(raw, OversizedLine):
-            yield JsonLine(number, "", None, "row_too_large", too_large_detail(raw.size, max_row_bytes))
-            continue
-        line = raw.removeprefix(BOM) if number == 1 else raw
-        if line.strip():
-            yield _parse_line(number, line)
-
-
-def too_large_detail(size: int, max_row_bytes: int) -> str:
-    """Why a row was rejected as too large: its size against the bound, and the fix."""
-    return (
-        f"{describe_size(size)}, above max_row_bytes ({describe_size(max_row_bytes)}); "
-        "split the row or raise the dataset's max_row_bytes"
-    )
-
-
-def _parse_line(number: int, raw: bytes) -> JsonLine:
-    try:
-        text = raw.decode("utf-8").strip()
-    except UnicodeDecodeError as exc:
-        detail = f"not UTF-8: byte 0x{raw[exc.start]:02x} at offset {exc.start} of the line ({exc.reason})"
-        return JsonLine(number, "", None, "bad_encoding", detail)
-    try:
-        row = json.loads(text, object_pairs_hook=unique_keys)
-    except json.JSONDecodeError as exc:
-        return JsonLine(number, text, None, "bad_json", f"not JSON: {exc.msg} at column {exc.colno}")
-    except DuplicateKeyError as exc:
-        return JsonLine(number, text, None, "duplicate_key", f"key {exc.key!r} appears twice in one object; keep one")
-    if not isinstance(row, dict):
-        return JsonLine(number, text, None, "bad_json", f"a {type(row).__name__}, not an object")
-    return JsonLine(number, text, row)
-
-
-class DuplicateKeyError(ValueError):
-    """A JSON object that repeats a key (``json`` keeps the last silently; rayft refuses the row)."""
-
-    def __init__(self, key: str) -> None:
-        super().__init__(f"duplicate key {key!r}")
-        self.key = key
-
-
-def unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    """``json.loads``'s ``object_pairs_hook``: the object as a dict, or DuplicateKeyError naming a repeated key."""
-    found = dict(pairs)
-    if len(found) != len(pairs):  # rare: only then look for the repeated key
-        seen: set[str] = set()
-        for key, _ in pairs:
-            if key in seen:
-                raise DuplicateKeyError(key)
-            seen.add(key)
-    return found
-
-
-def _only_objects(path: Path, data: list[Any], max_row_bytes: int) -> list[dict[str, Any]]:
-    bad = [i for i, row in enumerate(data) if not isinstance(row, dict)]
-    if bad:
-        raise DataError(f"{path}: rows {bad[:_MAX_LISTED]} are not JSON objects; every row must be an object")
-    large = [(i, size) for i, row in enumerate(data) if (size := row_size(row)) > max_row_bytes]
-    if large:
-        first, size = large[0]
-        raise DataError(f"{path}: {len(large)} item(s) larger than max_row_bytes (item {first + 1}: "
-                        f"{too_large_detail(size, max_row_bytes)})")  # fmt: skip
-    return data
-
-
-def row_size(row: Any) -> int:
-    """A row's size in bytes as JSON text (UTF-8): what max_row_bytes bounds for rows not read as lines."""
-    return len(json.dumps(row, ensure_ascii=False, default=str).encode("utf-8"))
-
-
-def _rows_to_table(ds: DatasetConfig, path: Path, rows: list[dict[str, Any]]) -> pa.Table:
-    import pyarrow as pa
-
-    try:
-        return pa.Table.from_pylist(rows)
-    except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
-        column = _inconsistent_column(rows)
-        where = f"column {column!r}" if column else "some column"
-        raise DataError(
-            f"dataset {ds.path!r}: {path}: {where} holds values of different types ({exc}); "
-            "give every row the same type in that column"
-        ) from None
-
-
-def _inconsistent_column(rows: list[dict[str, Any]]) -> str | None:
-    kinds: dict[str, set[str]] = {}
-    for row in rows:
-        for key, value in row.items():
-            if value is not None:
-                kinds.setdefault(key, set()).add(type(value).__name__)
-    return next((k for k, v in kinds.items() if len(v) > 1), None)
-
-
-def _read_source_files(ds: DatasetConfig, directory: Path) -> pa.Table:
-    """Every file under ``directory`` matching ``ds.files`` (sorted; none under a hidden directory)
-    as text rows (see :func:`source_file_rows`)."""
-    import pyarrow as pa
-
-    matched = matched_source_files(ds, directory)
-    rows = [row for f in matched for row in source_file_rows(f.read_bytes(), f.relative_to(directory).as_posix(),
-                                                             ds.chunk_chars)]  # fmt: skip
-    bad = sum(1 for row in rows if row[ENCODING_ERROR_COLUMN])
-    log.info("data: %s: %d files as %d rows (%d not UTF-8)", source_name(ds), len(matched), len(rows), bad)
-    return pa.Table.from_pylist(rows, schema=_SOURCE_SCHEMA())
-
-
 def matched_source_files(ds: DatasetConfig, directory: Path) -> list[Path]:
     """The files under ``directory`` that ``ds.files`` matches, sorted, none under a hidden directory."""
     if not directory.is_dir():
@@ -430,13 +205,6 @@ def matched_source_files(ds: DatasetConfig, directory: Path) -> list[Path]:
         raise DataError(f"dataset {ds.path!r}: no file matches files={ds.files!r} under {directory.resolve()}; "
                         "fix the glob (e.g. '**/*.py' for every .py file at any depth)")  # fmt: skip
     return matched
-
-
-def _SOURCE_SCHEMA() -> pa.Schema:  # noqa: N802 - a constant built late (pyarrow is imported when used)
-    import pyarrow as pa
-
-    return pa.schema([("text", pa.string()), ("path", pa.string()), ("chunk", pa.int32()),
-                      (ENCODING_ERROR_COLUMN, pa.string())])  # fmt: skip
 
 
 def source_file_rows(data: bytes, path: str, chunk_chars: int | None) -> list[dict[str, Any]]:
@@ -471,38 +239,13 @@ def chunk_text(text: str, limit: int) -> list[str]:
     return pieces
 
 
-def _read_uri(ds: DatasetConfig) -> pa.Table:
-    try:
-        return _uri_dataset(ds).to_table()
-    except DataError:
-        raise
-    except Exception as exc:  # pyarrow raises many kinds for remote stores
-        raise _uri_error(ds, exc) from None
-
-
-def _uri_dataset(ds: DatasetConfig) -> pads.Dataset:
-    import pyarrow.dataset as pads
-
-    suffix = Path(ds.path.split("?", 1)[0]).suffix.lower()
-    fmt = {".parquet": "parquet", ".csv": "csv", ".jsonl": "json", ".json": "json"}.get(suffix, "parquet")
-    try:
-        return pads.dataset(ds.path, format=fmt)
-    except Exception as exc:  # pyarrow raises many kinds for remote stores
-        raise _uri_error(ds, exc) from None
-
-
-def _uri_error(ds: DatasetConfig, exc: Exception) -> DataError:
+def uri_error(ds: DatasetConfig, exc: Exception) -> DataError:
     return DataError(
         mask_uri(
             f"dataset {ds.path!r}: cannot read it with pyarrow ({type(exc).__name__}: {exc}); check the URI, "
             "its credentials (environment), and that the file type is one of parquet/csv/jsonl"
         )
     )
-
-
-def _read_hub(ds: DatasetConfig) -> pa.Table:
-    table: pa.Table = _load_hub(ds).with_format("arrow")[:]
-    return table
 
 
 def _load_hub(ds: DatasetConfig) -> Any:
