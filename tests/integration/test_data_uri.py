@@ -40,7 +40,7 @@ def test_json_lines_and_parquet_on_s3_stream_with_bad_lines_rejected_and_credent
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from rayft.data.reader import iter_rows
+    from rayft.data.read.rows import iter_rows
     from tests.support.object_store import DUMMY_SECRET_KEY
 
     bucket = s3_server.bucket_uri("rows")

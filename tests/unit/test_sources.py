@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from rayft.config import DatasetConfig
-from rayft.data.reader import iter_rows
+from rayft.data.read.rows import iter_rows
 from rayft.errors import DataError
 
 
@@ -29,10 +29,10 @@ def test_builtin_splits_are_disjoint_and_deterministic() -> None:
 
 
 def test_builtin_sets_are_pinned_by_golden_examples() -> None:
-    # Golden values of seed 0: the words and schemas live in builtin_*.yaml, and an edit there changes the
-    # sets that results in docs/ were measured on; change these values only with those results.
-    from rayft.data.builtin_arithmetic import iter_arithmetic_problems
-    from rayft.data.builtin_sql import iter_sql_examples
+    # Golden values of seed 0: the words and schemas live in rayft/data/builtin/*.yaml, and an edit there
+    # changes the sets that results in docs/ were measured on; change these values only with those results.
+    from rayft.data.builtin.arithmetic import iter_arithmetic_problems
+    from rayft.data.builtin.sql import iter_sql_examples
 
     problems = [(r["question"][:40], r["answer"].splitlines()[-1]) for r in iter_arithmetic_problems(4, seed=0)]
     assert problems == [
@@ -129,7 +129,7 @@ def test_source_files_become_text_rows_and_bad_encodings_are_kept_for_the_report
 
 
 def test_source_files_are_chunked_at_line_ends(tmp_path: Path) -> None:
-    from rayft.data.sources import chunk_text
+    from rayft.data.read.sources import chunk_text
 
     text = "one\ntwo\nthree\n" + "x" * 25 + "\nend"
     pieces = chunk_text(text, 10)

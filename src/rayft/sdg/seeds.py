@@ -2,7 +2,7 @@
 left out), and the problems of the evaluation sets that synthetic rows must not leak.
 
 The seed set and the decontamination sets are read a line (or a batch of rows) at a time
-(:func:`rayft.data.reader.iter_rows`); what is kept of the seeds is the set of seed ids seen, so
+(:func:`rayft.data.read.rows.iter_rows`); what is kept of the seeds is the set of seed ids seen, so
 that a seed repeated in the file runs once.
 """
 
@@ -12,7 +12,7 @@ import itertools
 from collections.abc import Container, Iterable, Iterator
 
 from rayft.config.sdg import SdgConfig, SdgDecontaminationConfig
-from rayft.data.reader import iter_rows
+from rayft.data.read.rows import iter_rows
 from rayft.errors import DataError
 from rayft.sdg.rows import seed_id
 from rayft.sdg.stages import Row

@@ -16,7 +16,7 @@ from typing import TypeVar
 
 import yaml
 
-_WORDS = yaml.safe_load(Path(__file__).with_name("builtin_arithmetic.yaml").read_text(encoding="utf-8"))
+_WORDS = yaml.safe_load(Path(__file__).with_name("arithmetic.yaml").read_text(encoding="utf-8"))
 NAMES: tuple[str, ...] = tuple(_WORDS["names"])
 ITEMS: tuple[str, ...] = tuple(_WORDS["items"])
 PLACES: tuple[str, ...] = tuple(_WORDS["places"])
@@ -55,7 +55,7 @@ _STORIES = tuple(
     )
     for story in _WORDS["multiply_then_subtract"]
 )
-"""The ``a*b - c`` problems: data, in ``builtin_arithmetic.yaml`` (as are the names, items and places)."""
+"""The ``a*b - c`` problems: data, in ``arithmetic.yaml`` (as are the names, items and places)."""
 
 
 def _multiply_then_subtract(story: _Story, rng: random.Random) -> _Problem:

@@ -1,6 +1,6 @@
 """The one reader of datasets, row by row (:func:`iter_rows`): every row as a :class:`ReadRow`, with the
 file and line it came from, and a row that cannot be read kept as a rejected row instead of refusing its
-file. Where the rows are (files, URIs, the Hub, built-in sets) is :mod:`rayft.data.sources`; preparation
+file. Where the rows are (files, URIs, the Hub, built-in sets) is :mod:`rayft.data.read.sources`; preparation
 spills what it reads to disk (:class:`RowStore`, :func:`read_sources`), SDG, the pair maker and
 evaluation take the rows as they come.
 
@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from rayft.config.data import DEFAULT_MAX_ROW_BYTES, DataConfig, DatasetConfig
 from rayft.data.formats import UNREADABLE_COLUMN, ResolvedFormat, resolve_format
-from rayft.data.sources import (
+from rayft.data.read.sources import (
     BOM,
     dataset_files,
     is_json_uri,

@@ -2,7 +2,7 @@
 type, or the files a glob matches), a URI's files and their record batches, a Hugging Face Hub
 dataset's or a built-in set's record batches, a JSON document's items, a source file as text rows.
 
-:mod:`rayft.data.reader` reads them, row by row: it is the one reader of datasets, and this module
+:mod:`rayft.data.read.rows` reads them, row by row: it is the one reader of datasets, and this module
 is what it reads from. Errors name the dataset, the file, the problem and the fix. Rows are returned
 as they are: checking and rendering them is the preparation step's job.
 """

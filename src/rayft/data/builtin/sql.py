@@ -21,7 +21,7 @@ from typing import Any
 
 import yaml
 
-from rayft.data.builtin_arithmetic import distinct_examples
+from rayft.data.builtin.arithmetic import distinct_examples
 
 INSTRUCTION = "Translate the question into a SQL query over the table."
 
@@ -65,22 +65,22 @@ _RANGED: dict[str, Callable[..., Draw]] = {"integer": _int, "real": _real}
 
 
 def _column(entry: dict[str, Any]) -> Column:
-    """A column from its entry in ``builtin_sql.yaml``: values to pick from, or a range to draw from."""
+    """A column from its entry in ``sql.yaml``: values to pick from, or a range to draw from."""
     kind = entry["type"]
     draw = _pick(*entry["values"]) if kind == "text" else _RANGED[kind](*entry["range"])
     return Column(entry["name"], entry["words"], kind, draw)
 
 
 def _load_schemas() -> tuple[Schema, ...]:
-    """The schemas of ``builtin_sql.yaml`` (beside this module), in their order."""
-    entries = yaml.safe_load(Path(__file__).with_name("builtin_sql.yaml").read_text(encoding="utf-8"))["schemas"]
+    """The schemas of ``sql.yaml`` (beside this module), in their order."""
+    entries = yaml.safe_load(Path(__file__).with_name("sql.yaml").read_text(encoding="utf-8"))["schemas"]
     return tuple(
         Schema(e["table"], e["noun"], _column(e["key"]), tuple(_column(c) for c in e["columns"])) for e in entries
     )
 
 
 SCHEMAS: tuple[Schema, ...] = _load_schemas()
-"""The table kinds examples are drawn from: data, in ``builtin_sql.yaml``."""
+"""The table kinds examples are drawn from: data, in ``sql.yaml``."""
 
 AGGREGATES = ("", "COUNT", "MIN", "MAX", "SUM", "AVG")
 _ASK = {
