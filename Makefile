@@ -33,7 +33,7 @@ quickstart: setup
 # around a local Ray of its own. One process alone kept the two cores 72% busy (it waits on
 # subprocesses, servers and Ray); two overlap their waits. --dist loadfile keeps each
 # test file on one worker, so that its module fixtures run once; tests act only on processes they
-# started (tests/helpers.ray_processes), never on another worker's, and a placement group a test
+# started (tests.support.ray_state.ray_processes), never on another worker's, and a placement group a test
 # leaves on its worker's Ray is caught after that test (tests/conftest.py). --durations: every CI log lists
 # the slowest tests (the suite must stay within CI's time budget).
 INTEGRATION_WORKERS ?= 2

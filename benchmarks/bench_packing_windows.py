@@ -22,7 +22,7 @@ def train_lengths(rows: int, tmp: Path) -> list[int]:
     """The token counts of the kept training examples of ``rows`` synthetic rows, in sample order."""
     from bench_scale import write_rows
     from rayft.config import load_config
-    from rayft.data.reader import read_sources
+    from rayft.data.read.rows import read_sources
     from rayft.data.split_plan import plan_examples
     from rayft.data.tokenize import TextTokenizer, TokenizeJob
     from rayft.models.loading import load_tokenizer

@@ -33,7 +33,7 @@ def build_job(copies: int) -> tuple[object, object]:
     import pyarrow as pa
 
     from rayft.config import load_config
-    from rayft.data.reader import read_sources
+    from rayft.data.read.rows import read_sources
     from rayft.data.split_plan import plan_records
     from rayft.data.tokenize import TextTokenizer, TokenizeJob
     from rayft.models.loading import load_tokenizer

@@ -65,7 +65,7 @@ def run_rayft(work: Path, rows: list[dict[str, str]], args: argparse.Namespace) 
         "train.rl.temperature=1.0", "train.rl.loss=dapo", "train.rl.epsilon_high=0.28",
         f"train.rl.completions_per_forward={args.prompts * args.group}",
     ])  # fmt: skip
-    run = rayft.train(cfg)
+    run = rayft.api.train(cfg)
     records = [json.loads(line) for line in (run.run_dir / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in records if "train/loss" in r][1:]
     return summarise(

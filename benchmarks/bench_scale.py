@@ -170,9 +170,12 @@ cfg = load_config(None, [f"data.datasets=[{{path: '{sys.argv[1]}', format: templ
                          f"input_template: 'Q: {{question}}', output_template: ' {{answer}}'}}]"])
 import pyarrow  # both readers use it: its import belongs to the base
 try:
-    from rayft.data.reader import read_sources
-except ImportError:  # a checkout from before the row-by-row reader
-    from rayft.data.sources import read_sources
+    from rayft.data.read.rows import read_sources
+except ImportError:  # a checkout from before the read subpackage
+    try:
+        from rayft.data.reader import read_sources
+    except ImportError:  # a checkout from before the row-by-row reader
+        from rayft.data.sources import read_sources
 def peak_kib():  # this process's own high-water mark (ru_maxrss would start from the parent's at fork)
     with open("/proc/self/status") as status:
         return next(int(line.split()[1]) for line in status if line.startswith("VmHWM:"))

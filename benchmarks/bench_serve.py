@@ -89,7 +89,7 @@ def offline(
     for name, rows in (("one", batch[:1]), ("all", batch)):
         source = work / f"{name}.jsonl"
         source.write_text("".join(json.dumps({"messages": m}) + "\n" for m in rows), encoding="utf-8")
-        runs[name] = rayft.generate(model, source, work / f"{name}.out.jsonl", cfg)
+        runs[name] = rayft.api.generate(cfg, model, source, work / f"{name}.out.jsonl")
     full, fixed = runs["all"], runs["one"]
     return {
         "tokens": full.generated_tokens,
@@ -120,7 +120,7 @@ def main() -> None:
         {"serve": {"num_cpus_per_replica": args.cpus, "max_batch_size": 16, "max_tokens": args.max_tokens}}
     )
     levels = {}
-    with rayft.serve([args.model], config=cfg) as server:
+    with rayft.api.serve(cfg, [args.model], port=0) as server:
         model = server.model_ids[0]
         asyncio.run(load_level(server.base_url, model, batch[:2], 2, 4))  # warm-up
         for concurrency in args.concurrency:

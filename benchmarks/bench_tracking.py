@@ -120,12 +120,12 @@ def main() -> None:
     parser.add_argument("--cpu-only", type=float, metavar="STEP_MS",
                         help="skip the step-time arms; measure the logging CPU at this step time")  # fmt: skip
     args = parser.parse_args()
-    sys.path.insert(0, str(REPO / "src"))
+    sys.path[:0] = [str(REPO / "src"), str(REPO)]  # the repository root: the test support's MLflow server
     from mlflow.tracking import MlflowClient
 
     from rayft.config.tracking import MlflowConfig
     from rayft.testing import build_tiny_model
-    from rayft.testing.servers import mlflow_server
+    from tests.support.servers import mlflow_server
 
     interval_s = MlflowConfig.model_fields["send_interval_s"].default
     with tempfile.TemporaryDirectory(prefix="bench-tracking-") as tmp:

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from rayft.data.prepared import PreparedData
-from tests.helpers import RESUME_RUN, tiny_config, train_on
+from tests.support.runs import RESUME_RUN, tiny_config, train_on
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared"
 GSM8K_TRAIN = SHARED / "datasets" / "gsm8k" / "train.jsonl"
@@ -134,7 +134,7 @@ def _no_placement_group_left(request: pytest.FixtureRequest) -> Iterator[None]:
         return
     import ray
 
-    from tests.helpers import live_placement_groups, remove_placement_groups
+    from tests.support.ray_state import live_placement_groups, remove_placement_groups
 
     if not ray.is_initialized():
         return

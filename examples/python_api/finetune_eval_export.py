@@ -1,8 +1,8 @@
 """Fine-tune, evaluate and export a model from Python with rayft's public API.
 
 What it teaches: the four calls from a config to a shipped model -- ``rayft.load_config`` (a YAML
-file or none, plus the same dotted overrides as the CLI), ``rayft.train``, ``rayft.compare`` (base
-versus fine-tuned on held-out problems, with a paired test) and ``rayft.export`` (a verified Hugging
+file or none, plus the same dotted overrides as the CLI), ``rayft.api.train``, ``rayft.api.compare`` (base
+versus fine-tuned on held-out problems, with a paired test) and ``rayft.api.export`` (a verified Hugging
 Face model directory) -- and the typed results each returns. The data is rayft's built-in
 GSM8K-style arithmetic set, so it runs offline.
 
@@ -58,13 +58,13 @@ def main() -> None:
         model = str(build_tiny_model(args.out / "tiny-model"))
 
     cfg = rayft.load_config(None, [f"model.name={model}", f"storage_path={args.out}", "name=run", *SIZES[args.size]])
-    trained = rayft.train(cfg)  # TrainResult: run_dir, final_dir, steps, train_loss, eval_loss
+    trained = rayft.api.train(cfg)  # TrainResult: run_dir, final_dir, steps, train_loss, eval_loss
     print(f"trained {trained.steps} steps, train loss {trained.train_loss}: {trained.final_dir}")
 
-    result = rayft.compare(cfg, {"base": model, "tuned": str(trained.run_dir)})
+    result = rayft.api.compare(cfg, {"base": model, "tuned": trained.run_dir})
     print(result.summary.headline())  # the paired comparison; compare.html holds the full report
 
-    exported = rayft.export(trained.run_dir, args.out / "export", cfg)  # LoRA merged, then verified
+    exported = rayft.api.export(cfg, trained.run_dir, args.out / "export")  # LoRA merged, then verified
     print(f"exported ({'merged' if exported.merged else 'adapter'}): {exported.output_dir}")
 
 

@@ -1,36 +1,27 @@
 """rayft: from a seed dataset to a fine-tuned, evaluated, exported LLM on Ray.
 
-The public API is what this package root exports (``rayft.__all__``): the recipe functions
-(:func:`load_config`, :func:`train`, :func:`sdg`, :func:`evaluate`, :func:`compare`,
-:func:`export`, :func:`generate`, :func:`run_pipeline`, :func:`tune`, :func:`serve`), the config
-classes, the error tree, and the typed results.
+The public API is what this package root exports (``rayft.__all__``): :mod:`rayft.api`, the module
+of the functions that run the commands (``rayft.api.train``, ``rayft.api.sdg`` ...), then
+:func:`load_config`, the config classes, the error tree and the typed results.
 Every other module is internal and may change between versions.
 
+The functions live in :mod:`rayft.api`, not here, because two of them share their names with
+internal subpackages (``rayft.sdg``, ``rayft.export``): at the root, the import system would set
+those names to the subpackages.
+
 The root stays light: names are resolved on first use (PEP 562), and importing any of them,
-the functions included, loads neither torch nor ray; a function imports its recipe when called.
+``rayft.api`` included, loads neither torch nor ray; a function imports its recipe when called.
 """
 
 from __future__ import annotations
 
 import importlib
-import sys
-import types
 from typing import TYPE_CHECKING, Any
 
 from rayft._version import __version__
 
 _EXPORTS: dict[str, str] = {
-    # functions
     "load_config": "rayft.config.loader",
-    "train": "rayft.api",
-    "tune": "rayft.api",
-    "sdg": "rayft.api",
-    "evaluate": "rayft.api",
-    "compare": "rayft.api",
-    "export": "rayft.api",
-    "generate": "rayft.api",
-    "run_pipeline": "rayft.api",
-    "serve": "rayft.api",
     # config classes
     "RayftConfig": "rayft.config.schema",
     "ModelConfig": "rayft.config.model",
@@ -129,21 +120,15 @@ __all__ = [
     "TuneConfig",
     "TuneResult",
     "__version__",
-    "compare",
-    "evaluate",
-    "export",
-    "generate",
+    "api",
     "load_config",
-    "run_pipeline",
-    "sdg",
-    "serve",
-    "train",
-    "tune",
 ]
 
 
 def __getattr__(name: str) -> Any:
     """Import a public name from its module on first use, and keep it here."""
+    if name == "api":
+        return importlib.import_module("rayft.api")  # the import sets it here
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'rayft' has no attribute {name!r}")
@@ -156,23 +141,8 @@ def __dir__() -> list[str]:
     return sorted({*globals(), *__all__})
 
 
-class _Root(types.ModuleType):
-    """The package root: the functions ``rayft.sdg`` and ``rayft.export`` keep their names when
-    the internal subpackages of the same name are imported (the import system would otherwise set
-    ``rayft.sdg`` to the subpackage; ``from rayft.sdg.rows import ...`` still works, through
-    ``sys.modules``)."""
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        if isinstance(value, types.ModuleType) and _EXPORTS.get(name) == "rayft.api":
-            return
-        super().__setattr__(name, value)
-
-
-sys.modules[__name__].__class__ = _Root
-
-
 if TYPE_CHECKING:
-    from rayft.api import compare, evaluate, export, generate, run_pipeline, sdg, serve, train, tune
+    from rayft import api
     from rayft.config.data import DataConfig, DatasetConfig
     from rayft.config.evaluation import EvalConfig, ExportConfig
     from rayft.config.generation import GenerationConfig

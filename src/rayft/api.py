@@ -1,25 +1,30 @@
-"""rayft's Python API: the functions the package root exports (``rayft.train``, ``rayft.compare`` ...).
+"""rayft's Python API: one function per command, each running it exactly as the CLI does and
+returning its typed result.
 
-Each function runs one recipe, exactly as the matching CLI command does, and returns its typed
-result. Importing this module is light (no torch, no ray): every function imports its recipe when
-it is called.
+One calling convention: the config comes first (a :class:`rayft.RayftConfig`, from
+:func:`rayft.load_config` or built in Python); then the model, where the command takes one (``model``:
+a run directory, checkpoint, export, Hub id, .gguf file or built-in name; ``models`` for several);
+then the paths the command cannot do without; every option is a keyword. Importing this module is
+light (no torch, no ray): every function imports its recipe when it is called.
 
     import rayft
+    from rayft import api
 
     cfg = rayft.load_config("configs/quickstart.yaml", ["train.max_steps=20"])
-    result = rayft.train(cfg)
+    result = api.train(cfg)
     print(result.final_dir, result.train_loss)
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
 from rayft.config import RayftConfig
-from rayft.runs.location import local_run_dir
+from rayft.runs import layout
+from rayft.runs.defaults import default_model, default_report_dir
 from rayft.security import install_redaction
 
 if TYPE_CHECKING:
@@ -37,6 +42,23 @@ if TYPE_CHECKING:
     from rayft.serving.handle import ServeHandle
     from rayft.training.driver.run import TrainResult
 
+__all__ = [
+    "chat",
+    "compare",
+    "evaluate",
+    "export",
+    "generate",
+    "pairs",
+    "prepare_data",
+    "render_manifests",
+    "run_pipeline",
+    "sdg",
+    "serve",
+    "train",
+    "train_rank",
+    "tune",
+]
+
 _P = ParamSpec("_P")
 _R = TypeVar("_R")
 
@@ -53,33 +75,16 @@ def _redacted(function: Callable[_P, _R]) -> Callable[_P, _R]:
     return call
 
 
-def default_model(cfg: RayftConfig, *, command: str, fix: str) -> str:
-    """The model ``rayft eval`` scores when none is named: the config's run directory if it
-    exists, else ``model.name``. ``command`` and ``fix`` word the error for a URI storage_path."""
-    run_dir = local_run_dir(cfg.storage_path, cfg.name, command=command, fix=fix)
-    return str(run_dir) if run_dir.is_dir() else cfg.model.name
-
-
-def default_report_dir(cfg: RayftConfig, kind: str, *, command: str, fix: str) -> Path:
-    """Where a report of ``kind`` (``eval``, ``compare``) goes when no directory is named:
-    ``<storage_path>/<name>/<kind>``. ``command`` and ``fix`` word the error for a URI storage_path."""
-    return local_run_dir(cfg.storage_path, cfg.name, command=command, fix=fix) / kind
-
-
-def default_data_report_dir(cfg: RayftConfig) -> Path:
-    """Where ``rayft data prepare`` reports rejected rows and statistics when no directory is named:
-    the run's data directory (``<storage_path>/<name>/data``), where ``rayft train`` reports them too."""
-    from rayft.runs import layout
-
-    return default_report_dir(cfg, layout.DATA_DIR, command="rayft data", fix="pass --report-dir /a/local/dir")
+def _path(value: str | Path | None) -> Path | None:
+    return Path(value) if value is not None else None
 
 
 @_redacted
-def train(cfg: RayftConfig, resume: bool = False) -> TrainResult:
+def train(cfg: RayftConfig, *, resume: bool = False) -> TrainResult:
     """Fine-tune ``cfg.model`` on ``cfg.data`` into ``<storage_path>/<name>/`` (``rayft train``).
 
     Args:
-        cfg: A config from :func:`rayft.load_config` (or built with :class:`rayft.RayftConfig`).
+        cfg: The config.
         resume: Continue the run of the same name from its newest complete checkpoint.
     """
     from rayft.recipes import train as recipe
@@ -88,7 +93,22 @@ def train(cfg: RayftConfig, resume: bool = False) -> TrainResult:
 
 
 @_redacted
-def prepare_data(cfg: RayftConfig, report_dir: str | Path | None = None, *, in_process: bool = False) -> PrepareOutcome:
+def train_rank(cfg: RayftConfig, *, resume: bool = False) -> TrainResult | None:
+    """Train as one rank of a torchrun job (``torchrun --no-python rayft train CONFIG``, or a script
+    of yours that torchrun starts), without Ray: rank 0 drives the run and returns its result, the
+    other ranks return None. The run directory must be on storage that every rank sees.
+
+    Args:
+        cfg: The config (``scaling.num_workers`` equal to torchrun's world size).
+        resume: Continue the run of the same name from its newest complete checkpoint.
+    """
+    from rayft.training.driver import torchrun
+
+    return torchrun.train(cfg, resume=resume)
+
+
+@_redacted
+def prepare_data(cfg: RayftConfig, *, report_dir: str | Path | None = None, in_process: bool = False) -> PrepareOutcome:
     """Tokenize and cache the training data of ``cfg`` as ``rayft train`` would (``rayft data
     prepare``): a run of the same config then reuses it without tokenizing, and for DPO with full
     fine-tuning without computing the reference log-probabilities again.
@@ -100,7 +120,8 @@ def prepare_data(cfg: RayftConfig, report_dir: str | Path | None = None, *, in_p
     """
     from rayft.training.driver.startup import prepare_for_training
 
-    reports = Path(report_dir) if report_dir is not None else default_data_report_dir(cfg)
+    where = {"command": "rayft.api.prepare_data", "fix": "pass report_dir="}
+    reports = _path(report_dir) or default_report_dir(cfg, layout.DATA_DIR, **where)
     use_ray = not in_process and cfg.scaling.num_workers > 0
     return prepare_for_training(cfg, reports, use_ray=use_ray, ray_address=cfg.scaling.address)
 
@@ -121,7 +142,7 @@ def tune(cfg: RayftConfig) -> TuneResult:
 
 
 @_redacted
-def sdg(cfg: RayftConfig, output_dir: str | Path | None = None, *, test_mode: bool = False) -> SdgResult:
+def sdg(cfg: RayftConfig, *, output_dir: str | Path | None = None, test_mode: bool = False) -> SdgResult:
     """Generate synthetic training data from ``cfg.sdg`` (``rayft sdg``); an interrupted run resumes.
 
     Args:
@@ -131,84 +152,82 @@ def sdg(cfg: RayftConfig, output_dir: str | Path | None = None, *, test_mode: bo
     """
     from rayft.recipes import sdg as recipe
 
-    return recipe.run(cfg, output_dir=Path(output_dir) if output_dir is not None else None, test_mode=test_mode)
+    return recipe.run(cfg, output_dir=_path(output_dir), test_mode=test_mode)
 
 
 @_redacted
-def pairs(cfg: RayftConfig, model: str | None = None, output_dir: str | Path | None = None) -> PairsOutput:
+def pairs(cfg: RayftConfig, model: str | Path | None = None, *, output_dir: str | Path | None = None) -> PairsOutput:
     """Preference pairs from ``model``'s verified answers to ``cfg.pairs``' problems (``rayft pairs``).
 
     Args:
         cfg: The config.
-        model: The model source (default: ``pairs.model``, else ``model.name``).
+        model: The model that answers (default: ``pairs.model``, else ``model.name``).
         output_dir: Where the pairs go (default: ``pairs.output_dir``, else ``<storage_path>/<name>/pairs``).
     """
     from rayft.recipes import pairs as recipe
 
-    return recipe.run(cfg, model=model, output_dir=Path(output_dir) if output_dir is not None else None)
+    return recipe.run(cfg, model=str(model) if model is not None else None, output_dir=_path(output_dir))
 
 
 @_redacted
 def evaluate(
-    cfg: RayftConfig, model: str | None = None, output_dir: str | Path | None = None, *, label: str = "model"
+    cfg: RayftConfig, model: str | Path | None = None, *, output_dir: str | Path | None = None, label: str = "model"
 ) -> EvalResult:
     """Score one model on ``cfg.eval`` and write ``eval.json`` and ``predictions.jsonl`` (``rayft eval``).
 
     Args:
         cfg: The config.
-        model: A run directory, checkpoint, model directory, Hub id, .gguf file or built-in name
-            (default: the config's run directory if it exists, else ``model.name``).
+        model: The model (default: the config's run directory if it exists, else ``model.name``).
         output_dir: The report directory (default ``<storage_path>/<name>/eval``).
         label: The model's name in the report.
     """
     from rayft.recipes import evaluate as recipe
 
-    where = {"command": "rayft.evaluate", "fix": "pass model= and output_dir="}
-    model = model if model is not None else default_model(cfg, **where)
-    output_dir = Path(output_dir) if output_dir is not None else default_report_dir(cfg, "eval", **where)
-    return recipe.run(cfg, model, output_dir, label=label)
+    where = {"command": "rayft.api.evaluate", "fix": "pass model= and output_dir="}
+    source = str(model) if model is not None else default_model(cfg, **where)
+    return recipe.run(cfg, source, _path(output_dir) or default_report_dir(cfg, "eval", **where), label=label)
 
 
 @_redacted
-def compare(cfg: RayftConfig, models: Mapping[str, str], output_dir: str | Path | None = None) -> CompareResult:
+def compare(
+    cfg: RayftConfig, models: Mapping[str, str | Path], *, output_dir: str | Path | None = None
+) -> CompareResult:
     """Evaluate two or more models on the same examples and test their differences (``rayft compare``).
 
     Args:
         cfg: The config.
-        models: Label -> model source, e.g. ``{"base": "smollm2-135m-instruct", "tuned": "runs/my-run"}``.
+        models: Label -> model, e.g. ``{"base": "smollm2-135m-instruct", "tuned": "runs/my-run"}``.
         output_dir: The report directory (default ``<storage_path>/<name>/compare``).
     """
     from rayft.recipes import compare as recipe
 
-    if output_dir is None:
-        output_dir = default_report_dir(cfg, "compare", command="rayft.compare", fix="pass output_dir=")
-    return recipe.run(cfg, dict(models), Path(output_dir))
+    where = {"command": "rayft.api.compare", "fix": "pass output_dir="}
+    out = _path(output_dir) or default_report_dir(cfg, "compare", **where)
+    return recipe.run(cfg, {label: str(model) for label, model in models.items()}, out)
 
 
 @_redacted
-def export(
-    src: str | Path, out: str | Path, cfg: RayftConfig | None = None, *, merge: bool | None = None
-) -> ExportResult:
+def export(cfg: RayftConfig, model: str | Path, output_dir: str | Path, *, merge: bool | None = None) -> ExportResult:
     """Turn a checkpoint (or a run directory's chosen checkpoint) into a verified Hugging Face model
     directory (``rayft export``).
 
     Args:
-        src: A run directory, a ``checkpoints/step-N`` directory or a ``final/`` directory.
-        out: The new model directory (must not exist, or be empty).
-        cfg: The config (its ``export`` and ``eval.checkpoint`` sections); defaults when None.
+        cfg: The config (its ``export`` section, and ``eval.checkpoint`` to pick a run's checkpoint).
+        model: A run directory, a ``checkpoints/step-N`` directory or a ``final/`` directory.
+        output_dir: The new model directory (must not exist, or be empty).
         merge: Merge the LoRA adapter into the weights (default: ``export.merge``).
     """
     from rayft.recipes import export as recipe
 
-    return recipe.run(cfg if cfg is not None else RayftConfig(), str(src), Path(out), merge=merge)
+    return recipe.run(cfg, str(model), Path(output_dir), merge=merge)
 
 
 @_redacted
 def generate(
-    source: str | Path,
+    cfg: RayftConfig,
+    model: str | Path,
     input_path: str | Path,
     output_path: str | Path,
-    cfg: RayftConfig | None = None,
     *,
     prompt_field: str | None = None,
     rejects_path: str | Path | None = None,
@@ -216,33 +235,28 @@ def generate(
     """Generate a completion for every prompt of a JSON Lines file on Ray actors (``rayft generate``).
 
     Args:
-        source: A run directory, checkpoint, model directory, Hub id, .gguf file or built-in name
-            (for ``inference.backend: openai``, the model name the server is asked for).
+        cfg: The config (its ``inference`` section, ``eval.checkpoint``, ``scaling.address``).
+        model: The model (for ``inference.backend: openai``, the model name the server is asked for).
         input_path: One JSON object per line, with a ``prompt`` string or a ``messages`` list.
         output_path: The JSON Lines output: every usable row, in input order, with its generation.
-        cfg: The config (its ``inference`` section, ``eval.checkpoint``, ``scaling.address``); defaults when None.
         prompt_field: The column holding the prompt (default ``prompt``, else ``messages``).
         rejects_path: Where rejected lines are listed (default ``<output>.rejects.jsonl``).
     """
     from rayft.recipes import generate as recipe
 
     return recipe.run(
-        cfg if cfg is not None else RayftConfig(),
-        str(source),
-        Path(input_path),
-        Path(output_path),
-        prompt_field=prompt_field,
-        rejects_path=Path(rejects_path) if rejects_path is not None else None,
-    )
+        cfg, str(model), Path(input_path), Path(output_path),
+        prompt_field=prompt_field, rejects_path=_path(rejects_path),
+    )  # fmt: skip
 
 
 @_redacted
-def chat(cfg: RayftConfig, source: str | Path, *, device: str | None = None, io: ChatIO | None = None) -> int:
+def chat(cfg: RayftConfig, model: str | Path, *, device: str | None = None, io: ChatIO | None = None) -> int:
     """Chat with a model in this process until the user quits (``rayft chat``); no Ray is started.
 
     Args:
         cfg: The config (its ``inference`` section for sampling, ``eval.checkpoint`` for a run's checkpoint).
-        source: A run directory, checkpoint, model directory, Hub id, .gguf file or built-in name.
+        model: The model.
         device: ``cpu`` or ``cuda`` (default: a GPU when there is one).
         io: Where lines are read and replies written (default: the terminal, or standard input and output).
 
@@ -251,7 +265,7 @@ def chat(cfg: RayftConfig, source: str | Path, *, device: str | None = None, io:
     """
     from rayft.recipes import chat as recipe
 
-    return recipe.run(cfg, str(source), device=device, io=io)
+    return recipe.run(cfg, str(model), device=device, io=io)
 
 
 @_redacted
@@ -282,11 +296,11 @@ def run_pipeline(
 
 @_redacted
 def serve(
-    sources: list[str],
+    cfg: RayftConfig,
+    models: Sequence[str | Path] = (),
     *,
-    config: RayftConfig | str | None = None,
-    host: str = "127.0.0.1",
-    port: int = 0,
+    host: str | None = None,
+    port: int | None = None,
     address: str | None = None,
 ) -> ServeHandle:
     """Serve models behind an OpenAI-compatible API on Ray Serve (``rayft serve``) and return at once.
@@ -294,19 +308,32 @@ def serve(
     LoRA adapters trained on one base share its replicas and are chosen per request by model id;
     each model answers with the chat template it was trained with.
 
-        with rayft.serve(["runs/my-run"]) as server:
+        with api.serve(cfg, ["runs/my-run"], port=0) as server:
             client = openai.OpenAI(base_url=server.base_url, api_key="none")
             client.chat.completions.create(model=server.model_ids[0], messages=[...])
 
     Args:
-        sources: Run directories, checkpoints, exports, Hub ids or built-in names.
-        config: A config, or the path of one (its ``serve`` section; ``eval.checkpoint`` picks a run's checkpoint).
-        host: The address to listen on.
-        port: The HTTP port; 0 picks a free one.
+        cfg: The config (its ``serve`` section; ``eval.checkpoint`` picks a run's checkpoint).
+        models: The models (default: ``serve.sources``).
+        host: The address to listen on (default ``serve.host``).
+        port: The HTTP port, 0 for a free one (default ``serve.port``).
         address: Join this Ray cluster instead of starting a local one.
     """
-    from rayft.config.loader import load_config
     from rayft.recipes import serve as recipe
 
-    cfg = load_config(config) if isinstance(config, str) else config if config is not None else RayftConfig()
-    return recipe.run(cfg, [str(s) for s in sources], host=host, port=port, address=address)
+    host = host if host is not None else cfg.serve.host
+    port = port if port is not None else cfg.serve.port
+    return recipe.run(cfg, [str(m) for m in models], host=host, port=port, address=address)
+
+
+def render_manifests(cfg: RayftConfig, target: str, *, with_namespace: bool = False) -> list[dict[str, Any]]:
+    """The Kubernetes objects that run ``cfg`` (``rayft k8s render``), as plain dicts.
+
+    Args:
+        cfg: The config (its ``k8s`` section; the whole config goes into a ConfigMap).
+        target: ``rayjob``, ``raycluster``, ``rayservice``, ``trainjob`` or ``pytorchjob``.
+        with_namespace: Also the Namespace, its ResourceQuota and the ServiceAccount.
+    """
+    from rayft.deploy.manifests import render
+
+    return render(cfg, target, with_namespace=with_namespace)

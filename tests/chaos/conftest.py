@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from rayft.data.prepared import PreparedData
-from tests.helpers import train_workers
+from tests.support.ray_state import train_workers
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -30,7 +30,7 @@ def main(argv: list[str] | None = None) -> int:
     from rayft.data.prepared import PreparedData
     from rayft.errors import RayftError, RunInterruptedError
     from rayft.runtime import ray_runtime
-    from tests.helpers import tiny_config, train_on
+    from tests.support.runs import tiny_config, train_on
 
     prepared = PreparedData.load(args.prepared)
     assert prepared is not None, args.prepared

@@ -24,15 +24,8 @@ from tests.chaos.conftest import (
     started_at,
     wait_for_no_train_workers,
 )
-from tests.helpers import (
-    RESUME_RUN,
-    end_orphaned_cleaners,
-    read_metrics,
-    resumed_after,
-    tiny_config,
-    train_losses,
-    train_on,
-)
+from tests.support.ray_state import end_orphaned_cleaners
+from tests.support.runs import RESUME_RUN, read_metrics, resumed_after, tiny_config, train_losses, train_on
 
 pytestmark = pytest.mark.chaos
 

@@ -17,7 +17,7 @@ from rayft.runs.layout import step_dir_name
 from rayft.runs.manifest import verify_checkpoint
 from rayft.training.loop.faults import SAVE_POINTS
 from tests.chaos.conftest import chaos_seed, chaos_trials, run_driver
-from tests.helpers import tiny_config, train_losses, train_on
+from tests.support.runs import tiny_config, train_losses, train_on
 
 pytestmark = pytest.mark.chaos
 

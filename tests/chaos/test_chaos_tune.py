@@ -24,7 +24,8 @@ from rayft.cli.main import cli
 from rayft.runs.checkpoints import scan_checkpoints
 from rayft.runs.layout import MANIFEST_FILE
 from tests.chaos.conftest import gcs_address, started_at, wait_for_no_train_workers
-from tests.helpers import end_orphaned_cleaners, resumed_after
+from tests.support.ray_state import end_orphaned_cleaners
+from tests.support.runs import resumed_after
 
 pytestmark = pytest.mark.chaos
 

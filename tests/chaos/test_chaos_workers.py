@@ -17,7 +17,8 @@ import pytest
 
 from rayft.data.prepared import PreparedData
 from tests.chaos.conftest import chaos_seed, chaos_trials
-from tests.helpers import adapter_tensors, kill_a_worker_at, tiny_config, train_losses, train_on
+from tests.support.kills import kill_a_worker_at
+from tests.support.runs import adapter_tensors, tiny_config, train_losses, train_on
 
 pytestmark = pytest.mark.chaos
 
@@ -39,7 +40,7 @@ def packed(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Pr
     """The 64 training examples packed first-fit into units of at most 512 tokens (an even number
     of units, so that both workers get every unit)."""
     from rayft.config import ModelConfig
-    from rayft.data.builtin_arithmetic import iter_arithmetic_problems
+    from rayft.data.builtin.arithmetic import iter_arithmetic_problems
     from rayft.data.packing import build_units, plan_packs
     from rayft.models.loading import load_tokenizer
     from rayft.testing.units import qa_unit, write_prepared

@@ -29,7 +29,7 @@ def test_default_plan_compiles_a_static_cache_and_generates_what_the_dynamic_one
     import torch._dynamo.utils
 
     from rayft.generation.kv_cache import CachePlan
-    from rayft.testing.generation import greedy_completions
+    from tests.support.generation import greedy_completions
 
     dynamic = greedy_completions(_backend(tiny_model_dir, device, kv_cache="dynamic", compile=False))
     options = {"kv_cache": "auto", "compile": "auto"} if device == "cuda" else {"kv_cache": "static", "compile": True}

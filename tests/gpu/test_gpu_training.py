@@ -23,7 +23,7 @@ import pytest
 
 from rayft.config import RayftConfig
 from rayft.data.prepared import PreparedData
-from tests.helpers import read_metrics, tiny_config, train_losses, train_on
+from tests.support.runs import read_metrics, tiny_config, train_losses, train_on
 
 pytestmark = pytest.mark.gpu
 

@@ -22,8 +22,8 @@ import pytest
 
 import rayft
 from rayft.runs import layout
-from rayft.testing.checkpoints import build_run_dir
-from rayft.testing.mounts import tmpfs
+from tests.support.checkpoints import build_run_dir
+from tests.support.mounts import tmpfs
 
 pytestmark = pytest.mark.integration
 

@@ -15,7 +15,7 @@ from rayft.config.model import ModelConfig
 from rayft.generation.backend import SamplingParams
 from rayft.generation.hf import HFBackend
 from rayft.runs import layout
-from rayft.testing.checkpoints import build_full_checkpoint
+from tests.support.checkpoints import build_full_checkpoint
 
 pytestmark = pytest.mark.integration
 

@@ -67,7 +67,7 @@ def test_config_validate_says_valid_and_fields_lists_a_section_with_its_help(con
 def test_compare_of_the_base_model_and_a_lora_run_writes_and_names_its_reports(
     config: Path, tiny_model_dir: Path, tmp_path: Path
 ) -> None:
-    from rayft.testing.checkpoints import build_run_dir
+    from tests.support.checkpoints import build_run_dir
 
     run_dir = build_run_dir(tmp_path / "runs" / "tuned", tiny_model_dir, eval_losses={2: 0.5, 4: 0.9})
     out = tmp_path / "cmp"

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import tiny_config, train_losses
+from tests.support.runs import tiny_config, train_losses
 
 pytestmark = pytest.mark.integration
 
@@ -55,7 +55,7 @@ def test_rayft_train_cli_packed_on_two_mixed_formats(ray_session: None, tiny_mod
     from click.testing import CliRunner
 
     from rayft.cli.main import cli
-    from rayft.data.builtin_arithmetic import iter_arithmetic_problems
+    from rayft.data.builtin.arithmetic import iter_arithmetic_problems
 
     problems = list(iter_arithmetic_problems(80, seed=5))
     chats = tmp_path / "chats.jsonl"

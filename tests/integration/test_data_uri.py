@@ -18,7 +18,7 @@ pytestmark = pytest.mark.integration
 @pytest.fixture(scope="module")
 def s3_server() -> Iterator[Any]:
     pytest.importorskip("moto.server", reason="needs moto[server] (the dev extra)")
-    from rayft.testing.object_store import local_s3_server
+    from tests.support.object_store import local_s3_server
 
     with local_s3_server() as server:
         yield server
@@ -40,8 +40,8 @@ def test_json_lines_and_parquet_on_s3_stream_with_bad_lines_rejected_and_credent
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from rayft.data.reader import iter_rows
-    from rayft.testing.object_store import DUMMY_SECRET_KEY
+    from rayft.data.read.rows import iter_rows
+    from tests.support.object_store import DUMMY_SECRET_KEY
 
     bucket = s3_server.bucket_uri("rows")
     jsonl = _put(bucket, "rows.jsonl", b'{"text": "a"}\n{"text": \n{"text": "c"}\n')

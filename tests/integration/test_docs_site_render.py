@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.docsite import build_site
+from tests.support.docsite import build_site
 
 pytestmark = pytest.mark.integration
 

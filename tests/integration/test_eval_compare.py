@@ -17,7 +17,7 @@ pytestmark = pytest.mark.integration
 @pytest.fixture(scope="module")
 def lora_run(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A LoRA run: step 2 has the lowest eval/loss, step 4 and final/ the latest."""
-    from rayft.testing.checkpoints import build_run_dir
+    from tests.support.checkpoints import build_run_dir
 
     return build_run_dir(tmp_path_factory.mktemp("runs") / "run", tiny_model_dir, eval_losses={2: 0.5, 4: 0.9})
 

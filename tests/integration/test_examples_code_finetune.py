@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from rayft.config import load_config
-from tests.helpers import train_losses
+from tests.support.runs import train_losses
 
 pytestmark = pytest.mark.integration
 
@@ -29,7 +29,7 @@ def test_local_sources_config_trains_on_source_files(
         "train.gradient_accumulation_steps=1", "data.max_seq_length=256", "data.datasets.0.chunk_chars=600",
         "data.datasets.0.max_rows=24", "lora.r=4", "train.eval_steps=2",
     ])  # fmt: skip
-    result = rayft.train(cfg)
+    result = rayft.api.train(cfg)
 
     assert result.steps == 2 and sorted(train_losses(result.run_dir)) == [1, 2]
     stats = json.loads((result.run_dir / "data" / "stats.json").read_text())

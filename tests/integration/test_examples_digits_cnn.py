@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from rayft.config import load_config
-from tests.helpers import kill_a_worker_at, read_metrics, train_losses
+from tests.support.kills import kill_a_worker_at
+from tests.support.runs import read_metrics, train_losses
 
 pytestmark = pytest.mark.integration
 
@@ -30,14 +31,14 @@ def test_digits_cnn_reaches_its_accuracy_and_resumes_exactly_after_a_worker_is_k
     import rayft
 
     monkeypatch.chdir(REPO)  # the config names the task's file relative to the repository
-    reference = rayft.train(load_config(CONFIG, [f"storage_path={tmp_path / 'ref'}", *COMMON]))
+    reference = rayft.api.train(load_config(CONFIG, [f"storage_path={tmp_path / 'ref'}", *COMMON]))
     assert reference.steps == STEPS
     accuracy = [r["eval/accuracy"] for r in read_metrics(reference.run_dir) if "eval/accuracy" in r]
     assert accuracy[-1] >= ACCURACY, accuracy
 
     seen: list[int] = []
     watcher = kill_a_worker_at(tmp_path / "killed" / "digits-cnn", 35, seen, monkeypatch)  # held at 36 until then
-    resumed = rayft.train(load_config(CONFIG, [f"storage_path={tmp_path / 'killed'}", *COMMON]))
+    resumed = rayft.api.train(load_config(CONFIG, [f"storage_path={tmp_path / 'killed'}", *COMMON]))
     watcher.join(timeout=5)
 
     assert seen and seen[0] < STEPS, f"no worker was killed during training ({seen})"
@@ -61,7 +62,7 @@ def test_digits_cnn_sweep_runs_under_rayft_tune(
         f"storage_path={tmp_path}", "scaling.num_workers=1", "train.max_steps=12", "train.eval_steps=6",
         "train.save_steps=6", "tune.num_samples=2", "tune.scheduler=fifo",
     ])  # fmt: skip
-    outcome = rayft.tune(cfg)
+    outcome = rayft.api.tune(cfg)
 
     trials = outcome.result.trials
     assert len(trials) == 2 and all(t.status == "TERMINATED" and t.steps == 12 for t in trials), trials

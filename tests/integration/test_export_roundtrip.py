@@ -11,7 +11,7 @@ from click.testing import CliRunner
 from rayft.config import load_config
 from rayft.data.prepared import PreparedData
 from rayft.errors import CheckpointError
-from tests.helpers import tiny_config, train_on
+from tests.support.runs import tiny_config, train_on
 
 pytestmark = pytest.mark.integration
 

@@ -14,8 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from rayft.testing.ray_head import RayHead, ray_head
-from tests.helpers import train_losses, train_workers
+from tests.support.ray_head import RayHead, ray_head
+from tests.support.ray_state import train_workers
+from tests.support.runs import train_losses
 
 pytestmark = pytest.mark.integration
 

@@ -20,8 +20,8 @@ from typing import Any
 
 import pytest
 
-from rayft.testing.servers import Server, free_port, have_prometheus, prometheus_server
-from tests.helpers import CHROMIUM, screenshot
+from tests.support.pages import CHROMIUM, screenshot
+from tests.support.servers import Server, free_port, have_prometheus, prometheus_server
 
 pytestmark = [
     pytest.mark.integration,

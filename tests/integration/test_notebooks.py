@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.notebooks import NOTEBOOKS, NOTEBOOKS_DIR
+from tests.support.notebooks import NOTEBOOKS, NOTEBOOKS_DIR
 
 pytestmark = pytest.mark.integration
 

@@ -83,7 +83,7 @@ def test_dpo_trains_from_the_merged_sft_model_on_the_pairs_and_eval_compares_the
     from click.testing import CliRunner
 
     from rayft.cli.main import cli
-    from rayft.testing.openai_server import OpenAIServer
+    from tests.support.openai_server import OpenAIServer
 
     problems = tmp_path / "problems.jsonl"
     problems.write_text("".join(json.dumps({"question": f"What is twice {n}?", "answer": f"#### {2 * n}"}) + "\n"
@@ -99,7 +99,7 @@ def test_dpo_trains_from_the_merged_sft_model_on_the_pairs_and_eval_compares_the
 
     from mlflow.tracking import MlflowClient
 
-    from rayft.testing.servers import mlflow_server
+    from tests.support.servers import mlflow_server
 
     with OpenAIServer(responder=mixed) as server, mlflow_server(tmp_path / "mlflow") as tracking:
         extra = f"""  backend: openai

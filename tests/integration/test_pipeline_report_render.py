@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from rayft.pipeline.report import render_report
-from tests.helpers import CHROMIUM, screenshot
+from tests.support.pages import CHROMIUM, screenshot
 from tests.unit.test_pipeline_report import _inputs
 
 pytestmark = pytest.mark.integration

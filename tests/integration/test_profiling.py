@@ -14,7 +14,7 @@ from rayft.data.prepared import PreparedData
 from rayft.runs import layout
 from rayft.training.profiling.breakdown import PHASES
 from rayft.training.profiling.report import load_profile
-from tests.helpers import read_metrics, tiny_config, train_on
+from tests.support.runs import read_metrics, tiny_config, train_on
 
 pytestmark = pytest.mark.integration
 

@@ -12,8 +12,8 @@ import pytest
 
 from rayft.config import load_config
 from rayft.data.prepared import PreparedData
-from tests.helpers import adapter_tensors, read_metrics, tiny_config, train_losses, train_on
 from tests.integration.test_train_preference import pair_config, write_pairs
+from tests.support.runs import adapter_tensors, read_metrics, tiny_config, train_losses, train_on
 
 pytestmark = pytest.mark.integration
 pytest.importorskip("bitsandbytes", reason="QLoRA needs the qlora extra: pip install 'rayft[qlora]'")

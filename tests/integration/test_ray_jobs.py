@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from rayft.testing.ray_head import RayHead, ray_head
-from rayft.testing.servers import free_port
-from tests.helpers import read_metrics, train_losses
+from tests.support.ray_head import RayHead, ray_head
+from tests.support.runs import read_metrics, train_losses
+from tests.support.servers import free_port
 
 pytestmark = pytest.mark.integration
 

@@ -3,7 +3,7 @@ checksum and the previous checkpoint is used, with a warning naming the bad file
 checkpoint verifies, the run stops with an error instead of restarting from step 0.
 
 The crashed runs are copies of one finished run cut back to step 6 (what a run that dies before
-step 7 leaves: tests.helpers.crashed_copy); the chaos tier kills runs for real."""
+step 7 leaves: tests.support.runs.crashed_copy); the chaos tier kills runs for real."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import pytest
 
 from rayft.data.prepared import PreparedData
 from rayft.errors import CheckpointError
-from tests.helpers import crashed_copy, tiny_config, train_losses, train_on
+from tests.support.runs import crashed_copy, tiny_config, train_losses, train_on
 
 pytestmark = pytest.mark.integration
 

@@ -13,7 +13,8 @@ import pytest
 
 from rayft.data.prepared import PreparedData
 from rayft.errors import ResourceError, TrainingError
-from tests.helpers import actor_classes, read_metrics, tiny_config, train_on, train_workers
+from tests.support.ray_state import actor_classes, train_workers
+from tests.support.runs import read_metrics, tiny_config, train_on
 
 pytestmark = pytest.mark.integration
 

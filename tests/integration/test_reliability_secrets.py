@@ -27,8 +27,8 @@ from pathlib import Path
 
 import pytest
 
-from rayft.testing.openai_server import OpenAIServer
-from tests.helpers import CANARIES, files_containing
+from tests.support.canaries import CANARIES, files_containing
+from tests.support.openai_server import OpenAIServer
 
 pytestmark = pytest.mark.integration
 

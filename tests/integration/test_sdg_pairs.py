@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from rayft.config import load_config
-from rayft.testing.openai_server import OpenAIServer
+from tests.support.openai_server import OpenAIServer
 
 pytestmark = pytest.mark.integration
 

@@ -14,7 +14,7 @@ import pytest
 from rayft.config import load_config
 from rayft.sdg.mathcheck import check_math_answer
 from rayft.sdg.symbolic import UnusableSeedError, analyze_seed, make_variation
-from rayft.testing.openai_server import OpenAIServer
+from tests.support.openai_server import OpenAIServer
 
 pytestmark = pytest.mark.integration
 

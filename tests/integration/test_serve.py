@@ -27,7 +27,7 @@ SECRET = "hf_" + "AbCdEfGhIjKlMnOpQrStUvWxYz0123456789"
 @pytest.fixture(scope="module")
 def adapters(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """Two LoRA adapters of the tiny model with different (seeded, large) weights."""
-    from rayft.testing.checkpoints import build_lora_checkpoint
+    from tests.support.checkpoints import build_lora_checkpoint
 
     root = tmp_path_factory.mktemp("adapters")
     return {
@@ -39,7 +39,7 @@ def adapters(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> 
 @pytest.fixture(scope="module")
 def server(ray_session: None, adapters: dict[str, Path]) -> Iterator[rayft.ServeHandle]:
     cfg = RayftConfig.model_validate({"serve": {"max_batch_size": 8, "max_adapters_per_replica": 2, "max_tokens": 8}})
-    handle = rayft.serve([str(adapters["alpha"]), str(adapters["beta"])], config=cfg)
+    handle = rayft.api.serve(cfg, [adapters["alpha"], adapters["beta"]], port=0)
     yield handle
     handle.shutdown()
 
@@ -129,7 +129,7 @@ def test_greedy_outputs_equal_rayft_generate(server: rayft.ServeHandle, client: 
     rows = [{"prompt": PROMPTS[0]}, {"messages": CHAT}, {"prompt": PROMPTS[1]}]
     source.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
     cfg = RayftConfig.model_validate({"inference": {"temperature": 0, "max_new_tokens": 8}})
-    rayft.generate(str(adapters["beta"]), source, tmp_path / "out.jsonl", cfg)
+    rayft.api.generate(cfg, adapters["beta"], source, tmp_path / "out.jsonl")
     offline = [json.loads(line)["generation"] for line in (tmp_path / "out.jsonl").read_text().splitlines()]
     served = [
         client.completions.create(model="beta", prompt=PROMPTS[0], max_tokens=8, temperature=0).choices[0].text,

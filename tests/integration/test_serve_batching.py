@@ -26,7 +26,7 @@ LONG = {"prompt": "The quick brown fox", "max_tokens": 2000, "temperature": 0, "
 @pytest.fixture(scope="module")
 def server(ray_session: None, tiny_model_dir: Path) -> Iterator[rayft.ServeHandle]:
     serve = {"max_batch_size": 2, "max_queued_requests": 1, "max_ongoing_requests": 8, "max_tokens": 8}
-    handle = rayft.serve([str(tiny_model_dir)], config=RayftConfig.model_validate({"serve": serve}))
+    handle = rayft.api.serve(RayftConfig.model_validate({"serve": serve}), [tiny_model_dir], port=0)
     yield handle
     handle.shutdown()
 

@@ -24,7 +24,7 @@ PROMPT = "The quick brown fox"
 @pytest.fixture(scope="module")
 def alpha(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A LoRA adapter of the tiny model, served as 'alpha'."""
-    from rayft.testing.checkpoints import build_lora_checkpoint
+    from tests.support.checkpoints import build_lora_checkpoint
 
     return build_lora_checkpoint(tmp_path_factory.mktemp("clients") / "alpha", tiny_model_dir, seed=1, scale=0.5)
 
@@ -32,7 +32,7 @@ def alpha(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Pat
 @pytest.fixture(scope="module")
 def server(ray_session: None, alpha: Path) -> Iterator[rayft.ServeHandle]:
     cfg = RayftConfig.model_validate({"serve": {"max_batch_size": 8, "max_tokens": 8}})
-    with rayft.serve([str(alpha)], config=cfg) as handle:
+    with rayft.api.serve(cfg, [alpha], port=0) as handle:
         yield handle
 
 

@@ -25,7 +25,7 @@ def server(
     keys = tmp_path_factory.mktemp("keys") / "api-keys"
     keys.write_text(f"sk-other-key\n{KEY}\n", encoding="utf-8")
     cfg = RayftConfig.model_validate({"serve": {"max_tokens": 4, "api_keys_file": str(keys)}})
-    with rayft.serve([str(tiny_model_dir)], config=cfg) as handle:
+    with rayft.api.serve(cfg, [tiny_model_dir], port=0) as handle:
         yield handle
 
 

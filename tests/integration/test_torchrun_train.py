@@ -14,7 +14,7 @@ import pytest
 from rayft.config import dump_config
 from rayft.runs.lock import run_lock
 from rayft.runs.manifest import read_manifest
-from tests.helpers import read_metrics, tiny_config
+from tests.support.runs import read_metrics, tiny_config
 
 pytestmark = pytest.mark.integration
 
@@ -48,7 +48,7 @@ def test_rayft_train_under_torchrun_trains_logs_to_mlflow_and_refuses_a_finished
 ) -> None:
     from mlflow.tracking import MlflowClient
 
-    from rayft.testing.servers import mlflow_server
+    from tests.support.servers import mlflow_server
 
     with mlflow_server(tmp_path / "mlflow") as server:
         tracked = (f"logging.mlflow={{tracking_uri: '{server.uri}', experiment: torchrun-test, "

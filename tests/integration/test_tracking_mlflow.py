@@ -17,9 +17,9 @@ from typing import Any
 
 import pytest
 
-from rayft.testing.servers import Server, mlflow_server
-from tests.helpers import read_metrics
-from tests.integration.test_reliability_secrets import CANARIES, files_containing
+from tests.support.canaries import CANARIES, files_containing
+from tests.support.runs import read_metrics
+from tests.support.servers import Server, mlflow_server
 
 pytestmark = pytest.mark.integration
 
@@ -158,7 +158,7 @@ def test_train_killed_and_resumed_logs_one_run_without_duplicates(
     assert "final/adapter_model.safetensors" in final
 
     # W&B offline: the same run id in both attempts; the resumed one starts after the checkpoint (step 4).
-    from rayft.testing.wandb_files import read_offline_run
+    from tests.support.wandb_files import read_offline_run
 
     offline = [read_offline_run(p) for p in sorted((run_dir / "wandb").rglob("run-*.wandb"))]
     assert len(offline) == 2 and offline[1].run_id == ids["wandb"]["run_id"]
@@ -246,7 +246,7 @@ export: {{merge: true}}
 def test_unreachable_server_at_start_names_the_uri_or_warns(
     ray_session: None, tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from rayft.testing.servers import free_port
+    from tests.support.servers import free_port
 
     dead = f"http://127.0.0.1:{free_port()}"
     config = train_config(tmp_path, tiny_model_dir, dead)

@@ -16,17 +16,9 @@ import pytest
 
 from rayft.data.prepared import PreparedData
 from rayft.runs.manifest import read_manifest, verify_checkpoint
-from tests.helpers import (
-    RESUME_RUN,
-    actor_classes,
-    adapter_tensors,
-    kill_a_worker_at,
-    read_metrics,
-    tiny_config,
-    train_losses,
-    train_on,
-    train_workers,
-)
+from tests.support.kills import kill_a_worker_at
+from tests.support.ray_state import actor_classes, train_workers
+from tests.support.runs import RESUME_RUN, adapter_tensors, read_metrics, tiny_config, train_losses, train_on
 
 pytestmark = pytest.mark.integration
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from rayft.data.prepared import PreparedData, PreparedSplit
-from tests.helpers import tiny_config
+from tests.support.runs import tiny_config
 
 pytestmark = pytest.mark.integration
 

@@ -16,7 +16,15 @@ import pytest
 
 from rayft.config import RayftConfig
 from rayft.data.prepared import PreparedData
-from tests.helpers import adapter_tensors, crashed_copy, interleaved, read_metrics, tiny_config, train_losses, train_on
+from tests.support.runs import (
+    adapter_tensors,
+    crashed_copy,
+    interleaved,
+    read_metrics,
+    tiny_config,
+    train_losses,
+    train_on,
+)
 
 pytestmark = pytest.mark.integration
 

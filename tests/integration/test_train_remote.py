@@ -16,7 +16,7 @@ import pytest
 from rayft.config import RayftConfig
 from rayft.data.prepared import PreparedData
 from rayft.runs.remote import RemoteRun
-from tests.helpers import RESUME_RUN, adapter_tensors, read_metrics, tiny_config, train_losses
+from tests.support.runs import RESUME_RUN, adapter_tensors, read_metrics, tiny_config, train_losses
 
 pytestmark = pytest.mark.integration
 
@@ -28,7 +28,7 @@ COMMON = (*RESUME_RUN, "failure.max_failures=0")
 @pytest.fixture(scope="module")
 def s3_server() -> Iterator[Any]:
     pytest.importorskip("moto.server", reason="needs moto[server] (the dev extra)")
-    from rayft.testing.object_store import local_s3_server
+    from tests.support.object_store import local_s3_server
 
     with local_s3_server() as server:
         yield server
@@ -57,8 +57,8 @@ def test_a_run_on_s3_continues_on_a_fresh_machine_from_the_remote_checkpoint(  #
     uninterrupted_run: Path, tiny_model_dir: Path, arithmetic_units: PreparedData, tmp_path: Path, s3_server: Any,
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
 ) -> None:  # fmt: skip
-    from rayft.testing.object_store import DUMMY_SECRET_KEY
     from rayft.training.driver.startup import run_location
+    from tests.support.object_store import DUMMY_SECRET_KEY
 
     monkeypatch.setenv("RAYFT_CACHE", str(tmp_path / "cache"))
     reference = uninterrupted_run
@@ -150,7 +150,7 @@ def test_a_fifo_sweep_on_s3_ends_its_finished_trials_terminated_with_final_on_th
     from rayft.cli.main import cli
     from rayft.runs.location import join_uri
     from rayft.security import mask_uri
-    from rayft.testing.object_store import DUMMY_SECRET_KEY
+    from tests.support.object_store import DUMMY_SECRET_KEY
 
     monkeypatch.setenv("RAYFT_CACHE", str(tmp_path / "cache"))
     uri = s3_server.bucket_uri("remote-tune", "runs")

@@ -15,7 +15,7 @@ import pytest
 
 from rayft.config import RayftConfig
 from rayft.data.prepared import PreparedData
-from tests.helpers import crashed_copy, interleaved, read_metrics, tiny_config, train_losses, train_on
+from tests.support.runs import crashed_copy, interleaved, read_metrics, tiny_config, train_losses, train_on
 
 pytestmark = pytest.mark.integration
 

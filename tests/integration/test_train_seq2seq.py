@@ -14,7 +14,8 @@ import pytest
 
 from rayft.config import load_config
 from rayft.data.prepared import PreparedData
-from tests.helpers import adapter_tensors, kill_a_worker_at, read_metrics, tiny_config, train_losses, train_on
+from tests.support.kills import kill_a_worker_at
+from tests.support.runs import adapter_tensors, read_metrics, tiny_config, train_losses, train_on
 
 pytestmark = pytest.mark.integration
 

@@ -14,15 +14,8 @@ import pytest
 
 from rayft.data.prepared import PreparedData
 from rayft.errors import TrainingError
-from tests.helpers import (
-    adapter_tensors,
-    crashed_copy,
-    kill_a_worker_at,
-    read_metrics,
-    tiny_config,
-    train_losses,
-    train_on,
-)
+from tests.support.kills import kill_a_worker_at
+from tests.support.runs import adapter_tensors, crashed_copy, read_metrics, tiny_config, train_losses, train_on
 
 pytestmark = pytest.mark.integration
 

@@ -12,7 +12,8 @@ import pytest
 
 from rayft.config import RayftConfig, load_config
 from rayft.errors import ResourceError
-from tests.helpers import actor_classes, adapter_tensors, read_metrics
+from tests.support.ray_state import actor_classes
+from tests.support.runs import adapter_tensors, read_metrics
 
 pytestmark = pytest.mark.integration
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from rayft.tuning.report_html import render_sweep_html, trial_color
-from tests.helpers import CHROMIUM, screenshot
+from tests.support.pages import CHROMIUM, screenshot
 from tests.unit.test_tune_results import BASE, sweep
 
 pytestmark = pytest.mark.integration

@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from rayft.testing.ray_head import RayHead, ray_head, ray_worker_node
+from tests.support.ray_head import RayHead, ray_head, ray_worker_node
 
 pytestmark = pytest.mark.integration
 
@@ -33,7 +33,7 @@ SAVE_STEPS = 4
 @pytest.fixture(scope="module")
 def s3_server() -> Iterator[Any]:
     pytest.importorskip("moto.server", reason="needs moto[server] (the dev extra)")
-    from rayft.testing.object_store import local_s3_server
+    from tests.support.object_store import local_s3_server
 
     with local_s3_server() as server:
         yield server

@@ -15,6 +15,7 @@ from rayft.cli.defaults import config_default
 from rayft.cli.main import cli
 from rayft.config import load_config
 from rayft.errors import StorageError
+from rayft.runs.defaults import default_model, default_report_dir
 
 _SHOWN = re.compile(r"\[([a-z_]+(?:\.[a-z_]+)+): ([^\]]+)\]")
 
@@ -53,15 +54,15 @@ def test_config_default_reads_the_schema() -> None:
 def test_the_default_model_is_the_run_directory_once_it_exists(tmp_path: Path) -> None:
     cfg = load_config(None, [f"storage_path={tmp_path}", "name=demo"])
     where = {"command": "rayft eval", "fix": "pass --model"}
-    assert api.default_model(cfg, **where) == cfg.model.name
+    assert default_model(cfg, **where) == cfg.model.name
     (tmp_path / "demo").mkdir()
-    assert api.default_model(cfg, **where) == str(tmp_path / "demo")
-    assert api.default_report_dir(cfg, "compare", **where) == tmp_path / "demo" / "compare"
+    assert default_model(cfg, **where) == str(tmp_path / "demo")
+    assert default_report_dir(cfg, "compare", **where) == tmp_path / "demo" / "compare"
 
 
 def test_a_uri_storage_path_has_no_default_report_directory_and_the_error_names_the_callers_fix() -> None:
     cfg = load_config(None, ["storage_path=s3://bucket/runs", "name=demo"])
     with pytest.raises(StorageError, match=r"`rayft eval` writes only .*pass --output /a/local/dir"):
-        api.default_report_dir(cfg, "eval", command="rayft eval", fix="pass --output /a/local/dir")
-    with pytest.raises(StorageError, match=r"`rayft.evaluate` writes only .*pass model= and output_dir="):
+        default_report_dir(cfg, "eval", command="rayft eval", fix="pass --output /a/local/dir")
+    with pytest.raises(StorageError, match=r"`rayft.api.evaluate` writes only .*pass model= and output_dir="):
         api.evaluate(cfg)

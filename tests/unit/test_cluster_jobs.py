@@ -16,7 +16,7 @@ from rayft.cli.job_entry import missing_env
 from rayft.cluster.job_plan import JobRequest, exit_code, plan_job
 from rayft.errors import ClusterError, ConfigError
 from rayft.runtime.address import parse_address
-from rayft.testing.servers import free_port, free_ports
+from tests.support.servers import free_port, free_ports
 
 
 @pytest.mark.parametrize(

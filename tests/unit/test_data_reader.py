@@ -15,8 +15,7 @@ import pytest
 from rayft.config import DatasetConfig, load_config
 from rayft.data.formats import UNREADABLE_COLUMN
 from rayft.data.prepare import prepare_data
-from rayft.data.reader import read_rows
-from rayft.data.sources import iter_json_lines
+from rayft.data.read.rows import iter_json_lines, read_rows
 from rayft.errors import DataError
 
 
@@ -134,7 +133,7 @@ def test_max_rows_counts_bad_rows_and_stops_reading(tmp_path: Path) -> None:
 
 def test_a_dataset_without_one_readable_row_is_refused_naming_the_first(tmp_path: Path) -> None:
     from rayft.config.data import DataConfig
-    from rayft.data.reader import read_sources
+    from rayft.data.read.rows import read_sources
 
     path = tmp_path / "latin1.jsonl"
     path.write_bytes(b'{"text": "caf\xe9"}\n')

@@ -8,7 +8,7 @@ import pytest
 
 from rayft.cli.config_cmd import iter_fields
 from rayft.config.schema import RayftConfig
-from tests.docsite import broken_links, build_site
+from tests.support.docsite import broken_links, build_site
 
 pytest.importorskip("mkdocs")
 pytest.importorskip("material")

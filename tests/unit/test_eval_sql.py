@@ -12,7 +12,7 @@ from rayft.config.data import DatasetConfig
 from rayft.config.evaluation import EvalConfig
 from rayft.config.model import ModelConfig
 from rayft.data.builtin import load_builtin
-from rayft.data.builtin_sql import SCHEMAS, iter_sql_examples
+from rayft.data.builtin.sql import SCHEMAS, iter_sql_examples
 from rayft.errors import DataError
 from rayft.evaluation import metrics, sql
 from rayft.evaluation.report import comparison_examples, model_summary, pair_tests, render_html

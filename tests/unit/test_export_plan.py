@@ -66,7 +66,7 @@ def test_an_occupied_target_is_refused_before_anything_loads(tmp_path: Path, occ
 
 def _pipeline(root: Path, tiny_model_dir: Path, trained: tuple[str, ...]) -> Path:
     """A pipeline run directory as `rayft run` leaves it: stage records, and a run per training stage."""
-    from rayft.testing.checkpoints import build_run_dir
+    from tests.support.checkpoints import build_run_dir
 
     (root / "stages").mkdir(parents=True)
     (root / "stages" / "sdg.json").write_text("{}")

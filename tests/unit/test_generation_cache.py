@@ -73,7 +73,7 @@ def test_static_cache_lengths_come_in_a_few_sizes() -> None:
 def _completions(model_dir: Path, **options: object) -> list[tuple[str, int, str]]:
     from rayft.config.model import ModelConfig
     from rayft.generation.hf import HFBackend
-    from rayft.testing.generation import greedy_completions
+    from tests.support.generation import greedy_completions
 
     backend = HFBackend(ModelConfig(name=str(model_dir)), device="cpu", batch_size=2, **options)  # type: ignore[arg-type]
     return greedy_completions(backend)

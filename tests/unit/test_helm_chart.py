@@ -18,7 +18,7 @@ import yaml
 from rayft.config import load_config
 from rayft.deploy.manifests import namespace_manifests, render
 from rayft.deploy.pods import plan_pods
-from tests.k8s_schemas import validate_all
+from tests.support.k8s_schemas import validate_all
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "deploy" / "helm" / "rayft"

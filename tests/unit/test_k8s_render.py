@@ -14,7 +14,7 @@ from rayft.cli.main import cli
 from rayft.config import load_config
 from rayft.deploy.manifests import TARGETS, render
 from rayft.errors import ConfigError
-from tests.k8s_schemas import validate, validate_all
+from tests.support.k8s_schemas import validate, validate_all
 
 REPO = Path(__file__).resolve().parents[2]
 GSM8K = REPO / "configs" / "gsm8k-qwen2.5-1.5b.yaml"

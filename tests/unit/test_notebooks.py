@@ -10,11 +10,13 @@ import pytest
 import yaml
 
 import rayft
-from tests.notebooks import NOTEBOOKS, NOTEBOOKS_DIR
+from tests.support.notebooks import NOTEBOOKS, NOTEBOOKS_DIR
 
 ROOT = NOTEBOOKS_DIR.parents[1]
-# `rayft.<name>` in a code cell; `rayft.testing` (tiny models for the test size) is public too.
+# `rayft.<name>` and `rayft.api.<function>` in a code cell; `rayft.testing` (tiny models for the test size)
+# is public too.
 RAYFT_NAME = re.compile(r"\brayft\.(\w+)")
+API_NAME = re.compile(r"\brayft\.api\.(\w+)")
 PUBLIC_MODULES = {"testing"}
 
 
@@ -57,10 +59,9 @@ def test_notebook_is_valid_and_runs_in_the_python3_kernel(path: Path) -> None:
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
 def test_notebook_calls_only_the_public_api(path: Path) -> None:
-    names = set(RAYFT_NAME.findall(code_of(path)))
-    if path.name == "04_serving.ipynb" and not hasattr(rayft, "serve"):
-        names.discard("serve")  # the serving API is not in this build; its execution test is skipped too
-    assert names - set(rayft.__all__) - PUBLIC_MODULES == set()
+    code = code_of(path)
+    assert set(RAYFT_NAME.findall(code)) - set(rayft.__all__) - PUBLIC_MODULES == set()
+    assert set(API_NAME.findall(code)) - set(rayft.api.__all__) == set()
 
 
 def test_the_shared_config_loads() -> None:

@@ -1,4 +1,5 @@
-"""The public API: the exact names the package root exports, each importable, listed, and light."""
+"""The public API: the exact names the package root and ``rayft.api`` export, each importable, listed, and
+light; one calling convention for the functions; the root module is a plain module."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import importlib
 import inspect
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -23,8 +25,11 @@ PUBLIC = [
     "PipelineResult", "RayftConfig", "RayftError", "ResourceError", "RunInterruptedError", "RunStateError",
     "ScalingConfig", "SdgConfig", "SdgResult", "ServeHandle", "StorageError", "TrainConfig", "TrainResult",
     "TrainingError",
-    "TuneConfig", "TuneResult", "__version__", "compare", "evaluate", "export", "generate", "load_config",
-    "run_pipeline", "sdg", "serve", "train", "tune",
+    "TuneConfig", "TuneResult", "__version__", "api", "load_config",
+]  # fmt: skip
+FUNCTIONS = [
+    "chat", "compare", "evaluate", "export", "generate", "pairs", "prepare_data", "render_manifests",
+    "run_pipeline", "sdg", "serve", "train", "train_rank", "tune",
 ]  # fmt: skip
 RESULTS = [
     "TrainResult",
@@ -45,7 +50,7 @@ LIGHT_CHECK = (
     "import rayft\n"
     "for name in rayft.__all__:\n"
     "    getattr(rayft, name)\n"
-    "from rayft import train, sdg, evaluate, compare, export, generate, run_pipeline, load_config, tune\n"
+    "from rayft.api import train, sdg, evaluate, compare, export, generate, run_pipeline, serve, tune\n"
     "heavy = sorted(m for m in ('torch', 'ray', 'transformers', 'peft', 'datasets') if m in sys.modules)\n"
     "print('HEAVY=' + ','.join(heavy))\n"
 )
@@ -74,25 +79,40 @@ def test_importing_every_public_name_loads_neither_torch_nor_ray() -> None:
     assert "HEAVY=\n" in out.stdout, out.stdout
 
 
-def test_subpackages_of_the_same_name_do_not_replace_the_functions() -> None:
-    importlib.import_module("rayft.sdg.rows")
-    importlib.import_module("rayft.export.card")
-    assert inspect.isfunction(rayft.sdg) and inspect.isfunction(rayft.export)
+def test_the_api_names_are_pinned_and_are_functions() -> None:
+    assert sorted(rayft.api.__all__) == FUNCTIONS
+    assert all(inspect.isfunction(getattr(rayft.api, name)) for name in FUNCTIONS)
+
+
+def test_the_root_is_a_plain_module_and_subpackages_keep_their_names() -> None:
+    assert type(rayft) is types.ModuleType
+    assert inspect.ismodule(importlib.import_module("rayft.sdg.rows")) and inspect.ismodule(rayft.sdg)
+    assert inspect.ismodule(importlib.import_module("rayft.export.card")) and inspect.ismodule(rayft.export)
+    assert rayft.api is importlib.import_module("rayft.api")
+
+
+@pytest.mark.parametrize("name", FUNCTIONS)
+def test_every_function_takes_the_config_first_and_options_by_keyword(name: str) -> None:
+    parameters = list(inspect.signature(getattr(rayft.api, name)).parameters.values())
+    assert parameters[0].name == "cfg" and parameters[0].default is inspect.Parameter.empty
+    positional = [p.name for p in parameters if p.kind is p.POSITIONAL_OR_KEYWORD]
+    # after the config: the model (or models), then the paths the command cannot do without
+    assert positional[1:] in ([], ["model"], ["models"], ["target"], ["model", "output_dir"],
+                              ["model", "input_path", "output_path"]), (name, positional)  # fmt: skip
+    assert all(p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) for p in parameters)
 
 
 def test_function_signatures() -> None:
     assert list(inspect.signature(rayft.load_config).parameters) == ["path", "overrides"]
-    train = inspect.signature(rayft.train)
+    train = inspect.signature(rayft.api.train)
     assert list(train.parameters) == ["cfg", "resume"] and train.parameters["resume"].default is False
-    assert list(inspect.signature(rayft.compare).parameters)[:2] == ["cfg", "models"]
-    assert list(inspect.signature(rayft.export).parameters)[:2] == ["src", "out"]
-    assert list(inspect.signature(rayft.generate).parameters)[:4] == ["source", "input_path", "output_path", "cfg"]
-    serve = inspect.signature(rayft.serve)
-    assert list(serve.parameters) == ["sources", "config", "host", "port", "address"]
-    assert (serve.parameters["host"].default, serve.parameters["port"].default) == ("127.0.0.1", 0)
-    assert {n for n, p in serve.parameters.items() if p.kind is p.KEYWORD_ONLY} == {"config", "host", "port", "address"}
-    for name in ("sdg", "evaluate", "run_pipeline"):
-        assert next(iter(inspect.signature(getattr(rayft, name)).parameters)) == "cfg"
+    assert list(inspect.signature(rayft.api.compare).parameters)[:2] == ["cfg", "models"]
+    assert list(inspect.signature(rayft.api.export).parameters)[:3] == ["cfg", "model", "output_dir"]
+    generate = list(inspect.signature(rayft.api.generate).parameters)
+    assert generate[:4] == ["cfg", "model", "input_path", "output_path"]
+    serve = inspect.signature(rayft.api.serve)
+    assert list(serve.parameters) == ["cfg", "models", "host", "port", "address"]
+    assert serve.parameters["port"].default is None  # the config's serve.port, as `rayft serve`
 
 
 @pytest.mark.parametrize("name", RESULTS)

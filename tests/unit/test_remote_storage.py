@@ -28,7 +28,7 @@ from rayft.training.driver.startup import claim_run_dir, run_location
 @pytest.fixture(scope="module")
 def s3_server() -> Iterator[Any]:
     pytest.importorskip("moto.server", reason="needs moto[server] (the dev extra)")
-    from rayft.testing.object_store import local_s3_server
+    from tests.support.object_store import local_s3_server
 
     with local_s3_server() as server:
         yield server

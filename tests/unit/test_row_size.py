@@ -16,7 +16,7 @@ import pytest
 from rayft.config import DatasetConfig, load_config
 from rayft.data.formats import UNREADABLE_COLUMN
 from rayft.data.prepare import prepare_data
-from rayft.data.reader import read_rows
+from rayft.data.read.rows import read_rows
 from rayft.errors import DataError
 from rayft.inference.prompts import RejectedRow, read_prompts
 from rayft.lines import OversizedLine, bounded_lines
@@ -128,7 +128,7 @@ _MEASURE = textwrap.dedent(
     import json, resource, sys
     from pathlib import Path
     from rayft.config import DatasetConfig
-    from rayft.data.reader import read_rows
+    from rayft.data.read.rows import read_rows
     from rayft.inference.batch import count_lines, input_lines
     from rayft.inference.prompts import iter_prompts
 

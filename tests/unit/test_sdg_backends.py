@@ -14,7 +14,7 @@ from rayft.errors import MissingDependencyError
 from rayft.generation.backend import SamplingParams
 from rayft.generation.factory import build_backend
 from rayft.generation.openai_http import OpenAIBackend
-from rayft.testing.openai_server import OpenAIServer
+from tests.support.openai_server import OpenAIServer
 
 FAST = {"backoff_s": 0.01, "timeout_s": 5.0}
 

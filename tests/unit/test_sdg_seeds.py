@@ -10,9 +10,11 @@ from pathlib import Path
 import pytest
 
 from rayft.config import load_config
+from rayft.config.data import DatasetConfig
+from rayft.config.sdg import SdgDecontaminationConfig
 from rayft.errors import DataError
 from rayft.sdg.rows import seed_id
-from rayft.sdg.seeds import count_seeds, iter_seeds, seed_chunks
+from rayft.sdg.seeds import count_seeds, iter_seeds, read_eval_questions, seed_chunks
 
 
 def _seeds(tmp_path: Path, n: int, tail: str = "") -> Path:
@@ -41,3 +43,17 @@ def test_a_bad_row_is_refused_when_reached_not_before(tmp_path: Path) -> None:
     with pytest.raises(DataError, match=r"seeds.jsonl line 7: bad_json .*fix or remove the row"):
         list(iter_seeds(cfg.sdg))
     assert len(list(iter_seeds(cfg.sdg.model_copy(update={"num_seeds": 4})))) == 3  # 4 rows, one repeated
+
+
+def test_decontamination_sets_are_read_by_the_row_reader_and_bad_ones_refused(tmp_path: Path) -> None:
+    good = tmp_path / "eval.jsonl"
+    good.write_text('{"question": "What is 2 + 2?"}\n{"question": ""}\n{"other": 1, "question": "Why?"}\n')
+    both = [DatasetConfig(path=str(good)), DatasetConfig(path="builtin:arithmetic", split="test", max_rows=3)]
+    questions = read_eval_questions(SdgDecontaminationConfig(datasets=both))
+    assert questions[:2] == ["What is 2 + 2?", "Why?"] and len(questions) == 5  # an empty question is no problem
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"question": "What is 2 + 2?"}\nnot json\n')
+    with pytest.raises(DataError, match=r"decontamination set .*bad.jsonl line 2: bad_json .*fix or remove the row"):
+        read_eval_questions(SdgDecontaminationConfig(datasets=[DatasetConfig(path=str(bad))]))
+    with pytest.raises(DataError, match=r"has no column 'problem' \(columns: \['question', 'other'\]\)"):
+        read_eval_questions(SdgDecontaminationConfig(datasets=both[:1], question_column="problem"))

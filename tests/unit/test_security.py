@@ -19,7 +19,7 @@ from rayft.files import write_jsonl_atomic, write_text_atomic
 from rayft.generation.backend import SamplingParams
 from rayft.generation.openai_http import OpenAIBackend
 from rayft.security import MASK, is_secret_name, mask_uri, redact, remember_secret, secret_values
-from rayft.testing.openai_server import OpenAIServer
+from tests.support.openai_server import OpenAIServer
 
 CANARY = "canary-0123456789abcdef"
 
@@ -176,7 +176,8 @@ def test_the_cli_and_the_python_api_install_redaction(tmp_path: Path) -> None:
     assert cli.returncode == 2 and "Error:" in cli.stderr and CANARY not in cli.stdout + cli.stderr
     api = run_python(
         "import logging, sys, rayft\n"
-        "try:\n    rayft.export('no-such-run', 'out')\nexcept rayft.RayftError as exc:\n    print(exc)\n"
+        "try:\n    rayft.api.export(rayft.RayftConfig(), 'no-such-run', 'out')\n"
+        "except rayft.RayftError as exc:\n    print(exc)\n"
         f"print('{CANARY}')\n",
         tmp_path,
     )

@@ -161,7 +161,7 @@ def test_responses_and_chunks_have_the_openai_shape() -> None:
 
 
 def test_adapters_of_one_base_share_a_deployment(tmp_path: Path, tiny_model_dir: Path) -> None:
-    from rayft.testing.checkpoints import build_lora_checkpoint, build_run_dir
+    from tests.support.checkpoints import build_lora_checkpoint, build_run_dir
 
     a = build_lora_checkpoint(tmp_path / "alpha", tiny_model_dir, seed=1)
     run = build_run_dir(tmp_path / "my-run", tiny_model_dir, eval_losses={2: 1.0})
@@ -223,7 +223,7 @@ def test_the_cli_refuses_a_missing_source_in_one_line(tmp_path: Path) -> None:
 
 def test_a_pipeline_directory_serves_its_final_model_under_the_run_name(tmp_path: Path, tiny_model_dir: Path) -> None:
     from rayft.runs.records import StageRecord, write_record
-    from rayft.testing.checkpoints import build_lora_checkpoint
+    from tests.support.checkpoints import build_lora_checkpoint
 
     pipeline = tmp_path / "quickstart"
 

@@ -31,7 +31,7 @@ class LogprobJob(Job):
 
 @pytest.fixture(scope="module")
 def adapter_dirs(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    from rayft.testing.checkpoints import build_lora_checkpoint
+    from tests.support.checkpoints import build_lora_checkpoint
 
     root = tmp_path_factory.mktemp("engine-adapters")
     return {name: build_lora_checkpoint(root / name, tiny_model_dir, seed=seed, scale=0.5) for name, seed in

@@ -20,7 +20,7 @@ PROMPT = "The quick brown fox jumps"
 
 @pytest.fixture(scope="module")
 def engine(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Engine:
-    from rayft.testing.checkpoints import build_lora_checkpoint
+    from tests.support.checkpoints import build_lora_checkpoint
 
     alpha = build_lora_checkpoint(tmp_path_factory.mktemp("scoring") / "alpha", tiny_model_dir, seed=1, scale=0.5)
     group = BaseGroup("base", ModelConfig(name=str(tiny_model_dir)), (Adapter("alpha", str(alpha)),))

@@ -8,7 +8,7 @@ import math
 from pathlib import Path
 
 from rayft.config import load_config
-from tests.helpers import tiny_config, train_losses, train_on
+from tests.support.runs import tiny_config, train_losses, train_on
 
 
 def test_bart_lora_trains_in_process_and_exports_merged(tmp_path: Path) -> None:

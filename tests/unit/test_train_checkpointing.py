@@ -119,8 +119,8 @@ def test_a_full_disk_names_the_place_and_the_checkpoint_kept(tiny_model_dir: Pat
     """A real full filesystem (a tmpfs with room for one checkpoint): the second save fails with the
     mount point and the checkpoint kept, not torch's ``basic_ios::clear: iostream error``."""
     from rayft.errors import StorageError
-    from rayft.testing.mounts import tmpfs
     from rayft.training.loop.checkpointing import TrainerState
+    from tests.support.mounts import tmpfs
 
     saver, objects, _ = _lora_saver(tiny_model_dir, tmp_path / "probe")
     saver.save(objects, TrainerState(step=1))

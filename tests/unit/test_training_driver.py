@@ -211,8 +211,8 @@ def test_a_tune_trial_drives_its_run_nested_under_the_sweep(
 def test_rank_0_under_torchrun_drives_the_run(
     tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from rayft.testing.servers import free_port
     from rayft.training.driver import torchrun
+    from tests.support.servers import free_port
 
     env = {
         "WORLD_SIZE": "1",

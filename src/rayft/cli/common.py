@@ -34,13 +34,14 @@ def load_cli_config(config_path: str, overrides: tuple[str, ...]) -> RayftConfig
     return load_config(config_path, list(overrides))
 
 
-def open_run_log(cfg: RayftConfig, directory: Path | None = None) -> Path | None:
+def open_run_log(cfg: RayftConfig, directory: Path | None = None, *, run_name: str | None = None) -> Path | None:
     """Send the full log (Ray's loggers included) to ``<run>/logs/rayft.log``, or under ``directory``.
 
+    The run is ``cfg.name`` unless ``run_name`` names another under ``storage_path`` (a sweep's).
     With a URI as ``storage_path`` the file goes under the cache (``<cache>/logs/<name>/``).
     """
     if directory is None:
-        directory = log_dir(cfg.storage_path, cfg.name, cache_root())
+        directory = log_dir(cfg.storage_path, run_name or cfg.name, cache_root())
     refuse_if_held(directory)  # a second driver of a run must not write into the first one's log
     path = attach_log_file(directory / LOG_FILE)
     if path is not None:

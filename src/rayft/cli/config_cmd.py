@@ -1,4 +1,7 @@
-"""``rayft config``: show the resolved config, validate it, and list every field with its help."""
+"""``rayft config``: show the resolved config, validate it, and list every field with its help.
+
+It reads the config package alone, not :mod:`rayft.api`: it runs nothing.
+"""
 
 from __future__ import annotations
 

@@ -8,6 +8,8 @@ import click
 
 from rayft.cli.address_opt import address_option
 from rayft.cli.common import config_argument, load_cli_config, overrides_argument
+from rayft.runs.defaults import default_report_dir
+from rayft.runs.layout import DATA_DIR
 
 if TYPE_CHECKING:
     from rayft.data.prepare import PrepareOutcome
@@ -42,8 +44,9 @@ def prepare(config_path: str, overrides: tuple[str, ...], in_process: bool, repo
     from rayft import api
 
     cfg = load_cli_config(config_path, overrides)
-    outcome = api.prepare_data(cfg, report_dir, in_process=in_process)
-    reports = report_dir or api.default_data_report_dir(cfg)
+    fix = "pass --report-dir /a/local/dir"
+    reports = report_dir or default_report_dir(cfg, DATA_DIR, command="rayft data prepare", fix=fix)
+    outcome = api.prepare_data(cfg, report_dir=reports, in_process=in_process)
     click.echo(summary(outcome, reports))
 
 

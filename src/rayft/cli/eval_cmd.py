@@ -13,6 +13,7 @@ from rayft.cli.defaults import CHECKPOINT_HELP, config_default
 from rayft.config import RayftConfig, load_config
 from rayft.data.builtin import builtin_eval_note
 from rayft.errors import ConfigError
+from rayft.runs.defaults import default_model, default_report_dir
 
 
 def _with_checkpoint(overrides: tuple[str, ...], checkpoint: str | None) -> tuple[str, ...]:
@@ -20,7 +21,7 @@ def _with_checkpoint(overrides: tuple[str, ...], checkpoint: str | None) -> tupl
 
 
 def _default_output(cfg: RayftConfig, kind: str) -> Path:
-    return api.default_report_dir(cfg, kind, command=f"rayft {kind}", fix="pass --output /a/local/dir")
+    return default_report_dir(cfg, kind, command=f"rayft {kind}", fix="pass --output /a/local/dir")
 
 
 @click.command("eval", epilog="Example: rayft eval cfg.yaml --model runs/my-run --checkpoint best eval.max_samples=100")
@@ -45,10 +46,10 @@ def eval_(
     """
     cfg = load_cli_config(config_path, _with_checkpoint(overrides, checkpoint))
     fix = "pass --model (a local run, checkpoint or model directory)"
-    model = source or api.default_model(cfg, command="rayft eval", fix=fix)
+    model = source or default_model(cfg, command="rayft eval", fix=fix)
     out = Path(output) if output else _default_output(cfg, "eval")
     open_run_log(cfg, out)
-    result = api.evaluate(cfg, model, out)
+    result = api.evaluate(cfg, model, output_dir=out)
     click.echo(result.table)
     click.echo(f"\nReport: {result.json_path}\nPredictions: {result.predictions_path}")
 
@@ -92,7 +93,7 @@ def compare(
     cfg = load_cli_config(config_path, _with_checkpoint(overrides, checkpoint))
     out = Path(output) if output else _default_output(cfg, "compare")
     open_run_log(cfg, out)
-    result = api.compare(cfg, sources, out)
+    result = api.compare(cfg, sources, output_dir=out)
     click.echo(result.table + "\n")
     for line in pair_lines(result.summary):
         click.echo(line)
@@ -124,7 +125,7 @@ def export(
     logits, and a reload with from_pretrained that generates.
     """
     cfg = load_config(config_path, list(_with_checkpoint(overrides, checkpoint)))
-    result = api.export(source, Path(output_dir), cfg, merge=merge)
+    result = api.export(cfg, source, output_dir, merge=merge)
     kind = "merged model" if result.merged else ("adapter" if result.verification.get("adapter") else "model")
     click.echo(f"Exported {kind} to {result.output_dir}")
     for key, value in result.verification.items():

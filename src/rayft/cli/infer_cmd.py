@@ -143,6 +143,6 @@ def generate(
     """
     cfg = _with_inference(_load(config_path, overrides, checkpoint), settings)
     result = api.generate(
-        source, input_path, output_path, cfg, prompt_field=prompt_field, rejects_path=rejects_path or None
+        cfg, source, input_path, output_path, prompt_field=prompt_field, rejects_path=rejects_path or None
     )
     click.echo(result.summary())

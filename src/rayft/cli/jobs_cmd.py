@@ -1,4 +1,8 @@
-"""``rayft jobs list | status ID | logs ID [--follow] | stop ID | stacks ID``: the Ray Jobs of a cluster."""
+"""``rayft jobs list | status ID | logs ID [--follow] | stop ID | stacks ID``: the Ray Jobs of a cluster.
+
+These commands call :mod:`rayft.cluster` directly, not :mod:`rayft.api`: they run nothing of rayft's
+(no recipe, no config), they ask a cluster's Jobs API about jobs that `rayft submit` started.
+"""
 
 from __future__ import annotations
 

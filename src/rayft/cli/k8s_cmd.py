@@ -6,6 +6,7 @@ from pathlib import Path
 
 import click
 
+from rayft import api
 from rayft.cli.common import config_argument, load_cli_config, overrides_argument
 
 _TARGETS = ("rayjob", "raycluster", "rayservice", "trainjob", "pytorchjob")
@@ -43,12 +44,11 @@ def render(  # noqa: PLR0917 - click passes every option positionally by name
     The resolved config goes into a ConfigMap mounted read-only at /etc/rayft/config.yaml; apply
     the output with `kubectl apply -f -` (or -f DIR with --output).
     """
-    from rayft.deploy.manifests import render as render_manifests
     from rayft.deploy.writer import to_yaml, write_manifests
 
     extra = [f"k8s.image={image}"] * bool(image) + [f"k8s.namespace={namespace}"] * bool(namespace)
     cfg = load_cli_config(config_path, (*overrides, *extra))
-    manifests = render_manifests(cfg, target, with_namespace=with_namespace)
+    manifests = api.render_manifests(cfg, target, with_namespace=with_namespace)
     if output is None:
         click.echo(to_yaml(manifests), nl=False)
         return

@@ -38,7 +38,7 @@ def pairs(  # noqa: PLR0917 - click passes every option positionally by name
     extra += [f"pairs.samples_per_problem={samples}"] if samples else []
     cfg = load_cli_config(config_path, (*overrides, *extra))
     open_run_log(cfg, Path(output_dir) if output_dir else None)
-    result = api.pairs(cfg, model, output_dir or None)
+    result = api.pairs(cfg, model, output_dir=output_dir or None)
     click.echo(format_counts(result.summary))
     click.echo(f"\nPairs:    {result.data_jsonl}\nNo pair:  {result.no_pair_jsonl}\nSummary:  {result.summary_json}")
 

@@ -1,4 +1,8 @@
-"""``rayft profile RUN``: where a run's step time went, per rank, with the verdict and its fix."""
+"""``rayft profile RUN``: where a run's step time went, per rank, with the verdict and its fix.
+
+It reads a finished run's files (:mod:`rayft.training.profiling.report`) rather than calling
+:mod:`rayft.api`: it takes a run directory, not a config, and runs nothing.
+"""
 
 from __future__ import annotations
 

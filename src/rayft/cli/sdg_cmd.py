@@ -39,7 +39,7 @@ def sdg(  # noqa: PLR0917 - click passes every option positionally by name
     extra += [f"sdg.variations={variations}"] if variations else []
     cfg = load_cli_config(config_path, (*overrides, *extra))
     open_run_log(cfg, Path(output_dir) if output_dir else None)
-    result = api.sdg(cfg, output_dir or None, test_mode=test_mode)
+    result = api.sdg(cfg, output_dir=output_dir or None, test_mode=test_mode)
     click.echo(format_summary(result.summary))
     click.echo(f"\nAccepted: {result.data_jsonl}\nRejected: {result.rejected_jsonl}\nSummary:  {result.summary_json}")
 

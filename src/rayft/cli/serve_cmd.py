@@ -41,9 +41,7 @@ def serve(sources: tuple[str, ...], *, config_path: str | None, host: str | None
     from the variable serve.api_keys_env (RAYFT_API_KEYS) or serve.api_keys_file, never from here.
     """
     cfg = load_config(config_path, [])
-    host = host if host is not None else cfg.serve.host
-    handle = api.serve(list(sources), config=cfg, host=host, port=port if port is not None else cfg.serve.port,
-                       address=address)  # fmt: skip
+    handle = api.serve(cfg, sources, host=host, port=port, address=address)
     with handle:
         stopping = _stop_on_signals()
         click.echo(f"Serving at {handle.base_url}")

@@ -1,4 +1,8 @@
-"""``rayft submit CONFIG [KEY=VALUE]... --address http://HEAD:8265``: run a rayft command as a Ray Job."""
+"""``rayft submit CONFIG [KEY=VALUE]... --address http://HEAD:8265``: run a rayft command as a Ray Job.
+
+It calls :mod:`rayft.cluster` directly, not :mod:`rayft.api`: it runs nothing here, it hands a command
+line to a cluster, where the job runs `rayft COMMAND CONFIG` (and so the API) on the head.
+"""
 
 from __future__ import annotations
 

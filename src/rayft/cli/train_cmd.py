@@ -32,16 +32,16 @@ def train(config_path: str, overrides: tuple[str, ...], resume: bool) -> None:
     trains as one of the scaling.num_workers ranks, without Ray.
     """
     from rayft.models.hub import check_trainable_model
-    from rayft.training.driver import torchrun
+    from rayft.training.driver.torchrun import launched_by_torchrun
 
     cfg = load_cli_config(config_path, overrides)
     if cfg.task.path is None:  # a model that cannot be had here is refused before the run directory is touched
         check_trainable_model(cfg.model.name)
     open_run_log(cfg)
     try:
-        if torchrun.launched_by_torchrun():  # one rank of `torchrun --no-python rayft train CONFIG`
-            result = torchrun.train(cfg, resume=resume)
-            if result is None:
+        if launched_by_torchrun():  # one rank of `torchrun --no-python rayft train CONFIG`
+            result = api.train_rank(cfg, resume=resume)
+            if result is None:  # only rank 0 reports
                 return
         else:
             result = api.train(cfg, resume=resume)

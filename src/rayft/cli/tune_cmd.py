@@ -5,10 +5,8 @@ from __future__ import annotations
 import click
 
 from rayft import api
-from rayft.cache import cache_root
 from rayft.cli.address_opt import address_option
 from rayft.cli.common import config_argument, load_cli_config, open_run_log, overrides_argument
-from rayft.runs.location import log_dir
 
 
 @click.command(epilog="Example: rayft tune configs/tune.yaml tune.num_samples=8 tune.scheduler=asha")
@@ -28,7 +26,7 @@ def tune(config_path: str, overrides: tuple[str, ...]) -> None:
     cfg = load_cli_config(config_path, overrides)
     # The log goes with the sweep (the recipe refuses a config without a tune section, after this).
     sweep = None if cfg.tune is None else cfg.tune.sweep_name(cfg.name)
-    open_run_log(cfg, None if sweep is None else log_dir(cfg.storage_path, sweep, cache_root()))
+    open_run_log(cfg, run_name=sweep)
     outcome = api.tune(cfg)
     click.echo(outcome.table)
     click.echo(f"Sweep: {outcome.where} ({len(outcome.result.trials)} trials in {outcome.elapsed_s:.0f} s)")

@@ -15,7 +15,7 @@ from rayft.cache import cache_root
 from rayft.config.data import DataConfig, DatasetConfig
 from rayft.config.model import ModelConfig
 from rayft.data.builtin import is_builtin
-from rayft.data.sources import dataset_files
+from rayft.data.read.sources import dataset_files
 from rayft.models.loading import model_location
 from rayft.models.registry import CHATML_TEMPLATE
 

@@ -39,7 +39,7 @@ from rayft.data.cache_keys import (
 from rayft.data.executors import windows_in_process, windows_on_ray
 from rayft.data.preference import PairPreparation, refuse_mismatched_formats
 from rayft.data.prepared import REJECTED_FILE, PreparedData, commit_prepared, open_staging
-from rayft.data.reader import Source, read_sources
+from rayft.data.read.rows import Source, read_sources
 from rayft.data.report import check_rejected, log_summary, rejected_error, warn_truncated, write_report
 from rayft.data.seq2seq import refuse_unpaired_formats
 from rayft.data.split_plan import Plan, plan_examples

@@ -13,7 +13,7 @@ from rayft.data.prepared import SPLITS, PreparedSplit, write_jsonl_line
 from rayft.errors import DataError
 
 if TYPE_CHECKING:
-    from rayft.data.reader import Source
+    from rayft.data.read.rows import Source
     from rayft.data.split_plan import Plan
 
 

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from rayft.data.packing import plan_packs
 from rayft.data.preference import PairPreparation, pair_units, tokenize_pair_rows
 from rayft.data.prepared import IGNORE_INDEX, unit_schema
-from rayft.data.reader import take_rows
+from rayft.data.read.rows import take_rows
 from rayft.data.tokenize import as_table
 
 if TYPE_CHECKING:
@@ -80,7 +80,7 @@ def window_inputs(plan: Plan, window: Window) -> pa.Table:
 class WindowSettings:
     """What a window task needs besides the tokenize job: where the rows are and the units go."""
 
-    rows_files: tuple[str, ...]  # one spilled rows file per dataset (see rayft.data.reader.RowStore)
+    rows_files: tuple[str, ...]  # one spilled rows file per dataset (see rayft.data.read.rows.RowStore)
     staging: str  # the prepared dataset's staging directory
     packing: bool
     max_seq_length: int

@@ -32,8 +32,8 @@ from rayft.config.evaluation import EvalConfig
 from rayft.config.generation import GenerationConfig
 from rayft.config.inference import GENERATION_WINDOW
 from rayft.console import Progress
-from rayft.data.reader import iter_rows
-from rayft.data.sources import source_name
+from rayft.data.read.rows import iter_rows
+from rayft.data.read.sources import source_name
 from rayft.errors import DataError
 from rayft.evaluation.metrics import CorpusMetric
 from rayft.evaluation.stats import Estimate, corpus_estimate, estimate

@@ -17,7 +17,7 @@ from typing import Any
 
 from rayft.config.data import DEFAULT_MAX_ROW_BYTES
 from rayft.data.formats import MESSAGE_COLUMNS, ROLE_ALIASES
-from rayft.data.sources import DuplicateKeyError, unique_keys
+from rayft.data.read.rows import DuplicateKeyError, unique_keys
 from rayft.generation.backend import Message, Prompt
 from rayft.lines import OversizedLine, describe_size
 

@@ -1,6 +1,6 @@
 """``rayft compare CONFIG --model base=SRC --model tuned=SRC``: models side by side on the same prompts.
 
-Public entry point: :func:`run` (also ``rayft.compare``).
+Public entry point: :func:`run` (also ``rayft.api.compare``).
 
 Reads top to bottom: resolve every source first (so a bad one fails before any generation),
 check the examples in one streamed pass, evaluate each model on them a window at a time

@@ -5,7 +5,7 @@ source (a run directory picks its checkpoint), generate on a Ray actor pool or i
 at a time, score each window as it finishes (:mod:`rayft.evaluation.streaming`), and write
 ``eval.json`` (metrics with intervals, config, model fingerprint) and ``predictions.jsonl``.
 
-Public entry point: :func:`run` (also ``rayft.evaluate``).
+Public entry point: :func:`run` (also ``rayft.api.evaluate``).
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ refuse a model or a non-empty target), then carry it out (:func:`rayft.export.bu
 check the adapter, compare logits on probe prompts, save, reload and generate, write the model card,
 and only then move the finished directory into place).
 
-Public entry point: :func:`run` (also ``rayft.export``).
+Public entry point: :func:`run` (also ``rayft.api.export``).
 """
 
 from __future__ import annotations

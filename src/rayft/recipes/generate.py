@@ -8,7 +8,7 @@ order, with the generation columns added, as its window finishes), then report w
 or failed. Memory holds one window and counters, never the whole file; a crash leaves the previous
 output (or none), never half of one.
 
-Public entry point: :func:`run` (also ``rayft.generate``).
+Public entry point: :func:`run` (also ``rayft.api.generate``).
 """
 
 from __future__ import annotations

@@ -9,6 +9,7 @@ Every command that writes or reads a run goes through this package, never throug
 - :mod:`~rayft.runs.checkpoints`: checkpoints on local (or mounted) storage: scan, verify, publish,
   clean.
 - :mod:`~rayft.runs.location`: whether a run lives in a directory or at a URI with a local mirror.
+- :mod:`~rayft.runs.defaults`: the model a command scores and where its report goes when not told.
 - :mod:`~rayft.runs.remote`: a run at a URI (pyarrow filesystems), the manifest uploaded last.
 - :mod:`~rayft.runs.store`: the ``RunStore`` protocol, a local store and a remote (URI + mirror) one,
   so that drivers do not branch on where a run lives.

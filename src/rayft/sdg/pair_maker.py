@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from rayft.config.pairs import PairsConfig
 from rayft.console import Progress
-from rayft.data.reader import iter_rows
+from rayft.data.read.rows import iter_rows
 from rayft.errors import DataError
 from rayft.files import AtomicJsonl, write_text_atomic
 from rayft.generation.ray_pool import generate_dataset

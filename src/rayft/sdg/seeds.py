@@ -1,8 +1,9 @@
 """Reading SDG's inputs: the seeds lazily (each seed once, by its content id, and those already done
 left out), and the problems of the evaluation sets that synthetic rows must not leak.
 
-The seed set is read a line (or a batch of rows) at a time (:func:`rayft.data.reader.iter_rows`);
-what is kept of it is the set of seed ids seen, so that a seed repeated in the file runs once.
+The seed set and the decontamination sets are read a line (or a batch of rows) at a time
+(:func:`rayft.data.read.rows.iter_rows`); what is kept of the seeds is the set of seed ids seen, so
+that a seed repeated in the file runs once.
 """
 
 from __future__ import annotations
@@ -11,8 +12,7 @@ import itertools
 from collections.abc import Container, Iterable, Iterator
 
 from rayft.config.sdg import SdgConfig, SdgDecontaminationConfig
-from rayft.data.reader import iter_rows
-from rayft.data.sources import read_table
+from rayft.data.read.rows import iter_rows
 from rayft.errors import DataError
 from rayft.sdg.rows import seed_id
 from rayft.sdg.stages import Row
@@ -79,15 +79,24 @@ def read_seeds(sdg: SdgConfig) -> list[Row]:
 
 
 def read_eval_questions(decontamination: SdgDecontaminationConfig) -> list[str]:
-    """The problems of every decontamination set (of SDG's rows, or of the pair maker's problems)."""
+    """The problems of every decontamination set (of SDG's rows, or of the pair maker's problems), read
+    a row at a time; a row that cannot be read, or a set without the question column, is a DataError."""
     questions: list[str] = []
     column = decontamination.question_column
     for ds in decontamination.datasets:
-        table = read_table(ds)
-        if column not in table.column_names:
+        columns: dict[str, None] = {}  # ordered set: every column seen, for the message
+        for item in iter_rows(ds):
+            if item.row is None:
+                raise DataError(
+                    f"decontamination set {ds.path!r}, {item.file} line {item.line}: {item.reason} ({item.detail}); "
+                    "fix or remove the row"
+                )
+            columns.update(dict.fromkeys(item.row))
+            if item.row.get(column):
+                questions.append(str(item.row[column]))
+        if column not in columns:
             raise DataError(
-                f"decontamination set {ds.path!r} has no column {column!r} (columns: {table.column_names}); "
+                f"decontamination set {ds.path!r} has no column {column!r} (columns: {list(columns)}); "
                 "set the decontamination section's question_column"
             )
-        questions.extend(str(q) for q in table.column(column).to_pylist() if q)
     return questions

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from rayft.data.builtin_arithmetic import iter_arithmetic_problems
+from rayft.data.builtin.arithmetic import iter_arithmetic_problems
 from rayft.data.prepared import IGNORE_INDEX, PreparedData, PreparedSplit
 
 

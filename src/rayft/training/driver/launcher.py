@@ -19,7 +19,7 @@ import threading
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rayft._ray_private import local_train_env, trainer_class
 from rayft.cache import cache_root
@@ -39,6 +39,9 @@ from rayft.training.loop.plan import missing_resources
 from rayft.training.loop.session import LocalSession, RaySession
 from rayft.training.loop.worker import run_worker
 from rayft.training.loop.worker_plan import WorkerPlan
+
+if TYPE_CHECKING:
+    import ray.train
 
 log = logging.getLogger("rayft.train")
 
@@ -276,7 +279,7 @@ def idle_main_thread() -> bool:
     return True
 
 
-def _ray_checkpoint_config(checkpoint: CheckpointConfig, has_validation: bool) -> Any:
+def _ray_checkpoint_config(checkpoint: CheckpointConfig, has_validation: bool) -> ray.train.CheckpointConfig:
     import ray.train
 
     if has_validation:

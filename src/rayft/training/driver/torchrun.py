@@ -16,7 +16,7 @@ import json
 import logging
 import os
 import sys
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -41,6 +41,7 @@ if TYPE_CHECKING:
     import torch
 
     from rayft.data.prepared import PreparedData
+    from rayft.runs.location import RunLocation
     from rayft.training.driver.run import TrainResult
 
 
@@ -254,7 +255,7 @@ def _run_rank(cfg: RayftConfig, plan: WorkerPlan, prepared: PreparedData) -> Non
     dist.barrier()
 
 
-def check_torchrun_run(cfg: RayftConfig, world: int) -> Any:
+def check_torchrun_run(cfg: RayftConfig, world: int) -> RunLocation:
     """The run's location, refusing what torchrun cannot do: another world size, a URI storage_path."""
     if world != max(cfg.scaling.num_workers, 1):
         raise ConfigError(
@@ -278,7 +279,7 @@ def _prepare(cfg: RayftConfig) -> PreparedData:
     return prepare_training_data(cfg, None, use_ray=False)
 
 
-def _in_turn(selected: bool, step: Any) -> None:
+def _in_turn(selected: bool, step: Callable[[], object]) -> None:
     """Run ``step`` on the selected ranks while the others wait; a failure is raised on every rank
     (otherwise the others would wait for the collective timeout)."""
     import torch.distributed as dist

@@ -11,10 +11,47 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 from itertools import islice
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+
+if TYPE_CHECKING:
+    import torch
+    from typing_extensions import Self
 
 Unit = dict[str, Any]
 T = TypeVar("T")
+
+
+class Batch(Protocol):
+    """A collated micro-batch as the loop moves it: to the worker's device, its sample ids logged
+    (:class:`rayft.data.collate.MicroBatch`, a preference, prompt or rollout batch, a task's batch)."""
+
+    @property
+    def sample_ids(self) -> list[int]:
+        """The ids of the samples it holds (each once)."""
+        ...
+
+    def to(self, device: torch.device) -> Self:
+        """The same batch with its tensors on ``device``."""
+        ...
+
+
+class TrainBatch(Batch, Protocol):
+    """A micro-batch a step trains on, with the counts the loss normalisation and the throughput read."""
+
+    @property
+    def num_label_tokens(self) -> int:
+        """The loss terms it holds (label tokens; pairs, completions or examples for other objectives)."""
+        ...
+
+    @property
+    def num_tokens(self) -> int:
+        """Real tokens (padding excluded)."""
+        ...
+
+    @property
+    def num_computed_tokens(self) -> int:
+        """Tokens the model computes, padding included."""
+        ...
 
 
 def shuffled_units(windows: Iterable[list[Unit]], seed: int, epoch: int, rank: int) -> Iterator[Unit]:

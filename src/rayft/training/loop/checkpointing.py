@@ -16,10 +16,10 @@ import random
 import shutil
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 from rayft.errors import CheckpointError, RayftError
 from rayft.export.checks import check_adapter
@@ -30,10 +30,14 @@ from rayft.runs.manifest import write_manifest
 from rayft.security import redact
 from rayft.training.loop.faults import Faults
 from rayft.training.loop.session import TrainSession, all_gather_objects
-from rayft.training.modeling.model import unwrap
+from rayft.training.modeling.model import base_model, transformers_model, unwrap
 from rayft.training.strategies.parallel import check_full_shapes, trainable_names
 
 if TYPE_CHECKING:
+    import torch
+    from transformers import GenerationConfig, PreTrainedTokenizerBase
+
+    from rayft.training.modeling.model import TransformersModel
     from rayft.training.strategies.parallel import Parallelism
 
 log = logging.getLogger("rayft.train")
@@ -80,9 +84,9 @@ class Snapshot:
     state_json: str
     scheduler_json: str
     rng_files: dict[str, bytes]
-    model_state: dict[str, Any] | None = None
-    optimizer_state: Any = None
-    scaler_state: Any = None
+    model_state: dict[str, torch.Tensor] | None = None
+    optimizer_state: dict[str, Any] | None = None
+    scaler_state: dict[str, Any] | None = None
 
 
 class CheckpointWriter:
@@ -155,13 +159,13 @@ class TrainingObjects:
     """The live objects a checkpoint copies, and the strategy that gathers them from the ranks."""
 
     parallel: Parallelism
-    model: Any
-    optimizer: Any
-    scheduler: Any
-    scaler: Any = None  # the fp16 GradScaler, when there is one
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    scaler: torch.amp.GradScaler | None = None  # the fp16 GradScaler, when there is one
 
 
-WriteModel = Callable[[Any, Path, "dict[str, Any] | None"], None]
+WriteModel: TypeAlias = "Callable[[torch.nn.Module, Path, dict[str, torch.Tensor] | None], None]"
 """Writes the model files of a checkpoint: (model, directory, state dict snapshot or None for the
 live weights); :meth:`rayft.training.loop.objective.Objective.write_model`."""
 
@@ -250,7 +254,13 @@ def rng_state_bytes() -> bytes:
 
 
 def write_snapshot(
-    snapshot: Snapshot, model: Any, write_model: WriteModel, files: ModelFiles, directory: Path, *, faults: Faults
+    snapshot: Snapshot,
+    model: torch.nn.Module,
+    write_model: WriteModel,
+    files: ModelFiles,
+    directory: Path,
+    *,
+    faults: Faults,
 ) -> None:
     """Write a whole checkpoint into ``directory``, its manifest last."""
     import torch
@@ -273,7 +283,12 @@ def write_snapshot(
 
 
 def write_model_files(
-    model: Any, tokenizer: Any, files: ModelFiles, directory: Path, *, state_dict: dict[str, Any] | None = None
+    model: torch.nn.Module,
+    tokenizer: PreTrainedTokenizerBase,
+    files: ModelFiles,
+    directory: Path,
+    *,
+    state_dict: dict[str, torch.Tensor] | None = None,
 ) -> None:
     """Weights (adapter or full) as safetensors, tokenizer with chat template, generation config
     whose EOS ids include the end-of-turn token, and the resolved config (secrets redacted).
@@ -281,12 +296,12 @@ def write_model_files(
     ``state_dict`` (a snapshot) is written instead of the live weights when given. A LoRA adapter
     is read back and checked before anything else is written (:func:`check_written_adapter`).
     """
-    inner = unwrap(model)
+    inner = transformers_model(model)
     directory.mkdir(parents=True, exist_ok=True)
-    if state_dict is None:
-        inner.save_pretrained(directory, safe_serialization=True)
+    if state_dict is None:  # PEFT types the directory as a str
+        inner.save_pretrained(str(directory), safe_serialization=True)
     else:
-        inner.save_pretrained(directory, safe_serialization=True, state_dict=state_dict)
+        inner.save_pretrained(str(directory), safe_serialization=True, state_dict=state_dict)
     if files.method == "lora":
         saved = list(state_dict) if state_dict is not None else trainable_names(inner)
         modules = sum(".lora_A." in name for name in saved)
@@ -310,10 +325,10 @@ def check_written_adapter(directory: Path, r: int, *, modules: int, untrained_al
         raise CheckpointError(f"the adapter written to {directory} is not usable: {'; '.join(problems)}")
 
 
-def _generation_config(model: Any, tokenizer: Any) -> Any:
+def _generation_config(model: TransformersModel, tokenizer: PreTrainedTokenizerBase) -> GenerationConfig:
     import copy
 
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    base = base_model(model)
     generation = copy.deepcopy(base.generation_config)
     eos = generation.eos_token_id
     eos_ids = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
@@ -325,7 +340,13 @@ def _generation_config(model: Any, tokenizer: Any) -> Any:
 
 
 def restore_training_state(
-    directory: Path, parallel: Parallelism, model: Any, optimizer: Any, scheduler: Any, *, rank: int
+    directory: Path,
+    parallel: Parallelism,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler,
+    *,
+    rank: int,
 ) -> TrainerState:
     """Load optimizer, scheduler, loop state and this rank's RNG from a checkpoint directory. The
     optimizer state is sharded as ``model`` is, whatever strategy and worker count saved it.
@@ -351,19 +372,20 @@ def restore_training_state(
     return state
 
 
-def _as_random_state(value: Any) -> tuple[Any, ...]:
+def _as_random_state(value: tuple[int, Sequence[int], float | None]) -> tuple[int, tuple[int, ...], float | None]:
+    """Python's random state as ``random.setstate`` takes it (a checkpoint stores its middle part as a list)."""
     version, internal, gauss = value
     return (version, tuple(internal), gauss)
 
 
 def save_final(
-    model: Any,
+    model: torch.nn.Module,
     write_model: WriteModel,
     files: ModelFiles,
     state: TrainerState,
     run_dir: Path,
     *,
-    weights: dict[str, Any] | None = None,
+    weights: dict[str, torch.Tensor] | None = None,
 ) -> Path:
     """Write ``final/`` (model files, config, manifest) atomically into ``run_dir``; the model's
     live weights, or ``weights`` (gathered from the shards of a sharded model) when given."""

@@ -15,15 +15,15 @@ import math
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, cast
 
-from rayft.data.collate import collate
+from rayft.data.collate import MicroBatch, collate
 from rayft.data.prepared import PreparedData, PreparedSplit
 from rayft.errors import DataError
 from rayft.files import publish_dir_once, staging_dir
 from rayft.runs import layout
 from rayft.security import redact
-from rayft.training.loop.batches import Unit, micro_batches
+from rayft.training.loop.batches import Batch, TrainBatch, Unit, micro_batches
 from rayft.training.loop.checkpointing import write_model_files
 from rayft.training.loop.session import all_reduce_sum
 from rayft.training.loop.steps import evaluate, step_options, token_loss_sum
@@ -32,12 +32,15 @@ from rayft.training.modeling.model import build_training_model, unwrap
 
 if TYPE_CHECKING:
     import torch
+    from transformers import PreTrainedTokenizerBase
 
     from rayft.custom import CustomTask, TaskData
     from rayft.data.prepared import PreparedData
     from rayft.training.loop.checkpointing import ModelFiles
     from rayft.training.loop.worker_plan import WorkerPlan
     from rayft.training.modeling.precision import Precision
+
+T = TypeVar("T")
 
 TASK_WEIGHTS_FILE = "model.safetensors"
 _UNITS_PER_FILE = 4096
@@ -56,27 +59,27 @@ class Objective(Protocol):
         """The transformers model type ('t5', 'llama'; '' for a task), for the precision checks."""
         ...
 
-    def build_model(self, restore_dir: Path | None, *, device_type: str, weights: bool) -> Any:
+    def build_model(self, restore_dir: Path | None, *, device_type: str, weights: bool) -> torch.nn.Module:
         """The model to train (on the CPU or the meta device), restored from ``restore_dir`` if given."""
         ...
 
-    def collate(self, units: list[Unit]) -> Any:
-        """One training micro-batch: ``to(device)``, ``sample_ids`` and the counts of a
-        :class:`rayft.data.collate.MicroBatch` (``num_label_tokens`` is the number of loss terms)."""
+    def collate(self, units: list[Unit]) -> Batch:
+        """One micro-batch: a :class:`~rayft.training.loop.batches.TrainBatch` (``num_label_tokens`` is the
+        number of loss terms), or what the objective turns into one before the step (GRPO's prompts)."""
         ...
 
-    def loss_sum(self, model: Any, batch: Any, precision: Precision) -> torch.Tensor:
-        """The sum of the micro-batch's ``num_label_tokens`` loss terms."""
+    def loss_sum(self, model: torch.nn.Module, batch: TrainBatch, precision: Precision) -> torch.Tensor:
+        """The sum of the micro-batch's ``num_label_tokens`` loss terms (``batch``: one this objective made)."""
         ...
 
     def evaluate(
-        self, model: Any, units: Iterable[Unit], *, batch_size: int, precision: Precision, device: torch.device,
-        lockstep: bool,
+        self, model: torch.nn.Module, units: Iterable[Unit], *, batch_size: int, precision: Precision,
+        device: torch.device, lockstep: bool,
     ) -> dict[str, float]:  # fmt: skip
         """Figures over every worker's validation units, ``eval/loss`` first (every rank joins)."""
         ...
 
-    def write_model(self, model: Any, directory: Path, state_dict: dict[str, Any] | None) -> None:
+    def write_model(self, model: torch.nn.Module, directory: Path, state_dict: dict[str, torch.Tensor] | None) -> None:
         """The model files of a checkpoint or of ``final/`` (``state_dict``: a snapshot to write
         instead of the live weights)."""
         ...
@@ -88,13 +91,13 @@ class CausalLm:
     ``seq2seq``, an encoder-decoder on source/target pairs with the loss on every target token."""
 
     plan: WorkerPlan
-    tokenizer: Any
+    tokenizer: PreTrainedTokenizerBase
     files: ModelFiles
     model_type: str = ""
     seq2seq: bool = False
     throughput_unit: str = "tokens"
 
-    def build_model(self, restore_dir: Path | None, *, device_type: str, weights: bool) -> Any:
+    def build_model(self, restore_dir: Path | None, *, device_type: str, weights: bool) -> torch.nn.Module:
         """:func:`rayft.training.modeling.model.build_training_model` for the plan's model and method."""
         plan = self.plan
         return build_training_model(
@@ -102,18 +105,19 @@ class CausalLm:
             gradient_checkpointing=plan.train.gradient_checkpointing, compile_blocks=plan.train.compile,
         )  # fmt: skip
 
-    def collate(self, units: list[Unit]) -> Any:
+    def collate(self, units: list[Unit]) -> MicroBatch:
         """Token units padded into one :class:`~rayft.data.collate.MicroBatch`."""
         multiple = row_multiple(self.plan.model.attn_implementation)
         return collate(units, self.tokenizer.pad_token_id, multiple, seq2seq=self.seq2seq)
 
-    def loss_sum(self, model: Any, batch: Any, precision: Precision) -> torch.Tensor:
+    def loss_sum(self, model: torch.nn.Module, batch: TrainBatch, precision: Precision) -> torch.Tensor:
         """:func:`rayft.training.loop.steps.token_loss_sum` with the run's loss and attention kernels."""
+        assert isinstance(batch, MicroBatch)  # the loop trains on what collate() made
         return token_loss_sum(model, batch, precision, **self._kernels(batch.input_ids.device.type))
 
     def evaluate(
-        self, model: Any, units: Iterable[Unit], *, batch_size: int, precision: Precision, device: torch.device,
-        lockstep: bool,
+        self, model: torch.nn.Module, units: Iterable[Unit], *, batch_size: int, precision: Precision,
+        device: torch.device, lockstep: bool,
     ) -> dict[str, float]:  # fmt: skip
         """Validation loss and perplexity."""
         batches = (self.collate(chunk) for chunk in micro_batches(iter(units), batch_size))
@@ -121,7 +125,7 @@ class CausalLm:
                            seq2seq=self.seq2seq, **self._kernels(device.type))  # fmt: skip
         return {"eval/loss": loss, "eval/perplexity": math.exp(min(loss, 50.0))}
 
-    def write_model(self, model: Any, directory: Path, state_dict: dict[str, Any] | None) -> None:
+    def write_model(self, model: torch.nn.Module, directory: Path, state_dict: dict[str, torch.Tensor] | None) -> None:
         """Weights or adapter, tokenizer, generation config and resolved config."""
         write_model_files(model, self.tokenizer, self.files, directory, state_dict=state_dict)
 
@@ -171,7 +175,7 @@ def write_task_units(cache: Path, data: TaskData, key: str) -> PreparedData:
 class TaskBatch:
     """A task's collated batch, with the counts the loop reads (every example is one loss term)."""
 
-    data: Any
+    data: object  # what the task's collate() made, in whatever form its loss and metrics read
     sample_ids: list[int]
 
     @property
@@ -182,19 +186,20 @@ class TaskBatch:
     num_tokens = num_label_tokens
     num_computed_tokens = num_label_tokens
 
-    def to(self, device: Any) -> TaskBatch:
+    def to(self, device: torch.device) -> TaskBatch:
         """The same batch with its tensors on ``device``."""
         return replace(self, data=to_device(self.data, device))
 
 
-def to_device(data: Any, device: Any) -> Any:
+def to_device(data: T, device: torch.device) -> T:
     """``data`` with every tensor in it (nested in dicts, lists and tuples) moved to ``device``."""
-    if hasattr(data, "to") and callable(data.to) and not isinstance(data, type):
-        return data.to(device)
+    move = getattr(data, "to", None)
+    if callable(move) and not isinstance(data, type):
+        return cast("T", move(device))
     if isinstance(data, Mapping):
-        return {key: to_device(value, device) for key, value in data.items()}
+        return cast("T", {key: to_device(value, device) for key, value in data.items()})
     if isinstance(data, list | tuple):
-        return type(data)(to_device(value, device) for value in data)
+        return cast("T", type(data)(to_device(value, device) for value in data))
     return data
 
 
@@ -213,7 +218,7 @@ class TaskObjective:
     throughput_unit: str = "examples"
     model_type: str = ""
 
-    def build_model(self, restore_dir: Path | None, *, device_type: str, weights: bool) -> Any:
+    def build_model(self, restore_dir: Path | None, *, device_type: str, weights: bool) -> torch.nn.Module:
         """The task's model, its weights (and buffers) restored from ``restore_dir`` if given."""
         model = self.task.build_model()
         if restore_dir is not None:
@@ -229,14 +234,15 @@ class TaskObjective:
         ids = [int(unit["sample_ids"][0]) for unit in units]
         return TaskBatch(self.task.collate([examples[i] for i in ids]), ids)
 
-    def loss_sum(self, model: Any, batch: TaskBatch, precision: Precision) -> torch.Tensor:
+    def loss_sum(self, model: torch.nn.Module, batch: TrainBatch, precision: Precision) -> torch.Tensor:
         """The task's mean loss times the batch's examples."""
+        assert isinstance(batch, TaskBatch)  # the loop trains on what collate() made
         with autocast(precision, device_of(batch.data)):
             return self.task.loss(model, batch.data) * batch.num_label_tokens
 
     def evaluate(
-        self, model: Any, units: Iterable[Unit], *, batch_size: int, precision: Precision, device: torch.device,
-        lockstep: bool,
+        self, model: torch.nn.Module, units: Iterable[Unit], *, batch_size: int, precision: Precision,
+        device: torch.device, lockstep: bool,
     ) -> dict[str, float]:  # fmt: skip
         """The task's loss and metrics over every worker's validation examples (the module a DDP
         wrapper holds runs, in eval mode, without gradients)."""
@@ -266,7 +272,7 @@ class TaskObjective:
         for chunk in micro_batches(iter(units), batch_size):
             yield self.collate(chunk, split="validation").to(device)
 
-    def write_model(self, model: Any, directory: Path, state_dict: dict[str, Any] | None) -> None:
+    def write_model(self, model: torch.nn.Module, directory: Path, state_dict: dict[str, torch.Tensor] | None) -> None:
         """``model.safetensors`` (every tensor of the state dict, buffers included) and the resolved config."""
         from safetensors.torch import save_file
 
@@ -278,7 +284,7 @@ class TaskObjective:
         (directory / layout.CHECKPOINT_CONFIG_FILE).write_text(redact(self.resolved_config), encoding="utf-8")
 
 
-def device_of(data: Any) -> torch.device:
+def device_of(data: object) -> torch.device:
     """The device of the first tensor in ``data`` (CPU when it holds none)."""
     import torch
 

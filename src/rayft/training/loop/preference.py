@@ -16,12 +16,12 @@ import contextlib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from rayft.data.collate import MicroBatch, collate
 from rayft.data.prepared import IGNORE_INDEX
 from rayft.errors import ConfigError
-from rayft.training.loop.batches import Unit, micro_batches
+from rayft.training.loop.batches import TrainBatch, Unit, micro_batches
 from rayft.training.loop.objective import CausalLm
 from rayft.training.loop.session import all_reduce_sum
 from rayft.training.loop.steps import in_lockstep
@@ -41,6 +41,7 @@ from rayft.training.modeling.preference import (
 
 if TYPE_CHECKING:
     import torch
+    from peft import PeftModel
 
     from rayft.config.preference import PreferenceConfig
     from rayft.training.modeling.precision import Precision
@@ -77,7 +78,7 @@ class PreferenceBatch:
         """Tokens the model computes, padding included."""
         return self.rows.num_computed_tokens
 
-    def to(self, device: Any) -> PreferenceBatch:
+    def to(self, device: torch.device) -> PreferenceBatch:
         """The same batch with its tensors on ``device``."""
         reference = None if self.reference is None else (self.reference[0].to(device), self.reference[1].to(device))
         return PreferenceBatch(self.rows.to(device), self.pairs, reference)
@@ -102,7 +103,7 @@ def collate_preference(units: Sequence[Unit], pad_token_id: int, pad_to_multiple
     return PreferenceBatch(rows, len(units), reference)  # type: ignore[arg-type]
 
 
-def pair_logps(model: Any, rows: MicroBatch, precision: Precision) -> PairLogps:
+def pair_logps(model: torch.nn.Module, rows: MicroBatch, precision: Precision) -> PairLogps:
     """The log-probabilities of each row's response under ``model``, as chosen and rejected halves.
 
     Logits are computed only at the positions some row trains on (``logits_to_keep``, as the SFT
@@ -141,11 +142,11 @@ class PreferenceTraining:
         """The base model's type, for the precision checks."""
         return self.lm.model_type
 
-    def build_model(self, restore_dir: Path | None, *, device_type: str, weights: bool) -> Any:
+    def build_model(self, restore_dir: Path | None, *, device_type: str, weights: bool) -> torch.nn.Module:
         """The model :class:`CausalLm` builds."""
         return self.lm.build_model(restore_dir, device_type=device_type, weights=weights)
 
-    def write_model(self, model: Any, directory: Path, state_dict: dict[str, Any] | None) -> None:
+    def write_model(self, model: torch.nn.Module, directory: Path, state_dict: dict[str, torch.Tensor] | None) -> None:
         """The files :class:`CausalLm` writes."""
         self.lm.write_model(model, directory, state_dict)
 
@@ -156,15 +157,18 @@ class PreferenceTraining:
         return collate_preference(units, self.lm.tokenizer.pad_token_id,
                                   row_multiple(self.lm.plan.model.attn_implementation))  # fmt: skip
 
-    def loss_sum(self, model: Any, batch: PreferenceBatch, precision: Precision) -> torch.Tensor:
+    def loss_sum(self, model: torch.nn.Module, batch: TrainBatch, precision: Precision) -> torch.Tensor:
         """The sum of the batch's per-pair losses; the figures TRL logs are added to :attr:`figure_sums`."""
+        assert isinstance(batch, PreferenceBatch)  # the loop trains on what collate() made
         policy = pair_logps(model, batch.rows, precision)
         result = self.losses(model, batch, policy, precision)
         for name, value in pair_figure_tensors(policy, result, averaged=self.objective != "dpo").items():
             self.figure_sums[name] = self.figure_sums.get(name, 0.0) + value
         return result.losses.sum()
 
-    def losses(self, model: Any, batch: PreferenceBatch, policy: PairLogps, precision: Precision) -> PairLosses:
+    def losses(
+        self, model: torch.nn.Module, batch: PreferenceBatch, policy: PairLogps, precision: Precision
+    ) -> PairLosses:
         """Each pair's loss under the configured objective."""
         s = self.settings
         if self.objective == "orpo":
@@ -174,7 +178,9 @@ class PreferenceTraining:
         reference = self.reference(model, batch, policy, precision)
         return dpo_losses(policy, reference, beta=s.beta, label_smoothing=s.label_smoothing, loss=s.loss)
 
-    def reference(self, model: Any, batch: PreferenceBatch, policy: PairLogps, precision: Precision) -> PairLogps:
+    def reference(
+        self, model: torch.nn.Module, batch: PreferenceBatch, policy: PairLogps, precision: Precision
+    ) -> PairLogps:
         """DPO's reference log-probabilities: stored with the pairs, or the model with its LoRA adapter off."""
         import torch
 
@@ -187,7 +193,7 @@ class PreferenceTraining:
                 "DPO with train.method 'full' needs the reference log-probabilities stored with the prepared pairs; "
                 "prepare the pairs for this run (rayft data prepare) or train a LoRA adapter (train.method: lora)"
             )
-        with torch.no_grad(), inner.disable_adapter():
+        with torch.no_grad(), cast("PeftModel", inner).disable_adapter():
             return pair_logps(model, batch.rows, precision)
 
     def take_figures(self, device: torch.device, pairs: float) -> dict[str, float]:
@@ -197,8 +203,8 @@ class PreferenceTraining:
         return {name: total / max(pairs, 1.0) for name, total in zip(FIGURES, sums, strict=True)}
 
     def evaluate(
-        self, model: Any, units: Iterable[Unit], *, batch_size: int, precision: Precision, device: torch.device,
-        lockstep: bool,
+        self, model: torch.nn.Module, units: Iterable[Unit], *, batch_size: int, precision: Precision,
+        device: torch.device, lockstep: bool,
     ) -> dict[str, float]:  # fmt: skip
         """Mean pair loss and the TRL figures over every worker's validation pairs."""
         import torch

@@ -19,11 +19,14 @@ import shutil
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, overload
 
 from rayft.config.model import LoraConfig, ModelConfig
 from rayft.data.prepared import PreparedData, PreparedSplit
 from rayft.files import replace_dir, staging_dir
+
+if TYPE_CHECKING:
+    import torch
 
 log = logging.getLogger("rayft.train")
 
@@ -92,7 +95,11 @@ def _tasks(prepared: PreparedData) -> list[tuple[str, str]]:
     return [(f, str(Path(f).relative_to(prepared.root))) for split in splits for f in split.files]
 
 
-def _moved(split: PreparedSplit | None, old_root: str, new_root: Path) -> Any:
+@overload
+def _moved(split: PreparedSplit, old_root: str, new_root: Path) -> PreparedSplit: ...
+@overload
+def _moved(split: None, old_root: str, new_root: Path) -> None: ...
+def _moved(split: PreparedSplit | None, old_root: str, new_root: Path) -> PreparedSplit | None:
     if split is None:
         return None
     return replace(split, files=tuple(str(new_root / Path(f).relative_to(old_root)) for f in split.files))
@@ -143,8 +150,9 @@ class ReferenceScorer:
         from rayft.training.modeling.precision import resolve_precision
 
         self.device = torch.device("cuda" if job.device_type == "cuda" else "cpu")
-        self.model = build_training_model(job.model, job.lora, "full", self.device.type, gradient_checkpointing=False,
-                                          restore_dir=None).to(self.device).eval()  # fmt: skip
+        model: torch.nn.Module = build_training_model(job.model, job.lora, "full", self.device.type,
+                                                      gradient_checkpointing=False, restore_dir=None)  # fmt: skip
+        self.model = model.to(self.device).eval()
         self.precision = resolve_precision(job.mixed_precision, self.device.type, model_type(job.model))
         self.pad_token_id = load_tokenizer(job.model).pad_token_id
         self.attn_implementation = job.model.attn_implementation

@@ -23,18 +23,18 @@ import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, cast
 
 from rayft.config.rl import RlConfig
 from rayft.data.collate import MicroBatch, collate
 from rayft.data.prepared import IGNORE_INDEX
 from rayft.errors import ConfigError
 from rayft.evaluation.rewards import RewardSet, Scores
-from rayft.training.loop.batches import Unit, micro_batches
+from rayft.training.loop.batches import TrainBatch, Unit, micro_batches
 from rayft.training.loop.objective import CausalLm
 from rayft.training.loop.session import all_reduce_sum
 from rayft.training.modeling.attention import generation_attention, row_multiple
-from rayft.training.modeling.model import unwrap
+from rayft.training.modeling.model import transformers_model
 from rayft.training.modeling.rl import (
     PolicyLossSettings,
     group_advantages,
@@ -44,8 +44,12 @@ from rayft.training.modeling.rl import (
 )
 
 if TYPE_CHECKING:
-    import torch
+    from collections.abc import Callable
 
+    import torch
+    from peft import PeftModel
+
+    from rayft.training.modeling.model import TransformersModel
     from rayft.training.modeling.precision import Precision
 
 log = logging.getLogger("rayft.train")
@@ -155,7 +159,7 @@ class RlTraining:
         s = self.settings
         return PolicyLossSettings(s.loss, s.epsilon, s.clip_high, s.kl_coef, s.max_new_tokens)
 
-    def build_model(self, restore_dir: Path | None, *, device_type: str, weights: bool) -> Any:
+    def build_model(self, restore_dir: Path | None, *, device_type: str, weights: bool) -> torch.nn.Module:
         """The model :class:`CausalLm` builds, and the frozen reference copy when the KL penalty asks for one."""
         model = self.lm.build_model(restore_dir, device_type=device_type, weights=weights)
         if self.reference_kind == "copy":
@@ -174,7 +178,7 @@ class RlTraining:
             return "none"
         return s.reference if s.reference != "auto" else ("base" if self.lm.plan.train.method == "lora" else "copy")
 
-    def write_model(self, model: Any, directory: Path, state_dict: dict[str, Any] | None) -> None:
+    def write_model(self, model: torch.nn.Module, directory: Path, state_dict: dict[str, torch.Tensor] | None) -> None:
         """The files :class:`CausalLm` writes."""
         self.lm.write_model(model, directory, state_dict)
 
@@ -184,15 +188,15 @@ class RlTraining:
         for unit in units:
             prompt, response = split_unit(unit)
             prompts.append(prompt)
-            references.append(self.lm.tokenizer.decode(response, skip_special_tokens=True))
+            references.append(cast("str", self.lm.tokenizer.decode(response, skip_special_tokens=True)))  # one text
         return PromptBatch(prompts, references, [int(i) for u in units for i in u["sample_ids"]])
 
     # -- the rollout ------------------------------------------------------------------------------------
 
-    def rollout(self, model: Any, batches: Sequence[PromptBatch], *, step: int) -> list[RolloutBatch]:
+    def rollout(self, model: torch.nn.Module, batches: Sequence[PromptBatch], *, step: int) -> list[RolloutBatch]:
         """Sample, score and turn each prompt micro-batch into a micro-batch of completions to train on."""
 
-        inner = unwrap(model)
+        inner = transformers_model(model)
         out = []
         for batch in batches:
             seed = seed_of(self.seed, step, batch.sample_ids[0])
@@ -204,7 +208,9 @@ class RlTraining:
             self.add("rollout_tokens", float(sampled.generated_tokens))
         return out
 
-    def sample(self, inner: Any, prompts: list[list[int]], group: int, *, seed: int | None) -> Completions:
+    def sample(
+        self, inner: TransformersModel, prompts: list[list[int]], group: int, *, seed: int | None
+    ) -> Completions:
         """``group`` completions of each prompt (consecutive), each cut after its end-of-sequence token, from
         one ``generate`` call over every row (one call of 32 rows ran 1.6x the tokens/s of four calls of 8 for
         SmolLM2 on CPU): sampled with the rollout settings from ``seed``, or greedy without one."""
@@ -222,7 +228,7 @@ class RlTraining:
         texts = self.lm.tokenizer.batch_decode(token_ids, skip_special_tokens=True)
         return Completions(token_ids, texts, sum(len(t) for t in token_ids), seconds)
 
-    def generate(self, inner: Any, rows: list[list[int]], *, greedy: bool) -> list[list[int]]:
+    def generate(self, inner: TransformersModel, rows: list[list[int]], *, greedy: bool) -> list[list[int]]:
         """One ``generate`` call over ``rows`` (left-padded), each completion cut after its end of sequence."""
         import torch
         from transformers import GenerationConfig
@@ -237,7 +243,8 @@ class RlTraining:
         # A fresh config, not the model's: its sampling defaults must not leak into greedy or sampled runs.
         config = GenerationConfig(do_sample=not greedy, max_new_tokens=s.max_new_tokens, pad_token_id=pad,
                                   eos_token_id=self.eos_ids, **sampling)  # type: ignore[no-untyped-call]  # fmt: skip
-        generated = inner.generate(input_ids=input_ids, attention_mask=attention, generation_config=config)
+        generate = cast("Callable[..., torch.Tensor]", inner.generate)  # the token ids (no dict asked for)
+        generated = generate(input_ids=input_ids, attention_mask=attention, generation_config=config)
         return [self._cut(row) for row in generated[:, width:].tolist()]
 
     @property
@@ -258,7 +265,9 @@ class RlTraining:
                 return row[: index + 1]
         return row
 
-    def to_rollout(self, inner: Any, batch: PromptBatch, sampled: Completions, scores: Scores) -> list[RolloutBatch]:
+    def to_rollout(
+        self, inner: TransformersModel, batch: PromptBatch, sampled: Completions, scores: Scores
+    ) -> list[RolloutBatch]:
         """The completions as training micro-batches of at most ``train.rl.completions_per_forward`` rows, with
         their advantages (over each whole group); the step's figures are added up."""
         import torch
@@ -278,7 +287,7 @@ class RlTraining:
         return [self.training_batch(inner, units[i : i + size], advantages[i : i + size])
                 for i in range(0, len(units), size)]  # fmt: skip
 
-    def training_batch(self, inner: Any, units: list[Unit], advantages: torch.Tensor) -> RolloutBatch:
+    def training_batch(self, inner: TransformersModel, units: list[Unit], advantages: torch.Tensor) -> RolloutBatch:
         """Completion rows as one padded micro-batch, with their reference log-probabilities if the KL term
         needs them."""
         rows = collate(units, self.pad_id, row_multiple(self.lm.plan.model.attn_implementation))
@@ -286,7 +295,7 @@ class RlTraining:
         tokens = sum(len(u["input_ids"]) - u["labels"].count(IGNORE_INDEX) for u in units)
         return RolloutBatch(rows, advantages, ref, tokens if self.settings.loss == "dapo" else len(units))
 
-    def reference_logps(self, inner: Any, rows: MicroBatch) -> torch.Tensor:
+    def reference_logps(self, inner: TransformersModel, rows: MicroBatch) -> torch.Tensor:
         """The reference model's per-token log-probabilities of the completions (the policy's layout)."""
         import torch
 
@@ -295,12 +304,12 @@ class RlTraining:
             if kind == "copy":
                 assert self.reference_model is not None
                 return self.logps(self.reference_model.to(rows.input_ids.device), rows, None)[0]
-            disabled = inner.disable_adapter() if kind == "base" else contextlib.nullcontext()
+            disabled = cast("PeftModel", inner).disable_adapter() if kind == "base" else contextlib.nullcontext()
             with disabled:
                 return self.logps(inner, rows, None)[0]
 
     def logps(
-        self, model: Any, rows: MicroBatch, precision: Precision | None
+        self, model: torch.nn.Module, rows: MicroBatch, precision: Precision | None
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Per-token log-probabilities and entropies of the rows' completion tokens, and their mask, at the
         positions some row trains on (``logits_to_keep``: prompts skip the vocabulary projection)."""
@@ -323,8 +332,9 @@ class RlTraining:
 
     # -- the loss and the figures -------------------------------------------------------------------------
 
-    def loss_sum(self, model: Any, batch: RolloutBatch, precision: Precision) -> torch.Tensor:
+    def loss_sum(self, model: torch.nn.Module, batch: TrainBatch, precision: Precision) -> torch.Tensor:
         """The sum of the batch's loss terms under ``train.rl.loss``."""
+        assert isinstance(batch, RolloutBatch)  # the loop trains on what rollout() made
         logps, entropy, mask = self.logps(model, batch.rows, precision)
         result = policy_loss(logps, logps.detach(), batch.ref_logps, batch.advantages, mask, self.loss_settings)
         self.add("kl", result.kl_sum)
@@ -394,12 +404,12 @@ class RlTraining:
     # -- evaluation ---------------------------------------------------------------------------------------
 
     def evaluate(
-        self, model: Any, units: Iterable[Unit], *, batch_size: int, precision: Precision, device: torch.device,
-        lockstep: bool,
+        self, model: torch.nn.Module, units: Iterable[Unit], *, batch_size: int, precision: Precision,
+        device: torch.device, lockstep: bool,
     ) -> dict[str, float]:  # fmt: skip
         """Greedy completions of every worker's validation prompts, scored: ``eval/reward`` (and each
         function's), ``eval/pass@1``, and ``eval/loss`` = minus the mean reward, which ranks checkpoints."""
-        inner = unwrap(model)
+        inner = transformers_model(model)
         names = self.rewards.names
         sums = [0.0] * (len(names) + 3)  # total reward, each function's, solved, completions
         for chunk in micro_batches(iter(units), batch_size):

@@ -14,7 +14,7 @@ import os
 import shutil
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol, TypeVar, cast
 
 from rayft.runs import layout
 from rayft.runs.checkpoints import prune_checkpoints, publish_checkpoint
@@ -27,6 +27,8 @@ if TYPE_CHECKING:
     import torch
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 
 class TrainSession(Protocol):
@@ -78,15 +80,15 @@ def all_reduce_sum(values: Sequence[float], device: torch.device) -> list[float]
     return [float(v) for v in tensor.tolist()]
 
 
-def all_gather_objects(obj: Any) -> list[Any]:
+def all_gather_objects(obj: T) -> list[T]:
     """Every worker's ``obj``, in rank order (``[obj]`` without a process group)."""
     import torch.distributed as dist
 
     if not (dist.is_available() and dist.is_initialized()):
         return [obj]
-    gathered: list[Any] = [None] * dist.get_world_size()
+    gathered: list[object] = [None] * dist.get_world_size()
     dist.all_gather_object(gathered, obj)
-    return gathered
+    return cast("list[T]", gathered)  # every rank's obj
 
 
 class LocalSession:

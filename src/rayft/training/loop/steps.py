@@ -10,16 +10,17 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from rayft.data.collate import MicroBatch
 from rayft.data.prepared import IGNORE_INDEX
+from rayft.training.loop.batches import TrainBatch
 from rayft.training.loop.session import all_gather_objects, all_reduce_sum
 from rayft.training.modeling.attention import training_attention, uses_varlen
 from rayft.training.modeling.loss import LossKind, fused_head, resolve_loss
-from rayft.training.modeling.model import unwrap
+from rayft.training.modeling.model import base_model, unwrap
 from rayft.training.modeling.precision import Precision
 from rayft.training.profiling.breakdown import StepTimer
 
@@ -41,7 +42,7 @@ class StepStats:
 
 
 def token_loss_sum(
-    model: Any, batch: MicroBatch, precision: Precision, *, loss: LossKind = "none", varlen: bool = False
+    model: torch.nn.Module, batch: MicroBatch, precision: Precision, *, loss: LossKind = "none", varlen: bool = False
 ) -> torch.Tensor:
     """Sum of next-token cross-entropies over the label tokens of a micro-batch.
 
@@ -79,7 +80,7 @@ def token_loss_sum(
     )
 
 
-def pair_loss_sum(model: Any, batch: MicroBatch, precision: Precision) -> torch.Tensor:
+def pair_loss_sum(model: torch.nn.Module, batch: MicroBatch, precision: Precision) -> torch.Tensor:
     """Sum of cross-entropies over the target tokens of an encoder-decoder's micro-batch: the model
     encodes the sources (with their padding mask) and decodes the targets shifted right behind its
     decoder start token, as transformers builds them from ``labels``. The decoder's logits cover the
@@ -114,34 +115,33 @@ def step_options(
     return {"loss": resolve_loss(fused_loss, device_type), "varlen": uses_varlen(chosen)}
 
 
-def _takes_logits_to_keep(model: Any) -> bool:
+def _takes_logits_to_keep(model: torch.nn.Module) -> bool:
     """Whether the causal LM inside DDP / PEFT wrappers accepts ``logits_to_keep``."""
-    net = unwrap(model)
-    base = net.get_base_model() if hasattr(net, "get_base_model") else net
-    return _forward_takes_logits_to_keep(base.__class__)
+    # A class is hashable; mypy checks the instances' __hash__ instead.
+    return _forward_takes_logits_to_keep(type(base_model(model)))  # type: ignore[arg-type]
 
 
 @functools.cache
-def _forward_takes_logits_to_keep(model_class: Any) -> bool:
+def _forward_takes_logits_to_keep(model_class: type[torch.nn.Module]) -> bool:
     """Read once per model class, not on every micro-batch."""
     return "logits_to_keep" in inspect.signature(model_class.forward).parameters
 
 
 def train_step(
-    model: Any,
+    model: torch.nn.Module,
     optimizer: torch.optim.Optimizer,
-    scheduler: Any,
-    batches: list[Any],
+    scheduler: torch.optim.lr_scheduler.LRScheduler,
+    batches: Sequence[TrainBatch],
     *,
     parallel: Parallelism,
     precision: Precision,
-    scaler: Any,
+    scaler: torch.amp.GradScaler | None,
     max_grad_norm: float | None,
     world_size: int,
     device: torch.device,
     loss: LossKind = "none",
     varlen: bool = False,
-    loss_fn: Callable[[Any, Any], torch.Tensor] | None = None,
+    loss_fn: Callable[[torch.nn.Module, TrainBatch], torch.Tensor] | None = None,
     timer: StepTimer | None = None,
 ) -> StepStats:
     """Accumulate gradients over ``batches``, clip, and take one optimizer step (as ``parallel``,
@@ -165,7 +165,8 @@ def train_step(
             if loss_fn is not None:
                 batch_loss = loss_fn(model, batch)
             else:
-                batch_loss = token_loss_sum(model, batch, precision, loss=loss, varlen=varlen)
+                token_batch = cast("MicroBatch", batch)  # without loss_fn, the batches are token micro-batches
+                batch_loss = token_loss_sum(model, token_batch, precision, loss=loss, varlen=varlen)
             lap("forward")
             parallel.backward(model, batch_loss * scale, scaler)
         loss_sum += batch_loss.detach().double()
@@ -185,7 +186,7 @@ def _no_lap(phase: str) -> None:
 
 
 def evaluate(
-    model: Any,
+    model: torch.nn.Module,
     batches: Iterable[MicroBatch],
     *,
     precision: Precision,

@@ -9,7 +9,7 @@ import logging
 import socket
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rayft.config.train import ProfileConfig
 from rayft.runs import layout
@@ -19,6 +19,9 @@ from rayft.training.loop.session import TrainSession, all_gather_objects
 from rayft.training.profiling.breakdown import StepTimer, build_step_timer, model_flops_utilization, peak_flops
 from rayft.training.profiling.diagnosis import find_straggler
 from rayft.training.profiling.trace import TraceWindow, open_trace_window
+
+if TYPE_CHECKING:
+    import torch
 
 log = logging.getLogger("rayft.train")
 
@@ -77,7 +80,7 @@ class StepProfile:
         return {"time/straggler_rank": float(straggler.rank), "time/straggler_slowdown": straggler.slowdown}
 
 
-def memory_figures(device: Any) -> dict[str, float]:
+def memory_figures(device: torch.device) -> dict[str, float]:
     """Peak GPU memory of the window (GiB and fraction of the device), then reset the peak; none on CPU."""
     if device.type != "cuda":
         return {}

@@ -9,10 +9,10 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, cast
 
 from rayft.config.train import TrainConfig
 from rayft.custom import load_task
@@ -25,7 +25,7 @@ from rayft.runs.stop import StopWatch
 from rayft.runs.store import open_store
 from rayft.tracking.live import count_start, open_live_metrics
 from rayft.tracking.worker import tracker_loggers
-from rayft.training.loop.batches import epoch_micro_batches, micro_batches
+from rayft.training.loop.batches import Batch, TrainBatch, epoch_micro_batches, micro_batches
 from rayft.training.loop.checkpointing import (
     Checkpointer,
     ModelFiles,
@@ -46,7 +46,7 @@ from rayft.training.loop.metrics import (
 from rayft.training.loop.objective import CausalLm, Objective, TaskObjective
 from rayft.training.loop.plan import is_due, learning_rate_factor, units_before_step
 from rayft.training.loop.preference import PreferenceTraining
-from rayft.training.loop.rl import RlTraining
+from rayft.training.loop.rl import PromptBatch, RlTraining, RolloutBatch
 from rayft.training.loop.session import RaySession, TrainSession, all_reduce_sum
 from rayft.training.loop.steps import StepStats, train_step
 from rayft.training.loop.timing import StepProfile, open_step_profile
@@ -56,6 +56,9 @@ from rayft.training.modeling.precision import Precision, resolve_precision
 from rayft.training.strategies.memory import estimate_worker_memory, memory_problem
 from rayft.training.strategies.parallel import Parallelism, ParallelSetup
 from rayft.training.strategies.table import parallelism
+
+if TYPE_CHECKING:
+    import torch
 
 log = logging.getLogger("rayft.train")
 
@@ -67,10 +70,10 @@ class Worker:
     plan: WorkerPlan
     session: TrainSession
     parallel: Parallelism
-    model: Any
-    optimizer: Any
-    scheduler: Any
-    scaler: Any
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    scaler: torch.amp.GradScaler | None
     objective: Objective
     precision: Precision
     logger: MetricLogger
@@ -95,7 +98,11 @@ def run_worker(plan: WorkerPlan, session: TrainSession) -> TrainerState:
             plan.faults.log_samples(session.rank, worker.state.step + 1, [i for b in loaded for i in b.sample_ids])
             timer.lap("data_wait")
             # GRPO's batches are prompts: the step trains on the completions sampled from them.
-            batches = rollout(worker, loaded) if isinstance(worker.objective, RlTraining) else loaded
+            batches = (
+                rollout(worker, loaded)
+                if isinstance(worker.objective, RlTraining)
+                else cast("list[TrainBatch]", loaded)
+            )
             stats = run_step(worker, batches)
             after_step(worker, stats)
             worker.profile.step_done()
@@ -208,7 +215,7 @@ def save_checkpoint(worker: Worker) -> None:
 
 
 def check_device_memory(
-    model: Any, train: TrainConfig, parallel: Parallelism, precision: Precision, session: TrainSession
+    model: torch.nn.Module, train: TrainConfig, parallel: Parallelism, precision: Precision, session: TrainSession
 ) -> None:
     """Before the model goes to a GPU: fail at once when its weights, gradients and optimizer state
     alone cannot fit the GPU's free memory (see :mod:`rayft.training.strategies.memory`)."""
@@ -239,7 +246,7 @@ def parallel_setup(train: TrainConfig, session: TrainSession, precision: Precisi
     )  # fmt: skip
 
 
-def build_optimizer(model: Any, train: TrainConfig) -> Any:
+def build_optimizer(model: torch.nn.Module, train: TrainConfig) -> torch.optim.Optimizer:
     """AdamW over the trainable parameters."""
     import torch
 
@@ -248,7 +255,9 @@ def build_optimizer(model: Any, train: TrainConfig) -> Any:
     )
 
 
-def apply_optimizer_settings(optimizer: Any, scheduler: Any, train: TrainConfig) -> None:
+def apply_optimizer_settings(
+    optimizer: torch.optim.Optimizer, scheduler: torch.optim.lr_scheduler.LambdaLR, train: TrainConfig
+) -> None:
     """Set ``train``'s learning rate and weight decay on a restored optimizer and scheduler (whose
     saved state holds the earlier ones), at the scheduler's current step: the next update uses them."""
     scheduler.base_lrs = [train.learning_rate] * len(optimizer.param_groups)
@@ -259,7 +268,9 @@ def apply_optimizer_settings(optimizer: Any, scheduler: Any, train: TrainConfig)
             group["weight_decay"] = train.weight_decay
 
 
-def build_scheduler(optimizer: Any, train: TrainConfig, total_steps: int) -> Any:
+def build_scheduler(
+    optimizer: torch.optim.Optimizer, train: TrainConfig, total_steps: int
+) -> torch.optim.lr_scheduler.LambdaLR:
     """Linear warmup, then cosine decay to ``min_learning_rate``."""
     import torch
 
@@ -301,7 +312,9 @@ def open_live(plan: WorkerPlan, session: TrainSession) -> MetricLogger:
     return live
 
 
-def step_batches(plan: WorkerPlan, session: TrainSession, start_step: int, objective: Objective) -> Iterator[list[Any]]:
+def step_batches(
+    plan: WorkerPlan, session: TrainSession, start_step: int, objective: Objective
+) -> Iterator[list[Batch]]:
     """The micro-batches of every remaining optimizer step, epoch after epoch, resuming exactly
     after the units consumed before ``start_step``."""
     sched, train = plan.schedule, plan.train
@@ -321,16 +334,17 @@ def step_batches(plan: WorkerPlan, session: TrainSession, start_step: int, objec
                 return
 
 
-def rollout(worker: Worker, batches: list[Any]) -> list[Any]:
+def rollout(worker: Worker, batches: list[Batch]) -> list[RolloutBatch]:
     """The step's completions, sampled from its prompts with the current policy and scored (GRPO)."""
     assert isinstance(worker.objective, RlTraining)
     device = worker.session.device
-    sampled = worker.objective.rollout(worker.model, batches, step=worker.state.step + 1)
+    prompts = cast("list[PromptBatch]", batches)  # what RlTraining.collate made
+    sampled = worker.objective.rollout(worker.model, prompts, step=worker.state.step + 1)
     worker.profile.timer.lap("rollout")
     return [batch.to(device) for batch in sampled]
 
 
-def run_step(worker: Worker, batches: list[Any]) -> StepStats:
+def run_step(worker: Worker, batches: Sequence[TrainBatch]) -> StepStats:
     """One optimizer step; a non-finite loss stops the run with a clear error."""
     objective, precision = worker.objective, worker.precision
     stats = train_step(

@@ -21,12 +21,16 @@ import contextlib
 import functools
 import itertools
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
+
+if TYPE_CHECKING:
+    import torch
+    from transformers import PreTrainedModel
 
 PER_EXAMPLE_SDPA = "sdpa_per_example"
 
 # Per process: the last forward pass's position_ids and their example bounds.
-_STATE: dict[str, Any] = {"bounds": None}
+_STATE: dict[str, tuple[torch.Tensor, list[list[tuple[int, int]]]] | None] = {"bounds": None}
 
 
 def training_attention(attn_implementation: str, device_type: str) -> str:
@@ -84,7 +88,7 @@ def register() -> None:
     ALL_MASK_ATTENTION_FUNCTIONS.register(PER_EXAMPLE_SDPA, flash_attention_mask)
 
 
-def use_training_attention(net: Any, attn_implementation: str, device_type: str) -> None:
+def use_training_attention(net: PreTrainedModel, attn_implementation: str, device_type: str) -> None:
     """Switch a loaded model to the attention :func:`training_attention` picks (a no-op when unchanged).
 
     Models whose attention is more than causal softmax (a sliding window, logit soft-capping) keep
@@ -100,10 +104,11 @@ def use_training_attention(net: Any, attn_implementation: str, device_type: str)
 
 
 @contextlib.contextmanager
-def generation_attention(net: Any, attn_implementation: str) -> Iterator[None]:
+def generation_attention(net: torch.nn.Module, attn_implementation: str) -> Iterator[None]:
     """Inside the block, a training model whose attention is the per-example variant (which refuses a
     cache and a mask) generates with the configured implementation; the variant is back after it."""
-    base = net.get_base_model() if hasattr(net, "get_base_model") else net
+    get_base_model = getattr(net, "get_base_model", None)  # a PEFT model's
+    base = cast("PreTrainedModel", get_base_model() if get_base_model is not None else net)
     current = getattr(base.config, "_attn_implementation", None)
     if current != PER_EXAMPLE_SDPA:
         yield
@@ -115,7 +120,7 @@ def generation_attention(net: Any, attn_implementation: str) -> Iterator[None]:
         base.set_attn_implementation(PER_EXAMPLE_SDPA)
 
 
-def example_bounds(position_ids: Any) -> list[list[tuple[int, int]]]:
+def example_bounds(position_ids: torch.Tensor) -> list[list[tuple[int, int]]]:
     """For each row, the ``[start, end)`` of every example: one starts wherever the position does
     not continue the previous token's (``position_ids[i] != position_ids[i - 1] + 1``)."""
     import torch
@@ -129,22 +134,20 @@ def example_bounds(position_ids: Any) -> list[list[tuple[int, int]]]:
     return bounds
 
 
-def _cached_bounds(position_ids: Any) -> list[list[tuple[int, int]]]:
+def _cached_bounds(position_ids: torch.Tensor) -> list[list[tuple[int, int]]]:
     """:func:`example_bounds`, computed once per forward pass (every layer sees the same tensor)."""
     last = _STATE["bounds"]
     if last is None or last[0] is not position_ids:
         last = _STATE["bounds"] = (position_ids, example_bounds(position_ids))
-    bounds: list[list[tuple[int, int]]] = last[1]
-    return bounds
+    return last[1]
 
 
-def _bounds_from_offsets(cu_seq_lens: Any, query: Any) -> list[list[tuple[int, int]]]:
+def _bounds_from_offsets(cu_seq_lens: torch.Tensor, query: torch.Tensor) -> list[list[tuple[int, int]]]:
     """Per-row example bounds from the offsets of variable-length attention (rows laid end to end;
     no example crosses a row), read once per forward pass."""
     last = _STATE["bounds"]
     if last is not None and last[0] is cu_seq_lens:
-        cached: list[list[tuple[int, int]]] = last[1]
-        return cached
+        return last[1]
     width = int(query.shape[2])
     offsets = [int(o) for o in cu_seq_lens.tolist()]
     bounds: list[list[tuple[int, int]]] = [[] for _ in range(int(query.shape[0]))]
@@ -158,16 +161,16 @@ def _bounds_from_offsets(cu_seq_lens: Any, query: Any) -> list[list[tuple[int, i
 
 
 def per_example_sdpa(
-    module: Any,
-    query: Any,
-    key: Any,
-    value: Any,
-    attention_mask: Any,
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
     *,
     dropout: float = 0.0,
     scaling: float | None = None,
-    **kwargs: Any,
-) -> tuple[Any, None]:
+    **kwargs: Any,  # the layer's forward arguments, of many types (position_ids, cu_seq_lens_q, flags)
+) -> tuple[torch.Tensor, None]:
     """A transformers attention function: causal SDPA over each example of each row.
 
     Shapes as transformers passes them: query ``[batch, heads, seq, dim]``, key and value

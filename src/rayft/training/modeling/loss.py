@@ -21,10 +21,11 @@ from __future__ import annotations
 import contextlib
 import functools
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 from rayft.data.prepared import IGNORE_INDEX
 from rayft.errors import ConfigError, MissingDependencyError
+from rayft.training.modeling.model import base_model
 
 if TYPE_CHECKING:
     import torch
@@ -94,7 +95,7 @@ def head_loss(
     with torch.autocast(device_type=device, enabled=False):
         if kind == "liger":
             return _liger_loss(hidden, weight, bias, targets)
-        return ChunkedCrossEntropy.apply(hidden, weight, bias, targets, chunk_rows(weight.size(0), device))  # type: ignore[no-any-return]
+        return ChunkedCrossEntropy.apply(hidden, weight, bias, targets, chunk_rows(weight.size(0), device))
 
 
 def _liger_loss(
@@ -130,29 +131,39 @@ class ChunkedCrossEntropy:
     torch): the loss and, while gradients are on, the gradients of the hidden states, weight and
     bias, one chunk of positions at a time."""
 
-    _function: Any = None
+    _function: type[torch.autograd.Function] | None = None
 
     @classmethod
     def apply(
-        cls, hidden: Any, weight: Any, bias: Any, targets: Any, rows: int
-    ) -> Any:  # a torch.Tensor: the loss sum, float32
+        cls, hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, targets: torch.Tensor, rows: int
+    ) -> torch.Tensor:
+        """The loss sum, float32."""
         if cls._function is None:
             cls._function = _build_function()
-        return cls._function.apply(hidden, weight, bias, targets, rows)
+        # torch leaves Function.apply unannotated
+        loss = cls._function.apply(hidden, weight, bias, targets, rows)  # type: ignore[no-untyped-call]
+        return cast("torch.Tensor", loss)
 
 
-def _build_function() -> Any:
+def _build_function() -> type[torch.autograd.Function]:
     import torch
 
     class _Chunked(torch.autograd.Function):
         @staticmethod
-        def forward(ctx: Any, hidden: Any, weight: Any, bias: Any, targets: Any, rows: int) -> Any:  # noqa: PLR0917
+        def forward(  # noqa: PLR0917
+            ctx: Any,  # autograd's context, to which forward attaches what backward reads (no declared attributes)
+            hidden: torch.Tensor,
+            weight: torch.Tensor,
+            bias: torch.Tensor | None,
+            targets: torch.Tensor,
+            rows: int,
+        ) -> torch.Tensor:
             needs = ctx.needs_input_grad
             with_grad = bool(needs[0] or needs[1] or needs[2])
             loss = torch.zeros((), dtype=torch.float32, device=hidden.device)
             grad_hidden = torch.empty_like(hidden) if needs[0] else None
             grad_weight = torch.zeros_like(weight, dtype=torch.float32) if needs[1] else None
-            grad_bias = torch.zeros_like(bias, dtype=torch.float32) if needs[2] else None
+            grad_bias = torch.zeros_like(bias, dtype=torch.float32) if needs[2] and bias is not None else None
             for start in range(0, hidden.size(0), rows):
                 h, t = hidden[start : start + rows], targets[start : start + rows]
                 chunk_loss, grad = _chunk_loss_and_grad(h, weight, bias, t, with_grad)
@@ -172,7 +183,10 @@ def _build_function() -> Any:
             return loss
 
         @staticmethod
-        def backward(ctx: Any, grad_loss: Any) -> Any:
+        def backward(
+            ctx: Any,  # autograd's context, with what forward attached to it
+            grad_loss: torch.Tensor,
+        ) -> tuple[torch.Tensor | None, ...]:
             scaled = [
                 None if g is None else (g * grad_loss).to(dtype) for g, dtype in zip(ctx.grads, ctx.dtypes, strict=True)
             ]
@@ -183,7 +197,7 @@ def _build_function() -> Any:
 
 
 @contextlib.contextmanager
-def fused_head(model: Any, targets: torch.Tensor, kind: LossKind, *, shifted: bool) -> Iterator[None]:
+def fused_head(model: torch.nn.Module, targets: torch.Tensor, kind: LossKind, *, shifted: bool) -> Iterator[None]:
     """While open, the output head of ``model`` returns the loss sum of its input against ``targets``
     (see :func:`head_loss`) instead of logits. ``shifted``: the head sees every position, so its
     last one (which predicts nothing) is dropped first."""
@@ -192,7 +206,8 @@ def fused_head(model: Any, targets: torch.Tensor, kind: LossKind, *, shifted: bo
     def forward(hidden: torch.Tensor) -> torch.Tensor:
         if shifted:
             hidden = hidden[:, :-1]
-        return head_loss(hidden, head_weight(head).to(hidden.dtype), head.bias, targets, kind)
+        bias = cast("torch.Tensor | None", head.bias)
+        return head_loss(hidden, head_weight(head).to(hidden.dtype), bias, targets, kind)
 
     head.forward = forward
     try:
@@ -201,22 +216,21 @@ def fused_head(model: Any, targets: torch.Tensor, kind: LossKind, *, shifted: bo
         del head.forward
 
 
-def head_weight(head: Any) -> torch.Tensor:
+def head_weight(head: torch.nn.Module) -> torch.Tensor:
     """The head's weight: its own, or a quantized head's frozen table read back whole for this pass
     (``lora.quantize_embeddings``: :class:`rayft.models.quantized.QuantizedHead`)."""
     dequantized = getattr(head, "dequantized_weight", None)
-    return dequantized() if dequantized is not None else head.weight  # type: ignore[no-any-return]
+    return cast("torch.Tensor", dequantized() if dequantized is not None else head.weight)
 
 
-def output_head(model: Any) -> Any:
+def output_head(model: torch.nn.Module) -> torch.nn.Module:
     """The layer that makes logits, inside DDP and PEFT wrappers (PEFT's trained copy when the head
     is among ``modules_to_save``): a linear layer, or a quantized head (:func:`head_weight`); a head
     with a LoRA adapter of its own is refused."""
     import torch
 
-    net = getattr(model, "module", model)
-    base = net.get_base_model() if hasattr(net, "get_base_model") else net
-    head = base.get_output_embeddings()
+    base = base_model(model)
+    head = base.get_output_embeddings()  # type: ignore[no-untyped-call] # transformers leaves it unannotated
     copies = getattr(head, "modules_to_save", None)
     if copies is not None:
         head = copies[head.active_adapter if isinstance(head.active_adapter, str) else head.active_adapter[0]]
@@ -226,4 +240,4 @@ def output_head(model: Any) -> Any:
             f"is a {type(head).__name__} (a LoRA adapter on lm_head?); set train.fused_loss=none or leave lm_head "
             "out of lora.target_modules"
         )
-    return head
+    return cast("torch.nn.Module", head)

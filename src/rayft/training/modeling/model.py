@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, TypeAlias, cast
 
 from rayft.config.model import LoraConfig, ModelConfig
 from rayft.errors import ModelError
@@ -14,6 +14,11 @@ from rayft.training.modeling.attention import use_training_attention
 
 if TYPE_CHECKING:
     import torch
+    from peft import PeftModel
+    from transformers import PreTrainedModel
+
+    # What a causal-LM objective trains: the transformers model, or the PEFT model around it (LoRA).
+    TransformersModel: TypeAlias = PreTrainedModel | PeftModel
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +48,7 @@ def build_training_model(
     restore_dir: Path | None,
     weights: bool = True,
     compile_blocks: bool = False,
-) -> Any:
+) -> TransformersModel:
     """Load the model to train; with ``restore_dir``, weights (or the adapter) come from it.
 
     Without ``weights``, the same model is built on the meta device and nothing is read but its
@@ -54,7 +59,7 @@ def build_training_model(
     load_cfg = model.model_copy(update={"dtype": training_dtype(model, method, device_type)})
     full_restore = restore_dir if method == "full" else None
     quantize = lora.applied_quantize(method)
-    net: Any
+    net: PreTrainedModel
     if quantize != "none" and not weights:
         # The config refuses the strategies that build workers without weights (FSDP, ZeRO-3) for a quantized base.
         raise ModelError(
@@ -75,7 +80,7 @@ def build_training_model(
 
 
 def prepare_training_model(
-    net: Any,
+    net: PreTrainedModel,
     lora: LoraConfig,
     method: Method,
     attn_implementation: str,
@@ -84,33 +89,31 @@ def prepare_training_model(
     gradient_checkpointing: bool,
     compile_blocks: bool,
     restore_dir: Path | None = None,
-) -> Any:
+) -> TransformersModel:
     """Turn a loaded model into the one a worker trains: training attention for the device (causal
     LMs; an encoder-decoder keeps its configured attention, which takes the padding mask), the LoRA
     adapter (restored from ``restore_dir`` when given), activation checkpointing of every block, and
     each block compiled."""
     if not is_seq2seq(net):
         use_training_attention(net, attn_implementation, device_type)
-    if method == "lora":
-        net = _attach_adapter(net, lora, restore_dir)
+    model: TransformersModel = _attach_adapter(net, lora, restore_dir) if method == "lora" else net
     if gradient_checkpointing:
-        net.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    net.config.use_cache = False
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.config.use_cache = False
     # from_pretrained returns a model in eval mode, from_config (the meta-device build) in train mode, and a
     # fresh adapter's modules train: every build trains with the model's own dropout (T5's, LoRA's) switched on,
     # so that a resumed or sharded worker runs the same computation as a fresh one.
-    net.train()
+    model.train()
     if compile_blocks:
-        compile_each_block(net)
-    return net
+        compile_each_block(model)
+    return model
 
 
-def compile_each_block(net: Any) -> int:
+def compile_each_block(net: torch.nn.Module) -> int:
     """Compile every transformer block of ``net`` in place with ``torch.compile`` (parameter names
     and wrappers stay as they are; each block compiles once, and identical blocks share the code).
     Returns how many blocks were compiled."""
-    inner = unwrap(net)
-    base = inner.get_base_model() if hasattr(inner, "get_base_model") else inner
+    base = base_model(net)
     names = frozenset(getattr(base, "_no_split_modules", None) or ())
     blocks = [m for m in base.modules() if type(m).__name__ in names]
     if not blocks:
@@ -123,24 +126,25 @@ def compile_each_block(net: Any) -> int:
     return len(blocks)
 
 
-def is_seq2seq(net: Any) -> bool:
+def is_seq2seq(net: torch.nn.Module) -> bool:
     """Whether ``net`` (inside DDP / PEFT wrappers) is an encoder-decoder model."""
-    inner = unwrap(net)
-    base = inner.get_base_model() if hasattr(inner, "get_base_model") else inner
+    base = base_model(net)
     return bool(getattr(base.config, "is_encoder_decoder", False))
 
 
-def _load_full_from(directory: Path, cfg: ModelConfig, device_type: str) -> Any:
-    return auto_model_class(cfg).from_pretrained(
+def _load_full_from(directory: Path, cfg: ModelConfig, device_type: str) -> PreTrainedModel:
+    model: PreTrainedModel = auto_model_class(cfg).from_pretrained(
         directory,
         dtype=resolve_dtype(cfg.dtype, device_type),
         attn_implementation=cfg.attn_implementation,
     )
+    return model
 
 
-def _refuse_trained_tables(net: Any, modules_to_save: list[str]) -> None:
+def _refuse_trained_tables(net: PreTrainedModel, modules_to_save: list[str]) -> None:
     """A quantized embedding or head is a frozen table: it cannot also be trained in full."""
-    tables = {n for n, m in net.named_modules() if m is net.get_input_embeddings() or m is net.get_output_embeddings()}
+    head = net.get_output_embeddings()  # type: ignore[no-untyped-call] # transformers leaves it unannotated
+    tables = {n for n, m in net.named_modules() if m is net.get_input_embeddings() or m is head}
     trained = [name for name in modules_to_save if any(t == name or t.endswith(f".{name}") for t in tables)]
     if trained:
         raise ModelError(
@@ -150,7 +154,7 @@ def _refuse_trained_tables(net: Any, modules_to_save: list[str]) -> None:
         )
 
 
-def _attach_adapter(net: Any, lora: LoraConfig, restore_dir: Path | None) -> Any:
+def _attach_adapter(net: PreTrainedModel, lora: LoraConfig, restore_dir: Path | None) -> PeftModel:
     from peft import LoraConfig as PeftLoraConfig
     from peft import PeftModel, get_peft_model
 
@@ -171,7 +175,7 @@ def _attach_adapter(net: Any, lora: LoraConfig, restore_dir: Path | None) -> Any
     return get_peft_model(net, peft_cfg)
 
 
-def on_meta(net: Any) -> bool:
+def on_meta(net: torch.nn.Module) -> bool:
     """Whether ``net`` was built without weights (see :func:`build_training_model`)."""
     return any(p.is_meta for p in net.parameters())
 
@@ -181,13 +185,13 @@ def trainable_parameters(net: torch.nn.Module) -> list[torch.nn.Parameter]:
     return [p for _, p in named_trainable(net)]
 
 
-def named_trainable(net: torch.nn.Module) -> list[tuple[str, Any]]:
+def named_trainable(net: torch.nn.Module) -> list[tuple[str, torch.nn.Parameter]]:
     """(name, parameter) of every parameter the optimizer updates, in module order (a sharded
     strategy's parameters are DTensors or DeepSpeed's emptied tensors)."""
     return [(n, p) for n, p in net.named_parameters() if p.requires_grad]
 
 
-def full_shape(param: Any) -> tuple[int, ...]:
+def full_shape(param: torch.Tensor) -> tuple[int, ...]:
     """A parameter's whole shape, also when it is sharded (a DTensor's shape is the whole one;
     DeepSpeed ZeRO-3 empties the tensor and keeps the shape as ``ds_shape``)."""
     return tuple(int(d) for d in getattr(param, "ds_shape", param.shape))
@@ -217,9 +221,21 @@ def _group_names(net: torch.nn.Module, weight_decay: float) -> list[tuple[list[s
     return groups
 
 
-def unwrap(net: Any) -> Any:
-    """The module inside a DDP wrapper (or the module itself)."""
-    return getattr(net, "module", net)
+def unwrap(net: torch.nn.Module) -> torch.nn.Module:
+    """The module inside a DDP wrapper or a DeepSpeed engine (or the module itself)."""
+    return cast("torch.nn.Module", getattr(net, "module", net))
+
+
+def transformers_model(net: torch.nn.Module) -> TransformersModel:
+    """The model inside DDP / DeepSpeed wrappers of a causal-LM objective (as :func:`build_training_model` built it)."""
+    return cast("TransformersModel", unwrap(net))
+
+
+def base_model(net: torch.nn.Module) -> PreTrainedModel:
+    """The transformers model inside DDP / DeepSpeed and PEFT wrappers (a causal-LM objective's model)."""
+    inner = unwrap(net)
+    get_base_model = getattr(inner, "get_base_model", None)
+    return cast("PreTrainedModel", get_base_model() if get_base_model is not None else inner)
 
 
 def count_parameters(net: torch.nn.Module) -> tuple[int, int]:

@@ -10,10 +10,13 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from rayft.config.train import ProfileConfig
 from rayft.runs import layout
+
+if TYPE_CHECKING:
+    import torch
 
 log = logging.getLogger("rayft.train")
 
@@ -38,7 +41,7 @@ class TraceWindow:
         self._steps = 0
         kinds = {"cpu": torch.profiler.ProfilerActivity.CPU, "cuda": torch.profiler.ProfilerActivity.CUDA}
         self._activities = [kinds[a] for a in cfg.activities if a == "cpu" or device_type == "cuda"]
-        self._profiler: Any = None
+        self._profiler: torch.profiler.profile | None = None
         if cfg.wait_steps == 0:
             self._start()
 
@@ -74,7 +77,7 @@ class TraceWindow:
         if self._profiler is not None:
             self._profiler.stop()
 
-    def _write(self, profiler: Any) -> None:
+    def _write(self, profiler: torch.profiler.profile) -> None:
         self._trace.parent.mkdir(parents=True, exist_ok=True)
         profiler.export_chrome_trace(str(self._trace))
         log.info("rank %d: profiler trace of %d steps written to %s", self._rank, self._cfg.active_steps, self._trace)

@@ -20,18 +20,20 @@ import contextlib
 import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeAlias, TypeVar, cast
 
 from rayft.errors import TrainingError
-from rayft.training.modeling.model import full_shape, named_trainable, on_meta, unwrap
+from rayft.training.modeling.model import base_model, full_shape, named_trainable, on_meta, unwrap
 
 if TYPE_CHECKING:
     import torch
+    from torch.distributed.tensor import DTensor
 
     from rayft.training.modeling.precision import Precision
 
 Strategy = Literal["ddp", "fsdp", "deepspeed"]
-MakeOptimizer = Callable[[Any], Any]
+MakeOptimizer: TypeAlias = "Callable[[torch.nn.Module], torch.optim.Optimizer]"
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -61,40 +63,52 @@ class Parallelism(Protocol):
         device and :meth:`prepare` fills it from rank 0."""
         ...
 
-    def prepare(self, model: Any, make_optimizer: MakeOptimizer, setup: ParallelSetup) -> tuple[Any, Any]:
+    def prepare(
+        self, model: torch.nn.Module, make_optimizer: MakeOptimizer, setup: ParallelSetup
+    ) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
         """The model as the loop runs it (placed, wrapped or sharded, and filled from rank 0 where
         it was built without weights), and the torch optimizer over its trainable parameters."""
         ...
 
-    def accumulating(self, model: Any, *, last: bool) -> contextlib.AbstractContextManager[Any]:
+    def accumulating(self, model: torch.nn.Module, *, last: bool) -> contextlib.AbstractContextManager[None]:
         """The context of one micro-batch's forward and backward (``last``: of the step)."""
         ...
 
-    def backward(self, model: Any, loss: torch.Tensor, scaler: Any) -> None:
+    def backward(self, model: torch.nn.Module, loss: torch.Tensor, scaler: torch.amp.GradScaler | None) -> None:
         """Back-propagate ``loss`` (already scaled for the step)."""
         ...
 
-    def step(self, model: Any, optimizer: Any, scaler: Any, max_grad_norm: float | None) -> float:
+    def step(
+        self,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        scaler: torch.amp.GradScaler | None,
+        max_grad_norm: float | None,
+    ) -> float:
         """Clip, take the optimizer step, clear the gradients; return the gradient norm before clipping."""
         ...
 
-    def model_state(self, model: Any, method: str, rank: int) -> dict[str, Any] | None:
+    def model_state(self, model: torch.nn.Module, method: str, rank: int) -> dict[str, torch.Tensor] | None:
         """CPU copies of what a checkpoint stores of the model, on rank 0 (None elsewhere): the
         trained parameters of a LoRA adapter (PEFT picks the adapter keys from them), or the whole
         state dict for full fine-tuning. Whole tensors, never one rank's shard."""
         ...
 
-    def optimizer_state(self, model: Any, optimizer: Any, rank: int) -> dict[str, Any] | None:
+    def optimizer_state(
+        self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, rank: int
+    ) -> dict[str, Any] | None:
         """CPU copies of the whole optimizer state keyed by parameter name, on rank 0 (None
         elsewhere), as ``torch.distributed.checkpoint``'s full optimizer state dict."""
         ...
 
-    def load_optimizer_state(self, model: Any, optimizer: Any, saved: dict[str, Any]) -> None:
+    def load_optimizer_state(
+        self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, saved: dict[str, Any]
+    ) -> None:
         """Load a checkpoint's optimizer state, sharded as the model is."""
         ...
 
 
-def wrap_ddp(model: Any, setup: ParallelSetup) -> Any:
+def wrap_ddp(model: torch.nn.Module, setup: ParallelSetup) -> torch.nn.Module:
     """DistributedDataParallel, which broadcasts rank 0's parameters and buffers as it wraps (so a
     worker that built the model without weights gets rank 0's). Buffers are not synced again on
     every forward: causal LMs have no buffer that training changes."""
@@ -105,7 +119,7 @@ def wrap_ddp(model: Any, setup: ParallelSetup) -> Any:
     return DistributedDataParallel(model, device_ids=ids, forward_sync_buffers=False)
 
 
-def shard_fsdp(model: Any, setup: ParallelSetup) -> Any:
+def shard_fsdp(model: torch.nn.Module, setup: ParallelSetup) -> torch.nn.Module:
     """FSDP2: each transformer block is a unit of its own, the rest (embeddings, final norm and
     head, tied or not) one more. With autocast on GPU, blocks are gathered in its dtype and
     gradients reduced in float32.
@@ -142,7 +156,7 @@ def shard_fsdp(model: Any, setup: ParallelSetup) -> Any:
     return model
 
 
-def materialize(model: Any, device: torch.device) -> Any:
+def materialize(model: torch.nn.Module, device: torch.device) -> torch.nn.Module:
     """Give a model built on the meta device uninitialised storage on ``device`` (to be filled
     from rank 0), tying again the weights that allocating separates (tied input and output
     embeddings become two parameters otherwise)."""
@@ -158,7 +172,7 @@ class TorchParallelism:
     """Strategies of PyTorch itself (and a single worker, ``wrap=None``): the optimizer steps the
     parameters as they are; FSDP's are DTensors, which ``torch.distributed.checkpoint`` gathers."""
 
-    wrap: Callable[[Any, ParallelSetup], Any] | None
+    wrap: Callable[[torch.nn.Module, ParallelSetup], torch.nn.Module] | None
     sharded: bool = False
 
     @property
@@ -166,7 +180,9 @@ class TorchParallelism:
         """DDP and FSDP fill every worker from rank 0; a single worker loads its own."""
         return self.wrap is not None
 
-    def prepare(self, model: Any, make_optimizer: MakeOptimizer, setup: ParallelSetup) -> tuple[Any, Any]:
+    def prepare(
+        self, model: torch.nn.Module, make_optimizer: MakeOptimizer, setup: ParallelSetup
+    ) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
         """Place and wrap (or shard), then build the optimizer over what the loop runs."""
         import torch
 
@@ -175,18 +191,26 @@ class TorchParallelism:
         model = self.wrap(model, setup) if self.wrap is not None else model.to(setup.device)
         return model, make_optimizer(model)
 
-    def accumulating(self, model: Any, *, last: bool) -> contextlib.AbstractContextManager[Any]:
+    def accumulating(self, model: torch.nn.Module, *, last: bool) -> contextlib.AbstractContextManager[None]:
         """DDP skips its all-reduce on every micro-batch but the last of a step; FSDP reduces
         (reduce-scatters) every micro-batch, so that no worker ever holds whole gradients."""
-        if last or not hasattr(model, "no_sync"):
+        no_sync = getattr(model, "no_sync", None)
+        if last or no_sync is None:
             return contextlib.nullcontext()
-        return model.no_sync()  # type: ignore[no-any-return]
+        return cast("contextlib.AbstractContextManager[None]", no_sync())
 
-    def backward(self, model: Any, loss: torch.Tensor, scaler: Any) -> None:
+    def backward(self, model: torch.nn.Module, loss: torch.Tensor, scaler: torch.amp.GradScaler | None) -> None:
         """``loss.backward()``, through the fp16 loss scaler when there is one."""
-        (scaler.scale(loss) if scaler is not None else loss).backward()
+        scaled = scaler.scale(loss) if scaler is not None else loss
+        scaled.backward()  # type: ignore[no-untyped-call] # torch leaves Tensor.backward unannotated
 
-    def step(self, model: Any, optimizer: Any, scaler: Any, max_grad_norm: float | None) -> float:
+    def step(
+        self,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        scaler: torch.amp.GradScaler | None,
+        max_grad_norm: float | None,
+    ) -> float:
         """Unscale (fp16), clip the global norm, step, and clear the gradients."""
         import torch
 
@@ -202,7 +226,7 @@ class TorchParallelism:
         optimizer.zero_grad(set_to_none=True)
         return float(norm)
 
-    def model_state(self, model: Any, method: str, rank: int) -> dict[str, Any] | None:
+    def model_state(self, model: torch.nn.Module, method: str, rank: int) -> dict[str, torch.Tensor] | None:
         """Copied from the live parameters on rank 0; gathered (every rank joins) under FSDP."""
         if not self.sharded:
             return cpu_copy(_local_model_state(unwrap(model), method)) if rank == 0 else None
@@ -210,12 +234,15 @@ class TorchParallelism:
 
         if method == "lora":
             # One all-gather per parameter, in the same order on every rank.
-            gathered = {name: p.full_tensor() for name, p in named_trainable(unwrap(model))}
+            gathered = {name: cast("DTensor", p).full_tensor() for name, p in named_trainable(unwrap(model))}
             return {name: t.detach().cpu() for name, t in gathered.items()} if rank == 0 else None
         state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-        return retie(dict(state), model) if rank == 0 else None
+        whole = cast("dict[str, torch.Tensor]", dict(state))  # full_state_dict: plain whole tensors
+        return retie(whole, model) if rank == 0 else None
 
-    def optimizer_state(self, model: Any, optimizer: Any, rank: int) -> dict[str, Any] | None:
+    def optimizer_state(
+        self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, rank: int
+    ) -> dict[str, Any] | None:
         """``get_optimizer_state_dict``: copied on rank 0, gathered (every rank joins) under FSDP."""
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
 
@@ -229,7 +256,9 @@ class TorchParallelism:
         gathered = get_optimizer_state_dict(model, optimizer, options=options)
         return dict(gathered) if rank == 0 else None
 
-    def load_optimizer_state(self, model: Any, optimizer: Any, saved: dict[str, Any]) -> None:
+    def load_optimizer_state(
+        self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, saved: dict[str, Any]
+    ) -> None:
         """``set_optimizer_state_dict``, which shards as it loads. Checkpoints written before
         states were keyed by name (keyed by position) load as they were saved."""
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
@@ -240,11 +269,10 @@ class TorchParallelism:
         set_optimizer_state_dict(model, optimizer, saved, options=StateDictOptions(full_state_dict=True))
 
 
-def block_classes(model: Any) -> frozenset[str]:
+def block_classes(model: torch.nn.Module) -> frozenset[str]:
     """Class names of the model's transformer blocks: the modules transformers never splits
     across devices (``_no_split_modules``), looked up through PEFT and DDP wrappers."""
-    inner = unwrap(model)
-    base = inner.get_base_model() if hasattr(inner, "get_base_model") else inner
+    base = base_model(model)
     names = frozenset(getattr(base, "_no_split_modules", None) or ())
     if not names:
         raise TrainingError(
@@ -254,11 +282,11 @@ def block_classes(model: Any) -> frozenset[str]:
     return names
 
 
-def shard_units(model: Any, blocks: Iterable[str]) -> list[Any]:
+def shard_units(model: torch.nn.Module, blocks: Iterable[str]) -> list[torch.nn.Module]:
     """The submodules that become FSDP units of their own, in module order: every instance of a
     block class (not nested in another one)."""
     wanted = frozenset(blocks)
-    units: list[Any] = []
+    units: list[tuple[str, torch.nn.Module]] = []
     for name, module in model.named_modules():
         if type(module).__name__ in wanted and not any(name.startswith(f"{p}.") for p, _ in units):
             units.append((name, module))
@@ -267,12 +295,12 @@ def shard_units(model: Any, blocks: Iterable[str]) -> list[Any]:
     return [module for _, module in units]
 
 
-def trainable_names(model: Any) -> list[str]:
+def trainable_names(model: torch.nn.Module) -> list[str]:
     """Names of the parameters the optimizer updates, as a checkpoint stores them."""
     return [name for name, _ in named_trainable(unwrap(model))]
 
 
-def retie(state: dict[str, Any], model: Any) -> dict[str, Any]:
+def retie(state: dict[str, torch.Tensor], model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """``state`` with the entries of tied parameters (one parameter under several names, as tied
     input and output embeddings) sharing one tensor again: gathering copies each name on its own,
     and transformers recognises tied weights by their shared storage when it saves them."""
@@ -286,13 +314,14 @@ def retie(state: dict[str, Any], model: Any) -> dict[str, Any]:
     return state
 
 
-def _local_model_state(model: Any, method: str) -> dict[str, Any]:
+def _local_model_state(model: torch.nn.Module, method: str) -> dict[str, torch.Tensor]:
     if method == "lora":
-        return dict(named_trainable(unwrap(model)))
+        trained: dict[str, torch.Tensor] = dict(named_trainable(unwrap(model)))
+        return trained
     return dict(model.state_dict())
 
 
-def check_full_shapes(state: dict[str, Any], model: Any) -> None:
+def check_full_shapes(state: dict[str, torch.Tensor], model: torch.nn.Module) -> None:
     """Refuse to save a model state that is not whole: every tensor must have its parameter's
     full shape (a shard's shape would save one rank's slice), and a LoRA state must hold every
     trained parameter (an empty adapter saves nothing)."""
@@ -308,13 +337,13 @@ def check_full_shapes(state: dict[str, Any], model: Any) -> None:
         raise TrainingError(f"refusing to save a checkpoint that is not the whole model: {detail}")
 
 
-def cpu_copy(value: Any) -> Any:
+def cpu_copy(value: T) -> T:
     """A deep copy of ``value`` whose tensors are detached CPU copies (shared storage stays shared)."""
     import torch
 
-    memo: dict[tuple[int, int, tuple[int, ...]], Any] = {}
+    memo: dict[tuple[int, int, tuple[int, ...]], torch.Tensor] = {}
 
-    def copy(item: Any) -> Any:
+    def copy(item: object) -> object:
         if isinstance(item, torch.Tensor):
             key = (item.untyped_storage().data_ptr(), int(item.storage_offset()), tuple(int(d) for d in item.shape))
             if key not in memo:
@@ -326,4 +355,4 @@ def cpu_copy(value: Any) -> Any:
             return type(item)(copy(v) for v in item)
         return item
 
-    return copy(value)
+    return cast("T", copy(value))  # the same structure, a copy of each tensor in place of the tensor

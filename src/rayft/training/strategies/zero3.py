@@ -17,16 +17,52 @@ from __future__ import annotations
 import contextlib
 import copy
 from collections.abc import Iterator, Mapping
-from typing import TYPE_CHECKING, Any
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from rayft.errors import TrainingError
-from rayft.training.modeling.model import named_trainable, parameter_group_names
+from rayft.training.modeling.model import full_shape, named_trainable, parameter_group_names
 from rayft.training.strategies.parallel import MakeOptimizer, ParallelSetup, retie
 
 if TYPE_CHECKING:
     import torch
 
 INSTALL_HINT = "pip install 'rayft[deepspeed]'"
+
+
+class ZeroOptimizer(Protocol):
+    """What rayft reads of the engine's ZeRO-3 optimizer (``DeepSpeedZeroOptimizer_Stage3``)."""
+
+    fp32_partitioned_groups_flat: list[torch.Tensor]  # this rank's fp32 partition of each parameter group
+
+
+class ZeroEngine(Protocol):
+    """What rayft uses of DeepSpeed's engine (``deepspeed.DeepSpeedEngine``, a ``torch.nn.Module``), typed
+    here because DeepSpeed ships no type information."""
+
+    module: torch.nn.Module  # the model it wraps
+    optimizer: ZeroOptimizer
+
+    def set_gradient_accumulation_boundary(self, is_boundary: bool) -> None:
+        """Whether the next backward ends the step (then it reduces the gradients)."""
+        ...
+
+    def backward(self, loss: torch.Tensor) -> object:
+        """Back-propagate ``loss``, scaled for fp16 by the engine."""
+        ...
+
+    def step(self) -> None:
+        """Clip, step the optimizer (at a boundary) and clear the gradients."""
+        ...
+
+    def get_global_grad_norm(self) -> float | None:
+        """The gradient norm of the last step, before clipping."""
+        ...
+
+
+def engine_of(model: torch.nn.Module) -> ZeroEngine:
+    """The engine :meth:`DeepSpeedZero3.prepare` returned, as the loop hands it back."""
+    return cast("ZeroEngine", model)
 
 
 def deepspeed_config(
@@ -66,7 +102,7 @@ def merge(base: Mapping[str, Any], extra: Mapping[str, Any]) -> dict[str, Any]:
     return merged
 
 
-def import_deepspeed() -> Any:
+def import_deepspeed() -> ModuleType:
     """The ``deepspeed`` package, or an error with the install line."""
     try:
         import deepspeed
@@ -74,10 +110,10 @@ def import_deepspeed() -> Any:
         raise TrainingError(
             f"train.strategy=deepspeed needs DeepSpeed on every worker ({exc}); install it with: {INSTALL_HINT}"
         ) from exc
-    return deepspeed
+    return cast("ModuleType", deepspeed)  # no type information: DeepSpeed ships none
 
 
-def skip_inference_comm_kernel(deepspeed: Any) -> None:
+def skip_inference_comm_kernel(deepspeed: ModuleType) -> None:
     """Keep DeepSpeed from building its shared-memory all-reduce kernel when it joins the process group.
 
     On the CPU, DeepSpeed's communication backend compiles that C++ kernel the first time it starts
@@ -97,7 +133,9 @@ class DeepSpeedZero3:
     sharded = True
     weights_from_rank0 = False  # every worker loads the weights (DeepSpeed's zero.Init is not used)
 
-    def prepare(self, model: Any, make_optimizer: MakeOptimizer, setup: ParallelSetup) -> tuple[Any, Any]:
+    def prepare(
+        self, model: torch.nn.Module, make_optimizer: MakeOptimizer, setup: ParallelSetup
+    ) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
         """Build the torch optimizer, then the engine around model and optimizer; the torch
         optimizer is returned, as the scheduler sets its learning rate."""
         import torch
@@ -115,48 +153,57 @@ class DeepSpeedZero3:
             micro_batch_size=setup.micro_batch_size, world_size=setup.world_size,
             max_grad_norm=setup.max_grad_norm, autocast=autocast, extra=setup.deepspeed,
         )  # fmt: skip
-        engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=config)
+        engine: torch.nn.Module = deepspeed.initialize(model=model, optimizer=optimizer, config=config)[0]
         return engine, optimizer
 
     @contextlib.contextmanager
-    def accumulating(self, model: Any, *, last: bool) -> Iterator[None]:
+    def accumulating(self, model: torch.nn.Module, *, last: bool) -> Iterator[None]:
         """Tell the engine whether this micro-batch ends the step (it then reduces and may step)."""
-        model.set_gradient_accumulation_boundary(last)
+        engine_of(model).set_gradient_accumulation_boundary(last)
         yield
 
-    def backward(self, model: Any, loss: torch.Tensor, scaler: Any) -> None:
+    def backward(self, model: torch.nn.Module, loss: torch.Tensor, scaler: torch.amp.GradScaler | None) -> None:
         """The engine's backward (it scales fp16 losses itself; ``scaler`` is not used)."""
-        model.backward(loss)
+        engine_of(model).backward(loss)
 
-    def step(self, model: Any, optimizer: Any, scaler: Any, max_grad_norm: float | None) -> float:
+    def step(
+        self,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        scaler: torch.amp.GradScaler | None,
+        max_grad_norm: float | None,
+    ) -> float:
         """The engine clips (``gradient_clipping``), steps and clears the gradients."""
-        model.step()
-        norm = model.get_global_grad_norm()
+        engine = engine_of(model)
+        engine.step()
+        norm = engine.get_global_grad_norm()
         return float(norm) if norm is not None else float("nan")
 
-    def model_state(self, model: Any, method: str, rank: int) -> dict[str, Any] | None:
+    def model_state(self, model: torch.nn.Module, method: str, rank: int) -> dict[str, torch.Tensor] | None:
         """Every rank gathers each parameter's fp32 master copy; rank 0 keeps them."""
         from deepspeed.utils import safe_get_full_fp32_param
 
-        module = model.module
+        module = engine_of(model).module
         params = [(n, p) for n, p in module.named_parameters() if p.requires_grad or method == "full"]
         gathered = {name: safe_get_full_fp32_param(p) for name, p in params}  # collectives, same order everywhere
         if rank != 0:
             return None
-        state = {name: t.detach().cpu().clone().reshape(tuple(p.ds_shape)) for (name, p), t in zip(
+        state = {name: t.detach().cpu().clone().reshape(full_shape(p)) for (name, p), t in zip(
             params, gathered.values(), strict=True)}  # fmt: skip
         if method == "lora":
             return state
         buffers = {name: b.detach().cpu().clone() for name, b in module.named_buffers() if name in module.state_dict()}
         return retie({**state, **buffers}, module)
 
-    def optimizer_state(self, model: Any, optimizer: Any, rank: int) -> dict[str, Any] | None:
+    def optimizer_state(
+        self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, rank: int
+    ) -> dict[str, Any] | None:
         """The full optimizer state dict of ``torch.distributed.checkpoint`` (keyed by parameter
         name, with the groups of :func:`rayft.training.modeling.model.parameter_groups`), gathered from
         the partitions by every rank."""
         from deepspeed.utils import safe_get_full_optimizer_state
 
-        module = model.module
+        module = engine_of(model).module
         trainable = named_trainable(module)
         step = _adam_step(optimizer)
         keys = sorted(k for k in next(iter(optimizer.state.values())) if k != "step")
@@ -164,7 +211,7 @@ class DeepSpeedZero3:
         for name, param in trainable:  # collectives, same order everywhere
             values = {key: safe_get_full_optimizer_state(param, key) for key in keys}
             if rank == 0:
-                shape = tuple(param.ds_shape)
+                shape = full_shape(param)  # ZeRO-3's whole shape (ds_shape), not its emptied tensor's
                 state[name] = {
                     "step": step.clone(),
                     **{k: v.detach().cpu().clone().reshape(shape) for k, v in values.items()},
@@ -177,17 +224,21 @@ class DeepSpeedZero3:
         ]
         return {"state": state, "param_groups": groups}
 
-    def load_optimizer_state(self, model: Any, optimizer: Any, saved: dict[str, Any]) -> None:
+    def load_optimizer_state(
+        self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, saved: dict[str, Any]
+    ) -> None:
         """Each rank copies its partition of every saved tensor; the step count and the groups'
         settings are restored too."""
         from deepspeed.utils import safe_set_full_optimizer_state
 
-        module = model.module
+        module = engine_of(model).module
         trainable = named_trainable(module)
         missing = [n for n, _ in trainable if n not in saved["state"]]
         if missing:
             raise TrainingError(f"the checkpoint's optimizer state has no entry for {missing[:3]}")
-        _create_adam_state(model.optimizer, optimizer, keys=[k for k in saved["state"][trainable[0][0]] if k != "step"])
+        _create_adam_state(
+            engine_of(model).optimizer, optimizer, keys=[k for k in saved["state"][trainable[0][0]] if k != "step"]
+        )
         for name, param in trainable:
             for key, value in saved["state"][name].items():
                 if key != "step":
@@ -199,7 +250,7 @@ class DeepSpeedZero3:
             group.update({k: v for k, v in saved_group.items() if k != "params"})
 
 
-def _create_adam_state(zero_optimizer: Any, optimizer: Any, keys: list[str]) -> None:
+def _create_adam_state(zero_optimizer: ZeroOptimizer, optimizer: torch.optim.Optimizer, keys: list[str]) -> None:
     """Create the AdamW state of each fp32 partition, as AdamW does on its first step (it is
     created lazily; DeepSpeed copies a checkpoint's values into it)."""
     import torch
@@ -211,7 +262,7 @@ def _create_adam_state(zero_optimizer: Any, optimizer: Any, keys: list[str]) -> 
             state.update({key: torch.zeros_like(flat, memory_format=torch.preserve_format) for key in keys})
 
 
-def _adam_step(optimizer: Any) -> Any:
+def _adam_step(optimizer: torch.optim.Optimizer) -> torch.Tensor:
     """The step count of the partitions' AdamW state (the same for all of them)."""
     import torch
 

@@ -7,14 +7,19 @@ seed, so the quickstart, the tests and the symbolic SDG seeds need no download.
 
 from __future__ import annotations
 
+import functools
 import random
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TypeVar
 
-NAMES = ("Maya", "Omar", "Lena", "Tariq", "Ines", "Kofi", "Hana", "Diego", "Priya", "Jonas", "Amara", "Felix")
-ITEMS = ("marbles", "stickers", "pencils", "shells", "stamps", "cookies", "cards", "beads")
-PLACES = ("market", "library", "school fair", "bakery", "garden shop")
+import yaml
+
+_WORDS = yaml.safe_load(Path(__file__).with_name("arithmetic.yaml").read_text(encoding="utf-8"))
+NAMES: tuple[str, ...] = tuple(_WORDS["names"])
+ITEMS: tuple[str, ...] = tuple(_WORDS["items"])
+PLACES: tuple[str, ...] = tuple(_WORDS["places"])
 T = TypeVar("T")
 
 
@@ -29,36 +34,39 @@ def _step(text_before: str, a: int, op: str, b: int, result: int, text_after: st
     return f"{text_before}{a}{op}{b} = <<{a}{op}{b}={result}>>{result}{text_after}"
 
 
-def _buy_and_give(rng: random.Random) -> _Problem:
-    name, item = rng.choice(NAMES), rng.choice(ITEMS)
-    boxes, per_box, given = rng.randint(2, 9), rng.randint(3, 15), rng.randint(1, 12)
-    total = boxes * per_box
-    left = total - given
-    question = (
-        f"{name} buys {boxes} boxes of {item} with {per_box} {item} in each box. "
-        f"{name} gives {given} {item} to a friend. How many {item} does {name} have left?"
-    )
-    steps = (
-        _step(f"{name} buys ", boxes, "*", per_box, total, f" {item}."),
-        _step(f"After giving some away, {name} has ", total, "-", given, left, f" {item}."),
-    )
-    return _Problem(question, steps, left)
+@dataclass(frozen=True)
+class _Story:
+    """The words of an ``a*b - c`` problem (so many groups of so many, less what is given or spent) and
+    the ranges of its numbers. Text fields are ``str.format`` templates of ``name``, ``thing``, ``a``,
+    ``b`` and ``c``; each step is the text before its calculation and the text after it."""
+
+    things: tuple[str, ...]
+    ranges: tuple[tuple[int, int], ...]  # those of a, b and c
+    question: str
+    steps: tuple[tuple[str, str], ...]  # the product's step, then the difference's
 
 
-def _earn_and_spend(rng: random.Random) -> _Problem:
-    name, place = rng.choice(NAMES), rng.choice(PLACES)
-    hours, rate, spent = rng.randint(2, 10), rng.randint(5, 20), rng.randint(1, 30)
-    earned = hours * rate
-    left = earned - spent
-    question = (
-        f"{name} works {hours} hours at the {place} and earns ${rate} per hour. "
-        f"Then {name} spends ${spent} on lunch. How many dollars does {name} have now?"
+_STORIES = tuple(
+    _Story(
+        tuple(_WORDS[story["things"]]),
+        tuple((low, high) for low, high in story["ranges"]),
+        story["question"],
+        tuple((before, after) for before, after in story["steps"]),
     )
-    steps = (
-        _step(f"{name} earns ", hours, "*", rate, earned, " dollars."),
-        _step(f"After lunch, {name} has ", earned, "-", spent, left, " dollars."),
+    for story in _WORDS["multiply_then_subtract"]
+)
+"""The ``a*b - c`` problems: data, in ``arithmetic.yaml`` (as are the names, items and places)."""
+
+
+def _multiply_then_subtract(story: _Story, rng: random.Random) -> _Problem:
+    name, thing = rng.choice(NAMES), rng.choice(story.things)
+    a, b, c = (rng.randint(low, high) for low, high in story.ranges)
+    words = {"name": name, "thing": thing, "a": a, "b": b, "c": c}
+    (before_1, after_1), (before_2, after_2) = (
+        (before.format(**words), after.format(**words)) for before, after in story.steps
     )
-    return _Problem(question, steps, left)
+    steps = (_step(before_1, a, "*", b, a * b, after_1), _step(before_2, a * b, "-", c, a * b - c, after_2))
+    return _Problem(story.question.format(**words), steps, a * b - c)
 
 
 def _share_equally(rng: random.Random) -> _Problem:
@@ -97,8 +105,7 @@ def _half_then_more(rng: random.Random) -> _Problem:
 
 
 GENERATORS: tuple[Callable[[random.Random], _Problem], ...] = (
-    _buy_and_give,
-    _earn_and_spend,
+    *(functools.partial(_multiply_then_subtract, story) for story in _STORIES),
     _share_equally,
     _half_then_more,
 )

@@ -4,5 +4,5 @@ from __future__ import annotations
 
 from pathlib import Path
 
-NOTEBOOKS_DIR = Path(__file__).resolve().parents[1] / "examples" / "notebooks"
+NOTEBOOKS_DIR = Path(__file__).resolve().parents[2] / "examples" / "notebooks"
 NOTEBOOKS = sorted(NOTEBOOKS_DIR.glob("*.ipynb"))

@@ -18,7 +18,7 @@ from typing import Any
 import jsonschema
 import yaml
 
-SCHEMAS = Path(__file__).parent / "schemas"
+SCHEMAS = Path(__file__).resolve().parents[1] / "schemas"
 CRDS = {
     ("ray.io/v1", "RayJob"): "ray.io_rayjobs.yaml",
     ("ray.io/v1", "RayCluster"): "ray.io_rayclusters.yaml",
@@ -41,7 +41,7 @@ def validate(manifest: dict[str, Any]) -> None:
 
         kubernetes_validate.validate(manifest, KUBERNETES_VERSION, strict=True)
     else:
-        raise AssertionError(f"no schema for {key}: add it to tests/k8s_schemas.py")
+        raise AssertionError(f"no schema for {key}: add it to tests/support/k8s_schemas.py")
 
 
 @functools.cache

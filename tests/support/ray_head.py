@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rayft._ray_private import LOCAL_RAY_TRAIN_ENV
-from rayft.testing.servers import free_port, free_ports
+from tests.support.servers import free_port, free_ports
 
 _BIN = Path(sys.executable).parent
 

@@ -1,5 +1,8 @@
-"""Reading datasets for preparation, row by row: every row as JSON text, with the file and line it
-came from, and a row that cannot be read kept as a rejected row instead of refusing its file.
+"""The one reader of datasets, row by row (:func:`iter_rows`): every row as a :class:`ReadRow`, with the
+file and line it came from, and a row that cannot be read kept as a rejected row instead of refusing its
+file. Where the rows are (files, URIs, the Hub, built-in sets) is :mod:`rayft.data.read.sources`; preparation
+spills what it reads to disk (:class:`RowStore`, :func:`read_sources`), SDG, the pair maker and
+evaluation take the rows as they come.
 
 JSON Lines files are read one line at a time, Parquet one batch of rows at a time, CSV one block at
 a time; no file is ever held whole. A line that is not UTF-8 (``bad_encoding``), not JSON or not a
@@ -25,21 +28,21 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rayft.config.data import DataConfig, DatasetConfig
+from rayft.config.data import DEFAULT_MAX_ROW_BYTES, DataConfig, DatasetConfig
 from rayft.data.formats import UNREADABLE_COLUMN, ResolvedFormat, resolve_format
-from rayft.data.sources import (
+from rayft.data.read.sources import (
+    BOM,
     dataset_files,
     is_json_uri,
-    iter_json_lines,
     json_document,
     source_file_rows,
     source_name,
     table_batches,
-    too_large_detail,
-    uri_json_lines,
+    uri_error,
+    uri_files,
 )
 from rayft.errors import DataError
-from rayft.lines import describe_size
+from rayft.lines import LineReadable, OversizedLine, bounded_lines, describe_size
 from rayft.security import mask_uri
 
 if TYPE_CHECKING:
@@ -271,9 +274,7 @@ def _remote_rows(ds: DatasetConfig) -> Iterator[ReadRow]:
     if not is_json_uri(ds):
         yield from _batch_rows(mask_uri(ds.path), table_batches(ds, BATCH_ROWS), 1, ds.max_row_bytes)
         return
-    for name, line in uri_json_lines(ds):
-        yield ReadRow(name, line.number, line.row, line.text if line.row is not None else None, line.reason,
-                      line.detail)  # fmt: skip
+    yield from uri_json_lines(ds)
 
 
 def _file_rows(ds: DatasetConfig, path: Path, name: str) -> Iterator[ReadRow]:
@@ -315,9 +316,7 @@ def _json_rows(path: Path, name: str, max_row_bytes: int) -> Iterator[ReadRow]:
                 yield ReadRow(name, number, None, None, "bad_json", f"item {number} is a {type(item).__name__}, "
                               "not an object")  # fmt: skip
         return
-    for line in iter_json_lines(path, max_row_bytes):
-        yield ReadRow(name, line.number, line.row, line.text if line.row is not None else None, line.reason,
-                      line.detail)  # fmt: skip
+    yield from iter_json_lines(path, max_row_bytes, name)
 
 
 def _parquet_rows(path: Path, name: str, max_row_bytes: int) -> Iterator[ReadRow]:
@@ -372,3 +371,91 @@ def _source_file_rows(path: Path, name: str, chunk_chars: int | None) -> Iterato
     for row in source_file_rows(path.read_bytes(), name, chunk_chars):
         yield ReadRow(name, line, row)
         line += (row["text"] or "").count("\n")
+
+
+def uri_json_lines(ds: DatasetConfig) -> Iterator[ReadRow]:
+    """Each non-blank line of a JSON Lines URI's files, read a line at a time; a bad line comes back
+    without a row (see :func:`iter_json_lines`), so one bad line never refuses the file."""
+    import io
+
+    filesystem, files = uri_files(ds)
+    base = mask_uri(ds.path.split("?", 1)[0])  # the name lands in reports: never with its credentials
+    for path in files:
+        name = base if len(files) == 1 else f"{base.rstrip('/')}/{Path(path).name}"
+        try:
+            with filesystem.open_input_stream(path) as stream:
+                yield from json_lines_of(io.BufferedReader(stream), ds.max_row_bytes, name)
+        except OSError as exc:
+            raise uri_error(ds, exc) from None
+
+
+def iter_json_lines(
+    path: Path, max_row_bytes: int = DEFAULT_MAX_ROW_BYTES, name: str | None = None
+) -> Iterator[ReadRow]:
+    """The non-blank lines of a JSON Lines file as rows of the file ``name`` (default: ``path``), read one
+    line at a time (never the whole file).
+
+    A UTF-8 byte order mark opening the file is dropped. A line that is not UTF-8 (``bad_encoding``,
+    naming the first bad byte), not JSON, or not a JSON object (``bad_json``), or that repeats a key
+    (``duplicate_key``) comes back without a row, as does a line of more than ``max_row_bytes`` bytes
+    (``row_too_large``), which is skipped without being held whole.
+    """
+    with path.open("rb") as file:
+        yield from json_lines_of(file, max_row_bytes, str(path) if name is None else name)
+
+
+def json_lines_of(file: LineReadable, max_row_bytes: int, name: str) -> Iterator[ReadRow]:
+    """The non-blank lines of an open JSON Lines stream (see :func:`iter_json_lines`)."""
+    for number, raw in enumerate(bounded_lines(file, max_row_bytes), start=1):
+        if isinstance(raw, OversizedLine):
+            yield ReadRow(name, number, None, None, "row_too_large", too_large_detail(raw.size, max_row_bytes))
+            continue
+        line = raw.removeprefix(BOM) if number == 1 else raw
+        if line.strip():
+            yield _parse_line(name, number, line)
+
+
+def too_large_detail(size: int, max_row_bytes: int) -> str:
+    """Why a row was rejected as too large: its size against the bound, and the fix."""
+    return (
+        f"{describe_size(size)}, above max_row_bytes ({describe_size(max_row_bytes)}); "
+        "split the row or raise the dataset's max_row_bytes"
+    )
+
+
+def _parse_line(name: str, number: int, raw: bytes) -> ReadRow:
+    try:
+        text = raw.decode("utf-8").strip()
+    except UnicodeDecodeError as exc:
+        detail = f"not UTF-8: byte 0x{raw[exc.start]:02x} at offset {exc.start} of the line ({exc.reason})"
+        return ReadRow(name, number, None, None, "bad_encoding", detail)
+    try:
+        row = json.loads(text, object_pairs_hook=unique_keys)
+    except json.JSONDecodeError as exc:
+        return ReadRow(name, number, None, None, "bad_json", f"not JSON: {exc.msg} at column {exc.colno}")
+    except DuplicateKeyError as exc:
+        detail = f"key {exc.key!r} appears twice in one object; keep one"
+        return ReadRow(name, number, None, None, "duplicate_key", detail)
+    if not isinstance(row, dict):
+        return ReadRow(name, number, None, None, "bad_json", f"a {type(row).__name__}, not an object")
+    return ReadRow(name, number, row, text)
+
+
+class DuplicateKeyError(ValueError):
+    """A JSON object that repeats a key (``json`` keeps the last silently; rayft refuses the row)."""
+
+    def __init__(self, key: str) -> None:
+        super().__init__(f"duplicate key {key!r}")
+        self.key = key
+
+
+def unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """``json.loads``'s ``object_pairs_hook``: the object as a dict, or DuplicateKeyError naming a repeated key."""
+    found = dict(pairs)
+    if len(found) != len(pairs):  # rare: only then look for the repeated key
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise DuplicateKeyError(key)
+            seen.add(key)
+    return found

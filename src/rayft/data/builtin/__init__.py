@@ -13,8 +13,8 @@ from collections.abc import Callable, Iterator, Sequence
 from itertools import islice
 from typing import Any
 
-from rayft.data.builtin_arithmetic import iter_arithmetic_problems
-from rayft.data.builtin_sql import iter_sql_examples
+from rayft.data.builtin.arithmetic import iter_arithmetic_problems
+from rayft.data.builtin.sql import iter_sql_examples
 from rayft.errors import DataError
 
 PREFIX = "builtin:"

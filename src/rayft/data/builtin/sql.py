@@ -16,9 +16,12 @@ import json
 import random
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
-from rayft.data.builtin_arithmetic import distinct_examples
+import yaml
+
+from rayft.data.builtin.arithmetic import distinct_examples
 
 INSTRUCTION = "Translate the question into a SQL query over the table."
 
@@ -58,44 +61,26 @@ class Schema:
     columns: tuple[Column, ...]
 
 
-_PEOPLE = _pick("Ada", "Bruno", "Chen", "Dara", "Elif", "Femi", "Goran", "Hiro", "Ivy", "Jana", "Kai", "Luis")
-SCHEMAS: tuple[Schema, ...] = (
-    Schema("players", "player", Column("name", "name", "text", _PEOPLE), (
-        Column("team", "team", "text", _pick("Lions", "Hawks", "Sharks", "Bears", "Wolves")),
-        Column("position", "position", "text", _pick("guard", "forward", "center", "keeper")),
-        Column("age", "age", "integer", _int(18, 39)),
-        Column("games", "games played", "integer", _int(1, 82)),
-        Column("points", "points per game", "real", _real(0.5, 35.0)),
-    )),
-    Schema("cities", "city", Column("city", "city", "text", _pick(
-        "Arlen", "Brisk", "Corvo", "Dunmore", "Elbury", "Fenwick", "Galt", "Harlow", "Istra", "Jarrow")), (
-        Column("country", "country", "text", _pick("Norland", "Sudia", "Estmark", "Westria")),
-        Column("population", "population", "integer", _int(5000, 900000)),
-        Column("area", "area in square kilometres", "real", _real(10.0, 950.0)),
-        Column("founded", "founding year", "integer", _int(1100, 1990)),
-    )),
-    Schema("products", "product", Column("product", "product", "text", _pick(
-        "kettle", "lamp", "desk", "chair", "blender", "heater", "fan", "mirror", "rug", "shelf")), (
-        Column("category", "category", "text", _pick("kitchen", "office", "living", "outdoor")),
-        Column("price", "price", "real", _real(4.0, 480.0)),
-        Column("stock", "units in stock", "integer", _int(0, 500)),
-        Column("rating", "rating", "real", _real(1.0, 5.0)),
-    )),
-    Schema("films", "film", Column("title", "title", "text", _pick(
-        "Red Harbor", "Night Train", "Glass Sky", "Iron Bloom", "Quiet Field", "Last Orbit", "Salt Road")), (
-        Column("director", "director", "text", _PEOPLE),
-        Column("genre", "genre", "text", _pick("drama", "comedy", "thriller", "documentary")),
-        Column("year", "release year", "integer", _int(1970, 2024)),
-        Column("runtime", "runtime in minutes", "integer", _int(75, 190)),
-        Column("gross", "box office in millions", "real", _real(0.2, 900.0)),
-    )),
-    Schema("employees", "employee", Column("employee", "employee", "text", _PEOPLE), (
-        Column("department", "department", "text", _pick("sales", "finance", "research", "support")),
-        Column("office", "office", "text", _pick("Lisbon", "Oslo", "Quito", "Pune", "Accra")),
-        Column("salary", "salary", "integer", _int(28000, 160000)),
-        Column("tenure", "years of tenure", "integer", _int(0, 30)),
-    )),
-)  # fmt: skip
+_RANGED: dict[str, Callable[..., Draw]] = {"integer": _int, "real": _real}
+
+
+def _column(entry: dict[str, Any]) -> Column:
+    """A column from its entry in ``sql.yaml``: values to pick from, or a range to draw from."""
+    kind = entry["type"]
+    draw = _pick(*entry["values"]) if kind == "text" else _RANGED[kind](*entry["range"])
+    return Column(entry["name"], entry["words"], kind, draw)
+
+
+def _load_schemas() -> tuple[Schema, ...]:
+    """The schemas of ``sql.yaml`` (beside this module), in their order."""
+    entries = yaml.safe_load(Path(__file__).with_name("sql.yaml").read_text(encoding="utf-8"))["schemas"]
+    return tuple(
+        Schema(e["table"], e["noun"], _column(e["key"]), tuple(_column(c) for c in e["columns"])) for e in entries
+    )
+
+
+SCHEMAS: tuple[Schema, ...] = _load_schemas()
+"""The table kinds examples are drawn from: data, in ``sql.yaml``."""
 
 AGGREGATES = ("", "COUNT", "MIN", "MAX", "SUM", "AVG")
 _ASK = {
