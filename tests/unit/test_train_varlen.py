@@ -105,7 +105,9 @@ def test_attention_setting_takes_flex_and_hub_kernels_and_names_the_choices() ->
     kinds = ("flex_attention", "flash_attention_3", "kernels-community/flash-attn", "org/kernel@v1:fn")
     for name in kinds:
         assert ModelConfig(attn_implementation=name).attn_implementation == name
-    with pytest.raises(ValueError, match=r"'flash2' is neither one of sdpa, eager, flex_attention.*Hub kernel repo"):
+    with pytest.raises(
+        ValueError, match=r"'flash2' is neither one of auto, sdpa, eager, flex_attention.*Hub kernel repo"
+    ):
         ModelConfig(attn_implementation="flash2")
     assert uses_varlen("flash_attention_2") and uses_varlen("kernels-community/flash-attn")
     assert uses_varlen(PER_EXAMPLE_SDPA)
@@ -121,10 +123,42 @@ def test_training_rows_are_whole_flex_blocks_and_as_long_as_needed_otherwise(att
     from rayft.data.prepared import IGNORE_INDEX
     from rayft.training.loop.objective import CausalLm
 
-    plan = SimpleNamespace(model=SimpleNamespace(attn_implementation=attn))
+    plan = SimpleNamespace(model=SimpleNamespace(attn_implementation=attn), train=SimpleNamespace(padding_free=False))
     objective = CausalLm(plan, SimpleNamespace(pad_token_id=0), None)  # type: ignore[arg-type]
     unit = {"input_ids": list(range(1, 38)), "labels": list(range(1, 38)), "position_ids": list(range(37)),
             "sample_ids": [0], "num_tokens": 37, "num_label_tokens": 37}  # fmt: skip
     batch = objective.collate([unit])
     assert tuple(batch.input_ids.shape) == (1, width)
     assert batch.labels[0, 37:].eq(IGNORE_INDEX).all() and batch.num_label_tokens == 37
+
+
+@pytest.mark.parametrize("units", [[[0], [1], [2], [3], [4], [5]], [[0, 1, 2], [3, 4, 5]]], ids=["unpacked", "packed"])
+def test_a_padding_free_micro_batch_trains_as_the_padded_one(tiny_model_dir: Path, units: list[list[int]]) -> None:
+    """train.padding_free: the units laid end to end in one row give the padded micro-batch's loss and
+    gradients with per-example SDPA, over fewer positions."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from rayft.data.collate import end_to_end
+    from rayft.training.loop.steps import token_loss_sum
+    from rayft.training.modeling import attention
+    from rayft.training.modeling.precision import Precision
+
+    attention.register()
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, attn_implementation=attention.PER_EXAMPLE_SDPA)
+    built = build_units([{**e, "sample_id": e["sample_ids"][0]} for e in _examples(model.config.vocab_size)], units)
+    padded, free = collate(built, pad_token_id=0), collate([end_to_end(built)], pad_token_id=0)
+    assert free.input_ids.shape[0] == 1 and free.num_computed_tokens == free.num_tokens < padded.num_computed_tokens
+    assert (free.num_tokens, free.num_label_tokens, free.sample_ids) == (
+        padded.num_tokens, padded.num_label_tokens, padded.sample_ids,
+    )  # fmt: skip
+    results = []
+    for batch in (padded, free):
+        model.zero_grad(set_to_none=True)
+        loss = token_loss_sum(model, batch, Precision(None, False), loss="chunked", varlen=True)
+        loss.backward()
+        results.append((float(loss.detach()), [p.grad.clone() for p in model.parameters()]))
+    assert results[1][0] == pytest.approx(results[0][0], rel=1e-5)
+    for a, b in zip(results[1][1], results[0][1], strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)

@@ -12,7 +12,7 @@ from rayft.config.base import Section
 _COMMIT_SHA = re.compile(r"^[0-9a-f]{40}$")
 _HUB_KERNEL = re.compile(r"^[\w.-]+/[\w.-]+(@[\w.-]+)?(:[\w.-]+)?$")
 
-ATTENTION_IMPLEMENTATIONS = ("sdpa", "eager", "flex_attention", "flash_attention_2", "flash_attention_3")
+ATTENTION_IMPLEMENTATIONS = ("auto", "sdpa", "eager", "flex_attention", "flash_attention_2", "flash_attention_3")
 
 Dtype = Literal["auto", "float32", "bfloat16", "float16"]
 Architecture = Literal["auto", "causal", "seq2seq"]
@@ -55,12 +55,15 @@ class ModelConfig(Section):
         ),
     )
     attn_implementation: str = Field(
-        "sdpa",
+        "auto",
         description=(
-            "Attention kernel passed to transformers: sdpa, eager, flex_attention, flash_attention_2, "
+            "Attention kernel passed to transformers: auto, sdpa, eager, flex_attention, flash_attention_2, "
             "flash_attention_3, or a Hub kernel repo (kernels-community/flash-attn, needs the kernels package). "
-            "Training on CPU with 'sdpa' runs it once per example of a packed row instead of over a "
-            "block-diagonal mask; the flash kernels get each packed example's bounds (cu_seq_lens) and need a GPU."
+            "'auto' lets training pick from what was measured (see the performance page): per-example sdpa on CPU; "
+            "on GPUs flash_attention_2 when flash-attn is installed, flex_attention for packed rows otherwise, "
+            "sdpa for unpacked rows; loading for evaluation, generation and serving takes sdpa. Training on CPU "
+            "with 'sdpa' runs it once per example of a packed row instead of over a block-diagonal mask; the "
+            "flash kernels get each packed example's bounds (cu_seq_lens) and need a GPU."
         ),
     )
     trust_remote_code: bool = Field(

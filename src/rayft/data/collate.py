@@ -106,6 +106,17 @@ def collate(
     return MicroBatch(input_ids, labels, positions, num_tokens, num_label_tokens, sample_ids, cu_seq_lens, max_length)
 
 
+def end_to_end(units: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """The units laid end to end as one unit: a padding-free micro-batch of one row. Each example keeps
+    its own positions (restarting at 0), so attention that reads the examples' bounds computes what it
+    computes over padded rows, and no position is spent on padding."""
+    merged: dict[str, list[int]] = {"input_ids": [], "labels": [], "position_ids": [], "sample_ids": []}
+    for unit in units:
+        for key, values in merged.items():
+            values.extend(unit[key])
+    return merged
+
+
 def collate_pairs(units: Sequence[dict[str, Any]], pad_token_id: int) -> MicroBatch:
     """An encoder-decoder's micro-batch: sources right-padded with ``pad_token_id`` and an attention
     mask, targets right-padded with -100 (no loss, and the model's decoder input sees its pad token)."""

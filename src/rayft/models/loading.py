@@ -189,6 +189,21 @@ def auto_model_class(cfg: ModelConfig) -> Any:
     return AutoModelForSeq2SeqLM if resolve_architecture(cfg) == "seq2seq" else AutoModelForCausalLM
 
 
+def load_model_config(cfg: ModelConfig) -> Any:
+    """The transformers config of the model ``cfg`` names (no weights read), with the same errors as loading it."""
+    from transformers import AutoConfig
+
+    location, kwargs = model_location(cfg)
+    with _hub_errors(cfg.name):
+        return AutoConfig.from_pretrained(location, **kwargs)
+
+
+def loaded_attention(attn_implementation: str) -> str:
+    """The implementation a model is loaded with: ``auto`` (which training decides with the step's
+    planner, :mod:`rayft.training.modeling.step_choice`) loads ``sdpa``, the kernel every path takes."""
+    return "sdpa" if attn_implementation == "auto" else attn_implementation
+
+
 def load_causal_lm(
     cfg: ModelConfig, device_type: str = "cpu", *, quantize: str = "none", quantize_embeddings: bool = False
 ) -> PreTrainedModel:
@@ -204,7 +219,7 @@ def load_causal_lm(
         model: PreTrainedModel = auto_model_class(cfg).from_pretrained(
             location,
             dtype=resolve_dtype(cfg.dtype, device_type),
-            attn_implementation=cfg.attn_implementation,
+            attn_implementation=loaded_attention(cfg.attn_implementation),
             **kwargs,
         )
     if quantize_embeddings and quantize != "none":
@@ -276,7 +291,10 @@ def empty_causal_lm(cfg: ModelConfig, device_type: str = "cpu", location: str | 
     remote = {"trust_remote_code": True} if cfg.trust_remote_code else {}
     with torch.device("meta"), _architecture_errors(cfg):
         return auto_model_class(cfg).from_config(
-            config, dtype=resolve_dtype(cfg.dtype, device_type), attn_implementation=cfg.attn_implementation, **remote
+            config,
+            dtype=resolve_dtype(cfg.dtype, device_type),
+            attn_implementation=loaded_attention(cfg.attn_implementation),
+            **remote,
         )
 
 

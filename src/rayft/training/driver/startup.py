@@ -146,7 +146,8 @@ def build_worker_plan(
         model=model, lora=cfg.lora, train=cfg.train, logging=cfg.logging, checkpoint=cfg.checkpoint,
         seed=cfg.seed, run_dir=str(run_dir), resolved_config=dump_config(cfg), schedule=schedule,
         shuffle_window=cfg.data.shuffle_buffer_size, has_validation=has_validation, lineage=lineage,
-        remote_uri=remote_uri, task=worker_task(cfg),
+        remote_uri=remote_uri, task=worker_task(cfg), max_seq_length=cfg.data.max_seq_length,
+        packing=cfg.data.packing,
     )  # fmt: skip
 
 

@@ -118,6 +118,8 @@ def write_plan(path: Path, plan: WorkerPlan, files: Mapping[str, Sequence[str]])
         "shuffle_window": plan.shuffle_window,
         "has_validation": plan.has_validation,
         "lineage": plan.lineage,
+        "max_seq_length": plan.max_seq_length,
+        "packing": plan.packing,
         "files": {k: list(v) for k, v in files.items()},
     }
     path.write_text(json.dumps(payload, indent=2))
@@ -145,6 +147,8 @@ def read_plan(path: Path) -> tuple[WorkerPlan, dict[str, list[str]]]:
         shuffle_window=raw["shuffle_window"],
         has_validation=raw["has_validation"],
         lineage=raw["lineage"],
+        max_seq_length=raw.get("max_seq_length", 1024),
+        packing=raw.get("packing", False),
     )
     return plan, raw["files"]
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar, cast
 
-from rayft.data.collate import MicroBatch, collate
+from rayft.data.collate import MicroBatch, collate, end_to_end
 from rayft.data.prepared import PreparedData, PreparedSplit
 from rayft.errors import DataError
 from rayft.files import publish_dir_once, staging_dir
@@ -102,12 +102,15 @@ class CausalLm:
         plan = self.plan
         return build_training_model(
             plan.model, plan.lora, plan.train.method, device_type, restore_dir=restore_dir, weights=weights,
-            gradient_checkpointing=plan.train.gradient_checkpointing, compile_blocks=plan.train.compile,
+            gradient_checkpointing=plan.train.gradient_checkpointing, compile_blocks=plan.train.compile is True,
+            liger_kernels=plan.train.liger_kernels,
         )  # fmt: skip
 
     def collate(self, units: list[Unit]) -> MicroBatch:
         """Token units padded into one :class:`~rayft.data.collate.MicroBatch`."""
         multiple = row_multiple(self.plan.model.attn_implementation)
+        if self.plan.train.padding_free is True and not self.seq2seq:
+            units = [end_to_end(units)]
         return collate(units, self.tokenizer.pad_token_id, multiple, seq2seq=self.seq2seq)
 
     def loss_sum(self, model: torch.nn.Module, batch: TrainBatch, precision: Precision) -> torch.Tensor:

@@ -53,6 +53,8 @@ from rayft.training.loop.timing import StepProfile, open_step_profile
 from rayft.training.loop.worker_plan import WorkerPlan
 from rayft.training.modeling.model import count_parameters, parameter_groups
 from rayft.training.modeling.precision import Precision, resolve_precision
+from rayft.training.modeling.step_choice import StepRequest, choose_step
+from rayft.training.modeling.step_facts import gather_step_facts, model_shape, worker_cpus
 from rayft.training.strategies.memory import estimate_worker_memory, memory_problem
 from rayft.training.strategies.parallel import Parallelism, ParallelSetup
 from rayft.training.strategies.table import parallelism
@@ -137,6 +139,7 @@ def setup_worker(plan: WorkerPlan, session: TrainSession) -> Worker:
     import torch
 
     torch.manual_seed(plan.seed)
+    plan = choose_worker_step(plan, session)
     objective = build_objective(plan)
     checkpoints = Path(plan.run_dir) / layout.CHECKPOINTS_DIR
     if session.rank == 0:
@@ -179,6 +182,32 @@ def setup_worker(plan: WorkerPlan, session: TrainSession) -> Worker:
         plan, session, parallel, model, optimizer, scheduler, scaler, objective, precision, logger, state, saver, stop,
         profile,
     )  # fmt: skip
+
+
+def choose_worker_step(plan: WorkerPlan, session: TrainSession) -> WorkerPlan:
+    """The plan with the step's ``auto`` settings decided for this worker's device and model
+    (:func:`rayft.training.modeling.step_choice.choose_step`); rank 0 says what was chosen and why. On CPU,
+    torch's thread count is set. A custom task or an encoder-decoder keeps its settings (threads apart)."""
+    import torch
+
+    device_type = session.device.type
+    request = StepRequest(plan.model.attn_implementation, plan.train.fused_loss, plan.train.compile,
+                          plan.train.mixed_precision, plan.train.cpu_threads, plan.train.padding_free)  # fmt: skip
+    causal = plan.task is None and resolve_architecture(plan.model) == "causal"
+    shape = model_shape(plan.model) if causal else {"hidden_size": 0, "num_layers": 0, "vocab_size": 0}
+    facts = gather_step_facts(
+        device_type, method=plan.train.method, seq_length=plan.max_seq_length,
+        micro_batch_size=plan.train.micro_batch_size, packing=plan.packing and plan.train.objective == "sft",
+        cpus=worker_cpus(), sft=plan.train.objective == "sft", **shape,
+    )  # fmt: skip
+    choice = choose_step(request, facts)
+    if choice.threads is not None:
+        torch.set_num_threads(choice.threads)
+    if not causal:
+        return plan
+    if session.rank == 0:
+        log.info("step: %s", choice.describe())
+    return plan.with_step(choice)
 
 
 def build_objective(plan: WorkerPlan) -> Objective:

@@ -6,7 +6,7 @@ The recipes build it, the launchers (Ray Train, ``torchrun``) carry it to the wo
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +16,7 @@ from rayft.config.train import CheckpointConfig, LoggingConfig, TrainConfig
 from rayft.runs.location import RunLocation
 from rayft.training.loop.faults import Faults
 from rayft.training.loop.plan import Schedule
+from rayft.training.modeling.step_choice import StepChoice
 
 
 @dataclass(frozen=True)
@@ -41,6 +42,19 @@ class WorkerPlan:
     retuned: bool = False
     task: TaskConfig | None = None  # a custom task (its path made absolute for the workers) instead of model/data
     tracker_ids: dict[str, Any] = field(default_factory=dict)  # the tracker runs to log into (tracking.json)
+    max_seq_length: int = 1024  # data.max_seq_length: the longest row, for the step's planner
+    packing: bool = False  # data.packing
+
+    def with_step(self, choice: StepChoice) -> WorkerPlan:
+        """This plan with the step's ``auto`` settings replaced by what the planner chose, so that every
+        later reader (model build, collation, loss, precision) sees the decided values."""
+        model = self.model.model_copy(update={"attn_implementation": choice.attention})
+        train = self.train.model_copy(update={
+            "fused_loss": choice.loss, "compile": choice.compile, "mixed_precision": choice.mixed_precision,
+            "cpu_threads": choice.threads if choice.threads is not None else self.train.cpu_threads,
+            "padding_free": choice.padding_free,
+        })  # fmt: skip
+        return replace(self, model=model, train=train)
 
     @property
     def location(self) -> RunLocation:

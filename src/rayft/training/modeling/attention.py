@@ -27,6 +27,8 @@ if TYPE_CHECKING:
     import torch
     from transformers import PreTrainedModel
 
+from rayft.models.loading import loaded_attention
+
 PER_EXAMPLE_SDPA = "sdpa_per_example"
 
 # Per process: the last forward pass's position_ids and their example bounds.
@@ -39,8 +41,10 @@ def training_attention(attn_implementation: str, device_type: str) -> str:
     ``sdpa`` on CPU becomes the per-example variant (the block-diagonal mask would make packed
     rows pay quadratic attention over the whole row). On GPUs ``sdpa`` stays as configured: the
     per-example loop launches a kernel per example and layer, and ``flash_attention_2`` already
-    gives variable-length attention there. Other implementations are kept.
+    gives variable-length attention there. Other implementations are kept. ``auto`` (a caller that did
+    not plan the step: :mod:`rayft.training.modeling.step_choice`) stands for ``sdpa``.
     """
+    attn_implementation = loaded_attention(attn_implementation)
     if attn_implementation == "sdpa" and device_type == "cpu":
         return PER_EXAMPLE_SDPA
     return attn_implementation
@@ -95,6 +99,7 @@ def use_training_attention(net: PreTrainedModel, attn_implementation: str, devic
     their configured implementation.
     """
     chosen = training_attention(attn_implementation, device_type)
+    attn_implementation = loaded_attention(attn_implementation)
     config = net.config.get_text_config() if hasattr(net.config, "get_text_config") else net.config
     special = getattr(config, "sliding_window", None) or getattr(config, "attn_logit_softcapping", None)
     if chosen == attn_implementation or special:
@@ -113,7 +118,7 @@ def generation_attention(net: torch.nn.Module, attn_implementation: str) -> Iter
     if current != PER_EXAMPLE_SDPA:
         yield
         return
-    base.set_attn_implementation(attn_implementation)
+    base.set_attn_implementation(loaded_attention(attn_implementation))
     try:
         yield
     finally:

@@ -9,8 +9,9 @@ from typing import TYPE_CHECKING, Any, Literal, TypeAlias, cast
 from rayft.config.model import LoraConfig, ModelConfig
 from rayft.errors import ModelError
 from rayft.models.architecture import lora_targets
-from rayft.models.loading import auto_model_class, empty_causal_lm, load_causal_lm, resolve_dtype
+from rayft.models.loading import auto_model_class, empty_causal_lm, load_causal_lm, loaded_attention, resolve_dtype
 from rayft.training.modeling.attention import use_training_attention
+from rayft.training.modeling.kernels import apply_liger_kernels
 
 if TYPE_CHECKING:
     import torch
@@ -48,6 +49,7 @@ def build_training_model(
     restore_dir: Path | None,
     weights: bool = True,
     compile_blocks: bool = False,
+    liger_kernels: bool = False,
 ) -> TransformersModel:
     """Load the model to train; with ``restore_dir``, weights (or the adapter) come from it.
 
@@ -75,7 +77,7 @@ def build_training_model(
             _refuse_trained_tables(net, lora.modules_to_save)
     return prepare_training_model(
         net, lora, method, load_cfg.attn_implementation, device_type, gradient_checkpointing=gradient_checkpointing,
-        compile_blocks=compile_blocks, restore_dir=restore_dir if weights else None,
+        compile_blocks=compile_blocks, restore_dir=restore_dir if weights else None, liger_kernels=liger_kernels,
     )  # fmt: skip
 
 
@@ -89,11 +91,14 @@ def prepare_training_model(
     gradient_checkpointing: bool,
     compile_blocks: bool,
     restore_dir: Path | None = None,
+    liger_kernels: bool = False,
 ) -> TransformersModel:
     """Turn a loaded model into the one a worker trains: training attention for the device (causal
     LMs; an encoder-decoder keeps its configured attention, which takes the padding mask), the LoRA
     adapter (restored from ``restore_dir`` when given), activation checkpointing of every block, and
-    each block compiled."""
+    each block compiled; with ``liger_kernels``, Liger's RMSNorm, SwiGLU and RoPE patched in first."""
+    if liger_kernels:
+        apply_liger_kernels(net, device_type)
     if not is_seq2seq(net):
         use_training_attention(net, attn_implementation, device_type)
     model: TransformersModel = _attach_adapter(net, lora, restore_dir) if method == "lora" else net
@@ -136,7 +141,7 @@ def _load_full_from(directory: Path, cfg: ModelConfig, device_type: str) -> PreT
     model: PreTrainedModel = auto_model_class(cfg).from_pretrained(
         directory,
         dtype=resolve_dtype(cfg.dtype, device_type),
-        attn_implementation=cfg.attn_implementation,
+        attn_implementation=loaded_attention(cfg.attn_implementation),
     )
     return model
 

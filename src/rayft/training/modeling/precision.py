@@ -20,11 +20,14 @@ class Precision:
 
 
 def resolve_precision(mixed_precision: str, device_type: str, model_type: str = "") -> Precision:
-    """Map the mixed_precision setting to autocast on GPU; CPUs always run fp32. float16 is refused
+    """Map the mixed_precision setting to autocast. On CPU only an explicit 'bf16' autocasts (the step's
+    planner leaves 'auto' in fp32 there: :mod:`rayft.training.modeling.step_choice`). float16 is refused
     for the model families that overflow in it (``model_type`` T5, mT5: see
     :func:`rayft.models.architecture.check_float16`)."""
     import torch
 
+    if device_type == "cpu" and mixed_precision == "bf16":
+        return Precision(torch.bfloat16, False)
     if device_type != "cuda" or mixed_precision == "no":
         return Precision(None, False)
     if mixed_precision == "auto":

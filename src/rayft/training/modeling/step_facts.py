@@ -1,0 +1,104 @@
+"""What :func:`rayft.training.modeling.step_choice.choose_step` needs to know, read from this worker:
+the model's shape, the device's free memory, the CPU's instructions, the installed kernels."""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import os
+from pathlib import Path
+from typing import Any
+
+from rayft.config.model import ModelConfig
+from rayft.training.modeling.step_choice import Method, StepFacts
+
+# Optional kernels the planner may pick when they import (checked without importing them).
+KERNEL_PACKAGES = ("flash_attn", "liger_kernel")
+
+
+def gather_step_facts(
+    device_type: str,
+    *,
+    method: Method,
+    hidden_size: int,
+    num_layers: int,
+    vocab_size: int,
+    seq_length: int,
+    micro_batch_size: int,
+    packing: bool,
+    cpus: int,
+    special_attention: bool = False,
+    sft: bool = True,
+) -> StepFacts:
+    """The facts for a worker on ``device_type`` training a model of this shape, with what this process
+    finds out itself (free memory, CPU bf16 instructions, torch version, installed kernels)."""
+    import torch
+
+    major, minor = (int(part) for part in torch.__version__.split(".")[:2])
+    return StepFacts(
+        device_type=device_type, method=method, hidden_size=hidden_size, num_layers=num_layers,
+        vocab_size=vocab_size, seq_length=seq_length, micro_batch_size=micro_batch_size, packing=packing,
+        free_memory_bytes=free_memory_bytes(device_type), cpus=cpus, cpu_bf16=cpu_has_bf16(),
+        torch_version=(major, minor), installed=installed_kernels(), special_attention=special_attention, sft=sft,
+    )  # fmt: skip
+
+
+def model_shape(cfg: ModelConfig) -> dict[str, Any]:
+    """Hidden size, layers, vocabulary and whether the attention is special (a sliding window or
+    soft-capping), read from the model's config without its weights."""
+    from rayft.models.loading import load_model_config
+
+    config = load_model_config(cfg)
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    return {
+        "hidden_size": int(getattr(text, "hidden_size", 0) or getattr(text, "d_model", 0) or 0),
+        "num_layers": int(getattr(text, "num_hidden_layers", 0) or getattr(text, "num_layers", 0) or 0),
+        "vocab_size": int(getattr(text, "vocab_size", 0) or 0),
+        "special_attention": bool(
+            getattr(text, "sliding_window", None) or getattr(text, "attn_logit_softcapping", None)
+        ),
+    }
+
+
+def free_memory_bytes(device_type: str) -> int | None:
+    """Free memory of the current CUDA device, or the host's available memory on CPU (None: unknown)."""
+    if device_type == "cuda":
+        import torch
+
+        free, _ = torch.cuda.mem_get_info()
+        return int(free)
+    return _host_available()
+
+
+def _host_available() -> int | None:
+    meminfo = Path("/proc/meminfo")
+    if not meminfo.exists():
+        return None
+    for line in meminfo.read_text().splitlines():
+        if line.startswith("MemAvailable:"):
+            return int(line.split()[1]) * 1024
+    return None
+
+
+@functools.cache
+def cpu_has_bf16() -> bool:
+    """Whether the CPU has bf16 matrix instructions (x86 avx512_bf16 or AMX; Linux only)."""
+    cpuinfo = Path("/proc/cpuinfo")
+    if not cpuinfo.exists():
+        return False
+    flags = next((line for line in cpuinfo.read_text().splitlines() if line.startswith("flags")), "").split()
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def installed_kernels() -> frozenset[str]:
+    """The optional kernel packages of :data:`KERNEL_PACKAGES` that are installed."""
+    return frozenset(name for name in KERNEL_PACKAGES if importlib.util.find_spec(name) is not None)
+
+
+def worker_cpus() -> int:
+    """CPUs this process may use: what Ray reserved for it (Ray sets OMP_NUM_THREADS to a task's CPUs), else
+    the CPUs it may run on."""
+    reserved = os.environ.get("OMP_NUM_THREADS", "")
+    if reserved.isdigit() and int(reserved) > 0:
+        return int(reserved)
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
