@@ -13,7 +13,7 @@ import pytest
 from rayft.data.prepared import PreparedData
 from rayft.errors import TrainingError
 from rayft.training.loop.rollout_actors import HfRolloutActor, WeightUpdate
-from tests.helpers import read_metrics, train_losses, train_on
+from tests.helpers import crashed_copy, read_metrics, train_losses, train_on
 from tests.integration.test_train_rl import BUILTIN_REWARDS, figures, prompts, rl_config
 
 pytestmark = pytest.mark.integration
@@ -114,3 +114,18 @@ def test_asynchronous_rollouts_are_sampled_one_step_ahead(
     # Step 1 and step 2's samples come from the same (initial) weights in the asynchronous run.
     assert train_losses(stale)[1] == pytest.approx(train_losses(sync)[1], rel=1e-6)
     assert train_losses(stale)[2] != pytest.approx(train_losses(sync)[2], rel=1e-6)
+
+
+def test_an_asynchronous_run_resumed_from_a_checkpoint_equals_the_uninterrupted_run(
+    tiny_model_dir: Path, prompts: PreparedData, tmp_path: Path
+) -> None:
+    run = (BUILTIN_REWARDS, "train.max_steps=4", "train.save_steps=2", "train.learning_rate=5e-2",
+           "scaling.num_workers=0", *ACTORS, "train.rl.rollout.max_staleness=1")  # fmt: skip
+    whole = train_on(rl_config(tiny_model_dir, tmp_path / "whole", *run), prompts)
+    crashed_copy(whole, tmp_path / "resumed", crashed_at=3)
+    resumed = train_on(rl_config(tiny_model_dir, tmp_path / "resumed", *run), prompts, resume=True)
+    # Step 3's rollout was sampled with step 1's weights while step 2 trained: the checkpoint kept it.
+    assert (whole / "checkpoints").is_dir() and records(resumed, "rl/staleness") == {1: 0.0, 2: 1.0, 3: 1.0, 4: 1.0}
+    assert train_losses(resumed) == pytest.approx(train_losses(whole), rel=1e-6, abs=1e-9)
+    for step, values in figures(resumed).items():
+        assert values == pytest.approx(figures(whole)[step], rel=1e-6, abs=1e-9), step

@@ -82,3 +82,19 @@ def test_actor_settings_load_and_the_engine_follows_the_gpus() -> None:
         "actors", 2, 1, "hf")  # fmt: skip
     gpus = load_config(None, [*GRPO, "train.rl.rollout.placement=actors", "train.rl.rollout.num_gpus_per_actor=1"])
     assert gpus.train.rl.rollout.resolved_engine == "vllm"
+
+
+def test_rollouts_sampled_ahead_round_trip_through_a_checkpoint() -> None:
+    from rayft.config.rl import RolloutConfig
+    from rayft.training.loop.rollout_actors import ActorRollouts
+    from rayft.training.loop.sampling import Completions, PromptBatch
+
+    config = RolloutConfig(placement="actors", max_staleness=1)
+    saved = ActorRollouts([], config, "lora", group=2, seed=0)
+    done = [Completions([[5, 2]], ["x"], 2, 0.5, version=3)]
+    saved.ready, saved.prompts_of = {5: done}, {5: [40]}
+    resumed = ActorRollouts([], config, "lora", group=2, seed=0)
+    resumed.restore(saved.state() or "")
+    batch = PromptBatch([[1, 2]], ["ref"], [40])
+    assert resumed.sample(None, 5, [batch], []) == done  # no actor asked: the checkpoint's rollout
+    assert not resumed.has(5)

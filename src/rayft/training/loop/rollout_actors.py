@@ -17,7 +17,7 @@ import importlib
 import json
 import tempfile
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -183,6 +183,14 @@ class Rollouts(Protocol):
         """Release what sampling holds."""
         ...
 
+    def state(self) -> str | None:
+        """What a checkpoint keeps to resume exactly (the rollouts sampled ahead), as JSON; None: nothing."""
+        ...
+
+    def restore(self, text: str) -> None:
+        """Take back what :meth:`state` returned at the checkpoint resumed from."""
+        ...
+
 
 @dataclass(frozen=True)
 class ColocatedRollouts:
@@ -209,6 +217,13 @@ class ColocatedRollouts:
     def close(self) -> None:
         """Nothing to release."""
 
+    def state(self) -> str | None:
+        """Nothing is sampled ahead."""
+        return None
+
+    def restore(self, text: str) -> None:
+        """Nothing is sampled ahead."""
+
 
 def policy_weights(model: Any, method: str, version: int) -> WeightUpdate:
     """The trainer's weights to send to the actors: the trainable (adapter) tensors of a LoRA policy, or the
@@ -220,6 +235,11 @@ def policy_weights(model: Any, method: str, version: int) -> WeightUpdate:
     config = inner.peft_config["default"].to_dict()
     config = {k: sorted(v) if isinstance(v, set) else v for k, v in config.items()}
     return WeightUpdate(version, tensors, json.loads(json.dumps(config, default=str)))
+
+
+def first_ids(batches: Sequence[PromptBatch]) -> list[int]:
+    """What identifies a step's prompts on a worker: each micro-batch's first sample id."""
+    return [batch.sample_ids[0] for batch in batches]
 
 
 def load_actor_class(path: str) -> type:
@@ -266,27 +286,36 @@ class ActorRollouts:
     group: int
     seed: int
     pending: dict[int, list[Any]] = field(default_factory=dict)  # step -> its micro-batches' generate calls
+    ready: dict[int, list[Completions]] = field(default_factory=dict)  # step -> completions already collected
+    prompts_of: dict[int, list[int]] = field(default_factory=dict)  # step -> its micro-batches' first sample ids
     syncs: list[Any] = field(default_factory=list)  # load_weights calls not yet waited on
     pushed: int | None = None  # the version last sent to the actors
 
     def sample(self, model: Any, step: int, batches: Sequence[PromptBatch], ahead: Sequence[Sequence[PromptBatch]]
                ) -> list[Completions]:  # fmt: skip
         """``step``'s completions (sampled ahead if they were submitted earlier), then the next
-        ``max_staleness`` steps' prompts submitted with the current weights."""
-        if step not in self.pending:
-            self.submit(model, step, batches)
+        ``max_staleness`` steps' prompts submitted with the current weights (those after ``step - 1`` steps)."""
+        if step in self.ready and self.prompts_of.get(step) != first_ids(batches):
+            del self.ready[step]  # saved by a run whose workers held other prompts: sample them again
+        if not self.has(step):
+            self.submit(model, step - 1, step, batches)
         completions = self.collect(step)
         for offset, upcoming in enumerate(ahead[: self.config.max_staleness], start=1):
-            if step + offset not in self.pending:
-                self.submit(model, step + offset, upcoming)
+            if not self.has(step + offset):
+                self.submit(model, step - 1, step + offset, upcoming)
         return completions
 
-    def submit(self, model: Any, step: int, batches: Sequence[PromptBatch]) -> None:
-        """Send ``step``'s micro-batches to the actors, after they hold the trainer's weights (``step - 1``
-        steps trained at the first step or after a resume; else the last update's)."""
+    def has(self, step: int) -> bool:
+        """Whether ``step``'s rollout is sampled or on its way."""
+        return step in self.pending or step in self.ready
+
+    def submit(self, model: Any, version: int, step: int, batches: Sequence[PromptBatch]) -> None:
+        """Send ``step``'s micro-batches to the actors, once they hold the trainer's weights (after ``version``
+        steps; sent now at the first submission of the run or after a resume)."""
         if self.pushed is None:
-            self.after_update(model, step - 1)
+            self.after_update(model, version)
         self.wait_for_sync()
+        self.prompts_of[step] = first_ids(batches)
         self.pending[step] = [
             self.actors[actor_of(index, len(self.actors))].generate.remote(
                 batch.prompts, self.group, seed_of(self.seed, step, batch.sample_ids[0])
@@ -296,6 +325,9 @@ class ActorRollouts:
 
     def collect(self, step: int) -> list[Completions]:
         """The completions of ``step``'s generate calls, within ``generate_timeout_s``."""
+        self.prompts_of.pop(step, None)
+        if step in self.ready:
+            return self.ready.pop(step)
         refs = self.pending.pop(step)
         what = f"the rollout of step {step} on the generation actors"
         cause = "completions too long for the actors' speed, or an actor that hangs"
@@ -317,6 +349,24 @@ class ActorRollouts:
             wait(refs, self.config.sync_timeout_s, f"the weight sync of step {self.pushed} to the generation actors",
                  "sync_timeout_s", "an actor that is busy or hangs, or weights too large for the object store's "
                  "bandwidth")  # fmt: skip
+
+    def state(self) -> str | None:
+        """The rollouts sampled ahead of the trained step (collected now, so the checkpoint holds them): a run
+        resumed from it trains on them as the uninterrupted run does."""
+        for step in sorted(self.pending):
+            ids = self.prompts_of[step]
+            self.ready[step] = self.collect(step)
+            self.prompts_of[step] = ids
+        return json.dumps({
+            str(step): {"prompts": self.prompts_of[step], "completions": [asdict(c) for c in done]}
+            for step, done in sorted(self.ready.items())
+        })  # fmt: skip
+
+    def restore(self, text: str) -> None:
+        """The rollouts sampled ahead at the checkpoint resumed from (used only for the same prompts)."""
+        for step, saved in json.loads(text).items():
+            self.ready[int(step)] = [Completions(**c) for c in saved["completions"]]
+            self.prompts_of[int(step)] = saved["prompts"]
 
     def close(self) -> None:
         """End the actors (their pending calls with them)."""

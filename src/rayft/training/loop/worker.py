@@ -167,6 +167,7 @@ def setup_worker(plan: WorkerPlan, session: TrainSession) -> Worker:
         scheduler = build_scheduler(optimizer, plan.train, plan.schedule.total_steps * updates_per_step(plan))
         state = TrainerState()
         torch.manual_seed(plan.seed + 1 + session.rank)  # distinct dropout streams per worker
+        ahead = read_rollouts_ahead(restore_dir, session.rank)
         if restore_dir is not None:
             state = restore_training_state(restore_dir, parallel, model, optimizer, scheduler, rank=session.rank)
             if plan.retuned:
@@ -185,7 +186,9 @@ def setup_worker(plan: WorkerPlan, session: TrainSession) -> Worker:
     profile = open_step_profile(
         plan.train.profile, session, Path(plan.run_dir), remote_uri=plan.remote_uri, params=total, start_step=state.step
     )
-    rollouts = build_worker_rollouts(plan, session, objective) if isinstance(objective, RlTraining) else None
+    rollouts = None
+    if isinstance(objective, RlTraining):
+        rollouts = build_worker_rollouts(plan, session, objective, ahead)
     return Worker(
         plan, session, parallel, model, optimizer, scheduler, scaler, objective, precision, logger, state, saver, stop,
         profile, rollouts,
@@ -197,12 +200,23 @@ def updates_per_step(plan: WorkerPlan) -> int:
     return plan.train.rl.steps_per_rollout if plan.task is None and plan.train.objective == "grpo" else 1
 
 
-def build_worker_rollouts(plan: WorkerPlan, session: TrainSession, objective: RlTraining) -> Rollouts:
-    """Where this worker's rollouts are sampled (its generation actors started, with actors)."""
+def read_rollouts_ahead(restore_dir: Path | None, rank: int) -> str | None:
+    """The rollouts this rank had sampled ahead (asynchronous GRPO) at the checkpoint it resumes from."""
+    saved = restore_dir / layout.TRAINER_SUBDIR / layout.rollouts_file(rank) if restore_dir else None
+    return saved.read_text() if saved is not None and saved.is_file() else None
+
+
+def build_worker_rollouts(plan: WorkerPlan, session: TrainSession, objective: RlTraining, ahead: str | None
+                          ) -> Rollouts:  # fmt: skip
+    """Where this worker's rollouts are sampled (its generation actors started, with actors), with the
+    rollouts it had sampled ahead at the checkpoint it resumes from."""
     rollout = plan.train.rl.rollout
     spec = ActorSpec(plan.model, plan.lora, plan.train.method, plan.train.rl, rollout.num_gpus_per_actor)
-    return build_rollouts(spec, rollout, objective.sampler, plan.seed, world_size=session.world_size,
-                          rank=session.rank)  # fmt: skip
+    rollouts = build_rollouts(spec, rollout, objective.sampler, plan.seed, world_size=session.world_size,
+                              rank=session.rank)  # fmt: skip
+    if ahead is not None:
+        rollouts.restore(ahead)
+    return rollouts
 
 
 def build_objective(plan: WorkerPlan) -> Objective:
@@ -234,7 +248,10 @@ def model_files(plan: WorkerPlan) -> ModelFiles:
 
 def save_checkpoint(worker: Worker) -> None:
     """Save the current step of the loop (see :meth:`Checkpointer.save`)."""
-    objects = TrainingObjects(worker.parallel, worker.model, worker.optimizer, worker.scheduler, worker.scaler)
+    rank_state = worker.rollouts.state if worker.rollouts is not None else None
+    objects = TrainingObjects(
+        worker.parallel, worker.model, worker.optimizer, worker.scheduler, worker.scaler, rank_state
+    )
     worker.checkpoints.save(objects, worker.state)
 
 
