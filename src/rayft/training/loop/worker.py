@@ -388,7 +388,8 @@ def run_rl_step(worker: Worker, batches: list[Any]) -> StepStats:
     worker.profile.timer.end_step()
     worker.state.step += 1
     assert worker.rollouts is not None
-    worker.rollouts.after_update(worker.model, worker.state.step)
+    if worker.state.step < worker.plan.schedule.total_steps:  # the last weights sample nothing
+        worker.rollouts.after_update(worker.model, worker.state.step)
     return StepStats(
         loss=sum(u.loss for u in updates) / len(updates), label_tokens=sum(u.label_tokens for u in updates),
         real_tokens=sum(u.real_tokens for u in updates), computed_tokens=sum(u.computed_tokens for u in updates),
