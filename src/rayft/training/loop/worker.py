@@ -47,7 +47,8 @@ from rayft.training.loop.objective import CausalLm, Objective, TaskObjective
 from rayft.training.loop.plan import is_due, learning_rate_factor, units_before_step
 from rayft.training.loop.preference import PreferenceTraining
 from rayft.training.loop.rl import RlTraining
-from rayft.training.loop.rollout_actors import ActorSpec, Rollouts, build_rollouts
+from rayft.training.loop.rl_setup import build_worker_rollouts, read_rollouts_ahead, rollout_lookahead, updates_per_step
+from rayft.training.loop.rollout_actors import Rollouts
 from rayft.training.loop.rollout_plan import with_lookahead
 from rayft.training.loop.session import RaySession, TrainSession, all_reduce_sum
 from rayft.training.loop.steps import StepStats, train_step
@@ -124,14 +125,6 @@ def run_worker(plan: WorkerPlan, session: TrainSession) -> TrainerState:
     return worker.state
 
 
-def rollout_lookahead(plan: WorkerPlan) -> int:
-    """How many steps' prompts are read ahead of the step that trains: the steps asynchronous rollouts
-    sample while it trains (``train.rl.rollout.max_staleness``), none otherwise."""
-    if plan.task is not None or plan.train.objective != "grpo":
-        return 0
-    return plan.train.rl.rollout.max_staleness
-
-
 def stop_requested(worker: Worker) -> bool:
     """Whether the driver asked the run to stop (SIGTERM); all workers agree on the same step."""
     local = worker.stop.requested()
@@ -193,30 +186,6 @@ def setup_worker(plan: WorkerPlan, session: TrainSession) -> Worker:
         plan, session, parallel, model, optimizer, scheduler, scaler, objective, precision, logger, state, saver, stop,
         profile, rollouts,
     )  # fmt: skip
-
-
-def updates_per_step(plan: WorkerPlan) -> int:
-    """Optimizer updates per training step: ``train.rl.steps_per_rollout`` for GRPO, else 1."""
-    return plan.train.rl.steps_per_rollout if plan.task is None and plan.train.objective == "grpo" else 1
-
-
-def read_rollouts_ahead(restore_dir: Path | None, rank: int) -> str | None:
-    """The rollouts this rank had sampled ahead (asynchronous GRPO) at the checkpoint it resumes from."""
-    saved = restore_dir / layout.TRAINER_SUBDIR / layout.rollouts_file(rank) if restore_dir else None
-    return saved.read_text() if saved is not None and saved.is_file() else None
-
-
-def build_worker_rollouts(plan: WorkerPlan, session: TrainSession, objective: RlTraining, ahead: str | None
-                          ) -> Rollouts:  # fmt: skip
-    """Where this worker's rollouts are sampled (its generation actors started, with actors), with the
-    rollouts it had sampled ahead at the checkpoint it resumes from."""
-    rollout = plan.train.rl.rollout
-    spec = ActorSpec(plan.model, plan.lora, plan.train.method, plan.train.rl, rollout.num_gpus_per_actor)
-    rollouts = build_rollouts(spec, rollout, objective.sampler, plan.seed, world_size=session.world_size,
-                              rank=session.rank)  # fmt: skip
-    if ahead is not None:
-        rollouts.restore(ahead)
-    return rollouts
 
 
 def build_objective(plan: WorkerPlan) -> Objective:
