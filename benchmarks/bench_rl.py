@@ -1,4 +1,5 @@
-"""GRPO's step against TRL's ``GRPOTrainer`` on identical work: rollout tokens/s, trainer tokens/s and step time.
+"""GRPO's step against TRL's ``GRPOTrainer`` on identical work, and rayft's rollout placements against each other:
+rollout tokens/s, trainer tokens/s and step time.
 
 Both arms run in this process, one after the other, on SmolLM2-135M-Instruct (rayft's offline copy) with a
 LoRA adapter (r 16, alpha 32, every linear layer, no dropout), the same GSM8K training problems as raw-text
@@ -12,10 +13,14 @@ metrics.jsonl (``time/step``, ``time/rollout``) and from a TRL callback around e
 Rollout tokens/s counts generated completion tokens over generation time; trainer tokens/s counts every
 real token of the training rows (prompt and completion) over the rest of the step.
 
-An asynchronous rollout mode (rollouts for step n+1 while step n trains) does not exist in rayft yet, so
-the synchronous loop is the only arm of rayft.
+rayft runs three arms in the same run, each printed as ratios against the first: colocated rollouts (the
+trainer samples), rollouts on one Ray generation actor in synchronous mode (``max_staleness: 0``: the
+trainer waits for the rollout of each step), and asynchronous (``max_staleness: 1``: the actor samples step
+n+1 while step n trains). For the actor arms ``time/rollout`` is the trainer's wait for the rollout and rollout
+tokens/s is ``rl/rollout_tokens_per_s`` (generated tokens over the actor's own generating time). The actor
+gets ``--actor-cpus`` CPUs (HF generate on that many threads); the trainer runs in this process.
 
-    .venv/bin/python benchmarks/bench_rl.py [--steps 5] [--prompts 4] [--group 4] [--max-new-tokens 48]
+    .venv/bin/python benchmarks/bench_rl.py [--steps 5] [--prompts 4] [--group 4] [--max-new-tokens 48] [--no-trl]
 """
 
 from __future__ import annotations
@@ -45,7 +50,18 @@ def prompt_of(question: str) -> str:
     return f"Question: {question}\nAnswer:"
 
 
-def run_rayft(work: Path, rows: list[dict[str, str]], args: argparse.Namespace) -> dict[str, float]:
+ARMS = {
+    "rayft colocated": (),
+    "rayft actors sync": ("train.rl.rollout.placement=actors", "train.rl.rollout.num_actors=1"),
+    "rayft actors async": ("train.rl.rollout.placement=actors", "train.rl.rollout.num_actors=1",
+                           "train.rl.rollout.max_staleness=1"),
+}  # fmt: skip
+
+
+def run_rayft(
+    work: Path, rows: list[dict[str, str]], args: argparse.Namespace, name: str = "rayft-grpo",
+    extra: tuple[str, ...] = (),
+) -> dict[str, float]:  # fmt: skip
     """rayft's GRPO, in-process; per-step figures from its metrics.jsonl (the warm-up step left out)."""
     import rayft
     from rayft.config import load_config
@@ -53,7 +69,7 @@ def run_rayft(work: Path, rows: list[dict[str, str]], args: argparse.Namespace) 
     data = work / "problems.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
     cfg = load_config(None, [
-        f"model.name={MODEL}", f"storage_path={work}", "name=rayft-grpo", "scaling.num_workers=0",
+        f"model.name={MODEL}", f"storage_path={work}", f"name={name}", "scaling.num_workers=0",
         f"data.datasets=[{{path: '{data}', format: template, use_chat_template: false, "
         "input_template: 'Question: {question}\\nAnswer:', output_template: '{answer}'}]",
         "data.packing=false", "data.validation_fraction=0", "data.shuffle_buffer_size=1", "data.max_seq_length=512",
@@ -64,17 +80,22 @@ def run_rayft(work: Path, rows: list[dict[str, str]], args: argparse.Namespace) 
         f"train.rl.group_size={args.group}", f"train.rl.max_new_tokens={args.max_new_tokens}",
         "train.rl.temperature=1.0", "train.rl.loss=dapo", "train.rl.epsilon_high=0.28",
         f"train.rl.completions_per_forward={args.prompts * args.group}",
+        f"train.rl.rollout.num_cpus_per_actor={args.actor_cpus}", *extra,
     ])  # fmt: skip
     run = rayft.api.train(cfg)
     records = [json.loads(line) for line in (run.run_dir / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in records if "train/loss" in r][1:]
-    return summarise(
+    figures = summarise(
         [r["time/step"] for r in steps],
         [r["time/rollout"] for r in steps],
         [r["rl/completion_length"] * args.prompts * args.group for r in steps],
         [r["train/tokens_per_s"] * (r["time/step"] - r["time/rollout"]) for r in steps],
         [r["rl/reward"] for r in steps],
     )
+    # The generating time itself (on the trainer, or on the actor while the trainer may be training).
+    figures["rollout_tokens_per_s"] = statistics.median(r["rl/rollout_tokens_per_s"] for r in steps)
+    figures["staleness"] = statistics.mean(r["rl/staleness"] for r in steps)
+    return figures
 
 
 def run_trl(work: Path, rows: list[dict[str, str]], args: argparse.Namespace, model_dir: str) -> dict[str, float]:
@@ -155,6 +176,8 @@ def main() -> None:
     parser.add_argument("--prompts", type=int, default=4, help="prompts per step")
     parser.add_argument("--group", type=int, default=4, help="completions per prompt")
     parser.add_argument("--max-new-tokens", type=int, default=48)
+    parser.add_argument("--actor-cpus", type=float, default=1.0, help="CPUs of the generation actor")
+    parser.add_argument("--no-trl", action="store_true", help="leave TRL's arm out")
     args = parser.parse_args()
     from rayft.models.loading import ensure_builtin_model
 
@@ -162,20 +185,25 @@ def main() -> None:
     rows = problems(args.steps * args.prompts)
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
-        ours = run_rayft(work, rows, args)
-        theirs = run_trl(work, rows, args, model_dir)
+        arms = {name: run_rayft(work, rows, args, name.replace(" ", "-"), extra) for name, extra in ARMS.items()}
+        theirs = None if args.no_trl else run_trl(work, rows, args, model_dir)
     print(f"GRPO step, SmolLM2-135M LoRA r16 on CPU: {args.prompts} prompts x {args.group} completions of at most "
           f"{args.max_new_tokens} tokens per step, {args.steps} steps (first left out), medians")  # fmt: skip
-    print(f"{'arm':<22}{'step s':>9}{'rollout s':>11}{'train s':>9}{'rollout tok/s':>15}{'reward':>9}")
-    for name, figures in (("rayft (sync, coloc.)", ours), ("TRL GRPOTrainer", theirs)):
+    print(f"{'arm':<22}{'step s':>9}{'rollout s':>11}{'train s':>9}{'rollout tok/s':>15}{'train tok/s':>13}"
+          f"{'stale':>7}{'reward':>9}")  # fmt: skip
+    for name, figures in [*arms.items(), *([("TRL GRPOTrainer", theirs)] if theirs else [])]:
         print(f"{name:<22}{figures['step_s']:>9.2f}{figures['rollout_s']:>11.2f}{figures['train_s']:>9.2f}"
-              f"{figures['rollout_tokens_per_s']:>15.1f}{figures['reward']:>9.3f}")  # fmt: skip
-    print(f"rayft trainer tokens/s (real prompt+completion tokens over the step less its rollout): "
-          f"{ours['trainer_tokens_per_s']:.1f}")  # fmt: skip
-    print(f"ratios rayft/TRL: step time {ours['step_s'] / theirs['step_s']:.2f}x, rollout tokens/s "
-          f"{ours['rollout_tokens_per_s'] / theirs['rollout_tokens_per_s']:.2f}x, training time "
-          f"{ours['train_s'] / theirs['train_s']:.2f}x")  # fmt: skip
-    print("asynchronous rollouts: not available in rayft (only the synchronous arm ran)")
+              f"{figures['rollout_tokens_per_s']:>15.1f}{figures['trainer_tokens_per_s']:>13.1f}"
+              f"{figures.get('staleness', float('nan')):>7.2f}{figures['reward']:>9.3f}")  # fmt: skip
+    base = arms["rayft colocated"]
+    for name, figures in list(arms.items())[1:]:
+        print(f"ratios {name} / colocated: step time {figures['step_s'] / base['step_s']:.2f}x, rollout tokens/s "
+              f"{figures['rollout_tokens_per_s'] / base['rollout_tokens_per_s']:.2f}x, trainer tokens/s "
+              f"{figures['trainer_tokens_per_s'] / base['trainer_tokens_per_s']:.2f}x")  # fmt: skip
+    if theirs is not None:
+        print(f"ratios rayft colocated/TRL: step time {base['step_s'] / theirs['step_s']:.2f}x, rollout tokens/s "
+              f"{base['rollout_tokens_per_s'] / theirs['rollout_tokens_per_s']:.2f}x, training time "
+              f"{base['train_s'] / theirs['train_s']:.2f}x")  # fmt: skip
     print("command: " + " ".join([".venv/bin/python", "benchmarks/bench_rl.py", *sys.argv[1:]]))
 
 

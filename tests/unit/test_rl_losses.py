@@ -124,6 +124,24 @@ def test_clipping_with_stale_samples_equals_trls() -> None:
     assert float(result.loss_sum.detach() / result.terms) == pytest.approx(float(trl.detach()), rel=1e-6)
 
 
+def test_recorded_rollout_logps_give_ratio_one_on_the_first_update() -> None:
+    """steps_per_rollout > 1 records the rollout policy's log-probabilities; the first update's policy is
+    that policy, so its loss and gradient are the on-policy ones (ratio 1, nothing clipped)."""
+    data = _inputs(4, kl=False)
+    settings = PolicyLossSettings("dapo", 0.2, 0.28, 0.0, MAX_NEW)
+    recorded = data["logps"].clone()
+    first = data["logps"].clone().requires_grad_(True)
+    on_policy = data["logps"].clone().requires_grad_(True)
+    ours = policy_loss(first, recorded, None, data["advantages"], data["mask"].bool(), settings)
+    want = policy_loss(on_policy, on_policy.detach(), None, data["advantages"], data["mask"].bool(), settings)
+    ours.loss_sum.backward()
+    want.loss_sum.backward()
+    assert (ours.low_clipped, ours.high_clipped) == (0.0, 0.0)
+    assert float(ours.loss_sum.detach()) == float(want.loss_sum.detach())
+    assert first.grad is not None and on_policy.grad is not None
+    torch.testing.assert_close(first.grad, on_policy.grad, rtol=0, atol=0)
+
+
 def _trl_loss_with(compute: Any, data: dict[str, torch.Tensor], logps: torch.Tensor) -> torch.Tensor:
     from trl import GRPOTrainer
 

@@ -55,12 +55,124 @@ class RewardConfig(Section):
         return self.name or self.function.rsplit(":", 1)[-1]
 
 
+class RolloutConfig(Section):
+    """Where the rollouts of ``train.objective: grpo`` are sampled: on the training workers themselves
+    (colocated), or on Ray generation actors apart from them, which receive the policy's weights after every
+    step and may sample ahead of training (bounded staleness)."""
+
+    placement: Literal["colocated", "actors"] = Field(
+        "colocated",
+        description=(
+            "'colocated': each training worker samples with Hugging Face generate on the model it trains (no "
+            "weights travel). 'actors': Ray generation actors apart from the trainer hold a copy of the policy, "
+            "receive its weights through the Ray object store after each step (LoRA: the adapter tensors only; "
+            "full: the whole state dict) and sample the rollouts (HF generate, or vLLM on GPUs)."
+        ),
+    )
+    num_actors: int | None = Field(
+        None,
+        ge=1,
+        description=(
+            "Generation actors in total (placement 'actors'), split evenly among the training workers: each "
+            "worker owns at least one and sends its micro-batches of prompts to its own, round robin. Unset: one "
+            "per training worker."
+        ),
+    )
+    num_cpus_per_actor: float = Field(
+        1.0, ge=0, description="CPUs Ray reserves for each generation actor (HF generate uses that many threads)."
+    )
+    num_gpus_per_actor: float = Field(
+        0.0,
+        ge=0,
+        description="GPUs Ray reserves for each generation actor; > 0 puts its model on the GPU (engine 'auto': vLLM).",
+    )
+    engine: Literal["auto", "hf", "vllm"] = Field(
+        "auto",
+        description=(
+            "What the actors generate with: 'hf' (Hugging Face generate, seeded exactly as colocated sampling), "
+            "'vllm' (a vLLM engine on the actor's GPU: pip install 'rayft[vllm]'; its sampling is seeded per "
+            "completion, so its samples are not the colocated ones), 'auto' (vllm with num_gpus_per_actor > 0, "
+            "else hf)."
+        ),
+    )
+    actor_class: str | None = Field(
+        None,
+        description=(
+            "A generation actor class of your own, 'package.module:Class', in place of the engine's: constructed "
+            "with the actor spec (rayft.training.loop.rollout_actors.ActorSpec) and answering ready(), "
+            "load_weights(update) and generate(prompts, group, seed) as rayft's HfRolloutActor does."
+        ),
+    )
+    start_timeout_s: float = Field(
+        600.0,
+        gt=0,
+        description=(
+            "Longest wait, in seconds, for the actors to be placed and to load the model; past it the run ends "
+            "(the cluster lacks the actors' CPUs or GPUs, or the model loads too slowly)."
+        ),
+    )
+    sync_timeout_s: float = Field(
+        300.0,
+        gt=0,
+        description=(
+            "Longest wait, in seconds, for a weight synchronisation to the actors to finish; past it the run ends "
+            "with the actor named (a large model over a slow network, or an actor that hangs)."
+        ),
+    )
+    generate_timeout_s: float = Field(
+        1800.0,
+        gt=0,
+        description=(
+            "Longest wait, in seconds, for an actor's rollout of one micro-batch of prompts, counted once its "
+            "weights are synchronised; past it the run ends (raise it for long completions on slow actors)."
+        ),
+    )
+    max_staleness: int = Field(
+        0,
+        ge=0,
+        le=4,
+        description=(
+            "How many optimizer steps older than the policy being trained a rollout's weights may be: 0 samples "
+            "each step with the weights of the step before (synchronous); 1 lets the actors sample step n+1 while "
+            "step n trains (asynchronous, one step off-policy). Needs placement 'actors'. Logged as rl/staleness."
+        ),
+    )
+
+    @model_validator(mode="after")
+    def _actor_settings_need_actors(self) -> RolloutConfig:
+        if self.placement == "colocated":
+            if self.max_staleness:
+                raise ValueError(
+                    f"train.rl.rollout.max_staleness={self.max_staleness} needs placement 'actors': colocated "
+                    "rollouts run on the trainer between its steps; set train.rl.rollout.placement=actors or "
+                    "max_staleness=0"
+                )
+            if self.engine == "vllm" or self.actor_class is not None:
+                what = "engine=vllm" if self.engine == "vllm" else "actor_class"
+                raise ValueError(
+                    f"train.rl.rollout.{what} is read by generation actors only; set train.rl.rollout.placement=actors"
+                )
+        if self.actor_class is not None and ":" not in self.actor_class:
+            raise ValueError(
+                f"train.rl.rollout.actor_class={self.actor_class!r} is not 'package.module:Class'; name the module "
+                "and the class"
+            )
+        return self
+
+    @property
+    def resolved_engine(self) -> Literal["hf", "vllm"]:
+        """The engine the actors run: 'auto' is vLLM on GPUs, HF generate on CPUs."""
+        if self.engine != "auto":
+            return self.engine
+        return "vllm" if self.num_gpus_per_actor > 0 else "hf"
+
+
 class RlConfig(Section):
     """Group-relative policy optimisation (GRPO and its variants) with on-policy samples scored by rewards.
 
-    Each optimizer step takes its prompts from the training data (the rows' prompts; their responses are
+    Each training step takes its prompts from the training data (the rows' prompts; their responses are
     the references the rewards compare with), samples ``group_size`` completions per prompt with the
-    current policy on every worker (colocated with training, so no weights travel), scores them, and
+    current policy (on the training workers or on generation actors: ``rollout``), scores them, and
     trains on every completion with its advantage over the prompt's group."""
 
     group_size: int = Field(
@@ -127,6 +239,20 @@ class RlConfig(Section):
             "'copy' (a frozen copy of the starting weights loaded beside the policy), 'auto' (base for LoRA, copy "
             "for full fine-tuning)."
         ),
+    )
+    steps_per_rollout: int = Field(
+        1,
+        ge=1,
+        description=(
+            "Optimizer updates on each rollout (TRL's num_iterations, PPO's epochs): a training step samples once "
+            "and updates this many times; past the first update the probability ratio to the rollout's policy "
+            "(its per-token log-probabilities, recorded at rollout time) is clipped by epsilon. train.max_steps "
+            "counts rollouts; the learning-rate schedule counts updates."
+        ),
+    )
+    rollout: RolloutConfig = Field(
+        default_factory=RolloutConfig,
+        description="Where rollouts are sampled (colocated or on generation actors), their timeouts and staleness.",
     )
     rewards: list[RewardConfig] = Field(
         default_factory=lambda: [RewardConfig(function="math")],

@@ -78,6 +78,11 @@ def rng_file(rank: int) -> str:
     return f"rng-rank-{rank:04d}.pt"
 
 
+def rollouts_file(rank: int) -> str:
+    """The file holding one worker's rollouts sampled ahead of its step (asynchronous GRPO) inside ``trainer/``."""
+    return f"rollouts-rank-{rank:04d}.json"
+
+
 PROFILE_DIR = "profile"
 """Step-time breakdowns and traces of the run (``rayft profile RUN`` reads them)."""
 STEP_TIMES_FILE = f"{PROFILE_DIR}/step_times.jsonl"

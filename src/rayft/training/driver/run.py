@@ -227,13 +227,16 @@ class LocalLauncher:
     checkpoint: CheckpointConfig
     failure: FailureConfig
     uses_ray: bool = False
+    actors_address: str | None = None  # GRPO's generation actors need a Ray (this one, or a local one)
+    needs_actors: bool = False
 
     def check(self) -> None:
         """Nothing to check."""
 
     def runtime(self) -> AbstractContextManager[Any]:
-        """No Ray."""
-        return contextlib.nullcontext()
+        """No Ray, unless GRPO's rollouts run on generation actors: then the Ray this process uses, the
+        cluster at ``scaling.address``, or a local one."""
+        return ray_runtime(self.actors_address) if self.needs_actors else contextlib.nullcontext()
 
     def launch(self, plan: WorkerPlan, prepared: PreparedData) -> None:
         """Run the loop here."""
@@ -270,5 +273,6 @@ class RayLauncher:
 def default_launcher(cfg: RayftConfig) -> Launcher:
     """The launcher of ``rayft train``: in this process for ``num_workers: 0``, else on Ray Train."""
     if cfg.scaling.num_workers == 0:
-        return LocalLauncher(cfg.checkpoint, cfg.failure)
+        actors = cfg.train.objective == "grpo" and cfg.train.rl.rollout.placement == "actors"
+        return LocalLauncher(cfg.checkpoint, cfg.failure, actors_address=cfg.scaling.address, needs_actors=actors)
     return RayLauncher(cfg.scaling, cfg.failure, cfg.checkpoint, metrics=cfg.logging.prometheus.enabled)

@@ -163,6 +163,8 @@ class TrainingObjects:
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LRScheduler
     scaler: torch.amp.GradScaler | None = None  # the fp16 GradScaler, when there is one
+    # This rank's state beyond the model's (GRPO's rollouts sampled ahead), as JSON; None: none to keep.
+    rank_state: Callable[[], str | None] | None = None
 
 
 WriteModel: TypeAlias = "Callable[[torch.nn.Module, Path, dict[str, torch.Tensor] | None], None]"
@@ -225,13 +227,16 @@ def take_snapshot(objects: TrainingObjects, state: TrainerState, *, rank: int, m
     """CPU copies of this step's state; rank 0 also receives every rank's RNG state and the whole
     model and optimizer state (gathered from the shards under FSDP: every rank takes part)."""
     all_rng = all_gather_objects(rng_state_bytes())
+    rank_state = objects.rank_state() if objects.rank_state is not None else None
+    all_rank_states = all_gather_objects(rank_state) if objects.rank_state is not None else []
     parallel, model = objects.parallel, objects.model
     snapshot = Snapshot(
         step=state.step,
         metrics=state.metrics(),
         state_json=json.dumps(asdict(state), indent=2),
         scheduler_json=json.dumps(objects.scheduler.state_dict()),
-        rng_files={layout.rng_file(r): data for r, data in enumerate(all_rng)},
+        rng_files={layout.rng_file(r): data for r, data in enumerate(all_rng)}
+        | {layout.rollouts_file(r): text.encode() for r, text in enumerate(all_rank_states) if text is not None},
         model_state=parallel.model_state(model, method, rank),
         optimizer_state=parallel.optimizer_state(model, objects.optimizer, rank),
     )

@@ -3,23 +3,24 @@
 A training unit is a prompt: a prepared row whose prompt tokens are its unlabelled prefix and whose
 response (the labelled tokens, decoded) is the reference the rewards compare with, so any dataset the
 SFT path reads (GSM8K, the built-in sets, SDG output) is a prompt set, read, sharded and resumed as
-SFT's units are. Before each optimizer step every worker samples ``group_size`` completions of each of
-its prompts with the current policy (colocated: the workers that train also generate, so no weights
-travel and no copy waits to be synchronised), scores them with the rewards, turns rewards into
-group-relative advantages, and the step trains on the completions (:mod:`rayft.training.modeling.rl`).
+SFT's units are. Before each training step every worker has ``group_size`` completions of each of its
+prompts sampled with the policy (on itself, or on generation actors kept in step with its weights:
+:mod:`rayft.training.loop.rollout_actors`), scores them with the rewards, turns rewards into group-relative
+advantages, and the step trains on the completions (:mod:`rayft.training.modeling.rl`).
 
 A micro-batch's samples are seeded by (run seed, step, its first prompt's sample id): a resumed run samples
-the same completions as an uninterrupted one, and 1 worker draws what 2 workers draw for the same
-micro-batches of prompts (as its SFT steps equal theirs for the same micro-batches). A step's samples are
-on-policy, so the probability ratio of the clipped loss is 1 with the gradient of the log-probabilities
-(TRL's ``num_iterations=1``).
+the same completions as an uninterrupted one, 1 worker draws what 2 workers draw for the same micro-batches
+of prompts (as its SFT steps equal theirs for the same micro-batches), and an HF generation actor draws
+what the trainer draws. With one update per rollout the samples are on-policy, so the probability ratio of
+the clipped loss is 1 with the gradient of the log-probabilities (TRL's ``num_iterations=1``); with
+``steps_per_rollout`` > 1 the rollout policy's per-token log-probabilities are recorded before the first
+update and the ratio to them is clipped on the updates after it.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,8 +33,10 @@ from rayft.errors import ConfigError
 from rayft.evaluation.rewards import RewardSet, Scores
 from rayft.training.loop.batches import TrainBatch, Unit, micro_batches
 from rayft.training.loop.objective import CausalLm
+from rayft.training.loop.rollout_plan import staleness
+from rayft.training.loop.sampling import Completions, PromptBatch, Sampler
 from rayft.training.loop.session import all_reduce_sum
-from rayft.training.modeling.attention import generation_attention, row_multiple
+from rayft.training.modeling.attention import row_multiple
 from rayft.training.modeling.model import transformers_model
 from rayft.training.modeling.rl import (
     PolicyLossSettings,
@@ -44,8 +47,6 @@ from rayft.training.modeling.rl import (
 )
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
-
     import torch
     from peft import PeftModel
 
@@ -53,19 +54,6 @@ if TYPE_CHECKING:
     from rayft.training.modeling.precision import Precision
 
 log = logging.getLogger("rayft.train")
-
-
-@dataclass
-class PromptBatch:
-    """A micro-batch of prompts before its rollout: each prompt's token ids and its reference text."""
-
-    prompts: list[list[int]]
-    references: list[str]
-    sample_ids: list[int]
-
-    def to(self, device: object) -> PromptBatch:
-        """Prompts stay host lists until they are sampled from."""
-        return self
 
 
 @dataclass
@@ -77,6 +65,7 @@ class RolloutBatch:
     advantages: torch.Tensor
     ref_logps: torch.Tensor | None
     terms: int
+    old_logps: torch.Tensor | None = None  # the rollout policy's, when the rollout is trained on more than once
 
     @property
     def sample_ids(self) -> list[int]:
@@ -101,7 +90,8 @@ class RolloutBatch:
     def to(self, device: torch.device) -> RolloutBatch:
         """The same batch with its tensors on ``device``."""
         ref = None if self.ref_logps is None else self.ref_logps.to(device)
-        return RolloutBatch(self.rows.to(device), self.advantages.to(device), ref, self.terms)
+        old = None if self.old_logps is None else self.old_logps.to(device)
+        return RolloutBatch(self.rows.to(device), self.advantages.to(device), ref, self.terms, old)
 
 
 def split_unit(unit: Unit) -> tuple[list[int], list[int]]:
@@ -109,22 +99,6 @@ def split_unit(unit: Unit) -> tuple[list[int], list[int]]:
     ids, labels = list(unit["input_ids"]), list(unit["labels"])
     first = next((i for i, label in enumerate(labels) if label != IGNORE_INDEX), len(ids))
     return ids[:first], [t for t, label in zip(ids, labels, strict=True) if label != IGNORE_INDEX]
-
-
-def seed_of(seed: int, step: int, sample_id: int) -> int:
-    """The sampling seed of a micro-batch's rollout at a step, from its first prompt's sample id: a function
-    of the three alone (exact resume)."""
-    return (seed * 1_000_003 + step * 10_007 + sample_id * 7_919_113) % (2**63 - 1)
-
-
-@dataclass
-class Completions:
-    """Sampled completions: per row its completion token ids (up to and with the end-of-sequence token)."""
-
-    token_ids: list[list[int]]
-    texts: list[str]
-    generated_tokens: int
-    seconds: float
 
 
 @dataclass
@@ -193,81 +167,38 @@ class RlTraining:
 
     # -- the rollout ------------------------------------------------------------------------------------
 
-    def rollout(self, model: torch.nn.Module, batches: Sequence[PromptBatch], *, step: int) -> list[RolloutBatch]:
-        """Sample, score and turn each prompt micro-batch into a micro-batch of completions to train on."""
-
+    def rollout(
+        self, model: torch.nn.Module, batches: Sequence[PromptBatch], sampled: Sequence[Completions], *, step: int,
+        precision: Precision | None = None,
+    ) -> list[RolloutBatch]:  # fmt: skip
+        """Score each micro-batch's sampled completions and turn them into micro-batches to train on."""
         inner = transformers_model(model)
         out = []
-        for batch in batches:
-            seed = seed_of(self.seed, step, batch.sample_ids[0])
-            sampled = self.sample(inner, batch.prompts, self.settings.group_size, seed=seed)
+        for batch, completions in zip(batches, sampled, strict=True):
             references = [ref for ref in batch.references for _ in range(self.settings.group_size)]
-            scores = self.rewards.score(sampled.texts, references)
-            out += self.to_rollout(inner, batch, sampled, scores)
-            self.add("time/rollout_generate_s", sampled.seconds)
-            self.add("rollout_tokens", float(sampled.generated_tokens))
+            scores = self.rewards.score(completions.texts, references)
+            out += self.to_rollout(inner, batch, completions, scores, precision)
+            self.add("time/rollout_generate_s", completions.seconds)
+            self.add("rollout_tokens", float(completions.generated_tokens))
+            version = step - 1 if completions.version is None else completions.version
+            self.add("staleness", float(staleness(step, version)))
+            self.add("rollout_batches", 1.0)
         return out
 
-    def sample(
-        self, inner: TransformersModel, prompts: list[list[int]], group: int, *, seed: int | None
-    ) -> Completions:
-        """``group`` completions of each prompt (consecutive), each cut after its end-of-sequence token, from
-        one ``generate`` call over every row (one call of 32 rows ran 1.6x the tokens/s of four calls of 8 for
-        SmolLM2 on CPU): sampled with the rollout settings from ``seed``, or greedy without one."""
-        import torch
-
-        was_training = inner.training
-        inner.eval()
-        started = time.perf_counter()
-        with torch.no_grad(), generation_attention(inner, self.lm.plan.model.attn_implementation):
-            if seed is not None:
-                torch.manual_seed(seed)
-            token_ids = self.generate(inner, [p for p in prompts for _ in range(group)], greedy=seed is None)
-        inner.train(was_training)
-        seconds = time.perf_counter() - started
-        texts = self.lm.tokenizer.batch_decode(token_ids, skip_special_tokens=True)
-        return Completions(token_ids, texts, sum(len(t) for t in token_ids), seconds)
-
-    def generate(self, inner: TransformersModel, rows: list[list[int]], *, greedy: bool) -> list[list[int]]:
-        """One ``generate`` call over ``rows`` (left-padded), each completion cut after its end of sequence."""
-        import torch
-        from transformers import GenerationConfig
-
-        width = max(len(p) for p in rows)
-        pad = self.pad_id
-        device = next(inner.parameters()).device
-        input_ids = torch.tensor([[pad] * (width - len(p)) + p for p in rows], device=device)
-        attention = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in rows], device=device)
-        s = self.settings
-        sampling = {} if greedy else {"temperature": s.temperature, "top_p": s.top_p, "top_k": 0}
-        # A fresh config, not the model's: its sampling defaults must not leak into greedy or sampled runs.
-        config = GenerationConfig(do_sample=not greedy, max_new_tokens=s.max_new_tokens, pad_token_id=pad,
-                                  eos_token_id=self.eos_ids, **sampling)  # type: ignore[no-untyped-call]  # fmt: skip
-        generate = cast("Callable[..., torch.Tensor]", inner.generate)  # the token ids (no dict asked for)
-        generated = generate(input_ids=input_ids, attention_mask=attention, generation_config=config)
-        return [self._cut(row) for row in generated[:, width:].tolist()]
+    @property
+    def sampler(self) -> Sampler:
+        """The sampler of rollouts and of greedy validation."""
+        return Sampler(self.settings, self.lm.tokenizer, self.lm.plan.model.attn_implementation)
 
     @property
     def pad_id(self) -> int:
-        """The padding token (the end-of-sequence token when the tokenizer has none)."""
-        tokenizer = self.lm.tokenizer
-        return int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id)
-
-    @property
-    def eos_ids(self) -> list[int]:
-        """The tokens that end a completion: the tokenizer's end of sequence (what the SFT rows end with)."""
-        return [int(self.lm.tokenizer.eos_token_id)]
-
-    def _cut(self, row: list[int]) -> list[int]:
-        """A generated row up to and with its first end-of-sequence token (the padding after it dropped)."""
-        for index, token in enumerate(row):
-            if token in self.eos_ids:
-                return row[: index + 1]
-        return row
+        """The padding token of the training rows."""
+        return self.sampler.pad_id
 
     def to_rollout(
-        self, inner: TransformersModel, batch: PromptBatch, sampled: Completions, scores: Scores
-    ) -> list[RolloutBatch]:
+        self, inner: TransformersModel, batch: PromptBatch, sampled: Completions, scores: Scores,
+        precision: Precision | None,
+    ) -> list[RolloutBatch]:  # fmt: skip
         """The completions as training micro-batches of at most ``train.rl.completions_per_forward`` rows, with
         their advantages (over each whole group); the step's figures are added up."""
         import torch
@@ -284,16 +215,24 @@ class RlTraining:
                           "sample_ids": [batch.sample_ids[index // g]] if index % g == 0 else []})  # fmt: skip
         self.add_scores(scores, rewards, sampled)
         size = self.settings.completions_per_forward or g
-        return [self.training_batch(inner, units[i : i + size], advantages[i : i + size])
+        return [self.training_batch(inner, units[i : i + size], advantages[i : i + size], precision)
                 for i in range(0, len(units), size)]  # fmt: skip
 
-    def training_batch(self, inner: TransformersModel, units: list[Unit], advantages: torch.Tensor) -> RolloutBatch:
+    def training_batch(
+        self, inner: TransformersModel, units: list[Unit], advantages: torch.Tensor, precision: Precision | None
+    ) -> RolloutBatch:
         """Completion rows as one padded micro-batch, with their reference log-probabilities if the KL term
-        needs them."""
+        needs them, and the rollout policy's if the rollout is trained on more than once."""
+        import torch
+
         rows = collate(units, self.pad_id, row_multiple(self.lm.plan.model.attn_implementation))
         ref = self.reference_logps(inner, rows) if self.reference_kind != "none" else None
+        old = None
+        if self.settings.steps_per_rollout > 1:
+            with torch.no_grad():
+                old = self.logps(inner, rows.to(next(inner.parameters()).device), precision)[0]
         tokens = sum(len(u["input_ids"]) - u["labels"].count(IGNORE_INDEX) for u in units)
-        return RolloutBatch(rows, advantages, ref, tokens if self.settings.loss == "dapo" else len(units))
+        return RolloutBatch(rows, advantages, ref, tokens if self.settings.loss == "dapo" else len(units), old)
 
     def reference_logps(self, inner: TransformersModel, rows: MicroBatch) -> torch.Tensor:
         """The reference model's per-token log-probabilities of the completions (the policy's layout)."""
@@ -336,7 +275,9 @@ class RlTraining:
         """The sum of the batch's loss terms under ``train.rl.loss``."""
         assert isinstance(batch, RolloutBatch)  # the loop trains on what rollout() made
         logps, entropy, mask = self.logps(model, batch.rows, precision)
-        result = policy_loss(logps, logps.detach(), batch.ref_logps, batch.advantages, mask, self.loss_settings)
+        # One update per rollout: the samples are the policy's own, the ratio 1 with its gradient.
+        old = logps.detach() if batch.old_logps is None else batch.old_logps
+        result = policy_loss(logps, old, batch.ref_logps, batch.advantages, mask, self.loss_settings)
         self.add("kl", result.kl_sum)
         self.add("clip_low", result.low_clipped)
         self.add("clip_high", result.high_clipped)
@@ -370,7 +311,7 @@ class RlTraining:
         """Every sum :meth:`take_figures` reduces, in one order on every rank."""
         fixed = ["completions", "groups", "reward", "reward_std", "zero_std_groups", "pass@1", "pass@k",
                  "completion_length", "kl", "clip_low", "clip_high", "entropy", "loss_tokens", "rollout_tokens",
-                 "time/rollout_generate_s"]  # fmt: skip
+                 "time/rollout_generate_s", "staleness", "rollout_batches"]  # fmt: skip
         return fixed + [f"reward/{n}" for n in self.rewards.names] + [f"reward_errors/{n}" for n in self.rewards.names]
 
     def take_figures(self, device: torch.device, world_size: int) -> dict[str, float]:
@@ -390,6 +331,7 @@ class RlTraining:
             "rl/completion_length": total["completion_length"] / completions,
             "rl/entropy": total["entropy"] / tokens,
             "rl/clip_fraction": (total["clip_low"] + total["clip_high"]) / tokens,
+            "rl/staleness": total["staleness"] / max(total["rollout_batches"], 1.0),
             # Generation runs on every rank at once: tokens of all ranks over one rank's mean generating time.
             "rl/rollout_tokens_per_s": total["rollout_tokens"]
             / max(total["time/rollout_generate_s"] / world_size, 1e-9),
@@ -414,7 +356,7 @@ class RlTraining:
         sums = [0.0] * (len(names) + 3)  # total reward, each function's, solved, completions
         for chunk in micro_batches(iter(units), batch_size):
             batch = self.collate(chunk)
-            sampled = self.sample(inner, batch.prompts, 1, seed=None)
+            sampled = self.sampler.sample(inner, batch.prompts, 1, seed=None)
             scores = self.rewards.score(sampled.texts, batch.references)
             sums[0] += sum(scores.total)
             for index, name in enumerate(names):

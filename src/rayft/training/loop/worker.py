@@ -46,7 +46,11 @@ from rayft.training.loop.metrics import (
 from rayft.training.loop.objective import CausalLm, Objective, TaskObjective
 from rayft.training.loop.plan import is_due, learning_rate_factor, units_before_step
 from rayft.training.loop.preference import PreferenceTraining
-from rayft.training.loop.rl import PromptBatch, RlTraining, RolloutBatch
+from rayft.training.loop.rl import RlTraining, RolloutBatch
+from rayft.training.loop.rl_setup import build_worker_rollouts, read_rollouts_ahead, rollout_lookahead, updates_per_step
+from rayft.training.loop.rollout_actors import Rollouts
+from rayft.training.loop.rollout_plan import with_lookahead
+from rayft.training.loop.sampling import PromptBatch
 from rayft.training.loop.session import RaySession, TrainSession, all_reduce_sum
 from rayft.training.loop.steps import StepStats, train_step
 from rayft.training.loop.timing import StepProfile, open_step_profile
@@ -83,6 +87,7 @@ class Worker:
     checkpoints: Checkpointer
     stop: StopWatch
     profile: StepProfile
+    rollouts: Rollouts | None = None  # where GRPO's rollouts are sampled
     stopped_on_request: bool = False
     window: ThroughputWindow = field(default_factory=ThroughputWindow)
     window_units: float = 0.0  # every worker's loss terms (pairs, for preference training) since the last log line
@@ -94,18 +99,18 @@ def run_worker(plan: WorkerPlan, session: TrainSession) -> TrainerState:
     timer = worker.profile.timer
     try:
         timer.start()
-        for loaded in step_batches(plan, session, worker.state.step, worker.objective):
+        batches_ahead = with_lookahead(step_batches(plan, session, worker.state.step, worker.objective),
+                                       rollout_lookahead(plan))  # fmt: skip
+        for loaded, ahead in batches_ahead:
             # A rank slowed before its step waits like a slow loader: both count as data_wait.
             plan.faults.before_step(session.rank, worker.state.step + 1, worker.stop.requested)
             plan.faults.log_samples(session.rank, worker.state.step + 1, [i for b in loaded for i in b.sample_ids])
             timer.lap("data_wait")
             # GRPO's batches are prompts: the step trains on the completions sampled from them.
-            batches = (
-                rollout(worker, loaded)
-                if isinstance(worker.objective, RlTraining)
-                else cast("list[TrainBatch]", loaded)
-            )
-            stats = run_step(worker, batches)
+            if isinstance(worker.objective, RlTraining):
+                stats = run_rl_step(worker, rollout(worker, loaded, ahead))
+            else:
+                stats = run_step(worker, cast("list[TrainBatch]", loaded))
             after_step(worker, stats)
             worker.profile.step_done()
             stopping = worker.state.stopped_early or stop_requested(worker)
@@ -121,6 +126,8 @@ def run_worker(plan: WorkerPlan, session: TrainSession) -> TrainerState:
         worker.profile.close()
         worker.stop.close()
         worker.logger.close()
+        if worker.rollouts is not None:
+            worker.rollouts.close()
     return worker.state
 
 
@@ -157,9 +164,10 @@ def setup_worker(plan: WorkerPlan, session: TrainSession) -> Worker:
         model, optimizer = parallel.prepare(
             model, lambda net: build_optimizer(net, plan.train), parallel_setup(plan.train, session, precision)
         )
-        scheduler = build_scheduler(optimizer, plan.train, plan.schedule.total_steps)
+        scheduler = build_scheduler(optimizer, plan.train, plan.schedule.total_steps * updates_per_step(plan))
         state = TrainerState()
         torch.manual_seed(plan.seed + 1 + session.rank)  # distinct dropout streams per worker
+        ahead = read_rollouts_ahead(restore_dir, session.rank)
         if restore_dir is not None:
             state = restore_training_state(restore_dir, parallel, model, optimizer, scheduler, rank=session.rank)
             if plan.retuned:
@@ -178,9 +186,12 @@ def setup_worker(plan: WorkerPlan, session: TrainSession) -> Worker:
     profile = open_step_profile(
         plan.train.profile, session, Path(plan.run_dir), remote_uri=plan.remote_uri, params=total, start_step=state.step
     )
+    rollouts = None
+    if isinstance(objective, RlTraining):
+        rollouts = build_worker_rollouts(plan, session, objective, ahead)
     return Worker(
         plan, session, parallel, model, optimizer, scheduler, scaler, objective, precision, logger, state, saver, stop,
-        profile,
+        profile, rollouts,
     )  # fmt: skip
 
 
@@ -239,7 +250,10 @@ def model_files(plan: WorkerPlan) -> ModelFiles:
 
 def save_checkpoint(worker: Worker) -> None:
     """Save the current step of the loop (see :meth:`Checkpointer.save`)."""
-    objects = TrainingObjects(worker.parallel, worker.model, worker.optimizer, worker.scheduler, worker.scaler)
+    rank_state = worker.rollouts.state if worker.rollouts is not None else None
+    objects = TrainingObjects(
+        worker.parallel, worker.model, worker.optimizer, worker.scheduler, worker.scaler, rank_state
+    )
     worker.checkpoints.save(objects, worker.state)
 
 
@@ -363,18 +377,45 @@ def step_batches(
                 return
 
 
-def rollout(worker: Worker, batches: list[Batch]) -> list[RolloutBatch]:
-    """The step's completions, sampled from its prompts with the current policy and scored (GRPO)."""
-    assert isinstance(worker.objective, RlTraining)
-    device = worker.session.device
+def rollout(worker: Worker, batches: list[Batch], ahead: list[list[Batch]]) -> list[RolloutBatch]:
+    """The step's completions, sampled from its prompts (and the next steps' prompts sent to asynchronous
+    generation actors) and scored (GRPO)."""
+    assert isinstance(worker.objective, RlTraining) and worker.rollouts is not None
+    step = worker.state.step + 1
     prompts = cast("list[PromptBatch]", batches)  # what RlTraining.collate made
-    sampled = worker.objective.rollout(worker.model, prompts, step=worker.state.step + 1)
+    sampled = worker.rollouts.sample(worker.model, step, prompts, cast("list[list[PromptBatch]]", ahead))
+    scored = worker.objective.rollout(worker.model, prompts, sampled, step=step, precision=worker.precision)
     worker.profile.timer.lap("rollout")
-    return [batch.to(device) for batch in sampled]
+    return [batch.to(worker.session.device) for batch in scored]
+
+
+def run_rl_step(worker: Worker, batches: Sequence[TrainBatch]) -> StepStats:
+    """``train.rl.steps_per_rollout`` optimizer updates on one rollout, then the new weights sent to the
+    generation actors (if any). The step's figures: the updates' mean loss, the last gradient norm, and
+    the tokens of every update."""
+    updates = [update(worker, batches, worker.state.step + 1) for _ in range(updates_per_step(worker.plan))]
+    worker.profile.timer.end_step()
+    worker.state.step += 1
+    assert worker.rollouts is not None
+    if worker.state.step < worker.plan.schedule.total_steps:  # the last weights sample nothing
+        worker.rollouts.after_update(worker.model, worker.state.step)
+    return StepStats(
+        loss=sum(u.loss for u in updates) / len(updates), label_tokens=sum(u.label_tokens for u in updates),
+        real_tokens=sum(u.real_tokens for u in updates), computed_tokens=sum(u.computed_tokens for u in updates),
+        grad_norm=updates[-1].grad_norm,
+    )  # fmt: skip
 
 
 def run_step(worker: Worker, batches: Sequence[TrainBatch]) -> StepStats:
-    """One optimizer step; a non-finite loss stops the run with a clear error."""
+    """One optimizer step."""
+    stats = update(worker, batches, worker.state.step + 1)
+    worker.profile.timer.end_step()
+    worker.state.step += 1
+    return stats
+
+
+def update(worker: Worker, batches: Sequence[TrainBatch], step: int) -> StepStats:
+    """One optimizer update on ``batches``; a non-finite loss stops the run with a clear error."""
     objective, precision = worker.objective, worker.precision
     stats = train_step(
         worker.model, worker.optimizer, worker.scheduler, batches, parallel=worker.parallel, precision=precision,
@@ -382,11 +423,9 @@ def run_step(worker: Worker, batches: Sequence[TrainBatch]) -> StepStats:
         world_size=worker.session.world_size, device=worker.session.device,
         loss_fn=lambda model, batch: objective.loss_sum(model, batch, precision), timer=worker.profile.timer,
     )  # fmt: skip
-    worker.profile.timer.end_step()
-    worker.state.step += 1
     if not math.isfinite(stats.loss):
         raise TrainingError(
-            f"training loss became {stats.loss} at step {worker.state.step}; lower train.learning_rate, "
+            f"training loss became {stats.loss} at step {step}; lower train.learning_rate, "
             "set train.max_grad_norm, or check the data for empty or corrupt rows"
         )
     return stats

@@ -9,9 +9,12 @@ and gradients.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from rayft.errors import ConfigError, MissingDependencyError
+
+if TYPE_CHECKING:
+    import torch
 
 LIGER_PARTS = {
     "rope": True,
@@ -31,7 +34,7 @@ def check_liger_device(device_type: str) -> None:
         )
 
 
-def apply_liger_kernels(net: Any, device_type: str) -> None:
+def apply_liger_kernels(net: torch.nn.Module, device_type: str) -> None:
     """Patch Liger's RMSNorm, SwiGLU and RoPE into ``net`` (a transformers model, before its adapter is attached).
 
     Refused on a device Liger cannot run on, without the package (with its install line), and for a model

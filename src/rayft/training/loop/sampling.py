@@ -1,0 +1,121 @@
+"""Sampling a policy's completions with Hugging Face ``generate``: one call per micro-batch of prompts,
+seeded, each completion cut after its end-of-sequence token.
+
+The training workers (colocated rollouts, greedy validation) and the HF generation actors
+(:mod:`rayft.training.loop.rollout_actors`) sample through this one class, so a rollout drawn on an actor
+is the rollout the trainer would have drawn with the same weights and seed.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, cast
+
+from rayft.config.rl import RlConfig
+from rayft.training.modeling.attention import generation_attention
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    import torch
+    from transformers import PreTrainedTokenizerBase
+
+    from rayft.training.modeling.model import TransformersModel
+
+
+@dataclass
+class PromptBatch:
+    """A micro-batch of prompts before its rollout: each prompt's token ids and its reference text."""
+
+    prompts: list[list[int]]
+    references: list[str]
+    sample_ids: list[int]
+
+    def to(self, device: object) -> PromptBatch:
+        """Prompts stay host lists until they are sampled from."""
+        return self
+
+
+def seed_of(seed: int, step: int, sample_id: int) -> int:
+    """The sampling seed of a micro-batch's rollout at a step, from its first prompt's sample id: a function
+    of the three alone (exact resume; the same wherever the micro-batch is sampled)."""
+    return (seed * 1_000_003 + step * 10_007 + sample_id * 7_919_113) % (2**63 - 1)
+
+
+@dataclass
+class Completions:
+    """Sampled completions: per row its completion token ids (up to and with the end-of-sequence token),
+    and, from generation actors, the weights' version (optimizer steps) that sampled them."""
+
+    token_ids: list[list[int]]
+    texts: list[str]
+    generated_tokens: int
+    seconds: float
+    version: int | None = None
+
+
+@dataclass(frozen=True)
+class Sampler:
+    """Completions of prompts by a causal LM with the rollout settings of ``settings``."""
+
+    settings: RlConfig
+    tokenizer: PreTrainedTokenizerBase
+    attn_implementation: str
+
+    def sample(
+        self, inner: TransformersModel, prompts: list[list[int]], group: int, *, seed: int | None
+    ) -> Completions:
+        """``group`` completions of each prompt (consecutive), each cut after its end-of-sequence token, from
+        one ``generate`` call over every row (one call of 32 rows ran 1.6x the tokens/s of four calls of 8 for
+        SmolLM2 on CPU): sampled with the rollout settings from ``seed``, or greedy without one."""
+        import torch
+
+        was_training = inner.training
+        inner.eval()
+        started = time.perf_counter()
+        with torch.no_grad(), generation_attention(inner, self.attn_implementation):
+            if seed is not None:
+                torch.manual_seed(seed)
+            token_ids = self.generate(inner, [p for p in prompts for _ in range(group)], greedy=seed is None)
+        inner.train(was_training)
+        seconds = time.perf_counter() - started
+        texts = self.tokenizer.batch_decode(token_ids, skip_special_tokens=True)
+        return Completions(token_ids, texts, sum(len(t) for t in token_ids), seconds)
+
+    def generate(self, inner: TransformersModel, rows: list[list[int]], *, greedy: bool) -> list[list[int]]:
+        """One ``generate`` call over ``rows`` (left-padded), each completion cut after its end of sequence."""
+        import torch
+        from transformers import GenerationConfig
+
+        width = max(len(p) for p in rows)
+        pad = self.pad_id
+        device = next(inner.parameters()).device
+        input_ids = torch.tensor([[pad] * (width - len(p)) + p for p in rows], device=device)
+        attention = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in rows], device=device)
+        s = self.settings
+        sampling = {} if greedy else {"temperature": s.temperature, "top_p": s.top_p, "top_k": 0}
+        # A fresh config, not the model's: its sampling defaults must not leak into greedy or sampled runs.
+        config = GenerationConfig(do_sample=not greedy, max_new_tokens=s.max_new_tokens, pad_token_id=pad,
+                                  eos_token_id=self.eos_ids, **sampling)  # type: ignore[no-untyped-call]  # fmt: skip
+        generate = cast("Callable[..., torch.Tensor]", inner.generate)  # the token ids (no dict asked for)
+        generated = generate(input_ids=input_ids, attention_mask=attention, generation_config=config)
+        return [self.cut(row) for row in generated[:, width:].tolist()]
+
+    @property
+    def pad_id(self) -> int:
+        """The padding token (the end-of-sequence token when the tokenizer has none)."""
+        tokenizer = self.tokenizer
+        return int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id)
+
+    @property
+    def eos_ids(self) -> list[int]:
+        """The tokens that end a completion: the tokenizer's end of sequence (what the SFT rows end with)."""
+        return [int(self.tokenizer.eos_token_id)]
+
+    def cut(self, row: list[int]) -> list[int]:
+        """A generated row up to and with its first end-of-sequence token (the padding after it dropped)."""
+        for index, token in enumerate(row):
+            if token in self.eos_ids:
+                return row[: index + 1]
+        return row
