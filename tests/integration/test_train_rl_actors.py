@@ -13,7 +13,7 @@ import pytest
 from rayft.data.prepared import PreparedData
 from rayft.errors import TrainingError
 from rayft.training.loop.rollout_actors import HfRolloutActor, WeightUpdate
-from tests.helpers import crashed_copy, read_metrics, train_losses, train_on
+from tests.support.runs import crashed_copy, read_metrics, train_losses, train_on
 from tests.integration.test_train_rl import BUILTIN_REWARDS, figures, prompts, rl_config
 
 pytestmark = pytest.mark.integration
