@@ -29,6 +29,10 @@ _RAY_LOGGERS = ("ray", "ray.data", "ray.train")
 _FILE_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 _HANDLER_NAME = "rayft-log-file"
 
+FILE_ONLY = {"rayft_file_only": True}
+"""``extra=`` of a log record for the run's log file alone (say, Ray's traceback of a failure the
+console tells in one line)."""
+
 
 def is_verbose() -> bool:
     """Whether Ray's own output goes to the console too (``--verbose``, ``RAYFT_VERBOSE=1``)."""
@@ -44,6 +48,8 @@ class ConsoleFilter(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         """True for a record the console shows."""
+        if getattr(record, "rayft_file_only", False):
+            return False
         own = record.name == "rayft" or record.name.startswith("rayft.")
         return self.verbose or own or record.levelno >= logging.WARNING
 

@@ -19,6 +19,7 @@ import pytest
 from rayft.testing.ray_head import RayHead, ray_head
 from rayft.testing.servers import free_port
 from tests.helpers import read_metrics, train_losses
+from tests.support.faults import FAULT_INJECTOR
 
 pytestmark = pytest.mark.integration
 
@@ -87,7 +88,8 @@ def test_submit_stop_and_resume_a_run_with_no_credential_value_in_the_job(
     steps = 6
     config = _config(
         tmp_path, tiny_model_dir, "submitted",
-        f"train: {{max_steps: {steps}, micro_batch_size: 4, save_steps: 1000, eval_steps: {steps}}}",
+        f"train: {{max_steps: {steps}, micro_batch_size: 4, save_steps: 1000, eval_steps: {steps}, "
+        f"callbacks: ['{FAULT_INJECTOR}']}}",
     )  # fmt: skip
     workdir = tmp_path / "project"
     workdir.mkdir()

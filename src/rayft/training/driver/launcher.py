@@ -26,7 +26,7 @@ from rayft.cache import cache_root
 from rayft.config.train import CheckpointConfig, FailureConfig, ScalingConfig
 from rayft.console import quiet_worker_console, ray_train_log_level
 from rayft.data.prepared import PreparedData
-from rayft.errors import RayftError, ResourceError, RunInterruptedError, TrainingError, exception_chain
+from rayft.errors import ResourceError, RunInterruptedError
 from rayft.models.loading import hide_unused_bitsandbytes
 from rayft.runs import layout
 from rayft.runs.location import RunLocation
@@ -34,7 +34,7 @@ from rayft.runs.stop import StopRequest
 from rayft.runs.store import RunStore, open_store
 from rayft.runtime import environment, local_idle_main_thread, owns_ray
 from rayft.security import install_redaction
-from rayft.training.loop.faults import faults_from_env
+from rayft.training.driver.restarts import decide_after_failure
 from rayft.training.loop.plan import missing_resources
 from rayft.training.loop.session import LocalSession, RaySession
 from rayft.training.loop.worker import run_worker
@@ -55,7 +55,6 @@ def launch_local(
     plan: WorkerPlan, prepared: PreparedData, checkpoint: CheckpointConfig, failure: FailureConfig | None = None
 ) -> None:
     """Run the worker loop in this process, without Ray."""
-    plan = dataclasses.replace(plan, faults=faults_from_env())
     session = LocalSession(
         split_files(prepared), Path(plan.run_dir), num_to_keep=checkpoint.num_to_keep, remote_uri=plan.remote_uri
     )
@@ -181,17 +180,58 @@ def launch_ray(
     callbacks: Sequence[Any] = (),
 ) -> None:
     """Run the worker loop on ``scaling.num_workers`` Ray Train workers and wait for the end
-    (``callbacks``: Ray Train callbacks of the run, such as one that forwards its reports to Tune)."""
+    (``callbacks``: Ray Train callbacks of the run, such as one that forwards its reports to Tune).
+
+    A failed attempt (a worker killed, out of memory or lost with its node, Ray Train's controller
+    killed, the worker group failing to start, a worker's error other than a rayft one) is followed
+    by a new worker group that resumes from the latest checkpoint, up to ``failure.max_failures``
+    times, with one line each on the console; Ray's own report goes to the run's log file."""
     import ray
+
+    use_gpu = resolve_use_gpu(scaling.use_gpu, ray.cluster_resources())
+    per_worker = worker_resources(scaling, use_gpu)
+    own_ray = owns_ray()
+    train_env = local_train_env(os.environ) if own_ray else {}
+    store = open_store(plan.location)
+    with stop_on_sigterm(Path(plan.run_dir), failure.sigterm_grace_s, plan.remote_uri), environment(train_env):
+        for attempt in range(failure.max_failures + 1):
+            check_cluster_fits(per_worker, scaling)
+            trainer = build_trainer(
+                plan,
+                prepared,
+                scaling,
+                failure,
+                checkpoint,
+                use_gpu=use_gpu,
+                per_worker=per_worker,
+                callbacks=callbacks,
+            )
+            try:
+                trainer.fit()
+                return
+            except Exception as exc:  # decided below: retried, translated, or raised as it is
+                decide_after_failure(exc, failure, store, restarts=attempt)
+
+
+def build_trainer(
+    plan: WorkerPlan,
+    prepared: PreparedData,
+    scaling: ScalingConfig,
+    failure: FailureConfig,
+    checkpoint: CheckpointConfig,
+    *,
+    use_gpu: bool,
+    per_worker: dict[str, float],
+    callbacks: Sequence[Any],
+) -> Any:
+    """One attempt's ``TorchTrainer``. Ray Train restarts nothing itself (its ``max_failures`` is
+    0): the launcher does, because Ray Train cannot restart its own controller, the process Ray's
+    memory monitor kills as readily as a worker."""
     import ray.train
     from ray.train.torch import TorchConfig
 
-    plan = dataclasses.replace(plan, faults=faults_from_env())
-    use_gpu = resolve_use_gpu(scaling.use_gpu, ray.cluster_resources())
-    per_worker = worker_resources(scaling, use_gpu)
-    check_cluster_fits(per_worker, scaling)
     own_ray = owns_ray()
-    trainer = trainer_class(own_ray)(
+    return trainer_class(own_ray)(
         train_loop_per_worker=ray_worker_entry,
         train_loop_config={
             "plan": plan,
@@ -207,7 +247,7 @@ def launch_ray(
         run_config=ray.train.RunConfig(
             name=layout.CHECKPOINTS_DIR,
             **ray_storage(plan),
-            failure_config=ray.train.FailureConfig(max_failures=failure.max_failures),
+            failure_config=ray.train.FailureConfig(max_failures=0),
             checkpoint_config=_ray_checkpoint_config(checkpoint, plan.has_validation),
             callbacks=list(callbacks),
             # Ray Train's RunConfig takes it at run time; its typed v1 signature does not list it
@@ -215,13 +255,6 @@ def launch_ray(
         ),
         torch_config=TorchConfig(backend="nccl" if use_gpu else "gloo", timeout_s=int(failure.collective_timeout_s)),
     )
-    train_env = local_train_env(os.environ) if own_ray else {}
-    with (
-        stop_on_sigterm(Path(plan.run_dir), failure.sigterm_grace_s, plan.remote_uri),
-        environment(train_env),
-        _unwrapped_failures(failure),
-    ):
-        trainer.fit()
 
 
 def ray_storage(plan: WorkerPlan) -> dict[str, Any]:
@@ -284,35 +317,3 @@ def _ray_checkpoint_config(checkpoint: CheckpointConfig, has_validation: bool) -
             num_to_keep=checkpoint.num_to_keep, checkpoint_score_attribute="eval/loss", checkpoint_score_order="min"
         )
     return ray.train.CheckpointConfig(num_to_keep=checkpoint.num_to_keep)
-
-
-@contextlib.contextmanager
-def _unwrapped_failures(config: FailureConfig) -> Iterator[None]:
-    """Turn Ray Train's failure into the rayft error a worker raised, or a TrainingError that
-    names the rank and the error (and says so when a collective timed out)."""
-    from ray.train import WorkerGroupError
-
-    try:
-        yield
-    except WorkerGroupError as exc:
-        for rank, failure in sorted(exc.worker_failures.items()):
-            rayft_error = next((e for e in exception_chain(failure) if isinstance(e, RayftError)), None)
-            if rayft_error is not None:
-                raise rayft_error from exc
-            raise TrainingError(describe_worker_failure(rank, failure, config)) from exc
-        raise
-
-
-def describe_worker_failure(rank: int, failure: BaseException, config: FailureConfig) -> str:
-    """The one-line message of a run that failed on ``rank`` after the allowed retries."""
-    lines = [line.strip() for line in str(failure).strip().splitlines() if line.strip()]
-    last_line = lines[-1] if lines else ""
-    detail = next((line for line in lines if "Error:" in line and "Traceback" not in line), last_line)
-    retries = f"after {config.max_failures} restart(s) (failure.max_failures={config.max_failures})"
-    if "timed out" in str(failure).lower() or "timeout" in str(failure).lower():
-        return (
-            f"a collective timed out on rank {rank} {retries}: another worker is stuck or dead and did not join "
-            f"within failure.collective_timeout_s={config.collective_timeout_s:g} s. {type(failure).__name__}: "
-            f"{detail}"
-        )
-    return f"training failed on rank {rank} {retries}: {type(failure).__name__}: {detail}"
