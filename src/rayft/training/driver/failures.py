@@ -97,7 +97,7 @@ def process_failure(who: str, error: BaseException) -> Failure:
     """A process of the run that died: by Ray's memory monitor, with its node, or killed."""
     text = str(error)
     ip = _IP.search(text)
-    if _is_out_of_memory(error) or _MEMORY_USED.search(text):
+    if _is_out_of_memory(error) or _MEMORY_USED.search(text) or "low on memory" in text:
         used = _MEMORY_USED.search(text)
         node = used.group(1) if used else ip.group(1) if ip else None
         return Failure(f"{who} was killed by Ray's memory monitor: {memory_summary(text)}", "memory", True, node)
@@ -139,7 +139,7 @@ def restart_line(
 ) -> str:
     """The line printed before restart ``attempt`` (1-based) of ``max_failures``."""
     where = f" on node {failure.node}" if failure.node else ""
-    at = f" at step {step}" if step is not None else " before the first step"
+    at = f" after step {step}" if step is not None else " before the first step"
     start = f"checkpoint step {resume_step}" if resume_step is not None else "the start (no checkpoint yet)"
     return f"{failure.what}{where}{at}; restarting the workers from {start} (attempt {attempt} of {max_failures})"
 
@@ -147,7 +147,7 @@ def restart_line(
 def exhausted_text(failure: Failure, *, step: int | None, restarts: int, max_failures: int) -> str:
     """The first sentence of a run's end after its last allowed restart."""
     where = f" on node {failure.node}" if failure.node else ""
-    at = f" at step {step}" if step is not None else " before the first step"
+    at = f" after step {step}" if step is not None else " before the first step"
     tried = "no restart allowed" if max_failures == 0 else f"after {restarts} restart(s)"
     return f"{_capitalised(failure.what)}{where}{at}, {tried} (failure.max_failures={max_failures})."
 
