@@ -30,6 +30,12 @@ pytestmark = pytest.mark.chaos
 RESTART = re.compile(r"restarting the workers from checkpoint step (\d+) \(attempt (\d+) of (\d+)\)")
 
 
+def own_output(err: str) -> str:
+    """The driver's output less what Ray forwards from Ray Train's placement-group cleaner, which on a
+    Ray without a dashboard (this one's) fails every second with a traceback of its own."""
+    return "\n".join(line for line in err.splitlines() if "(PlacementGroupCleaner" not in line)
+
+
 def assert_same_run(run_dir: Path, reference: Path) -> None:
     """Every step's loss and every adapter weight equal the reference's, bit for bit."""
     assert train_losses(run_dir) == train_losses(reference)
@@ -81,7 +87,7 @@ def test_a_worker_killed_mid_run_is_restarted_from_the_last_checkpoint_by_the_ru
     restarts = [m.groups() for m in RESTART.finditer(err)]
     assert restarts == [("3", "1", "3")], err[-4000:]
     assert re.search(r"worker \d died \(killed by a signal, or the process crashed\) on node \S+ after step 5", err)
-    assert "Traceback" not in err, err[-4000:]
+    assert "Traceback" not in own_output(err), err[-4000:]
     assert_same_run(tmp_path / "run", uninterrupted_run)
 
 
@@ -119,7 +125,7 @@ def test_a_process_killed_by_rays_memory_monitor_under_real_memory_pressure_is_r
     memory = [line for line in restarts if "was killed by Ray's memory monitor: node memory" in line]
     assert memory, f"no restart names the memory monitor:\n{err[-4000:]}"
     assert re.search(r"> threshold [\d.]+% on node \S+ after step \d+; restarting the workers from", memory[0])
-    assert "Traceback" not in err, err[-4000:]
+    assert "Traceback" not in own_output(err), err[-4000:]
     assert_same_run(tmp_path / "run", uninterrupted_run)
 
 
