@@ -197,8 +197,10 @@ def ignore_known_warnings() -> None:
 
 
 def ray_train_log_level() -> str:
-    """The level of Ray Train's own console lines: INFO when verbose, else WARNING."""
-    return "INFO" if is_verbose() else "WARNING"
+    """The level of Ray Train's own console lines (its controller's and workers'): INFO when
+    verbose, else ERROR. Its warnings are about what rayft reports itself in one line: when a worker
+    dies, the controller warns with a traceback that shutting the others down failed "as expected"."""
+    return "INFO" if is_verbose() else "ERROR"
 
 
 def clock(seconds: float) -> str:
