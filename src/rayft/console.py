@@ -160,7 +160,8 @@ def _not_progress_notice(record: logging.LogRecord) -> bool:
 
 
 class RayInfoFilter(logging.Filter):
-    """Drops the records below WARNING logged from inside the ``ray`` package (any logger name)."""
+    """Drops the records below WARNING logged from inside the ``ray`` package (any logger name), and
+    Ray Train's report of a training function's error."""
 
     def __init__(self, ray_dir: str) -> None:
         super().__init__()
@@ -168,7 +169,11 @@ class RayInfoFilter(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         """True for a record the console shows."""
-        return record.levelno >= logging.WARNING or not record.pathname.startswith(self.ray_dir)
+        if not record.pathname.startswith(self.ray_dir):
+            return True
+        # Ray Train's copy of the error a training function raised (a worker whose peer died fails in its
+        # collective): the driver tells it in one line and writes its traceback to the run's log file.
+        return record.levelno >= logging.WARNING and not str(record.msg).startswith("Error in training function")
 
 
 def quiet_worker_console() -> None:
