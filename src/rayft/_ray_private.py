@@ -17,10 +17,12 @@ the Ray series :data:`CHECKED_RAY_SERIES`, which ``pyproject.toml`` pins.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import logging
 import os
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from rayft.security import redact
@@ -240,6 +242,34 @@ def local_scaling_policy(policy: Any) -> Any:
     return LocalFixedScalingPolicy(policy.scaling_config)
 
 
+GROUPS_DIR = ".placement-groups"
+"""In a run directory: one empty file per placement group its runs reserved, named by id."""
+
+
+def remove_recorded_groups(run_dir: Path) -> int:
+    """Remove every placement group recorded under ``run_dir`` (those already gone are skipped);
+    returns how many records were cleared."""
+    directory = run_dir / GROUPS_DIR
+    if not directory.is_dir():
+        return 0
+    cleared = 0
+    for record in directory.iterdir():
+        with contextlib.suppress(Exception):  # removed already, or a stray file: nothing holds it
+            remove_group(record.name)
+            log.debug("removed placement group %s of %s", record.name, run_dir.name)
+        record.unlink(missing_ok=True)
+        cleared += 1
+    return cleared
+
+
+def remove_group(group_id: str) -> None:
+    """Remove the placement group whose id is ``group_id`` (hex, as Ray prints it)."""
+    import ray
+    from ray.util.placement_group import PlacementGroup, remove_placement_group
+
+    remove_placement_group(PlacementGroup(ray.PlacementGroupID(bytes.fromhex(group_id))))
+
+
 def placement_group_recorder(directory: str) -> Any:
     """A Ray Train callback that records the placement group of each worker group it starts as an
     empty file named by its id in ``directory``; None where this Ray's internals differ.
@@ -283,7 +313,6 @@ def trial_result_loggers() -> list[Any]:
     """
     if _load(_RESTORE_FROM_REMOTE) is None:
         return []
-    from pathlib import Path
 
     from ray.tune.logger import CSVLoggerCallback, JsonLoggerCallback
 
