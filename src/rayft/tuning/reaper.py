@@ -9,15 +9,40 @@ again and, by :class:`reaper_callback`, once Tune no longer runs the trial.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
+from pathlib import Path
 from typing import Any
 
-from rayft._ray_private import GROUPS_DIR, remove_group, remove_recorded_groups
-
-__all__ = ["GROUPS_DIR", "reaper_callback", "remove_group", "remove_recorded_groups"]
-
 log = logging.getLogger("rayft.tune")
+
+GROUPS_DIR = ".placement-groups"
+"""In a trial's run directory: one empty file per placement group its runs reserved, named by id."""
+
+
+def remove_recorded_groups(run_dir: Path) -> int:
+    """Remove every placement group recorded under ``run_dir`` (those already gone are skipped);
+    returns how many records were cleared."""
+    directory = run_dir / GROUPS_DIR
+    if not directory.is_dir():
+        return 0
+    cleared = 0
+    for record in directory.iterdir():
+        with contextlib.suppress(Exception):  # removed already, or a stray file: nothing holds it
+            remove_group(record.name)
+            log.debug("removed placement group %s of %s", record.name, run_dir.name)
+        record.unlink(missing_ok=True)
+        cleared += 1
+    return cleared
+
+
+def remove_group(group_id: str) -> None:
+    """Remove the placement group whose id is ``group_id`` (hex, as Ray prints it)."""
+    import ray
+    from ray.util.placement_group import PlacementGroup, remove_placement_group
+
+    remove_placement_group(PlacementGroup(ray.PlacementGroupID(bytes.fromhex(group_id))))
 
 
 def reaper_callback(run_dir_of: Any, interval_s: float = 1.0) -> Any:

@@ -21,13 +21,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from rayft._ray_private import (
-    GROUPS_DIR,
-    local_train_env,
-    placement_group_recorder,
-    remove_recorded_groups,
-    trainer_class,
-)
+from rayft._ray_private import local_train_env, remove_orphaned_groups, trainer_class
 from rayft.config.train import CheckpointConfig, FailureConfig, ScalingConfig
 from rayft.console import ray_train_log_level
 from rayft.data.prepared import PreparedData
@@ -197,27 +191,21 @@ def launch_ray(
     own_ray = owns_ray()
     train_env = local_train_env(os.environ) if own_ray else {}
     store = open_store(plan.location)
-    run_dir = Path(plan.run_dir)
-    # The workers' placement group outlives a controller that was killed (it belongs to this job): the
-    # launcher records each attempt's and removes it before the next, which would otherwise wait for it.
-    recorder = placement_group_recorder(str(run_dir / GROUPS_DIR))
-    callbacks = (*callbacks, recorder) if recorder is not None else tuple(callbacks)
-    with stop_on_sigterm(run_dir, failure.sigterm_grace_s, plan.remote_uri), environment(train_env):
-        try:
-            for attempt in range(failure.max_failures + 1):
-                check_cluster_fits(per_worker, scaling)
-                trainer = build_trainer(
-                    plan, prepared, scaling, failure, checkpoint, use_gpu=use_gpu, per_worker=per_worker,
-                    callbacks=callbacks,
-                )  # fmt: skip
-                try:
-                    trainer.fit()
-                    return
-                except Exception as exc:  # decided below: retried, translated, or raised as it is
-                    decide_after_failure(exc, failure, store, restarts=attempt)
-                remove_recorded_groups(run_dir)
-        finally:
-            remove_recorded_groups(run_dir)
+    with stop_on_sigterm(Path(plan.run_dir), failure.sigterm_grace_s, plan.remote_uri), environment(train_env):
+        for attempt in range(failure.max_failures + 1):
+            check_cluster_fits(per_worker, scaling)
+            trainer = build_trainer(
+                plan, prepared, scaling, failure, checkpoint, use_gpu=use_gpu, per_worker=per_worker,
+                callbacks=callbacks,
+            )  # fmt: skip
+            try:
+                trainer.fit()
+                return
+            except Exception as exc:  # decided below: retried, translated, or raised as it is
+                decide_after_failure(exc, failure, store, restarts=attempt)
+            # A killed controller leaves its workers' placement group to this job, holding what the next attempt needs.
+            for group in remove_orphaned_groups():
+                log.info("removed placement group %s of the failed attempt", group)
 
 
 def build_trainer(
