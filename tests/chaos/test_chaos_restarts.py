@@ -100,7 +100,10 @@ def memory_threshold(margin_bytes: int) -> tuple[float, int]:
     used = memory.total - memory.available
     threshold = (used + margin_bytes) / memory.total
     room = memory.available - 3 * 2**30
-    assert threshold < 0.95 and room > margin_bytes, f"too little free memory here for this test: {memory}"
+    if threshold >= 0.95 or room <= margin_bytes:  # others use this machine's memory: no room to press it safely
+        pytest.skip(
+            f"needs {(margin_bytes + 3 * 2**30) / 2**30:.0f} GiB of free memory, has {memory.available / 2**30:.1f}"
+        )
     return round(threshold, 4), min(room, 8 * 2**30)
 
 

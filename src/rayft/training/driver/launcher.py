@@ -16,7 +16,8 @@ import logging
 import os
 import signal
 import threading
-from collections.abc import Iterator, Sequence
+import time
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -143,9 +144,12 @@ def resolve_use_gpu(setting: bool | str, cluster_resources: dict[str, float]) ->
     return bool(setting)
 
 
-def check_cluster_fits(per_worker: dict[str, float], scaling: ScalingConfig) -> None:
+def check_cluster_fits(
+    per_worker: dict[str, float], scaling: ScalingConfig, while_waiting: Callable[[], object] = lambda: None
+) -> None:
     """Fail fast when the workers cannot be placed: first against the cluster's totals, then by
-    reserving them for up to ``startup_timeout_s`` (other jobs may hold them)."""
+    reserving them for up to ``startup_timeout_s`` (other jobs may hold them), calling
+    ``while_waiting`` about every second until they are reserved."""
     import ray
     from ray.util.placement_group import placement_group, remove_placement_group
 
@@ -157,8 +161,12 @@ def check_cluster_fits(per_worker: dict[str, float], scaling: ScalingConfig) -> 
             f"{'; '.join(problems)}. Lower scaling.num_workers or scaling.resources_per_worker, or add nodes."
         )
     group = placement_group([dict(per_worker)] * scaling.num_workers, strategy=scaling.placement_strategy)
+    deadline = time.monotonic() + scaling.startup_timeout_s
     try:
-        if not group.wait(timeout_seconds=scaling.startup_timeout_s):
+        while not group.wait(timeout_seconds=max(0.1, min(1.0, deadline - time.monotonic()))):
+            if time.monotonic() < deadline:
+                while_waiting()
+                continue
             raise ResourceError(
                 f"scaling: could not reserve {scaling.num_workers} workers x {per_worker} within "
                 f"{scaling.startup_timeout_s:g} s; the cluster has {ray.available_resources()} free of "
@@ -193,7 +201,9 @@ def launch_ray(
     store = open_store(plan.location)
     with stop_on_sigterm(Path(plan.run_dir), failure.sigterm_grace_s, plan.remote_uri), environment(train_env):
         for attempt in range(failure.max_failures + 1):
-            check_cluster_fits(per_worker, scaling)
+            # After a failed attempt: a killed controller leaves its workers' placement group to this job,
+            # holding what the next attempt needs, and Ray marks it dead a moment after the failure shows.
+            check_cluster_fits(per_worker, scaling, while_waiting=remove_orphans if attempt else lambda: None)
             trainer = build_trainer(
                 plan, prepared, scaling, failure, checkpoint, use_gpu=use_gpu, per_worker=per_worker,
                 callbacks=callbacks,
@@ -203,9 +213,13 @@ def launch_ray(
                 return
             except Exception as exc:  # decided below: retried, translated, or raised as it is
                 decide_after_failure(exc, failure, store, restarts=attempt)
-            # A killed controller leaves its workers' placement group to this job, holding what the next attempt needs.
-            for group in remove_orphaned_groups():
-                log.info("removed placement group %s of the failed attempt", group)
+            remove_orphans()
+
+
+def remove_orphans() -> None:
+    """Remove the placement groups a killed Ray Train controller of this job left behind."""
+    for group in remove_orphaned_groups():
+        log.info("removed placement group %s of a failed attempt", group)
 
 
 def build_trainer(
