@@ -265,7 +265,9 @@ def remove_orphaned_groups() -> list[str]:
     removed = []
     for raw in accessor().get_placement_group_table():
         group = table.FromString(raw)
-        orphaned = group.creator_actor_dead and not group.creator_job_dead and not group.is_detached
+        by_actor = len(group.creator_actor_id) == 16 and not ray.ActorID(group.creator_actor_id).is_nil()
+        # A group the driver itself created has no creating actor, and Ray says that actor is dead.
+        orphaned = by_actor and group.creator_actor_dead and not group.creator_job_dead and not group.is_detached
         if orphaned and group.state != table.REMOVED and group.creator_job_id.hex() == job:
             remove_placement_group(PlacementGroup(ray.PlacementGroupID(group.placement_group_id)))
             removed.append(group.placement_group_id.hex())

@@ -1,5 +1,6 @@
 """A placement group whose creating actor was killed (as Ray's memory monitor kills Ray Train's
-controller) is removed by :func:`rayft._ray_private.remove_orphaned_groups`, and no other group is."""
+controller) is removed by :func:`rayft._ray_private.remove_orphaned_groups`, and no other group is:
+not a live actor's, not the driver's own."""
 
 from __future__ import annotations
 
@@ -24,6 +25,8 @@ def test_the_group_of_a_killed_actor_is_removed_and_a_live_actors_group_is_kept(
             ray.get(group.ready())
             return str(group.id.hex())
 
+    own = ray.util.placement_group([{"CPU": 0.01}])  # the driver's own (as the launcher's resource check makes)
+    ray.get(own.ready())
     doomed, alive = Reserver.remote(), Reserver.remote()  # type: ignore[attr-defined]
     orphan, kept = ray.get(doomed.reserve.remote()), ray.get(alive.reserve.remote())
     ray.kill(doomed)
@@ -35,6 +38,8 @@ def test_the_group_of_a_killed_actor_is_removed_and_a_live_actors_group_is_kept(
     assert removed == [orphan]
     assert placement_group_table()[orphan]["state"] == "REMOVED"
     assert placement_group_table()[kept]["state"] == "CREATED"
+    assert placement_group_table()[own.id.hex()]["state"] == "CREATED"
+    remove_placement_group(own)
     remove_placement_group(_group(kept))
     ray.kill(alive)
 
