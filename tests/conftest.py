@@ -12,7 +12,13 @@ import pytest
 from rayft.data.prepared import PreparedData
 from tests.support.runs import RESUME_RUN, tiny_config, train_on
 
-SHARED = Path(__file__).resolve().parents[1].parent / "shared"
+REPO = Path(__file__).resolve().parents[1]
+SHARED = REPO.parent / "shared"
+
+# The tests' loop callbacks (tests.support.faults, in train.callbacks) are imported by Ray workers and by
+# rayft subprocesses, which start in other directories: they find this checkout through PYTHONPATH.
+if str(REPO) not in os.environ.get("PYTHONPATH", "").split(os.pathsep):
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)
 GSM8K_TRAIN = SHARED / "datasets" / "gsm8k" / "train.jsonl"
 
 

@@ -34,6 +34,7 @@ _WORKER_GROUP_STATE = "ray.train.v2._internal.execution.worker_group.worker_grou
 _RESTORE_FROM_REMOTE = "ray.tune.logger.logger:LoggerCallback._restore_from_remote"
 _ENTRYPOINT_NAME = "ray._private.utils:get_entrypoint_name"
 _DATASETS_CALLBACK = "ray.train.v2._internal.callbacks.datasets:DatasetsCallback"
+_PLACEMENT_GROUP_TABLE = "ray._private.state:state._connect_and_get_accessor"
 
 # Every private name used below, as "module:attribute.path" (the canary test resolves each).
 PRIVATE_SYMBOLS: tuple[str, ...] = (
@@ -53,6 +54,7 @@ PRIVATE_SYMBOLS: tuple[str, ...] = (
     _WORKER_GROUP_STATE,
     _RESTORE_FROM_REMOTE,
     _ENTRYPOINT_NAME,
+    _PLACEMENT_GROUP_TABLE,
 )
 
 # Ray settings of a Ray that rayft starts itself (never of a cluster it joins), passed as
@@ -238,6 +240,38 @@ def local_scaling_policy(policy: Any) -> Any:
             """No request to renew."""
 
     return LocalFixedScalingPolicy(policy.scaling_config)
+
+
+def remove_orphaned_groups() -> list[str]:
+    """Remove the placement groups of this job whose creating actor is dead; returns their ids.
+
+    Ray Train's controller reserves its workers' resources with a placement group, which belongs to
+    the job: when the controller is killed (Ray's memory monitor picks it as readily as a worker),
+    the group outlives it and holds the resources a restart waits for. Ray Train's own cleaner of
+    such groups asks the State API, which a Ray without its dashboard does not answer (and which
+    :func:`trainer_class` drops on a Ray that rayft started). Reads the placement-group table through
+    Ray's private GCS accessor; where this Ray has none, removes nothing. Independent of
+    :data:`SWITCH_ENV`: without it, a restart after a killed controller would wait for nothing.
+    """
+    import ray
+    from ray.core.generated import gcs_pb2
+    from ray.util.placement_group import PlacementGroup, remove_placement_group
+
+    accessor = _load(_PLACEMENT_GROUP_TABLE)
+    if accessor is None:
+        return []
+    table: Any = getattr(gcs_pb2, "PlacementGroupTableData")  # noqa: B009 - generated protobuf code, no stubs
+    job = ray.get_runtime_context().get_job_id()
+    removed = []
+    for raw in accessor().get_placement_group_table():
+        group = table.FromString(raw)
+        by_actor = len(group.creator_actor_id) == 16 and not ray.ActorID(group.creator_actor_id).is_nil()
+        # A group the driver itself created has no creating actor, and Ray says that actor is dead.
+        orphaned = by_actor and group.creator_actor_dead and not group.creator_job_dead and not group.is_detached
+        if orphaned and group.state != table.REMOVED and group.creator_job_id.hex() == job:
+            remove_placement_group(PlacementGroup(ray.PlacementGroupID(group.placement_group_id)))
+            removed.append(group.placement_group_id.hex())
+    return removed
 
 
 def placement_group_recorder(directory: str) -> Any:

@@ -29,6 +29,10 @@ _RAY_LOGGERS = ("ray", "ray.data", "ray.train")
 _FILE_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 _HANDLER_NAME = "rayft-log-file"
 
+FILE_ONLY = {"rayft_file_only": True}
+"""``extra=`` of a log record for the run's log file alone (say, Ray's traceback of a failure the
+console tells in one line)."""
+
 
 def is_verbose() -> bool:
     """Whether Ray's own output goes to the console too (``--verbose``, ``RAYFT_VERBOSE=1``)."""
@@ -44,6 +48,8 @@ class ConsoleFilter(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         """True for a record the console shows."""
+        if getattr(record, "rayft_file_only", False):
+            return False
         own = record.name == "rayft" or record.name.startswith("rayft.")
         return self.verbose or own or record.levelno >= logging.WARNING
 
@@ -154,7 +160,8 @@ def _not_progress_notice(record: logging.LogRecord) -> bool:
 
 
 class RayInfoFilter(logging.Filter):
-    """Drops the records below WARNING logged from inside the ``ray`` package (any logger name)."""
+    """Drops the records below WARNING logged from inside the ``ray`` package (any logger name), and
+    Ray Train's report of a training function's error."""
 
     def __init__(self, ray_dir: str) -> None:
         super().__init__()
@@ -162,7 +169,11 @@ class RayInfoFilter(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         """True for a record the console shows."""
-        return record.levelno >= logging.WARNING or not record.pathname.startswith(self.ray_dir)
+        if not record.pathname.startswith(self.ray_dir):
+            return True
+        # Ray Train's copy of the error a training function raised (a worker whose peer died fails in its
+        # collective): the driver tells it in one line and writes its traceback to the run's log file.
+        return record.levelno >= logging.WARNING and not str(record.msg).startswith("Error in training function")
 
 
 def quiet_worker_console() -> None:
@@ -191,8 +202,10 @@ def ignore_known_warnings() -> None:
 
 
 def ray_train_log_level() -> str:
-    """The level of Ray Train's own console lines: INFO when verbose, else WARNING."""
-    return "INFO" if is_verbose() else "WARNING"
+    """The level of Ray Train's own console lines (its controller's and workers'): INFO when
+    verbose, else ERROR. Its warnings are about what rayft reports itself in one line: when a worker
+    dies, the controller warns with a traceback that shutting the others down failed "as expected"."""
+    return "INFO" if is_verbose() else "ERROR"
 
 
 def clock(seconds: float) -> str:

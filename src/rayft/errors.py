@@ -61,6 +61,25 @@ class TrainingError(RayftError):
     """Training failed in a way retries cannot fix (a repeated failure, a hung collective)."""
 
 
+class WorkersLostError(TrainingError):
+    """Processes of a training run died (killed, out of memory, their node lost) more often than
+    ``failure.max_failures`` allows; ``--resume`` continues from the last checkpoint."""
+
+    def __init__(self, summary: str, *, checkpoint_step: int | None, advice: str = "") -> None:
+        self.summary = summary
+        self.checkpoint_step = checkpoint_step
+        self.advice = advice
+        super().__init__(self.paragraph("rerun the same command with --resume"))
+
+    def paragraph(self, resume_command: str) -> str:
+        """The whole message, with the command that continues the run (``rayft train CONFIG --resume``)."""
+        if self.checkpoint_step is None:
+            where = f"No checkpoint was committed; start it again with:\n    {resume_command}"
+        else:
+            where = f"The last checkpoint is step {self.checkpoint_step}; continue from it with:\n    {resume_command}"
+        return "\n".join(part for part in (self.summary, where, self.advice) if part)
+
+
 class RunInterruptedError(RayftError):
     """The run stopped on request (SIGTERM) after saving a checkpoint; ``--resume`` continues it."""
 

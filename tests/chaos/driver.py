@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import logging
 import sys
 from pathlib import Path
 
@@ -25,12 +24,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--resume", action="store_true")
     parser.add_argument("--address", default=None)
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
 
+    from rayft.console import setup_console
     from rayft.data.prepared import PreparedData
     from rayft.errors import RayftError, RunInterruptedError
     from rayft.runtime import ray_runtime
     from tests.support.runs import tiny_config, train_on
+
+    setup_console()  # the console of `rayft train`: rayft's lines and warnings, Ray's report off it
 
     prepared = PreparedData.load(args.prepared)
     assert prepared is not None, args.prepared

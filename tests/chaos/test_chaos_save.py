@@ -15,7 +15,7 @@ import pytest
 from rayft.data.prepared import PreparedData
 from rayft.runs.layout import step_dir_name
 from rayft.runs.manifest import verify_checkpoint
-from rayft.training.loop.faults import SAVE_POINTS
+from rayft.training.loop.callbacks import SAVE_STAGES
 from tests.chaos.conftest import chaos_seed, chaos_trials, run_driver
 from tests.support.runs import tiny_config, train_losses, train_on
 
@@ -37,7 +37,7 @@ def test_sigkill_during_a_save_resumes_from_the_latest_complete_checkpoint(
     caplog.set_level(logging.INFO, logger="rayft.train")
     rng = random.Random(chaos_seed())
     for trial in range(chaos_trials(ci=3, full=20)):
-        step, point, background = rng.choice([2, 4, 6]), rng.choice(SAVE_POINTS), rng.choice(["true", "false"])
+        step, point, background = rng.choice([2, 4, 6]), rng.choice(SAVE_STAGES), rng.choice(["true", "false"])
         what = f"trial {trial} (seed {chaos_seed()}): kill at {point} of step {step}, async={background}"
         storage = tmp_path / f"trial-{trial}"
         settings = (*LOCAL, f"checkpoint.async_upload={background}")

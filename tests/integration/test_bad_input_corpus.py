@@ -104,6 +104,14 @@ CASES = {
         r"1 of 3 rows \(33.3%\) were rejected, .* Top reasons: row_too_large: 1 .*rejected.jsonl; fix the rows",
         report=True,
     ),
+    **{
+        f"data {kind} row larger than max_row_bytes": Case(
+            f"data prepare {{cfg}} data.datasets.0.path={{ws}}/huge-row.{suffix} data.datasets.0.max_row_bytes=4096",
+            r"1 of 3 rows \(33.3%\) were rejected, .* Top reasons: row_too_large: 1 .*rejected.jsonl; fix the rows",
+            report=True,
+        )
+        for kind, suffix in (("CSV", "csv"), ("Parquet", "parquet"), ("JSON list", "json"))
+    },
     "data row with a repeated key": Case(
         "data prepare {cfg} data.datasets.0.path={ws}/dup-key.jsonl",
         r"1 of 3 rows \(33.3%\) were rejected, .* Top reasons: duplicate_key: 1 .*rejected.jsonl; fix the rows",
@@ -178,6 +186,7 @@ def workspace(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) ->
     lines = DATA_ROWS.splitlines()
     huge = json.dumps({"prompt": "x" * 10_000, "completion": " 2"})
     (ws / "huge-row.jsonl").write_text(f"{lines[0]}\n{huge}\n{lines[1]}\n")
+    write_huge_row_tables(ws)
     (ws / "dup-key.jsonl").write_text(DATA_ROWS + '{"prompt": "3 + 3 =", "completion": " 6", "completion": " 7"}\n')
     (ws / "messages-string.jsonl").write_text(
         '{"messages": [{"role": "user", "content": "1 + 1 ="}, {"role": "assistant", "content": "2"}]}\n'
@@ -210,6 +219,22 @@ def workspace(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) ->
     with tmpfs(ws / "ro", size_kib=64, readonly=True) as ro, tmpfs(ws / "full", size_kib=64) as full:
         yield {"ws": str(ws), "cfg": str(config), "tiny": str(tiny_model_dir), "notok": str(notok),
                "emptycfg": str(emptycfg), "run": str(run), "ro": str(ro), "full": str(full)}  # fmt: skip
+
+
+def write_huge_row_tables(ws: Path) -> None:
+    """huge-row.csv, .parquet and .json: two good rows around one with a 2 MiB prompt, a cell that a
+    4 KiB max_row_bytes rejects before parsing it (larger than pyarrow's 1 MiB CSV read block, which
+    could not hold it: the file must not be refused for it)."""
+    import pyarrow as pa
+    import pyarrow.csv as pacsv
+    import pyarrow.parquet as pq
+
+    rows = [json.loads(line) for line in DATA_ROWS.splitlines()]
+    rows.insert(1, {"prompt": "x" * (2 << 20), "completion": " 2"})
+    table = pa.Table.from_pylist(rows)
+    pacsv.write_csv(table, ws / "huge-row.csv")
+    pq.write_table(table, ws / "huge-row.parquet")
+    (ws / "huge-row.json").write_text(json.dumps(rows, indent=1))
 
 
 def rayft_cli(argv: list[str], cwd: Path) -> tuple[subprocess.CompletedProcess[str], float]:

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.faults import FAULT_INJECTOR
 from tests.support.ray_head import RayHead, ray_head
 from tests.support.ray_state import train_workers
 from tests.support.runs import train_losses
@@ -66,7 +67,8 @@ def test_stacks_of_a_held_job_show_every_worker_in_the_training_loop(
         f"name: held\nstorage_path: {tmp_path / 'runs'}\nmodel: {{name: {tiny_model_dir}}}\n"
         "data:\n  datasets: [{path: 'builtin:arithmetic', max_rows: 40}]\n  validation_fraction: 0.1\n"
         "scaling: {num_workers: 2}\nlora: {r: 4}\nlogging: {tensorboard: false}\n"
-        "train: {max_steps: 4, micro_batch_size: 4, logging_steps: 1, save_steps: 1000, eval_steps: null}\n"
+        "train: {max_steps: 4, micro_batch_size: 4, logging_steps: 1, save_steps: 1000, eval_steps: null,\n"
+        f"        callbacks: ['{FAULT_INJECTOR}']}}\n"
     )
     workdir = tmp_path / "project"
     workdir.mkdir()
@@ -95,8 +97,8 @@ def test_stacks_of_a_held_job_show_every_worker_in_the_training_loop(
     for pid in workers:
         kind, text = stacks[pid]
         assert kind == "RayTrainWorker" and "py-spy could not read" not in text, text
-        # Held in Faults.before_step, called from the worker loop.
-        assert re.search(r"before_step \(\S*rayft/training/loop/faults\.py:\d+\)", text), text
+        # Held in the tests' fault callback, called from the worker loop.
+        assert re.search(r"on_step_begin \(\S*tests/support/faults\.py:\d+\)", text), text
         assert re.search(r"\(\S*rayft/training/loop/worker\.py:\d+\)", text), text
     drivers = [text for kind, text in stacks.values() if kind == "DRIVER"]
     assert len(drivers) == 1 and "rayft/" in drivers[0], dumped.stdout[:3000]

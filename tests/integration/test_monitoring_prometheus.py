@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 
+from tests.support.faults import ENV_FAULTS
 from tests.support.pages import CHROMIUM, screenshot
 from tests.support.servers import Server, free_port, have_prometheus, prometheus_server
 
@@ -79,7 +80,7 @@ def train_command(
         f"model.name={model_dir}", f"scaling.num_workers={workers}", f"train.max_steps={steps}",
         "train.save_steps=4", "train.eval_steps=4", "train.micro_batch_size=2", "lora.r=4",
         "data.datasets=[{path: 'builtin:arithmetic', max_rows: 64}]", "data.validation_fraction=0.1",
-        "data.max_seq_length=128", "logging.tensorboard=false", *extra,
+        "data.max_seq_length=128", "logging.tensorboard=false", ENV_FAULTS, *extra,
     ]  # fmt: skip
 
 

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.faults import FAULT_INJECTOR
 from tests.support.ray_head import RayHead, ray_head
 from tests.support.runs import read_metrics, train_losses
 from tests.support.servers import free_port
@@ -87,7 +88,8 @@ def test_submit_stop_and_resume_a_run_with_no_credential_value_in_the_job(
     steps = 6
     config = _config(
         tmp_path, tiny_model_dir, "submitted",
-        f"train: {{max_steps: {steps}, micro_batch_size: 4, save_steps: 1000, eval_steps: {steps}}}",
+        f"train: {{max_steps: {steps}, micro_batch_size: 4, save_steps: 1000, eval_steps: {steps}, "
+        f"callbacks: ['{FAULT_INJECTOR}']}}",
     )  # fmt: skip
     workdir = tmp_path / "project"
     workdir.mkdir()

@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from tests.support.canaries import CANARIES, files_containing
+from tests.support.faults import ENV_FAULTS
 from tests.support.runs import read_metrics
 from tests.support.servers import Server, mlflow_server
 
@@ -125,7 +126,7 @@ def test_train_killed_and_resumed_logs_one_run_without_duplicates(
 
     threading.Thread(target=release_once_step_5_is_sent, daemon=True).start()
     faults = {"RAYFT_FAULT_KILL_IN_SAVE": "6:before_commit", "RAYFT_FAULT_HOLD": f"6:{release}"}
-    killed = rayft(tmp_path, ["train", str(config)], faults)
+    killed = rayft(tmp_path, ["train", str(config), ENV_FAULTS], faults)
     assert killed.returncode != 0
     assert release.exists(), "the run was killed before step 5 reached the server"
     ids = json.loads((run_dir / "tracking.json").read_text())
@@ -280,7 +281,9 @@ def test_a_server_killed_mid_run_does_not_stop_training(server: Server, tiny_mod
 
     killer = threading.Thread(target=kill_after_first_steps, daemon=True)
     killer.start()
-    result = rayft(tmp_path, ["train", str(config), "logging.wandb=null"], {"RAYFT_FAULT_HOLD": f"4:{release}"})
+    result = rayft(
+        tmp_path, ["train", str(config), "logging.wandb=null", ENV_FAULTS], {"RAYFT_FAULT_HOLD": f"4:{release}"}
+    )
     killer.join(5)
     assert server.process.poll() is not None, "the server was killed during the run"
     assert result.returncode == 0, result.stderr[-4000:]

@@ -68,7 +68,7 @@ def test_a_run_on_s3_continues_on_a_fresh_machine_from_the_remote_checkpoint(  #
 
     monkeypatch.setenv("RAYFT_FAULT_RAISE", "0:7")
     with pytest.raises(Exception, match="injected failure on rank 0 at step 7"):
-        train_remote(cfg, arithmetic_units)
+        train_remote(tiny_config(tiny_model_dir, uri, *COMMON), arithmetic_units)
     monkeypatch.delenv("RAYFT_FAULT_RAISE")
     # step 6's save runs in the background: the failure may cut its upload short (no manifest: incomplete)
     uploaded = [(c.step, c.complete) for c in remote.scan_checkpoints()]

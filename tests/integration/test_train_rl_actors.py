@@ -13,8 +13,8 @@ import pytest
 from rayft.data.prepared import PreparedData
 from rayft.errors import TrainingError
 from rayft.training.loop.rollout_actors import HfRolloutActor, WeightUpdate
-from tests.support.runs import crashed_copy, read_metrics, train_losses, train_on
 from tests.integration.test_train_rl import BUILTIN_REWARDS, figures, prompts, rl_config
+from tests.support.runs import crashed_copy, read_metrics, train_losses, train_on
 
 pytestmark = pytest.mark.integration
 __all__ = ["prompts"]  # the prepared prompts, shared with the colocated tests

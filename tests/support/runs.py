@@ -4,11 +4,13 @@ run made from a finished one, and what a run wrote (metrics, adapter tensors).""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
 from rayft.config import RayftConfig, load_config
 from rayft.data.prepared import PreparedData
+from tests.support.faults import fault_callbacks
 
 # 64 units, 2 workers x 4 per micro-batch: 8 steps per epoch, so 12 steps cross an epoch boundary; a
 # checkpoint every 3 steps; LoRA dropout on, so that a resume must restore the RNG states too.
@@ -29,6 +31,10 @@ def tiny_config(model_dir: Path, storage: Path, *overrides: str) -> RayftConfig:
         "lora.r=4",
         "logging.tensorboard=false",
     ]
+    # The faults a test set in its environment ride in the config: the shared Ray's workers do not see it.
+    faults = fault_callbacks(os.environ)
+    if faults and not any(o.startswith("train.callbacks") for o in overrides):
+        base.append(f"train.callbacks={json.dumps(faults)}")
     return load_config(None, [*base, *overrides])
 
 

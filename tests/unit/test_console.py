@@ -28,6 +28,17 @@ def test_ray_info_filter_keys_on_where_the_record_was_logged() -> None:
     assert not drop.filter(_record("/site/ray/train/context.py", logging.INFO, "/site/ray/train/context.py"))
     assert drop.filter(_record("x", logging.WARNING, "/site/ray/train/context.py"))
     assert drop.filter(_record("rayft.train", logging.INFO, "/src/rayft/training/loop/metrics.py"))
+    # Ray Train's copy of a training function's error: the driver reports it, its traceback in the run's log.
+    reported = logging.LogRecord("ray.train.v2._internal.util", logging.ERROR, "/site/ray/train/v2/_internal/util.py",
+                                 1, "Error in training function:\nTraceback ...", None, None)  # fmt: skip
+    assert not drop.filter(reported)
+    assert drop.filter(_record("x", logging.ERROR, "/site/ray/train/context.py"))
+
+
+def test_a_record_for_the_log_file_alone_stays_off_the_console() -> None:
+    record = _record("rayft.train", logging.INFO)
+    record.rayft_file_only = True
+    assert not ConsoleFilter(False).filter(record) and not ConsoleFilter(True).filter(record)
 
 
 def test_progress_line_has_rate_and_eta() -> None:

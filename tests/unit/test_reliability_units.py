@@ -18,9 +18,10 @@ from rayft.runs.layout import STOP_REQUEST_FILE
 from rayft.runs.manifest import verify_checkpoint, write_manifest
 from rayft.security import MASK, redact, redact_record, secret_values
 from rayft.training.driver.launcher import stop_on_sigterm
+from rayft.training.loop.callbacks import StepInfo
 from rayft.training.loop.checkpointing import CheckpointWriter
-from rayft.training.loop.faults import Faults, faults_from_env
 from rayft.training.loop.plan import missing_resources
+from tests.support.faults import FAULT_INJECTOR, FaultInjector, fault_callbacks, fault_options
 
 CANARY = "canary-hf-0123456789abcdef"
 
@@ -34,24 +35,27 @@ def make_checkpoint(root: Path, step: int) -> Path:
 
 
 def test_faults_parse_from_the_environment_and_reject_unknown_points() -> None:
-    faults = faults_from_env({"RAYFT_FAULT_KILL_IN_SAVE": "4:before_manifest", "RAYFT_FAULT_HANG": "1:3",
-                              "RAYFT_SAMPLE_LOG": "/tmp/s.jsonl"})  # fmt: skip
-    assert faults == Faults(kill_in_save=(4, "before_manifest"), hang=(1, 3), sample_log="/tmp/s.jsonl")
-    assert faults_from_env({}) == Faults()
+    environ = {"RAYFT_FAULT_KILL_IN_SAVE": "4:before_manifest", "RAYFT_FAULT_HANG": "1:3", "RAYFT_SAMPLE_LOG": "/s"}
+    assert fault_callbacks(environ) == [
+        {"target": FAULT_INJECTOR, "options": {"kill_in_save": "4:before_manifest", "hang": "1:3", "sample_log": "/s"}}
+    ]
+    assert fault_callbacks({}) == []
+    faults = FaultInjector(**fault_options(environ))
+    assert (faults.kill_in_save, faults.hang, faults.sample_log) == ((4, "before_manifest"), (1, 3), "/s")
     with pytest.raises(ValueError, match="must be one of"):
-        faults_from_env({"RAYFT_FAULT_KILL_IN_SAVE": "4:somewhere"})
+        FaultInjector(kill_in_save="4:somewhere")
     with pytest.raises(RuntimeError, match="injected failure on rank 1 at step 2"):
-        Faults(raise_at=(1, 2)).before_step(1, 2)
-    Faults(raise_at=(1, 2)).before_step(0, 2)  # another rank: nothing happens
+        FaultInjector(raise_at="1:2").on_step_begin(StepInfo(rank=1, world_size=2, run_dir="", step=2))
+    FaultInjector(raise_at="1:2").on_step_begin(StepInfo(rank=0, world_size=2, run_dir="", step=2))  # another rank
 
 
 def test_a_held_step_waits_for_its_file_on_every_rank_and_other_steps_do_not(tmp_path: Path) -> None:
     release = tmp_path / "release"
-    faults = faults_from_env({"RAYFT_FAULT_HOLD": f"6:{release}"})
-    assert faults == Faults(hold=(6, str(release)))
-    faults.before_step(0, 5)  # another step: returns at once
+    faults = FaultInjector(hold=f"6:{release}")
+    faults.on_step_begin(StepInfo(rank=0, world_size=2, run_dir="", step=5))  # another step: returns at once
     passed = threading.Event()
-    waiting = threading.Thread(target=lambda: (faults.before_step(1, 6), passed.set()), daemon=True)
+    info = StepInfo(rank=1, world_size=2, run_dir="", step=6)
+    waiting = threading.Thread(target=lambda: (faults.on_step_begin(info), passed.set()), daemon=True)
     waiting.start()
     assert not passed.wait(0.3)  # held while the file is missing
     release.touch()
@@ -60,10 +64,11 @@ def test_a_held_step_waits_for_its_file_on_every_rank_and_other_steps_do_not(tmp
 
 
 def test_a_held_step_also_ends_when_the_rank_sees_a_stop_request(tmp_path: Path) -> None:
-    faults = Faults(hold=(3, str(tmp_path / "never-created")))
+    faults = FaultInjector(hold=f"3:{tmp_path / 'never-created'}")
     stop = threading.Event()
     passed = threading.Event()
-    waiting = threading.Thread(target=lambda: (faults.before_step(0, 3, stop.is_set), passed.set()), daemon=True)
+    info = StepInfo(rank=0, world_size=1, run_dir="", step=3, stop_requested=stop.is_set)
+    waiting = threading.Thread(target=lambda: (faults.on_step_begin(info), passed.set()), daemon=True)
     waiting.start()
     assert not passed.wait(0.3)  # held while no stop is requested and the file is missing
     stop.set()  # what StopWatch.requested() says once the driver sent SIGTERM's request

@@ -11,13 +11,10 @@ import sys
 import textwrap
 from pathlib import Path
 
-import pytest
-
 from rayft.config import DatasetConfig, load_config
 from rayft.data.formats import UNREADABLE_COLUMN
 from rayft.data.prepare import prepare_data
 from rayft.data.read.rows import read_rows
-from rayft.errors import DataError
 from rayft.inference.prompts import RejectedRow, read_prompts
 from rayft.lines import OversizedLine, bounded_lines
 
@@ -76,11 +73,12 @@ def test_json_list_parquet_and_csv_rows_over_the_bound_are_rejected_per_row(tmp_
     (tmp_path / "a.json").write_text(json.dumps([{"text": t} for t in texts]))
     pq.write_table(pa.table({"text": texts}), tmp_path / "b.parquet")
     pacsv.write_csv(pa.table({"text": texts}), tmp_path / "c.csv")
-    for name, line in (("a.json", 2), ("b.parquet", 2), ("c.csv", 3)):
+    # Measured before parsing: the JSON item's text, the Parquet cell's bytes in Arrow, the CSV record (quoted).
+    for name, line, size in (("a.json", 2, 512), ("b.parquet", 2, 500), ("c.csv", 3, 502)):
         rows = read_rows(DatasetConfig(path=str(tmp_path / name), max_row_bytes=200))
         [(at, reason, detail)] = _unreadable(rows)
         assert (at, reason) == (line, "row_too_large"), name
-        assert detail.startswith("512 bytes, above max_row_bytes (200 bytes)"), (name, detail)
+        assert detail.startswith(f"{size} bytes, above max_row_bytes (200 bytes)"), (name, detail)
         assert [json.loads(t)["text"] for t in rows.rows if UNREADABLE_COLUMN not in t] == ["short", "also short"]
 
 
@@ -90,11 +88,36 @@ def test_a_csv_row_longer_than_a_read_block_is_rejected_on_its_own(tmp_path: Pat
     rows = read_rows(DatasetConfig(path=str(path), max_row_bytes=2 << 20))
     [(line, reason, detail)] = _unreadable(rows)
     assert (line, reason) == (3, "row_too_large")
-    assert detail.startswith("3,145,740 bytes (3.0 MiB), above max_row_bytes (2,097,152 bytes (2.0 MiB))")
+    assert detail.startswith("3,145,728 bytes (3.0 MiB), above max_row_bytes (2,097,152 bytes (2.0 MiB))")
     assert len(rows.rows) == 3
-    # With a bound below pyarrow's 1 MiB block the row does not fit a block: the file is refused in one line.
-    with pytest.raises(DataError, match=r"huge.csv has a row longer than a CSV read block \(1,048,576 bytes"):
-        read_rows(DatasetConfig(path=str(path), max_row_bytes=100))
+    # A bound far below pyarrow's 1 MiB block: the record is cut out before pyarrow sees it, the file is read.
+    rows = read_rows(DatasetConfig(path=str(path), max_row_bytes=100))
+    assert [(at, reason) for at, reason, _ in _unreadable(rows)] == [(3, "row_too_large")]
+    assert [json.loads(t)["text"] for t in rows.rows if UNREADABLE_COLUMN not in t] == ["short", "short"]
+
+
+def test_csv_records_keep_quoted_line_ends_and_quotes_and_cut_oversized_ones_across_chunks() -> None:
+    from rayft.data.read.records import CHUNK_BYTES, csv_records
+    from rayft.lines import OversizedLine
+
+    big = b'"' + b"y" * (CHUNK_BYTES + 10) + b'"'
+    text = b'a,b\r\n1,"two\nlines, ""quoted"""\n' + big + b",3\n\n4,5"
+    records = list(csv_records(io.BytesIO(text), 4096))
+    assert records == [b"a,b\r\n", b'1,"two\nlines, ""quoted"""\n', OversizedLine(len(big) + 2), b"\n", b"4,5"]
+
+
+def test_json_array_items_keep_nested_brackets_and_escapes_and_cut_oversized_ones_across_chunks() -> None:
+    from rayft.data.read.records import CHUNK_BYTES, json_array_items
+    from rayft.lines import OversizedLine
+
+    big = json.dumps({"t": "z" * (CHUNK_BYTES + 10)}).encode()
+    tricky = json.dumps({"a": [1, {"b": '],{"\\'}], "c": "\\"}).encode()
+    text = b" \n[ " + tricky + b", " + big + b',\n{"d": 1} ]  '
+    items = list(json_array_items(io.BytesIO(text), 4096))
+    assert items == [tricky, OversizedLine(len(big)), b'{"d": 1}']
+    assert json.loads(items[0]) == {"a": [1, {"b": '],{"\\'}], "c": "\\"}
+    assert list(json_array_items(io.BytesIO(b"[]"), 10)) == []
+    assert list(json_array_items(io.BytesIO(b'[{"open": 1}, {"x"'), 100)) == [b'{"open": 1}', b'{"x"']
 
 
 def test_prepare_reports_and_counts_the_oversized_row(tiny_model_dir: Path, tmp_path: Path) -> None:

@@ -25,7 +25,7 @@ def test_the_train_environment_is_restored_afterwards() -> None:
 
 IDLE_MAIN_THREAD_CHECK = """
 import os, threading
-from rayft.training.driver.launcher import idle_main_thread
+from rayft.training.loop.entry import idle_main_thread
 
 assert not idle_main_thread()  # called on the main thread itself: left alone
 assert os.sched_getscheduler(0) != os.SCHED_IDLE

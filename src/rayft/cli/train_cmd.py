@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 import sys
 
 import click
@@ -9,10 +10,14 @@ import click
 from rayft import api
 from rayft.cli.address_opt import address_option
 from rayft.cli.common import config_argument, load_cli_config, open_run_log, overrides_argument
-from rayft.errors import RunInterruptedError
+from rayft.errors import RunInterruptedError, WorkersLostError
+from rayft.security import redact
 
 # 128 + SIGTERM, as a shell reports a process ended by SIGTERM; schedulers treat it as preempted.
 SIGTERM_EXIT_CODE = 143
+# EX_TEMPFAIL of sysexits.h: the run's workers died more often than failure.max_failures allows
+# (killed, out of memory, a node lost); trying again (--resume) may well succeed.
+WORKERS_LOST_EXIT_CODE = 75
 
 
 @click.command(epilog="Any config field can be overridden: rayft train cfg.yaml train.learning_rate=1e-4 lora.r=8")
@@ -27,7 +32,9 @@ def train(config_path: str, overrides: tuple[str, ...], resume: bool) -> None:
     and final/, which loads with from_pretrained (full) or PeftModel.from_pretrained (LoRA).
     A URI storage_path (s3://, gs://...) is uploaded as it goes by the workers, from their own nodes;
     the driver keeps a local mirror (config, data report, and final/ fetched at the end).
-    On SIGTERM it saves a checkpoint, prints how to resume, and exits with code 143.
+    On SIGTERM it saves a checkpoint, prints how to resume, and exits with code 143. A worker that
+    dies is restarted from the last checkpoint up to failure.max_failures times; past that it prints
+    what happened and the --resume command, and exits with code 75.
     Started by torchrun (`torchrun --nproc-per-node N --no-python rayft train CONFIG`), each process
     trains as one of the scaling.num_workers ranks, without Ray.
     """
@@ -48,6 +55,9 @@ def train(config_path: str, overrides: tuple[str, ...], resume: bool) -> None:
     except RunInterruptedError as exc:  # SIGTERM: a clean stop after a save, not a failure
         click.echo(f"Stopped: {exc}", err=True)
         sys.exit(SIGTERM_EXIT_CODE)
+    except WorkersLostError as exc:
+        click.secho(f"Error: {exc.paragraph(resume_command(config_path, overrides))}", fg="red", err=True)
+        sys.exit(WORKERS_LOST_EXIT_CODE)
     loss = f"{result.eval_loss:.4f}" if result.eval_loss is not None else "n/a"
     click.echo(
         f"Trained {result.steps} steps in {result.elapsed_s:.0f} s; validation loss {loss}.\n"
@@ -55,3 +65,9 @@ def train(config_path: str, overrides: tuple[str, ...], resume: bool) -> None:
     )
     if result.storage_uri:
         click.echo(f"Stored at: {result.storage_uri}")
+
+
+def resume_command(config_path: str, overrides: tuple[str, ...]) -> str:
+    """The command that continues this run: the same config and overrides, with ``--resume``
+    (credentials in an override masked)."""
+    return redact(shlex.join(["rayft", "train", config_path, *overrides, "--resume"]))

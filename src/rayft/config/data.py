@@ -80,7 +80,8 @@ class DatasetConfig(Section):
         description=(
             "Largest row read, in bytes (a JSON Lines line, a JSON list item, a CSV or Parquet row as JSON). "
             "A larger row is rejected as row_too_large with its file, line and size, and counted like any bad "
-            "row; a JSON Lines line is never held whole past this size, so it also bounds a reader's memory. "
+            "row; a JSON Lines line, a CSV record or a JSON list item is never held whole past this size (a "
+            "Parquet row is measured in Arrow before it is converted), so it also bounds a reader's memory. "
             "Default 16 MiB."
         ),
     )

@@ -80,6 +80,33 @@ class ProfileConfig(Section):
         return self.active_steps > 0
 
 
+class CallbackConfig(Section):
+    """A loop callback: a class that the training loop calls at fixed points on every worker."""
+
+    target: str = Field(
+        description=(
+            "The class, as 'package.module:ClassName', importable on every worker (an installed package, or a "
+            "directory on PYTHONPATH). See the training guide for the hooks it may implement."
+        ),
+    )
+    options: dict[str, Any] = Field(
+        default_factory=dict, description="Keyword arguments the class is called with (plain YAML values)."
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_text(cls, value: Any) -> Any:
+        return {"target": value} if isinstance(value, str) else value
+
+    @field_validator("target")
+    @classmethod
+    def _module_and_name(cls, value: str) -> str:
+        module, sep, name = value.partition(":")
+        if not sep or not module or not name:
+            raise ValueError(f"{value!r} is not of the form 'package.module:ClassName'")
+        return value
+
+
 class TrainConfig(Section):
     """The optimisation loop: method, schedule, batch geometry, evaluation and saving cadence."""
 
@@ -222,6 +249,14 @@ class TrainConfig(Section):
     profile: ProfileConfig = Field(
         default_factory=ProfileConfig,
         description="Step-time breakdown, straggler warnings and torch.profiler traces (see the profiling guide).",
+    )
+    callbacks: list[CallbackConfig] = Field(
+        default_factory=list,
+        description=(
+            "Loop callbacks, called on every worker at the start, around each step, at each stage of a save and "
+            "at the end: 'package.module:ClassName', or {target: ..., options: {...}} to pass keyword arguments. "
+            "They may change between a run and its --resume."
+        ),
     )
 
     @model_validator(mode="after")

@@ -21,6 +21,7 @@ RESUMABLE_CHANGES = (
     "logging.",
     "checkpoint.",
     "k8s.",  # where the job runs, not what it trains
+    "train.callbacks",  # code that watches the loop (or tests it), not what it trains
     "train.strategy",  # checkpoints hold whole weights and name-keyed optimizer state under every strategy
     # DeepSpeed's own settings (offload, buckets): where state lives while training, not what it holds; rayft
     # owns batch sizes, precision, clipping and the ZeRO stage, and a change of strategy drops them all.

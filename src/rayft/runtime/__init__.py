@@ -27,7 +27,7 @@ WORKER_RUNTIME_ENV = {"worker_process_setup_hook": "rayft.security.install_redac
 # On a Ray that rayft started, each training worker process runs Ray's own work (Ray core's task
 # loop, which wakes every 10 ms to check for signals and takes the GIL to do so, and the controller's
 # health polls) on its main thread at idle CPU priority, so that it does not preempt the training
-# thread of either worker (see rayft.training.driver.launcher.idle_main_thread). Exporting this variable as
+# thread of either worker (see rayft.training.loop.entry.idle_main_thread). Exporting this variable as
 # 0 keeps the main thread at the training thread's priority, as on a joined cluster.
 IDLE_MAIN_THREAD_ENV = "RAYFT_IDLE_WORKER_MAIN_THREAD"
 

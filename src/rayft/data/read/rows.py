@@ -4,10 +4,13 @@ file. Where the rows are (files, URIs, the Hub, built-in sets) is :mod:`rayft.da
 spills what it reads to disk (:class:`RowStore`, :func:`read_sources`), SDG, the pair maker and
 evaluation take the rows as they come.
 
-JSON Lines files are read one line at a time, Parquet one batch of rows at a time, CSV one block at
-a time; no file is ever held whole. A line that is not UTF-8 (``bad_encoding``), not JSON or not a
-JSON object (``bad_json``) becomes a row that holds only its reason (``UNREADABLE_COLUMN``), so that
-it is planned, reported in ``rejected.jsonl`` with its file and line, and counted against
+JSON Lines files are read one line at a time, a JSON array one item at a time, Parquet one batch of
+rows at a time, CSV one block of records at a time; no file is ever held whole, and no row of more
+than the dataset's ``max_row_bytes`` is parsed whole (it is rejected as ``row_too_large``; a Parquet
+cell is measured in Arrow before it becomes a Python object). A line that is not UTF-8
+(``bad_encoding``), not JSON or not a JSON object (``bad_json``) becomes a row that holds only its
+reason (``UNREADABLE_COLUMN``), so that it is planned, reported in ``rejected.jsonl`` with its file
+and line, and counted against
 ``data.max_rejected_fraction`` like any other bad row. A UTF-8 byte order mark opening a file is
 dropped. A JSON column that holds text in most rows is a text column: a number there makes its row
 ``wrong_type`` (see :class:`~rayft.data.formats.ResolvedFormat`).
@@ -16,6 +19,7 @@ dropped. A JSON column that holds text in most rows is a text column: a number t
 from __future__ import annotations
 
 import bisect
+import io
 import json
 import logging
 import os
@@ -23,13 +27,14 @@ import shutil
 import tempfile
 import weakref
 from array import array
-from collections.abc import Iterable, Iterator
+from collections.abc import Generator, Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rayft.config.data import DEFAULT_MAX_ROW_BYTES, DataConfig, DatasetConfig
 from rayft.data.formats import UNREADABLE_COLUMN, ResolvedFormat, resolve_format
+from rayft.data.read.records import csv_records, json_array_items
 from rayft.data.read.sources import (
     BOM,
     dataset_files,
@@ -51,6 +56,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("rayft.data")
 
 BATCH_ROWS = 4096  # rows of a Parquet or in-memory table converted at a time
+CSV_BLOCK_BYTES = 1 << 20  # the records of a CSV file parsed at a time
 ROW_COLUMN = "row"  # the JSON text column of a spilled rows file
 
 
@@ -295,20 +301,19 @@ def _file_rows(ds: DatasetConfig, path: Path, name: str) -> Iterator[ReadRow]:
                 f"dataset {ds.path!r}: file {path} has an unsupported type; use one of .jsonl, .json, .parquet, .csv"
             )
     except (pa.ArrowInvalid, OSError) as exc:
-        if "straddling" in str(exc):  # a CSV row pyarrow could not fit in its read block
-            raise DataError(
-                f"dataset {ds.path!r}: {path} has a row longer than a CSV read block "
-                f"({describe_size(csv_block_bytes(ds.max_row_bytes))}, from max_row_bytes); split the row or raise "
-                "the dataset's max_row_bytes"
-            ) from None
         raise DataError(
             f"dataset {ds.path!r}: cannot read {path} ({exc}); check that it is valid {suffix[1:]}"
         ) from None
 
 
 def _json_rows(path: Path, name: str, max_row_bytes: int) -> Iterator[ReadRow]:
+    if is_json_array(path):  # one JSON array: its items read one at a time, numbered from 1
+        with path.open("rb") as file:
+            for number, item in enumerate(json_array_items(file, max_row_bytes), start=1):
+                yield _array_item(name, number, item, max_row_bytes)
+        return
     document = json_document(path)
-    if document is not None:  # one JSON document: read whole, its items numbered from 1
+    if document is not None:  # one JSON object holding the list of rows: read whole, its items numbered from 1
         for number, item in enumerate(document, start=1):
             if isinstance(item, dict):
                 yield _sized_row(name, number, item, max_row_bytes)
@@ -317,6 +322,29 @@ def _json_rows(path: Path, name: str, max_row_bytes: int) -> Iterator[ReadRow]:
                               "not an object")  # fmt: skip
         return
     yield from iter_json_lines(path, max_row_bytes, name)
+
+
+def is_json_array(path: Path) -> bool:
+    """Whether ``path`` is a ``.json`` file that holds one JSON array (its first character ``[``)."""
+    if path.suffix.lower() != ".json":
+        return False
+    with path.open("rb") as file:
+        return file.read(64).removeprefix(BOM).lstrip().startswith(b"[")
+
+
+def _array_item(name: str, number: int, item: bytes | OversizedLine, max_row_bytes: int) -> ReadRow:
+    """A JSON array's item as a row, or why it is none: too large (not parsed), not JSON, not an object."""
+    if isinstance(item, OversizedLine):
+        return ReadRow(name, number, None, None, "row_too_large", too_large_detail(item.size, max_row_bytes))
+    try:
+        value = json.loads(item.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        return ReadRow(name, number, None, None, "bad_json", f"item {number} is not valid JSON ({exc})")
+    if not isinstance(value, dict):
+        return ReadRow(
+            name, number, None, None, "bad_json", f"item {number} is a {type(value).__name__}, not an object"
+        )
+    return _sized_row(name, number, value, max_row_bytes)
 
 
 def _parquet_rows(path: Path, name: str, max_row_bytes: int) -> Iterator[ReadRow]:
@@ -329,31 +357,108 @@ def _parquet_rows(path: Path, name: str, max_row_bytes: int) -> Iterator[ReadRow
 def _csv_rows(path: Path, name: str, max_row_bytes: int) -> Iterator[ReadRow]:
     """Rows numbered by their line, the header being line 1 (a quoted value spanning lines counts once).
 
-    pyarrow reads a block at a time and may refuse a row longer than its block, so the block holds a
-    row of ``max_row_bytes`` (see :func:`csv_block_bytes`); a row over the bound is rejected on its
-    own once parsed, so unlike a JSON Lines line it is held whole for that moment, and one that
-    pyarrow cannot fit in a block refuses the file in one line (see :func:`_file_rows`).
+    The file is cut into records without holding a record of more than ``max_row_bytes`` (see
+    :func:`rayft.data.read.records.csv_records`): such a record is rejected by its size without being
+    parsed. The others are parsed by pyarrow a block of records at a time, each block with the
+    column types of the first.
     """
+    with path.open("rb") as file:
+        records = csv_records(file, max_row_bytes)
+        header = next(records, None)
+        if isinstance(header, OversizedLine):
+            raise DataError(
+                f"{path}: the header line is {describe_size(header.size)}, above max_row_bytes; check that the "
+                "file is CSV with a header line, or raise the dataset's max_row_bytes"
+            )
+        if header is not None:
+            yield from _csv_blocks(name, header, records, max_row_bytes)
+
+
+def _csv_blocks(
+    name: str, header: bytes, records: Iterator[bytes | OversizedLine], max_row_bytes: int
+) -> Iterator[ReadRow]:
+    """The rows of a CSV file's records after its header, parsed a block at a time."""
+    block: list[bytes] = []
+    numbers: list[int] = []
+    types: dict[str, Any] | None = None
+    number, size = 1, 0
+    for record in records:
+        if isinstance(record, bytes) and not record.strip():
+            continue  # a blank line: not a row, as pyarrow reads it
+        number += 1
+        if isinstance(record, OversizedLine):
+            types = yield from _parse_csv_block(name, header, block, numbers, types, max_row_bytes)
+            block, numbers, size = [], [], 0
+            yield ReadRow(name, number, None, None, "row_too_large", too_large_detail(record.size, max_row_bytes))
+            continue
+        block.append(record if record.endswith(b"\n") else record + b"\n")
+        numbers.append(number)
+        size += len(record)
+        if size >= CSV_BLOCK_BYTES:
+            types = yield from _parse_csv_block(name, header, block, numbers, types, max_row_bytes)
+            block, numbers, size = [], [], 0
+    yield from _parse_csv_block(name, header, block, numbers, types, max_row_bytes)
+
+
+def _parse_csv_block(  # noqa: PLR0917 - the state of one block
+    name: str, header: bytes, block: list[bytes], numbers: list[int], types: dict[str, Any] | None,
+    max_row_bytes: int,
+) -> Generator[ReadRow, None, dict[str, Any] | None]:  # fmt: skip
+    """The rows of one block of records, parsed with ``types`` (the first block's, which it returns)."""
+    import pyarrow as pa
     import pyarrow.csv as pacsv
 
-    options = pacsv.ReadOptions(block_size=csv_block_bytes(max_row_bytes))
-    yield from _batch_rows(name, pacsv.open_csv(path, read_options=options), 2, max_row_bytes)
-
-
-def csv_block_bytes(max_row_bytes: int) -> int:
-    """The block pyarrow reads a CSV file in: room for one row of ``max_row_bytes``, and at least
-    pyarrow's own default (1 MiB)."""
-    return max(max_row_bytes + 1, 1 << 20)
+    if not block:
+        return types
+    options = pacsv.ConvertOptions(column_types=types or {})
+    table = pacsv.read_csv(io.BytesIO(header + b"".join(block)), convert_options=options)
+    rows = table.to_pylist()
+    if len(rows) != len(numbers):
+        raise pa.ArrowInvalid(f"{len(numbers)} records from line {numbers[0]} parse as {len(rows)} rows")
+    for number, row in zip(numbers, rows, strict=True):
+        yield _sized_row(name, number, row, max_row_bytes)
+    if types is None:
+        types = {field.name: field.type for field in table.schema if not pa.types.is_null(field.type)}
+    return types
 
 
 def _batch_rows(name: str, batches: Iterable[pa.RecordBatch], first_line: int, max_row_bytes: int) -> Iterator[ReadRow]:
     """The rows of a stream of record batches, numbered from ``first_line``; a row of more than
-    ``max_row_bytes`` as JSON is rejected (``row_too_large``)."""
+    ``max_row_bytes`` is rejected (``row_too_large``): by the bytes of its text and binary cells,
+    measured in Arrow, before it is made a Python object; by its JSON once it is one."""
     number = first_line
     for batch in batches:
-        for row in batch.to_pylist():
-            yield _sized_row(name, number, row, max_row_bytes)
+        sizes = cell_bytes(batch)
+        if max(sizes, default=0) <= max_row_bytes:
+            for row in batch.to_pylist():
+                yield _sized_row(name, number, row, max_row_bytes)
+                number += 1
+            continue
+        for index, size in enumerate(sizes):
+            if size > max_row_bytes:
+                yield ReadRow(name, number, None, None, "row_too_large", too_large_detail(size, max_row_bytes))
+            else:
+                yield _sized_row(name, number, batch.slice(index, 1).to_pylist()[0], max_row_bytes)
             number += 1
+
+
+def cell_bytes(batch: pa.RecordBatch) -> list[int]:
+    """The bytes each row of ``batch`` holds in its text and binary columns (nulls count 0)."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    total = np.zeros(batch.num_rows, dtype=np.int64)
+    for column in batch.columns:
+        kind = column.type
+        if (
+            pa.types.is_string(kind)
+            or pa.types.is_large_string(kind)
+            or pa.types.is_binary(kind)
+            or (pa.types.is_large_binary(kind))
+        ):
+            total += pc.fill_null(pc.binary_length(column), 0).to_numpy(zero_copy_only=False).astype(np.int64)
+    return [int(size) for size in total]
 
 
 def _sized_row(name: str, number: int, row: dict[str, Any], max_row_bytes: int) -> ReadRow:

@@ -16,27 +16,26 @@ import logging
 import os
 import signal
 import threading
-from collections.abc import Iterator, Sequence
+import time
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
-from rayft._ray_private import local_train_env, trainer_class
-from rayft.cache import cache_root
+from rayft._ray_private import local_train_env, remove_orphaned_groups, trainer_class
 from rayft.config.train import CheckpointConfig, FailureConfig, ScalingConfig
-from rayft.console import quiet_worker_console, ray_train_log_level
+from rayft.console import ray_train_log_level
 from rayft.data.prepared import PreparedData
-from rayft.errors import RayftError, ResourceError, RunInterruptedError, TrainingError, exception_chain
-from rayft.models.loading import hide_unused_bitsandbytes
+from rayft.errors import ResourceError, RunInterruptedError
 from rayft.runs import layout
 from rayft.runs.location import RunLocation
 from rayft.runs.stop import StopRequest
 from rayft.runs.store import RunStore, open_store
 from rayft.runtime import environment, local_idle_main_thread, owns_ray
-from rayft.security import install_redaction
-from rayft.training.loop.faults import faults_from_env
+from rayft.training.driver.restarts import decide_after_failure
+from rayft.training.loop.entry import ray_worker_entry
 from rayft.training.loop.plan import missing_resources
-from rayft.training.loop.session import LocalSession, RaySession
+from rayft.training.loop.session import LocalSession
 from rayft.training.loop.worker import run_worker
 from rayft.training.loop.worker_plan import WorkerPlan
 
@@ -58,7 +57,6 @@ def launch_local(
     plan: WorkerPlan, prepared: PreparedData, checkpoint: CheckpointConfig, failure: FailureConfig | None = None
 ) -> None:
     """Run the worker loop in this process, without Ray."""
-    plan = dataclasses.replace(plan, faults=faults_from_env())
     session = LocalSession(
         split_files(prepared), Path(plan.run_dir), num_to_keep=checkpoint.num_to_keep, remote_uri=plan.remote_uri
     )
@@ -149,9 +147,12 @@ def resolve_use_gpu(setting: bool | str, cluster_resources: dict[str, float]) ->
     return bool(setting)
 
 
-def check_cluster_fits(per_worker: dict[str, float], scaling: ScalingConfig) -> None:
+def check_cluster_fits(
+    per_worker: dict[str, float], scaling: ScalingConfig, while_waiting: Callable[[], object] = lambda: None
+) -> None:
     """Fail fast when the workers cannot be placed: first against the cluster's totals, then by
-    reserving them for up to ``startup_timeout_s`` (other jobs may hold them)."""
+    reserving them for up to ``startup_timeout_s`` (other jobs may hold them), calling
+    ``while_waiting`` about every second until they are reserved."""
     import ray
     from ray.util.placement_group import placement_group, remove_placement_group
 
@@ -163,8 +164,12 @@ def check_cluster_fits(per_worker: dict[str, float], scaling: ScalingConfig) -> 
             f"{'; '.join(problems)}. Lower scaling.num_workers or scaling.resources_per_worker, or add nodes."
         )
     group = placement_group([dict(per_worker)] * scaling.num_workers, strategy=scaling.placement_strategy)
+    deadline = time.monotonic() + scaling.startup_timeout_s
     try:
-        if not group.wait(timeout_seconds=scaling.startup_timeout_s):
+        while not group.wait(timeout_seconds=max(0.1, min(1.0, deadline - time.monotonic()))):
+            if time.monotonic() < deadline:
+                while_waiting()
+                continue
             raise ResourceError(
                 f"scaling: could not reserve {scaling.num_workers} workers x {per_worker} within "
                 f"{scaling.startup_timeout_s:g} s; the cluster has {ray.available_resources()} free of "
@@ -184,17 +189,61 @@ def launch_ray(
     callbacks: Sequence[Any] = (),
 ) -> None:
     """Run the worker loop on ``scaling.num_workers`` Ray Train workers and wait for the end
-    (``callbacks``: Ray Train callbacks of the run, such as one that forwards its reports to Tune)."""
+    (``callbacks``: Ray Train callbacks of the run, such as one that forwards its reports to Tune).
+
+    A failed attempt (a worker killed, out of memory or lost with its node, Ray Train's controller
+    killed, the worker group failing to start, a worker's error other than a rayft one) is followed
+    by a new worker group that resumes from the latest checkpoint, up to ``failure.max_failures``
+    times, with one line each on the console; Ray's own report goes to the run's log file."""
     import ray
+
+    use_gpu = resolve_use_gpu(scaling.use_gpu, ray.cluster_resources())
+    per_worker = worker_resources(scaling, use_gpu)
+    own_ray = owns_ray()
+    train_env = local_train_env(os.environ) if own_ray else {}
+    store = open_store(plan.location)
+    with stop_on_sigterm(Path(plan.run_dir), failure.sigterm_grace_s, plan.remote_uri), environment(train_env):
+        for attempt in range(failure.max_failures + 1):
+            # After a failed attempt: a killed controller leaves its workers' placement group to this job,
+            # holding what the next attempt needs, and Ray marks it dead a moment after the failure shows.
+            check_cluster_fits(per_worker, scaling, while_waiting=remove_orphans if attempt else lambda: None)
+            trainer = build_trainer(
+                plan, prepared, scaling, failure, checkpoint, use_gpu=use_gpu, per_worker=per_worker,
+                callbacks=callbacks,
+            )  # fmt: skip
+            try:
+                trainer.fit()
+                return
+            except Exception as exc:  # decided below: retried, translated, or raised as it is
+                decide_after_failure(exc, failure, store, restarts=attempt)
+            remove_orphans()
+
+
+def remove_orphans() -> None:
+    """Remove the placement groups a killed Ray Train controller of this job left behind."""
+    for group in remove_orphaned_groups():
+        log.info("removed placement group %s of a failed attempt", group)
+
+
+def build_trainer(
+    plan: WorkerPlan,
+    prepared: PreparedData,
+    scaling: ScalingConfig,
+    failure: FailureConfig,
+    checkpoint: CheckpointConfig,
+    *,
+    use_gpu: bool,
+    per_worker: dict[str, float],
+    callbacks: Sequence[Any],
+) -> Any:
+    """One attempt's ``TorchTrainer``. Ray Train restarts nothing itself (its ``max_failures`` is
+    0): the launcher does, because Ray Train cannot restart its own controller, the process Ray's
+    memory monitor kills as readily as a worker."""
     import ray.train
     from ray.train.torch import TorchConfig
 
-    plan = dataclasses.replace(plan, faults=faults_from_env())
-    use_gpu = resolve_use_gpu(scaling.use_gpu, ray.cluster_resources())
-    per_worker = worker_resources(scaling, use_gpu)
-    check_cluster_fits(per_worker, scaling)
     own_ray = owns_ray()
-    trainer = trainer_class(own_ray)(
+    return trainer_class(own_ray)(
         train_loop_per_worker=ray_worker_entry,
         train_loop_config={
             "plan": plan,
@@ -210,7 +259,7 @@ def launch_ray(
         run_config=ray.train.RunConfig(
             name=layout.CHECKPOINTS_DIR,
             **ray_storage(plan),
-            failure_config=ray.train.FailureConfig(max_failures=failure.max_failures),
+            failure_config=ray.train.FailureConfig(max_failures=0),
             checkpoint_config=_ray_checkpoint_config(checkpoint, plan.has_validation),
             callbacks=list(callbacks),
             # Ray Train's RunConfig takes it at run time; its typed v1 signature does not list it
@@ -218,13 +267,6 @@ def launch_ray(
         ),
         torch_config=TorchConfig(backend="nccl" if use_gpu else "gloo", timeout_s=int(failure.collective_timeout_s)),
     )
-    train_env = local_train_env(os.environ) if own_ray else {}
-    with (
-        stop_on_sigterm(Path(plan.run_dir), failure.sigterm_grace_s, plan.remote_uri),
-        environment(train_env),
-        _unwrapped_failures(failure),
-    ):
-        trainer.fit()
 
 
 def ray_storage(plan: WorkerPlan) -> dict[str, Any]:
@@ -235,50 +277,6 @@ def ray_storage(plan: WorkerPlan) -> dict[str, Any]:
     return {"storage_path": path, "storage_filesystem": filesystem}
 
 
-def ray_worker_entry(config: dict[str, Any]) -> None:
-    """The function each Ray Train worker runs (in a thread of its own; the process's main thread
-    runs Ray's task loop). For a run at a URI the worker works in a directory of its own node."""
-    plan: WorkerPlan = config["plan"]
-    install_redaction()  # also where Ray was started by the caller, without rayft's worker set-up hook
-    quiet_worker_console()
-    if config.get("idle_main_thread"):
-        idle_main_thread()
-    if plan.task is None:  # a custom task's own code may use bitsandbytes
-        hide_unused_bitsandbytes(plan.model, plan.lora.applied_quantize(plan.train.method))
-    location = plan.location.on_node(cache_root())
-    plan = dataclasses.replace(plan, run_dir=str(location.local_dir))
-    session = RaySession(
-        config["files"], location.local_dir, remote_uri=plan.remote_uri, num_to_keep=plan.checkpoint.num_to_keep
-    )
-    run_worker(plan, session)
-    open_store(location).drop_local_copy()  # with a URI, nothing of a finished run needs to stay on this node
-
-
-def idle_main_thread() -> bool:
-    """Put this process's main thread under ``SCHED_IDLE``, from another thread; returns whether it
-    changed (not on the main thread itself, nor off Linux, nor where the kernel refuses).
-
-    In a Ray worker the main thread runs Ray core's task loop: it wakes every 10 ms to check for
-    signals (taking the GIL from the training thread to do so) and answers the controller's health
-    polls. At normal priority each wake-up preempts a training thread, of this worker or of the
-    other, which the other then waits for at the next gradient all-reduce. Under ``SCHED_IDLE`` it
-    runs when a core would otherwise idle, or at the end of a scheduler slice, and still makes
-    progress. Threads start with the policy of the thread that starts them: the training thread,
-    and the threads it starts later (checkpoint uploads, data prefetching), keep normal priority;
-    Ray and gloo started theirs before the training function ran. An unprivileged process cannot
-    set the policy back, so this is only for a Ray that ends with the command.
-    """
-    main = threading.main_thread()
-    if threading.current_thread() is main or main.native_id is None or not hasattr(os, "SCHED_IDLE"):
-        return False
-    try:
-        os.sched_setscheduler(main.native_id, os.SCHED_IDLE, os.sched_param(0))
-    except OSError:  # a kernel or sandbox that refuses: the main thread keeps its priority
-        log.debug("could not put the Ray worker's main thread at idle priority", exc_info=True)
-        return False
-    return True
-
-
 def _ray_checkpoint_config(checkpoint: CheckpointConfig, has_validation: bool) -> ray.train.CheckpointConfig:
     import ray.train
 
@@ -287,35 +285,3 @@ def _ray_checkpoint_config(checkpoint: CheckpointConfig, has_validation: bool) -
             num_to_keep=checkpoint.num_to_keep, checkpoint_score_attribute="eval/loss", checkpoint_score_order="min"
         )
     return ray.train.CheckpointConfig(num_to_keep=checkpoint.num_to_keep)
-
-
-@contextlib.contextmanager
-def _unwrapped_failures(config: FailureConfig) -> Iterator[None]:
-    """Turn Ray Train's failure into the rayft error a worker raised, or a TrainingError that
-    names the rank and the error (and says so when a collective timed out)."""
-    from ray.train import WorkerGroupError
-
-    try:
-        yield
-    except WorkerGroupError as exc:
-        for rank, failure in sorted(exc.worker_failures.items()):
-            rayft_error = next((e for e in exception_chain(failure) if isinstance(e, RayftError)), None)
-            if rayft_error is not None:
-                raise rayft_error from exc
-            raise TrainingError(describe_worker_failure(rank, failure, config)) from exc
-        raise
-
-
-def describe_worker_failure(rank: int, failure: BaseException, config: FailureConfig) -> str:
-    """The one-line message of a run that failed on ``rank`` after the allowed retries."""
-    lines = [line.strip() for line in str(failure).strip().splitlines() if line.strip()]
-    last_line = lines[-1] if lines else ""
-    detail = next((line for line in lines if "Error:" in line and "Traceback" not in line), last_line)
-    retries = f"after {config.max_failures} restart(s) (failure.max_failures={config.max_failures})"
-    if "timed out" in str(failure).lower() or "timeout" in str(failure).lower():
-        return (
-            f"a collective timed out on rank {rank} {retries}: another worker is stuck or dead and did not join "
-            f"within failure.collective_timeout_s={config.collective_timeout_s:g} s. {type(failure).__name__}: "
-            f"{detail}"
-        )
-    return f"training failed on rank {rank} {retries}: {type(failure).__name__}: {detail}"

@@ -16,94 +16,27 @@ import json
 import logging
 import os
 import sys
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rayft.config import CheckpointConfig, LoggingConfig, LoraConfig, ModelConfig, RayftConfig, TrainConfig
 from rayft.errors import ConfigError, RayftError
-from rayft.runs import layout
-from rayft.runs.checkpoints import latest_valid_checkpoint, prune_checkpoints, publish_checkpoint
 from rayft.training.driver.launcher import split_files, stop_on_sigterm
 from rayft.training.driver.run import RunStart, drive
 from rayft.training.driver.startup import prepare_training_data, run_location
-from rayft.training.loop.batches import Unit
 from rayft.training.loop.plan import Schedule
-from rayft.training.loop.session import staging_path
-from rayft.training.loop.shards import check_readable, iter_rank_tables, iter_windows
+from rayft.training.loop.session import TorchrunSession
 from rayft.training.loop.worker import run_worker
 from rayft.training.loop.worker_plan import WorkerPlan
 
 log = logging.getLogger("rayft.train")
 
 if TYPE_CHECKING:
-    import torch
-
     from rayft.data.prepared import PreparedData
     from rayft.runs.location import RunLocation
     from rayft.training.driver.run import TrainResult
-
-
-class TorchrunSession:
-    """One process of a torch.distributed job: gloo on CPU, nccl on GPU, DDP, shared storage."""
-
-    def __init__(self, files: Mapping[str, Sequence[str]], run_dir: Path, *, num_to_keep: int | None) -> None:
-        import torch
-        import torch.distributed as dist
-
-        cuda = torch.cuda.is_available()
-        if not dist.is_initialized():
-            dist.init_process_group("nccl" if cuda else "gloo")
-        self._local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-        self._device = torch.device(f"cuda:{self._local_rank}" if cuda else "cpu")
-        if cuda:
-            torch.cuda.set_device(self._device)
-        check_readable(files, self.rank)
-        self._files = files
-        self._run_dir = run_dir
-        self._num_to_keep = num_to_keep
-
-    @property
-    def rank(self) -> int:
-        """Global rank from torch.distributed."""
-        import torch.distributed as dist
-
-        return dist.get_rank()
-
-    @property
-    def world_size(self) -> int:
-        """World size from torch.distributed."""
-        import torch.distributed as dist
-
-        return dist.get_world_size()
-
-    @property
-    def device(self) -> torch.device:
-        """This process's GPU (LOCAL_RANK) or the CPU."""
-        return self._device
-
-    def windows(self, split: str, window_size: int) -> Iterator[list[Unit]]:
-        """This rank's planned shard of ``split``, in order, read by this rank one row group at a time."""
-        files = list(self._files.get(split, ()))
-        return iter_windows(iter_rank_tables(files, self.rank, self.world_size), window_size)
-
-    @contextlib.contextmanager
-    def restored_checkpoint(self) -> Iterator[Path | None]:
-        """The newest complete checkpoint on the shared storage."""
-        yield latest_valid_checkpoint(self._run_dir / layout.CHECKPOINTS_DIR)
-
-    def staging_dir(self, step: int) -> Path:
-        """A hidden directory beside the checkpoint's final place on the shared storage."""
-        return staging_path(self._run_dir / layout.CHECKPOINTS_DIR, step)
-
-    def commit_checkpoint(self, metrics: dict[str, float], staging: Path | None, step: int) -> None:
-        """Rank 0 (which wrote every rank's files) renames the staging directory into place."""
-        if staging is None:
-            return
-        root = self._run_dir / layout.CHECKPOINTS_DIR
-        publish_checkpoint(staging, root / layout.step_dir_name(step))
-        prune_checkpoints(root, self._num_to_keep)
 
 
 def write_plan(path: Path, plan: WorkerPlan, files: Mapping[str, Sequence[str]]) -> None:

@@ -28,7 +28,6 @@ from rayft.runs import layout
 from rayft.runs.checkpoints import full_disk_reported
 from rayft.runs.manifest import write_manifest
 from rayft.security import redact
-from rayft.training.loop.faults import Faults
 from rayft.training.loop.session import TrainSession, all_gather_objects
 from rayft.training.modeling.model import base_model, transformers_model, unwrap
 from rayft.training.strategies.parallel import check_full_shapes, trainable_names
@@ -172,17 +171,27 @@ WriteModel: TypeAlias = "Callable[[torch.nn.Module, Path, dict[str, torch.Tensor
 live weights); :meth:`rayft.training.loop.objective.Objective.write_model`."""
 
 
+SaveStageHook = Callable[[int, str], None]
+"""Called with (step, stage) at each stage of a save (the loop callbacks' ``on_save_stage``)."""
+
+
 class Checkpointer:
     """Saves one worker's checkpoints through its session, at most one save in flight
     (in one background thread when ``background``)."""
 
     def __init__(
-        self, session: TrainSession, files: ModelFiles, write_model: WriteModel, *, faults: Faults, background: bool
+        self,
+        session: TrainSession,
+        files: ModelFiles,
+        write_model: WriteModel,
+        *,
+        background: bool,
+        on_stage: SaveStageHook = lambda step, stage: None,
     ) -> None:
         self.session = session
         self.files = files
         self.write_model = write_model
-        self.faults = faults
+        self.on_stage = on_stage
         self.writer = CheckpointWriter(background=background)
 
     def save(self, objects: TrainingObjects, state: TrainerState) -> None:
@@ -195,15 +204,15 @@ class Checkpointer:
         started = time.monotonic()
         self.writer.wait()
         snapshot = take_snapshot(objects, state, rank=self.session.rank, method=self.files.method)
-        session, faults, files = self.session, self.faults, self.files
+        session, on_stage, files = self.session, self.on_stage, self.files
         if session.rank == 0:
             inner, write_model = unwrap(objects.model), self.write_model
 
             def job() -> None:
                 staging = session.staging_dir(snapshot.step)
                 with full_disk_reported(staging, staging.parent):
-                    write_snapshot(snapshot, inner, write_model, files, staging, faults=faults)
-                faults.kill_if(snapshot.step, "before_commit")
+                    write_snapshot(snapshot, inner, write_model, files, staging, on_stage=on_stage)
+                on_stage(snapshot.step, "before_commit")
                 session.commit_checkpoint(snapshot.metrics, staging, snapshot.step)
 
         else:
@@ -265,25 +274,25 @@ def write_snapshot(
     files: ModelFiles,
     directory: Path,
     *,
-    faults: Faults,
+    on_stage: SaveStageHook,
 ) -> None:
     """Write a whole checkpoint into ``directory``, its manifest last."""
     import torch
 
     shutil.rmtree(directory, ignore_errors=True)
     write_model(model, directory, snapshot.model_state)
-    faults.kill_if(snapshot.step, "model_files")
+    on_stage(snapshot.step, "model_files")
     trainer = directory / layout.TRAINER_SUBDIR
     trainer.mkdir(parents=True, exist_ok=True)
     torch.save(snapshot.optimizer_state, trainer / layout.OPTIMIZER_FILE)
-    faults.kill_if(snapshot.step, "trainer_files")
+    on_stage(snapshot.step, "trainer_files")
     (trainer / layout.SCHEDULER_FILE).write_text(snapshot.scheduler_json)
     (trainer / layout.STATE_FILE).write_text(snapshot.state_json)
     if snapshot.scaler_state is not None:
         torch.save(snapshot.scaler_state, trainer / "scaler.pt")
     for name, data in snapshot.rng_files.items():
         (trainer / name).write_bytes(data)
-    faults.kill_if(snapshot.step, "before_manifest")
+    on_stage(snapshot.step, "before_manifest")
     write_manifest(directory, snapshot.step, snapshot.metrics, files.lineage)
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Protocol, TypeVar, cast
 
 from rayft.runs import layout
-from rayft.runs.checkpoints import prune_checkpoints, publish_checkpoint
+from rayft.runs.checkpoints import latest_valid_checkpoint, prune_checkpoints, publish_checkpoint
 from rayft.runs.location import RunLocation
 from rayft.runs.store import open_store
 from rayft.training.loop.batches import Unit
@@ -251,6 +251,67 @@ class RaySession:
             checkpoint_upload_fn=commit,
             delete_local_checkpoint_after_upload=False,
         )
+
+
+class TorchrunSession:
+    """One process of a torch.distributed job: gloo on CPU, nccl on GPU, DDP, shared storage."""
+
+    def __init__(self, files: Mapping[str, Sequence[str]], run_dir: Path, *, num_to_keep: int | None) -> None:
+        import torch
+        import torch.distributed as dist
+
+        cuda = torch.cuda.is_available()
+        if not dist.is_initialized():
+            dist.init_process_group("nccl" if cuda else "gloo")
+        self._local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        self._device = torch.device(f"cuda:{self._local_rank}" if cuda else "cpu")
+        if cuda:
+            torch.cuda.set_device(self._device)
+        check_readable(files, self.rank)
+        self._files = files
+        self._run_dir = run_dir
+        self._num_to_keep = num_to_keep
+
+    @property
+    def rank(self) -> int:
+        """Global rank from torch.distributed."""
+        import torch.distributed as dist
+
+        return dist.get_rank()
+
+    @property
+    def world_size(self) -> int:
+        """World size from torch.distributed."""
+        import torch.distributed as dist
+
+        return dist.get_world_size()
+
+    @property
+    def device(self) -> torch.device:
+        """This process's GPU (LOCAL_RANK) or the CPU."""
+        return self._device
+
+    def windows(self, split: str, window_size: int) -> Iterator[list[Unit]]:
+        """This rank's planned shard of ``split``, in order, read by this rank one row group at a time."""
+        files = list(self._files.get(split, ()))
+        return iter_windows(iter_rank_tables(files, self.rank, self.world_size), window_size)
+
+    @contextlib.contextmanager
+    def restored_checkpoint(self) -> Iterator[Path | None]:
+        """The newest complete checkpoint on the shared storage."""
+        yield latest_valid_checkpoint(self._run_dir / layout.CHECKPOINTS_DIR)
+
+    def staging_dir(self, step: int) -> Path:
+        """A hidden directory beside the checkpoint's final place on the shared storage."""
+        return staging_path(self._run_dir / layout.CHECKPOINTS_DIR, step)
+
+    def commit_checkpoint(self, metrics: dict[str, float], staging: Path | None, step: int) -> None:
+        """Rank 0 (which wrote every rank's files) renames the staging directory into place."""
+        if staging is None:
+            return
+        root = self._run_dir / layout.CHECKPOINTS_DIR
+        publish_checkpoint(staging, root / layout.step_dir_name(step))
+        prune_checkpoints(root, self._num_to_keep)
 
 
 def staging_path(root: Path, step: int) -> Path:

@@ -25,7 +25,8 @@ from rayft.runs.stop import StopWatch
 from rayft.runs.store import open_store
 from rayft.tracking.live import count_start, open_live_metrics
 from rayft.tracking.worker import tracker_loggers
-from rayft.training.loop.batches import Batch, TrainBatch, epoch_micro_batches, micro_batches
+from rayft.training.loop.batches import Batch, TrainBatch, Unit, epoch_micro_batches, micro_batches
+from rayft.training.loop.callbacks import Callbacks, StepInfo, load_callbacks
 from rayft.training.loop.checkpointing import (
     Checkpointer,
     ModelFiles,
@@ -87,6 +88,8 @@ class Worker:
     checkpoints: Checkpointer
     stop: StopWatch
     profile: StepProfile
+    callbacks: Callbacks
+    info: StepInfo
     rollouts: Rollouts | None = None  # where GRPO's rollouts are sampled
     stopped_on_request: bool = False
     window: ThroughputWindow = field(default_factory=ThroughputWindow)
@@ -99,12 +102,13 @@ def run_worker(plan: WorkerPlan, session: TrainSession) -> TrainerState:
     timer = worker.profile.timer
     try:
         timer.start()
-        batches_ahead = with_lookahead(step_batches(plan, session, worker.state.step, worker.objective),
-                                       rollout_lookahead(plan))  # fmt: skip
-        for loaded, ahead in batches_ahead:
-            # A rank slowed before its step waits like a slow loader: both count as data_wait.
-            plan.faults.before_step(session.rank, worker.state.step + 1, worker.stop.requested)
-            plan.faults.log_samples(session.rank, worker.state.step + 1, [i for b in loaded for i in b.sample_ids])
+        worker.callbacks.call("on_train_start", worker.info)
+        batches = step_batches(
+            plan, session, worker.state.step, worker.objective, callbacks=worker.callbacks, info=worker.info
+        )
+        for loaded, ahead in with_lookahead(batches, rollout_lookahead(plan)):
+            # Time a callback spends before the step counts as data_wait, as a slow loader's does.
+            begin_step(worker, loaded)
             timer.lap("data_wait")
             # GRPO's batches are prompts: the step trains on the completions sampled from them.
             if isinstance(worker.objective, RlTraining):
@@ -112,6 +116,7 @@ def run_worker(plan: WorkerPlan, session: TrainSession) -> TrainerState:
             else:
                 stats = run_step(worker, cast("list[TrainBatch]", loaded))
             after_step(worker, stats)
+            end_step(worker, stats)
             worker.profile.step_done()
             stopping = worker.state.stopped_early or stop_requested(worker)
             timer.lap("comm")  # the stop request's all-reduce
@@ -119,6 +124,7 @@ def run_worker(plan: WorkerPlan, session: TrainSession) -> TrainerState:
                 break
         worker.profile.close()
         finish(worker)
+        worker.callbacks.call("on_train_end", worker.info)
     except BaseException:
         worker.checkpoints.drain(timeout_s=120.0)
         raise
@@ -129,6 +135,24 @@ def run_worker(plan: WorkerPlan, session: TrainSession) -> TrainerState:
         if worker.rollouts is not None:
             worker.rollouts.close()
     return worker.state
+
+
+def begin_step(worker: Worker, loaded: list[Batch]) -> None:
+    """Tell the callbacks which step is about to run, and on which samples."""
+    if not worker.callbacks.wants("on_step_begin"):
+        return
+    worker.info.step = worker.state.step + 1
+    worker.info.sample_ids = [i for b in loaded for i in b.sample_ids]
+    worker.callbacks.call("on_step_begin", worker.info)
+
+
+def end_step(worker: Worker, stats: StepStats) -> None:
+    """Tell the callbacks the step that was just taken, with its loss."""
+    if not worker.callbacks.wants("on_step_end"):
+        return
+    worker.info.step = worker.state.step
+    worker.info.metrics = {"train/loss": stats.loss, "train/grad_norm": stats.grad_norm}
+    worker.callbacks.call("on_step_end", worker.info)
 
 
 def stop_requested(worker: Worker) -> bool:
@@ -178,11 +202,14 @@ def setup_worker(plan: WorkerPlan, session: TrainSession) -> Worker:
     trainable, total = count_parameters(model)
     if session.rank == 0:
         log.info("training %s parameters of %s (%.2f%%)", f"{trainable:,}", f"{total:,}", 100 * trainable / total)
+    callbacks = load_callbacks(plan.train.callbacks)
     saver = Checkpointer(
-        session, model_files(plan), objective.write_model, faults=plan.faults, background=plan.checkpoint.async_upload
-    )
+        session, model_files(plan), objective.write_model, background=plan.checkpoint.async_upload,
+        on_stage=lambda step, stage: callbacks.call("on_save_stage", step, stage),
+    )  # fmt: skip
     # Rank 0 watches a remote run's URI for a stop request (the others learn it at the next step).
     stop = StopWatch(Path(plan.run_dir), plan.remote_uri, poll=session.rank == 0)
+    info = StepInfo(session.rank, session.world_size, plan.run_dir, step=state.step, stop_requested=stop.requested)
     profile = open_step_profile(
         plan.train.profile, session, Path(plan.run_dir), remote_uri=plan.remote_uri, params=total, start_step=state.step
     )
@@ -191,7 +218,7 @@ def setup_worker(plan: WorkerPlan, session: TrainSession) -> Worker:
         rollouts = build_worker_rollouts(plan, session, objective, ahead)
     return Worker(
         plan, session, parallel, model, optimizer, scheduler, scaler, objective, precision, logger, state, saver, stop,
-        profile, rollouts,
+        profile, callbacks, info, rollouts,
     )  # fmt: skip
 
 
@@ -356,10 +383,16 @@ def open_live(plan: WorkerPlan, session: TrainSession) -> MetricLogger:
 
 
 def step_batches(
-    plan: WorkerPlan, session: TrainSession, start_step: int, objective: Objective
+    plan: WorkerPlan,
+    session: TrainSession,
+    start_step: int,
+    objective: Objective,
+    *,
+    callbacks: Callbacks | None = None,
+    info: StepInfo | None = None,
 ) -> Iterator[list[Batch]]:
     """The micro-batches of every remaining optimizer step, epoch after epoch, resuming exactly
-    after the units consumed before ``start_step``."""
+    after the units consumed before ``start_step`` (``callbacks`` see each micro-batch on its way)."""
     sched, train = plan.schedule, plan.train
     step = start_step
     while step < sched.total_steps:
@@ -369,12 +402,19 @@ def step_batches(
             micro_batch_size=train.micro_batch_size, units_per_rank=sched.units_per_rank,
             skip_units=units_before_step(sched, step, train.micro_batch_size, train.gradient_accumulation_steps),
         )  # fmt: skip
-        collated = (objective.collate(plan.faults.slow_data(chunk)) for chunk in units)
+        collated = (objective.collate(announced(chunk, callbacks, info)) for chunk in units)
         for group in micro_batches(collated, train.gradient_accumulation_steps):
             yield [b.to(session.device) for b in group]
             step += 1
             if step >= sched.total_steps:
                 return
+
+
+def announced(units: list[Unit], callbacks: Callbacks | None, info: StepInfo | None) -> list[Unit]:
+    """``units``, after the callbacks' ``on_micro_batch`` (on the way to their collation)."""
+    if callbacks is not None and info is not None and callbacks.wants("on_micro_batch"):
+        callbacks.call("on_micro_batch", info)
+    return units
 
 
 def rollout(worker: Worker, batches: list[Batch], ahead: list[list[Batch]]) -> list[RolloutBatch]:

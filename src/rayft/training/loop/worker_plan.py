@@ -14,7 +14,6 @@ from rayft.config.model import LoraConfig, ModelConfig
 from rayft.config.task import TaskConfig
 from rayft.config.train import CheckpointConfig, LoggingConfig, TrainConfig
 from rayft.runs.location import RunLocation
-from rayft.training.loop.faults import Faults
 from rayft.training.loop.plan import Schedule
 from rayft.training.modeling.step_choice import StepChoice
 
@@ -35,7 +34,6 @@ class WorkerPlan:
     shuffle_window: int
     has_validation: bool
     lineage: dict[str, Any] = field(default_factory=dict)
-    faults: Faults = field(default_factory=Faults)
     remote_uri: str | None = None  # the run's URI when storage_path is one: checkpoints and final/ go there too
     # Continue from the checkpoint with this plan's optimiser settings (learning rate, weight decay)
     # instead of the ones saved in it: a trial of a sweep that took another trial's checkpoint.
