@@ -41,6 +41,10 @@ class ClusterError(RayftError):
     """A Ray cluster cannot be reached or used: a wrong address, a refused token, no Jobs API."""
 
 
+class EndpointError(RayftError):
+    """An OpenAI-compatible server cannot be reached, refuses the key, or does not serve the model asked for."""
+
+
 class StorageError(RayftError):
     """The storage path cannot be written or read."""
 

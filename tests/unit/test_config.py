@@ -141,3 +141,10 @@ def test_files_yaml_would_read_silently_wrong_are_refused_naming_the_line(
     path.write_bytes(content)
     with pytest.raises(ConfigError, match=message):
         load_config(path)
+
+
+def test_eval_scores_a_served_model_through_eval_endpoint_only() -> None:
+    cfg = load_config(None, ["eval.backend=openai", "eval.endpoint.base_url=http://10.0.0.5:8000/v1"])
+    assert cfg.eval.backend == "openai" and cfg.eval.endpoint.base_url == "http://10.0.0.5:8000/v1"
+    with pytest.raises(ConfigError, match=r"eval.generation.endpoint: set eval.endpoint"):
+        load_config(None, ["eval.generation.endpoint.base_url=http://10.0.0.5:8000/v1"])

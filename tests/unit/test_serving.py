@@ -185,6 +185,20 @@ def test_deployment_options_follow_the_serve_section() -> None:
     )
     assert scaled["autoscaling_config"] == {"min_replicas": 1, "max_replicas": 3, "target_ongoing_requests": 8.0}
     assert "num_replicas" not in scaled and scaled["ray_actor_options"]["num_gpus"] == 1
+    assert fixed["max_queued_requests"] == 32 and fixed["backpressure_config"]["retry_after_s"] == 2
+    unbounded = deployment_options(RayftConfig.model_validate({"serve": {"serve_queue_requests": None}}).serve)
+    assert unbounded["max_queued_requests"] == -1  # Serve's 'no bound'
+
+
+def test_a_full_serve_queue_is_a_503_with_retry_after_in_openais_shape() -> None:
+    from ray.serve.exceptions import BackPressureError
+
+    from rayft.serving.router import _error, _failure
+
+    response = _error(_failure(BackPressureError(num_queued_requests=4, max_queued_requests=4, retry_after_s=2.5)))
+    assert response.status_code == 503 and response.headers["Retry-After"] == "3"
+    error = json.loads(bytes(response.body))["error"]
+    assert error["code"] == "server_busy" and "serve.serve_queue_requests" in error["message"]
 
 
 def test_the_serve_section_checks_its_autoscaling_bounds() -> None:

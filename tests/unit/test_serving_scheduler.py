@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from rayft.serving.scheduler import Limits, Need, plan_admission, queue_full, retry_after_s
+from rayft.serving.scheduler import Limits, Need, plan_admission, prefill_turn, queue_full, retry_after_s
 
 LIMITS = Limits(max_rows=4, kv_tokens=1000, max_queued=2, max_prefill_tokens=300)
 
@@ -30,3 +30,9 @@ def test_the_queue_is_bounded_and_a_refusal_says_when_to_retry() -> None:
     assert retry_after_s([], 0.5) == 1
     assert retry_after_s([40, 10], 0.5) == 5
     assert retry_after_s([1], 0.01) == 1
+
+
+def test_prefill_and_decoding_steps_alternate_while_rows_run() -> None:
+    assert prefill_turn(prefilled_last_step=False, running_rows=3)
+    assert not prefill_turn(prefilled_last_step=True, running_rows=3)  # the running rows decode first
+    assert prefill_turn(prefilled_last_step=True, running_rows=0)  # nothing to decode: prefill on

@@ -9,7 +9,7 @@ from pydantic import Field, model_validator
 
 from rayft.config.base import Section
 from rayft.config.data import DatasetConfig
-from rayft.config.generation import GenerationConfig
+from rayft.config.generation import EndpointConfig, GenerationConfig
 
 EvalTask = Literal["gsm8k", "exact_match", "rouge", "bleu", "bertscore", "sql", "custom"]
 
@@ -21,6 +21,7 @@ _DECIDED_BY_EVAL = {
     "backend": "set eval.backend",
     "batch_size": "set eval.batch_size",
     "concurrency": "set eval.num_workers",
+    "endpoint": "set eval.endpoint",
 }
 
 
@@ -107,9 +108,20 @@ class EvalConfig(Section):
             "The task adds its own stop sequences (gsm8k: 'Question:')."
         ),
     )
-    backend: Literal["hf", "vllm"] = Field(
+    backend: Literal["hf", "vllm", "openai"] = Field(
         "hf",
-        description="Generation backend: 'hf' (transformers batched generate) or 'vllm' (GPU; rayft[vllm]).",
+        description=(
+            "Generation backend: 'hf' (transformers batched generate), 'vllm' (GPU; rayft[vllm]), or 'openai' "
+            "(score a served model: the OpenAI-compatible server at eval.endpoint, e.g. rayft serve, is asked "
+            "for the model named by --model)."
+        ),
+    )
+    endpoint: EndpointConfig = Field(
+        default_factory=EndpointConfig,
+        description=(
+            "The OpenAI-compatible server (backend 'openai' only); its key is read from the environment "
+            "variable named by api_key_env."
+        ),
     )
     batch_size: int = Field(16, gt=0, description="Prompts per generate call (and per Ray Data batch).")
     num_workers: int = Field(1, gt=0, description="Generation actors (model replicas) in the Ray Data pool.")

@@ -43,7 +43,19 @@ class ServeConfig(Section):
         8.0, gt=0, description="Autoscaling aims at this many requests in flight per replica."
     )
     max_ongoing_requests: int = Field(
-        64, gt=0, description="Requests a replica accepts at once (more wait in Serve's queue)."
+        64, gt=0, description="Requests a replica accepts at once (more wait in Serve's queue: serve_queue_requests)."
+    )
+    serve_queue_requests: int | None = Field(
+        32,
+        gt=0,
+        description=(
+            "Requests Ray Serve holds per caller (its proxy, the router) waiting for a replica with room under "
+            "max_ongoing_requests (its deployments' max_queued_requests); one more is answered 503 with "
+            "Retry-After at once instead of waiting without bound. Unset (null): no bound."
+        ),
+    )
+    serve_retry_after_s: int = Field(
+        2, gt=0, description="Retry-After, in seconds, of a 503 answered because serve_queue_requests are waiting."
     )
     num_cpus_per_replica: float = Field(1.0, gt=0, description="CPUs reserved by each model replica.")
     num_gpus_per_replica: float = Field(0.0, ge=0, description="GPUs reserved by each model replica (0: CPU).")

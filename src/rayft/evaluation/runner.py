@@ -39,9 +39,11 @@ from rayft.evaluation.metrics import CorpusMetric
 from rayft.evaluation.stats import Estimate, corpus_estimate, estimate
 from rayft.evaluation.tasks import Scored, Task, build_prompt, check_tables_present
 from rayft.generation.backend import Generation, Prompt
+from rayft.generation.openai_http import OpenAIBackend
 from rayft.generation.pool import LocalPool, Runtime, in_input_order, open_pool
-from rayft.models.sources import ResolvedSource
+from rayft.models.sources import ResolvedSource, fingerprint_source, resolve_source
 from rayft.runtime import ray_runtime
+from rayft.security import mask_uri
 
 log = logging.getLogger("rayft.eval")
 
@@ -353,8 +355,31 @@ def generation_config(ev: EvalConfig, source: ResolvedSource, task: Task) -> Gen
             "num_cpus_per_actor": ev.num_cpus_per_worker,
             "num_gpus_per_actor": ev.num_gpus_per_worker,
             "stop": stop,
+            "endpoint": ev.endpoint,
         }
     )
+
+
+def eval_source(source: str, cfg: RayftConfig) -> ResolvedSource:
+    """What ``rayft eval`` / ``rayft compare`` evaluate for ``source``: with backend 'openai', the model
+    of that name on the server at ``eval.endpoint`` (checked to answer and to serve it before any
+    example is sent); else the local source resolved (a run directory picks its checkpoint)."""
+    if cfg.eval.backend != "openai":
+        return resolve_source(source, cfg.model, cfg.eval.checkpoint)
+    backend = OpenAIBackend(source, cfg.eval.endpoint)
+    try:
+        backend.check_serves_model("eval.endpoint")
+    finally:
+        backend.close()
+    return ResolvedSource(source, "model", cfg.model.model_copy(update={"name": source, "gguf_file": None}))
+
+
+def model_fingerprint(source: ResolvedSource, cfg: GenerationConfig) -> dict[str, Any]:
+    """What identifies the evaluated weights: the hashes of local ones; for a served model, whose
+    weights the server holds, the model asked for and where."""
+    if cfg.backend != "openai":
+        return fingerprint_source(source)
+    return {"kind": "served", "model": source.model.name, "endpoint": mask_uri(cfg.endpoint.base_url), "sha256": None}
 
 
 def choose_runtime(setting: str, ray_running: bool, address: str | None) -> Runtime:

@@ -26,12 +26,12 @@ from typing import Any
 from rayft.config import RayftConfig
 from rayft.console import Progress
 from rayft.evaluation.report import MAX_DISAGREEMENTS, comparison_row, example_record, prediction_row, spread
-from rayft.evaluation.runner import ExampleStream, ModelRun, ScoreTally, generation_config
+from rayft.evaluation.runner import ExampleStream, ModelRun, ScoreTally, generation_config, model_fingerprint
 from rayft.evaluation.tasks import Task
 from rayft.files import AtomicJsonl, temp_path
 from rayft.generation.pool import Runtime, in_input_order, open_pool
-from rayft.models.sources import ResolvedSource, fingerprint_source
-from rayft.security import redact
+from rayft.models.sources import ResolvedSource
+from rayft.security import mask_uri, redact
 
 log = logging.getLogger("rayft.eval")
 
@@ -60,8 +60,9 @@ def stream_model(
     """Generate with one model on every example, score each window as it finishes and append its
     example rows, in input order, to ``rows_path``; the run keeps the tally, not the rows."""
     ev = cfg.eval
-    log.info("eval: %s (%s) on %d examples, %s runtime", label, source.describe(), examples.count, runtime)
     gen_cfg = generation_config(ev, source, task)
+    served = f" at {mask_uri(gen_cfg.endpoint.base_url)}" if gen_cfg.backend == "openai" else ""
+    log.info("eval: %s (%s%s) on %d examples, %s runtime", label, source.describe(), served, examples.count, runtime)
     tally = ScoreTally(task)
     started = time.monotonic()
     with (
@@ -77,7 +78,7 @@ def stream_model(
             for item in zip(items, generations, tally.add(items, generations), strict=True):
                 out.write(redact(json.dumps(example_record(*item), ensure_ascii=False)) + "\n")
     run = tally.finish(label, source, ev, time.monotonic() - started)
-    return dataclasses.replace(run, fingerprint=fingerprint_source(source), rows_path=rows_path)
+    return dataclasses.replace(run, fingerprint=model_fingerprint(source, gen_cfg), rows_path=rows_path)
 
 
 def read_records(path: Path) -> Iterator[dict[str, Any]]:

@@ -24,6 +24,7 @@ from urllib.parse import parse_qsl, urlsplit, urlunsplit
 import httpx
 
 from rayft.config.generation import EndpointConfig
+from rayft.errors import EndpointError
 from rayft.generation.backend import FinishReason, Generation, Prompt, SamplingParams, truncate_at_stop
 from rayft.security import mask_uri, redact, remember_secret
 
@@ -116,6 +117,44 @@ class OpenAIBackend:
             # a server may quote the request back, the key among it
             return Generation("", finish_reason="error", error=redact(f"{type(exc).__name__}: {exc}"))
 
+    def check_serves_model(self, where: str) -> None:
+        """Fail fast, in one line, before any prompt is sent: the server at ``base_url`` answers
+        ``GET /models`` with the key given and lists ``model``. ``where`` is the config section that
+        holds the endpoint (named in the fix)."""
+        shown = mask_uri(self.base_url)
+        try:
+            response = self._list_models()
+        except httpx.HTTPError as exc:
+            raise EndpointError(
+                f"cannot reach the OpenAI-compatible server at {shown} ({type(exc).__name__}: {redact(str(exc))}); "
+                f"start it (rayft serve) or set {where}.base_url to where it listens"
+            ) from None
+        if response.status_code in (401, 403):
+            raise EndpointError(_refused_key_message(shown, response.status_code, self.endpoint.api_key_env,
+                                                     bool(self.api_key), where))  # fmt: skip
+        if response.status_code != 200:
+            raise EndpointError(
+                f"the server at {shown} answered GET /models with HTTP {response.status_code} "
+                f"({redact(response.text[:200])!r}); check {where}.base_url (it ends in /v1)"
+            )
+        served = _model_ids(response)
+        if self.model not in served:
+            raise EndpointError(
+                f"the server at {shown} serves no model {self.model!r} (it serves: {', '.join(served) or 'none'}); "
+                "pass one of these as the model"
+            )
+
+    def _list_models(self) -> httpx.Response:
+        """``GET /models``, retried like a request while the server answers 429 or 5xx (busy, or still
+        starting); a server nobody listens for fails at once."""
+        url = endpoint_url(self.base_url, "/models")
+        for attempt in range(self.endpoint.max_retries):
+            response = self.client().get(url)
+            if response.status_code != 429 and response.status_code < 500:
+                return response
+            self._sleep(self.backoff_s(attempt, _retry_after(response.headers.get("Retry-After"))))
+        return self.client().get(url)
+
     def _post_with_retries(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
         attempt = 0
         while True:
@@ -162,6 +201,24 @@ def endpoint_url(base_url: str, path: str) -> str:
 def query_values(url: str) -> list[str]:
     """The values of ``url``'s query parameters (a base URL may carry its key there)."""
     return [value for _, value in parse_qsl(urlsplit(url).query) if value]
+
+
+def _refused_key_message(shown: str, status: int, key_env: str | None, sent: bool, where: str) -> str:
+    """Why the server refused us, never with the key itself: none was sent, or the one sent is not accepted."""
+    if not sent:
+        variable = f"the environment variable {key_env}" if key_env else f"{where}.api_key_env"
+        return f"the server at {shown} needs an API key (HTTP {status}) and none was sent; set {variable} to one"
+    fix = f"set the environment variable {key_env} to a key it accepts" if key_env else "pass a key it accepts"
+    return f"the server at {shown} refused the API key sent (HTTP {status}); {fix}"
+
+
+def _model_ids(response: httpx.Response) -> list[str]:
+    """The ids of an OpenAI ``/models`` listing (none when the reply is not one)."""
+    try:
+        data = response.json().get("data")
+    except (ValueError, AttributeError):
+        return []
+    return [str(item["id"]) for item in data or [] if isinstance(item, dict) and "id" in item]
 
 
 def _retry_after(value: str | None) -> float | None:

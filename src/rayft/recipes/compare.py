@@ -20,12 +20,11 @@ from typing import Any
 from rayft.config import RayftConfig
 from rayft.errors import ConfigError
 from rayft.evaluation.report import console_table, model_summary, pair_tests, render_html, render_markdown
-from rayft.evaluation.runner import generation_runtime, open_examples
+from rayft.evaluation.runner import eval_source, generation_runtime, open_examples
 from rayft.evaluation.streaming import read_records, scratch_files, stream_model, write_comparison
 from rayft.evaluation.summary import CompareSummary
 from rayft.evaluation.tasks import build_task
 from rayft.files import check_writable_dir, write_text_atomic
-from rayft.models.sources import resolve_source
 
 JSON_FILE = "compare.json"
 MARKDOWN_FILE = "compare.md"
@@ -65,7 +64,7 @@ def run(cfg: RayftConfig, sources: Mapping[str, str], output_dir: Path) -> Compa
         )
     check_writable_dir(Path(output_dir), where="--output")  # before any model loads
     task = build_task(cfg.eval)
-    resolved = {label: resolve_source(src, cfg.model, cfg.eval.checkpoint) for label, src in sources.items()}
+    resolved = {label: eval_source(src, cfg) for label, src in sources.items()}
     examples = open_examples(cfg.eval, task)
     out = Path(output_dir)
     with scratch_files(out / EXAMPLES_FILE, len(resolved)) as paths, generation_runtime(cfg) as runtime:

@@ -17,12 +17,11 @@ from pathlib import Path
 
 from rayft.config import RayftConfig
 from rayft.evaluation.report import console_table, model_summary
-from rayft.evaluation.runner import generation_runtime, open_examples
+from rayft.evaluation.runner import eval_source, generation_runtime, open_examples
 from rayft.evaluation.streaming import scratch_files, stream_model, write_predictions
 from rayft.evaluation.summary import EvalSummary, MetricSummary, ModelSummary
 from rayft.evaluation.tasks import build_task
 from rayft.files import check_writable_dir, write_text_atomic
-from rayft.models.sources import resolve_source
 
 log = logging.getLogger("rayft.eval")
 
@@ -66,7 +65,7 @@ def run(cfg: RayftConfig, source: str, output_dir: Path, *, label: str = "model"
     check_writable_dir(Path(output_dir), where="--output")  # before anything is generated
     task = build_task(cfg.eval)
     examples = open_examples(cfg.eval, task)
-    resolved = resolve_source(source, cfg.model, cfg.eval.checkpoint)
+    resolved = eval_source(source, cfg)
     output_dir = Path(output_dir)
     with scratch_files(output_dir / PREDICTIONS_FILE, 1) as (rows,), generation_runtime(cfg) as runtime:
         model_run = stream_model(label, resolved, examples, rows, task=task, cfg=cfg, runtime=runtime)

@@ -29,6 +29,7 @@ def deployment_options(cfg: ServeConfig) -> dict[str, Any]:
         "ray_actor_options": {"num_cpus": cfg.num_cpus_per_replica, "num_gpus": cfg.num_gpus_per_replica},
         "max_ongoing_requests": cfg.max_ongoing_requests,
         "graceful_shutdown_timeout_s": cfg.graceful_shutdown_timeout_s,
+        **queue_options(cfg),
     }
     if cfg.min_replicas is None:
         return {**options, "num_replicas": cfg.num_replicas}
@@ -38,6 +39,15 @@ def deployment_options(cfg: ServeConfig) -> dict[str, Any]:
         "target_ongoing_requests": cfg.target_ongoing_requests,
     }
     return {**options, "autoscaling_config": autoscaling}
+
+
+def queue_options(cfg: ServeConfig) -> dict[str, Any]:
+    """Serve's bound on the requests a caller holds for a deployment (-1: none), and its 503's Retry-After."""
+    bound = cfg.serve_queue_requests if cfg.serve_queue_requests is not None else -1
+    return {
+        "max_queued_requests": bound,
+        "backpressure_config": {"status_code": 503, "retry_after_s": cfg.serve_retry_after_s},
+    }
 
 
 def build_application(plan: ServePlan, cfg: ServeConfig, key_digests: tuple[bytes, ...] = ()) -> Any:
@@ -62,6 +72,7 @@ def build_application(plan: ServePlan, cfg: ServeConfig, key_digests: tuple[byte
         ray_actor_options={"num_cpus": 0},
         max_ongoing_requests=cfg.max_ongoing_requests * len(plan.groups),
         graceful_shutdown_timeout_s=cfg.graceful_shutdown_timeout_s,
+        **queue_options(cfg),
     )(Router)
     return router.bind(models, plan.routes, key_digests, cfg.access_log_console)
 

@@ -5,8 +5,9 @@ and loads LoRA adapters into it by name. Requests join and leave one running bat
 decoding steps (:mod:`rayft.serving.batch`): a loop per replica (an asyncio task, whose steps run
 on a worker thread) admits waiting requests while the batch has rows and KV budget left
 (:mod:`rayft.serving.scheduler`), prefills them in a step of their own between the running rows'
-decoding steps, and hands every row its new text at each step. A row that ends (end of sequence,
-a stop string, its token limit) or whose client is gone leaves the batch before the next step.
+decoding steps (never two prefill steps in a row while rows decode), and hands every row its new text
+at each step. A row that ends (end of sequence, a stop string, its token limit) or whose client is gone
+leaves the batch before the next step.
 Rows with different adapters (PEFT's per-row ``adapter_names``) and different sampling settings
 decode in one batch. The waiting queue is bounded: a request beyond it is refused with 429 and a
 retry hint.
@@ -36,7 +37,7 @@ from rayft.generation.hf import HFBackend
 from rayft.serving.logprobs import TokenLogprob
 from rayft.serving.plan import BaseGroup
 from rayft.serving.protocol import Job, RequestError
-from rayft.serving.scheduler import Limits, Need, plan_admission, queue_full, retry_after_s
+from rayft.serving.scheduler import Limits, Need, plan_admission, prefill_turn, queue_full, retry_after_s
 from rayft.serving.scoring import Scored, score_tokens
 
 if TYPE_CHECKING:
@@ -179,6 +180,7 @@ class Engine:
         self._loop_task: asyncio.Task[None] | None = None
         self._step_s = 0.0  # recent time of one step, for the retry hint of a refusal
         self._batch: RunningBatch | None = None
+        self._prefilled_last_step = False
 
     def load_adapter(self, model_id: str) -> None:
         """Load the adapter served as ``model_id`` into the base model (idempotent)."""
@@ -347,8 +349,11 @@ class Engine:
         while self._waiting and self._waiting[0].prepared.cancelled:
             self._waiting.popleft()
         running = [r.prepared.need() for r in self._running.values()]
-        count = plan_admission([r.prepared.need() for r in self._waiting], running, self.limits)
+        count = 0
+        if prefill_turn(self._prefilled_last_step, len(self._running)):
+            count = plan_admission([r.prepared.need() for r in self._waiting], running, self.limits)
         admitted = [self._waiting.popleft() for _ in range(count)]
+        self._prefilled_last_step = bool(admitted)
         if admitted and self._running:
             self.stats.joined_running_batch += len(admitted)
         for request in admitted:

@@ -10,6 +10,7 @@ A client that goes away mid-stream cancels its request down to the replica, whos
 # objects (`request: Request`), and Serve's ingress copies the methods out of this module's namespace.
 import asyncio
 import logging
+import math
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -17,6 +18,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from ray import serve
+from ray.serve.exceptions import BackPressureError
 from ray.serve.handle import DeploymentHandle
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -49,12 +51,31 @@ READY_TIMEOUT_S = 2.0
 
 
 def _failure(exc: BaseException) -> RequestError:
-    """A 500 for a generation that failed inside the replica, in the OpenAI error shape."""
+    """A 500 for a generation that failed inside the replica, in the OpenAI error shape; a 503 when Serve's
+    queue for the model's replicas was full (``serve.serve_queue_requests``)."""
+    if isinstance(exc, BackPressureError):
+        return BusyError(exc.retry_after_s)
     log.error("generation failed: %s: %s", type(exc).__name__, exc)
     return RequestError(500, f"generation failed in the model replica ({type(exc).__name__}); retry the request")
 
 
+class BusyError(RequestError):
+    """503: as many requests wait in Serve's queue for the model's replicas as serve.serve_queue_requests allows."""
+
+    def __init__(self, retry_after_s: float | None) -> None:
+        self.retry_after_s = math.ceil(retry_after_s or 1)
+        super().__init__(
+            503,
+            "the model's replicas are busy and Serve's queue for them is full (serve.serve_queue_requests); retry "
+            f"after {self.retry_after_s} s, or add replicas",
+            None,
+            "server_busy",
+        )
+
+
 def _error(error: RequestError, headers: dict[str, str] | None = None) -> JSONResponse:
+    if isinstance(error, BusyError):
+        headers = {**(headers or {}), "Retry-After": str(error.retry_after_s)}
     return JSONResponse(error.body(), status_code=error.status, headers=headers)
 
 
@@ -326,8 +347,10 @@ class Router:
         for events in streams:
             try:
                 first = await events.__anext__()
-            except Exception as exc:  # the replica failed before it started (an adapter that does not load)
-                first = Refused(500, _failure(exc).body())
+            except Exception as exc:  # the replica failed before it started (an adapter that does not load),
+                error = _failure(exc)  # or Serve's queue for the replicas was full
+                headers = {"Retry-After": str(error.retry_after_s)} if isinstance(error, BusyError) else {}
+                first = Refused(error.status, error.body(), headers)
             if isinstance(first, Refused):
                 for other in streams:
                     other.cancel()

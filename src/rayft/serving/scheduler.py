@@ -6,7 +6,10 @@ the batch has a free row, the KV budget has room for the request's whole sequenc
 completion, reserved up front so that a running row never has to be evicted) and the step's
 prefill stays within its token bound (so that one burst of long prompts does not stall the rows
 that are decoding). A request that does not fit waits at the head: later, smaller requests do not
-overtake it, so no request starves. The waiting queue itself is bounded (:func:`queue_full`); a
+overtake it, so no request starves. While rows decode, prefill steps and decoding steps alternate
+(:func:`prefill_turn`): the rows of a burst that joined first get their tokens first, and end first, so
+that the requests which follow them arrive spread over steps instead of in one wave that waits for the
+whole wave's prefill. The waiting queue itself is bounded (:func:`queue_full`); a
 request beyond it is refused with a retry hint (:func:`retry_after_s`), never left to wait unbounded.
 """
 
@@ -56,6 +59,18 @@ def plan_admission(waiting: Sequence[Need], running: Sequence[Need], limits: Lim
         rows, reserved, admitted = rows + 1, reserved + need.kv_tokens, admitted + 1
         prefill += need.prompt_tokens
     return admitted
+
+
+def prefill_turn(prefilled_last_step: bool, running_rows: int) -> bool:
+    """Whether this step may prefill waiting requests: not right after a prefill step while rows are running.
+
+    Prefilling a burst chunk after chunk before any row decodes again would make every row of the
+    burst end at the same step (each has decoded as many tokens), and the next requests of clients
+    that wait for those answers would arrive together: one wave after another, each new request
+    waiting for its wave's whole prefill. One decoding step between two prefill steps keeps the
+    earlier chunks a token ahead per chunk, at the cost of one decoding step of waiting for the later ones.
+    """
+    return not (prefilled_last_step and running_rows > 0)
 
 
 def queue_full(waiting: int, limits: Limits) -> bool:
