@@ -108,7 +108,7 @@ def run_rayft(work: Path, rows: list[dict[str, str]], memory: Memory) -> dict[st
     ])  # fmt: skip
     phases(worker, memory)
     start = time.perf_counter()
-    run = rayft.train(cfg)
+    run = rayft.api.train(cfg)
     elapsed = time.perf_counter() - start
     memory.enter("held-out loss")
     records = [json.loads(line) for line in (run.run_dir / "metrics.jsonl").read_text().splitlines()]

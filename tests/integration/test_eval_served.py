@@ -12,6 +12,7 @@ import pytest
 from click.testing import CliRunner
 
 import rayft
+from rayft import api
 from rayft.config import RayftConfig, load_config
 from rayft.errors import EndpointError
 from rayft.evaluation.runner import eval_source
@@ -25,7 +26,7 @@ KEY_ENV = "RAYFT_TEST_EVAL_KEY"
 @pytest.fixture(scope="module")
 def adapter(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A LoRA adapter of the tiny model with large seeded weights: its completions vary from prompt to prompt."""
-    from rayft.testing.checkpoints import build_lora_checkpoint
+    from tests.support.checkpoints import build_lora_checkpoint
 
     return build_lora_checkpoint(tmp_path_factory.mktemp("adapters") / "alpha", tiny_model_dir, seed=1, scale=0.5)
 
@@ -35,7 +36,7 @@ def server(ray_session: None, adapter: Path, tmp_path_factory: pytest.TempPathFa
     keys = tmp_path_factory.mktemp("keys") / "api-keys"
     keys.write_text(f"{KEY}\n", encoding="utf-8")
     cfg = RayftConfig.model_validate({"serve": {"max_batch_size": 8, "api_keys_file": str(keys)}})
-    with rayft.serve([str(adapter)], config=cfg) as handle:
+    with api.serve(cfg, [str(adapter)], port=0) as handle:
         yield handle
 
 
@@ -85,8 +86,8 @@ def test_a_served_model_scores_as_the_in_process_one(
     server: rayft.ServeHandle, adapter: Path, dataset: Path, tmp_path: Path, chat: bool
 ) -> None:
     options = [f"eval.use_chat_template={str(chat).lower()}", f"eval.datasets=[{{path: {dataset}}}]"]
-    served = rayft.evaluate(_cfg(*options, *_served(server)), "alpha", tmp_path / "srv")
-    local = rayft.evaluate(_cfg(*options), str(adapter), tmp_path / "local")
+    served = api.evaluate(_cfg(*options, *_served(server)), "alpha", output_dir=tmp_path / "srv")
+    local = api.evaluate(_cfg(*options), str(adapter), output_dir=tmp_path / "local")
     texts = _outputs(served.predictions_path)
     assert len(texts) == 8 and any(texts)
     assert texts == _outputs(local.predictions_path)  # greedy: where the model runs changes nothing

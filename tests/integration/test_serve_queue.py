@@ -13,6 +13,7 @@ import httpx
 import pytest
 
 import rayft
+from rayft import api
 from rayft.config import RayftConfig
 
 pytestmark = pytest.mark.integration
@@ -22,7 +23,7 @@ pytestmark = pytest.mark.integration
 def server(ray_session: None, tiny_model_dir: Path) -> Iterator[rayft.ServeHandle]:
     serve = {"max_ongoing_requests": 1, "max_batch_size": 1, "max_queued_requests": 1, "serve_queue_requests": 1,
              "serve_retry_after_s": 3, "max_tokens": 8}  # fmt: skip
-    with rayft.serve([str(tiny_model_dir)], config=RayftConfig.model_validate({"serve": serve})) as handle:
+    with api.serve(RayftConfig.model_validate({"serve": serve}), [str(tiny_model_dir)], port=0) as handle:
         yield handle
 
 

@@ -94,7 +94,7 @@ def test_full_dpo_reference_logps_are_the_base_models_and_are_reused(tiny_model_
 
     assert needs_reference("dpo", "full") and not needs_reference("dpo", "lora") and not needs_reference("orpo", "full")
     prepared = run_prepare(tiny_model_dir, write_rows(tmp_path / "pairs.jsonl", pairs(11)), tmp_path).prepared
-    job = ReferenceJob(ModelConfig(name=str(tiny_model_dir)), LoraConfig(), "bf16", "cpu")
+    job = ReferenceJob(ModelConfig(name=str(tiny_model_dir)), LoraConfig(), "auto", "cpu")  # fp32 on CPU
     stored = attach_reference(prepared, job, use_ray=False)
     table = pq.read_table(stored.train.files[0])
     units = table.to_pylist()
