@@ -235,7 +235,7 @@ def build_trainer(
     use_gpu: bool,
     per_worker: dict[str, float],
     callbacks: Sequence[Any],
-) -> Any:
+) -> Any:  # a ray.train.torch.TorchTrainer: ray is imported here only, on the driver
     """One attempt's ``TorchTrainer``. Ray Train restarts nothing itself (its ``max_failures`` is
     0): the launcher does, because Ray Train cannot restart its own controller, the process Ray's
     memory monitor kills as readily as a worker."""

@@ -75,7 +75,7 @@ class Callbacks:
     def __bool__(self) -> bool:
         return any(self._hooks.values())
 
-    def call(self, hook: str, *args: Any) -> None:
+    def call(self, hook: str, *args: Any) -> None:  # each hook has its own arguments (StepInfo, a stage name)
         """Call ``hook`` of every callback that has it."""
         for function in self._hooks[hook]:
             function(*args)
@@ -91,12 +91,12 @@ def load_callbacks(configs: Sequence[CallbackConfig]) -> Callbacks:
     return Callbacks([build_callback(config, index) for index, config in enumerate(configs)])
 
 
-def build_callback(config: CallbackConfig, index: int) -> Any:
+def build_callback(config: CallbackConfig, index: int) -> Any:  # a user's class: any object with some hooks
     """One callback: the class ``config.target`` names, called with ``config.options``."""
     where = f"train.callbacks.{index}"
     module_name, _, attribute = config.target.partition(":")
     try:
-        target: Any = importlib.import_module(module_name)
+        target: Any = importlib.import_module(module_name)  # a module, then the attributes the path names
         for name in attribute.split("."):
             target = getattr(target, name)
     except (ImportError, AttributeError) as exc:

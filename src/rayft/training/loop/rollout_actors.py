@@ -120,7 +120,7 @@ class VllmRolloutActor:
         self.spec = spec
         self.tokenizer = load_tokenizer(spec.model)
         self.adapters = Path(tempfile.mkdtemp(prefix="rayft-rollout-adapter-"))
-        self.lora: Any = None
+        self.lora: Any = None  # vLLM's LoRARequest (vllm is an optional extra, not imported to type it)
         self.version: int | None = None
 
     def ready(self) -> bool:
@@ -137,7 +137,7 @@ class VllmRolloutActor:
         self.version = update.version
         return update.version
 
-    def write_adapter(self, update: WeightUpdate) -> Any:
+    def write_adapter(self, update: WeightUpdate) -> Any:  # vLLM's LoRARequest (optional extra)
         """The update as a PEFT adapter directory (names without PEFT's '.default' adapter name)."""
         from safetensors.torch import save_file
         from vllm.lora.request import LoRARequest
@@ -391,6 +391,7 @@ def start_actors(spec: ActorSpec, config: RolloutConfig, *, world_size: int, ran
         raise TrainingError("train.rl.rollout.placement=actors needs Ray; run with scaling.num_workers >= 1")
     cls = load_actor_class(config.actor_class) if config.actor_class else ENGINES[config.resolved_engine]
     # "DEFAULT": placed on the cluster, not in the training workers' placement group (which has no room).
+    # Any: Ray's stubs type ray.remote(cls).options() as a class with no remote() of the actor's arguments.
     remote: Any = ray.remote(cls).options(num_cpus=config.num_cpus_per_actor, num_gpus=config.num_gpus_per_actor,
                                      scheduling_strategy="DEFAULT", max_restarts=0)  # fmt: skip
     actors = [remote.remote(spec) for _ in owned_actors(config.num_actors or world_size, world_size, rank)]
