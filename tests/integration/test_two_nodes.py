@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from tests.support.faults import ENV_FAULTS
+from tests.support.faults import fault_callbacks
 from tests.support.ray_head import RayHead, ray_head, ray_worker_node
 
 pytestmark = pytest.mark.integration
@@ -82,8 +82,9 @@ def test_rank_0_on_another_node_stores_and_resumes_the_run_through_s3(
 
     # Held before the step after the first checkpoint until rank 0 sees the stop request, which only
     # the URI carries to it: the SIGTERM lands mid-run however fast the machine trains.
+    # The fault rides in the config: rank 0 runs on the other node, whose workers do not see this environment.
     hold = {"RAYFT_FAULT_HOLD": f"{SAVE_STEPS + 1}:{tmp_path / 'never-released'}"}
-    first = _rayft(["train", str(config), ENV_FAULTS], {**env, **hold})
+    first = _rayft(["train", str(config), f"train.callbacks={json.dumps(fault_callbacks(hold))}"], env)
     # Until the first checkpoint is in the bucket, however long a cold start takes here.
     while not any(c.complete for c in remote.scan_checkpoints()):
         assert first.poll() is None, (first.communicate()[0] or "")[-3000:]
