@@ -17,6 +17,8 @@ if TYPE_CHECKING:
     import torch
     from typing_extensions import Self
 
+    from rayft.data.collate import MicroBatch
+
 Unit = dict[str, Any]
 T = TypeVar("T")
 
@@ -52,6 +54,28 @@ class TrainBatch(Batch, Protocol):
     def num_computed_tokens(self) -> int:
         """Tokens the model computes, padding included."""
         ...
+
+
+class OnRows:
+    """The counts of a batch built on one collated micro-batch, ``rows`` (a preference or rollout
+    batch): its sample ids and token counts are the rows'; its loss terms are its own."""
+
+    rows: MicroBatch
+
+    @property
+    def sample_ids(self) -> list[int]:
+        """The ids of the samples it holds (each once)."""
+        return self.rows.sample_ids
+
+    @property
+    def num_tokens(self) -> int:
+        """Real tokens (padding excluded)."""
+        return self.rows.num_tokens
+
+    @property
+    def num_computed_tokens(self) -> int:
+        """Tokens the model computes, padding included."""
+        return self.rows.num_computed_tokens
 
 
 def shuffled_units(windows: Iterable[list[Unit]], seed: int, epoch: int, rank: int) -> Iterator[Unit]:

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, cast
 from rayft.data.collate import MicroBatch, collate
 from rayft.data.prepared import IGNORE_INDEX
 from rayft.errors import ConfigError
-from rayft.training.loop.batches import TrainBatch, Unit, micro_batches
+from rayft.training.loop.batches import OnRows, TrainBatch, Unit, micro_batches
 from rayft.training.loop.objective import CausalLm
 from rayft.training.loop.session import all_reduce_sum
 from rayft.training.loop.steps import in_lockstep
@@ -51,7 +51,7 @@ FIGURES = ("rewards/chosen", "rewards/rejected", "rewards/accuracies", "rewards/
 
 
 @dataclass
-class PreferenceBatch:
+class PreferenceBatch(OnRows):
     """A micro-batch of pairs: ``rows`` holds every chosen row, then every rejected row."""
 
     rows: MicroBatch
@@ -59,24 +59,9 @@ class PreferenceBatch:
     reference: tuple[torch.Tensor, torch.Tensor] | None = None  # stored (chosen, rejected) reference log-probs
 
     @property
-    def sample_ids(self) -> list[int]:
-        """The pairs' sample ids (each pair once)."""
-        return self.rows.sample_ids
-
-    @property
     def num_label_tokens(self) -> int:
         """Loss terms: the pairs."""
         return self.pairs
-
-    @property
-    def num_tokens(self) -> int:
-        """Real tokens of both sides."""
-        return self.rows.num_tokens
-
-    @property
-    def num_computed_tokens(self) -> int:
-        """Tokens the model computes, padding included."""
-        return self.rows.num_computed_tokens
 
     def to(self, device: torch.device) -> PreferenceBatch:
         """The same batch with its tensors on ``device``."""

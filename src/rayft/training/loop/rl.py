@@ -31,7 +31,7 @@ from rayft.data.collate import MicroBatch, collate
 from rayft.data.prepared import IGNORE_INDEX
 from rayft.errors import ConfigError
 from rayft.evaluation.rewards import RewardSet, Scores
-from rayft.training.loop.batches import TrainBatch, Unit, micro_batches
+from rayft.training.loop.batches import OnRows, TrainBatch, Unit, micro_batches
 from rayft.training.loop.objective import CausalLm
 from rayft.training.loop.rollout_plan import staleness
 from rayft.training.loop.sampling import Completions, PromptBatch, Sampler
@@ -57,7 +57,7 @@ log = logging.getLogger("rayft.train")
 
 
 @dataclass
-class RolloutBatch:
+class RolloutBatch(OnRows):
     """A micro-batch of sampled completions, ready to train on: each row a prompt and one completion
     (labels on the completion), with its advantage and, for the KL penalty, its reference log-probabilities."""
 
@@ -68,24 +68,9 @@ class RolloutBatch:
     old_logps: torch.Tensor | None = None  # the rollout policy's, when the rollout is trained on more than once
 
     @property
-    def sample_ids(self) -> list[int]:
-        """The prompts' sample ids (each once)."""
-        return self.rows.sample_ids
-
-    @property
     def num_label_tokens(self) -> int:
         """Loss terms (completions, or completion tokens with the 'dapo' loss)."""
         return self.terms
-
-    @property
-    def num_tokens(self) -> int:
-        """Real tokens of prompts and completions."""
-        return self.rows.num_tokens
-
-    @property
-    def num_computed_tokens(self) -> int:
-        """Tokens the model computes, padding included."""
-        return self.rows.num_computed_tokens
 
     def to(self, device: torch.device) -> RolloutBatch:
         """The same batch with its tensors on ``device``."""
