@@ -35,6 +35,7 @@ _RESTORE_FROM_REMOTE = "ray.tune.logger.logger:LoggerCallback._restore_from_remo
 _ENTRYPOINT_NAME = "ray._private.utils:get_entrypoint_name"
 _DATASETS_CALLBACK = "ray.train.v2._internal.callbacks.datasets:DatasetsCallback"
 _PLACEMENT_GROUP_TABLE = "ray._private.state:state._connect_and_get_accessor"
+_ACTOR_TABLE = "ray._private.state:actors"
 
 # Every private name used below, as "module:attribute.path" (the canary test resolves each).
 PRIVATE_SYMBOLS: tuple[str, ...] = (
@@ -55,6 +56,7 @@ PRIVATE_SYMBOLS: tuple[str, ...] = (
     _RESTORE_FROM_REMOTE,
     _ENTRYPOINT_NAME,
     _PLACEMENT_GROUP_TABLE,
+    _ACTOR_TABLE,
 )
 
 # Ray settings of a Ray that rayft starts itself (never of a cluster it joins), passed as
@@ -254,24 +256,40 @@ def remove_orphaned_groups() -> list[str]:
     :data:`SWITCH_ENV`: without it, a restart after a killed controller would wait for nothing.
     """
     import ray
-    from ray.core.generated import gcs_pb2
     from ray.util.placement_group import PlacementGroup, remove_placement_group
 
-    accessor = _load(_PLACEMENT_GROUP_TABLE)
-    if accessor is None:
-        return []
+    removed = []
+    for group_id, creator_dead in actor_made_groups().items():
+        if creator_dead:
+            remove_placement_group(PlacementGroup(ray.PlacementGroupID(bytes.fromhex(group_id))))
+            removed.append(group_id)
+    return removed
+
+
+def actor_made_groups() -> dict[str, bool]:
+    """The placement groups of this job that an actor created and that are not removed, each with
+    whether its creating actor is dead (detached groups, and those of an ended job, left out); empty
+    where this Ray has no placement-group table accessor."""
+    import ray
+    from ray.core.generated import gcs_pb2
+
+    accessor, actors = _load(_PLACEMENT_GROUP_TABLE), _load(_ACTOR_TABLE)
+    if accessor is None or actors is None:
+        return {}
     table: Any = getattr(gcs_pb2, "PlacementGroupTableData")  # noqa: B009 - generated protobuf code, no stubs
     job = ray.get_runtime_context().get_job_id()
-    removed = []
+    groups = {}
     for raw in accessor().get_placement_group_table():
         group = table.FromString(raw)
-        by_actor = len(group.creator_actor_id) == 16 and not ray.ActorID(group.creator_actor_id).is_nil()
         # A group the driver itself created has no creating actor, and Ray says that actor is dead.
-        orphaned = by_actor and group.creator_actor_dead and not group.creator_job_dead and not group.is_detached
-        if orphaned and group.state != table.REMOVED and group.creator_job_id.hex() == job:
-            remove_placement_group(PlacementGroup(ray.PlacementGroupID(group.placement_group_id)))
-            removed.append(group.placement_group_id.hex())
-    return removed
+        by_actor = len(group.creator_actor_id) == 16 and not ray.ActorID(group.creator_actor_id).is_nil()
+        ours = group.creator_job_id.hex() == job and not group.creator_job_dead and not group.is_detached
+        if by_actor and ours and group.state != table.REMOVED:
+            # The group's own flag stays unset when Tune ends a trial's process by dropping its last
+            # handle (Ray 2.60); the actor table says DEAD then.
+            dead = group.creator_actor_dead or actors(group.creator_actor_id.hex()).get("State") == "DEAD"
+            groups[group.placement_group_id.hex()] = bool(dead)
+    return groups
 
 
 def placement_group_recorder(directory: str) -> Any:

@@ -10,6 +10,7 @@ import tempfile
 import warnings
 from pathlib import Path
 
+from rayft._ray_private import actor_made_groups
 from rayft.config import RayftConfig
 from rayft.errors import ConfigError
 from rayft.runtime import owns_ray
@@ -17,6 +18,7 @@ from rayft.training.driver.startup import make_schedule, prepare_inputs, prepare
 from rayft.tuning import sweep
 from rayft.tuning.outputs import write_sweep_outputs
 from rayft.tuning.plan import plan_concurrency
+from rayft.tuning.reaper import settle_groups
 from rayft.tuning.results import SweepResult
 from rayft.tuning.sweep import SweepPlace, evaluations_per_run, trial_driver_resources
 from rayft.tuning.trial import TrialSetup
@@ -60,11 +62,13 @@ def run_tuner(
     assert cfg.tune is not None
     setup = TrialSetup(cfg, place.trials_root, owns_ray(), parent_run_id)
     tuner = sweep.build_tuner(cfg.tune, place, setup, concurrent=concurrent, evaluations=evaluations)
+    groups_before = set(actor_made_groups())
     with warnings.catch_warnings():
         # Tune's advice for PBT to reuse trial processes: a trial's process only builds and waits
         # for its trainer, whose workers start afresh either way.
         warnings.filterwarnings("ignore", message="Consider boosting PBT performance")
         grid = tuner.fit()
+    settle_groups(groups_before)
     return sweep.sweep_result(cfg.tune, place, grid, evaluations)
 
 
