@@ -114,6 +114,16 @@ def test_asynchronous_rollouts_are_sampled_one_step_ahead(
     # Step 1 and step 2's samples come from the same (initial) weights in the asynchronous run.
     assert train_losses(stale)[1] == pytest.approx(train_losses(sync)[1], rel=1e-6)
     assert train_losses(stale)[2] != pytest.approx(train_losses(sync)[2], rel=1e-6)
+    # Stale steps weigh each token by the policy's probability over the sampling weights' (at most 2).
+    weights = records(stale, "rl/importance_weight")
+    assert weights[1] == 1.0
+    assert all(0.0 < weights[step] <= 2.0 and weights[step] != pytest.approx(1.0, abs=1e-6) for step in (2, 3))
+    plain = train_on(rl_config(tiny_model_dir, tmp_path / "plain", *common, "train.rl.rollout.max_staleness=1",
+                               "train.rl.rollout.importance_cap=null"), prompts)  # fmt: skip
+    assert records(plain, "rl/staleness") == {1: 0.0, 2: 1.0, 3: 1.0}
+    assert not any("rl/importance_weight" in record for record in read_metrics(plain))
+    assert train_losses(plain)[1] == pytest.approx(train_losses(stale)[1], rel=1e-6)
+    assert train_losses(plain)[2] != pytest.approx(train_losses(stale)[2], rel=1e-6)
 
 
 def test_an_asynchronous_run_resumed_from_a_checkpoint_equals_the_uninterrupted_run(

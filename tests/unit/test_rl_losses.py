@@ -20,6 +20,7 @@ pytest.importorskip("trl")
 from rayft.training.modeling.rl import (  # noqa: E402
     PolicyLossSettings,
     group_advantages,
+    importance_weights,
     policy_loss,
     token_logps_and_entropy,
 )
@@ -184,3 +185,63 @@ def test_token_logps_and_entropy_of_logits() -> None:
     probs = torch.softmax(logits, -1)
     torch.testing.assert_close(entropy, -(probs * probs.log()).sum(-1) * (targets != -100))
     assert logps[0, :2].abs().sum() == 0
+
+
+def test_importance_weights_truncate_the_ratio_to_the_sampling_policy_and_leave_padding_at_one() -> None:
+    proximal = torch.log(torch.tensor([[0.5, 0.4, 0.2], [0.3, 0.3, 0.3]]))
+    behaviour = torch.log(torch.tensor([[0.25, 0.4, 0.8], [0.05, 0.3, 0.9]]))
+    mask = torch.tensor([[True, True, True], [True, True, False]])
+    weights = importance_weights(proximal, behaviour, mask, cap=2.0)
+    torch.testing.assert_close(weights, torch.tensor([[2.0, 1.0, 0.25], [2.0, 1.0, 1.0]]))
+    assert not weights.requires_grad
+
+
+def test_weighted_tokens_scale_the_clipped_surrogate_and_not_the_kl_term() -> None:
+    """A stale rollout's loss: each token's clipped surrogate times its importance weight, the KL penalty
+    as it is (decoupled PPO's objective with truncated weights)."""
+    data = _inputs(5, kl=True)
+    mask = data["mask"].bool()
+    settings = PolicyLossSettings("dapo", 0.2, 0.28, 0.1, MAX_NEW)
+    old = data["logps"] + 0.3 * torch.randn(ROWS, LENGTH, generator=torch.Generator().manual_seed(2))
+    weights = importance_weights(old, old - 0.4 * torch.rand(ROWS, LENGTH), mask, cap=2.0)
+    logps = data["logps"].clone().requires_grad_(True)
+    got = policy_loss(logps, old, data["ref"], data["advantages"], mask, settings, weights)
+
+    ratio = torch.exp(data["logps"] - old)
+    column = data["advantages"].unsqueeze(1)
+    surrogate = -torch.min(ratio * column, torch.clamp(ratio, 0.8, 1.28) * column)
+    kl = torch.exp(data["ref"] - data["logps"]) - (data["ref"] - data["logps"]) - 1
+    want = ((weights * surrogate + 0.1 * kl) * mask).sum()
+    assert float(got.loss_sum.detach()) == pytest.approx(float(want), rel=1e-6)
+    unweighted = policy_loss(logps, old, data["ref"], data["advantages"], mask, settings)
+    assert float(unweighted.loss_sum.detach()) != pytest.approx(float(want), rel=1e-3)
+
+
+def test_the_samplers_completion_logps_are_the_trainers_token_for_token(tiny_model_dir: Any) -> None:
+    """What a generation actor reports of its samples is what the trainer computes of the same rows with
+    the same weights: the importance weight of a fresh rollout is 1."""
+    from transformers import AutoModelForCausalLM
+
+    from rayft.config.model import ModelConfig
+    from rayft.config.rl import RlConfig
+    from rayft.data.collate import collate
+    from rayft.data.prepared import IGNORE_INDEX
+    from rayft.models.loading import load_tokenizer
+    from rayft.training.loop.sampling import Sampler
+    from rayft.training.modeling.rl import completion_logps
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
+    tokenizer = load_tokenizer(ModelConfig(name=str(tiny_model_dir)))
+    sampler = Sampler(RlConfig(rewards=[{"function": "exact_match"}]), tokenizer, "sdpa")
+    prompts = [[5, 6, 7, 8], [9, 10], [11, 12, 13]]
+    completions = [[20, 21, 22], [23], [24, 25, 26, 27, 28]]
+    got = sampler.completion_logps(model, prompts, completions, rows_per_forward=2)
+
+    units = [{"input_ids": p + c, "labels": [IGNORE_INDEX] * len(p) + c, "position_ids": range(len(p) + len(c)),
+              "sample_ids": []} for p, c in zip(prompts, completions, strict=True)]  # fmt: skip
+    with torch.no_grad():
+        logps, _, mask = completion_logps(model, collate(units, 0), None)
+    want = [row[m].tolist() for row, m in zip(logps, mask, strict=True)]
+    assert [len(g) for g in got] == [3, 1, 5]
+    for mine, theirs in zip(got, want, strict=True):
+        assert mine == pytest.approx(theirs, abs=1e-5)

@@ -137,6 +137,17 @@ class RolloutConfig(Section):
             "step n trains (asynchronous, one step off-policy). Needs placement 'actors'. Logged as rl/staleness."
         ),
     )
+    importance_cap: float | None = Field(
+        2.0,
+        gt=0,
+        description=(
+            "With max_staleness > 0: the HF actors also return each completion token's log-probability under the "
+            "weights that sampled it, and the loss of a rollout sampled with older weights than the step's is "
+            "weighed per token by min(pi_step / pi_sampling, importance_cap) (truncated importance sampling, as "
+            "decoupled PPO corrects stale rollouts); logged as rl/importance_weight and rl/importance_capped. "
+            "Null: no correction (the clipped ratio alone, taken against the policy at the step's start)."
+        ),
+    )
 
     @model_validator(mode="after")
     def _actor_settings_need_actors(self) -> RolloutConfig:

@@ -40,9 +40,11 @@ from rayft.training.modeling.attention import row_multiple
 from rayft.training.modeling.model import transformers_model
 from rayft.training.modeling.rl import (
     PolicyLossSettings,
+    completion_logps,
     group_advantages,
+    importance_weights,
+    kept_positions,
     policy_loss,
-    token_logps_and_entropy,
     unbiased_std,
 )
 
@@ -66,6 +68,8 @@ class RolloutBatch(OnRows):
     ref_logps: torch.Tensor | None
     terms: int
     old_logps: torch.Tensor | None = None  # the rollout policy's, when the rollout is trained on more than once
+    # The sampling weights' log-probabilities of a stale rollout, (rows, target positions) of ``rows``.
+    behaviour_logps: torch.Tensor | None = None
 
     @property
     def num_label_tokens(self) -> int:
@@ -76,7 +80,22 @@ class RolloutBatch(OnRows):
         """The same batch with its tensors on ``device``."""
         ref = None if self.ref_logps is None else self.ref_logps.to(device)
         old = None if self.old_logps is None else self.old_logps.to(device)
-        return RolloutBatch(self.rows.to(device), self.advantages.to(device), ref, self.terms, old)
+        behaviour = None if self.behaviour_logps is None else self.behaviour_logps.to(device)
+        return RolloutBatch(self.rows.to(device), self.advantages.to(device), ref, self.terms, old, behaviour)
+
+
+def behaviour_rows(units: Sequence[Unit], behaviour: Sequence[Sequence[float]], rows: MicroBatch) -> torch.Tensor:
+    """Each unit's ``behaviour`` log-probabilities (one per completion token) laid out as the rows' target
+    positions (``labels[:, 1:]``, 0 elsewhere)."""
+    import torch
+
+    out = torch.zeros(rows.labels.shape[0], rows.labels.shape[1] - 1, dtype=torch.float32)
+    for index, (unit, values) in enumerate(zip(units, behaviour, strict=True)):
+        if not values:
+            continue
+        first = next(i for i, label in enumerate(unit["labels"]) if label != IGNORE_INDEX) - 1
+        out[index, first : first + len(values)] = torch.tensor(values, dtype=torch.float32)
+    return out
 
 
 def split_unit(unit: Unit) -> tuple[list[int], list[int]]:
@@ -162,10 +181,11 @@ class RlTraining:
         for batch, completions in zip(batches, sampled, strict=True):
             references = [ref for ref in batch.references for _ in range(self.settings.group_size)]
             scores = self.rewards.score(completions.texts, references)
-            out += self.to_rollout(inner, batch, completions, scores, precision)
+            version = step - 1 if completions.version is None else completions.version
+            stale = staleness(step, version) > 0
+            out += self.to_rollout(inner, batch, completions, scores, precision, stale=stale)
             self.add("time/rollout_generate_s", completions.seconds)
             self.add("rollout_tokens", float(completions.generated_tokens))
-            version = step - 1 if completions.version is None else completions.version
             self.add("staleness", float(staleness(step, version)))
             self.add("rollout_batches", 1.0)
         return out
@@ -182,10 +202,11 @@ class RlTraining:
 
     def to_rollout(
         self, inner: TransformersModel, batch: PromptBatch, sampled: Completions, scores: Scores,
-        precision: Precision | None,
+        precision: Precision | None, *, stale: bool = False,
     ) -> list[RolloutBatch]:  # fmt: skip
         """The completions as training micro-batches of at most ``train.rl.completions_per_forward`` rows, with
-        their advantages (over each whole group); the step's figures are added up."""
+        their advantages (over each whole group) and, for a ``stale`` rollout, the sampling weights'
+        log-probabilities; the step's figures are added up."""
         import torch
 
         g = self.settings.group_size
@@ -200,14 +221,18 @@ class RlTraining:
                           "sample_ids": [batch.sample_ids[index // g]] if index % g == 0 else []})  # fmt: skip
         self.add_scores(scores, rewards, sampled)
         size = self.settings.completions_per_forward or g
-        return [self.training_batch(inner, units[i : i + size], advantages[i : i + size], precision)
+        behaviour = sampled.logps if stale else None
+        return [self.training_batch(inner, units[i : i + size], advantages[i : i + size], precision,
+                                    None if behaviour is None else behaviour[i : i + size])
                 for i in range(0, len(units), size)]  # fmt: skip
 
     def training_batch(
-        self, inner: TransformersModel, units: list[Unit], advantages: torch.Tensor, precision: Precision | None
-    ) -> RolloutBatch:
+        self, inner: TransformersModel, units: list[Unit], advantages: torch.Tensor, precision: Precision | None,
+        behaviour: list[list[float]] | None = None,
+    ) -> RolloutBatch:  # fmt: skip
         """Completion rows as one padded micro-batch, with their reference log-probabilities if the KL term
-        needs them, and the rollout policy's if the rollout is trained on more than once."""
+        needs them, the rollout policy's if the rollout is trained on more than once, and the sampling
+        weights' (``behaviour``, per completion token) of a stale rollout."""
         import torch
 
         rows = collate(units, self.pad_id, row_multiple(self.lm.plan.model.attn_implementation))
@@ -217,7 +242,9 @@ class RlTraining:
             with torch.no_grad():
                 old = self.logps(inner, rows.to(next(inner.parameters()).device), precision)[0]
         tokens = sum(len(u["input_ids"]) - u["labels"].count(IGNORE_INDEX) for u in units)
-        return RolloutBatch(rows, advantages, ref, tokens if self.settings.loss == "dapo" else len(units), old)
+        terms = tokens if self.settings.loss == "dapo" else len(units)
+        sampling = None if behaviour is None else behaviour_rows(units, behaviour, rows)
+        return RolloutBatch(rows, advantages, ref, terms, old, sampling)
 
     def reference_logps(self, inner: TransformersModel, rows: MicroBatch) -> torch.Tensor:
         """The reference model's per-token log-probabilities of the completions (the policy's layout)."""
@@ -235,24 +262,9 @@ class RlTraining:
     def logps(
         self, model: torch.nn.Module, rows: MicroBatch, precision: Precision | None
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Per-token log-probabilities and entropies of the rows' completion tokens, and their mask, at the
-        positions some row trains on (``logits_to_keep``: prompts skip the vocabulary projection)."""
-        import torch
-
-        targets = rows.labels[:, 1:]
-        keep = (targets != IGNORE_INDEX).any(dim=0).nonzero().flatten()
-        dtype = precision.autocast_dtype if precision is not None else None
-        autocast = (
-            torch.autocast(device_type=rows.input_ids.device.type, dtype=dtype)
-            if dtype is not None
-            else contextlib.nullcontext()
-        )
-        with autocast:
-            logits = model(input_ids=rows.input_ids, position_ids=rows.position_ids, use_cache=False,
-                           logits_to_keep=keep).logits  # fmt: skip
-        kept = targets[:, keep]
-        logps, entropy = token_logps_and_entropy(logits, kept)
-        return logps, entropy, kept != IGNORE_INDEX
+        """Per-token log-probabilities and entropies of the rows' completion tokens, and their mask
+        (:func:`~rayft.training.modeling.rl.completion_logps`)."""
+        return completion_logps(model, rows, precision.autocast_dtype if precision is not None else None)
 
     # -- the loss and the figures -------------------------------------------------------------------------
 
@@ -262,13 +274,27 @@ class RlTraining:
         logps, entropy, mask = self.logps(model, batch.rows, precision)
         # One update per rollout: the samples are the policy's own, the ratio 1 with its gradient.
         old = logps.detach() if batch.old_logps is None else batch.old_logps
-        result = policy_loss(logps, old, batch.ref_logps, batch.advantages, mask, self.loss_settings)
+        weights = self.behaviour_weights(batch, old, mask)
+        result = policy_loss(logps, old, batch.ref_logps, batch.advantages, mask, self.loss_settings, weights)
         self.add("kl", result.kl_sum)
         self.add("clip_low", result.low_clipped)
         self.add("clip_high", result.high_clipped)
         self.add("entropy", float(entropy.sum()))
         self.add("loss_tokens", result.tokens)
         return result.loss_sum
+
+    def behaviour_weights(self, batch: RolloutBatch, proximal: torch.Tensor, mask: torch.Tensor) -> torch.Tensor | None:
+        """The truncated importance weights of a stale rollout's tokens (``train.rl.rollout.importance_cap``),
+        or None where the rollout's sampling weights are the step's own; their figures are added up."""
+        cap = self.settings.rollout.importance_cap
+        if batch.behaviour_logps is None or cap is None:
+            return None
+        behaviour = batch.behaviour_logps.to(proximal.device)[:, kept_positions(batch.rows.labels).to("cpu")]
+        weights = importance_weights(proximal, behaviour.to(proximal.device), mask, cap)
+        self.add("importance_weight", float((weights * mask).sum()))
+        self.add("importance_capped", float(((weights >= cap) & mask).sum()))
+        self.add("importance_tokens", float(mask.sum()))
+        return weights
 
     def add(self, name: str, value: float) -> None:
         """Add ``value`` to this rank's sum of ``name`` since the last figures."""
@@ -296,7 +322,8 @@ class RlTraining:
         """Every sum :meth:`take_figures` reduces, in one order on every rank."""
         fixed = ["completions", "groups", "reward", "reward_std", "zero_std_groups", "pass@1", "pass@k",
                  "completion_length", "kl", "clip_low", "clip_high", "entropy", "loss_tokens", "rollout_tokens",
-                 "time/rollout_generate_s", "staleness", "rollout_batches"]  # fmt: skip
+                 "time/rollout_generate_s", "staleness", "rollout_batches", "importance_weight", "importance_capped",
+                 "importance_tokens"]  # fmt: skip
         return fixed + [f"reward/{n}" for n in self.rewards.names] + [f"reward_errors/{n}" for n in self.rewards.names]
 
     def take_figures(self, device: torch.device, world_size: int) -> dict[str, float]:
@@ -323,6 +350,12 @@ class RlTraining:
         }
         if self.settings.kl_coef:
             figures["rl/kl"] = total["kl"] / tokens
+        rollout = self.settings.rollout
+        if rollout.max_staleness and rollout.importance_cap is not None:
+            # Over the tokens of stale rollouts only (none: the weights are 1).
+            weighed = total["importance_tokens"]
+            figures["rl/importance_weight"] = total["importance_weight"] / weighed if weighed else 1.0
+            figures["rl/importance_capped"] = total["importance_capped"] / max(weighed, 1.0)
         for name in self.rewards.names:
             figures[f"rl/reward/{name}"] = total[f"reward/{name}"] / completions
             figures[f"rl/reward_errors/{name}"] = total[f"reward_errors/{name}"]

@@ -82,6 +82,9 @@ class HfRolloutActor:
         ).eval()  # fmt: skip
         self.sampler = Sampler(spec.settings, load_tokenizer(spec.model), spec.model.attn_implementation)
         self.version: int | None = None
+        rollout = spec.settings.rollout
+        # Asynchronous rollouts are sampled with older weights than the step's: the loss weighs them by these.
+        self.with_logps = rollout.max_staleness > 0 and rollout.importance_cap is not None
 
     def ready(self) -> bool:
         """Answers once the model is loaded."""
@@ -97,6 +100,10 @@ class HfRolloutActor:
         """``group`` completions of each prompt, seeded as the trainer seeds colocated sampling."""
         sampled = self.sampler.sample(self.model, prompts, group, seed=seed)
         sampled.version = self.version
+        if self.with_logps:
+            rows = self.sampler.settings.completions_per_forward or group
+            repeated = [p for p in prompts for _ in range(group)]
+            sampled.logps = self.sampler.completion_logps(self.model, repeated, sampled.token_ids, rows)
         return sampled
 
 

@@ -53,6 +53,7 @@ class Completions:
     generated_tokens: int
     seconds: float
     version: int | None = None
+    logps: list[list[float]] | None = None  # per completion token, under the sampling weights (asynchronous)
 
 
 @dataclass(frozen=True)
@@ -101,6 +102,35 @@ class Sampler:
         generate = cast("Callable[..., torch.Tensor]", inner.generate)  # the token ids (no dict asked for)
         generated = generate(input_ids=input_ids, attention_mask=attention, generation_config=config)
         return [self.cut(row) for row in generated[:, width:].tolist()]
+
+    def completion_logps(
+        self, inner: TransformersModel, prompts: list[list[int]], completions: list[list[int]], rows_per_forward: int
+    ) -> list[list[float]]:
+        """The log-probability of each completion token (completion ``i`` follows ``prompts[i]``) under
+        ``inner``, computed as the trainer computes its own (one forward of at most ``rows_per_forward``
+        rows at a time), so that the two compare token for token."""
+        import torch
+
+        from rayft.data.collate import collate
+        from rayft.data.prepared import IGNORE_INDEX
+        from rayft.training.modeling.attention import row_multiple
+        from rayft.training.modeling.rl import completion_logps, kept_positions
+
+        out: list[list[float]] = []
+        device = next(inner.parameters()).device
+        for start in range(0, len(completions), rows_per_forward):
+            pairs = list(zip(prompts[start : start + rows_per_forward], completions[start : start + rows_per_forward],
+                             strict=True))  # fmt: skip
+            units = [{"input_ids": p + c, "labels": [IGNORE_INDEX] * len(p) + c, "position_ids": range(len(p) + len(c)),
+                      "sample_ids": []} for p, c in pairs]  # fmt: skip
+            rows = collate(units, self.pad_id, row_multiple(self.attn_implementation)).to(device)
+            with torch.no_grad():
+                logps = completion_logps(inner, rows, None)[0].tolist()
+            # Target t (of labels[:, 1:]) predicts token t + 1: a row's completion token j is at len(p) - 1 + j.
+            column = {position: i for i, position in enumerate(kept_positions(rows.labels).tolist())}
+            for (p, c), row in zip(pairs, logps, strict=True):
+                out.append([row[column[len(p) - 1 + j]] for j in range(len(c))])
+        return out
 
     @property
     def pad_id(self) -> int:

@@ -17,8 +17,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
+from rayft.data.prepared import IGNORE_INDEX
+
 if TYPE_CHECKING:
     import torch
+
+    from rayft.data.collate import MicroBatch
 
 RlLoss = Literal["grpo", "dr_grpo", "dapo"]
 Baseline = Literal["group", "rloo"]
@@ -64,6 +68,47 @@ def token_logps_and_entropy(logits: torch.Tensor, targets: torch.Tensor) -> tupl
     return logps * mask, entropy * mask
 
 
+def completion_logps(
+    model: torch.nn.Module, rows: MicroBatch, autocast_dtype: torch.dtype | None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per-token log-probabilities and entropies of the rows' labelled (completion) tokens under ``model``, and
+    their mask, at the positions some row trains on (``logits_to_keep``: prompts skip the vocabulary
+    projection); ``(rows, kept positions)`` each, the kept positions those of :func:`kept_positions`."""
+    import contextlib
+
+    import torch
+
+    keep = kept_positions(rows.labels)
+    autocast = (
+        torch.autocast(device_type=rows.input_ids.device.type, dtype=autocast_dtype)
+        if autocast_dtype is not None
+        else contextlib.nullcontext()
+    )
+    with autocast:
+        logits = model(input_ids=rows.input_ids, position_ids=rows.position_ids, use_cache=False,
+                       logits_to_keep=keep).logits  # fmt: skip
+    kept = rows.labels[:, 1:][:, keep]
+    logps, entropy = token_logps_and_entropy(logits, kept)
+    return logps, entropy, kept != IGNORE_INDEX
+
+
+def kept_positions(labels: torch.Tensor) -> torch.Tensor:
+    """The target positions (of ``labels[:, 1:]``) at which some row has a labelled token."""
+    return (labels[:, 1:] != IGNORE_INDEX).any(dim=0).nonzero().flatten()
+
+
+def importance_weights(proximal: torch.Tensor, behaviour: torch.Tensor, mask: torch.Tensor, cap: float) -> torch.Tensor:
+    """Truncated importance weights ``min(pi_prox / pi_behaviour, cap)`` per completion token (1 where
+    ``mask`` is off), without gradient: the correction of a loss taken against the policy at the start of
+    the step (``proximal``) for completions that older weights sampled (``behaviour``), as decoupled PPO
+    and truncated importance sampling weigh stale rollouts."""
+    import torch
+
+    with torch.no_grad():
+        weights = torch.exp(proximal - behaviour).clamp(max=cap)
+    return torch.where(mask, weights, torch.ones_like(weights))
+
+
 @dataclass(frozen=True)
 class PolicyLossSettings:
     """What the policy loss needs from ``train.rl``."""
@@ -95,11 +140,13 @@ def policy_loss(  # noqa: PLR0917 - the tensors of one formula, in its order
     advantages: torch.Tensor,
     mask: torch.Tensor,
     settings: PolicyLossSettings,
+    token_weights: torch.Tensor | None = None,
 ) -> PolicyLoss:
     """The clipped surrogate ``-min(r A, clip(r, 1 - eps_low, 1 + eps_high) A)`` per completion token (``r``
     the probability ratio to the sampling policy's ``old_logps``), plus ``kl_coef`` times the k3 estimate of
     the KL divergence to ``ref_logps``, summed into the loss terms of ``settings.loss``. Every tensor but
-    ``advantages`` (one per row) is ``(rows, positions)``; ``mask`` marks completion tokens."""
+    ``advantages`` (one per row) is ``(rows, positions)``; ``mask`` marks completion tokens; ``token_weights``
+    (:func:`importance_weights`, for stale rollouts) scale each token's surrogate term."""
     import torch
 
     weights = mask.to(logps.dtype)
@@ -107,6 +154,8 @@ def policy_loss(  # noqa: PLR0917 - the tensors of one formula, in its order
     column = advantages.unsqueeze(1)
     clipped = torch.clamp(ratio, 1 - settings.epsilon_low, 1 + settings.epsilon_high)
     per_token = -torch.min(ratio * column, clipped * column)
+    if token_weights is not None:
+        per_token = per_token * token_weights
     kl_sum = 0.0
     if ref_logps is not None and settings.kl_coef != 0.0:
         kl = torch.exp(ref_logps - logps) - (ref_logps - logps) - 1
