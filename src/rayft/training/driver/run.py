@@ -173,7 +173,7 @@ def drive(
         with launcher.runtime():
             prepared = prepare_inputs(cfg, run_dir, use_ray=launcher.uses_ray)
             store.persist(layout.DATA_DIR)
-            plan = build_worker_plan(cfg, prepared, run_dir, remote_uri=store.remote_uri)
+            plan = build_worker_plan(cfg, prepared, store.location)
             trackers = seams.start_trackers(cfg, run_dir, plan.lineage, parent_run_id)
             # The tracker runs travel with the run (a resume elsewhere continues them) and with the plan.
             store.persist(layout.TRACKING_FILE)
