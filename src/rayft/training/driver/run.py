@@ -26,6 +26,7 @@ from rayft.config.tracking import MlflowArtifact
 from rayft.config.train import CheckpointConfig, FailureConfig, ScalingConfig
 from rayft.data.prepared import PreparedData
 from rayft.errors import RunStateError
+from rayft.models.resolve import sources_resolved_once
 from rayft.runs import layout
 from rayft.runs.location import RunLocation
 from rayft.runs.lock import run_lock
@@ -164,7 +165,8 @@ def drive(
     """
     started = time.monotonic()
     launcher.check()
-    with run_lock(location.local_dir, command=command):
+    # The data, the plan and the checks ask for the model's source: resolved once for the whole run.
+    with sources_resolved_once(), run_lock(location.local_dir, command=command):
         store = seams.open_store(location)
         opening = start(store) if callable(start) else start
         if opening is None:

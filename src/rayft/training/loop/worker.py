@@ -18,6 +18,7 @@ from rayft.custom import load_task
 from rayft.errors import TrainingError
 from rayft.models.architecture import model_type, resolve_architecture
 from rayft.models.loading import load_tokenizer
+from rayft.models.resolve import sources_resolved_once
 from rayft.runs import layout
 from rayft.runs.checkpoints import remove_incomplete, resume_checkpoint
 from rayft.runs.stop import StopWatch
@@ -95,6 +96,7 @@ class Worker:
     window_units: float = 0.0  # every worker's loss terms (pairs, for preference training) since the last log line
 
 
+@sources_resolved_once()  # the model's source, asked for by every part the worker builds, is resolved once
 def run_worker(plan: WorkerPlan, session: TrainSession) -> TrainerState:
     """Train from the start or from the latest checkpoint to the end of the schedule."""
     worker = setup_worker(plan, session)
