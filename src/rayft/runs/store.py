@@ -44,7 +44,7 @@ class RunStore(Protocol):
     location: RunLocation
     """Where the run is: the directory this process writes, and the URI when its durable home is one."""
     local_dir: Path
-    """Where this process writes (``location.local_dir``): the run directory, or the local mirror of a remote run."""
+    """Where this process writes (``location.local_dir``): the run directory, or the mirror of a remote run."""
     where: str
     """The run's location as it may be shown in messages (a directory, or a URI without its query)."""
     shown_uri: str | None

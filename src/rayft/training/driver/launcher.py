@@ -70,9 +70,9 @@ class _StopRequest:
 @contextlib.contextmanager
 def stop_on_sigterm(location: RunLocation, grace_s: float) -> Iterator[None]:
     """On SIGTERM, ask the workers of the run at ``location`` to save a checkpoint and stop
-    (:class:`StopRequest`: a file in the run directory and, for a run at a URI, a marker under it, which workers on
-    other nodes poll), then raise :class:`RunInterruptedError` naming the saved checkpoint. If they
-    have not finished within ``grace_s``, the launch is interrupted.
+    (:class:`StopRequest`: a file in the run directory and, for a run at a URI, a marker under the
+    URI, which workers on other nodes poll), then raise :class:`RunInterruptedError` naming the
+    saved checkpoint. If they have not finished within ``grace_s``, the launch is interrupted.
 
     Outside the main thread (where signals cannot be handled) this does nothing.
     """
