@@ -36,6 +36,7 @@ def build_inputs(root: Path, hidden: int, layers: int) -> tuple[Path, Any]:
 def run_once(model_dir: Path, prepared: Any, storage: Path, *, background: bool, steps: int, save_steps: int) -> dict:
     """Train ``steps`` steps in-process; return the loop's blocked seconds and the wall time."""
     from rayft.config import load_config
+    from rayft.runs.location import RunLocation
     from rayft.training.driver.launcher import split_files
     from rayft.training.driver.startup import build_worker_plan, claim_run_dir
     from rayft.training.loop.session import LocalSession
@@ -48,9 +49,9 @@ def run_once(model_dir: Path, prepared: Any, storage: Path, *, background: bool,
         f"checkpoint.async_upload={str(background).lower()}",
     ])  # fmt: skip
     run_dir = claim_run_dir(cfg, resume=False)
-    plan = build_worker_plan(cfg, prepared, run_dir)
+    plan = build_worker_plan(cfg, prepared, RunLocation(run_dir))
     started = time.monotonic()
-    state = run_worker(plan, LocalSession(split_files(prepared), run_dir, num_to_keep=1))
+    state = run_worker(plan, LocalSession(split_files(prepared), plan.location, num_to_keep=1))
     return {"blocked_s": state.checkpoint_blocked_s, "wall_s": time.monotonic() - started, "saves": steps // save_steps}
 
 

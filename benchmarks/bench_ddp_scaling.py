@@ -33,6 +33,7 @@ def write_plan(root: Path, model_dir: Path, prepared_dir: Path, *, workers: int,
     """The worker plan of one arm, as JSON."""
     from rayft.config import load_config
     from rayft.data.prepared import PreparedData
+    from rayft.runs.location import RunLocation
     from rayft.training.driver.launcher import split_files
     from rayft.training.driver.startup import build_worker_plan
     from rayft.training.driver.torchrun import write_plan as write_json
@@ -46,7 +47,7 @@ def write_plan(root: Path, model_dir: Path, prepared_dir: Path, *, workers: int,
     prepared = PreparedData.load(prepared_dir)
     assert prepared is not None
     path = root / f"plan-{run_dir.name}.json"
-    write_json(path, build_worker_plan(cfg, prepared, run_dir), split_files(prepared))
+    write_json(path, build_worker_plan(cfg, prepared, RunLocation(run_dir)), split_files(prepared))
     return path
 
 

@@ -96,6 +96,7 @@ def write_arm_plan(root: Path, model_dir: Path, prepared_dir: Path, *, size: str
     """The worker plan both arms run, as JSON."""
     from rayft.config import load_config
     from rayft.data.prepared import PreparedData
+    from rayft.runs.location import RunLocation
     from rayft.training.driver.launcher import split_files
     from rayft.training.driver.startup import build_worker_plan
     from rayft.training.driver.torchrun import write_plan
@@ -108,7 +109,7 @@ def write_arm_plan(root: Path, model_dir: Path, prepared_dir: Path, *, size: str
     ])  # fmt: skip
     prepared = PreparedData.load(prepared_dir)
     assert prepared is not None
-    plan = build_worker_plan(cfg, prepared, run_dir)
+    plan = build_worker_plan(cfg, prepared, RunLocation(run_dir))
     path = root / f"plan-{run_dir.name}.json"
     write_plan(path, plan, split_files(prepared))
     return path

@@ -38,6 +38,7 @@ SKIP_STEPS = 3
 def run_arm(root: Path, name: str, overrides: list[str], prepared: object, args: argparse.Namespace) -> list[float]:
     """Train one arm; its steady per-step wall times (s)."""
     from rayft.config import CheckpointConfig, load_config
+    from rayft.runs.location import RunLocation
     from rayft.training.driver.launcher import launch_local
     from rayft.training.driver.startup import build_worker_plan, claim_run_dir
 
@@ -48,7 +49,7 @@ def run_arm(root: Path, name: str, overrides: list[str], prepared: object, args:
         "logging.tensorboard=false", "logging.console=false", *overrides,
     ])  # fmt: skip
     run_dir = claim_run_dir(cfg, resume=False)
-    launch_local(build_worker_plan(cfg, prepared, run_dir), prepared, CheckpointConfig())  # type: ignore[arg-type]
+    launch_local(build_worker_plan(cfg, prepared, RunLocation(run_dir)), prepared, CheckpointConfig())  # type: ignore[arg-type]
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     stamps = [r["time"] for r in records if "train/loss" in r]  # not the final save's line
     return [b - a for a, b in zip(stamps[SKIP_STEPS:], stamps[SKIP_STEPS + 1 :], strict=False)]

@@ -220,6 +220,7 @@ def train_trace(root: Path, steps: int = 6) -> Path:
     from rayft.config import CheckpointConfig, ModelConfig, load_config
     from rayft.models.loading import load_tokenizer
     from rayft.runs import layout
+    from rayft.runs.location import RunLocation
     from rayft.testing.units import arithmetic_prepared
     from rayft.training.driver.launcher import launch_local
     from rayft.training.driver.startup import build_worker_plan, claim_run_dir
@@ -233,7 +234,7 @@ def train_trace(root: Path, steps: int = 6) -> Path:
     ])  # fmt: skip
     prepared = arithmetic_prepared(root / "units", load_tokenizer(ModelConfig(name=model)), num_train=steps * 2)
     run_dir = claim_run_dir(cfg, resume=False)
-    launch_local(build_worker_plan(cfg, prepared, run_dir), prepared, CheckpointConfig())
+    launch_local(build_worker_plan(cfg, prepared, RunLocation(run_dir)), prepared, CheckpointConfig())
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     for record in (r for r in records if "time/step" in r):  # the profiler's cost shows in steps 4 and 5
         print(f"step {record['step']}: {record['time/step']:.2f} s")

@@ -55,6 +55,7 @@ def _large_split(root: Path) -> PreparedData:
 def test_the_driver_reads_none_of_the_training_split(ray_session: None, tiny_model_dir: Path, tmp_path: Path) -> None:
     import ray.train.torch  # noqa: F401 - its modules' first import would count as bytes read
 
+    from rayft.runs.location import RunLocation
     from rayft.runs.manifest import read_manifest
     from rayft.training.driver.run import default_launcher
     from rayft.training.driver.startup import build_worker_plan, claim_run_dir
@@ -65,7 +66,7 @@ def test_the_driver_reads_none_of_the_training_split(ray_session: None, tiny_mod
     cfg = tiny_config(tiny_model_dir, tmp_path / "runs", "train.max_steps=2", "train.eval_steps=null",
                       "train.save_steps=100", "data.shuffle_buffer_size=64")  # fmt: skip
     run_dir = claim_run_dir(cfg, resume=False)
-    plan = build_worker_plan(cfg, prepared, run_dir)
+    plan = build_worker_plan(cfg, prepared, RunLocation(run_dir))
     before = _bytes_read()
     default_launcher(cfg).launch(plan, prepared)
     read = _bytes_read() - before
@@ -80,6 +81,7 @@ def test_a_worker_that_cannot_read_the_prepared_files_fails_at_once_naming_them(
     import dataclasses
 
     from rayft.errors import DataError
+    from rayft.runs.location import RunLocation
     from rayft.training.driver.run import default_launcher
     from rayft.training.driver.startup import build_worker_plan, claim_run_dir
 
@@ -93,4 +95,4 @@ def test_a_worker_that_cannot_read_the_prepared_files_fails_at_once_naming_them(
     with pytest.raises(
         DataError, match=rf"rank \d on node .* cannot read the prepared file {elsewhere};.*data\.cache_dir"
     ):
-        default_launcher(cfg).launch(build_worker_plan(cfg, prepared, run_dir), prepared)
+        default_launcher(cfg).launch(build_worker_plan(cfg, prepared, RunLocation(run_dir)), prepared)

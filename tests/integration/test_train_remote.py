@@ -43,7 +43,7 @@ def train_remote(cfg: RayftConfig, prepared: PreparedData, *, resume: bool = Fal
 
     store = open_store(run_location(cfg))
     run_dir = claim_store(cfg, store, resume=resume)
-    default_launcher(cfg).launch(build_worker_plan(cfg, prepared, run_dir, remote_uri=store.remote_uri), prepared)
+    default_launcher(cfg).launch(build_worker_plan(cfg, prepared, store.location), prepared)
     store.fetch_results()
     return run_dir
 

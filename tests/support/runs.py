@@ -41,11 +41,12 @@ def tiny_config(model_dir: Path, storage: Path, *overrides: str) -> RayftConfig:
 def train_on(cfg: RayftConfig, prepared: PreparedData, *, resume: bool = False) -> Path:
     """Claim the run and launch its workers (as the training driver does) on already prepared units;
     return the run directory."""
+    from rayft.runs.location import RunLocation
     from rayft.training.driver.run import default_launcher
     from rayft.training.driver.startup import build_worker_plan, claim_run_dir
 
     run_dir = claim_run_dir(cfg, resume=resume)
-    default_launcher(cfg).launch(build_worker_plan(cfg, prepared, run_dir), prepared)
+    default_launcher(cfg).launch(build_worker_plan(cfg, prepared, RunLocation(run_dir)), prepared)
     return run_dir
 
 

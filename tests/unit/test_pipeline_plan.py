@@ -9,6 +9,7 @@ import pytest
 from rayft.errors import ConfigError
 from rayft.pipeline.fingerprint import hash_object, hash_tree
 from rayft.pipeline.plan import decide, requested_stages, runnable_stages
+from rayft.runs.location import RunLocation
 from rayft.runs.records import StageRecord, outputs_exist, read_record, write_record
 
 ALL = ["sdg", "train", "eval", "export"]
@@ -65,7 +66,7 @@ def test_a_stage_left_out_is_not_fingerprinted(tmp_path: Path) -> None:
         def inputs(self, ctx: StageContext) -> dict[str, str]:
             raise AssertionError("a stage that cannot run was fingerprinted")
 
-    ctx = StageContext(load_config(None, []), tmp_path, {})
+    ctx = StageContext(load_config(None, []), RunLocation(tmp_path), {})
     decision, inputs = decide_stage(Preference(), ctx, allowed=["train"], forced={"train"})  # type: ignore[arg-type]
     assert decision.action == "skip" and inputs == {}
 

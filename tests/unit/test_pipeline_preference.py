@@ -20,6 +20,7 @@ from rayft.pipeline.preference_plan import (
 from rayft.pipeline.preference_stage import PairsStage, PreferenceStage
 from rayft.pipeline.stage import StageContext
 from rayft.runs.layout import MANIFEST_FILE
+from rayft.runs.location import RunLocation
 from rayft.runs.records import StageRecord, trained_final
 
 RUN = Path("/runs/p")
@@ -117,7 +118,7 @@ def test_the_stages_rerun_when_the_sft_model_or_the_pairs_change(tmp_path: Path)
     manifest, pairs = tmp_path / "train" / "final" / MANIFEST_FILE, tmp_path / "pairs" / "data.jsonl"
     manifest.write_text("a")
     pairs.write_text('{"prompt": "p", "chosen": "a", "rejected": "b"}\n')
-    ctx = StageContext(cfg, tmp_path, {"train": TRAIN, "pairs": PAIRS})
+    ctx = StageContext(cfg, RunLocation(tmp_path), {"train": TRAIN, "pairs": PAIRS})
     before = (PairsStage().inputs(ctx), PreferenceStage().inputs(ctx))
     manifest.write_text("b")
     after_sft = (PairsStage().inputs(ctx), PreferenceStage().inputs(ctx))

@@ -14,6 +14,7 @@ from rayft.pipeline.preference_plan import compare_sources
 from rayft.pipeline.rl_stage import rl_stage_config
 from rayft.pipeline.runner import check_rl_stage
 from rayft.pipeline.stage import StageContext
+from rayft.runs.location import RunLocation
 from rayft.runs.records import StageRecord, trained_final
 
 RUN = Path("/runs/p")
@@ -40,7 +41,7 @@ def test_an_rl_section_is_a_stage_after_train_and_before_eval() -> None:
 
 def test_the_rl_config_is_grpo_with_the_stages_changes_and_no_packing() -> None:
     cfg = config("rl.train.learning_rate=5e-5", "rl.train.rl.group_size=4", "rl.data.max_seq_length=256")
-    ctx = StageContext(cfg=cfg, run_dir=RUN, records={"train": TRAIN})
+    ctx = StageContext(cfg=cfg, location=RunLocation(RUN), records={"train": TRAIN})
     rl = rl_stage_config(ctx, str(RUN / "sft-merged"), str(RUN))
     assert (rl.name, rl.storage_path, rl.tune, rl.model.name) == ("rl", str(RUN), None, str(RUN / "sft-merged"))
     assert rl.train.objective == "grpo" and rl.train.learning_rate == 5e-5 and rl.train.rl.group_size == 4

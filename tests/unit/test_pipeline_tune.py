@@ -9,6 +9,7 @@ import yaml
 from rayft.config import dump_config, load_config
 from rayft.pipeline.stages import StageContext, TrainStage, train_stage_config
 from rayft.pipeline.tune_stage import adopt_trial_run, plan_train_handoff, sweep_summary, tune_stage_config
+from rayft.runs.location import RunLocation
 from rayft.runs.manifest import write_manifest
 from rayft.runs.records import StageRecord
 from rayft.tuning.outputs import write_sweep_outputs
@@ -23,7 +24,7 @@ def context(tmp_path: Path, result: SweepResult | None = None) -> StageContext:
         write_sweep_outputs(tmp_path / "tune", result, cfg)
         summary = sweep_summary(result)
         records["tune"] = StageRecord("tune", "f", {}, {"json": "tune/tune.json"}, summary)
-    return StageContext(cfg, tmp_path, records)
+    return StageContext(cfg, RunLocation(tmp_path), records)
 
 
 def test_train_stage_runs_the_best_values_without_the_tune_section(tmp_path: Path) -> None:

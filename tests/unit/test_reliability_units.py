@@ -15,6 +15,7 @@ import pytest
 from rayft.errors import CheckpointError, RunInterruptedError
 from rayft.runs.checkpoints import publish_checkpoint, resume_checkpoint
 from rayft.runs.layout import STOP_REQUEST_FILE
+from rayft.runs.location import RunLocation
 from rayft.runs.manifest import verify_checkpoint, write_manifest
 from rayft.security import MASK, redact, redact_record, secret_values
 from rayft.training.driver.launcher import stop_on_sigterm
@@ -147,7 +148,7 @@ def test_sigterm_asks_the_workers_to_stop_and_raises_a_resume_hint(tmp_path: Pat
     before = signal.getsignal(signal.SIGTERM)
     with (
         pytest.raises(RunInterruptedError, match=r"stopped on SIGTERM after saving checkpoint .*step-000003.*--resume"),
-        stop_on_sigterm(tmp_path, grace_s=30),
+        stop_on_sigterm(RunLocation(tmp_path), grace_s=30),
     ):
         os.kill(os.getpid(), signal.SIGTERM)
         deadline = time.monotonic() + 5
@@ -162,7 +163,7 @@ def test_sigterm_interrupts_a_launch_that_does_not_stop_within_the_grace_period(
     assert threading.current_thread() is threading.main_thread()
     started = time.monotonic()
     expected = r"did not save within failure.sigterm_grace_s=0.5 s"
-    with pytest.raises(RunInterruptedError, match=expected), stop_on_sigterm(tmp_path, grace_s=0.5):
+    with pytest.raises(RunInterruptedError, match=expected), stop_on_sigterm(RunLocation(tmp_path), grace_s=0.5):
         os.kill(os.getpid(), signal.SIGTERM)
         time.sleep(30)  # a launch that never returns
     assert time.monotonic() - started < 10

@@ -16,7 +16,7 @@ from rayft.config import dump_config, load_config
 from rayft.errors import CheckpointError, RunStateError, StorageError
 from rayft.pipeline.plan import check_remote_stages
 from rayft.runs import layout
-from rayft.runs.location import is_remote, join_uri, mirror_dir, plan_run_location, worker_dir
+from rayft.runs.location import RunLocation, is_remote, join_uri, mirror_dir, plan_run_location, worker_dir
 from rayft.runs.manifest import verify_checkpoint, write_manifest
 from rayft.runs.remote import RemoteRun, sync_checkpoint
 from rayft.runs.store import open_store
@@ -279,8 +279,8 @@ def test_a_stop_request_reaches_a_worker_through_the_uri_alone(storage: str, tmp
 
     run_uri = join_uri(storage, "demo")
     driver, node = tmp_path / "driver-mirror", tmp_path / "worker-dir"
-    StopRequest(driver, run_uri).send()  # as the SIGTERM handler does; the marker goes up in a thread
-    watch = StopWatch(node, run_uri, poll_s=0.05)
+    StopRequest(RunLocation(driver, run_uri)).send()  # as the SIGTERM handler does; the marker goes up in a thread
+    watch = StopWatch(RunLocation(node, run_uri), poll_s=0.05)
     try:
         deadline = time.monotonic() + 10
         while not watch.requested() and time.monotonic() < deadline:
@@ -288,9 +288,9 @@ def test_a_stop_request_reaches_a_worker_through_the_uri_alone(storage: str, tmp
         assert watch.requested() and not (node / layout.STOP_REQUEST_FILE).exists()
     finally:
         watch.close()
-    StopRequest(driver, run_uri).clear()
+    StopRequest(RunLocation(driver, run_uri)).clear()
     assert not RemoteRun(run_uri).is_file(layout.STOP_REQUEST_FILE) and not (driver / layout.STOP_REQUEST_FILE).exists()
-    quiet = StopWatch(node, run_uri, poll_s=0.05)
+    quiet = StopWatch(RunLocation(node, run_uri), poll_s=0.05)
     time.sleep(0.2)
     assert not quiet.requested()
     quiet.close()

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from rayft.runs.location import RunLocation
 from rayft.training.modeling.step_choice import LOGITS_SHARE, StepChoice, StepFacts, StepRequest, choose_step
 
 GIB = 2**30
@@ -95,8 +96,8 @@ def test_with_step_puts_the_choice_into_the_worker_plan() -> None:
 
     plan = WorkerPlan(
         model=ModelConfig(), lora=LoraConfig(), train=TrainConfig(), logging=LoggingConfig(),
-        checkpoint=CheckpointConfig(), seed=0, run_dir="/tmp/x", resolved_config="", schedule=Schedule(1, 1, 1, 1, 0),
-        shuffle_window=1, has_validation=False,
+        checkpoint=CheckpointConfig(), seed=0, location=RunLocation(Path("/tmp/x")), resolved_config="",
+        schedule=Schedule(1, 1, 1, 1, 0), shuffle_window=1, has_validation=False,
     )  # fmt: skip
     assert (plan.model.attn_implementation, plan.train.compile, plan.train.cpu_threads) == ("auto", "auto", "auto")
     choice = StepChoice("flex_attention", "none", False, "auto", None, False, ())
@@ -181,8 +182,9 @@ def test_the_worker_decides_its_step_sets_threads_and_says_so_once(
 
     plan = WorkerPlan(
         model=ModelConfig(name=str(tiny_model_dir)), lora=LoraConfig(), train=TrainConfig(fused_loss="none"),
-        logging=LoggingConfig(), checkpoint=CheckpointConfig(), seed=0, run_dir="/tmp/x", resolved_config="",
-        schedule=Schedule(1, 1, 1, 1, 0), shuffle_window=1, has_validation=False, max_seq_length=64, packing=True,
+        logging=LoggingConfig(), checkpoint=CheckpointConfig(), seed=0, location=RunLocation(Path("/tmp/x")),
+        resolved_config="", schedule=Schedule(1, 1, 1, 1, 0), shuffle_window=1, has_validation=False,
+        max_seq_length=64, packing=True,
     )  # fmt: skip
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     threads = torch.get_num_threads()

@@ -34,6 +34,7 @@ def test_a_checkpoint_saved_from_its_objects_restores_them(
     import torch
     from transformers import AutoTokenizer
 
+    from rayft.runs.location import RunLocation
     from rayft.runs.manifest import read_manifest
     from rayft.training.loop.checkpointing import (
         Checkpointer,
@@ -54,7 +55,9 @@ def test_a_checkpoint_saved_from_its_objects_restores_them(
     def write_model(model: object, directory: Path, state: dict[str, object] | None) -> None:
         write_model_files(model, tokenizer, files, directory, state_dict=state)
 
-    saver = Checkpointer(LocalSession({}, tmp_path, device="cpu"), files, write_model, background=background)
+    saver = Checkpointer(
+        LocalSession({}, RunLocation(tmp_path), device="cpu"), files, write_model, background=background
+    )
     state = TrainerState(step=1, last_train_loss=2.5)
     saver.save(TrainingObjects(parallel, model, optimizer, scheduler), state)
     saver.wait()
@@ -78,6 +81,7 @@ def test_a_checkpoint_saved_from_its_objects_restores_them(
 def _lora_saver(model_dir: Path, run_dir: Path, *, background: bool = False) -> tuple[Any, Any, Any]:
     from transformers import AutoTokenizer
 
+    from rayft.runs.location import RunLocation
     from rayft.training.loop.checkpointing import Checkpointer, ModelFiles, TrainingObjects, write_model_files
     from rayft.training.loop.session import LocalSession
     from rayft.training.strategies.table import parallelism
@@ -89,7 +93,9 @@ def _lora_saver(model_dir: Path, run_dir: Path, *, background: bool = False) -> 
     def write_model(model: object, directory: Path, state: dict[str, object] | None) -> None:
         write_model_files(model, tokenizer, files, directory, state_dict=state)
 
-    saver = Checkpointer(LocalSession({}, run_dir, device="cpu"), files, write_model, background=background)
+    saver = Checkpointer(
+        LocalSession({}, RunLocation(run_dir), device="cpu"), files, write_model, background=background
+    )
     return saver, TrainingObjects(parallelism("ddp", world_size=1), model, optimizer, scheduler), files
 
 

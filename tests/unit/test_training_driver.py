@@ -237,7 +237,7 @@ def test_the_pipeline_train_stage_drives_its_run(
     from rayft.pipeline import training
     from rayft.pipeline.stages import StageContext, TrainStage
 
-    ctx = StageContext(config(tiny_model_dir, tmp_path), tmp_path / "pipeline", {})
+    ctx = StageContext(config(tiny_model_dir, tmp_path), RunLocation(tmp_path / "pipeline"), {})
     with driven_with_fakes(monkeypatch, training) as (events, calls):
         output = TrainStage().run(ctx, fresh=False)
     assert isinstance(calls[0][0], driver.LocalLauncher)

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -21,7 +24,47 @@ class ModelSource:
     revision: str | None = None
 
 
+SourceKey = tuple[str, str | None, str | None]
+"""What a source is resolved from: the model name, its .gguf file and its revision."""
+
+# The sources resolved so far in the run this context is in (None: outside a run). Memoised rather
+# than passed: a run asks for its model's source in a dozen places (the data cache key, the tokenizer,
+# the architecture, the step planner, the model load), each taking a ModelConfig from callers well
+# beyond training (generation, evaluation, export, serving); threading a resolved source through all
+# of them would change every one of those signatures for a value that cannot change during one run.
+# Scoped to a run, not to the process: a name's kind depends on the directories that exist, and a
+# long-lived process (a notebook, the pipeline between stages) may create a model directory later.
+_RUN_SOURCES: ContextVar[dict[SourceKey, ModelSource] | None] = ContextVar("rayft_run_model_sources", default=None)
+
+
+@contextlib.contextmanager
+def sources_resolved_once() -> Iterator[None]:
+    """Within the block (one run: its driver, or one worker), each model source is resolved once and
+    the same :class:`ModelSource` handed to every later :func:`resolve_model_source` of it. A block
+    inside another shares the outer one's sources (an in-process worker inside its driver)."""
+    if _RUN_SOURCES.get() is not None:
+        yield
+        return
+    token = _RUN_SOURCES.set({})
+    try:
+        yield
+    finally:
+        _RUN_SOURCES.reset(token)
+
+
 def resolve_model_source(name: str, gguf_file: str | None = None, revision: str | None = None) -> ModelSource:
+    """Where the model ``name`` comes from (:func:`classify_model_source`), once per run inside
+    :func:`sources_resolved_once`."""
+    sources = _RUN_SOURCES.get()
+    if sources is None:
+        return classify_model_source(name, gguf_file, revision)
+    key = (name, gguf_file, revision)
+    if key not in sources:
+        sources[key] = classify_model_source(name, gguf_file, revision)
+    return sources[key]
+
+
+def classify_model_source(name: str, gguf_file: str | None = None, revision: str | None = None) -> ModelSource:
     """Classify a model name: built-in offline name, .gguf path, local directory, or Hub id.
 
     ``org/name`` is a Hub id unless ``org`` is a directory here (then it is a path, even a missing one).

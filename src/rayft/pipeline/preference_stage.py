@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Any
 
 from rayft._version import __version__
-from rayft.cache import cache_root
 from rayft.config import RayftConfig
 from rayft.files import replace_dir, staging_dir
 from rayft.pipeline.fingerprint import hash_file
@@ -24,7 +23,6 @@ from rayft.pipeline.preference_plan import (
 from rayft.pipeline.stage import StageContext, StageOutput
 from rayft.pipeline.training import run_training
 from rayft.recipes import export, pairs
-from rayft.runs.location import plan_run_location
 from rayft.runs.store import move_aside
 
 log = logging.getLogger("rayft.run")
@@ -101,7 +99,7 @@ def train_after_sft(
     log.info("stage %s: starts from %s (%s)", out.name, start.target, start.reason)
     if start.kind == "merge_adapter":
         merge_adapter(ctx, start.source, Path(start.target))
-    storage = plan_run_location(ctx.cfg.storage_path, ctx.cfg.name, cache_root()).storage_under()
+    storage = ctx.location.storage_under()
     output = run_training(out, stage_config(start.target, storage), ctx.cfg.name)
     files = dict(output.files)
     if start.kind == "merge_adapter":

@@ -99,11 +99,11 @@ def run(
     forced = set(allowed) if force else forced
     location = pipeline_location(cfg)
     store = open_store(location)
-    if store.remote_uri is not None:  # which stages can write through a URI is the pipeline's knowledge
+    if location.remote_uri is not None:  # which stages can write through a URI is the pipeline's knowledge
         check_remote_stages(requested, location.display)
     run_dir = store.local_dir
     progress = PipelineProgress()
-    ctx = StageContext(cfg, run_dir, progress.records)
+    ctx = StageContext(cfg, location, progress.records)
     with run_lock(run_dir, command="rayft run"):
         write_text(run_dir / CONFIG_FILE, dump_config(cfg))
         store.fetch(TRACKING_FILE)  # the tracker runs of an earlier attempt, made on another machine

@@ -8,17 +8,24 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from rayft.config import RayftConfig
+from rayft.runs.location import RunLocation
 from rayft.runs.records import StageRecord
 
 
 @dataclass(frozen=True)
 class StageContext:
-    """What every stage reads: the pipeline's config, its directory, and the records of the stages
-    finished so far in this run (earlier stages' outputs are the later ones' inputs)."""
+    """What every stage reads: the pipeline's config, its location (its directory, and its URI with
+    a URI ``storage_path``), and the records of the stages finished so far in this run (earlier
+    stages' outputs are the later ones' inputs)."""
 
     cfg: RayftConfig
-    run_dir: Path
+    location: RunLocation
     records: dict[str, StageRecord]
+
+    @property
+    def run_dir(self) -> Path:
+        """The pipeline's directory (the local mirror of a pipeline at a URI)."""
+        return self.location.local_dir
 
 
 @dataclass(frozen=True)

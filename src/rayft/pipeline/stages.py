@@ -11,7 +11,6 @@ import logging
 from typing import Any
 
 from rayft._version import __version__
-from rayft.cache import cache_root
 from rayft.config import RayftConfig
 from rayft.files import replace_dir, staging_dir
 from rayft.pipeline.inputs import final_manifest_hash, local_files, model_identity, train_data_config
@@ -22,7 +21,6 @@ from rayft.pipeline.stage import Stage, StageContext, StageOutput
 from rayft.pipeline.training import run_training
 from rayft.pipeline.tune_stage import TuneStage, adopt_trial_run, plan_train_handoff, tuned_config
 from rayft.recipes import compare, evaluate, export, sdg
-from rayft.runs.location import plan_run_location
 from rayft.runs.planner import StartPlan
 from rayft.runs.records import trained_final
 from rayft.runs.store import move_aside
@@ -185,6 +183,6 @@ def train_stage_config(ctx: StageContext) -> RayftConfig:
     """The config of the train stage: the run ``train`` under the pipeline's directory (or URI); after
     a sweep, with the best trial's values (and no tune section)."""
     cfg = tuned_config(ctx)
-    storage = plan_run_location(cfg.storage_path, cfg.name, cache_root()).storage_under()
+    storage = ctx.location.storage_under()
     data = train_data_config(cfg, ctx.run_dir, ctx.records)
     return cfg.model_copy(update={"storage_path": storage, "name": "train", "data": data, "tune": None})

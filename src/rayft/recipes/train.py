@@ -12,6 +12,7 @@ from pathlib import Path
 
 from rayft.config import RayftConfig
 from rayft.models.architecture import refuse_quantize_widths
+from rayft.models.resolve import sources_resolved_once
 from rayft.training.driver.run import RunStart, TrainResult, default_launcher, drive
 from rayft.training.driver.startup import run_location
 
@@ -26,7 +27,8 @@ def run(cfg: RayftConfig, *, resume: bool = False, mirror_dir: Path | None = Non
         resume: Continue the run of the same name from its newest complete checkpoint.
         mirror_dir: Where the local mirror of a remote run goes (default: under the cache).
     """
-    if cfg.task.path is None:  # a custom task's model is no transformers model: it has no widths to check
-        refuse_quantize_widths(cfg.model, cfg.lora.quantize)
-    location = run_location(cfg, mirror_dir)
-    return drive(cfg, default_launcher(cfg), location, start=RunStart(resume=resume))
+    with sources_resolved_once():
+        if cfg.task.path is None:  # a custom task's model is no transformers model: it has no widths to check
+            refuse_quantize_widths(cfg.model, cfg.lora.quantize)
+        location = run_location(cfg, mirror_dir)
+        return drive(cfg, default_launcher(cfg), location, start=RunStart(resume=resume))

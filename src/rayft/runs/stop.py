@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import logging
 import threading
-from pathlib import Path
 
 from rayft.runs import layout
+from rayft.runs.location import RunLocation
 from rayft.runs.remote import RemoteRun
 
 log = logging.getLogger("rayft.train")
@@ -26,11 +26,11 @@ POLL_S = 1.0
 
 
 class StopRequest:
-    """The driver's side: send or clear the stop request of one run."""
+    """The driver's side: send or clear the stop request of the run at ``location``."""
 
-    def __init__(self, run_dir: Path, remote_uri: str | None = None) -> None:
-        self.file = run_dir / layout.STOP_REQUEST_FILE
-        self._remote = RemoteRun(remote_uri) if remote_uri else None
+    def __init__(self, location: RunLocation) -> None:
+        self.file = location.local_dir / layout.STOP_REQUEST_FILE
+        self._remote = RemoteRun(location.remote_uri) if location.remote_uri else None
 
     def clear(self) -> None:
         """Remove a request (a leftover of an earlier stop would stop the run at its first step)."""
@@ -58,18 +58,16 @@ class StopRequest:
 
 
 class StopWatch:
-    """A worker's side: whether a stop was requested, from the run directory's file or (for a run
-    at a URI, when ``poll``) from the marker a thread polls for every ``poll_s`` seconds."""
+    """A worker's side: whether a stop was requested, from the file in ``location.local_dir`` or
+    (for a run at a URI, when ``poll``) from the marker a thread polls for every ``poll_s`` seconds."""
 
-    def __init__(
-        self, run_dir: Path, remote_uri: str | None = None, *, poll: bool = True, poll_s: float = POLL_S
-    ) -> None:
-        self.file = run_dir / layout.STOP_REQUEST_FILE
+    def __init__(self, location: RunLocation, *, poll: bool = True, poll_s: float = POLL_S) -> None:
+        self.file = location.local_dir / layout.STOP_REQUEST_FILE
         self._seen = threading.Event()
         self._closed = threading.Event()
         self._thread: threading.Thread | None = None
-        if remote_uri and poll:
-            remote = RemoteRun(remote_uri)
+        if location.remote_uri and poll:
+            remote = RemoteRun(location.remote_uri)
             self._thread = threading.Thread(
                 target=self._poll, args=(remote, poll_s), name="rayft-stop-watch", daemon=True
             )

@@ -41,10 +41,10 @@ log = logging.getLogger("rayft.runs")
 class RunStore(Protocol):
     """Where one run is stored, and the few operations a driver needs before and after training."""
 
+    location: RunLocation
+    """Where the run is: the directory this process writes, and the URI when its durable home is one."""
     local_dir: Path
-    """Where this process writes: the run directory, or the local mirror of a remote run."""
-    remote_uri: str | None
-    """The run's URI (credentials included, never shown) when its durable home is one, else None."""
+    """Where this process writes (``location.local_dir``): the run directory, or the mirror of a remote run."""
     where: str
     """The run's location as it may be shown in messages (a directory, or a URI without its query)."""
     shown_uri: str | None
@@ -125,11 +125,11 @@ class RunStore(Protocol):
 class LocalRunStore:
     """A run in a local (or mounted) directory."""
 
-    remote_uri: str | None = None
     shown_uri: str | None = None
     can_replace = True
 
     def __init__(self, run_dir: Path) -> None:
+        self.location = RunLocation(run_dir)
         self.local_dir = run_dir
         self.where = str(run_dir)
 
@@ -236,9 +236,9 @@ class RemoteRunStore:
 
     can_replace = False
 
-    def __init__(self, remote: RemoteRun, mirror: Path, uri: str) -> None:
-        self.local_dir = mirror
-        self.remote_uri: str | None = uri
+    def __init__(self, remote: RemoteRun, location: RunLocation) -> None:
+        self.location = location
+        self.local_dir = location.local_dir
         self.remote = remote
         self.where = remote.where.partition("?")[0]
         self.shown_uri: str | None = remote.where
@@ -364,7 +364,7 @@ def open_store(location: RunLocation) -> RunStore:
     """The store of a run at ``location``."""
     if location.remote_uri is None:
         return LocalRunStore(location.local_dir)
-    return RemoteRunStore(RemoteRun(location.remote_uri), location.local_dir, location.remote_uri)
+    return RemoteRunStore(RemoteRun(location.remote_uri), location)
 
 
 def move_aside(directory: Path) -> None:

@@ -18,7 +18,6 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
@@ -57,10 +56,8 @@ def launch_local(
     plan: WorkerPlan, prepared: PreparedData, checkpoint: CheckpointConfig, failure: FailureConfig | None = None
 ) -> None:
     """Run the worker loop in this process, without Ray."""
-    session = LocalSession(
-        split_files(prepared), Path(plan.run_dir), num_to_keep=checkpoint.num_to_keep, remote_uri=plan.remote_uri
-    )
-    with stop_on_sigterm(Path(plan.run_dir), (failure or FailureConfig()).sigterm_grace_s, plan.remote_uri):
+    session = LocalSession(split_files(prepared), plan.location, num_to_keep=checkpoint.num_to_keep)
+    with stop_on_sigterm(plan.location, (failure or FailureConfig()).sigterm_grace_s):
         run_worker(plan, session)
 
 
@@ -71,16 +68,16 @@ class _StopRequest:
 
 
 @contextlib.contextmanager
-def stop_on_sigterm(run_dir: Path, grace_s: float, remote_uri: str | None = None) -> Iterator[None]:
-    """On SIGTERM, ask the workers to save a checkpoint and stop (:class:`StopRequest`: a file in
-    the run directory and, for a run at ``remote_uri``, a marker under the URI, which workers on
-    other nodes poll), then raise :class:`RunInterruptedError` naming the saved checkpoint. If they
-    have not finished within ``grace_s``, the launch is interrupted.
+def stop_on_sigterm(location: RunLocation, grace_s: float) -> Iterator[None]:
+    """On SIGTERM, ask the workers of the run at ``location`` to save a checkpoint and stop
+    (:class:`StopRequest`: a file in the run directory and, for a run at a URI, a marker under the
+    URI, which workers on other nodes poll), then raise :class:`RunInterruptedError` naming the
+    saved checkpoint. If they have not finished within ``grace_s``, the launch is interrupted.
 
     Outside the main thread (where signals cannot be handled) this does nothing.
     """
-    store = open_store(RunLocation(run_dir, remote_uri))
-    stop = StopRequest(run_dir, remote_uri)
+    store = open_store(location)
+    stop = StopRequest(location)
     stop.clear()
     if threading.current_thread() is not threading.main_thread():
         yield
@@ -202,7 +199,7 @@ def launch_ray(
     own_ray = owns_ray()
     train_env = local_train_env(os.environ) if own_ray else {}
     store = open_store(plan.location)
-    with stop_on_sigterm(Path(plan.run_dir), failure.sigterm_grace_s, plan.remote_uri), environment(train_env):
+    with stop_on_sigterm(plan.location, failure.sigterm_grace_s), environment(train_env):
         for attempt in range(failure.max_failures + 1):
             # After a failed attempt: a killed controller leaves its workers' placement group to this job,
             # holding what the next attempt needs, and Ray marks it dead a moment after the failure shows.

@@ -26,6 +26,7 @@ from rayft.config.tracking import MlflowArtifact
 from rayft.config.train import CheckpointConfig, FailureConfig, ScalingConfig
 from rayft.data.prepared import PreparedData
 from rayft.errors import RunStateError
+from rayft.models.resolve import sources_resolved_once
 from rayft.runs import layout
 from rayft.runs.location import RunLocation
 from rayft.runs.lock import run_lock
@@ -164,7 +165,8 @@ def drive(
     """
     started = time.monotonic()
     launcher.check()
-    with run_lock(location.local_dir, command=command):
+    # The data, the plan and the checks ask for the model's source: resolved once for the whole run.
+    with sources_resolved_once(), run_lock(location.local_dir, command=command):
         store = seams.open_store(location)
         opening = start(store) if callable(start) else start
         if opening is None:
@@ -173,7 +175,7 @@ def drive(
         with launcher.runtime():
             prepared = prepare_inputs(cfg, run_dir, use_ray=launcher.uses_ray)
             store.persist(layout.DATA_DIR)
-            plan = build_worker_plan(cfg, prepared, run_dir, remote_uri=store.remote_uri)
+            plan = build_worker_plan(cfg, prepared, store.location)
             trackers = seams.start_trackers(cfg, run_dir, plan.lineage, parent_run_id)
             # The tracker runs travel with the run (a resume elsewhere continues them) and with the plan.
             store.persist(layout.TRACKING_FILE)

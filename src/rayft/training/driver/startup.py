@@ -121,11 +121,10 @@ def with_worker_task(cfg: RayftConfig) -> RayftConfig:
     return cfg if cfg.task.path is None else cfg.model_copy(update={"task": worker_task(cfg)})
 
 
-def build_worker_plan(
-    cfg: RayftConfig, prepared: PreparedData, run_dir: Path, *, remote_uri: str | None = None
-) -> WorkerPlan:
-    """Decide the step schedule and package everything the workers need (``remote_uri``: where
-    they upload checkpoints and final/ when ``storage_path`` is a URI)."""
+def build_worker_plan(cfg: RayftConfig, prepared: PreparedData, location: RunLocation) -> WorkerPlan:
+    """Decide the step schedule and package everything the workers need (``location``: the
+    directory they write, and the URI they upload checkpoints and final/ to when ``storage_path``
+    is one)."""
     world = max(cfg.scaling.num_workers, 1)
     if cfg.task.path is None:  # a task's model and units are its own
         check_model_fits_data(cfg, prepared)
@@ -144,9 +143,9 @@ def build_worker_plan(
     model = anchored(cfg.model)
     return WorkerPlan(
         model=model, lora=cfg.lora, train=cfg.train, logging=cfg.logging, checkpoint=cfg.checkpoint,
-        seed=cfg.seed, run_dir=str(run_dir), resolved_config=dump_config(cfg), schedule=schedule,
+        seed=cfg.seed, location=location, resolved_config=dump_config(cfg), schedule=schedule,
         shuffle_window=cfg.data.shuffle_buffer_size, has_validation=has_validation, lineage=lineage,
-        remote_uri=remote_uri, task=worker_task(cfg), max_seq_length=cfg.data.max_seq_length,
+        task=worker_task(cfg), max_seq_length=cfg.data.max_seq_length,
         packing=cfg.data.packing,
     )  # fmt: skip
 

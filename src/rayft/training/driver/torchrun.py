@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from rayft.config import CheckpointConfig, LoggingConfig, LoraConfig, ModelConfig, RayftConfig, TrainConfig
 from rayft.errors import ConfigError, RayftError
+from rayft.runs.location import RunLocation
 from rayft.training.driver.launcher import split_files, stop_on_sigterm
 from rayft.training.driver.run import RunStart, drive
 from rayft.training.driver.startup import prepare_training_data, run_location
@@ -35,7 +36,6 @@ log = logging.getLogger("rayft.train")
 
 if TYPE_CHECKING:
     from rayft.data.prepared import PreparedData
-    from rayft.runs.location import RunLocation
     from rayft.training.driver.run import TrainResult
 
 
@@ -45,7 +45,7 @@ def write_plan(path: Path, plan: WorkerPlan, files: Mapping[str, Sequence[str]])
     payload = {
         **sections,
         "seed": plan.seed,
-        "run_dir": plan.run_dir,
+        "run_dir": str(plan.run_dir),  # torchrun refuses a run at a URI: a directory is the whole location
         "resolved_config": plan.resolved_config,
         "schedule": asdict(plan.schedule),
         "shuffle_window": plan.shuffle_window,
@@ -74,7 +74,7 @@ def read_plan(path: Path) -> tuple[WorkerPlan, dict[str, list[str]]]:
     plan = WorkerPlan(
         **sections,
         seed=raw["seed"],
-        run_dir=raw["run_dir"],
+        location=RunLocation(Path(raw["run_dir"])),
         resolved_config=raw["resolved_config"],
         schedule=Schedule(**raw["schedule"]),
         shuffle_window=raw["shuffle_window"],
@@ -185,9 +185,8 @@ def _run_rank(cfg: RayftConfig, plan: WorkerPlan, prepared: PreparedData) -> Non
     """This rank's share of the worker loop, on the shared run directory; waits for every rank."""
     import torch.distributed as dist
 
-    run_dir = Path(plan.run_dir)
-    session = TorchrunSession(split_files(prepared), run_dir, num_to_keep=cfg.checkpoint.num_to_keep)
-    with stop_on_sigterm(run_dir, cfg.failure.sigterm_grace_s):
+    session = TorchrunSession(split_files(prepared), plan.run_dir, num_to_keep=cfg.checkpoint.num_to_keep)
+    with stop_on_sigterm(plan.location, cfg.failure.sigterm_grace_s):
         run_worker(plan, session)
     dist.barrier()
 
@@ -245,7 +244,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     if len(args) != 1:
         raise SystemExit("usage: torchrun [torchrun options] -m rayft.training.driver.torchrun PLAN.json")
     plan, files = read_plan(Path(args[0]))
-    session = TorchrunSession(files, Path(plan.run_dir), num_to_keep=plan.checkpoint.num_to_keep)
+    session = TorchrunSession(files, plan.run_dir, num_to_keep=plan.checkpoint.num_to_keep)
     try:
         run_worker(plan, session)
     finally:

@@ -32,13 +32,10 @@ def ray_worker_entry(config: dict[str, Any]) -> None:
         idle_main_thread()
     if plan.task is None:  # a custom task's own code may use bitsandbytes
         hide_unused_bitsandbytes(plan.model, plan.lora.applied_quantize(plan.train.method))
-    location = plan.location.on_node(cache_root())
-    plan = dataclasses.replace(plan, run_dir=str(location.local_dir))
-    session = RaySession(
-        config["files"], location.local_dir, remote_uri=plan.remote_uri, num_to_keep=plan.checkpoint.num_to_keep
-    )
+    plan = dataclasses.replace(plan, location=plan.location.on_node(cache_root()))
+    session = RaySession(config["files"], plan.location, num_to_keep=plan.checkpoint.num_to_keep)
     run_worker(plan, session)
-    open_store(location).drop_local_copy()  # with a URI, nothing of a finished run needs to stay on this node
+    open_store(plan.location).drop_local_copy()  # with a URI, nothing of a finished run needs to stay on this node
 
 
 def idle_main_thread() -> bool:

@@ -97,18 +97,17 @@ class LocalSession:
     def __init__(
         self,
         files: Mapping[str, Sequence[str]],
-        run_dir: Path,
+        location: RunLocation,
         *,
         num_to_keep: int | None = None,
         device: str | None = None,
-        remote_uri: str | None = None,
     ) -> None:
         import torch
 
         self._files = files
-        self._run_dir = run_dir
+        self._run_dir = location.local_dir
         self._num_to_keep = num_to_keep
-        self._store = open_store(RunLocation(run_dir, remote_uri))
+        self._store = open_store(location)
         chosen = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         if chosen.type == "cuda" and chosen.index is None:
             # The loop pins its GPU with torch.cuda.set_device, which refuses a device without an index.
@@ -163,7 +162,7 @@ class RaySession:
     ``files`` are the prepared parquet files of each split, which this worker reads its own rows of
     (they must be where every node reads them: the data cache on a file system all nodes mount).
     With a local ``storage_path`` (a directory every node sees) the workers write into the run
-    directory. With a URI, ``run_dir`` is this worker's own directory on its node
+    directory. With a URI, ``location.local_dir`` is this worker's own directory on its node
     (:func:`rayft.runs.location.worker_dir`), never the driver's mirror: rank 0 writes its
     checkpoints, logs and final/ there and uploads them (manifest last); a resuming worker downloads
     the checkpoint into it (once per node); Ray Train keeps the run's checkpoints under the URI.
@@ -172,9 +171,8 @@ class RaySession:
     def __init__(
         self,
         files: Mapping[str, Sequence[str]],
-        run_dir: Path,
+        location: RunLocation,
         *,
-        remote_uri: str | None = None,
         num_to_keep: int | None = None,
     ) -> None:
         import ray.train
@@ -182,8 +180,8 @@ class RaySession:
         self._context = ray.train.get_context()
         check_readable(files, self.rank)
         self._files = files
-        self._run_dir = run_dir
-        self._store = open_store(RunLocation(run_dir, remote_uri))
+        self._run_dir = location.local_dir
+        self._store = open_store(location)
         self._num_to_keep = num_to_keep
         if self.rank == 0:
             self._store.pull_logs()

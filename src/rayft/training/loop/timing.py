@@ -100,15 +100,17 @@ def append_window(path: Path, step: int, steps: int, ranks: list[dict[str, Any]]
 
 
 def open_step_profile(
-    cfg: ProfileConfig, session: TrainSession, run_dir: Path, *, remote_uri: str | None, params: int, start_step: int
+    cfg: ProfileConfig, session: TrainSession, location: RunLocation, *, params: int, start_step: int
 ) -> StepProfile:
-    """This rank's profile: the timer of ``cfg.step_timing`` and, when set, the trace window (its
-    files uploaded to a remote run as they are written). A restart drops the windows past ``start_step``."""
+    """This rank's profile of the run at ``location``: the timer of ``cfg.step_timing`` and, when set,
+    the trace window (its files uploaded to a remote run as they are written). A restart drops the
+    windows past ``start_step``."""
     device = session.device
+    run_dir = location.local_dir
     if session.rank == 0:
         truncate_windows(run_dir / layout.STEP_TIMES_FILE, start_step)
 
-    store = open_store(RunLocation(run_dir, remote_uri))
+    store = open_store(location)
 
     def upload(path: Path) -> None:
         store.persist(path.relative_to(run_dir).as_posix())  # a no-op for a run in a directory

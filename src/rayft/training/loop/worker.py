@@ -11,7 +11,6 @@ import math
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
 from rayft.config.train import TrainConfig
@@ -19,6 +18,7 @@ from rayft.custom import load_task
 from rayft.errors import TrainingError
 from rayft.models.architecture import model_type, resolve_architecture
 from rayft.models.loading import load_tokenizer
+from rayft.models.resolve import sources_resolved_once
 from rayft.runs import layout
 from rayft.runs.checkpoints import remove_incomplete, resume_checkpoint
 from rayft.runs.stop import StopWatch
@@ -96,6 +96,7 @@ class Worker:
     window_units: float = 0.0  # every worker's loss terms (pairs, for preference training) since the last log line
 
 
+@sources_resolved_once()  # the model's source, asked for by every part the worker builds, is resolved once
 def run_worker(plan: WorkerPlan, session: TrainSession) -> TrainerState:
     """Train from the start or from the latest checkpoint to the end of the schedule."""
     worker = setup_worker(plan, session)
@@ -172,7 +173,7 @@ def setup_worker(plan: WorkerPlan, session: TrainSession) -> Worker:
     torch.manual_seed(plan.seed)
     plan = choose_worker_step(plan, session)
     objective = build_objective(plan)
-    checkpoints = Path(plan.run_dir) / layout.CHECKPOINTS_DIR
+    checkpoints = plan.run_dir / layout.CHECKPOINTS_DIR
     if session.rank == 0:
         remove_incomplete(checkpoints)  # staging directories of saves a crash interrupted
     parallel = parallelism(plan.train.strategy, session.world_size)
@@ -208,11 +209,9 @@ def setup_worker(plan: WorkerPlan, session: TrainSession) -> Worker:
         on_stage=lambda step, stage: callbacks.call("on_save_stage", step, stage),
     )  # fmt: skip
     # Rank 0 watches a remote run's URI for a stop request (the others learn it at the next step).
-    stop = StopWatch(Path(plan.run_dir), plan.remote_uri, poll=session.rank == 0)
-    info = StepInfo(session.rank, session.world_size, plan.run_dir, step=state.step, stop_requested=stop.requested)
-    profile = open_step_profile(
-        plan.train.profile, session, Path(plan.run_dir), remote_uri=plan.remote_uri, params=total, start_step=state.step
-    )
+    stop = StopWatch(plan.location, poll=session.rank == 0)
+    info = StepInfo(session.rank, session.world_size, str(plan.run_dir), step=state.step, stop_requested=stop.requested)
+    profile = open_step_profile(plan.train.profile, session, plan.location, params=total, start_step=state.step)
     rollouts = None
     if isinstance(objective, RlTraining):
         rollouts = build_worker_rollouts(plan, session, objective, ahead)
@@ -352,7 +351,7 @@ def build_scheduler(
 
 def open_loggers(plan: WorkerPlan, session: TrainSession, start_step: int) -> MetricLogger:
     """Metric sinks on rank 0; the other workers log only live metrics (``logging.prometheus``)."""
-    run_dir = Path(plan.run_dir)
+    run_dir = plan.run_dir
     live = open_live(plan, session) if plan.logging.prometheus.enabled else None
     if session.rank != 0:
         return live or NullLogger()
@@ -561,6 +560,6 @@ def finish(worker: Worker) -> None:
     if worker.session.rank == 0:
         files = worker.checkpoints.files
         save_final(
-            worker.model, worker.objective.write_model, files, worker.state, Path(worker.plan.run_dir), weights=weights
+            worker.model, worker.objective.write_model, files, worker.state, worker.plan.run_dir, weights=weights
         )
         open_store(worker.plan.location).persist_final(flush=worker.logger.close)

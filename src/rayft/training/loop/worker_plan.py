@@ -28,13 +28,14 @@ class WorkerPlan:
     logging: LoggingConfig
     checkpoint: CheckpointConfig
     seed: int
-    run_dir: str
+    # Where this worker writes the run (``location.local_dir``) and, for a run at a URI, its durable
+    # home, where checkpoints and final/ go too.
+    location: RunLocation
     resolved_config: str
     schedule: Schedule
     shuffle_window: int
     has_validation: bool
     lineage: dict[str, Any] = field(default_factory=dict)
-    remote_uri: str | None = None  # the run's URI when storage_path is one: checkpoints and final/ go there too
     # Continue from the checkpoint with this plan's optimiser settings (learning rate, weight decay)
     # instead of the ones saved in it: a trial of a sweep that took another trial's checkpoint.
     retuned: bool = False
@@ -55,6 +56,6 @@ class WorkerPlan:
         return replace(self, model=model, train=train)
 
     @property
-    def location(self) -> RunLocation:
-        """Where this worker writes the run (``run_dir``) and, for a run at a URI, its durable home."""
-        return RunLocation(Path(self.run_dir), self.remote_uri)
+    def run_dir(self) -> Path:
+        """The directory this worker writes the run into (``location.local_dir``)."""
+        return self.location.local_dir
