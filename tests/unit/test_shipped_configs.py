@@ -99,3 +99,10 @@ def test_gsm8k_dpo_config_trains_sft_then_dpo_on_on_policy_pairs(tmp_path: Path)
     assert cfg.preference.objective == "dpo" and cfg.eval.task == "gsm8k"
     assert cfg.data.datasets[0].input_template == cfg.pairs.prompt_template  # the pairs prompt as SFT taught
     assert [d.path for d in cfg.pairs.decontamination.datasets] == [d.path for d in cfg.eval.datasets] == [str(test)]
+
+
+def test_sql_grpo_rewards_execution_on_each_rows_own_table() -> None:
+    cfg = load_config(CONFIGS[0].parent / "sql-grpo.yaml")
+    assert cfg.train.objective == "grpo" and [r.function for r in cfg.train.rl.rewards] == ["sql", "regex"]
+    assert cfg.train.rl.carried_columns == ("table",) and cfg.data.datasets[0].path == "builtin:sql"
+    assert (cfg.eval.task, cfg.eval.table_field, cfg.eval.datasets[0].split) == ("sql", "table", "test")

@@ -9,7 +9,7 @@ from pydantic import Field, model_validator
 
 from rayft.config.base import Section
 
-BUILTIN_REWARDS = ("math", "exact_match", "regex", "length")
+BUILTIN_REWARDS = ("math", "exact_match", "regex", "length", "sql")
 """Reward functions rayft ships (``train.rl.rewards[].function``); anything else is ``package.module:function``."""
 
 
@@ -22,9 +22,13 @@ class RewardConfig(Section):
             "'math' (1 when the number the completion ends on, read with the GSM8K extraction, equals the "
             "reference's final number), 'exact_match' (1 when the normalised completion equals the reference), "
             "'regex' (1 when the completion matches `pattern`: a format reward), 'length' (1 minus the "
-            "completion's share of rl.max_new_tokens: a brevity reward), or 'package.module:function', called as "
-            "fn(completion: str, reference: str) -> float. The reference is the row's response (the answer the "
-            "data holds for the prompt)."
+            "completion's share of rl.max_new_tokens: a brevity reward), 'sql' (execution accuracy: 1 when the "
+            "completion, run as a query on the row's own table in the read-only SQLite sandbox eval's sql task uses, "
+            "gives the reference query's result; 0 for another result or a query that does not run; the table is "
+            "the row's `table_column`, JSON with name, header, types, rows), or 'package.module:function', called "
+            "as fn(completion: str, reference: str) -> float, or, when the function has a parameter named `row`, "
+            "as fn(completion, reference, row=...) with row the dict of the row's columns listed in "
+            "train.rl.row_columns. The reference is the row's response (the answer the data holds for the prompt)."
         ),
     )
     weight: float = Field(1.0, description="Factor of this function's reward in the sample's total reward.")
@@ -32,12 +36,23 @@ class RewardConfig(Section):
         None,
         description="For function 'regex': the regular expression (Python re.search, DOTALL) a completion must match.",
     )
+    table_column: str | None = Field(
+        None,
+        description=(
+            "For function 'sql': the data column holding each row's table (JSON text or object: name, header, "
+            "types, rows), carried with its prompt to the reward. Unset: 'table' (the column of builtin:sql)."
+        ),
+    )
     name: str | None = Field(
         None, description="The name its figures are logged under (rl/reward/<name>); default: the function."
     )
 
     @model_validator(mode="after")
     def _pattern_for_regex(self) -> RewardConfig:
+        if self.function != "sql" and self.table_column is not None:
+            raise ValueError(
+                f"table_column is set for reward function {self.function!r}; table_column is only read by 'sql'"
+            )
         if self.function == "regex" and not self.pattern:
             raise ValueError("reward function 'regex' needs a pattern; set pattern: '<regular expression>'")
         if self.function != "regex" and self.pattern is not None:
@@ -53,6 +68,11 @@ class RewardConfig(Section):
     def label(self) -> str:
         """The name under which its reward is logged."""
         return self.name or self.function.rsplit(":", 1)[-1]
+
+    @property
+    def columns(self) -> tuple[str, ...]:
+        """The data columns this built-in function reads beside the completion and the reference."""
+        return (self.table_column or "table",) if self.function == "sql" else ()
 
 
 class RolloutConfig(Section):
@@ -273,6 +293,21 @@ class RlConfig(Section):
             "A function that raises scores that sample 0 and is counted in rl/reward_errors/<name>."
         ),
     )
+    row_columns: list[str] = Field(
+        default_factory=list,
+        description=(
+            "Data columns carried with each prompt, from preparation through the rollout to the rewards: a user "
+            "function with a parameter named `row` receives them as a dict (fn(completion, reference, row)). The "
+            "'sql' reward's table column is carried without being listed. Preparation rejects a row that lacks a "
+            "carried column and the run stops at start naming it; the values are stored with the prepared prompts."
+        ),
+    )
+
+    @property
+    def carried_columns(self) -> tuple[str, ...]:
+        """Every column carried with each prompt: ``row_columns``, then those the built-in rewards read."""
+        needed = [*self.row_columns, *(c for reward in self.rewards for c in reward.columns)]
+        return tuple(dict.fromkeys(needed))
 
     @property
     def clip_high(self) -> float:

@@ -82,11 +82,13 @@ def cache_key(
     *,
     seq2seq: bool = False,
     pairs: Mapping[str, Any] | None = None,
+    carry: Sequence[str] = (),
 ) -> str:
     """The content key: the datasets' fingerprints (:func:`dataset_fingerprint`), the tokenizer and the
     settings that shape the output (``seq2seq``: source/target pairs for an encoder-decoder, with their
     own length limits; ``pairs``: the preference-pair settings, for DPO, ORPO and SimPO alike, whose
-    tokens are the same). Which rows are selected follows from these and the seed."""
+    tokens are the same; ``carry``: the columns kept with each example for GRPO's rewards). Which rows
+    are selected follows from these and the seed."""
     settings = data.model_dump(mode="json", include={"datasets", "validation_datasets", "max_seq_length",
                                                      "overlong", "train_on_prompt", "packing",
                                                      "validation_fraction"})  # fmt: skip
@@ -94,6 +96,8 @@ def cache_key(
         settings["seq2seq_limits"] = list(data.seq2seq_limits())
     if pairs is not None:
         settings["preference_pairs"] = dict(pairs)
+    if carry:  # only then: the keys of every other preparation stay as they were
+        settings["carried_columns"] = list(carry)
     header = {
         "version": PREPARE_VERSION,
         "seed": seed,

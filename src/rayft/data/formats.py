@@ -39,6 +39,7 @@ REASONS = {
     "row_too_large": "a row is larger than the dataset's max_row_bytes (its detail gives the size)",
     "identical_responses": "a preference pair's chosen and rejected responses are the same text",
     "no_shared_prompt": "a preference pair's chosen and rejected conversations share no prompt turns",
+    "missing_row_column": "a column carried with each prompt to the rewards (train.rl) is missing or null",
 }
 """Reason code -> what it means; the codes appear in rejected.jsonl and in the stats."""
 

@@ -40,7 +40,7 @@ from rayft.data.executors import windows_in_process, windows_on_ray
 from rayft.data.preference import PairPreparation, refuse_mismatched_formats
 from rayft.data.prepared import REJECTED_FILE, PreparedData, commit_prepared, open_staging
 from rayft.data.read.rows import Source, read_sources
-from rayft.data.report import check_rejected, log_summary, rejected_error, warn_truncated, write_report
+from rayft.data.report import check_carried, check_rejected, log_summary, rejected_error, warn_truncated, write_report
 from rayft.data.seq2seq import refuse_unpaired_formats
 from rayft.data.split_plan import Plan, plan_examples
 from rayft.data.stats import Tally
@@ -62,13 +62,15 @@ def prepare_data(
     report_dir: Path | None,
     use_ray: bool,
     pairs: PairPreparation | None = None,
+    carry: Sequence[str] = (),
 ) -> PreparedData:
     """Tokenized, cached training (and validation) units for ``data``; reused when the inputs are unchanged.
 
     With ``use_ray`` tokenization runs as a Ray Data job on the already initialised cluster; with
-    ``pairs``, the rows are preference pairs (:mod:`rayft.data.preference`).
+    ``pairs``, the rows are preference pairs (:mod:`rayft.data.preference`); ``carry``: raw columns kept
+    with each example (the ``row`` column of :mod:`rayft.data.prepared`).
     """
-    return prepare(data, model, seed, report_dir=report_dir, use_ray=use_ray, pairs=pairs).prepared
+    return prepare(data, model, seed, report_dir=report_dir, use_ray=use_ray, pairs=pairs, carry=carry).prepared
 
 
 @dataclass(frozen=True)
@@ -89,6 +91,7 @@ def prepare(
     use_ray: bool,
     ray_address: str | None = None,
     pairs: PairPreparation | None = None,
+    carry: Sequence[str] = (),
 ) -> PrepareOutcome:
     """:func:`prepare_data`, also saying whether the cache was reused.
 
@@ -104,7 +107,7 @@ def prepare(
         fingerprint = "loaded:" + tokenizer_fingerprint(tokenizer)
     sources, fingerprints = _fingerprints(data)
     key = cache_key(data, seed, str(fingerprint), fingerprints, seq2seq=seq2seq,
-                    pairs=None if pairs is None else asdict(pairs))  # fmt: skip
+                    pairs=None if pairs is None else asdict(pairs), carry=carry)  # fmt: skip
     root = data_cache_dir(data) / key
     prepared = PreparedData.load(root)
     reused = prepared is not None
@@ -120,13 +123,14 @@ def prepare(
             tokenizer = tokenizer if tokenizer is not None else load_tokenizer(model)
             prepared = build(data, seed, tokenizer, sources, plan, staging=staging, root=root, key=key,
                              use_ray=use_ray, ray_address=ray_address, seq2seq=seq2seq,
-                             report_dir=report_dir, pairs=pairs)  # fmt: skip
+                             report_dir=report_dir, pairs=pairs, carry=tuple(carry))  # fmt: skip
         finally:
             shutil.rmtree(staging, ignore_errors=True)
     log_summary(prepared)
     if not seq2seq:  # an encoder-decoder's source and target have limits of their own
         warn_truncated(prepared, "data.max_seq_length", data.max_seq_length)
     write_report(prepared, report_dir)
+    check_carried(prepared, carry, report_dir)
     check_rejected(prepared, data.max_rejected_fraction, report_dir)
     return PrepareOutcome(prepared, reused, time.monotonic() - started)
 
@@ -157,6 +161,7 @@ def build(
     seq2seq: bool = False,
     report_dir: Path | None = None,
     pairs: PairPreparation | None = None,
+    carry: tuple[str, ...] = (),
 ) -> PreparedData:
     """Prepare every window of the ``plan`` into ``staging``, add up their summaries, and commit it as
     ``root``. ``seq2seq``: source/target pairs for an encoder-decoder model (:mod:`rayft.data.seq2seq`).
@@ -172,6 +177,7 @@ def build(
         data.overlong,
         data.train_on_prompt,
         data.seq2seq_limits() if seq2seq else None,
+        carry,
     )
     settings = WindowSettings(tuple(str(s.rows.path) for s in sources), str(staging), data.packing,
                               data.max_seq_length, seed, seq2seq, pairs)  # fmt: skip

@@ -19,6 +19,11 @@ num_tokens          int32            len(input_ids) (an encoder-decoder's: + len
 num_label_tokens    int32            count of labels != -100
 ==================  ===============  ==========================================================
 
+A dataset prepared for ``train.objective: grpo`` with columns to carry to its rewards
+(``train.rl.carried_columns``: the 'sql' reward's table, ``train.rl.row_columns``) has one more
+column, ``row`` (string): those columns of the example's raw row, as a JSON object. Such units are
+never packed (one example each).
+
 Files of a split are read in the order of ``PreparedSplit.files``; that order, and nothing
 else, fixes which worker sees which unit (see :mod:`rayft.training.loop.batches`).
 """
@@ -102,15 +107,16 @@ def _split(raw: dict[str, Any]) -> PreparedSplit:
     return PreparedSplit(**{**raw, "files": tuple(raw["files"])})
 
 
-def unit_schema() -> Any:
-    """The Arrow schema of a unit file (see the module docstring)."""
+def unit_schema(*, row: bool = False) -> Any:
+    """The Arrow schema of a unit file (see the module docstring), with the ``row`` column when ``row``."""
     import pyarrow as pa
 
-    return pa.schema([
+    schema = pa.schema([
         ("input_ids", pa.list_(pa.int32())), ("labels", pa.list_(pa.int32())),
         ("position_ids", pa.list_(pa.int32())), ("sample_ids", pa.list_(pa.int64())),
         ("num_tokens", pa.int32()), ("num_label_tokens", pa.int32()),
     ])  # fmt: skip
+    return schema.append(pa.field("row", pa.string())) if row else schema
 
 
 def open_staging(root: Path) -> Path:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +44,21 @@ def check_rejected(prepared: PreparedData, max_fraction: float, report_dir: Path
         return
     where = report_dir / REJECTED_FILE if report_dir else Path(prepared.root) / REJECTED_FILE
     raise rejected_error(rejected, total, max_fraction, prepared.stats["rejected_by_reason"], where)
+
+
+def check_carried(prepared: PreparedData, carry: Sequence[str], report_dir: Path | None) -> None:
+    """Stop with DataError when some row lacks a column carried to the rewards: a reward that reads it
+    (the 'sql' reward's table) could not score that row, so the run does not start without it."""
+    missing = int(prepared.stats.get("rejected_by_reason", {}).get("missing_row_column", 0))
+    if not missing:
+        return
+    where = report_dir / REJECTED_FILE if report_dir else Path(prepared.root) / REJECTED_FILE
+    raise DataError(
+        f"data: {missing} of {prepared.stats['rows_total']} rows have no value in the column(s) "
+        f"{', '.join(map(repr, carry))} that train.rl's rewards read (the rows are listed in {where}); give every "
+        "row that column (for the 'sql' reward: the table as JSON with name, header, types, rows), or set "
+        "train.rl.rewards[].table_column / train.rl.row_columns to the column that holds it"
+    )
 
 
 def rejected_error(

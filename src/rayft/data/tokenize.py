@@ -158,6 +158,7 @@ class TokenizeJob:
     overlong: str
     train_on_prompt: bool
     seq2seq_limits: tuple[int, int] | None = None  # (max source, max target tokens) of an encoder-decoder
+    carry: tuple[str, ...] = ()  # columns kept with each example, as JSON in a ``row`` column (train.rl's rewards)
 
     def __call__(self, batch: dict[str, Any]) -> dict[str, Any]:
         """Tokenize a batch with columns ``sample_id``, ``dataset``, ``row`` (JSON text)."""
@@ -165,7 +166,8 @@ class TokenizeJob:
 
 
 def tokenize_rows(job: TokenizeJob, sample_ids: list[int], datasets: list[int], rows: list[str]) -> dict[str, Any]:
-    """Columns ``sample_id, input_ids, labels, length, truncated, reason, detail`` for a batch of rows.
+    """Columns ``sample_id, input_ids, labels, length, truncated, reason, detail`` for a batch of rows,
+    and ``row`` (the carried columns as JSON) when the job carries columns.
 
     A rejected row keeps its sample id with empty ids and its reason; ``length`` is the
     untruncated token count. An encoder-decoder job makes source/target pairs instead
@@ -174,14 +176,18 @@ def tokenize_rows(job: TokenizeJob, sample_ids: list[int], datasets: list[int], 
     if job.seq2seq_limits is not None:
         return tokenize_pairs(job, job.seq2seq_limits, sample_ids, datasets, rows)
     rendered: list[Rendered | BadRowError] = []
+    carried: list[str] = []
     for dataset, row in zip(datasets, rows, strict=True):
         ds, fmt = job.datasets[int(dataset)]
+        raw = json.loads(row)
+        item: Rendered | BadRowError
         try:
-            rendered.append(
-                render(make_example(json.loads(row), ds, fmt), job.tokenizer, train_on_prompt=job.train_on_prompt)
-            )
+            text = carried_text(raw, job.carry)
+            item = render(make_example(raw, ds, fmt), job.tokenizer, train_on_prompt=job.train_on_prompt)
         except BadRowError as bad:
-            rendered.append(bad)
+            text, item = "", bad
+        carried.append(text)
+        rendered.append(item)
     ids_list, offsets_list = job.tokenizer.encode([r.text if isinstance(r, Rendered) else "" for r in rendered])
     out: dict[str, list[Any]] = {k: [] for k in ("input_ids", "labels", "length", "truncated", "reason", "detail")}
     eos = job.tokenizer.eos_token_id
@@ -195,7 +201,22 @@ def tokenize_rows(job: TokenizeJob, sample_ids: list[int], datasets: list[int], 
             ids.append(eos)
             labels.append(eos)
         _append(out, *finish(ids, labels, job.max_seq_length, job.overlong))
-    return {"sample_id": [int(s) for s in sample_ids], **out}
+    extra = {"row": carried} if job.carry else {}
+    return {"sample_id": [int(s) for s in sample_ids], **out, **extra}
+
+
+def carried_text(row: dict[str, Any], columns: Sequence[str]) -> str:
+    """The ``columns`` of a raw row as JSON text ("" when none are carried); BadRowError when one is
+    missing or null, naming it, so the row is rejected and counted."""
+    if not columns:
+        return ""
+    missing = [c for c in columns if row.get(c) is None]
+    if missing:
+        raise BadRowError(
+            "missing_row_column",
+            f"no value in column(s) {missing} that train.rl carries to its rewards (columns: {sorted(row)})",
+        )
+    return json.dumps({c: row[c] for c in columns}, ensure_ascii=False, default=str)
 
 
 def tokenize_pairs(
@@ -256,13 +277,15 @@ def _append(out: dict[str, list[Any]], *values: Any) -> None:
 
 
 def as_table(columns: dict[str, Any]) -> Any:
-    """The output of :func:`tokenize_rows` as an Arrow table with a fixed schema."""
+    """The output of :func:`tokenize_rows` as an Arrow table with a fixed schema (and ``row`` when carried)."""
     import pyarrow as pa
 
     schema = pa.schema([
         ("sample_id", pa.int64()), ("input_ids", pa.list_(pa.int32())), ("labels", pa.list_(pa.int32())),
         ("length", pa.int64()), ("truncated", pa.bool_()), ("reason", pa.string()), ("detail", pa.string()),
     ])  # fmt: skip
+    if "row" in columns:
+        schema = schema.append(pa.field("row", pa.string()))
     return pa.table(columns, schema=schema)
 
 

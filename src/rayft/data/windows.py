@@ -22,6 +22,7 @@ from rayft.data.preference import PairPreparation, pair_units, tokenize_pair_row
 from rayft.data.prepared import IGNORE_INDEX, unit_schema
 from rayft.data.read.rows import take_rows
 from rayft.data.tokenize import as_table
+from rayft.errors import DataError
 
 if TYPE_CHECKING:
     import numpy as np
@@ -171,6 +172,10 @@ def unit_table(examples: pa.Table, packs: list[list[int]] | None, *, seq2seq: bo
     unit_ids, unit_labels = id_ends[starts], label_ends[starts]
     num_tokens = np.diff(unit_ids) + (np.diff(unit_labels) if seq2seq else 0)
     sample_ids = examples["sample_id"].combine_chunks().take(pa.array(order))
+    carried = "row" in examples.column_names
+    if carried and packs is not None:  # the config refuses packing with train.objective grpo
+        raise DataError("data: columns carried to train.rl's rewards need data.packing=false; set it")
+    rows = [examples["row"].combine_chunks().take(pa.array(order))] if carried else []
     return pa.table([
         pa.ListArray.from_arrays(pa.array(unit_ids, pa.int32()), ids.flatten()),
         pa.ListArray.from_arrays(pa.array(unit_labels, pa.int32()), labels.flatten()),
@@ -178,7 +183,8 @@ def unit_table(examples: pa.Table, packs: list[list[int]] | None, *, seq2seq: bo
         pa.ListArray.from_arrays(pa.array(starts, pa.int32()), sample_ids),
         pa.array(num_tokens, pa.int32()),
         pa.array(np.diff(trained[unit_labels]), pa.int32()),
-    ], schema=unit_schema())  # fmt: skip
+        *rows,
+    ], schema=unit_schema(row=carried))  # fmt: skip
 
 
 def _ends(lists: pa.Array) -> np.ndarray:

@@ -1,27 +1,39 @@
 """Rewards for reinforcement learning: rayft's verifiers as functions of (completion, reference) -> float.
 
 A reward is what a verifier says of one sampled completion: the math answer checked with the GSM8K
-extraction the evaluation uses, an exact match, a format (regular expression), brevity, or a user's
-``package.module:function``. :class:`RewardSet` scores a batch of completions with every configured
-function and keeps each function's rewards apart, so that each is logged on its own; a function that
-raises or returns a non-number scores that sample 0 and is counted, so one bad sample never ends a run.
+extraction the evaluation uses, an exact match, a format (regular expression), brevity, SQL execution
+accuracy on the row's own table, or a user's ``package.module:function``. A function that reads more of
+its row than the reference (the 'sql' reward, or a user's function with a parameter named ``row``) is
+called with ``row=``: the dict of the columns ``train.rl`` carries with each prompt.
+
+:class:`RewardSet` scores a batch of completions with every configured function and keeps each
+function's rewards apart, so that each is logged on its own; a function that raises or returns a
+non-number scores that sample 0 and is counted, so one bad sample never ends a run.
 """
 
 from __future__ import annotations
 
+import inspect
+import json
 import logging
 import math
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from rayft.config.rl import RewardConfig
-from rayft.evaluation import gsm8k
+from rayft.errors import ConfigError
+from rayft.evaluation import gsm8k, sql
 from rayft.evaluation.metrics import exact_match, load_custom_metric
 
 log = logging.getLogger(__name__)
 
-RewardFn = Callable[[str, str], float]
+RewardFn = Callable[..., float]
+"""``fn(completion, reference) -> float``, or, for a function with a parameter ``row``,
+``fn(completion, reference, row=row)``."""
+Row = Mapping[str, Any]
+"""The columns carried with a prompt (``train.rl.carried_columns``), by name."""
 
 
 def math_reward(completion: str, reference: str) -> float:
@@ -43,8 +55,34 @@ def regex_reward(pattern: str) -> RewardFn:
     return reward
 
 
+def sql_reward(column: str) -> RewardFn:
+    """Execution accuracy on the row's table in ``column``: 1.0 when the completion, run as a query in
+    :mod:`rayft.evaluation.sql`'s read-only sandbox, gives the reference query's result; 0.0 for another
+    result or a query that does not run (a syntax error, a refused write, a timeout). The completion is
+    the query as it stands, as eval's sql task scores an output. A table that does not parse or a
+    reference that does not run on it raises: the sample is counted as a reward error."""
+
+    def reward(completion: str, reference: str, row: Row) -> float:
+        table = row[column]
+        text = table if isinstance(table, str) else json.dumps(table, default=str)
+        correct, _ = sql.score_execution(completion, reference, text, f"the row's {column!r} column")
+        return float(correct)
+
+    return reward
+
+
+def takes_row(fn: RewardFn) -> bool:
+    """Whether ``fn`` reads its row: it has a parameter named ``row``."""
+    try:
+        return "row" in inspect.signature(fn).parameters
+    except (TypeError, ValueError):  # a builtin or C function without a signature: called as (completion, reference)
+        return False
+
+
 def build_reward(cfg: RewardConfig, max_new_tokens: int) -> RewardFn:
     """The function ``cfg`` names."""
+    if cfg.function == "sql":
+        return sql_reward(cfg.columns[0])
     if cfg.function == "math":
         return math_reward
     if cfg.function == "exact_match":
@@ -66,43 +104,70 @@ class Scores:
     errors: dict[str, int]
 
 
+@dataclass(frozen=True)
+class Reward:
+    """One configured reward function: its name, its weight, and whether it is called with the row."""
+
+    name: str
+    weight: float
+    fn: RewardFn
+    reads_row: bool = False
+
+
 @dataclass
 class RewardSet:
     """The configured reward functions, each with its weight and name."""
 
-    functions: list[tuple[str, float, RewardFn]]
+    functions: list[Reward]
     errors_logged: set[str] = field(default_factory=set)
 
     @classmethod
-    def build(cls, rewards: Sequence[RewardConfig], max_new_tokens: int) -> RewardSet:
-        """Load every function once (a user's module is imported here, so an import error shows at start)."""
-        return cls([(cfg.label, cfg.weight, build_reward(cfg, max_new_tokens)) for cfg in rewards])
+    def build(cls, rewards: Sequence[RewardConfig], max_new_tokens: int, row_columns: Sequence[str] = ()) -> RewardSet:
+        """Load every function once (a user's module is imported here, so an import error shows at start).
+        ``row_columns``: ``train.rl.row_columns``, which a user's function that takes ``row`` needs."""
+        functions = []
+        for cfg in rewards:
+            fn = build_reward(cfg, max_new_tokens)
+            reads_row = cfg.function == "sql" or takes_row(fn)
+            if reads_row and cfg.function != "sql" and not row_columns:
+                raise ConfigError(
+                    f"train.rl.rewards: function {cfg.function!r} takes a row, but train.rl.row_columns is empty; "
+                    "list the columns it reads, e.g. train.rl.row_columns=[table]"
+                )
+            functions.append(Reward(cfg.label, cfg.weight, fn, reads_row))
+        return cls(functions)
 
     @property
     def names(self) -> list[str]:
         """The functions' names, in configuration order."""
-        return [name for name, _, _ in self.functions]
+        return [reward.name for reward in self.functions]
 
-    def score(self, completions: Sequence[str], references: Sequence[str]) -> Scores:
-        """Every function's reward of every completion, and their weighted sums."""
+    @property
+    def reads_rows(self) -> bool:
+        """Whether some function is called with its row."""
+        return any(reward.reads_row for reward in self.functions)
+
+    def score(self, completions: Sequence[str], references: Sequence[str], rows: Sequence[Row] | None = None) -> Scores:
+        """Every function's reward of every completion, and their weighted sums; ``rows``: each completion's
+        row, for the functions that read it (empty rows when not given)."""
+        rows = rows if rows is not None else [{}] * len(completions)
         by_function: dict[str, list[float]] = {}
         errors: dict[str, int] = {}
-        for name, _, fn in self.functions:
-            values, errors[name] = [], 0
-            for completion, reference in zip(completions, references, strict=True):
-                value = self._call(name, fn, completion, reference)
-                errors[name] += value is None
+        for reward in self.functions:
+            values, errors[reward.name] = [], 0
+            for completion, reference, row in zip(completions, references, rows, strict=True):
+                value = self._call(reward, completion, reference, row)
+                errors[reward.name] += value is None
                 values.append(0.0 if value is None else value)
-            by_function[name] = values
-        total = [
-            sum(weight * by_function[name][i] for name, weight, _ in self.functions) for i in range(len(completions))
-        ]
+            by_function[reward.name] = values
+        total = [sum(r.weight * by_function[r.name][i] for r in self.functions) for i in range(len(completions))]
         return Scores(total, by_function, errors)
 
-    def _call(self, name: str, fn: RewardFn, completion: str, reference: str) -> float | None:
-        """``fn``'s reward, or None (logged once per function) when it raises or gives no finite number."""
+    def _call(self, reward: Reward, completion: str, reference: str, row: Row) -> float | None:
+        """The function's reward, or None (logged once per function) when it raises or gives no finite number."""
+        name = reward.name
         try:
-            value = fn(completion, reference)
+            value = reward.fn(completion, reference, row=row) if reward.reads_row else reward.fn(completion, reference)
             if isinstance(value, bool | int | float) and math.isfinite(float(value)):
                 return float(value)
             problem = f"returned {type(value).__name__} {value!r:.40}, not a finite number"

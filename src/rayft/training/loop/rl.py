@@ -20,16 +20,17 @@ update and the ratio to them is clipped on the updates after it.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from rayft.config.rl import RlConfig
 from rayft.data.collate import MicroBatch, collate
 from rayft.data.prepared import IGNORE_INDEX
-from rayft.errors import ConfigError
+from rayft.errors import ConfigError, DataError
 from rayft.evaluation.rewards import RewardSet, Scores
 from rayft.training.loop.batches import OnRows, TrainBatch, Unit, micro_batches
 from rayft.training.loop.objective import CausalLm
@@ -105,6 +106,18 @@ def split_unit(unit: Unit) -> tuple[list[int], list[int]]:
     return ids[:first], [t for t, label in zip(ids, labels, strict=True) if label != IGNORE_INDEX]
 
 
+def carried_row(unit: Unit) -> dict[str, Any]:
+    """The columns a prepared prompt carries to the rewards (its ``row`` column, see
+    :mod:`rayft.data.prepared`); DataError when the prepared data has none."""
+    text = unit.get("row")
+    if not text:
+        raise DataError(
+            "train.rl: the rewards read each row's columns, but the prepared data carries none; prepare the data "
+            "with this config (rayft data prepare <config>, or let rayft train prepare it)"
+        )
+    return cast("dict[str, Any]", json.loads(text))
+
+
 @dataclass
 class RlTraining:
     """The :class:`~rayft.training.loop.objective.Objective` of GRPO and its variants: the model, its files
@@ -124,7 +137,8 @@ class RlTraining:
         """The objective, with the reward functions loaded (a user's module fails here, at start)."""
         if lm.seq2seq:
             raise ConfigError("train.objective=grpo trains a causal LM; model.name is an encoder-decoder")
-        return cls(lm, settings, RewardSet.build(settings.rewards, settings.max_new_tokens), seed)
+        rewards = RewardSet.build(settings.rewards, settings.max_new_tokens, settings.row_columns)
+        return cls(lm, settings, rewards, seed)
 
     @property
     def model_type(self) -> str:
@@ -161,13 +175,15 @@ class RlTraining:
         self.lm.write_model(model, directory, state_dict)
 
     def collate(self, units: list[Unit]) -> PromptBatch:
-        """The units' prompts and references (decoded response text)."""
+        """The units' prompts, references (decoded response text) and, when the rewards read rows, the
+        columns carried with them."""
         prompts, references = [], []
         for unit in units:
             prompt, response = split_unit(unit)
             prompts.append(prompt)
             references.append(cast("str", self.lm.tokenizer.decode(response, skip_special_tokens=True)))  # one text
-        return PromptBatch(prompts, references, [int(i) for u in units for i in u["sample_ids"]])
+        rows = [carried_row(unit) for unit in units] if self.rewards.reads_rows else []
+        return PromptBatch(prompts, references, [int(i) for u in units for i in u["sample_ids"]], rows)
 
     # -- the rollout ------------------------------------------------------------------------------------
 
@@ -180,7 +196,8 @@ class RlTraining:
         out = []
         for batch, completions in zip(batches, sampled, strict=True):
             references = [ref for ref in batch.references for _ in range(self.settings.group_size)]
-            scores = self.rewards.score(completions.texts, references)
+            rows = batch.rows_of_completions(self.settings.group_size)
+            scores = self.rewards.score(completions.texts, references, rows)
             version = step - 1 if completions.version is None else completions.version
             stale = staleness(step, version) > 0
             out += self.to_rollout(inner, batch, completions, scores, precision, stale=stale)
@@ -375,7 +392,7 @@ class RlTraining:
         for chunk in micro_batches(iter(units), batch_size):
             batch = self.collate(chunk)
             sampled = self.sampler.sample(inner, batch.prompts, 1, seed=None)
-            scores = self.rewards.score(sampled.texts, batch.references)
+            scores = self.rewards.score(sampled.texts, batch.references, batch.rows_of_completions(1))
             sums[0] += sum(scores.total)
             for index, name in enumerate(names):
                 sums[index + 1] += sum(scores.by_function[name])

@@ -9,8 +9,8 @@ is the rollout the trainer would have drawn with the same weights and seed.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, cast
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, cast
 
 from rayft.config.rl import RlConfig
 from rayft.training.modeling.attention import generation_attention
@@ -26,11 +26,19 @@ if TYPE_CHECKING:
 
 @dataclass
 class PromptBatch:
-    """A micro-batch of prompts before its rollout: each prompt's token ids and its reference text."""
+    """A micro-batch of prompts before its rollout: each prompt's token ids, its reference text, and the
+    columns of its row carried to the rewards (``train.rl.carried_columns``; empty dicts when none are).
+    Generation actors receive the prompts only: the rewards score on the trainer, with these rows."""
 
     prompts: list[list[int]]
     references: list[str]
     sample_ids: list[int]
+    rows: list[dict[str, Any]] = field(default_factory=list)
+
+    def rows_of_completions(self, group: int) -> list[dict[str, Any]]:
+        """Each sampled completion's row (``group`` completions per prompt, in prompt order)."""
+        rows = self.rows or [{} for _ in self.prompts]
+        return [row for row in rows for _ in range(group)]
 
     def to(self, device: object) -> PromptBatch:
         """Prompts stay host lists until they are sampled from."""
