@@ -17,10 +17,12 @@ the Ray series :data:`CHECKED_RAY_SERIES`, which ``pyproject.toml`` pins.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import logging
 import os
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from rayft.security import redact
@@ -36,6 +38,7 @@ _ENTRYPOINT_NAME = "ray._private.utils:get_entrypoint_name"
 _DATASETS_CALLBACK = "ray.train.v2._internal.callbacks.datasets:DatasetsCallback"
 _PLACEMENT_GROUP_TABLE = "ray._private.state:state._connect_and_get_accessor"
 _ACTOR_TABLE = "ray._private.state:actors"
+_TORCH_BACKEND = "ray.train.torch.config:_TorchBackend"
 
 # Every private name used below, as "module:attribute.path" (the canary test resolves each).
 PRIVATE_SYMBOLS: tuple[str, ...] = (
@@ -57,6 +60,8 @@ PRIVATE_SYMBOLS: tuple[str, ...] = (
     _ENTRYPOINT_NAME,
     _PLACEMENT_GROUP_TABLE,
     _ACTOR_TABLE,
+    _TORCH_BACKEND,
+    "ray.train.torch:TorchConfig.backend_cls",
 )
 
 # Ray settings of a Ray that rayft starts itself (never of a cluster it joins), passed as
@@ -292,15 +297,83 @@ def actor_made_groups() -> dict[str, bool]:
     return groups
 
 
+def torch_config(backend: str, timeout_s: int) -> Any:
+    """Ray Train's ``TorchConfig`` (``backend``: gloo or nccl), whose shutdown of a worker group
+    goes on past a worker that is already dead; Ray's own where this Ray's internals differ.
+
+    Ray Train shuts a failed worker group down by first running a task on every worker that ends
+    its torch process group, and lets the error of a dead worker's task escape: its shutdown then
+    stops there, before it ends the other workers and removes their placement group, and the
+    controller logs the traceback: seen with a worker killed by Ray's memory monitor, whose task
+    fails with ``OutOfMemoryError``. A dead worker has no process group left to end, so its error
+    is dropped, and the shutdown carries on. Independent of :data:`SWITCH_ENV`: without it,
+    a restart after a worker that ran out of memory waits for resources nothing frees.
+    """
+    from ray.exceptions import RayError
+    from ray.train.torch import TorchConfig
+
+    base = _load(_TORCH_BACKEND)
+    if base is None:
+        return TorchConfig(backend=backend, timeout_s=timeout_s)
+
+    class TorchBackend(base):  # type: ignore[misc, valid-type]
+        """Ray Train's torch backend whose shutdown skips a dead worker."""
+
+        def on_shutdown(self, worker_group: Any, backend_config: Any) -> None:
+            with contextlib.suppress(RayError):  # a dead worker's task: nothing of its process group is left
+                super().on_shutdown(worker_group, backend_config)
+
+    class Config(TorchConfig):
+        """``TorchConfig`` with :class:`TorchBackend`."""
+
+        @property
+        def backend_cls(self) -> type:
+            return TorchBackend
+
+    return Config(backend=backend, timeout_s=timeout_s)
+
+
+GROUPS_DIR = ".placement-groups"
+"""In a run directory: one empty file per placement group its workers reserved, named by id
+(:func:`placement_group_recorder`), until :func:`remove_recorded_groups` removes the group."""
+
+
+def remove_recorded_groups(directory: Path) -> int:
+    """Remove every placement group recorded in ``directory`` (one already gone is skipped); returns
+    how many records were cleared. Removing a group ends the actors still in it."""
+    if not directory.is_dir():
+        return 0
+    cleared = 0
+    for record in directory.iterdir():
+        with contextlib.suppress(Exception):  # removed already, or a stray file: nothing holds it
+            remove_group(record.name)
+            log.debug("removed placement group %s recorded in %s", record.name, directory)
+        record.unlink(missing_ok=True)
+        cleared += 1
+    return cleared
+
+
+def remove_group(group_id: str) -> None:
+    """Remove the placement group whose id is ``group_id`` (hex, as Ray prints it)."""
+    import ray
+    from ray.util.placement_group import PlacementGroup, remove_placement_group
+
+    remove_placement_group(PlacementGroup(ray.PlacementGroupID(bytes.fromhex(group_id))))
+
+
 def placement_group_recorder(directory: str) -> Any:
     """A Ray Train callback that records the placement group of each worker group it starts as an
     empty file named by its id in ``directory``; None where this Ray's internals differ.
 
     Ray Train removes its workers' placement group when a run ends, and (with its cleaner, which a
-    local rayft Ray drops, see :func:`trainer_class`) when its controller dies; a sweep's trial
-    that Tune stops or pauses kills the controller, so the sweep removes the recorded groups
-    itself (:mod:`rayft.tuning.reaper`). Independent of :data:`SWITCH_ENV`: without it, a stopped
-    trial's workers' resources would stay reserved.
+    local rayft Ray drops, see :func:`trainer_class`) when its controller dies. Neither happens
+    (1) when Ray Train's shutdown of a failed worker group fails before it reaches the group: its
+    torch backend first runs a task on every worker and lets the error of a dead one escape, which
+    a worker killed by Ray's memory monitor raises, while its controller lives on (on the main
+    thread, Ray Train's SIGINT handler holds it) with the group reserved; and (2) when Tune stops
+    or pauses a trial, ending its controller. So the launcher removes a failed attempt's recorded
+    group before the next one, and a sweep those of its stopped trials (:mod:`rayft.tuning.reaper`).
+    Independent of :data:`SWITCH_ENV`: without it, those workers' resources would stay reserved.
     """
     base = _load("ray.train.v2._internal.execution.callback:WorkerGroupCallback")
     if base is None or _load(_WORKER_GROUP_STATE) is None:

@@ -108,11 +108,6 @@ def memory_threshold(margin_bytes: int) -> tuple[float, int]:
     return round(threshold, 4), min(room, 8 * 2**30)
 
 
-@pytest.mark.xfail(
-    reason="seen here: after the memory monitor kills worker 1 (restart line as expected), the first attempt's "
-    "placement group is still held 30 s later (scaling.startup_timeout_s) and the restart ends with a ResourceError",
-    strict=False,
-)
 def test_a_process_killed_by_rays_memory_monitor_under_real_memory_pressure_is_restarted_by_the_run(
     tiny_model_dir: Path, prepared: PreparedData, uninterrupted_run: Path, tmp_path: Path
 ) -> None:

@@ -7,6 +7,7 @@ synthetic data that 02 trains on, 03 evaluates 02's run and 04 serves it.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -110,6 +111,11 @@ def test_03_evaluation(workdir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_04_serving(workdir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     pytest.importorskip("openai")
-    out = stdout_of(execute(SERVING, workdir, monkeypatch))
+    notebook = execute(SERVING, workdir, monkeypatch)
+    out = stdout_of(notebook)
     assert "http://127.0.0.1:" in out
     assert out.count("--- ") == 2  # one answer from the base model, one from the fine-tuned adapter
+    assert images_of(notebook) == 1  # the latency of the requests it made
+    assert_clean(notebook)
+    medians = re.findall(r"^(\S+): median ([\d.]+) s per request, ([\d.]+) tokens/s over 4 requests$", out, re.M)
+    assert len(medians) == 2 and all(float(seconds) > 0 for _, seconds, _ in medians), out

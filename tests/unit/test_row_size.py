@@ -11,10 +11,13 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 from rayft.config import DatasetConfig, load_config
 from rayft.data.formats import UNREADABLE_COLUMN
 from rayft.data.prepare import prepare_data
 from rayft.data.read.rows import read_rows
+from rayft.errors import DataError
 from rayft.inference.prompts import RejectedRow, read_prompts
 from rayft.lines import OversizedLine, bounded_lines
 
@@ -71,10 +74,11 @@ def test_json_list_parquet_and_csv_rows_over_the_bound_are_rejected_per_row(tmp_
 
     texts = ["short", "x" * 500, "also short"]
     (tmp_path / "a.json").write_text(json.dumps([{"text": t} for t in texts]))
+    (tmp_path / "d.json").write_text(json.dumps({"version": 1, "data": [{"text": t} for t in texts]}))
     pq.write_table(pa.table({"text": texts}), tmp_path / "b.parquet")
     pacsv.write_csv(pa.table({"text": texts}), tmp_path / "c.csv")
     # Measured before parsing: the JSON item's text, the Parquet cell's bytes in Arrow, the CSV record (quoted).
-    for name, line, size in (("a.json", 2, 512), ("b.parquet", 2, 500), ("c.csv", 3, 502)):
+    for name, line, size in (("a.json", 2, 512), ("b.parquet", 2, 500), ("c.csv", 3, 502), ("d.json", 2, 512)):
         rows = read_rows(DatasetConfig(path=str(tmp_path / name), max_row_bytes=200))
         [(at, reason, detail)] = _unreadable(rows)
         assert (at, reason) == (line, "row_too_large"), name
@@ -120,6 +124,42 @@ def test_json_array_items_keep_nested_brackets_and_escapes_and_cut_oversized_one
     assert list(json_array_items(io.BytesIO(b'[{"open": 1}, {"x"'), 100)) == [b'{"open": 1}', b'{"x"']
 
 
+def test_json_object_items_stream_the_one_list_and_skip_the_objects_other_values() -> None:
+    from rayft.data.read.records import CHUNK_BYTES, json_object_items, json_object_lists
+
+    big = json.dumps({"t": "z" * (CHUNK_BYTES + 10)}).encode()
+    tricky = json.dumps({"a": [1, {"b": '],{"\\'}], "c": "\\"}).encode()
+    note = json.dumps("y" * CHUNK_BYTES + ']}"[').encode()  # a value longer than a read, with brackets in it
+    text = b'{"meta": {"rows": [9]}, "note": ' + note + b', "da\\"ta": [ ' + tricky + b", " + big + b', {"d": 1}]}\n'
+    items = list(json_object_items(io.BytesIO(text), 4096))
+    assert items == [tricky, OversizedLine(len(big)), b'{"d": 1}']
+    assert json_object_lists(io.BytesIO(text)) == ['da\\"ta']  # only lists directly in the object count
+    assert json_object_lists(io.BytesIO(b'{"data": [1], "more": []} ')) == ["data", "more"]
+    assert json_object_lists(io.BytesIO(b'{"data": [1]')) is None  # left open
+    # JSON Lines whose first row holds a list is not one object
+    assert json_object_lists(io.BytesIO(b'{"messages": [1]}\n{"messages": [2]}\n')) is None
+    assert list(json_object_items(io.BytesIO(b'{"data": [{"open": 1}, {"x"'), 100)) == [b'{"open": 1}', b'{"x"']
+
+
+def test_a_json_object_of_rows_is_read_as_its_list_and_json_lines_under_a_json_name_stay_lines(
+    tmp_path: Path,
+) -> None:
+    rows = [{"prompt": f"q{i}", "completion": str(i)} for i in range(3)]
+    (tmp_path / "obj.json").write_text(json.dumps({"source": "x", "data": [*rows, 7]}, indent=2))
+    read = read_rows(DatasetConfig(path=str(tmp_path / "obj.json")))
+    assert [json.loads(t).get("prompt") for t in list(read.rows)[:3]] == ["q0", "q1", "q2"]
+    assert _unreadable(read) == [(4, "bad_json", "item 4 is a int, not an object")]
+    lines = tmp_path / "lines.json"
+    lines.write_text("".join(json.dumps({"messages": [{"role": "user", "content": str(i)}]}) + "\n" for i in range(3)))
+    assert len(read_rows(DatasetConfig(path=str(lines))).rows) == 3
+    for body, found in (({"a": [1], "b": [2]}, "found 2: 'a', 'b'"), ({"a": 1}, "found 0")):
+        (tmp_path / "bad.json").write_text(json.dumps(body))
+        with pytest.raises(
+            DataError, match=f"bad.json: a JSON object must hold exactly one list of rows \\({found}\\)"
+        ):
+            read_rows(DatasetConfig(path=str(tmp_path / "bad.json")))
+
+
 def test_prepare_reports_and_counts_the_oversized_row(tiny_model_dir: Path, tmp_path: Path) -> None:
     path = tmp_path / "data.jsonl"
     _write_lines(path, 5000)
@@ -156,6 +196,13 @@ _MEASURE = textwrap.dedent(
     from rayft.inference.prompts import iter_prompts
 
     path = Path(sys.argv[1])
+    if path.suffix == ".json":  # a JSON object of rows: only prepare's reader takes it
+        read_rows(DatasetConfig(path=str(path.with_name("small.json"))))
+        start = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        rows = read_rows(DatasetConfig(path=str(path)))
+        growth = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 - start
+        print(json.dumps({"prepare": (growth, len(rows.rows), rows.unreadable)}))
+        sys.exit(0)
     small = path.with_name("small.jsonl")
     small.write_bytes(b'{"prompt": "warm", "completion": "up"}\\n')
     read_rows(DatasetConfig(path=str(small)))
@@ -198,3 +245,24 @@ def test_memory_stays_bounded_reading_a_200_mb_line(tmp_path: Path) -> None:
     growth, reasons, total = result["generate"]
     assert reasons == ["ok", "row_too_large", "ok"] and total == 3
     assert growth < 80, f"generate's reader grew by {growth:.0f} MiB"
+
+
+def test_memory_stays_bounded_reading_a_json_object_with_a_200_mb_row_and_a_200_mb_value(tmp_path: Path) -> None:
+    (tmp_path / "small.json").write_text('{"data": [{"prompt": "warm", "completion": "up"}]}')
+    path = tmp_path / "huge.json"
+    chunk = b"x" * (1 << 20)
+    with path.open("wb") as file:
+        file.write(b'{"notes": "')
+        for _ in range(200):  # a value beside the rows, skipped unread
+            file.write(chunk)
+        file.write(b'", "data": [' + _good(0).strip() + b', {"prompt": "')
+        for _ in range(200):
+            file.write(chunk)
+        file.write(b'", "completion": "1"}, ' + _good(1).strip() + b"]}\n")
+    done = subprocess.run([sys.executable, "-c", _MEASURE, str(path)], capture_output=True, text=True, timeout=300,
+                          check=False)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    growth, rows, unreadable = json.loads(done.stdout)["prepare"]
+    assert (rows, unreadable) == (3, 1)
+    # Read whole, the 400 MiB file took over 400 MiB, and parsing it several times that.
+    assert growth < 80, f"the reader grew by {growth:.0f} MiB"

@@ -4,50 +4,34 @@ Tune stops a trial (an early stop, a PBT pause) by ending the trial's process, a
 Ray Train controller it started; the workers' placement group outlives them, holding the
 resources that the next trial needs. Each trial records its groups in its run directory
 (:func:`rayft._ray_private.placement_group_recorder`); they are removed when the trial starts
-again and, by :class:`reaper_callback`, once Tune no longer runs the trial. A group that a trial's
-process made and had no time to record or free (the launcher's reservation probe, or a controller's
-group before its record is written, when Tune ends the process mid-way) is removed once its maker is
-dead: by the callback while the sweep runs, and by :func:`settle_groups` after it.
+again and, by :class:`reaper_callback`, once Tune no longer runs the trial.
+
+A group is recorded only once its workers have started, seconds after Ray Train reserved it, and
+the launcher's probe of the cluster reserves one of its own for a moment: a trial stopped in
+between leaves a group that no record names. Its creator (the controller, the trial's process)
+is then dead, which is how the reaper finds it (:func:`rayft._ray_private.remove_orphaned_groups`);
+after the sweep, :func:`settle_groups` waits for its trials' processes to be marked dead.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import time
 from pathlib import Path
 from typing import Any
 
-from rayft._ray_private import actor_made_groups, remove_orphaned_groups
+from rayft._ray_private import GROUPS_DIR, actor_made_groups, remove_group, remove_orphaned_groups
+from rayft._ray_private import remove_recorded_groups as _remove_recorded
 
 log = logging.getLogger("rayft.tune")
 
-GROUPS_DIR = ".placement-groups"
-"""In a trial's run directory: one empty file per placement group its runs reserved, named by id."""
+__all__ = ["GROUPS_DIR", "reaper_callback", "remove_group", "remove_recorded_groups"]
 
 
 def remove_recorded_groups(run_dir: Path) -> int:
-    """Remove every placement group recorded under ``run_dir`` (those already gone are skipped);
-    returns how many records were cleared."""
-    directory = run_dir / GROUPS_DIR
-    if not directory.is_dir():
-        return 0
-    cleared = 0
-    for record in directory.iterdir():
-        with contextlib.suppress(Exception):  # removed already, or a stray file: nothing holds it
-            remove_group(record.name)
-            log.debug("removed placement group %s of %s", record.name, run_dir.name)
-        record.unlink(missing_ok=True)
-        cleared += 1
-    return cleared
-
-
-def remove_group(group_id: str) -> None:
-    """Remove the placement group whose id is ``group_id`` (hex, as Ray prints it)."""
-    import ray
-    from ray.util.placement_group import PlacementGroup, remove_placement_group
-
-    remove_placement_group(PlacementGroup(ray.PlacementGroupID(bytes.fromhex(group_id))))
+    """Remove every placement group recorded in the trial run directory ``run_dir``; returns how
+    many records were cleared."""
+    return _remove_recorded(run_dir / GROUPS_DIR)
 
 
 def reaper_callback(run_dir_of: Any, interval_s: float = 1.0) -> Any:
@@ -65,15 +49,16 @@ def reaper_callback(run_dir_of: Any, interval_s: float = 1.0) -> Any:
             if now - self._last < interval_s:
                 return
             self._last = now
-            stopped = [trial for trial in trials if trial.status != "RUNNING"]
-            for trial in stopped:
-                remove_recorded_groups(run_dir_of(trial.trial_id))
-            if stopped:
-                remove_orphaned_groups()
+            reap([t for t in trials if t.status != "RUNNING"])
 
         def on_experiment_end(self, trials: list[Any], **info: Any) -> None:
-            for trial in trials:
-                remove_recorded_groups(run_dir_of(trial.trial_id))
+            reap(trials)
+
+    def reap(trials: list[Any]) -> None:
+        for trial in trials:
+            remove_recorded_groups(run_dir_of(trial.trial_id))
+        for group in remove_orphaned_groups():
+            log.debug("removed placement group %s of a stopped trial", group)
 
     return PlacementGroupReaper()
 

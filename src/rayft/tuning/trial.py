@@ -26,7 +26,6 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import yaml
 
-from rayft._ray_private import placement_group_recorder
 from rayft.config import RayftConfig
 from rayft.errors import CheckpointError
 from rayft.runs import layout
@@ -37,7 +36,7 @@ from rayft.runtime import mark_started_here
 from rayft.training.driver.run import RayLauncher, RunStart, drive
 from rayft.training.driver.startup import run_location
 from rayft.training.loop.worker_plan import WorkerPlan
-from rayft.tuning.reaper import GROUPS_DIR, remove_recorded_groups
+from rayft.tuning.reaper import remove_recorded_groups
 from rayft.tuning.space import apply_params
 from rayft.tuning.task_eval import CheckpointScorer, recorded_scores
 
@@ -251,11 +250,9 @@ class TrialLauncher:
         """Fit the trial's ``TorchTrainer``, recording its placement groups (removed if Tune stops
         the trial) and forwarding its reports."""
         remove_recorded_groups(self.run_dir)  # of this trial's earlier run, which Tune stopped
-        recorder = placement_group_recorder(str(self.run_dir / GROUPS_DIR))
 
-        def fit(callback: Any) -> None:
-            callbacks = (callback,) if recorder is None else (callback, recorder)
-            RayLauncher(self.cfg.scaling, self.cfg.failure, self.cfg.checkpoint, callbacks=callbacks).launch(
+        def fit(callback: Any) -> None:  # the launcher records the groups (see placement_group_recorder)
+            RayLauncher(self.cfg.scaling, self.cfg.failure, self.cfg.checkpoint, callbacks=(callback,)).launch(
                 plan, prepared
             )
 

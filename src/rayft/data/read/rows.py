@@ -34,12 +34,12 @@ from typing import TYPE_CHECKING, Any
 
 from rayft.config.data import DEFAULT_MAX_ROW_BYTES, DataConfig, DatasetConfig
 from rayft.data.formats import UNREADABLE_COLUMN, ResolvedFormat, resolve_format
-from rayft.data.read.records import csv_records, json_array_items
+from rayft.data.read.records import csv_records, json_array_items, json_object_items
 from rayft.data.read.sources import (
     BOM,
     dataset_files,
     is_json_uri,
-    json_document,
+    json_rows_key,
     source_file_rows,
     source_name,
     table_batches,
@@ -312,14 +312,10 @@ def _json_rows(path: Path, name: str, max_row_bytes: int) -> Iterator[ReadRow]:
             for number, item in enumerate(json_array_items(file, max_row_bytes), start=1):
                 yield _array_item(name, number, item, max_row_bytes)
         return
-    document = json_document(path)
-    if document is not None:  # one JSON object holding the list of rows: read whole, its items numbered from 1
-        for number, item in enumerate(document, start=1):
-            if isinstance(item, dict):
-                yield _sized_row(name, number, item, max_row_bytes)
-            else:
-                yield ReadRow(name, number, None, None, "bad_json", f"item {number} is a {type(item).__name__}, "
-                              "not an object")  # fmt: skip
+    if json_rows_key(path) is not None:  # one JSON object holding the list of rows: read the same way
+        with path.open("rb") as file:
+            for number, item in enumerate(json_object_items(file, max_row_bytes), start=1):
+                yield _array_item(name, number, item, max_row_bytes)
         return
     yield from iter_json_lines(path, max_row_bytes, name)
 

@@ -10,7 +10,6 @@ as they are: checking and rendering them is the preparation step's job.
 from __future__ import annotations
 
 import errno
-import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from rayft.config.data import DatasetConfig
 from rayft.data.builtin import is_builtin, load_builtin
 from rayft.data.formats import ENCODING_ERROR_COLUMN
+from rayft.data.read.records import json_object_lists
 from rayft.errors import DataError
 from rayft.security import mask_uri
 
@@ -169,27 +169,26 @@ def _data_files(ds: DatasetConfig, directory: Path) -> list[Path]:
     return next(iter(by_suffix.values()))
 
 
-def json_document(path: Path) -> list[Any] | None:
-    """The rows of a ``.json`` file that holds one JSON document (a list of rows, or an object with one
-    such list); None for JSON Lines, whatever the suffix. A document is read whole: only JSON Lines stream."""
+def json_rows_key(path: Path) -> str | None:
+    """The key of the list of rows in a ``.json`` file that holds one JSON object (``{"data": [...]}``);
+    None for any other file (a JSON array, JSON Lines whatever the suffix). The object is scanned in
+    pieces, holding none of its values: only its structure is read here."""
     if path.suffix.lower() != ".json":
         return None
     with path.open("rb") as file:
-        head = file.read(64).lstrip(BOM).lstrip()
-    if not head.startswith((b"[", b"{")):
-        return None
-    try:
-        data = json.loads(path.read_bytes().removeprefix(BOM).decode("utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        return None  # perhaps JSON Lines under a .json name
-    if isinstance(data, list):
-        return data
-    if isinstance(data, dict):
-        lists = [v for v in data.values() if isinstance(v, list)]
-        if len(lists) == 1:
-            return lists[0]
-        raise DataError(f"{path}: a JSON object must hold exactly one list of rows (found {len(lists)})")
-    return None
+        if not file.read(64).removeprefix(BOM).lstrip().startswith(b"{"):
+            return None
+        file.seek(0)
+        keys = json_object_lists(file)
+    if keys is None:
+        return None  # more than one object: JSON Lines under a .json name
+    if len(keys) != 1:
+        found = f"found {len(keys)}" + (f": {', '.join(repr(k) for k in keys[:5])}" if keys else "")
+        raise DataError(
+            f"{path}: a JSON object must hold exactly one list of rows ({found}); keep the rows in one list, "
+            "or write them as JSON Lines"
+        )
+    return keys[0]
 
 
 def matched_source_files(ds: DatasetConfig, directory: Path) -> list[Path]:

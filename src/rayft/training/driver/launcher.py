@@ -18,10 +18,19 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
-from rayft._ray_private import local_train_env, remove_orphaned_groups, trainer_class
+from rayft._ray_private import (
+    GROUPS_DIR,
+    local_train_env,
+    placement_group_recorder,
+    remove_orphaned_groups,
+    remove_recorded_groups,
+    torch_config,
+    trainer_class,
+)
 from rayft.config.train import CheckpointConfig, FailureConfig, ScalingConfig
 from rayft.console import ray_train_log_level
 from rayft.data.prepared import PreparedData
@@ -199,6 +208,9 @@ def launch_ray(
     own_ray = owns_ray()
     train_env = local_train_env(os.environ) if own_ray else {}
     store = open_store(plan.location)
+    groups = plan.run_dir / GROUPS_DIR
+    recorder = placement_group_recorder(str(groups))
+    callbacks = (*callbacks, recorder) if recorder is not None else tuple(callbacks)
     with stop_on_sigterm(plan.location, failure.sigterm_grace_s), environment(train_env):
         for attempt in range(failure.max_failures + 1):
             # After a failed attempt: a killed controller leaves its workers' placement group to this job,
@@ -213,7 +225,19 @@ def launch_ray(
                 return
             except Exception as exc:  # decided below: retried, translated, or raised as it is
                 decide_after_failure(exc, failure, store, restarts=attempt)
+            finally:  # whatever the outcome, the attempt's workers are done
+                release_attempt(groups)
             remove_orphans()
+
+
+def release_attempt(groups: Path) -> None:
+    """Remove the placement group of the attempt that just ended (recorded in ``groups``), with the
+    workers still in it. Ray Train removes it itself, except when its shutdown of a failed worker
+    group fails first (see :func:`rayft._ray_private.placement_group_recorder`): then the next
+    attempt would wait for resources that nothing frees."""
+    if remove_recorded_groups(groups):
+        with contextlib.suppress(OSError):  # not empty, or gone: left as it is
+            groups.rmdir()
 
 
 def remove_orphans() -> None:
@@ -237,7 +261,6 @@ def build_trainer(
     0): the launcher does, because Ray Train cannot restart its own controller, the process Ray's
     memory monitor kills as readily as a worker."""
     import ray.train
-    from ray.train.torch import TorchConfig
 
     own_ray = owns_ray()
     return trainer_class(own_ray)(
@@ -262,7 +285,7 @@ def build_trainer(
             # Ray Train's RunConfig takes it at run time; its typed v1 signature does not list it
             logging_config=ray.train.LoggingConfig(log_level=ray_train_log_level()),  # type: ignore[call-arg]
         ),
-        torch_config=TorchConfig(backend="nccl" if use_gpu else "gloo", timeout_s=int(failure.collective_timeout_s)),
+        torch_config=torch_config("nccl" if use_gpu else "gloo", int(failure.collective_timeout_s)),
     )
 
 
