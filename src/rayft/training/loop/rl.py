@@ -306,8 +306,9 @@ class RlTraining:
         cap = self.settings.rollout.importance_cap
         if batch.behaviour_logps is None or cap is None:
             return None
-        behaviour = batch.behaviour_logps.to(proximal.device)[:, kept_positions(batch.rows.labels).to("cpu")]
-        weights = importance_weights(proximal, behaviour.to(proximal.device), mask, cap)
+        # The batch is on the model's device (RolloutBatch.to): its rows' labels and its behaviour log-probabilities.
+        behaviour = batch.behaviour_logps[:, kept_positions(batch.rows.labels)]
+        weights = importance_weights(proximal, behaviour, mask, cap)
         self.add("importance_weight", float((weights * mask).sum()))
         self.add("importance_capped", float(((weights >= cap) & mask).sum()))
         self.add("importance_tokens", float(mask.sum()))
