@@ -199,11 +199,11 @@ class RlTraining:
             rows = batch.rows_of_completions(self.settings.group_size)
             scores = self.rewards.score(completions.texts, references, rows)
             version = step - 1 if completions.version is None else completions.version
-            stale = staleness(step, version) > 0
-            out += self.to_rollout(inner, batch, completions, scores, precision, stale=stale)
+            lag = staleness(step, version)
+            out += self.to_rollout(inner, batch, completions, scores, precision, stale=lag > 0)
             self.add("time/rollout_generate_s", completions.seconds)
             self.add("rollout_tokens", float(completions.generated_tokens))
-            self.add("staleness", float(staleness(step, version)))
+            self.add("staleness", float(lag))
             self.add("rollout_batches", 1.0)
         return out
 
