@@ -55,13 +55,19 @@ def images_of(notebook: object) -> int:
     return sum("image/png" in o.get("data", {}) for c in cells if c.cell_type == "code" for o in c.outputs)
 
 
+# An informational line in Ray Serve's format (``INFO 2026-01-31 12:00:00,123 proxy ... -- Proxy starting``).
+SERVE_INFO = re.compile(r"\bINFO \d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+ ")
+
+
 def assert_clean(notebook: object) -> None:
-    """No progress bar or widget warning among the cells' outputs: what a person reads is the results."""
+    """No progress bar, widget warning or Ray Serve progress line among the cells' outputs: what a person
+    reads is the results."""
     cells = notebook.cells  # type: ignore[attr-defined]
     errors = "".join(o.get("text", "") for c in cells if c.cell_type == "code" for o in c.outputs
                      if o.get("name") == "stderr")  # fmt: skip
     for clutter in ("it/s]", "IProgress not found", "ipywidgets"):
         assert clutter not in errors, errors[:2000]
+    assert not SERVE_INFO.search(errors + stdout_of(notebook)), (errors + stdout_of(notebook))[:2000]
 
 
 def test_the_notebooks_are_the_four_phases() -> None:

@@ -15,12 +15,17 @@ from typing import Any
 
 from rayft.config.serve import ServeConfig
 from rayft.errors import ConfigError
+from rayft.serving.access_log import FILE_LOG_LEVEL, controller_log_level, quiet_serve_console
 from rayft.serving.keys import exposure_warning, load_key_digests
 from rayft.serving.plan import ServePlan
 
 log = logging.getLogger(__name__)
 
 APP_NAME = "rayft"
+
+# rayft's deployments log at this level to Serve's files (the access log is at INFO), whatever the level of
+# Serve's controller and proxies; what reaches the console is gated in each replica (quiet_serve_console).
+FILE_LOG = {"log_level": FILE_LOG_LEVEL}
 
 
 def deployment_options(cfg: ServeConfig) -> dict[str, Any]:
@@ -62,13 +67,14 @@ def build_application(plan: ServePlan, cfg: ServeConfig, key_digests: tuple[byte
     replica = replica_class(cfg.max_adapters_per_replica)
     settings = EngineSettings.of(cfg)
     models = [
-        serve.deployment(name=f"model-{index}", **deployment_options(cfg))(replica).bind(
+        serve.deployment(name=f"model-{index}", logging_config=FILE_LOG, **deployment_options(cfg))(replica).bind(
             group, settings, cfg.access_log_console
         )
         for index, group in enumerate(plan.groups)
     ]
     router = serve.deployment(
         name="router",
+        logging_config=FILE_LOG,
         ray_actor_options={"num_cpus": 0},
         max_ongoing_requests=cfg.max_ongoing_requests * len(plan.groups),
         graceful_shutdown_timeout_s=cfg.graceful_shutdown_timeout_s,
@@ -94,7 +100,7 @@ def start(plan: ServePlan, cfg: ServeConfig, host: str, port: int) -> str:
     if port and _http_port() is None:  # Serve not running yet: its proxy will bind the port
         check_port_free(host, port)
     port = port or free_port(host)
-    serve.start(http_options={"host": host, "port": port})
+    start_serve(host, port)
     actual = serve.status().proxies and _http_port()
     if actual and actual != port:
         raise ConfigError(
@@ -104,6 +110,15 @@ def start(plan: ServePlan, cfg: ServeConfig, host: str, port: int) -> str:
     serve.run(build_application(plan, cfg, digests), name=APP_NAME, route_prefix="/")
     shown = "127.0.0.1" if host in ("0.0.0.0", "::") else host
     return f"http://{shown}:{port}/v1"
+
+
+def start_serve(host: str, port: int) -> None:
+    """Start Serve (or reach the one running) with its HTTP proxy on ``host:port``, its own lines off this
+    console and its controller's and proxies' console (see :mod:`rayft.serving.access_log`)."""
+    from ray import serve
+
+    quiet_serve_console()
+    serve.start(http_options={"host": host, "port": port}, logging_config={"log_level": controller_log_level()})
 
 
 def check_port_free(host: str, port: int) -> None:

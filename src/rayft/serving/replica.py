@@ -62,11 +62,10 @@ def replica_class(max_adapters: int) -> type:
 
         def __init__(self, group: BaseGroup, settings: EngineSettings, access_log_console: bool = False) -> None:
             from rayft.security import install_redaction
-            from rayft.serving.access_log import hide_access_log_from_console
+            from rayft.serving.access_log import quiet_serve_console
 
             install_redaction()
-            if not access_log_console:
-                hide_access_log_from_console()
+            quiet_serve_console(keep_access=access_log_console)
             self.engine = Engine(group, settings)
 
         @multiplexed  # type: ignore[untyped-decorator]

@@ -22,7 +22,7 @@ from ray.serve.exceptions import BackPressureError
 from ray.serve.handle import DeploymentHandle
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from rayft.serving.access_log import hide_access_log_from_console
+from rayft.serving.access_log import quiet_serve_console
 from rayft.serving.engine import Finished
 from rayft.serving.keys import authorized
 from rayft.serving.logprobs import TokenLogprob, chat_logprobs, completion_logprobs
@@ -240,8 +240,7 @@ class Router:
         from rayft.security import install_redaction
 
         install_redaction()
-        if not access_log_console:
-            hide_access_log_from_console()
+        quiet_serve_console(keep_access=access_log_console)
         self.handles, self.routes, self.key_digests = handles, routes, key_digests
         self.created = int(time.time())
 

@@ -12,7 +12,7 @@ from typing import Any
 
 from rayft.config.serve import ServeConfig
 from rayft.errors import ConfigError, MissingDependencyError
-from rayft.serving.app import APP_NAME, deployment_options, free_port
+from rayft.serving.app import APP_NAME, deployment_options, free_port, start_serve
 from rayft.serving.plan import BaseGroup, ServePlan
 
 
@@ -79,6 +79,6 @@ def start_vllm(plan: ServePlan, cfg: ServeConfig, host: str, port: int) -> str:
     from ray import serve
 
     port = port or free_port(host)
-    serve.start(http_options={"host": host, "port": port})
+    start_serve(host, port)
     serve.run(build_openai_app({"llm_configs": configs}), name=APP_NAME, route_prefix="/")
     return f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}/v1"
