@@ -4,9 +4,13 @@ Both arms train a LoRA adapter (r 16, alpha 32, dropout 0.05, every linear layer
 (rayft's offline copy) over the first ``--rows`` GSM8K training problems as raw-text prompt and completion
 (``Question: ...\\nAnswer:`` then `` <answer>`` and EOS, loss on the completion), unpacked, one epoch of
 micro-batches of 4 (no accumulation), AdamW at 2e-4 with cosine decay to 0, no warmup, gradient norm clipped
-at 1, fp32, no evaluation or checkpoint during training. rayft runs its own loop in-process
-(``scaling.num_workers=0``: the data preparation and the loop in one process, no Ray Train worker), TRL
-its trainer; each arm runs in a fresh process, one after the other, so that each peak is its own.
+at 1, the rows in file order (no shuffling), no evaluation or checkpoint during training. rayft runs its
+own loop in-process (``scaling.num_workers=0``: the data preparation and the loop in one process, no Ray
+Train worker), TRL its trainer; each arm runs in a fresh process, one after the other, so that each peak is its own.
+
+Arms: ``rayft`` (its ``auto`` step, which chooses the precision), ``rayft-fp32`` and ``rayft-bf16`` (the
+precision set), ``trl`` (fp32, its default on CPU) and ``trl-bf16`` (``bf16=True``: CPU autocast). The
+summary compares ``rayft`` with ``trl``, and every other arm present with it as well.
 
 Figures per arm: wall time of ``train`` (rayft: data preparation included; TRL: dataset tokenization
 included), real tokens trained per second of it, the process's peak resident set (and what it held at the
@@ -15,7 +19,7 @@ mean answer-token cross-entropy of the trained adapter over the next ``--heldout
 by the same function in both arms.
 
     flock /tmp/rayft-bench.lock .venv/bin/python benchmarks/bench_sft_trl.py [--rows 160] [--heldout 40]
-        [--arms rayft,trl] [--threads 2]
+        [--arms rayft,trl[,rayft-fp32,rayft-bf16,trl-bf16]] [--threads 2]
 """
 
 from __future__ import annotations
@@ -88,8 +92,8 @@ def heldout_loss(model: Any, tokenizer: Any, rows: list[dict[str, str]]) -> floa
     return total / count
 
 
-def run_rayft(work: Path, rows: list[dict[str, str]], memory: Memory) -> dict[str, Any]:
-    """rayft in-process; tokens from its metrics, the adapter from final/."""
+def run_rayft(work: Path, rows: list[dict[str, str]], memory: Memory, precision: str) -> dict[str, Any]:
+    """rayft in-process with ``train.mixed_precision=precision``; tokens from its metrics, the adapter from final/."""
     import rayft
     from rayft.config import load_config
     from rayft.training.loop import worker
@@ -104,7 +108,7 @@ def run_rayft(work: Path, rows: list[dict[str, str]], memory: Memory) -> dict[st
         f"data.cache_dir={work / 'cache'}", "train.num_epochs=1", f"train.micro_batch_size={BATCH}",
         f"train.learning_rate={LR}", "train.warmup_steps=0", "train.eval_steps=null", "train.save_steps=100000",
         "train.logging_steps=1", "lora.r=16", "lora.alpha=32", "lora.dropout=0.05", "lora.target_modules=all-linear",
-        "logging.tensorboard=false", "checkpoint.num_to_keep=1",
+        "logging.tensorboard=false", "checkpoint.num_to_keep=1", f"train.mixed_precision={precision}",
     ])  # fmt: skip
     phases(worker, memory)
     start = time.perf_counter()
@@ -145,8 +149,8 @@ def load_adapter(directory: Path) -> tuple[Any, Any]:
     return PeftModel.from_pretrained(load_causal_lm(cfg), str(directory)), load_tokenizer(cfg)
 
 
-def run_trl(work: Path, rows: list[dict[str, str]], memory: Memory) -> dict[str, Any]:
-    """TRL's ``SFTTrainer`` on the same rows and settings; tokens counted from its batches."""
+def run_trl(work: Path, rows: list[dict[str, str]], memory: Memory, bf16: bool) -> dict[str, Any]:
+    """TRL's ``SFTTrainer`` on the same rows, in the same order, and settings; tokens counted from its batches."""
     from datasets import Dataset
     from peft import LoraConfig
     from transformers import TrainerCallback
@@ -168,11 +172,11 @@ def run_trl(work: Path, rows: list[dict[str, str]], memory: Memory) -> dict[str,
         {"prompt": f"Question: {r['question']}\nAnswer:", "completion": " " + r["answer"]} for r in rows
     ])  # fmt: skip
     config = SFTConfig(
-        output_dir=str(work / "trl"), use_cpu=True, bf16=False, report_to=[], save_strategy="no", logging_steps=1,
+        output_dir=str(work / "trl"), use_cpu=True, bf16=bf16, report_to=[], save_strategy="no", logging_steps=1,
         num_train_epochs=1, learning_rate=LR, lr_scheduler_type="cosine", warmup_steps=0,
         per_device_train_batch_size=BATCH, gradient_accumulation_steps=1, max_grad_norm=1.0, weight_decay=0.0,
         max_length=SEQ, packing=False, padding_free=False, completion_only_loss=True, shuffle_dataset=False,
-        seed=0, gradient_checkpointing=False, dataloader_num_workers=0,
+        seed=0, gradient_checkpointing=False, dataloader_num_workers=0, train_sampling_strategy="sequential",
     )  # fmt: skip
     peft = LoraConfig(r=16, lora_alpha=32, lora_dropout=0.05, target_modules="all-linear", task_type="CAUSAL_LM")
     memory.enter("model built")
@@ -201,7 +205,12 @@ def run_arm(arm: str, args: argparse.Namespace) -> dict[str, Any]:
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     with tempfile.TemporaryDirectory(prefix=f"bench-sft-{arm}-") as work:
-        trained = (run_rayft if arm == "rayft" else run_trl)(Path(work), problems(0, args.rows), memory)
+        rows = problems(0, args.rows)
+        if arm.startswith("rayft"):
+            precision = {"rayft": "auto", "rayft-fp32": "no", "rayft-bf16": "bf16"}[arm]
+            trained = run_rayft(Path(work), rows, memory, precision)
+        else:
+            trained = run_trl(Path(work), rows, memory, bf16=arm == "trl-bf16")
         train_peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
         loss = heldout_loss(*trained["trained"](), problems(args.rows, args.heldout))
     memory.stopped.set()
@@ -235,12 +244,15 @@ def main() -> None:
         results[arm] = json.loads(done.stdout.strip().splitlines()[-1])
         print(json.dumps(results[arm]), flush=True)
     print("load:", Path("/proc/loadavg").read_text().split()[:3], flush=True)
-    if {"rayft", "trl"} <= set(results):
-        ours, theirs = results["rayft"], results["trl"]
-        print(f"wall time rayft/TRL {ours['wall_s'] / theirs['wall_s']:.2f}x ({ours['wall_s']:.0f} vs "
-              f"{theirs['wall_s']:.0f} s); tokens/s {ours['tokens_per_s'] / theirs['tokens_per_s']:.2f}x; peak RSS "
-              f"{ours['peak_mib'] / theirs['peak_mib']:.2f}x ({ours['peak_mib']:.0f} vs {theirs['peak_mib']:.0f} MiB); "
-              f"held-out loss {ours['heldout_loss']:.4f} vs {theirs['heldout_loss']:.4f}")  # fmt: skip
+    if "trl" in results:
+        theirs = results["trl"]
+        for name, ours in results.items():
+            if name != "trl":
+                print(f"{name}/trl: wall time {ours['wall_s'] / theirs['wall_s']:.2f}x ({ours['wall_s']:.0f} vs "
+                      f"{theirs['wall_s']:.0f} s); tokens/s {ours['tokens_per_s'] / theirs['tokens_per_s']:.2f}x; peak "
+                      f"RSS {ours['peak_mib'] / theirs['peak_mib']:.2f}x ({ours['peak_mib']:.0f} vs "
+                      f"{theirs['peak_mib']:.0f} MiB); held-out loss {ours['heldout_loss']:.4f} vs "
+                      f"{theirs['heldout_loss']:.4f}")  # fmt: skip
 
 
 if __name__ == "__main__":
