@@ -207,7 +207,8 @@ def run_arm(arm: str, args: argparse.Namespace) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix=f"bench-sft-{arm}-") as work:
         rows = problems(0, args.rows)
         if arm.startswith("rayft"):
-            precision = {"rayft": "auto", "rayft-fp32": "no", "rayft-bf16": "bf16"}[arm]
+            # 'no' quoted: the override is read as YAML, where a bare no is false
+            precision = {"rayft": "auto", "rayft-fp32": "'no'", "rayft-bf16": "bf16"}[arm]
             trained = run_rayft(Path(work), rows, memory, precision)
         else:
             trained = run_trl(Path(work), rows, memory, bf16=arm == "trl-bf16")
