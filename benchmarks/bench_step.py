@@ -13,7 +13,8 @@ single-worker strategy, the model prepared by :func:`rayft.training.modeling.mod
 - ``sdpa-plain``: packed, SDPA, the plain loss;
 - ``flex-plain``: packed, flex_attention (skipped where it does not run), the plain loss;
 - ``sdpa-chunked-compile``: ``sdpa-chunked`` with every block compiled (its first steps compile);
-- ``sdpa-plain-bf16``: ``sdpa-plain`` under bf16 autocast (CPUs with bf16 instructions);
+- ``sdpa-plain-bf16``, ``sdpa-chunked-bf16``, ``padding-free-bf16``: those arms under bf16 autocast (CPUs
+  with bf16 instructions);
 - ``default``: what :func:`rayft.training.modeling.step_choice.choose_step` picks for this machine, for
   unpacked data (``data.packing: false``, the TRL comparison's setting) unless ``--packing``.
 
@@ -51,6 +52,8 @@ ARMS: dict[str, tuple[str, str, str, bool, bool]] = {
     "flex-plain": ("packed", "flex_attention", "none", False, False),
     "sdpa-chunked-compile": ("packed", "sdpa", "chunked", True, False),
     "sdpa-plain-bf16": ("packed", "sdpa", "none", False, True),
+    "sdpa-chunked-bf16": ("packed", "sdpa", "chunked", False, True),
+    "padding-free-bf16": ("padding-free", "sdpa", "chunked", False, True),
 }
 
 ARM = r"""
