@@ -198,3 +198,12 @@ def test_the_worker_decides_its_step_sets_threads_and_says_so_once(
     assert (decided.train.fused_loss, decided.train.compile, decided.train.padding_free) == ("none", False, True)
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("step: ")]
     assert len(lines) == 1 and "loss plain (set in train.fused_loss)" in lines[0]
+
+
+def test_cpu_precision_stays_fp32_and_says_why_for_each_cpu() -> None:
+    with_bf16 = choose_step(StepRequest(), replace(CPU, cpu_bf16=True))
+    without = choose_step(StepRequest(), replace(CPU, cpu_bf16=False))
+    assert with_bf16.mixed_precision == without.mixed_precision == "no"
+    assert "measured faster on CPUs with bf16 instructions, but to a higher loss" in with_bf16.describe()
+    assert "this CPU has no bf16 instructions" in without.describe()
+    assert choose_step(StepRequest(mixed_precision="bf16"), replace(CPU, cpu_bf16=True)).mixed_precision == "bf16"
