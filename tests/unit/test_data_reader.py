@@ -170,3 +170,21 @@ def test_json_lines_are_read_one_line_at_a_time(tmp_path: Path) -> None:
         tracemalloc.stop()
     assert count == 50_000
     assert peak < 200_000  # a few lines and the file's read buffer, never the file (> 2 MB)
+
+
+def test_a_row_store_reads_back_by_index_slice_and_iteration(tmp_path: Path) -> None:
+    from rayft.data.read import rows as rows_module
+
+    store = rows_module.RowStore(tmp_path)
+    texts = [json.dumps({"n": n}) for n in range(rows_module.BATCH_ROWS + 5)]  # two batches in the file
+    for text in texts:
+        store.append(text)
+    assert len(store) == len(texts)
+    assert store[0] == texts[0] and store[-1] == texts[-1]
+    assert store[:3] == texts[:3]
+    assert (
+        store[rows_module.BATCH_ROWS - 1 : rows_module.BATCH_ROWS + 2]
+        == texts[rows_module.BATCH_ROWS - 1 : rows_module.BATCH_ROWS + 2]
+    )
+    assert store[::1000] == texts[::1000] and store[5:2] == []
+    assert list(store) == texts

@@ -30,7 +30,7 @@ from array import array
 from collections.abc import Generator, Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, overload
 
 from rayft.config.data import DEFAULT_MAX_ROW_BYTES, DataConfig, DatasetConfig
 from rayft.data.formats import UNREADABLE_COLUMN, ResolvedFormat, resolve_format
@@ -107,9 +107,18 @@ class RowStore:
     def __len__(self) -> int:
         return self._count
 
-    def __getitem__(self, index: int) -> str:
+    @overload
+    def __getitem__(self, index: int) -> str: ...
+    @overload
+    def __getitem__(self, index: slice) -> list[str]: ...
+    def __getitem__(self, index: int | slice) -> str | list[str]:
+        """One row's JSON text, or a list of those of a slice (read from the mapped file, as a list's slice)."""
         self.close()
-        return str(self._table.column(ROW_COLUMN)[index].as_py())
+        column = self._table.column(ROW_COLUMN)
+        if isinstance(index, slice):
+            picked = list(range(len(self))[index])
+            return [str(text) for text in column.take(picked).to_pylist()] if picked else []
+        return str(column[index].as_py())
 
     def __iter__(self) -> Iterator[str]:
         self.close()
