@@ -44,6 +44,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -88,8 +89,11 @@ def reachable_tensors() -> dict[str, int]:
 
     seen: set[int] = set()
     sizes = {"frozen": 0, "trained": 0, "other": 0}
-    for obj in gc.get_objects():
-        if not isinstance(obj, torch.Tensor) or obj.device.type != "cpu" or obj.is_meta:
+    with warnings.catch_warnings():  # isinstance() on torch's deprecated module attributes warns
+        warnings.simplefilter("ignore")
+        objects = [obj for obj in gc.get_objects() if isinstance(obj, torch.Tensor)]
+    for obj in objects:
+        if obj.device.type != "cpu" or obj.is_meta:
             continue
         with contextlib.suppress(RuntimeError):  # a tensor without storage (sparse, wrapper subclasses)
             storage = obj.untyped_storage()
@@ -302,11 +306,12 @@ def main() -> None:
     if args.trl:
         trl = trl_arm(args.steps)
         print(json.dumps(trl), flush=True)
-        ours = [r for r in rows if r["method"] == "lora" and r["workers"] == 1 and r["variant"] == AFTER]
-        if ours:
-            print(f"\nLoRA, one process: rayft's worker peak {ours[0]['peak_rss_mib']:.0f} MiB vs TRL's SFTTrainer "
-                  f"{trl['peak_mib']:.0f} MiB ({ours[0]['peak_rss_mib'] / trl['peak_mib']:.2f}x); TRL's phases: "
-                  f"{ {k: round(v) for k, v in trl['phase_peaks_mib'].items()} }")  # fmt: skip
+        for row in rows:
+            if row["method"] == "lora" and row["rank"] == 0:
+                print(f"LoRA, {row['workers']} worker(s), {row['variant']}: rayft's rank-0 worker peak "
+                      f"{row['peak_rss_mib']:.0f} MiB vs TRL's SFTTrainer {trl['peak_mib']:.0f} MiB "
+                      f"({row['peak_rss_mib'] / trl['peak_mib']:.2f}x)")  # fmt: skip
+        print(f"TRL's phases (MiB): { {k: round(v) for k, v in trl['phase_peaks_mib'].items()} }")
 
 
 def print_table(rows: list[dict[str, Any]]) -> None:
@@ -317,7 +322,7 @@ def print_table(rows: list[dict[str, Any]]) -> None:
     print("|" + "---|" * (7 + len(names)))
     for row in rows:
         base = next(r for r in rows if r["method"] == row["method"] and r["workers"] == row["workers"]
-                    and r["rank"] == row["rank"] and r["variant"] == AFTER)  # fmt: skip
+                    and r["rank"] == row["rank"] and r["variant"] == BEFORE)  # fmt: skip
         cells = [f"{row['parts'][n]:.0f}" for n in names]
         print(f"| {row['method']} | {row['workers']} | {row['variant']} | {row['rank']} | {row['peak_rss_mib']:.0f} | "
               f"{row['peak_rss_mib'] / base['peak_rss_mib']:.2f}x | {row['built_hwm_mib']:.0f} | "
