@@ -236,6 +236,17 @@ class TrainConfig(Section):
             "every CPU of the machine in-process); more oversubscribes the cores other workers run on."
         ),
     )
+    malloc_mmap_threshold_bytes: int | None = Field(
+        1024 * 1024,
+        ge=0,
+        description=(
+            "Host memory blocks of at least this many bytes (on Linux with glibc) are mapped on their own and returned "
+            "to the system when freed, in every worker, from the start of its training. glibc's default raises this "
+            "threshold to 32 MiB as blocks are freed, so a step's activations stay in its heap after the step: "
+            "a SmolLM2-135M LoRA worker held 3-4 GiB for ~250 MiB in use (benchmarks/bench_worker_memory.py). "
+            "null keeps glibc's default (or what MALLOC_MMAP_THRESHOLD_ sets); lower values map more blocks."
+        ),
+    )
     preference: PreferenceConfig = Field(
         default_factory=PreferenceConfig,
         description="Settings of the preference objectives (train.objective dpo, orpo or simpo): beta, loss, margins.",

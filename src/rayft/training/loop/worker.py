@@ -35,6 +35,7 @@ from rayft.training.loop.checkpointing import (
     restore_training_state,
     save_final,
 )
+from rayft.training.loop.heap import set_mmap_threshold
 from rayft.training.loop.metrics import (
     ConsoleLogger,
     JsonlLogger,
@@ -170,6 +171,7 @@ def setup_worker(plan: WorkerPlan, session: TrainSession) -> Worker:
     """Seed, load the model (restored if a checkpoint exists), and build the optimizer."""
     import torch
 
+    set_mmap_threshold(plan.train.malloc_mmap_threshold_bytes)  # before the model: its load frees blocks too
     torch.manual_seed(plan.seed)
     plan = choose_worker_step(plan, session)
     objective = build_objective(plan)

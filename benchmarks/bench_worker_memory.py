@@ -1,0 +1,333 @@
+"""Where a training worker's memory goes: each Ray Train worker's peak resident set against the model's own
+footprint, and the rest split into its parts, as measured.
+
+Each arm runs a real ``rayft`` training in a fresh process (a local Ray started by rayft, Ray Train workers with
+``scaling.num_workers`` 2 or 1): SmolLM2-135M-Instruct (rayft's offline copy) on the first GSM8K training
+problems as prompt and completion, rows cut to 256 tokens, unpacked, micro-batches of 4, ``--steps`` optimizer
+steps, LoRA (r 16 on every linear layer, the defaults) or full fine-tuning, fp32 on CPU, nothing saved before the
+end. A loop callback (:class:`WorkerMemory`, ``train.callbacks``) in every worker measures, in that worker:
+
+- its resident set: peak (``VmHWM``) after the model and optimizer are built, and over the whole run;
+- the tensors Python can reach (``gc``), by unique storage, after the model is built and after step 1: frozen
+  weights, trained parameters (the adapter, or every weight in full fine-tuning), and the rest (after step 1:
+  AdamW's two moments; after the build, any tensor the load left behind, e.g. a state dict);
+- the C heap (glibc ``mallinfo2``: bytes in use, and bytes freed but kept by the allocator) sampled every 20 ms,
+  and, during step ``--profile-step``, read after every torch operator (a ``TorchDispatchMode``): the heap's peak
+  above its level at the start of that step is the step's working set (activations saved for the backward
+  pass, the gradients, the loss's chunks, temporaries), measured live, not computed;
+- Arrow's memory pool (the data rows it reads) at its peak sample.
+
+Beside the workers: the resident set of a fresh process that imports what a worker imports (torch,
+transformers, peft, Ray Train, rayft's loop), and TRL's ``SFTTrainer`` on the same LoRA work in one process
+(``bench_sft_trl.py``'s arm, 256-token rows, as many rows as ``--steps`` micro-batches of 4). The remainder
+of a worker's peak is what none of the measured parts explain: the allocator's kept free memory at the peak,
+and what is neither heap nor import (thread stacks, Ray's object store client, torch's own pools).
+
+Each training runs twice: "before", with glibc's own mmap threshold (``train.malloc_mmap_threshold_bytes=null``,
+what every worker ran with before the setting existed), and "after", with the default 1 MiB threshold; the
+ratio is each worker's peak against its "before" peak. ``--env`` adds an arm with glibc's threshold and extra
+environment variables for the workers (``KEY=VALUE,KEY=VALUE``, e.g. ``MALLOC_ARENA_MAX=2``).
+
+    flock /tmp/rayft-bench.lock .venv/bin/python benchmarks/bench_worker_memory.py [--steps 4]
+        [--methods lora,full] [--workers 2,1] [--trl] [--env MALLOC_ARENA_MAX=2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import ctypes
+import gc
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import warnings
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+GSM8K = REPO.parent / "shared" / "datasets" / "gsm8k" / "train.jsonl"
+if not GSM8K.exists():
+    GSM8K = Path("/work/shared/datasets/gsm8k/train.jsonl")
+MODEL = "smollm2-135m-instruct"
+BATCH, SEQ = 4, 256
+MIB = 2**20
+BEFORE = "before: glibc's default"
+AFTER = "after: 1 MiB mmap threshold"
+
+
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [
+        (name, ctypes.c_size_t)
+        for name in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks",
+                     "keepcost")
+    ]  # fmt: skip
+
+
+def heap() -> tuple[int, int]:
+    """glibc's heap: bytes in use (arenas and mmapped blocks) and bytes freed but kept in the arenas."""
+    libc = ctypes.CDLL("libc.so.6")
+    libc.mallinfo2.restype = _MallInfo2
+    info = libc.mallinfo2()
+    return info.uordblks + info.hblkhd, info.fordblks
+
+
+def status_kib(field: str) -> int:
+    """A ``/proc/self/status`` figure in KiB (``VmRSS``, ``VmHWM``)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    return 0
+
+
+def reachable_tensors() -> dict[str, int]:
+    """Bytes of the tensors Python can reach, each storage counted once: frozen parameters, trained ones, the rest."""
+    import torch
+
+    seen: set[int] = set()
+    sizes = {"frozen": 0, "trained": 0, "other": 0}
+    with warnings.catch_warnings():  # isinstance() on torch's deprecated module attributes warns
+        warnings.simplefilter("ignore")
+        objects = [obj for obj in gc.get_objects() if isinstance(obj, torch.Tensor)]
+    for obj in objects:
+        if obj.device.type != "cpu" or obj.is_meta:
+            continue
+        with contextlib.suppress(RuntimeError):  # a tensor without storage (sparse, wrapper subclasses)
+            storage = obj.untyped_storage()
+            if storage.data_ptr() in seen or storage.nbytes() == 0:
+                continue
+            seen.add(storage.data_ptr())
+            kind = "other"
+            if isinstance(obj, torch.nn.Parameter):
+                kind = "trained" if obj.requires_grad else "frozen"
+            sizes[kind] += storage.nbytes()
+    return sizes
+
+
+class WorkerMemory:
+    """A loop callback that measures its worker's memory (see the module's docstring) into ``out/rank-N.json``."""
+
+    def __init__(self, out: str, profile_step: int = 2) -> None:
+        import pyarrow
+
+        self.out, self.profile_step, self.pool = Path(out), profile_step, pyarrow.default_memory_pool()
+        self.figures: dict[str, Any] = {"built_hwm_mib": status_kib("VmHWM") / 1024,
+                                        "built_rss_mib": status_kib("VmRSS") / 1024, "arrow_peak_mib": 0.0,
+                                        "heap_peak_mib": 0.0, "heap_free_at_peak_mib": 0.0}  # fmt: skip
+        self.figures["built_tensors_mib"] = {k: v / MIB for k, v in reachable_tensors().items()}
+        self.mode: Any = None
+        self.rank = 0
+        self.stopped = threading.Event()
+        threading.Thread(target=self._sample, daemon=True).start()
+
+    def _sample(self) -> None:
+        while not self.stopped.wait(0.02):
+            used, free = heap()
+            if used / MIB > self.figures["heap_peak_mib"]:
+                self.figures["heap_peak_mib"], self.figures["heap_free_at_peak_mib"] = used / MIB, free / MIB
+            self.figures["arrow_peak_mib"] = max(self.figures["arrow_peak_mib"], self.pool.max_memory() / MIB)
+
+    def on_step_begin(self, info: Any) -> None:
+        """Start reading the heap after every operator of the profiled step."""
+        if info.step == self.profile_step:
+            self.mode = HeapWatch()
+            self.mode.__enter__()
+
+    def on_step_end(self, info: Any) -> None:
+        """Record the profiled step's working set, the tensors after step 1, and the figures so far."""
+        self.rank = info.rank
+        if info.step == 1:
+            self.figures["step1_tensors_mib"] = {k: v / MIB for k, v in reachable_tensors().items()}
+        if self.mode is not None and info.step == self.profile_step:
+            self.mode.__exit__(None, None, None)
+            self.figures["step_working_set_mib"] = (self.mode.peak - self.mode.start) / MIB
+            self.figures["step_heap_start_mib"] = self.mode.start / MIB
+            self.mode = None
+        self.write()
+
+    def on_train_end(self, info: Any) -> None:
+        """The last figures: the worker's peak resident set over the whole run."""
+        self.stopped.set()
+        self.write()
+
+    def write(self) -> None:
+        """This rank's figures as JSON (rewritten after every step: the last write wins)."""
+        self.figures["peak_rss_mib"] = status_kib("VmHWM") / 1024
+        self.figures["pid"] = os.getpid()
+        self.out.mkdir(parents=True, exist_ok=True)
+        (self.out / f"rank-{self.rank}.json").write_text(json.dumps(self.figures))
+
+
+def _heap_watch_class() -> type:
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class _HeapWatch(TorchDispatchMode):  # type: ignore[misc]
+        """The heap in use, read after every operator: its level at entry and its peak."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.start = self.peak = heap()[0]
+
+        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            out = func(*args, **(kwargs or {}))
+            self.peak = max(self.peak, heap()[0])
+            return out
+
+    return _HeapWatch
+
+
+def HeapWatch() -> Any:  # noqa: N802 # built on first use: the driver of the benchmark imports no torch
+    """A dispatch mode that tracks the heap's peak (see :func:`_heap_watch_class`)."""
+    return _heap_watch_class()()
+
+
+def write_problems(path: Path, count: int) -> None:
+    """The first ``count`` GSM8K training problems as JSON lines."""
+    path.write_text("".join(line + "\n" for line in GSM8K.read_text().splitlines()[:count]))
+
+
+def train_arm(
+    method: str, workers: int, steps: int, variant: tuple[list[str], dict[str, str]], work: Path
+) -> list[dict[str, Any]]:
+    """One training in a fresh process; each worker's figures."""
+    data, out = work / "problems.jsonl", work / "memory"
+    write_problems(data, max(workers, 1) * BATCH * steps)
+    overrides = [
+        f"model.name={MODEL}", f"storage_path={work}", "name=mem", f"scaling.num_workers={workers}",
+        f"data.datasets=[{{path: '{data}', format: template, use_chat_template: false, "
+        "input_template: 'Question: {question}\\nAnswer:', output_template: ' {answer}'}]",
+        "data.packing=false", "data.validation_fraction=0", "data.shuffle_buffer_size=1", f"data.max_seq_length={SEQ}",
+        "data.overlong=truncate", f"data.cache_dir={work / 'cache'}", f"train.max_steps={steps}",
+        f"train.micro_batch_size={BATCH}", f"train.method={method}", "train.eval_steps=null",
+        "train.save_steps=100000", "logging.tensorboard=false", "checkpoint.num_to_keep=1",
+        f"train.callbacks=[{{target: 'bench_worker_memory:WorkerMemory', options: {{out: '{out}'}}}}]",
+        *variant[0],
+    ]  # fmt: skip
+    code = "import sys, rayft; from rayft.config import load_config; rayft.api.train(load_config(None, sys.argv[1:]))"
+    run_env = {**os.environ, **variant[1], "PYTHONPATH": f"{REPO / 'benchmarks'}:{os.environ.get('PYTHONPATH', '')}"}
+    done = subprocess.run([sys.executable, "-c", code, *overrides], capture_output=True, text=True, check=False,
+                          cwd=REPO, env=run_env)  # fmt: skip
+    if done.returncode != 0:
+        raise SystemExit(f"the {method} arm on {workers} workers failed:\n{done.stderr[-4000:]}")
+    return [json.loads(p.read_text()) for p in sorted(out.glob("rank-*.json"))]
+
+
+IMPORTS = """
+import json, sys
+sys.path.insert(0, sys.argv[1])
+from bench_worker_memory import status_kib
+import torch, transformers, peft, ray, ray.train.torch, pyarrow
+import rayft.training.loop.entry
+print(json.dumps({"rss_mib": status_kib("VmRSS") / 1024}))
+"""
+
+
+def imports_rss() -> float:
+    """Resident set of a fresh process that imports what a training worker imports."""
+    done = subprocess.run([sys.executable, "-c", IMPORTS, str(REPO / "benchmarks")], capture_output=True, text=True,
+                          check=True, cwd=REPO)  # fmt: skip
+    return float(json.loads(done.stdout.strip().splitlines()[-1])["rss_mib"])
+
+
+TRL = """
+import json, sys
+sys.path.insert(0, sys.argv[1])
+import bench_sft_trl as b
+b.SEQ = int(sys.argv[3])
+args = type("Args", (), {"rows": int(sys.argv[2]), "heldout": 1, "threads": 2})()
+print(json.dumps(b.run_arm("trl", args)))
+"""
+
+
+def trl_arm(steps: int) -> dict[str, Any]:
+    """TRL's ``SFTTrainer`` on the same LoRA work (``bench_sft_trl.py``'s arm) in a fresh process."""
+    done = subprocess.run([sys.executable, "-c", TRL, str(REPO / "benchmarks"), str(BATCH * steps), str(SEQ)],
+                          capture_output=True, text=True, check=False, cwd=REPO,
+                          env={**os.environ, "OMP_NUM_THREADS": "2"})  # fmt: skip
+    if done.returncode != 0:
+        raise SystemExit(f"the TRL arm failed:\n{done.stderr[-4000:]}")
+    return dict(json.loads(done.stdout.strip().splitlines()[-1]))
+
+
+def breakdown(fig: dict[str, Any], imports_mib: float) -> dict[str, float]:
+    """A worker's peak split into its parts (MiB)."""
+    built, step1 = fig["built_tensors_mib"], fig.get("step1_tensors_mib", fig["built_tensors_mib"])
+    parts = {
+        "imports": imports_mib,
+        "weights (frozen)": built["frozen"],
+        "trained params": built["trained"],
+        "other tensors after load": built["other"],
+        "AdamW moments": step1["other"] - built["other"],
+        "step working set": fig.get("step_working_set_mib", float("nan")),
+        "allocator kept free": fig["heap_free_at_peak_mib"],
+        "Arrow pool": fig["arrow_peak_mib"],
+    }
+    parts["unexplained"] = fig["peak_rss_mib"] - sum(parts.values())
+    return parts
+
+
+def parse_env(text: str) -> dict[str, str]:
+    """``KEY=VALUE,KEY=VALUE`` as a dict."""
+    pairs = [item.split("=", 1) for item in text.split(",") if item]
+    return dict(pairs)
+
+
+def main() -> None:
+    """Each arm in a fresh process; a table of each worker's peak and its parts, ratios against "before"."""
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--steps", type=int, default=4)
+    parser.add_argument("--methods", default="lora,full")
+    parser.add_argument("--workers", default="2,1")
+    parser.add_argument("--env", default="", help="KEY=VALUE,... for the workers: one more arm")
+    parser.add_argument("--trl", action="store_true", help="also TRL's SFTTrainer on the same LoRA work")
+    args = parser.parse_args()
+    print("command:", " ".join([Path(sys.executable).name, *sys.argv]), flush=True)
+    imports_mib = imports_rss()
+    print(f"imports (torch, transformers, peft, ray.train, rayft's loop): {imports_mib:.0f} MiB", flush=True)
+    variants: dict[str, tuple[list[str], dict[str, str]]] = {
+        BEFORE: (["train.malloc_mmap_threshold_bytes=null"], {}),
+        AFTER: ([], {}),
+    }
+    if args.env:
+        variants[args.env] = (["train.malloc_mmap_threshold_bytes=null"], parse_env(args.env))
+    rows = []
+    for method in args.methods.split(","):
+        for workers in (int(w) for w in args.workers.split(",")):
+            for name, variant in variants.items():
+                with tempfile.TemporaryDirectory(prefix="bench-worker-memory-") as work:
+                    for rank, fig in enumerate(train_arm(method, workers, args.steps, variant, Path(work))):
+                        rows.append({"method": method, "workers": workers, "variant": name, "rank": rank, **fig,
+                                     "parts": breakdown(fig, imports_mib)})  # fmt: skip
+                        print(json.dumps(rows[-1]), flush=True)
+    print_table(rows)
+    if args.trl:
+        trl = trl_arm(args.steps)
+        print(json.dumps(trl), flush=True)
+        for row in rows:
+            if row["method"] == "lora" and row["rank"] == 0:
+                print(f"LoRA, {row['workers']} worker(s), {row['variant']}: rayft's rank-0 worker peak "
+                      f"{row['peak_rss_mib']:.0f} MiB vs TRL's SFTTrainer {trl['peak_mib']:.0f} MiB "
+                      f"({row['peak_rss_mib'] / trl['peak_mib']:.2f}x)")  # fmt: skip
+        print(f"TRL's phases (MiB): { {k: round(v) for k, v in trl['phase_peaks_mib'].items()} }")
+
+
+def print_table(rows: list[dict[str, Any]]) -> None:
+    """The markdown table: one row per worker, peaks and parts in MiB, ratio of the peak to the "before" arm's."""
+    names = list(rows[0]["parts"])
+    print("\n| method | workers | variant | rank | peak RSS | vs before | built (peak) | "
+          + " | ".join(names) + " |")  # fmt: skip
+    print("|" + "---|" * (7 + len(names)))
+    for row in rows:
+        base = next(r for r in rows if r["method"] == row["method"] and r["workers"] == row["workers"]
+                    and r["rank"] == row["rank"] and r["variant"] == BEFORE)  # fmt: skip
+        cells = [f"{row['parts'][n]:.0f}" for n in names]
+        print(f"| {row['method']} | {row['workers']} | {row['variant']} | {row['rank']} | {row['peak_rss_mib']:.0f} | "
+              f"{row['peak_rss_mib'] / base['peak_rss_mib']:.2f}x | {row['built_hwm_mib']:.0f} | "
+              + " | ".join(cells) + " |")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()

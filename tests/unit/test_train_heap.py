@@ -1,0 +1,60 @@
+"""The worker's C heap setting: a fixed mmap threshold hands the blocks a step frees back to the system."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from rayft.training.loop.heap import _glibc, set_mmap_threshold
+
+# A fresh process: frees an 8 MiB block (which raises glibc's own threshold to 8 MiB), then allocates fifty
+# 2 MiB blocks, each pinned in place by a 256 KiB block after it, frees them, and reports the heap's free bytes.
+HEAP = """
+import ctypes, json, sys
+from rayft.training.loop.heap import set_mmap_threshold
+class Info(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_size_t) for n in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
+                "fsmblks", "uordblks", "fordblks", "keepcost")]
+libc = ctypes.CDLL("libc.so.6")
+libc.mallinfo2.restype = Info
+libc.malloc.restype = ctypes.c_void_p
+libc.free.argtypes = [ctypes.c_void_p]
+threshold = json.loads(sys.argv[1])
+applied = set_mmap_threshold(threshold)
+libc.free(libc.malloc(8 << 20))
+blocks = [(libc.malloc(2 << 20), libc.malloc(256 << 10)) for _ in range(50)]
+for block, _ in blocks:
+    libc.free(block)
+print(json.dumps({"applied": applied, "kept_free": libc.mallinfo2().fordblks}))
+"""
+
+needs_glibc = pytest.mark.skipif(_glibc() is None, reason="glibc's mallopt: Linux with glibc only")
+
+
+def freed_and_kept(threshold: int | None, **env: str) -> dict[str, int]:
+    """What the fresh process reports with ``threshold`` (and extra environment variables)."""
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
+    done = subprocess.run([sys.executable, "-c", HEAP, json.dumps(threshold)], capture_output=True, text=True,
+                          check=True, env={**clean, **env}, timeout=60)  # fmt: skip
+    return dict(json.loads(done.stdout))
+
+
+@needs_glibc
+def test_a_fixed_threshold_returns_freed_blocks_that_glibc_keeps_by_default() -> None:
+    default, fixed = freed_and_kept(None), freed_and_kept(1 << 20)
+    assert not default["applied"] and fixed["applied"]
+    assert default["kept_free"] >= 90 << 20  # the fifty 2 MiB blocks stay in the heap
+    assert fixed["kept_free"] < 4 << 20  # mapped on their own, unmapped when freed
+
+
+@needs_glibc
+def test_the_users_environment_setting_wins() -> None:
+    assert not freed_and_kept(1 << 20, MALLOC_MMAP_THRESHOLD_="16777216")["applied"]
+
+
+def test_none_leaves_the_heap_as_it_is() -> None:
+    assert set_mmap_threshold(None) is False
