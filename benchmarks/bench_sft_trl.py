@@ -19,7 +19,7 @@ mean answer-token cross-entropy of the trained adapter over the next ``--heldout
 by the same function in both arms.
 
     flock /tmp/rayft-bench.lock .venv/bin/python benchmarks/bench_sft_trl.py [--rows 160] [--heldout 40]
-        [--arms rayft,trl[,rayft-fp32,rayft-bf16,trl-bf16]] [--threads 2]
+        [--arms rayft,trl[,rayft-fp32,rayft-bf16,trl-bf16]] [--threads 2] [--rayft-set KEY=VALUE ...]
 """
 
 from __future__ import annotations
@@ -92,7 +92,9 @@ def heldout_loss(model: Any, tokenizer: Any, rows: list[dict[str, str]]) -> floa
     return total / count
 
 
-def run_rayft(work: Path, rows: list[dict[str, str]], memory: Memory, precision: str) -> dict[str, Any]:
+def run_rayft(
+    work: Path, rows: list[dict[str, str]], memory: Memory, precision: str, overrides: tuple[str, ...] = ()
+) -> dict[str, Any]:
     """rayft in-process with ``train.mixed_precision=precision``; tokens from its metrics, the adapter from final/."""
     import rayft
     from rayft.config import load_config
@@ -108,7 +110,7 @@ def run_rayft(work: Path, rows: list[dict[str, str]], memory: Memory, precision:
         f"data.cache_dir={work / 'cache'}", "train.num_epochs=1", f"train.micro_batch_size={BATCH}",
         f"train.learning_rate={LR}", "train.warmup_steps=0", "train.eval_steps=null", "train.save_steps=100000",
         "train.logging_steps=1", "lora.r=16", "lora.alpha=32", "lora.dropout=0.05", "lora.target_modules=all-linear",
-        "logging.tensorboard=false", "checkpoint.num_to_keep=1", f"train.mixed_precision={precision}",
+        "logging.tensorboard=false", "checkpoint.num_to_keep=1", f"train.mixed_precision={precision}", *overrides,
     ])  # fmt: skip
     phases(worker, memory)
     start = time.perf_counter()
@@ -209,7 +211,7 @@ def run_arm(arm: str, args: argparse.Namespace) -> dict[str, Any]:
         if arm.startswith("rayft"):
             # 'no' quoted: the override is read as YAML, where a bare no is false
             precision = {"rayft": "auto", "rayft-fp32": "'no'", "rayft-bf16": "bf16"}[arm]
-            trained = run_rayft(Path(work), rows, memory, precision)
+            trained = run_rayft(Path(work), rows, memory, precision, tuple(args.rayft_set))
         else:
             trained = run_trl(Path(work), rows, memory, bf16=arm == "trl-bf16")
         train_peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
@@ -227,6 +229,8 @@ def main() -> None:
     parser.add_argument("--heldout", type=int, default=40)
     parser.add_argument("--arms", default="rayft,trl")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--rayft-set", action="append", default=[], metavar="KEY=VALUE",
+                        help="a config override of the rayft arms (repeatable)")  # fmt: skip
     parser.add_argument("--arm", help=argparse.SUPPRESS)  # inside an arm's own process
     args = parser.parse_args()
     if args.arm:
@@ -237,7 +241,7 @@ def main() -> None:
     for arm in args.arms.split(","):
         print("load:", Path("/proc/loadavg").read_text().split()[:3], flush=True)
         command = [sys.executable, __file__, "--arm", arm, "--rows", str(args.rows), "--heldout", str(args.heldout),
-                   "--threads", str(args.threads)]  # fmt: skip
+                   "--threads", str(args.threads), *(f"--rayft-set={o}" for o in args.rayft_set)]  # fmt: skip
         env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
         done = subprocess.run(command, capture_output=True, text=True, check=False, cwd=REPO, env=env)
         if done.returncode != 0:
