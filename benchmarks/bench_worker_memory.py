@@ -24,7 +24,7 @@ of a worker's peak is what none of the measured parts explain: the allocator's k
 and what is neither heap nor import (thread stacks, Ray's object store client, torch's own pools).
 
 Each training runs twice: "before", with glibc's own mmap threshold (``train.malloc_mmap_threshold_bytes=null``,
-what every worker ran with before the setting existed), and "after", with the default 1 MiB threshold; the
+the default), and "after", with a fixed 1 MiB threshold (``train.malloc_mmap_threshold_bytes=1048576``); the
 ratio is each worker's peak against its "before" peak. ``--env`` adds an arm with glibc's threshold and extra
 environment variables for the workers (``KEY=VALUE,KEY=VALUE``, e.g. ``MALLOC_ARENA_MAX=2``).
 
@@ -289,7 +289,7 @@ def main() -> None:
     print(f"imports (torch, transformers, peft, ray.train, rayft's loop): {imports_mib:.0f} MiB", flush=True)
     variants: dict[str, tuple[list[str], dict[str, str]]] = {
         BEFORE: (["train.malloc_mmap_threshold_bytes=null"], {}),
-        AFTER: ([], {}),
+        AFTER: (["train.malloc_mmap_threshold_bytes=1048576"], {}),
     }
     if args.env:
         variants[args.env] = (["train.malloc_mmap_threshold_bytes=null"], parse_env(args.env))

@@ -237,14 +237,16 @@ class TrainConfig(Section):
         ),
     )
     malloc_mmap_threshold_bytes: int | None = Field(
-        1024 * 1024,
+        None,
         ge=0,
         description=(
             "Host memory blocks of at least this many bytes (on Linux with glibc) are mapped on their own and returned "
-            "to the system when freed, in every worker, from the start of its training. glibc's default raises this "
-            "threshold to 32 MiB as blocks are freed, so a step's activations stay in its heap after the step: "
-            "a SmolLM2-135M LoRA worker held 3-4 GiB for ~250 MiB in use (benchmarks/bench_worker_memory.py). "
-            "null keeps glibc's default (or what MALLOC_MMAP_THRESHOLD_ sets); lower values map more blocks."
+            "to the system when freed, in every worker, from the start of its training. glibc's default (null) raises "
+            "this threshold to 32 MiB as blocks are freed, so a step's activations stay in its heap after the step. "
+            "1048576 (1 MiB) took a SmolLM2-135M LoRA worker's peak to 0.79x and an in-process run's to 0.76x, at "
+            "0.64-0.70x the tokens/s on CPU (every step maps and faults its blocks anew): set it where memory, "
+            "not speed, is short (benchmarks/bench_worker_memory.py, docs/performance.md). A MALLOC_MMAP_THRESHOLD_ "
+            "in the environment wins."
         ),
     )
     preference: PreferenceConfig = Field(
