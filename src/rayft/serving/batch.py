@@ -191,21 +191,23 @@ class RunningBatch:
             return
         width = max(self.width(), int(mask.shape[1]))
         for old, new in zip(self.cache.layers, cache.layers, strict=True):
-            old.keys = torch.cat([_pad_left(old.keys, width), _pad_left(new.keys, width)], dim=0)
-            old.values = torch.cat([_pad_left(old.values, width), _pad_left(new.values, width)], dim=0)
-        self.mask = torch.cat([_pad_left(self.mask, width), _pad_left(mask, width)], dim=0)
+            old.keys = _stack_right_aligned(old.keys, new.keys, width)
+            old.values = _stack_right_aligned(old.values, new.values, width)
+        self.mask = _stack_right_aligned(self.mask, mask, width)
         self.rows = [*self.rows, *rows]
 
 
-def _pad_left(tensor: torch.Tensor, width: int) -> torch.Tensor:
-    """``tensor`` with zeros before its positions (dim 2 of a cache layer, dim 1 of a mask) up to ``width``."""
-    dim = 2 if tensor.dim() == 4 else 1
-    missing = width - int(tensor.shape[dim])
-    if missing <= 0:
-        return tensor
-    shape = list(tensor.shape)
-    shape[dim] = missing
-    return torch.cat([tensor.new_zeros(shape), tensor], dim=dim)
+def _stack_right_aligned(old: torch.Tensor, new: torch.Tensor, width: int) -> torch.Tensor:
+    """``old``'s rows, then ``new``'s, each ending at position ``width`` (dim 2 of a cache layer, dim 1 of a
+    mask) with zeros before: one allocation and one copy of each, where padding each and then
+    concatenating would copy the running rows' cache twice."""
+    dim = 2 if old.dim() == 4 else 1
+    shape = list(old.shape)
+    shape[0], shape[dim] = old.shape[0] + new.shape[0], width
+    out = old.new_zeros(shape)
+    out[: old.shape[0]].narrow(dim, width - old.shape[dim], old.shape[dim]).copy_(old)
+    out[old.shape[0] :].narrow(dim, width - new.shape[dim], new.shape[dim]).copy_(new)
+    return out
 
 
 def _cache_argument(model: Any) -> str:
