@@ -50,10 +50,6 @@ log = logging.getLogger(__name__)
 BASE_ADAPTER = "__base__"
 """PEFT's name for 'no adapter' in a batch that mixes adapters."""
 
-MAX_PREFILL_TOKENS = 256
-"""Prompt tokens prefilled in one step at most (beyond one prompt): a burst of requests joins over a few
-steps, so that the first of them start streaming early and the running rows are not held up long."""
-
 
 @dataclass(frozen=True)
 class EngineSettings:
@@ -64,6 +60,7 @@ class EngineSettings:
     max_rows: int = 16
     kv_tokens: int = 32768
     max_queued: int = 48
+    max_prefill_tokens: int = 64
 
     @classmethod
     def of(cls, cfg: ServeConfig) -> EngineSettings:
@@ -74,11 +71,12 @@ class EngineSettings:
             max_rows=cfg.max_batch_size,
             kv_tokens=cfg.kv_cache_tokens,
             max_queued=cfg.max_queued_requests,
+            max_prefill_tokens=cfg.max_prefill_tokens,
         )
 
     def limits(self) -> Limits:
         """The scheduler's bounds."""
-        return Limits(self.max_rows, self.kv_tokens, self.max_queued, MAX_PREFILL_TOKENS)
+        return Limits(self.max_rows, self.kv_tokens, self.max_queued, self.max_prefill_tokens)
 
 
 @dataclass(frozen=True)
