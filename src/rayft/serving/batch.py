@@ -233,7 +233,7 @@ def _spare_layer_class() -> type:
     is imported late)."""
     from transformers.cache_utils import DynamicLayer
 
-    class SpareLayer(DynamicLayer):  # type: ignore[misc]
+    class SpareLayer(DynamicLayer):  # type: ignore[no-untyped-call]
         """A DynamicLayer whose keys and values are views of a larger tensor, filled position by position."""
 
         spare_keys: torch.Tensor | None = None
@@ -241,17 +241,20 @@ def _spare_layer_class() -> type:
 
         def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
                    ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
-            if not self.is_initialized or self.keys.numel() == 0:
-                return super().update(key_states, value_states, *args, **kwargs)  # type: ignore[no-any-return]
-            length, end = int(self.keys.shape[2]), int(self.keys.shape[2] + key_states.shape[2])
-            if not (_prefix_of(self.keys, self.spare_keys) and end <= self.spare_keys.shape[2]):  # type: ignore[union-attr]
+            keys, values = self.keys, self.values
+            if not self.is_initialized or keys is None or values is None or keys.numel() == 0:
+                return super().update(key_states, value_states, *args, **kwargs)
+            length, end = int(keys.shape[2]), int(keys.shape[2] + key_states.shape[2])
+            spare_keys, spare_values = self.spare_keys, self.spare_values
+            if spare_keys is None or spare_values is None or not _prefix_of(keys, spare_keys) or (
+                    end > spare_keys.shape[2]):  # fmt: skip
                 # The batch replaced keys and values (rows joined or left), or the spare positions ran out.
-                self.spare_keys, self.spare_values = _with_spare(self.keys), _with_spare(self.values)
-            assert self.spare_keys is not None and self.spare_values is not None
-            self.spare_keys[:, :, length:end].copy_(key_states)
-            self.spare_values[:, :, length:end].copy_(value_states)
-            self.keys, self.values = self.spare_keys[:, :, :end], self.spare_values[:, :, :end]
-            return self.keys, self.values
+                spare_keys, spare_values = _with_spare(keys), _with_spare(values)
+                self.spare_keys, self.spare_values = spare_keys, spare_values
+            spare_keys[:, :, length:end].copy_(key_states)
+            spare_values[:, :, length:end].copy_(value_states)
+            self.keys, self.values = spare_keys[:, :, :end], spare_values[:, :, :end]
+            return spare_keys[:, :, :end], spare_values[:, :, :end]
 
     return SpareLayer
 
@@ -265,10 +268,10 @@ def _with_spare(tensor: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def _prefix_of(view: torch.Tensor, base: torch.Tensor | None) -> bool:
+def _prefix_of(view: torch.Tensor, base: torch.Tensor) -> bool:
     """Whether ``view`` is ``base``'s first positions (``base[:, :, :n]``)."""
     return (
-        base is not None and view.data_ptr() == base.data_ptr() and view.stride() == base.stride()
+        view.data_ptr() == base.data_ptr() and view.stride() == base.stride()
         and view.shape[:2] == base.shape[:2] and view.shape[3] == base.shape[3]
     )  # fmt: skip
 
