@@ -73,7 +73,31 @@ async def load_level(base_url: str, model: str, batch: list[list[dict[str, str]]
     return {
         "p50_latency_s": statistics.median(latencies), "p95_latency_s": percentile(latencies, 0.95),  # type: ignore[arg-type]
         "p50_ttft_s": statistics.median(ttfts), "p95_ttft_s": percentile(ttfts, 0.95),  # type: ignore[arg-type]
+        "mean_ttft_s": statistics.mean(ttfts),  # type: ignore[arg-type]
         "tokens": sum(tokens), "tokens_per_s": sum(tokens) / wall, "wall_s": wall,  # type: ignore[arg-type]
+    }  # fmt: skip
+
+
+def replica_stats(base_url: str) -> dict[str, float]:
+    """The replica's engine counters (``/rayft/stats``; the benchmark's deployment has one replica)."""
+    import httpx
+
+    deployments = httpx.get(base_url.removesuffix("/v1") + "/rayft/stats", timeout=60).json()["deployments"]
+    return {k: v for k, v in deployments[0].items() if isinstance(v, int | float)}
+
+
+def time_split(before: dict[str, float], after: dict[str, float], mean_ttft_s: float) -> dict[str, float]:
+    """Where the requests of one level spent their time, from the engine's counters over the level."""
+    d = {k: after[k] - before[k] for k in after}
+    admitted, prefills, decodes = max(d["admitted"], 1), max(d["prefill_steps"], 1), max(d["decode_steps"], 1)
+    first = d["first_token_s"] / admitted
+    return {
+        "queued_s": d["queued_s"] / admitted, "engine_first_token_s": first, "outside_engine_s": mean_ttft_s - first,
+        "prefill_steps": d["prefill_steps"], "prefill_step_s": d["prefill_s"] / prefills,
+        "prefill_tokens_per_step": d["prefill_tokens"] / prefills, "padding_share": d["prefill_padding"] / max(
+            d["prefill_padding"] + d["prefill_tokens"], 1),
+        "decode_steps": d["decode_steps"], "decode_step_s": d["decode_s"] / decodes, "rows_per_decode": d[
+            "decode_rows"] / decodes,
     }  # fmt: skip
 
 
@@ -100,6 +124,22 @@ def offline(
     }
 
 
+def print_split(splits: dict[int, dict[str, float]]) -> None:
+    """Where the time to first token goes, per level (means over the level's requests and steps)."""
+    print(
+        "| level | mean TTFT: queued s | engine first token s | outside the engine s | prefill steps | "
+        "s/prefill step | prompt tokens/step | padding | decode steps | s/decode step | rows/decode step |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    for concurrency, m in splits.items():
+        print(
+            f"| concurrency {concurrency} | {m['queued_s']:.3f} | {m['engine_first_token_s']:.3f} | "
+            f"{m['outside_engine_s']:.3f} | {m['prefill_steps']:.0f} | {m['prefill_step_s']:.3f} | "
+            f"{m['prefill_tokens_per_step']:.0f} | {m['padding_share']:.0%} | {m['decode_steps']:.0f} | "
+            f"{m['decode_step_s']:.3f} | {m['rows_per_decode']:.1f} |"
+        )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="smollm2-135m-instruct")
@@ -119,13 +159,16 @@ def main() -> None:
     cfg = rayft.RayftConfig.model_validate(
         {"serve": {"num_cpus_per_replica": args.cpus, "max_batch_size": 16, "max_tokens": args.max_tokens}}
     )
-    levels = {}
+    levels, splits = {}, {}
     with rayft.api.serve(cfg, [args.model], port=0) as server:
         model = server.model_ids[0]
         asyncio.run(load_level(server.base_url, model, batch[:2], 2, 4))  # warm-up
         for concurrency in args.concurrency:
+            before = replica_stats(server.base_url)
             levels[concurrency] = asyncio.run(load_level(server.base_url, model, batch, concurrency, args.max_tokens))
-            print(f"concurrency {concurrency}: {levels[concurrency]}", flush=True)
+            split = time_split(before, replica_stats(server.base_url), levels[concurrency]["mean_ttft_s"])
+            splits[concurrency] = split
+            print(f"concurrency {concurrency}: {levels[concurrency]} {split}", flush=True)
     print(f"command: {' '.join([sys.executable.rsplit('/', 1)[-1], *sys.argv])}")
     print(f"model {args.model}, {args.requests} requests, max_tokens {args.max_tokens}, {args.cpus:g} CPUs per arm")
     print("| arm | p50 latency s | p95 latency s | p50 TTFT s | p95 TTFT s | tokens | tokens/s |")
@@ -136,6 +179,7 @@ def main() -> None:
     offline_row = f"| rayft generate (batch 16), end to end | - | - | - | - | {base['tokens']:.0f} |"
     print(f"{offline_row} {base['tokens_per_s']:.1f} |")
     print(f"| rayft generate, without its start-up | - | - | - | - | - | {base['tokens_per_s_without_startup']:.1f} |")
+    print_split(splits)
     top = levels[max(levels)]["tokens_per_s"]
     print(f"serve at concurrency {max(levels)} / generate: {top / base['tokens_per_s']:.2f}x end to end, "
           f"{top / base['tokens_per_s_without_startup']:.2f}x without its start-up (target >= 0.7x)")  # fmt: skip

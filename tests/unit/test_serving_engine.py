@@ -14,7 +14,7 @@ import pytest
 
 from rayft.config import ModelConfig
 from rayft.generation.hf import HFBackend
-from rayft.serving.engine import Engine, EngineSettings, Event, Finished, QueueFullError, Text
+from rayft.serving.engine import BASE_ADAPTER, Engine, EngineSettings, Event, Finished, QueueFullError, Text
 from rayft.serving.plan import Adapter, BaseGroup
 from rayft.serving.protocol import Job, RequestError
 
@@ -240,3 +240,18 @@ def test_a_prompt_or_max_tokens_past_the_context_or_kv_budget_is_refused(engine:
             engine.prepare(_job(max_tokens=100), None)
     finally:
         engine.limits = saved
+
+
+def test_decoding_steps_append_to_the_cache_in_place(engine: Engine) -> None:
+    from rayft.serving.batch import SPARE_POSITIONS, NewRow, RunningBatch, Sampler
+
+    batch = RunningBatch(engine.backend.model, 0, "cpu")
+    prompts = [engine.prepare(_job(p), None).input_ids for p in PROMPTS[:2]]
+    batch.step([NewRow(key, ids, BASE_ADAPTER, Sampler(0.0, 1.0, None)) for key, ids in enumerate(prompts)])
+    batch.step([])  # the first decoding step moves the prefilled keys and values into a tensor with spare room
+    storages = set()
+    for _ in range(SPARE_POSITIONS - 1):
+        batch.step([])
+        storages.add(batch.cache.layers[0].keys.data_ptr())
+    assert len(storages) == 1  # no copy of the whole cache at every step
+    assert batch.width() == max(map(len, prompts)) + SPARE_POSITIONS

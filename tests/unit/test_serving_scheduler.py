@@ -36,3 +36,38 @@ def test_prefill_and_decoding_steps_alternate_while_rows_run() -> None:
     assert prefill_turn(prefilled_last_step=False, running_rows=3)
     assert not prefill_turn(prefilled_last_step=True, running_rows=3)  # the running rows decode first
     assert prefill_turn(prefilled_last_step=True, running_rows=0)  # nothing to decode: prefill on
+
+
+def _end_steps(arrivals: int, limits: Limits, need: Need) -> list[int]:
+    """The step at which each of ``arrivals`` requests that come at once ends, by the planner's decisions (a
+    prefill step gives a row its first token, each decoding step one more)."""
+    waiting, left, ends, prefilled = [need] * arrivals, list[int](), list[int](), False  # left: tokens to go
+    for step in range(1, 10_000):
+        if not (waiting or left):
+            return ends
+        running = [need] * len(left)
+        count = plan_admission(waiting, running, limits) if prefill_turn(prefilled, len(left)) else 0
+        prefilled = count > 0
+        if prefilled:
+            del waiting[:count]
+            left += [need.max_tokens - 1] * count
+            continue
+        left = [n - 1 for n in left]
+        ends += [step] * left.count(0)
+        left = [n for n in left if n]
+    raise AssertionError("the requests never ended")
+
+
+def test_a_prefill_budget_of_one_prompt_spreads_a_burst_so_no_two_rows_end_together() -> None:
+    prompt = Need(56, 48)
+    one = Limits(max_rows=16, kv_tokens=32768, max_queued=48, max_prefill_tokens=64)
+    ends = _end_steps(16, one, prompt)
+    assert len(ends) == 16 and len(set(ends)) == 16  # each client's next request arrives on its own
+    four = Limits(max_rows=16, kv_tokens=32768, max_queued=48, max_prefill_tokens=256)
+    assert len(set(_end_steps(16, four, prompt))) == 4  # four rows a step: they end, and come back, in fours
+
+
+def test_short_prompts_share_a_prefill_step_within_the_budget() -> None:
+    one = Limits(max_rows=16, kv_tokens=32768, max_queued=48, max_prefill_tokens=64)
+    assert plan_admission([Need(56, 48)] * 3, [Need(56, 48)], one) == 1
+    assert plan_admission([Need(10, 48)] * 8, [Need(56, 48)], one) == 6  # 60 of 64 tokens

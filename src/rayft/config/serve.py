@@ -84,6 +84,17 @@ class ServeConfig(Section):
             "rest before they reach the replica."
         ),
     )
+    max_prefill_tokens: int = Field(
+        64,
+        gt=0,
+        description=(
+            "hf: prompt tokens a replica prefills in one step besides the first request's (a longer prompt "
+            "still joins, alone). While rows decode they wait for each prefill step, so a low bound spreads a "
+            "burst over steps, keeps the rows that joined together from ending (and their clients' next "
+            "requests from arriving) together, and lowers the time to first token under load; a high bound "
+            "prefills a burst in fewer, larger steps, for more tokens per second."
+        ),
+    )
     max_adapters_per_replica: int = Field(
         4, gt=0, description="LoRA adapters a replica keeps loaded; the least recently used is unloaded first."
     )

@@ -50,10 +50,6 @@ log = logging.getLogger(__name__)
 BASE_ADAPTER = "__base__"
 """PEFT's name for 'no adapter' in a batch that mixes adapters."""
 
-MAX_PREFILL_TOKENS = 256
-"""Prompt tokens prefilled in one step at most (beyond one prompt): a burst of requests joins over a few
-steps, so that the first of them start streaming early and the running rows are not held up long."""
-
 
 @dataclass(frozen=True)
 class EngineSettings:
@@ -64,6 +60,7 @@ class EngineSettings:
     max_rows: int = 16
     kv_tokens: int = 32768
     max_queued: int = 48
+    max_prefill_tokens: int = 64
 
     @classmethod
     def of(cls, cfg: ServeConfig) -> EngineSettings:
@@ -74,11 +71,12 @@ class EngineSettings:
             max_rows=cfg.max_batch_size,
             kv_tokens=cfg.kv_cache_tokens,
             max_queued=cfg.max_queued_requests,
+            max_prefill_tokens=cfg.max_prefill_tokens,
         )
 
     def limits(self) -> Limits:
         """The scheduler's bounds."""
-        return Limits(self.max_rows, self.kv_tokens, self.max_queued, MAX_PREFILL_TOKENS)
+        return Limits(self.max_rows, self.kv_tokens, self.max_queued, self.max_prefill_tokens)
 
 
 @dataclass(frozen=True)
@@ -132,6 +130,17 @@ class EngineStats:
     refused: int = 0
     largest_batch: int = 0
     joined_running_batch: int = 0  # requests prefilled while other rows were decoding
+    # Where a request's time goes (sums in seconds and tokens; a reader takes differences over a window):
+    prefill_steps: int = 0
+    prefill_s: float = 0.0  # wall time of the prefill steps
+    prefill_tokens: int = 0  # prompt tokens prefilled
+    prefill_padding: int = 0  # pad positions the left-padded prefill batches computed besides them
+    decode_steps: int = 0
+    decode_s: float = 0.0  # wall time of the decoding steps
+    decode_rows: int = 0  # rows decoded, over all decoding steps (their mean batch size times the steps)
+    admitted: int = 0  # requests that joined a batch
+    queued_s: float = 0.0  # their time in the waiting queue, from submission to the step that prefills them
+    first_token_s: float = 0.0  # their time from submission to their first token handed to the replica
 
 
 class QueueFullError(RequestError):
@@ -156,6 +165,7 @@ class _Request:
     prepared: Prepared
     state: _RowState
     events: asyncio.Queue[Any]
+    submitted: float = field(default_factory=time.perf_counter)
 
 
 class Engine:
@@ -338,11 +348,28 @@ class Engine:
                 self._batch = None
                 self.stats.rows_in_flight = 0
                 continue
-            self._step_s = 0.8 * self._step_s + 0.2 * (time.perf_counter() - started) if self._step_s else (
-                time.perf_counter() - started)  # fmt: skip
+            elapsed = time.perf_counter() - started
+            self._step_s = 0.8 * self._step_s + 0.2 * elapsed if self._step_s else elapsed
+            self._count_step(admitted, results, started, elapsed)
             for request, events in results:
                 for event in events:
                     request.events.put_nowait(event)
+
+    def _count_step(self, admitted: list[_Request], results: list[tuple[_Request, list[Event]]], started: float,
+                    elapsed: float) -> None:  # fmt: skip
+        """Add one step to the timing counters of :class:`EngineStats`."""
+        stats, ended = self.stats, started + elapsed
+        if not admitted:
+            stats.decode_steps, stats.decode_s, stats.decode_rows = (
+                stats.decode_steps + 1, stats.decode_s + elapsed, stats.decode_rows + len(results))  # fmt: skip
+            return
+        lengths = [len(r.prepared.input_ids) for r in admitted]
+        stats.prefill_steps, stats.prefill_s = stats.prefill_steps + 1, stats.prefill_s + elapsed
+        stats.prefill_tokens += sum(lengths)
+        stats.prefill_padding += max(lengths) * len(lengths) - sum(lengths)
+        stats.admitted += len(admitted)
+        stats.queued_s += sum(started - r.submitted for r in admitted)
+        stats.first_token_s += sum(ended - r.submitted for r in admitted)
 
     def _take_admitted(self) -> list[_Request]:
         """The waiting requests that join at this step (the scheduler's plan), now counted as running."""

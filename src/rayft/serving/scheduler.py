@@ -4,13 +4,20 @@ A replica decodes its running rows one token per step (:mod:`rayft.serving.batch
 :func:`plan_admission` takes requests from the head of the waiting queue, in arrival order, while
 the batch has a free row, the KV budget has room for the request's whole sequence (prompt and
 completion, reserved up front so that a running row never has to be evicted) and the step's
-prefill stays within its token bound (so that one burst of long prompts does not stall the rows
-that are decoding). A request that does not fit waits at the head: later, smaller requests do not
-overtake it, so no request starves. While rows decode, prefill steps and decoding steps alternate
-(:func:`prefill_turn`): the rows of a burst that joined first get their tokens first, and end first, so
-that the requests which follow them arrive spread over steps instead of in one wave that waits for the
-whole wave's prefill. The waiting queue itself is bounded (:func:`queue_full`); a
-request beyond it is refused with a retry hint (:func:`retry_after_s`), never left to wait unbounded.
+prefill stays within its token budget (``serve.max_prefill_tokens``, beyond the first request). A
+request that does not fit waits at the head: later, smaller requests do not overtake it, so no
+request starves. While rows decode, prefill steps and decoding steps alternate (:func:`prefill_turn`).
+
+Why a small prefill budget (64 tokens by default, about one chat prompt) and the alternation: rows that
+join in one step, or in prefill steps with no decoding step between them, have decoded as many tokens
+at every step, so with equal ``max_tokens`` they end at the same step, and the next requests of
+clients that wait for those answers arrive together: a wave whose last request waits for the whole
+wave's prefill. One request per prefill step with a decoding step between two prefill steps puts each
+row of a burst one step apart, so their ends, and the requests that follow them, stay spread over
+steps, and each new request waits for one step in progress and its own prefill. The cost is one
+forward's fixed cost per request instead of per group (``docs/performance.md`` has the figures). The
+waiting queue itself is bounded (:func:`queue_full`); a request beyond it is refused with a retry hint
+(:func:`retry_after_s`), never left to wait unbounded.
 """
 
 from __future__ import annotations
