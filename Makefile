@@ -35,12 +35,15 @@ quickstart: setup
 # test file on one worker, so that its module fixtures run once; tests act only on processes they
 # started (tests.support.ray_state.ray_processes), never on another worker's, and a placement group a test
 # leaves on its worker's Ray is caught after that test (tests/conftest.py). --durations: every CI log lists
-# the slowest tests (the suite must stay within CI's time budget).
+# the slowest tests (the suite must stay within CI's time budget). Tests marked `alone` (they press the
+# node's memory, which Ray's memory monitor reads whole) run after them, with nothing beside them.
 INTEGRATION_WORKERS ?= 2
 test: setup
 	$(VENV)/bin/pytest -n 2 -m "($(PYTEST_MARKERS)) and not integration and not chaos" $(PYTEST_ARGS)
-	$(VENV)/bin/pytest -n $(INTEGRATION_WORKERS) --dist loadfile -m "($(PYTEST_MARKERS)) and (integration or chaos)" \
-	    --durations=25 $(PYTEST_ARGS)
+	$(VENV)/bin/pytest -n $(INTEGRATION_WORKERS) --dist loadfile \
+	    -m "($(PYTEST_MARKERS)) and (integration or chaos) and not alone" --durations=25 $(PYTEST_ARGS)
+	# Tests that press the whole machine's memory run last, one at a time (exit 5: none selected).
+	$(VENV)/bin/pytest -m "($(PYTEST_MARKERS)) and alone" $(PYTEST_ARGS) || [ $$? -eq 5 ]
 
 test-slow: setup
 	$(VENV)/bin/pytest -m "slow and not gpu" --durations=25 $(PYTEST_ARGS)

@@ -56,3 +56,14 @@ def test_the_main_thread_goes_idle_unless_exported_as_0() -> None:
     assert local_idle_main_thread({})
     assert local_idle_main_thread({IDLE_MAIN_THREAD_ENV: "1"})
     assert not local_idle_main_thread({IDLE_MAIN_THREAD_ENV: "0"})
+
+
+def test_a_joined_gcs_is_named_to_the_jobs_processes_except_in_a_ray_job() -> None:
+    from rayft.runtime import WORKER_RUNTIME_ENV, join_runtime_env
+
+    joined = join_runtime_env("127.0.0.1:6379", {})
+    assert joined == {**WORKER_RUNTIME_ENV, "env_vars": {"RAY_ADDRESS": "127.0.0.1:6379"}}
+    # A Ray Client address is not a GCS: Ray's own actors run inside the cluster, not through it.
+    assert join_runtime_env("ray://head:10001", {}) == WORKER_RUNTIME_ENV
+    # A Ray Job's driver: its submission's environment variables stay as they were.
+    assert join_runtime_env("127.0.0.1:6379", {"RAY_JOB_CONFIG_JSON_ENV_VAR": "{}"}) == WORKER_RUNTIME_ENV

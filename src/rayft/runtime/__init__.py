@@ -166,13 +166,27 @@ def forget_checked_addresses() -> None:
     _ANSWERED.clear()
 
 
+def join_runtime_env(target: str, environ: Mapping[str, str]) -> dict[str, object]:
+    """The runtime environment of the processes of a job that joins the cluster at ``target``.
+
+    Ray's own actors of a run (Ray Train's placement-group cleaner among them) ask the state API for
+    the cluster "auto", which fails with "Found multiple active Ray instances" on a machine that runs
+    several heads, and the cleaner then dies with a traceback on the console. ``RAY_ADDRESS`` names
+    the cluster for them. A Ray Job's driver (``environ`` holds its job config) keeps the variables
+    its submission set: Ray refuses a job whose driver sets one of them again."""
+    runtime_env: dict[str, object] = dict(WORKER_RUNTIME_ENV)
+    if parse_address(target).kind == "gcs" and "RAY_JOB_CONFIG_JSON_ENV_VAR" not in environ:
+        runtime_env["env_vars"] = {"RAY_ADDRESS": target}
+    return runtime_env
+
+
 def _join(address: str) -> None:
     """Connect to the cluster at ``address`` (checked first by :func:`check_address`)."""
     import ray
 
     target = check_address(address)
     try:
-        ray.init(address=target, log_to_driver=True, runtime_env=WORKER_RUNTIME_ENV)
+        ray.init(address=target, log_to_driver=True, runtime_env=join_runtime_env(target, os.environ))
     except Exception as exc:  # ray raises ConnectionError wrapping its AuthenticationError
         chain = [f"{type(e).__name__}: {e}" for e in exception_chain(exc)]
         if any("InvalidAuthToken" in t or "AuthenticationError" in t for t in chain):
