@@ -49,3 +49,14 @@ def set_mmap_threshold(threshold_bytes: int | None) -> bool:
                     "with the process", threshold_bytes)  # fmt: skip
         return False
     return True
+
+
+def release_free_memory() -> bool:
+    """Hand the memory glibc's heap keeps free back to the system now (``malloc_trim(0)``, which also
+    releases whole free pages inside the heap); whether it could. For a process that goes on after a
+    run (an in-process run, then its evaluation): what the run's steps freed would stay resident."""
+    libc = _glibc()
+    if libc is None or not hasattr(libc, "malloc_trim"):
+        return False
+    libc.malloc_trim(ctypes.c_size_t(0))
+    return True
