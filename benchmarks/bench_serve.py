@@ -156,9 +156,12 @@ def main() -> None:
 
     start_local_ray(num_cpus=int(args.cpus))
     batch = prompts(args.requests)
-    bases = []
-    with tempfile.TemporaryDirectory() as work:
-        bases.append(offline(args.model, batch, args.max_tokens, args.cpus, Path(work)))
+
+    def offline_run() -> dict[str, float]:
+        with tempfile.TemporaryDirectory() as work:
+            return offline(args.model, batch, args.max_tokens, args.cpus, Path(work))
+
+    bases = [offline_run()]
     cfg = rayft.RayftConfig.model_validate(
         {"serve": {"num_cpus_per_replica": args.cpus, "max_batch_size": 16, "max_tokens": args.max_tokens}}
     )
@@ -172,8 +175,7 @@ def main() -> None:
             split = time_split(before, replica_stats(server.base_url), levels[concurrency]["mean_ttft_s"])
             splits[concurrency] = split
             print(f"concurrency {concurrency}: {levels[concurrency]} {split}", flush=True)
-    with tempfile.TemporaryDirectory() as work:
-        bases.append(offline(args.model, batch, args.max_tokens, args.cpus, Path(work)))
+    bases.append(offline_run())
     print(f"command: {' '.join([sys.executable.rsplit('/', 1)[-1], *sys.argv])}")
     print(f"model {args.model}, {args.requests} requests, max_tokens {args.max_tokens}, {args.cpus:g} CPUs per arm")
     print("| arm | p50 latency s | p95 latency s | p50 TTFT s | p95 TTFT s | tokens | tokens/s |")

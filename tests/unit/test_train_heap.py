@@ -35,12 +35,17 @@ print(json.dumps({"applied": applied, "kept_free": libc.mallinfo2().fordblks}))
 needs_glibc = pytest.mark.skipif(_glibc() is None, reason="glibc's mallopt: Linux with glibc only")
 
 
+def fresh_process(script: str, *args: str, **env: str) -> dict[str, int]:
+    """What ``script`` reports (one JSON line) in a fresh process, without the caller's MALLOC_ settings."""
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
+    done = subprocess.run([sys.executable, "-c", script, *args], capture_output=True, text=True, check=True,
+                          env={**clean, **env}, timeout=60)  # fmt: skip
+    return dict(json.loads(done.stdout))
+
+
 def freed_and_kept(threshold: int | None, **env: str) -> dict[str, int]:
     """What the fresh process reports with ``threshold`` (and extra environment variables)."""
-    clean = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
-    done = subprocess.run([sys.executable, "-c", HEAP, json.dumps(threshold)], capture_output=True, text=True,
-                          check=True, env={**clean, **env}, timeout=60)  # fmt: skip
-    return dict(json.loads(done.stdout))
+    return fresh_process(HEAP, json.dumps(threshold), **env)
 
 
 @needs_glibc
@@ -82,8 +87,5 @@ print(json.dumps({"released": released, "dropped_mib": (kept - psutil.Process().
 
 @needs_glibc
 def test_what_the_heap_keeps_goes_back_to_the_system_when_released() -> None:
-    clean = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
-    done = subprocess.run([sys.executable, "-c", RELEASE], capture_output=True, text=True, check=True, env=clean,
-                          timeout=60)  # fmt: skip
-    report = json.loads(done.stdout)
+    report = fresh_process(RELEASE)
     assert report["released"] and report["dropped_mib"] >= 90, report
