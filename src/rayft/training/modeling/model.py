@@ -95,15 +95,22 @@ def prepare_training_model(
 ) -> TransformersModel:
     """Turn a loaded model into the one a worker trains: training attention for the device (causal
     LMs; an encoder-decoder keeps its configured attention, which takes the padding mask), the LoRA
-    adapter (restored from ``restore_dir`` when given), activation checkpointing of every block, and
-    each block compiled; with ``liger_kernels``, Liger's RMSNorm, SwiGLU and RoPE patched in first."""
+    adapter (restored from ``restore_dir`` when given; its input dropout without a copy of each adapted
+    layer's input, :func:`~rayft.training.modeling.lora_dropout.lean_lora_dropout`), activation
+    checkpointing of every block, and each block compiled; with ``liger_kernels``, Liger's RMSNorm,
+    SwiGLU and RoPE patched in first."""
     if liger_kernels:
         apply_liger_kernels(net, device_type)
     if not is_seq2seq(net):
         use_training_attention(net, attn_implementation, device_type)
-    model: TransformersModel = _attach_adapter(net, lora, restore_dir) if method == "lora" else net
+    model: TransformersModel = net
+    if method == "lora":
+        from rayft.training.modeling.lora_dropout import lean_lora_dropout  # imports torch
+
+        model = _attach_adapter(net, lora, restore_dir)
+        lean_lora_dropout(model)
     if gradient_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        enable_activation_checkpointing(model)
     model.config.use_cache = False
     # from_pretrained returns a model in eval mode, from_config (the meta-device build) in train mode, and a
     # fresh adapter's modules train: every build trains with the model's own dropout (T5's, LoRA's) switched on,
@@ -112,6 +119,16 @@ def prepare_training_model(
     if compile_blocks:
         compile_each_block(model)
     return model
+
+
+def enable_activation_checkpointing(model: torch.nn.Module) -> None:
+    """Checkpoint every block of a transformers (or PEFT) model, non-reentrant: transformers 5 renamed the
+    method (``gradient_checkpointing_enable`` warns that it goes in 6); earlier 5.x releases have the old one only."""
+    enable = getattr(model, "activation_checkpointing_enable", None)
+    if enable is not None:
+        enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})  # type: ignore[operator]
 
 
 def compile_each_block(net: torch.nn.Module) -> int:
