@@ -23,10 +23,13 @@ transformers, peft, Ray Train, rayft's loop), and TRL's ``SFTTrainer`` on the sa
 of a worker's peak is what none of the measured parts explain: the allocator's kept free memory at the peak,
 and what is neither heap nor import (thread stacks, Ray's object store client, torch's own pools).
 
-Each training runs twice: "before", with glibc's own mmap threshold (``train.malloc_mmap_threshold_bytes=null``,
-the default), and "after", with a fixed 1 MiB threshold (``train.malloc_mmap_threshold_bytes=1048576``); the
-ratio is each worker's peak against its "before" peak. ``--env`` adds an arm with glibc's threshold and extra
-environment variables for the workers (``KEY=VALUE,KEY=VALUE``, e.g. ``MALLOC_ARENA_MAX=2``).
+Each training runs on glibc's allocator twice (``train.allocator=glibc``): "before", with glibc's own mmap
+threshold (``train.malloc_mmap_threshold_bytes=null``), and "after", with a fixed 1 MiB threshold
+(``train.malloc_mmap_threshold_bytes=1048576``); and, where jemalloc is installed, a third time with
+``train.allocator=jemalloc`` (what ``auto`` takes then), whose heap is not glibc's: its working set, kept
+memory and remainder are not read ("n/a"). The ratio is each worker's peak against its "before" peak.
+``--env`` adds an arm with glibc's threshold and extra environment variables for the workers
+(``KEY=VALUE,KEY=VALUE``, e.g. ``MALLOC_ARENA_MAX=2``).
 
     flock /tmp/rayft-bench.lock .venv/bin/python benchmarks/bench_worker_memory.py [--steps 4]
         [--methods lora,full] [--workers 2,1] [--trl] [--env MALLOC_ARENA_MAX=2]
@@ -57,6 +60,8 @@ BATCH, SEQ = 4, 256
 MIB = 2**20
 BEFORE = "before: glibc's default"
 AFTER = "after: 1 MiB mmap threshold"
+JEMALLOC = "jemalloc"
+GLIBC_HEAP_PARTS = ("step working set", "allocator kept free", "unexplained")  # read from glibc's mallinfo2
 
 
 class _MallInfo2(ctypes.Structure):
@@ -287,12 +292,16 @@ def main() -> None:
     print("command:", " ".join([Path(sys.executable).name, *sys.argv]), flush=True)
     imports_mib = imports_rss()
     print(f"imports (torch, transformers, peft, ray.train, rayft's loop): {imports_mib:.0f} MiB", flush=True)
+    from rayft.training.loop.heap import find_jemalloc
+
     variants: dict[str, tuple[list[str], dict[str, str]]] = {
-        BEFORE: (["train.malloc_mmap_threshold_bytes=null"], {}),
-        AFTER: (["train.malloc_mmap_threshold_bytes=1048576"], {}),
+        BEFORE: (["train.allocator=glibc", "train.malloc_mmap_threshold_bytes=null"], {}),
+        AFTER: (["train.allocator=glibc", "train.malloc_mmap_threshold_bytes=1048576"], {}),
     }
+    if find_jemalloc((sys.prefix,)) is not None:
+        variants[JEMALLOC] = (["train.allocator=jemalloc"], {})
     if args.env:
-        variants[args.env] = (["train.malloc_mmap_threshold_bytes=null"], parse_env(args.env))
+        variants[args.env] = (["train.allocator=glibc", "train.malloc_mmap_threshold_bytes=null"], parse_env(args.env))
     rows = []
     for method in args.methods.split(","):
         for workers in (int(w) for w in args.workers.split(",")):
@@ -323,7 +332,8 @@ def print_table(rows: list[dict[str, Any]]) -> None:
     for row in rows:
         base = next(r for r in rows if r["method"] == row["method"] and r["workers"] == row["workers"]
                     and r["rank"] == row["rank"] and r["variant"] == BEFORE)  # fmt: skip
-        cells = [f"{row['parts'][n]:.0f}" for n in names]
+        glibc = row["variant"] != JEMALLOC
+        cells = [f"{row['parts'][n]:.0f}" if glibc or n not in GLIBC_HEAP_PARTS else "n/a" for n in names]
         print(f"| {row['method']} | {row['workers']} | {row['variant']} | {row['rank']} | {row['peak_rss_mib']:.0f} | "
               f"{row['peak_rss_mib'] / base['peak_rss_mib']:.2f}x | {row['built_hwm_mib']:.0f} | "
               + " | ".join(cells) + " |")  # fmt: skip

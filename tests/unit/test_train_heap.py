@@ -89,3 +89,77 @@ print(json.dumps({"released": released, "dropped_mib": (kept - psutil.Process().
 def test_what_the_heap_keeps_goes_back_to_the_system_when_released() -> None:
     report = fresh_process(RELEASE)
     assert report["released"] and report["dropped_mib"] >= 90, report
+
+
+JE = "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2"
+
+
+@pytest.mark.parametrize(
+    ("choice", "threshold", "environ", "found", "name"),
+    [
+        ("auto", None, {}, JE, "jemalloc"),
+        ("jemalloc", None, {}, JE, "jemalloc"),
+        ("auto", None, {}, None, "glibc"),
+        ("glibc", None, {}, JE, "glibc"),
+        ("auto", 1 << 20, {}, JE, "glibc"),  # the threshold is glibc's: asking for it asks for glibc
+        ("auto", None, {"LD_PRELOAD": "/opt/libtcmalloc.so"}, JE, "the environment's"),
+        ("jemalloc", None, {"MALLOC_CONF": "narenas:1"}, JE, "the environment's"),
+    ],
+)
+def test_the_workers_allocator_plan(
+    choice: str, threshold: int | None, environ: dict[str, str], found: str | None, name: str
+) -> None:
+    from rayft.training.loop.heap import JEMALLOC_CONF, plan_allocator
+
+    plan = plan_allocator(choice, threshold, environ, found)
+    assert plan.name == name
+    assert plan.env_vars == ({"LD_PRELOAD": JE, "MALLOC_CONF": JEMALLOC_CONF} if name == "jemalloc" else {})
+    assert plan.note.startswith("workers' allocator: ")
+    if name == "glibc" and found is None:
+        assert "apt-get install libjemalloc2" in plan.note
+
+
+def test_asking_for_jemalloc_where_there_is_none_says_how_to_install_it() -> None:
+    from rayft.training.loop.heap import plan_allocator
+
+    with pytest.raises(ValueError, match=r"train.allocator=jemalloc.*apt-get install libjemalloc2.*allocator=auto"):
+        plan_allocator("jemalloc", None, {}, None)
+
+
+def test_jemalloc_is_found_in_the_environment_before_the_system() -> None:
+    from rayft.training.loop.heap import find_jemalloc
+
+    present = {"/env/lib/libjemalloc.so", JE}
+    assert find_jemalloc(("/env",), present.__contains__) == "/env/lib/libjemalloc.so"
+    assert find_jemalloc(("/other", ""), present.__contains__) == JE
+    assert find_jemalloc(("/other",), lambda _: False) is None
+
+
+def test_a_process_map_tells_which_allocator_is_loaded() -> None:
+    from rayft.training.loop.heap import loaded_allocator, process_allocator
+
+    assert loaded_allocator(f"7f00-7f10 r-xp 00000000 08:01 12 {JE}\n") == "jemalloc"
+    assert loaded_allocator("7f00-7f10 r-xp 00000000 08:01 12 /usr/lib/x86_64-linux-gnu/libc.so.6\n") != "jemalloc"
+    assert process_allocator() == "the C library's"  # the tests run on the C library's own
+
+
+@pytest.mark.skipif(not os.path.isfile(JE), reason="needs libjemalloc2 (apt-get install libjemalloc2)")
+def test_a_process_started_with_the_plans_variables_runs_on_jemalloc() -> None:
+    from rayft.training.loop.heap import plan_allocator
+
+    plan = plan_allocator("auto", None, {}, JE)
+    code = "from rayft.training.loop.heap import process_allocator; print(process_allocator())"
+    out = subprocess.run(
+        [sys.executable, "-c", code], env={**os.environ, **plan.env_vars}, capture_output=True, text=True, check=True
+    )
+    assert out.stdout.strip() == "jemalloc"
+    assert out.stderr == ""
+
+
+def test_a_glibc_threshold_with_jemalloc_is_refused() -> None:
+    from pydantic import ValidationError
+
+    from rayft.config.train import TrainConfig
+
+    with pytest.raises(ValidationError, match="is glibc's setting, but train.allocator is 'jemalloc'"):
+        TrainConfig(allocator="jemalloc", malloc_mmap_threshold_bytes=1 << 20)

@@ -16,6 +16,7 @@ import gc
 import logging
 import os
 import signal
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -35,7 +36,7 @@ from rayft._ray_private import (
 from rayft.config.train import CheckpointConfig, FailureConfig, ScalingConfig
 from rayft.console import ray_train_log_level
 from rayft.data.prepared import PreparedData
-from rayft.errors import ResourceError, RunInterruptedError
+from rayft.errors import ConfigError, ResourceError, RunInterruptedError
 from rayft.runs import layout
 from rayft.runs.location import RunLocation
 from rayft.runs.stop import StopRequest
@@ -43,7 +44,7 @@ from rayft.runs.store import RunStore, open_store
 from rayft.runtime import environment, local_idle_main_thread, owns_ray
 from rayft.training.driver.restarts import decide_after_failure
 from rayft.training.loop.entry import ray_worker_entry
-from rayft.training.loop.heap import release_free_memory
+from rayft.training.loop.heap import AllocatorPlan, find_jemalloc, plan_allocator, release_free_memory
 from rayft.training.loop.plan import missing_resources
 from rayft.training.loop.session import LocalSession
 from rayft.training.loop.worker import run_worker
@@ -215,6 +216,8 @@ def launch_ray(
     per_worker = worker_resources(scaling, use_gpu)
     own_ray = owns_ray()
     train_env = local_train_env(os.environ) if own_ray else {}
+    allocator = workers_allocator(plan, local=own_ray)
+    log.info("%s", allocator.note)
     store = open_store(plan.location)
     groups = plan.run_dir / GROUPS_DIR
     recorder = placement_group_recorder(str(groups))
@@ -226,7 +229,7 @@ def launch_ray(
             check_cluster_fits(per_worker, scaling, while_waiting=remove_orphans if attempt else lambda: None)
             trainer = build_trainer(
                 plan, prepared, scaling, failure, checkpoint, use_gpu=use_gpu, per_worker=per_worker,
-                callbacks=callbacks,
+                callbacks=callbacks, worker_env=allocator.env_vars,
             )  # fmt: skip
             try:
                 trainer.fit()
@@ -236,6 +239,18 @@ def launch_ray(
             finally:  # whatever the outcome, the attempt's workers are done
                 release_attempt(groups)
             remove_orphans()
+
+
+def workers_allocator(plan: WorkerPlan, *, local: bool) -> AllocatorPlan:
+    """The C allocator of this run's Ray Train workers (``train.allocator``). jemalloc is looked for on
+    this machine; 'auto' takes it only on a Ray this process started, whose workers run here too (on a
+    joined cluster, 'jemalloc' says that every node has it where this machine does)."""
+    jemalloc = find_jemalloc((sys.prefix, os.environ.get("CONDA_PREFIX", "")))
+    choice = plan.train.allocator if local or plan.train.allocator != "auto" else "glibc"
+    try:
+        return plan_allocator(choice, plan.train.malloc_mmap_threshold_bytes, os.environ, jemalloc)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def release_attempt(groups: Path) -> None:
@@ -264,6 +279,7 @@ def build_trainer(
     use_gpu: bool,
     per_worker: dict[str, float],
     callbacks: Sequence[Any],
+    worker_env: dict[str, str] | None = None,
 ) -> Any:  # a ray.train.torch.TorchTrainer: ray is imported here only, on the driver
     """One attempt's ``TorchTrainer``. Ray Train restarts nothing itself (its ``max_failures`` is
     0): the launcher does, because Ray Train cannot restart its own controller, the process Ray's
@@ -290,6 +306,8 @@ def build_trainer(
             failure_config=ray.train.FailureConfig(max_failures=0),
             checkpoint_config=_ray_checkpoint_config(checkpoint, plan.has_validation),
             callbacks=list(callbacks),
+            # set when each worker's process starts: a preloaded allocator (LD_PRELOAD) cannot come later
+            worker_runtime_env={"env_vars": worker_env} if worker_env else None,
             # Ray Train's RunConfig takes it at run time; its typed v1 signature does not list it
             logging_config=ray.train.LoggingConfig(log_level=ray_train_log_level()),  # type: ignore[call-arg]
         ),

@@ -35,7 +35,7 @@ from rayft.training.loop.checkpointing import (
     restore_training_state,
     save_final,
 )
-from rayft.training.loop.heap import set_mmap_threshold
+from rayft.training.loop.heap import process_allocator, set_mmap_threshold
 from rayft.training.loop.metrics import (
     ConsoleLogger,
     JsonlLogger,
@@ -172,6 +172,8 @@ def setup_worker(plan: WorkerPlan, session: TrainSession) -> Worker:
     import torch
 
     set_mmap_threshold(plan.train.malloc_mmap_threshold_bytes)  # before the model: its load frees blocks too
+    if session.rank == 0:
+        log.info("worker's allocator: %s", process_allocator())
     torch.manual_seed(plan.seed)
     plan = choose_worker_step(plan, session)
     objective = build_objective(plan)
