@@ -32,7 +32,7 @@ memory and remainder are not read ("n/a"). The ratio is each worker's peak again
 (``KEY=VALUE,KEY=VALUE``, e.g. ``MALLOC_ARENA_MAX=2``).
 
     flock /tmp/rayft-bench.lock .venv/bin/python benchmarks/bench_worker_memory.py [--steps 4]
-        [--methods lora,full] [--workers 2,1] [--trl] [--env MALLOC_ARENA_MAX=2]
+        [--methods lora,full] [--workers 2,1] [--trl] [--skip-after] [--env MALLOC_ARENA_MAX=2]
 """
 
 from __future__ import annotations
@@ -288,6 +288,7 @@ def main() -> None:
     parser.add_argument("--workers", default="2,1")
     parser.add_argument("--env", default="", help="KEY=VALUE,... for the workers: one more arm")
     parser.add_argument("--trl", action="store_true", help="also TRL's SFTTrainer on the same LoRA work")
+    parser.add_argument("--skip-after", action="store_true", help="leave out the 1 MiB threshold's arm")
     args = parser.parse_args()
     print("command:", " ".join([Path(sys.executable).name, *sys.argv]), flush=True)
     imports_mib = imports_rss()
@@ -298,6 +299,8 @@ def main() -> None:
         BEFORE: (["train.allocator=glibc", "train.malloc_mmap_threshold_bytes=null"], {}),
         AFTER: (["train.allocator=glibc", "train.malloc_mmap_threshold_bytes=1048576"], {}),
     }
+    if args.skip_after:
+        del variants[AFTER]
     if find_jemalloc((sys.prefix,)) is not None:
         variants[JEMALLOC] = (["train.allocator=jemalloc"], {})
     if args.env:
