@@ -163,3 +163,10 @@ def test_a_glibc_threshold_with_jemalloc_is_refused() -> None:
 
     with pytest.raises(ValidationError, match="is glibc's setting, but train.allocator is 'jemalloc'"):
         TrainConfig(allocator="jemalloc", malloc_mmap_threshold_bytes=1 << 20)
+
+
+def test_workers_that_sample_keep_glibc_unless_jemalloc_is_named() -> None:
+    from rayft.training.loop.heap import plan_allocator
+
+    assert plan_allocator("auto", None, {}, JE, samples=True).name == "glibc"
+    assert plan_allocator("jemalloc", None, {}, JE, samples=True).name == "jemalloc"

@@ -248,7 +248,9 @@ def workers_allocator(plan: WorkerPlan, *, local: bool) -> AllocatorPlan:
     jemalloc = find_jemalloc((sys.prefix, os.environ.get("CONDA_PREFIX", "")))
     choice = plan.train.allocator if local or plan.train.allocator != "auto" else "glibc"
     try:
-        return plan_allocator(choice, plan.train.malloc_mmap_threshold_bytes, os.environ, jemalloc)
+        return plan_allocator(
+            choice, plan.train.malloc_mmap_threshold_bytes, os.environ, jemalloc, samples=plan.train.objective == "grpo"
+        )
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
 

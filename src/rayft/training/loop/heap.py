@@ -103,17 +103,27 @@ class AllocatorPlan:
 
 
 def plan_allocator(
-    choice: str, threshold_bytes: int | None, environ: Mapping[str, str], jemalloc: str | None
+    choice: str,
+    threshold_bytes: int | None,
+    environ: Mapping[str, str],
+    jemalloc: str | None,
+    *,
+    samples: bool = False,
 ) -> AllocatorPlan:
     """Which allocator the workers use for ``train.allocator`` = ``choice`` ('auto', 'glibc', 'jemalloc'),
-    given ``train.malloc_mmap_threshold_bytes``, the launching environment and the jemalloc library found
-    (:func:`find_jemalloc`, None when there is none). A preload or a ``MALLOC_CONF`` of the user's own wins.
-    Raises ValueError when 'jemalloc' is asked for and not found."""
+    given ``train.malloc_mmap_threshold_bytes``, the launching environment, the jemalloc library found
+    (:func:`find_jemalloc`, None when there is none) and whether the workers sample completions (GRPO).
+    A preload or a ``MALLOC_CONF`` of the user's own wins. Raises ValueError when 'jemalloc' is asked for
+    and not found."""
     own = [k for k in ("LD_PRELOAD", "MALLOC_CONF") if environ.get(k)]
     if own:
         return AllocatorPlan("the environment's", {}, f"workers' allocator: the environment's ({', '.join(own)} set)")
     if choice == "glibc" or (choice == "auto" and threshold_bytes is not None):
         return AllocatorPlan("glibc", {}, "workers' allocator: glibc's")
+    if choice == "auto" and samples:
+        # Measured: GRPO workers sampling on jemalloc (these settings keep every freed page) grew past 9 GiB
+        # within 7 steps where glibc's peaked at 3.3 GiB (docs/performance.md).
+        return AllocatorPlan("glibc", {}, "workers' allocator: glibc's (workers that sample completions keep it)")
     if jemalloc is None:
         if choice == "jemalloc":
             raise ValueError(
