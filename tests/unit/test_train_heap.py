@@ -170,3 +170,12 @@ def test_workers_that_sample_keep_glibc_unless_jemalloc_is_named() -> None:
 
     assert plan_allocator("auto", None, {}, JE, samples=True).name == "glibc"
     assert plan_allocator("jemalloc", None, {}, JE, samples=True).name == "jemalloc"
+
+
+def test_a_joined_cluster_takes_jemalloc_only_when_it_is_named() -> None:
+    from rayft.training.loop.heap import plan_allocator
+
+    joined = plan_allocator("auto", None, {}, JE, local=False)
+    assert (joined.name, joined.env_vars) == ("glibc", {})
+    assert "train.allocator=jemalloc" in joined.note
+    assert plan_allocator("jemalloc", None, {}, JE, local=False).name == "jemalloc"

@@ -242,15 +242,15 @@ def launch_ray(
 
 
 def workers_allocator(plan: WorkerPlan, *, local: bool) -> AllocatorPlan:
-    """The C allocator of this run's Ray Train workers (``train.allocator``). jemalloc is looked for on
-    this machine; 'auto' takes it only on a Ray this process started, whose workers run here too (on a
-    joined cluster, 'jemalloc' says that every node has it where this machine does)."""
+    """The C allocator of this run's Ray Train workers (``train.allocator``, :func:`plan_allocator`), with
+    jemalloc looked for on this machine."""
     jemalloc = find_jemalloc((sys.prefix, os.environ.get("CONDA_PREFIX", "")))
-    choice = plan.train.allocator if local or plan.train.allocator != "auto" else "glibc"
+    train = plan.train
     try:
         return plan_allocator(
-            choice, plan.train.malloc_mmap_threshold_bytes, os.environ, jemalloc, samples=plan.train.objective == "grpo"
-        )
+            train.allocator, train.malloc_mmap_threshold_bytes, os.environ, jemalloc,
+            local=local, samples=train.objective == "grpo",
+        )  # fmt: skip
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
 

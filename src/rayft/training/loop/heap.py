@@ -108,18 +108,24 @@ def plan_allocator(
     environ: Mapping[str, str],
     jemalloc: str | None,
     *,
+    local: bool = True,
     samples: bool = False,
 ) -> AllocatorPlan:
     """Which allocator the workers use for ``train.allocator`` = ``choice`` ('auto', 'glibc', 'jemalloc'),
-    given ``train.malloc_mmap_threshold_bytes``, the launching environment, the jemalloc library found
-    (:func:`find_jemalloc`, None when there is none) and whether the workers sample completions (GRPO).
-    A preload or a ``MALLOC_CONF`` of the user's own wins. Raises ValueError when 'jemalloc' is asked for
-    and not found."""
+    given ``train.malloc_mmap_threshold_bytes``, the launching environment, the jemalloc library found on
+    this machine (:func:`find_jemalloc`, None when there is none), whether the workers run on a Ray this
+    process started (``local``: on this machine, where that library is) and whether they sample completions
+    (GRPO). A preload or a ``MALLOC_CONF`` of the user's own wins. Raises ValueError when 'jemalloc' is
+    asked for and not found."""
     own = [k for k in ("LD_PRELOAD", "MALLOC_CONF") if environ.get(k)]
     if own:
         return AllocatorPlan("the environment's", {}, f"workers' allocator: the environment's ({', '.join(own)} set)")
     if choice == "glibc" or (choice == "auto" and threshold_bytes is not None):
         return AllocatorPlan("glibc", {}, "workers' allocator: glibc's")
+    if choice == "auto" and not local:
+        # A joined cluster's nodes may not have the library where this machine has it.
+        return AllocatorPlan("glibc", {}, "workers' allocator: glibc's (a joined cluster; train.allocator=jemalloc "
+                             "where every node has jemalloc)")  # fmt: skip
     if choice == "auto" and samples:
         # Measured: GRPO workers sampling on jemalloc (these settings keep every freed page) grew past 9 GiB
         # within 7 steps where glibc's peaked at 3.3 GiB (docs/performance.md).

@@ -18,13 +18,21 @@ so this small piece is written here.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 from torch.nn import functional
 
 if TYPE_CHECKING:
     from torch.autograd.function import FunctionCtx
+
+
+class _SavedContext(Protocol):
+    """What the backward pass reads of the forward's context."""
+
+    saved_tensors: tuple[torch.Tensor, ...]
+    needs_input_grad: tuple[bool, ...]
+    scale: float
 
 
 class _DroppedInputLinear(torch.autograd.Function):
@@ -39,9 +47,9 @@ class _DroppedInputLinear(torch.autograd.Function):
         return functional.linear(dropped, weight)
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None, None]:
+    def backward(ctx: _SavedContext, grad: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None, None]:
         x, mask, weight = ctx.saved_tensors
-        scale: float = ctx.scale
+        scale = ctx.scale
         grad_x = grad_w = None
         if ctx.needs_input_grad[0]:
             grad_x = torch.ops.aten.native_dropout_backward(grad.matmul(weight), mask, scale)
