@@ -250,16 +250,16 @@ class TrainConfig(Section):
         ),
     )
     allocator: Literal["auto", "glibc", "jemalloc"] = Field(
-        "auto",
+        "glibc",
         description=(
-            "The C allocator of the Ray Train workers' processes (Linux), which hold every CPU tensor. 'jemalloc' "
-            "preloads the system's jemalloc (apt-get install libjemalloc2) with PyTorch's CPU launcher settings: on "
-            "CPU a SmolLM2-135M LoRA run's peak was 0.70x glibc's at the same tokens/s (docs/performance.md), "
-            "because jemalloc's size classes fragment less than glibc's arenas; but GRPO's workers, which sample, "
-            "grew past 9 GiB on it where glibc's peaked at 3.3 GiB. 'auto': jemalloc where it is installed, except "
-            "for train.objective grpo, else glibc (the console says which); 'glibc' keeps the system's. A run "
-            "without workers (scaling.num_workers 0) keeps its own process's allocator; an LD_PRELOAD or "
-            "MALLOC_CONF in the environment wins."
+            "The C allocator of the Ray Train workers' processes (Linux), which hold every CPU tensor. 'glibc' (the "
+            "default) keeps the system's. 'jemalloc' preloads the system's jemalloc (apt-get install libjemalloc2) "
+            "with PyTorch's CPU launcher settings: a SmolLM2-135M LoRA run in one process peaked at 0.67-0.70x "
+            "glibc's at 0.97-1.07x its tokens/s, but per Ray Train worker one run gave 1.06x (rank 0) and 0.78x "
+            "(rank 1), and GRPO's workers, which sample, grew past 9 GiB on it where glibc's peaked at 3.3 GiB "
+            "(docs/performance.md). 'auto': jemalloc where it is installed, except for train.objective grpo and "
+            "on a joined cluster, else glibc. The console says which. A run without workers (scaling.num_workers "
+            "0) keeps its own process's allocator; an LD_PRELOAD or MALLOC_CONF in the environment wins."
         ),
     )
     preference: PreferenceConfig = Field(
