@@ -3,21 +3,20 @@
 from __future__ import annotations
 
 import json
-import os
+import sys
 from pathlib import Path
 
 import pytest
 
 from rayft.data.prepared import PreparedData
+from rayft.training.loop.heap import find_jemalloc
 from tests.support.allocator import RECORDER
 from tests.support.runs import tiny_config, train_on
 
 pytestmark = pytest.mark.integration
 
-JE = "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2"
 
-
-@pytest.mark.skipif(not os.path.isfile(JE), reason="needs libjemalloc2 (apt-get install libjemalloc2)")
+@pytest.mark.skipif(find_jemalloc((sys.prefix,)) is None, reason="needs libjemalloc2 (apt-get install libjemalloc2)")
 @pytest.mark.parametrize(("choice", "want"), [("jemalloc", "jemalloc"), ("glibc", "the C library's")])
 @pytest.mark.usefixtures("ray_session")
 def test_each_worker_runs_on_the_allocator_the_config_names(

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from rayft.training.loop.heap import _glibc, set_mmap_threshold
+from rayft.training.loop.heap import _glibc, find_jemalloc, set_mmap_threshold
 
 # A fresh process: frees an 8 MiB block (which raises glibc's own threshold to 8 MiB), then allocates fifty
 # 2 MiB blocks, each pinned in place by a 256 KiB block after it, frees them, and reports the heap's free bytes.
@@ -91,7 +91,7 @@ def test_what_the_heap_keeps_goes_back_to_the_system_when_released() -> None:
     assert report["released"] and report["dropped_mib"] >= 90, report
 
 
-JE = "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2"
+JE = "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2"  # a library path for the pure plans below
 
 
 @pytest.mark.parametrize(
@@ -143,11 +143,11 @@ def test_a_process_map_tells_which_allocator_is_loaded() -> None:
     assert process_allocator() == "the C library's"  # the tests run on the C library's own
 
 
-@pytest.mark.skipif(not os.path.isfile(JE), reason="needs libjemalloc2 (apt-get install libjemalloc2)")
+@pytest.mark.skipif(find_jemalloc((sys.prefix,)) is None, reason="needs libjemalloc2 (apt-get install libjemalloc2)")
 def test_a_process_started_with_the_plans_variables_runs_on_jemalloc() -> None:
     from rayft.training.loop.heap import plan_allocator
 
-    plan = plan_allocator("auto", None, {}, JE)
+    plan = plan_allocator("auto", None, {}, find_jemalloc((sys.prefix,)))
     code = "from rayft.training.loop.heap import process_allocator; print(process_allocator())"
     out = subprocess.run(
         [sys.executable, "-c", code], env={**os.environ, **plan.env_vars}, capture_output=True, text=True, check=True

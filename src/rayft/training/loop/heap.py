@@ -65,9 +65,10 @@ def release_free_memory() -> bool:
 
 
 # jemalloc's settings for a training process, as PyTorch's CPU launcher (torch.backends.xeon.run_cpu) sets
-# them: freed pages stay with the process for reuse (no decay, so no step faults its blocks anew), while
-# jemalloc's size classes keep the fragmentation that glibc's arenas show small; blocks of any size come
-# from dedicated extents (oversize_threshold:1) and one background thread does the purging.
+# them: freed pages stay with the process for reuse (no decay, so no step faults its blocks anew); blocks of
+# any size come from dedicated extents (oversize_threshold:1) and one background thread does the purging.
+# What they gave, by kind of run (lower in one process, mixed per worker, far higher for GRPO), is in
+# docs/performance.md.
 JEMALLOC_CONF = (
     "oversize_threshold:1,background_thread:true,metadata_thp:auto,dirty_decay_ms:9000000000,muzzy_decay_ms:9000000000"
 )
@@ -138,7 +139,7 @@ def plan_allocator(
             )
         return AllocatorPlan(
             "glibc", {},
-            f"workers' allocator: glibc's (jemalloc not found; {JEMALLOC_HINT} for a lower peak at the same speed)",
+            f"workers' allocator: glibc's (jemalloc not found; {JEMALLOC_HINT} to try it)",
         )  # fmt: skip
     return AllocatorPlan(
         "jemalloc", {"LD_PRELOAD": jemalloc, "MALLOC_CONF": JEMALLOC_CONF}, f"workers' allocator: jemalloc ({jemalloc})"
