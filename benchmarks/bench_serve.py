@@ -10,9 +10,11 @@ and actor start included), and without its fixed cost (a 1-prompt run's time sub
 twice, before the server starts and after it stops, and the ratios are against each run and their
 mean: on a shared machine the offline figure moves between runs, and one run alone cannot show by
 how much. Both arms get the same CPUs: the Serve replica and the generate actor each reserve --cpus.
+The replica prefills joining requests in its running rows' decoding steps (`serve.mixed_steps`, the
+default); `--prefill-steps` serves with prefill steps of their own instead, for the comparison.
 
     .venv/bin/python benchmarks/bench_serve.py [--model smollm2-135m-instruct] [--requests 32]
-        [--max-tokens 48] [--concurrency 1 4 16] [--cpus 2]
+        [--max-tokens 48] [--concurrency 1 4 16] [--cpus 2] [--prefill-steps]
 """
 
 from __future__ import annotations
@@ -95,7 +97,8 @@ def time_split(before: dict[str, float], after: dict[str, float], mean_ttft_s: f
     first = d["first_token_s"] / admitted
     return {
         "queued_s": d["queued_s"] / admitted, "engine_first_token_s": first, "outside_engine_s": mean_ttft_s - first,
-        "prefill_steps": d["prefill_steps"], "prefill_step_s": d["prefill_s"] / prefills,
+        "prefill_steps": d["prefill_steps"], "mixed_steps": d["mixed_steps"],
+        "prefill_step_s": d["prefill_s"] / prefills,
         "prefill_tokens_per_step": d["prefill_tokens"] / prefills, "padding_share": d["prefill_padding"] / max(
             d["prefill_padding"] + d["prefill_tokens"], 1),
         "decode_steps": d["decode_steps"], "decode_step_s": d["decode_s"] / decodes, "rows_per_decode": d[
@@ -129,14 +132,15 @@ def offline(
 def print_split(splits: dict[int, dict[str, float]]) -> None:
     """Where the time to first token goes, per level (means over the level's requests and steps)."""
     print(
-        "| level | mean TTFT: queued s | engine first token s | outside the engine s | prefill steps | "
+        "| level | mean TTFT: queued s | engine first token s | outside the engine s | prefill steps (mixed) | "
         "s/prefill step | prompt tokens/step | padding | decode steps | s/decode step | rows/decode step |"
     )
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     for concurrency, m in splits.items():
         print(
             f"| concurrency {concurrency} | {m['queued_s']:.3f} | {m['engine_first_token_s']:.3f} | "
-            f"{m['outside_engine_s']:.3f} | {m['prefill_steps']:.0f} | {m['prefill_step_s']:.3f} | "
+            f"{m['outside_engine_s']:.3f} | {m['prefill_steps']:.0f} ({m['mixed_steps']:.0f}) | "
+            f"{m['prefill_step_s']:.3f} | "
             f"{m['prefill_tokens_per_step']:.0f} | {m['padding_share']:.0%} | {m['decode_steps']:.0f} | "
             f"{m['decode_step_s']:.3f} | {m['rows_per_decode']:.1f} |"
         )
@@ -149,6 +153,7 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=48)
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16])
     parser.add_argument("--cpus", type=float, default=2)
+    parser.add_argument("--prefill-steps", action="store_true", help="serve.mixed_steps: false")
     args = parser.parse_args()
 
     import rayft
@@ -163,7 +168,14 @@ def main() -> None:
 
     bases = [offline_run()]
     cfg = rayft.RayftConfig.model_validate(
-        {"serve": {"num_cpus_per_replica": args.cpus, "max_batch_size": 16, "max_tokens": args.max_tokens}}
+        {
+            "serve": {
+                "num_cpus_per_replica": args.cpus,
+                "max_batch_size": 16,
+                "max_tokens": args.max_tokens,
+                "mixed_steps": not args.prefill_steps,
+            }
+        }
     )
     levels, splits = {}, {}
     with rayft.api.serve(cfg, [args.model], port=0) as server:
@@ -177,7 +189,10 @@ def main() -> None:
             print(f"concurrency {concurrency}: {levels[concurrency]} {split}", flush=True)
     bases.append(offline_run())
     print(f"command: {' '.join([sys.executable.rsplit('/', 1)[-1], *sys.argv])}")
-    print(f"model {args.model}, {args.requests} requests, max_tokens {args.max_tokens}, {args.cpus:g} CPUs per arm")
+    print(
+        f"model {args.model}, {args.requests} requests, max_tokens {args.max_tokens}, {args.cpus:g} CPUs per arm, "
+        f"serve.mixed_steps {not args.prefill_steps}"
+    )
     print("| arm | p50 latency s | p95 latency s | p50 TTFT s | p95 TTFT s | tokens | tokens/s |")
     print("|---|---|---|---|---|---|---|")
     for concurrency, m in levels.items():

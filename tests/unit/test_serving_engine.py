@@ -95,16 +95,80 @@ async def _staggered(engine: Engine, jobs: list[tuple[Job, str | None]]) -> list
     return sinks
 
 
-def test_rows_joining_a_running_batch_decode_as_generate_alone(engine: Engine, tiny_model_dir: Path) -> None:
+@pytest.mark.parametrize("mixed", [True, False], ids=["mixed-steps", "prefill-steps"])
+def test_rows_joining_a_running_batch_decode_as_generate_alone(
+    engine: Engine, tiny_model_dir: Path, adapter_dirs: dict[str, Path], mixed: bool
+) -> None:
+    engine = engine if mixed else _engine(tiny_model_dir, adapter_dirs, mixed_steps=False)
     lengths = [40, 24, 16, 8]
-    before = engine.stats.joined_running_batch
+    before, mixed_before = engine.stats.joined_running_batch, engine.stats.mixed_steps
     events = asyncio.run(_staggered(engine, [(_job(p, n), None) for p, n in zip(PROMPTS, lengths, strict=True)]))
     for prompt, n, got in zip(PROMPTS, lengths, events, strict=True):
         expected = _reference(tiny_model_dir, None, prompt, n)
         assert _ids(got) == expected, prompt
         assert got[-1] == Finished("length" if len(expected) == n else "stop", len(expected) + (len(expected) < n))
     assert engine.stats.joined_running_batch - before == 3
+    assert engine.stats.mixed_steps - mixed_before == (3 if mixed else 0)  # each join, in the running rows' step
     assert engine.stats.rows_in_flight == 0 and engine.stats.largest_batch >= 2
+
+
+def _tokens(batch: Any, plan: list[list[Any]], steps: int) -> dict[int, list[tuple[int, float, list[int]]]]:
+    """Each row's (token, log-probability, top-3 ids) over ``steps`` steps, rows joining at the planned steps."""
+    got: dict[int, list[tuple[int, float, list[int]]]] = {}
+    for index in range(steps):
+        for key, picked in batch.step(plan[index] if index < len(plan) else []).items():
+            got.setdefault(key, []).append((picked.token, picked.logprob, [t for t, _ in picked.top]))
+    return got
+
+
+def test_a_mixed_step_computes_what_a_prefill_step_and_a_decoding_step_compute(engine: Engine) -> None:
+    """Rows of two adapters and the base, joining a running batch: the mixed forward (every new token in the
+    batch dimension, attention by rayft's function) gives each row the tokens and log-probabilities that
+    separate prefill and decoding steps give, and the joined rows' caches continue as theirs do."""
+    from rayft.serving.batch import NewRow, RunningBatch, Sampler
+
+    engine.load_adapter("alpha")
+    engine.load_adapter("beta")
+    names = [BASE_ADAPTER, engine._names["alpha"], engine._names["beta"], engine._names["alpha"]]
+    prompts = [engine.prepare(_job(p), None).input_ids for p in PROMPTS]
+
+    def row(key: int) -> NewRow:
+        return NewRow(key, prompts[key], names[key], Sampler(0.0, 1.0, None), top_logprobs=3)
+
+    plan = [[row(0)], [], [row(1), row(2)], [], [row(3)]]  # two rows join in one step, then one more
+    runs = {}
+    for mixed in (True, False):
+        batch = RunningBatch(engine.backend.model, 0, "cpu", adapters=True, mixed=mixed)
+        assert batch.mixes() is mixed
+        runs[mixed] = _tokens(batch, plan, 14)
+    for key in range(4):
+        mixed_run, separate = runs[True][key], runs[False][key]
+        n = min(len(mixed_run), len(separate))
+        assert n >= 8
+        assert [t for t, _, _ in mixed_run[:n]] == [t for t, _, _ in separate[:n]], key
+        assert [top for _, _, top in mixed_run[:n]] == [top for _, _, top in separate[:n]], key
+        assert [lp for _, lp, _ in mixed_run[:n]] == pytest.approx([lp for _, lp, _ in separate[:n]], abs=1e-4)
+    # The mixed batch decoded the running rows in the joining steps: it is ahead by one token per such step.
+    assert len(runs[True][0]) == len(runs[False][0]) + 2
+
+
+def test_mixed_steps_run_for_the_model_types_whose_attention_allows_them() -> None:
+    from types import SimpleNamespace
+
+    from rayft.serving.batch import mixes
+
+    def model(model_type: str, **config: Any) -> Any:
+        return SimpleNamespace(config=SimpleNamespace(model_type=model_type, _attn_implementation="sdpa", **config))
+
+    assert mixes(model("llama"))
+    assert mixes(model("qwen2", sliding_window=4096, use_sliding_window=False))
+    assert not mixes(model("qwen2", sliding_window=4096, use_sliding_window=True))
+    assert not mixes(model("mistral", sliding_window=4096))
+    assert mixes(model("mistral", sliding_window=None))
+    assert not mixes(model("gpt2"))
+    flex = model("llama")
+    flex.config._attn_implementation = "flex_attention"
+    assert not mixes(flex)
 
 
 def test_mixed_adapters_in_one_running_batch_decode_as_each_alone(

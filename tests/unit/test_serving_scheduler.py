@@ -36,6 +36,7 @@ def test_prefill_and_decoding_steps_alternate_while_rows_run() -> None:
     assert prefill_turn(prefilled_last_step=False, running_rows=3)
     assert not prefill_turn(prefilled_last_step=True, running_rows=3)  # the running rows decode first
     assert prefill_turn(prefilled_last_step=True, running_rows=0)  # nothing to decode: prefill on
+    assert prefill_turn(prefilled_last_step=True, running_rows=3, mixed=True)  # every mixed step decodes them
 
 
 def _end_steps(arrivals: int, limits: Limits, need: Need) -> list[int]:

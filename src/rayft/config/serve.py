@@ -95,6 +95,15 @@ class ServeConfig(Section):
             "prefills a burst in fewer, larger steps, for more tokens per second."
         ),
     )
+    mixed_steps: bool = Field(
+        True,
+        description=(
+            "hf: prefill the requests that join a replica's running batch in the same forward as the running "
+            "rows' next tokens (a mixed step), so that a forward's fixed cost (reading the weights) is paid once "
+            "per step instead of once more per prefill. Llama, Qwen2, Qwen3 and Mistral models without a "
+            "sliding window; other models, and false, prefill in steps of their own between decoding steps."
+        ),
+    )
     max_adapters_per_replica: int = Field(
         4, gt=0, description="LoRA adapters a replica keeps loaded; the least recently used is unloaded first."
     )

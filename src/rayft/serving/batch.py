@@ -4,11 +4,23 @@ Every row keeps its keys and values in one left-padded :class:`~transformers.Dyn
 (``[rows, heads, positions, dim]``) with a 0/1 attention mask over its positions, and decodes at its
 own position ids, as HF ``generate`` decodes a left-padded batch. Rows that leave are dropped between
 steps (their cache rows are removed, and positions padded in every remaining row are cut). A step
-either prefills the rows that join (left-padded among themselves, one forward), whose caches are
-then appended to the batch's, padded on the left to one length, or decodes one token for every
-running row. A PEFT
-model with adapters gets each row's adapter by name (``adapter_names``, PEFT's mixed-adapter
+decodes one token for every running row, prefills the rows that join, or both in one forward (a mixed
+step); the joining rows' caches are then appended to the batch's, padded on the left to one length.
+A PEFT model with adapters gets each row's adapter by name (``adapter_names``, PEFT's mixed-adapter
 inference). Each row samples with its own settings and generator, from the raw logits' softmax.
+
+A mixed step puts every new token of the step in the batch dimension (``[tokens, 1]``: the running
+rows' next tokens, then each joining prompt's tokens at their own positions), so the linear layers,
+which hold most of a small model's time and all of its weight reads, run once over all of them, and
+PEFT's ``adapter_names`` still picks each token's adapter. Attention is the one part that mixes rows:
+:func:`_mixed_attention`, registered with transformers' ``AttentionInterface`` and chosen for that
+forward only, appends the running rows' new keys and values to their cache in place and attends them
+over it, and attends each prompt causally over its own tokens. Why by hand: transformers' own mixed
+layout (its continuous batching, batch dimension 1 over a paged cache) cannot take PEFT's per-row
+adapters (the :mod:`rayft.serving.engine` docstring has the rest). On 2 CPUs a forward of
+SmolLM2-135M costs about 50 ms before its first token, which a separate prefill step paid once more
+per request (``docs/performance.md``). Mixed steps run for Llama, Qwen2, Qwen3 and Mistral models
+without sliding-window attention (:func:`mixes`); other models prefill in steps of their own.
 
 Only decoder-only models whose cache layers are plain :class:`~transformers.cache_utils.DynamicLayer`
 run here (Llama, Qwen2, Mistral without sliding window, GPT-2, ...): a sliding-window or hybrid cache
@@ -17,7 +29,9 @@ keeps per-layer offsets that padding rows together would break.
 
 from __future__ import annotations
 
+import contextlib
 import functools
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -87,9 +101,11 @@ class _Row:
 class RunningBatch:
     """Rows decoding together on one model; see the module docstring."""
 
-    def __init__(self, model: Any, pad_token_id: int, device: str, *, adapters: bool = False) -> None:
+    def __init__(self, model: Any, pad_token_id: int, device: str, *, adapters: bool = False, mixed: bool = True
+                 ) -> None:  # fmt: skip
         self.model, self.pad, self.device = model, pad_token_id, device
         self.adapters = adapters  # whether the model is a PEFT model that takes adapter_names
+        self.mixed = mixed  # whether joining rows prefill in the running rows' decoding step, where the model allows
         self.rows: list[_Row] = []
         self.cache: Any = None
         self.mask: torch.Tensor = torch.zeros((0, 0), dtype=torch.long)
@@ -120,13 +136,20 @@ class RunningBatch:
             layer.keys = layer.keys.index_select(0, index)[:, :, used:]
             layer.values = layer.values.index_select(0, index)[:, :, used:]
 
-    def step(self, joining: list[NewRow]) -> dict[int, Picked]:
-        """The first token of each joining row (a prefill step), or else one token for every running row, by key.
+    def mixes(self) -> bool:
+        """Whether rows that join prefill in the same forward as the running rows' next tokens (a mixed step)."""
+        return self.mixed and mixes(self.model)
 
-        A prefill step comes first, so that a new request's first token waits for its own prompt only,
-        not also for a decoding step of the rows already running.
+    def step(self, joining: list[NewRow]) -> dict[int, Picked]:
+        """New tokens by key: one for every running row and the first of each joining row in a mixed step
+        (:meth:`mixes`); else the joining rows' first tokens (a prefill step), or one for every running row.
+
+        Without mixed steps a prefill step comes first, so that a new request's first token waits for its
+        own prompt only, not also for a decoding step of the rows already running.
         """
         with torch.inference_mode():
+            if joining and self.rows and self.mixes():
+                return self._mixed_step(joining)
             return self._prefill(joining) if joining else self._decode() if self.rows else {}
 
     def _decode(self) -> dict[int, Picked]:
@@ -155,8 +178,46 @@ class RunningBatch:
         out = self._pick(logits, rows)
         for row in rows:
             row.next_token = out[row.key].token
-        self._append(rows, cache, mask)
+        layers = _checked_layers(cache)
+        if not self.rows:
+            self.rows, self.cache, self.mask = rows, cache, mask
+        else:
+            self._append(rows, layers, mask)
         return out
+
+    def _mixed_step(self, joining: list[NewRow]) -> dict[int, Picked]:
+        ids, positions = [row.next_token for row in self.rows], [row.position for row in self.rows]
+        adapters, segments = [row.adapter for row in self.rows], []
+        for new in joining:
+            segments.append((len(ids), len(new.input_ids)))
+            ids += new.input_ids
+            positions += range(len(new.input_ids))
+            adapters += [new.adapter] * len(new.input_ids)
+        self.mask = torch.cat([self.mask, torch.ones((len(self.rows), 1), dtype=torch.long)], dim=1)
+        plan = MixedStep(len(self.rows), segments, list(self.cache.layers),
+                         self.mask.to(self.device, torch.bool)[:, None, None, :])  # fmt: skip
+        last = [*range(len(self.rows)), *(start + length - 1 for start, length in segments)]
+        kwargs: dict[str, Any] = {"adapter_names": adapters} if self.adapters else {}
+        with _mixed_attention_on(self.model), _last_positions_only(self.model, last) as selected:
+            out = self.model(input_ids=torch.tensor(ids, device=self.device)[:, None], use_cache=False,
+                             position_ids=torch.tensor(positions, device=self.device)[:, None], logits_to_keep=1,
+                             rayft_mixed=plan, **kwargs)  # fmt: skip
+        if len(plan.joined) != len(plan.layers):
+            raise RuntimeError(
+                f"{len(plan.joined)} of this model's {len(plan.layers)} attention layers ran rayft's mixed step; "
+                "set serve.mixed_steps: false"
+            )
+        logits: torch.Tensor = out.logits[:, -1, :] if selected else out.logits[last, -1, :]
+        rows = [_Row(r.key, r.adapter, r.sampler, r.top_logprobs, len(r.input_ids), 0) for r in joining]
+        picked = self._pick(logits, [*self.rows, *rows])
+        for row in [*self.rows, *rows]:
+            row.next_token = picked[row.key].token
+        for row in self.rows:
+            row.position += 1
+        longest = max(length for _, length in segments)
+        mask = torch.tensor([[0] * (longest - length) + [1] * length for _, length in segments])
+        self._append(rows, [_right_aligned(parts, longest) for parts in plan.joined], mask)
+        return picked
 
     def _forward(self, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, cache: Any,
                  adapters: list[str]) -> torch.Tensor:  # fmt: skip
@@ -185,16 +246,13 @@ class RunningBatch:
                     out[row.key].top = list(zip(ids.tolist(), values.tolist(), strict=True))
         return out
 
-    def _append(self, rows: list[_Row], cache: Any, mask: torch.Tensor) -> None:
-        """Join the prefilled rows to the batch, both padded on the left to the longer width."""
-        _check_layers(cache)
-        if not self.rows:
-            self.rows, self.cache, self.mask = rows, cache, mask
-            return
+    def _append(self, rows: list[_Row], layers: list[tuple[torch.Tensor, torch.Tensor]], mask: torch.Tensor) -> None:
+        """Join the prefilled rows (their keys and values per layer, left-padded among themselves to ``mask``'s
+        width) to the running batch, both padded on the left to the longer width."""
         width = max(self.width(), int(mask.shape[1]))
-        for old, new in zip(self.cache.layers, cache.layers, strict=True):
-            old.keys = _stack_right_aligned(old.keys, new.keys, width)
-            old.values = _stack_right_aligned(old.values, new.values, width)
+        for old, (keys, values) in zip(self.cache.layers, layers, strict=True):
+            old.keys = _stack_right_aligned(old.keys, keys, width)
+            old.values = _stack_right_aligned(old.values, values, width)
         self.mask = _stack_right_aligned(self.mask, mask, width)
         self.rows = [*self.rows, *rows]
 
@@ -210,6 +268,120 @@ def _stack_right_aligned(old: torch.Tensor, new: torch.Tensor, width: int) -> to
     out[: old.shape[0]].narrow(dim, width - old.shape[dim], old.shape[dim]).copy_(old)
     out[old.shape[0] :].narrow(dim, width - new.shape[dim], new.shape[dim]).copy_(new)
     return out
+
+
+def _right_aligned(parts: list[tuple[torch.Tensor, torch.Tensor]], width: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """One layer's keys and values of the rows that joined (each ``[1, heads, length, dim]``) as one tensor
+    each, every row ending at position ``width`` with zeros before (one row: as it is)."""
+    if len(parts) == 1 and parts[0][0].shape[2] == width:
+        return parts[0]
+    out = []
+    for which in (0, 1):
+        first = parts[0][which]
+        stacked = first.new_zeros((len(parts), first.shape[1], width, first.shape[3]))
+        for index, part in enumerate(parts):
+            stacked[index, :, width - part[which].shape[2] :].copy_(part[which][0])
+        out.append(stacked)
+    return out[0], out[1]
+
+
+MIXED_ATTENTION = "rayft_mixed"
+"""The name :func:`_mixed_attention` is registered under in transformers' ``AttentionInterface``."""
+
+MIXED_MODEL_TYPES = frozenset({"llama", "qwen2", "qwen3", "mistral"})
+"""Model types whose attention layers hand their keys and values, after rotary embeddings, to the attention
+interface with their ``layer_idx`` and pass the forward's extra arguments on, as a mixed step needs."""
+
+
+@dataclass
+class MixedStep:
+    """One mixed step's layout, read by :func:`_mixed_attention` in every attention layer.
+
+    The step's tokens lie in the batch dimension: the ``running`` rows' next tokens first, then each
+    joining row's prompt, ``(start, length)`` in ``segments``. ``layers`` are the running rows' cache
+    layers, ``mask`` their positions' mask with the new one (``[rows, 1, 1, positions]``, bool);
+    ``joined`` collects each layer's keys and values of the joining rows.
+    """
+
+    running: int
+    segments: list[tuple[int, int]]
+    layers: list[Any]
+    mask: torch.Tensor
+    joined: list[list[tuple[torch.Tensor, torch.Tensor]]] = field(default_factory=list)
+
+
+def mixes(model: Any) -> bool:
+    """Whether ``model`` (a PEFT model or not) can run mixed steps: a model type of :data:`MIXED_MODEL_TYPES`
+    with sdpa or eager attention and no sliding window."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    config = base.config
+    window = getattr(config, "sliding_window", None) is not None and getattr(config, "use_sliding_window", True)
+    attention = config._attn_implementation
+    return config.model_type in MIXED_MODEL_TYPES and attention in ("sdpa", "eager", MIXED_ATTENTION) and not window
+
+
+def _mixed_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attention_mask: Any,
+                     *, scaling: float | None = None, rayft_mixed: MixedStep, **kwargs: Any,
+                     ) -> tuple[torch.Tensor, None]:  # fmt: skip
+    """One attention layer of a mixed step (:class:`MixedStep`), in the ``[tokens, heads, 1, dim]`` layout the
+    layer hands over; the result is ``[tokens, 1, heads, dim]``, as transformers' attention functions return."""
+    from torch.nn.functional import scaled_dot_product_attention as sdpa
+
+    plan, outputs = rayft_mixed, []
+    running = plan.running
+    if running:
+        keys, values = plan.layers[module.layer_idx].update(key[:running], value[:running])
+        out = sdpa(query[:running], keys, values, attn_mask=plan.mask, scale=scaling, enable_gqa=True)
+        outputs.append(out.transpose(1, 2))
+    joined = []
+    for start, length in plan.segments:
+        # [length, heads, 1, dim] -> [1, heads, length, dim]: one prompt as one sequence.
+        q, k, v = (t[start : start + length].transpose(0, 2) for t in (query, key, value))
+        joined.append((k.contiguous(), v.contiguous()))
+        out = sdpa(q, k, v, is_causal=True, scale=scaling, enable_gqa=True)
+        outputs.append(out.transpose(0, 2).transpose(1, 2))
+    plan.joined.append(joined)
+    return torch.cat(outputs, dim=0), None
+
+
+@functools.cache
+def _register_mixed_attention() -> None:
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(MIXED_ATTENTION, _mixed_attention)
+
+
+@contextlib.contextmanager
+def _mixed_attention_on(model: Any) -> Iterator[None]:
+    """The model's attention layers call :func:`_mixed_attention` inside the block (its replica's steps run
+    one at a time, under the engine's lock)."""
+    _register_mixed_attention()
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    config = base.config
+    before = config._attn_implementation_internal
+    config._attn_implementation_internal = MIXED_ATTENTION
+    try:
+        yield
+    finally:
+        config._attn_implementation_internal = before
+
+
+@contextlib.contextmanager
+def _last_positions_only(model: Any, rows: list[int]) -> Iterator[bool]:
+    """Within the block, the model's final norm hands on only the step's ``rows`` (each row's last token),
+    so that the output layer computes the logits of those alone, not of every prompt token (yields
+    whether it does: not where the output layer has a LoRA adapter, whose ``adapter_names`` are per token)."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    norm = getattr(base.get_decoder(), "norm", None)
+    if norm is None or hasattr(base.get_output_embeddings(), "lora_A"):
+        yield False
+        return
+    index = torch.tensor(rows, device=next(norm.parameters()).device)
+    handle = norm.register_forward_hook(lambda _module, _args, output: output.index_select(0, index))
+    try:
+        yield True
+    finally:
+        handle.remove()
 
 
 def _cache_argument(model: Any) -> str:
@@ -276,7 +448,8 @@ def _prefix_of(view: torch.Tensor, base: torch.Tensor) -> bool:
     )  # fmt: skip
 
 
-def _check_layers(cache: Any) -> None:
+def _checked_layers(cache: Any) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Each layer's keys and values of a prefill step's cache, once its layers are known to pad together."""
     from transformers.cache_utils import DynamicLayer
 
     allowed = (DynamicLayer, _spare_layer_class())
@@ -287,3 +460,4 @@ def _check_layers(cache: Any) -> None:
             "serve does not pad together; serve it with serve.backend: vllm, or a model without sliding-window "
             "attention"
         )
+    return [(layer.keys, layer.values) for layer in cache.layers]

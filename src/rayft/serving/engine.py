@@ -4,10 +4,11 @@ An :class:`Engine` owns one :class:`~rayft.generation.hf.HFBackend` (the base mo
 and loads LoRA adapters into it by name. Requests join and leave one running batch between
 decoding steps (:mod:`rayft.serving.batch`): a loop per replica (an asyncio task, whose steps run
 on a worker thread) admits waiting requests while the batch has rows and KV budget left
-(:mod:`rayft.serving.scheduler`), prefills them in a step of their own between the running rows'
-decoding steps (never two prefill steps in a row while rows decode), and hands every row its new text
-at each step. A row that ends (end of sequence, a stop string, its token limit) or whose client is gone
-leaves the batch before the next step.
+(:mod:`rayft.serving.scheduler`), prefills them in the running rows' next decoding step (a mixed
+step, one forward; or, for models that cannot mix, in a step of their own between decoding steps,
+never two in a row while rows decode), and hands every row its new text at each step. A row that
+ends (end of sequence, a stop string, its token limit) or whose client is gone leaves the batch
+before the next step.
 Rows with different adapters (PEFT's per-row ``adapter_names``) and different sampling settings
 decode in one batch. The waiting queue is bounded: a request beyond it is refused with 429 and a
 retry hint.
@@ -61,6 +62,7 @@ class EngineSettings:
     kv_tokens: int = 32768
     max_queued: int = 48
     max_prefill_tokens: int = 64
+    mixed_steps: bool = True
 
     @classmethod
     def of(cls, cfg: ServeConfig) -> EngineSettings:
@@ -72,6 +74,7 @@ class EngineSettings:
             kv_tokens=cfg.kv_cache_tokens,
             max_queued=cfg.max_queued_requests,
             max_prefill_tokens=cfg.max_prefill_tokens,
+            mixed_steps=cfg.mixed_steps,
         )
 
     def limits(self) -> Limits:
@@ -130,6 +133,7 @@ class EngineStats:
     refused: int = 0
     largest_batch: int = 0
     joined_running_batch: int = 0  # requests prefilled while other rows were decoding
+    mixed_steps: int = 0  # prefill steps that decoded the running rows in the same forward (serve.mixed_steps)
     # Where a request's time goes (sums in seconds and tokens; a reader takes differences over a window):
     prefill_steps: int = 0
     prefill_s: float = 0.0  # wall time of the prefill steps
@@ -364,6 +368,7 @@ class Engine:
                 stats.decode_steps + 1, stats.decode_s + elapsed, stats.decode_rows + len(results))  # fmt: skip
             return
         lengths = [len(r.prepared.input_ids) for r in admitted]
+        stats.mixed_steps += len(results) > len(admitted)
         stats.prefill_steps, stats.prefill_s = stats.prefill_steps + 1, stats.prefill_s + elapsed
         stats.prefill_tokens += sum(lengths)
         stats.prefill_padding += max(lengths) * len(lengths) - sum(lengths)
@@ -377,7 +382,7 @@ class Engine:
             self._waiting.popleft()
         running = [r.prepared.need() for r in self._running.values()]
         count = 0
-        if prefill_turn(self._prefilled_last_step, len(self._running)):
+        if prefill_turn(self._prefilled_last_step, len(self._running), mixed=self._running_batch().mixes()):
             count = plan_admission([r.prepared.need() for r in self._waiting], running, self.limits)
         admitted = [self._waiting.popleft() for _ in range(count)]
         self._prefilled_last_step = bool(admitted)
@@ -421,7 +426,8 @@ class Engine:
 
             pad = self.backend.tokenizer.pad_token_id
             pad = pad if pad is not None else next(iter(self.backend.eos_ids()), 0)
-            self._batch = RunningBatch(self.backend.model, int(pad), self.settings.device)
+            self._batch = RunningBatch(self.backend.model, int(pad), self.settings.device,
+                                       mixed=self.settings.mixed_steps)  # fmt: skip
         self._batch.model = self.backend.model  # a PeftModel once the first adapter is loaded
         return self._batch
 

@@ -6,7 +6,8 @@ the batch has a free row, the KV budget has room for the request's whole sequenc
 completion, reserved up front so that a running row never has to be evicted) and the step's
 prefill stays within its token budget (``serve.max_prefill_tokens``, beyond the first request). A
 request that does not fit waits at the head: later, smaller requests do not overtake it, so no
-request starves. While rows decode, prefill steps and decoding steps alternate (:func:`prefill_turn`).
+request starves. Where the batch prefills in its decoding steps (mixed steps), every step may admit;
+else, while rows decode, prefill steps and decoding steps alternate (:func:`prefill_turn`).
 
 Why a small prefill budget (64 tokens by default, about one chat prompt) and the alternation: rows that
 join in one step, or in prefill steps with no decoding step between them, have decoded as many tokens
@@ -14,8 +15,9 @@ at every step, so with equal ``max_tokens`` they end at the same step, and the n
 clients that wait for those answers arrive together: a wave whose last request waits for the whole
 wave's prefill. One request per prefill step with a decoding step between two prefill steps puts each
 row of a burst one step apart, so their ends, and the requests that follow them, stay spread over
-steps, and each new request waits for one step in progress and its own prefill. The cost is one
-forward's fixed cost per request instead of per group (``docs/performance.md`` has the figures). The
+steps, and each new request waits for one step in progress and its own prefill. Without mixed steps
+the cost is one forward's fixed cost per request instead of per group (``docs/performance.md`` has the
+figures); a mixed step pays none, since it decodes the running rows in the same forward. The
 waiting queue itself is bounded (:func:`queue_full`); a request beyond it is refused with a retry hint
 (:func:`retry_after_s`), never left to wait unbounded.
 """
@@ -68,8 +70,9 @@ def plan_admission(waiting: Sequence[Need], running: Sequence[Need], limits: Lim
     return admitted
 
 
-def prefill_turn(prefilled_last_step: bool, running_rows: int) -> bool:
-    """Whether this step may prefill waiting requests: not right after a prefill step while rows are running.
+def prefill_turn(prefilled_last_step: bool, running_rows: int, *, mixed: bool = False) -> bool:
+    """Whether this step may prefill waiting requests: always where the batch runs mixed steps (every step
+    decodes the running rows, prefill or not); else not right after a prefill step while rows are running.
 
     Prefilling a burst chunk after chunk before any row decodes again would make every row of the
     burst end at the same step (each has decoded as many tokens), and the next requests of clients
@@ -77,7 +80,7 @@ def prefill_turn(prefilled_last_step: bool, running_rows: int) -> bool:
     waiting for its wave's whole prefill. One decoding step between two prefill steps keeps the
     earlier chunks a token ahead per chunk, at the cost of one decoding step of waiting for the later ones.
     """
-    return not (prefilled_last_step and running_rows > 0)
+    return mixed or not (prefilled_last_step and running_rows > 0)
 
 
 def queue_full(waiting: int, limits: Limits) -> bool:
