@@ -1,5 +1,6 @@
 """`rayft serve` when Ray Serve's own queue is full: with one request in flight allowed and one held in Serve's
-queue, one more is answered 503 with Retry-After at once, not left waiting; the queued one is served later."""
+queue, one more is answered 503 with Retry-After at once, by the router in OpenAI's error shape, not left
+waiting; the queued one is served later."""
 
 from __future__ import annotations
 
@@ -47,6 +48,7 @@ def test_one_request_beyond_serves_queue_is_503_at_once(server: rayft.ServeHandl
         assert answers.empty() and lines
         assert refused.status_code == 503, refused.text
         assert refused.headers["Retry-After"] == "3"
+        assert refused.json()["error"]["code"] == "server_busy", refused.text  # the router's, not Serve's proxy's
     for sender in senders:  # the long stream closed: the queued request gets the slot
         sender.join(timeout=120)
     served = answers.get(timeout=1)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 from click.testing import CliRunner
@@ -12,7 +13,7 @@ from click.testing import CliRunner
 from rayft.cli.main import cli
 from rayft.config import ModelConfig, RayftConfig
 from rayft.errors import ConfigError, ModelError
-from rayft.serving.app import deployment_options
+from rayft.serving.app import deployment_options, router_capacity
 from rayft.serving.plan import BaseGroup, plan_serving
 from rayft.serving.protocol import (
     DONE,
@@ -188,6 +189,16 @@ def test_deployment_options_follow_the_serve_section() -> None:
     assert fixed["max_queued_requests"] == 32 and fixed["backpressure_config"]["retry_after_s"] == 2
     unbounded = deployment_options(RayftConfig.model_validate({"serve": {"serve_queue_requests": None}}).serve)
     assert unbounded["max_queued_requests"] == -1  # Serve's 'no bound'
+
+
+def test_the_router_has_room_for_every_request_its_models_hold_and_for_refusing_those_beyond() -> None:
+    def serve(**options: Any) -> Any:
+        return RayftConfig.model_validate({"serve": options}).serve
+
+    assert router_capacity(serve(max_ongoing_requests=1, serve_queue_requests=1), 1) == 3
+    assert router_capacity(serve(max_ongoing_requests=8, num_replicas=2, serve_queue_requests=4), 3) == 3 * (16 + 8)
+    assert router_capacity(serve(max_ongoing_requests=8, min_replicas=1, max_replicas=4), 1) == 32 + 64
+    assert router_capacity(serve(max_ongoing_requests=8, serve_queue_requests=None), 2) == 16
 
 
 def test_a_full_serve_queue_is_a_503_with_retry_after_in_openais_shape() -> None:

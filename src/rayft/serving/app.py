@@ -55,6 +55,16 @@ def queue_options(cfg: ServeConfig) -> dict[str, Any]:
     }
 
 
+def router_capacity(cfg: ServeConfig, groups: int) -> int:
+    """Requests the router takes at once: all that the model replicas and Serve's queues for them can hold,
+    and as many again as those queues, so that a request beyond a full queue reaches the router and is
+    refused there, at once and in OpenAI's error shape (``server_busy``), not by Serve's proxy in its own
+    shape, which only a router beyond this bound leaves to answer."""
+    replicas = cfg.max_replicas if cfg.max_replicas is not None else cfg.num_replicas
+    queued = cfg.serve_queue_requests or 0
+    return groups * (cfg.max_ongoing_requests * replicas + 2 * queued)
+
+
 def build_application(plan: ServePlan, cfg: ServeConfig, key_digests: tuple[bytes, ...] = ()) -> Any:
     """The Serve application: one deployment per base model, behind the OpenAI router (which asks for
     one of the keys of ``key_digests``, when there are any)."""
@@ -76,7 +86,7 @@ def build_application(plan: ServePlan, cfg: ServeConfig, key_digests: tuple[byte
         name="router",
         logging_config=FILE_LOG,
         ray_actor_options={"num_cpus": 0},
-        max_ongoing_requests=cfg.max_ongoing_requests * len(plan.groups),
+        max_ongoing_requests=router_capacity(cfg, len(plan.groups)),
         graceful_shutdown_timeout_s=cfg.graceful_shutdown_timeout_s,
         **queue_options(cfg),
     )(Router)

@@ -9,6 +9,7 @@ A client that goes away mid-stream cancels its request down to the replica, whos
 # No `from __future__ import annotations` here: FastAPI reads the route signatures' annotations as
 # objects (`request: Request`), and Serve's ingress copies the methods out of this module's namespace.
 import asyncio
+import contextlib
 import logging
 import math
 import time
@@ -352,7 +353,9 @@ class Router:
                 first = Refused(error.status, error.body(), headers)
             if isinstance(first, Refused):
                 for other in streams:
-                    other.cancel()
+                    # Cancelling a request Serve refused raises its refusal again: the answer is this one.
+                    with contextlib.suppress(Exception):
+                        other.cancel()
                 return JSONResponse(first.body, status_code=first.status, headers=first.headers)
             assert isinstance(first, Started)
             prompt_tokens.append(first.prompt_tokens)
