@@ -33,6 +33,10 @@ A loop callback (:class:`WorkerMemory`, ``train.callbacks``) in every worker mea
   start from there to the step's end; ``VmHWM`` is read at the step's start, where its training begins and at
   its end (which part raised the peak). For supervised arms the rollout's share is ~0; the split is printed for
   GRPO's arms only, in a second table;
+- the largest resident set among the 20 ms samples (``VmRSS``), when it was ("step N", or "after step N":
+  its logging, saving, and after the last step the final save), and the heap in use and kept free at that sample
+  (the rest, "not heap": imports' code and data, file pages such as the weights' load, thread stacks); and
+  ``VmHWM`` after each step;
 - Arrow's memory pool (the data rows it reads) at its peak sample.
 
 Beside the workers: the resident set of a fresh process that imports what a worker imports (torch,
@@ -141,10 +145,12 @@ class WorkerMemory:
         self.out, self.profile_step, self.pool = Path(out), profile_step, pyarrow.default_memory_pool()
         self.figures: dict[str, Any] = {"built_hwm_mib": status_kib("VmHWM") / 1024,
                                         "built_rss_mib": status_kib("VmRSS") / 1024, "arrow_peak_mib": 0.0,
-                                        "heap_peak_mib": 0.0, "heap_free_at_peak_mib": 0.0}  # fmt: skip
+                                        "heap_peak_mib": 0.0, "heap_free_at_peak_mib": 0.0, "hwm_by_step_mib": [],
+                                        "rss_peak": {"rss_mib": 0.0}}  # fmt: skip
         self.figures["built_tensors_mib"] = {k: v / MIB for k, v in reachable_tensors().items()}
         self.mode: Any = None
         self.rank = 0
+        self.where = "build"  # the part of the run the sampler sees: "step N", or "after step N" (logging, saving)
         self.stopped = threading.Event()
         threading.Thread(target=self._sample, daemon=True).start()
 
@@ -154,9 +160,14 @@ class WorkerMemory:
             if used / MIB > self.figures["heap_peak_mib"]:
                 self.figures["heap_peak_mib"], self.figures["heap_free_at_peak_mib"] = used / MIB, free / MIB
             self.figures["arrow_peak_mib"] = max(self.figures["arrow_peak_mib"], self.pool.max_memory() / MIB)
+            rss = status_kib("VmRSS") / 1024
+            if rss > self.figures["rss_peak"]["rss_mib"]:  # replaced whole: write() may be dumping the figures
+                self.figures["rss_peak"] = {"rss_mib": rss, "heap_used_mib": used / MIB, "heap_free_mib": free / MIB,
+                                            "where": self.where}  # fmt: skip
 
     def on_step_begin(self, info: Any) -> None:
         """Start reading the heap after every operator of the profiled step."""
+        self.where = f"step {info.step}"
         if info.step == self.profile_step:
             self.figures["step_hwm_start_mib"] = status_kib("VmHWM") / 1024
             self.mode = HeapWatch()
@@ -164,7 +175,8 @@ class WorkerMemory:
 
     def on_step_end(self, info: Any) -> None:
         """Record the profiled step's working set, the tensors after step 1, and the figures so far."""
-        self.rank = info.rank
+        self.rank, self.where = info.rank, f"after step {info.step}"
+        self.figures["hwm_by_step_mib"].append(status_kib("VmHWM") / 1024)
         if info.step == 1:
             self.figures["step1_tensors_mib"] = {k: v / MIB for k, v in reachable_tensors().items()}
         if self.mode is not None and info.step == self.profile_step:
@@ -391,6 +403,7 @@ def main() -> None:
     rows, failed = run_arms(args, variants, imports_mib)
     if rows:
         print_table(rows)
+        print_rss_peaks(rows)
         print_phases(rows)
     if args.trl:
         trl = trl_arm(args.steps)
@@ -446,10 +459,6 @@ def print_table(rows: list[dict[str, Any]]) -> None:
               f"{ratio} | {row['built_hwm_mib']:.0f} | " + " | ".join(cells) + " |")  # fmt: skip
 
 
-if __name__ == "__main__":
-    main()
-
-
 PHASES = {"rollout working set": "rollout_working_set_mib", "rollout left in use": "rollout_left_mib",
           "training working set": "training_working_set_mib", "VmHWM at step start": "step_hwm_start_mib",
           "at training start": "step_hwm_training_start_mib", "at step end": "step_hwm_end_mib"}  # fmt: skip
@@ -466,3 +475,23 @@ def print_phases(rows: list[dict[str, Any]]) -> None:
         glibc = row["variant"] != JEMALLOC
         cells = [f"{row[key]:.0f}" if key in row and (glibc or "hwm" in key) else "n/a" for key in PHASES.values()]
         print(f"| {row['method']} | {row['workers']} | {row['variant']} | {row['rank']} | " + " | ".join(cells) + " |")
+
+
+def print_rss_peaks(rows: list[dict[str, Any]]) -> None:
+    """Each worker's largest sampled resident set (MiB): when it was, and the heap in use and kept free then."""
+    print("\n| method | workers | variant | rank | largest sampled RSS | when | heap in use | heap kept free | "
+          "not heap | VmHWM after each step |")  # fmt: skip
+    print("|" + "---|" * 10)
+    for row in rows:
+        peak, glibc = row["rss_peak"], row["variant"] != JEMALLOC
+        heap_cells = ["n/a"] * 3
+        if glibc and "heap_used_mib" in peak:
+            rest = peak["rss_mib"] - peak["heap_used_mib"] - peak["heap_free_mib"]
+            heap_cells = [f"{peak['heap_used_mib']:.0f}", f"{peak['heap_free_mib']:.0f}", f"{rest:.0f}"]
+        steps = ", ".join(f"{v:.0f}" for v in row["hwm_by_step_mib"])
+        print(f"| {row['method']} | {row['workers']} | {row['variant']} | {row['rank']} | {peak['rss_mib']:.0f} | "
+              f"{peak.get('where', '-')} | " + " | ".join(heap_cells) + f" | {steps} |")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
