@@ -313,11 +313,10 @@ class MixedStep:
 def mixes(model: Any) -> bool:
     """Whether ``model`` (a PEFT model or not) can run mixed steps: a model type of :data:`MIXED_MODEL_TYPES`
     with sdpa or eager attention and no sliding window."""
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    config = base.config
+    config = _base(model).config
     window = getattr(config, "sliding_window", None) is not None and getattr(config, "use_sliding_window", True)
     attention = config._attn_implementation
-    return config.model_type in MIXED_MODEL_TYPES and attention in ("sdpa", "eager", MIXED_ATTENTION) and not window
+    return config.model_type in MIXED_MODEL_TYPES and attention in ("sdpa", "eager") and not window
 
 
 def _mixed_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attention_mask: Any,
@@ -356,8 +355,7 @@ def _mixed_attention_on(model: Any) -> Iterator[None]:
     """The model's attention layers call :func:`_mixed_attention` inside the block (its replica's steps run
     one at a time, under the engine's lock)."""
     _register_mixed_attention()
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    config = base.config
+    config = _base(model).config
     before = config._attn_implementation_internal
     config._attn_implementation_internal = MIXED_ATTENTION
     try:
@@ -371,7 +369,7 @@ def _last_positions_only(model: Any, rows: list[int]) -> Iterator[bool]:
     """Within the block, the model's final norm hands on only the step's ``rows`` (each row's last token),
     so that the output layer computes the logits of those alone, not of every prompt token (yields
     whether it does: not where the output layer has a LoRA adapter, whose ``adapter_names`` are per token)."""
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    base = _base(model)
     norm = getattr(base.get_decoder(), "norm", None)
     if norm is None or hasattr(base.get_output_embeddings(), "lora_A"):
         yield False
@@ -384,12 +382,17 @@ def _last_positions_only(model: Any, rows: list[int]) -> Iterator[bool]:
         handle.remove()
 
 
+def _base(model: Any) -> Any:
+    """The transformers model itself, under a PEFT model or not."""
+    return model.get_base_model() if hasattr(model, "get_base_model") else model
+
+
 def _cache_argument(model: Any) -> str:
     """The name the model's forward takes its KV cache by: ``cache`` (transformers 5.x, most models), or
     ``past_key_values`` (deprecated there, still the only one of some model classes)."""
     import inspect
 
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model  # under a PEFT model
+    base = _base(model)
     return "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
 
 
