@@ -48,15 +48,17 @@ and what is neither heap nor import (thread stacks, Ray's object store client, t
 Each training runs on glibc's allocator twice (``train.allocator=glibc``): "before", with glibc's own mmap
 threshold (``train.malloc_mmap_threshold_bytes=null``), and "after", with a fixed 1 MiB threshold
 (``train.malloc_mmap_threshold_bytes=1048576``; ``--skip-after`` leaves it out); and, where jemalloc is
-installed, a third time with ``train.allocator=jemalloc``, whose heap is not glibc's: its working sets, kept
-memory and remainder are not read ("n/a"). The ratio is each worker's peak against its "before" peak.
+installed, a third time with ``train.allocator=jemalloc`` (``--skip-jemalloc`` leaves it out), whose heap is
+not glibc's: its working sets, kept memory and remainder are not read ("n/a"). ``--trim-steps`` adds an arm on
+glibc's default that calls ``malloc_trim(0)`` after every step (the callback, in the worker), which hands the
+heap's free pages back to the system. The ratio is each worker's peak against its "before" peak.
 ``--env`` adds an arm with glibc's threshold and extra environment variables for the workers
 (``KEY=VALUE,KEY=VALUE``, e.g. ``MALLOC_ARENA_MAX=2``). An arm that fails is reported and the others still run;
 the run then exits non-zero.
 
     flock /tmp/rayft-bench.lock .venv/bin/python benchmarks/bench_worker_memory.py [--steps 4]
         [--methods lora,full,grpo] [--workers 2,1] [--profile-step 2] [--trl] [--skip-after]
-        [--env MALLOC_ARENA_MAX=2]
+        [--skip-jemalloc] [--trim-steps] [--env MALLOC_ARENA_MAX=2]
 """
 
 from __future__ import annotations
@@ -85,6 +87,8 @@ MIB = 2**20
 BEFORE = "before: glibc's default"
 AFTER = "after: 1 MiB mmap threshold"
 JEMALLOC = "jemalloc"
+TRIMMED = "glibc's default, malloc_trim(0) after each step"
+TRIM_ENV = "RAYFT_BENCH_TRIM_EACH_STEP"
 GLIBC_HEAP_PARTS = ("step working set", "allocator kept free", "unexplained")  # read from glibc's mallinfo2
 
 
@@ -177,6 +181,14 @@ class WorkerMemory:
         """Record the profiled step's working set, the tensors after step 1, and the figures so far."""
         self.rank, self.where = info.rank, f"after step {info.step}"
         self.figures["hwm_by_step_mib"].append(status_kib("VmHWM") / 1024)
+        if os.environ.get(TRIM_ENV) == "1":  # the --trim-steps arm: glibc hands back what it keeps free
+            import time
+
+            from rayft.training.loop.heap import release_free_memory
+
+            started = time.perf_counter()
+            release_free_memory()
+            self.figures.setdefault("trim_s", []).append(time.perf_counter() - started)
         if info.step == 1:
             self.figures["step1_tensors_mib"] = {k: v / MIB for k, v in reachable_tensors().items()}
         if self.mode is not None and info.step == self.profile_step:
@@ -379,6 +391,8 @@ def main() -> None:
     parser.add_argument("--env", default="", help="KEY=VALUE,... for the workers: one more arm")
     parser.add_argument("--trl", action="store_true", help="also TRL's SFTTrainer on the same LoRA work")
     parser.add_argument("--skip-after", action="store_true", help="leave out the 1 MiB threshold's arm")
+    parser.add_argument("--skip-jemalloc", action="store_true", help="leave out jemalloc's arm")
+    parser.add_argument("--trim-steps", action="store_true", help="one more arm: malloc_trim(0) after each step")
     args = parser.parse_args()
     unknown = sorted(set(args.methods.split(",")) - {"lora", "full", "grpo"})
     if unknown:
@@ -396,8 +410,10 @@ def main() -> None:
     }
     if args.skip_after:
         del variants[AFTER]
-    if find_jemalloc((sys.prefix,)) is not None:
+    if find_jemalloc((sys.prefix,)) is not None and not args.skip_jemalloc:
         variants[JEMALLOC] = (["train.allocator=jemalloc"], {})
+    if args.trim_steps:
+        variants[TRIMMED] = (["train.allocator=glibc", "train.malloc_mmap_threshold_bytes=null"], {TRIM_ENV: "1"})
     if args.env:
         variants[args.env] = (["train.allocator=glibc", "train.malloc_mmap_threshold_bytes=null"], parse_env(args.env))
     rows, failed = run_arms(args, variants, imports_mib)
