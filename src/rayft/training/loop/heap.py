@@ -115,8 +115,8 @@ def plan_allocator(
     """Which allocator the workers use for ``train.allocator`` = ``choice`` ('auto', 'glibc', 'jemalloc'),
     given ``train.malloc_mmap_threshold_bytes``, the launching environment, the jemalloc library found on
     this machine (:func:`find_jemalloc`, None when there is none), whether the workers run on a Ray this
-    process started (``local``: on this machine, where that library is) and whether they sample completions
-    (GRPO). A preload or a ``MALLOC_CONF`` of the user's own wins. Raises ValueError when 'jemalloc' is
+    process started (``local``: on this machine, where that library is) and whether they run GRPO
+    (``samples``). A preload or a ``MALLOC_CONF`` of the user's own wins. Raises ValueError when 'jemalloc' is
     asked for and not found."""
     own = [k for k in ("LD_PRELOAD", "MALLOC_CONF") if environ.get(k)]
     if own:
@@ -128,9 +128,9 @@ def plan_allocator(
         return AllocatorPlan("glibc", {}, "workers' allocator: glibc's (a joined cluster; train.allocator=jemalloc "
                              "where every node has jemalloc)")  # fmt: skip
     if choice == "auto" and samples:
-        # Measured: GRPO workers sampling on jemalloc (these settings keep every freed page) grew past 9 GiB
-        # within 7 steps where glibc's peaked at 3.3 GiB (docs/performance.md).
-        return AllocatorPlan("glibc", {}, "workers' allocator: glibc's (workers that sample completions keep it)")
+        # Measured: GRPO workers on jemalloc (these settings keep every freed page) grew past 9 GiB within 7
+        # steps where glibc's peaked at 3.3 GiB, in the training part of each step (docs/performance.md).
+        return AllocatorPlan("glibc", {}, "workers' allocator: glibc's (GRPO's workers keep it)")
     if jemalloc is None:
         if choice == "jemalloc":
             raise ValueError(
