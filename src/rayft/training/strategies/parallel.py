@@ -111,12 +111,15 @@ class Parallelism(Protocol):
 def wrap_ddp(model: torch.nn.Module, setup: ParallelSetup) -> torch.nn.Module:
     """DistributedDataParallel, which broadcasts rank 0's parameters and buffers as it wraps (so a
     worker that built the model without weights gets rank 0's). Buffers are not synced again on
-    every forward: causal LMs have no buffer that training changes."""
+    every forward: causal LMs have no buffer that training changes. The gradients are views of DDP's
+    all-reduce buckets: otherwise the buckets are a second copy of every trained parameter's
+    gradient, held for the whole run (513 MiB per worker for SmolLM2-135M's full fine-tuning:
+    ``benchmarks/bench_worker_memory.py``)."""
     from torch.nn.parallel import DistributedDataParallel
 
     model = materialize(model, setup.device) if on_meta(model) else model.to(setup.device)
     ids = [setup.device.index] if setup.device.type == "cuda" else None
-    return DistributedDataParallel(model, device_ids=ids, forward_sync_buffers=False)
+    return DistributedDataParallel(model, device_ids=ids, forward_sync_buffers=False, gradient_as_bucket_view=True)
 
 
 def shard_fsdp(model: torch.nn.Module, setup: ParallelSetup) -> torch.nn.Module:
