@@ -106,7 +106,16 @@ class LoraConfig(Section):
 
     r: int = Field(16, gt=0, description="Rank of the LoRA update matrices.")
     alpha: float = Field(32, gt=0, description="Scaling numerator: the update is scaled by alpha / r.")
-    dropout: float = Field(0.05, ge=0, lt=1, description="Dropout on the LoRA input.")
+    dropout: float = Field(
+        0.05,
+        ge=0,
+        lt=1,
+        description=(
+            "Dropout on the LoRA input. On CPU the mask is drawn from 16 random bits per element, so the "
+            "probability is used to the nearest multiple of 2^-16 (0.05 as 0.0500031) and kept values are "
+            "scaled by the inverse of the probability used; on GPU, torch's dropout kernel draws it."
+        ),
+    )
     target_modules: list[str] | Literal["all-linear"] = Field(
         "all-linear",
         description=(
