@@ -40,9 +40,9 @@ class _SavedContext(Protocol):
     autocast: tuple[str, bool, torch.dtype]
 
 
-# The CPU's keep-mask compares 16 random bits per element with a threshold: p is used as the nearest
-# multiple of 2**-16 (0.05 as 0.0500031), and the kept elements are scaled by the inverse of the
-# probability actually used, so the dropped-out input's expectation is still the input.
+# Random bits per element of the CPU's keep-mask: p is used as the nearest multiple of 2**-16 (0.05 as
+# 0.0500031), and kept elements are scaled by the inverse of the probability used, so the dropped-out
+# input's expectation is still the input.
 MASK_BITS = 16
 
 
