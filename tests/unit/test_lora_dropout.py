@@ -48,33 +48,31 @@ def _step(model: Any, ids: Any, seed: int = 7) -> tuple[Any, dict[str, Any], int
     return loss.detach(), grads, sum(storages.values())
 
 
-class _SameMaskDropout:
-    """Stands in for PEFT's ``nn.Dropout``: draws its mask as the lean layer does on CPU, from the same
-    generator, and applies it to the input as PEFT's dropout applies its own."""
+def _same_mask_dropout(p: float) -> Any:
+    """A module in place of PEFT's ``nn.Dropout``: draws its mask as the lean layer does on CPU, from the
+    same generator, and applies it to the input as PEFT's dropout applies its own."""
+    import torch
 
-    def __init__(self, p: float) -> None:
-        import torch
+    from rayft.training.modeling.lora_dropout import cpu_keep_mask
 
-        class Module(torch.nn.Module):
-            def forward(self, x: torch.Tensor) -> torch.Tensor:
-                from rayft.training.modeling.lora_dropout import cpu_keep_mask
+    class SameMaskDropout(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            drawn = cpu_keep_mask(x.shape, p)
+            assert drawn is not None
+            mask, scale = drawn
+            return x * mask * scale
 
-                drawn = cpu_keep_mask(x.shape, p)
-                assert drawn is not None
-                mask, scale = drawn
-                return x * mask * scale
-
-        self.module = Module()
+    return SameMaskDropout()
 
 
 def _with_same_masks(model: Any, p: float) -> Any:
-    """``model`` with every adapter's ``nn.Dropout`` drawing the CPU's masks (:class:`_SameMaskDropout`)."""
+    """``model`` with every adapter's ``nn.Dropout`` drawing the CPU's masks (:func:`_same_mask_dropout`)."""
     import torch
 
     for module in model.modules():
         for name, dropout in getattr(module, "lora_dropout", {}).items():
             if isinstance(dropout, torch.nn.Dropout):
-                module.lora_dropout[name] = _SameMaskDropout(p).module
+                module.lora_dropout[name] = _same_mask_dropout(p)
     return model
 
 
