@@ -19,7 +19,8 @@ A loop callback (:class:`WorkerMemory`, ``train.callbacks``) in every worker mea
 - its resident set: peak (``VmHWM``) after the model and optimizer are built, and over the whole run;
 - the tensors Python can reach (``gc``), by unique storage, after the model is built and after step 1: frozen
   weights, trained parameters (the adapter, or every weight in full fine-tuning), and the rest (after step 1:
-  AdamW's two moments; after the build, any tensor the load left behind, e.g. a state dict);
+  AdamW's two moments, and under DDP its all-reduce buckets, which the gradients are views of; after the build,
+  any tensor the load left behind, e.g. a state dict);
 - the C heap (glibc ``mallinfo2``: bytes in use, and bytes freed but kept by the allocator) sampled every 20 ms,
   and, during step ``--profile-step`` (2 by default), read after every torch operator (a ``TorchDispatchMode``):
   the heap's peak above its level at the start of that step is the step's working set (activations saved for the
@@ -366,7 +367,7 @@ def breakdown(fig: dict[str, Any], imports_mib: float) -> dict[str, float]:
         "weights (frozen)": built["frozen"],
         "trained params": built["trained"],
         "other tensors after load": built["other"],
-        "AdamW moments": step1["other"] - built["other"],
+        "added by step 1": step1["other"] - built["other"],  # AdamW's moments; DDP's buckets, when Python reaches them
         "step working set": fig.get("step_working_set_mib", float("nan")),
         "allocator kept free": fig["heap_free_at_peak_mib"],
         "Arrow pool": fig["arrow_peak_mib"],
