@@ -8,9 +8,10 @@ at 1, the rows in file order (no shuffling), no evaluation or checkpoint during 
 own loop in-process (``scaling.num_workers=0``: the data preparation and the loop in one process, no Ray
 Train worker), TRL its trainer; each arm runs in a fresh process, one after the other, so that each peak is its own.
 
-Arms: ``rayft`` (its ``auto`` step, which chooses the precision), ``rayft-fp32`` and ``rayft-bf16`` (the
-precision set), ``trl`` (fp32, its default on CPU) and ``trl-bf16`` (``bf16=True``: CPU autocast). The
-summary compares ``rayft`` with ``trl``, and every other arm present with it as well.
+Arms: ``rayft`` (its ``auto`` step, which chooses the precisions), ``rayft-fp32`` and ``rayft-bf16`` (the
+autocast precision set), ``rayft-frozen-fp32`` (the ``auto`` step with the frozen base layers' products kept
+in fp32: ``train.frozen_precision=fp32``), ``trl`` (fp32, its default on CPU) and ``trl-bf16`` (``bf16=True``:
+CPU autocast). The summary compares ``rayft`` with ``trl``, and every other arm present with it as well.
 
 Figures per arm: wall time of ``train`` (rayft: data preparation included; TRL: dataset tokenization
 included), real tokens trained per second of it, the process's peak resident set (and what it held at the
@@ -19,7 +20,7 @@ mean answer-token cross-entropy of the trained adapter over the next ``--heldout
 by the same function in both arms.
 
     flock /tmp/rayft-bench.lock .venv/bin/python benchmarks/bench_sft_trl.py [--rows 160] [--heldout 40]
-        [--arms rayft,trl[,rayft-fp32,rayft-bf16,trl-bf16]] [--threads 2] [--rayft-set KEY=VALUE ...]
+        [--arms rayft,trl[,rayft-fp32,rayft-bf16,rayft-frozen-fp32,trl-bf16]] [--threads 2] [--rayft-set KEY=VALUE ...]
 """
 
 from __future__ import annotations
@@ -210,8 +211,9 @@ def run_arm(arm: str, args: argparse.Namespace) -> dict[str, Any]:
         rows = problems(0, args.rows)
         if arm.startswith("rayft"):
             # 'no' quoted: the override is read as YAML, where a bare no is false
-            precision = {"rayft": "auto", "rayft-fp32": "'no'", "rayft-bf16": "bf16"}[arm]
-            trained = run_rayft(Path(work), rows, memory, precision, tuple(args.rayft_set))
+            precision = {"rayft": "auto", "rayft-fp32": "'no'", "rayft-bf16": "bf16", "rayft-frozen-fp32": "auto"}[arm]
+            frozen = ("train.frozen_precision=fp32",) if arm == "rayft-frozen-fp32" else ()
+            trained = run_rayft(Path(work), rows, memory, precision, (*frozen, *args.rayft_set))
         else:
             trained = run_trl(Path(work), rows, memory, bf16=arm == "trl-bf16")
         train_peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024

@@ -15,6 +15,8 @@ single-worker strategy, the model prepared by :func:`rayft.training.modeling.mod
 - ``sdpa-chunked-compile``: ``sdpa-chunked`` with every block compiled (its first steps compile);
 - ``sdpa-plain-bf16``, ``sdpa-chunked-bf16``, ``padding-free-bf16``: those arms under bf16 autocast (CPUs
   with bf16 instructions);
+- ``padding-free-frozen-bf16``: ``padding-free`` with LoRA's frozen base layers stored and multiplied in bf16,
+  the rest in fp32 (``train.frozen_precision: bf16``; LoRA only);
 - ``default``: what :func:`rayft.training.modeling.step_choice.choose_step` picks for this machine, for
   unpacked data (``data.packing: false``, the TRL comparison's setting) unless ``--packing``.
 
@@ -43,17 +45,19 @@ GSM8K = REPO.parent / "shared" / "datasets" / "gsm8k" / "train.jsonl"
 if not GSM8K.exists():
     GSM8K = Path("/work/shared/datasets/gsm8k/train.jsonl")
 
-# name: (layout, attention, loss, compile, bf16)
-ARMS: dict[str, tuple[str, str, str, bool, bool]] = {
-    "baseline": ("padded", "eager", "none", False, False),
-    "padding-free": ("padding-free", "sdpa", "chunked", False, False),
-    "sdpa-chunked": ("packed", "sdpa", "chunked", False, False),
-    "sdpa-plain": ("packed", "sdpa", "none", False, False),
-    "flex-plain": ("packed", "flex_attention", "none", False, False),
-    "sdpa-chunked-compile": ("packed", "sdpa", "chunked", True, False),
-    "sdpa-plain-bf16": ("packed", "sdpa", "none", False, True),
-    "sdpa-chunked-bf16": ("packed", "sdpa", "chunked", False, True),
-    "padding-free-bf16": ("padding-free", "sdpa", "chunked", False, True),
+# name: (layout, attention, loss, compile, bf16 autocast, frozen layers in bf16)
+Arm = tuple[str, str, str, bool, bool, bool]
+ARMS: dict[str, Arm] = {
+    "baseline": ("padded", "eager", "none", False, False, False),
+    "padding-free": ("padding-free", "sdpa", "chunked", False, False, False),
+    "sdpa-chunked": ("packed", "sdpa", "chunked", False, False, False),
+    "sdpa-plain": ("packed", "sdpa", "none", False, False, False),
+    "flex-plain": ("packed", "flex_attention", "none", False, False, False),
+    "sdpa-chunked-compile": ("packed", "sdpa", "chunked", True, False, False),
+    "sdpa-plain-bf16": ("packed", "sdpa", "none", False, True, False),
+    "sdpa-chunked-bf16": ("packed", "sdpa", "chunked", False, True, False),
+    "padding-free-bf16": ("padding-free", "sdpa", "chunked", False, True, False),
+    "padding-free-frozen-bf16": ("padding-free", "sdpa", "chunked", False, False, True),
 }
 
 ARM = r"""
@@ -76,7 +80,8 @@ torch.manual_seed(0)
 net = load_causal_lm(ModelConfig(dtype="float32", attn_implementation=spec["attention"]), "cpu")
 batches = step_batches(examples_of(spec["examples"]), spec)
 net = prepare_training_model(net, LoraConfig(dropout=0.0), spec["method"], spec["attention"], "cpu",
-                             gradient_checkpointing=False, compile_blocks=spec["compile"])
+                             gradient_checkpointing=False, compile_blocks=spec["compile"],
+                             frozen_bf16=spec["frozen_bf16"] and spec["method"] == "lora")
 optimizer = build_optimizer(net, TrainConfig(learning_rate=1e-4))
 scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
 precision = Precision(torch.bfloat16 if spec["bf16"] else None, False)
@@ -143,7 +148,7 @@ def step_batches(examples: list[dict[str, Any]], spec: dict[str, Any]) -> list[l
     return [[collate([end_to_end([by_id[i] for i in b.sample_ids])], pad_token_id=0) for b in step] for step in padded]
 
 
-def default_arm(method: str, seq: int, rows: int, packing: bool) -> tuple[tuple[str, str, str, bool, bool], int, str]:
+def default_arm(method: str, seq: int, rows: int, packing: bool) -> tuple[Arm, int, str]:
     """The arm the step's planner picks on this machine for ``auto`` settings, its threads and its reason."""
     from rayft.training.modeling.step_choice import StepRequest, choose_step
     from rayft.training.modeling.step_facts import gather_step_facts
@@ -160,14 +165,16 @@ def default_arm(method: str, seq: int, rows: int, packing: bool) -> tuple[tuple[
         choice.loss,
         choice.compile,
         choice.mixed_precision == "bf16",
+        choice.frozen_precision == "bf16",
     )
     return arm, choice.threads or 1, choice.describe()
 
 
-def arms_label(arm: tuple[str, str, str, bool, bool]) -> str:
+def arms_label(arm: Arm) -> str:
     """An arm's settings in a few words."""
-    layout, attention, loss, compiled, bf16 = arm
-    return f"{layout} {attention} {loss}{' compiled' if compiled else ''}{' bf16' if bf16 else ''}"
+    layout, attention, loss, compiled, bf16, frozen = arm
+    return (f"{layout} {attention} {loss}{' compiled' if compiled else ''}{' bf16' if bf16 else ''}"
+            f"{' frozen-bf16' if frozen else ''}")  # fmt: skip
 
 
 def run_arm(spec: dict[str, Any]) -> dict[str, Any] | str:
@@ -208,10 +215,10 @@ def main() -> None:
         arms = {**ARMS, "default": chosen}
         results: dict[str, dict[str, Any] | str] = {}
         for name in args.arms.split(","):
-            layout, attention, loss, compiled, bf16 = arms[name]
+            layout, attention, loss, compiled, bf16, frozen = arms[name]
             spec = {"method": method, "layout": layout, "attention": attention, "loss": loss, "compile": compiled,
-                    "bf16": bf16, "threads": threads, "seq": args.seq, "rows": args.rows, "steps": args.steps,
-                    "warmup": args.warmup, "examples": str(rows_file)}  # fmt: skip
+                    "bf16": bf16, "frozen_bf16": frozen, "threads": threads, "seq": args.seq, "rows": args.rows,
+                    "steps": args.steps, "warmup": args.warmup, "examples": str(rows_file)}  # fmt: skip
             results[name] = run_arm(spec)
             print(f"  {method} {name}: {results[name]}", flush=True)
         print(table(method, results), flush=True)

@@ -207,3 +207,44 @@ def test_cpu_precision_stays_fp32_and_says_why_for_each_cpu() -> None:
     assert "measured faster on CPUs with bf16 instructions, but to a higher loss" in with_bf16.describe()
     assert "this CPU has no bf16 instructions" in without.describe()
     assert choose_step(StepRequest(mixed_precision="bf16"), replace(CPU, cpu_bf16=True)).mixed_precision == "bf16"
+
+
+def test_frozen_layers_go_bf16_for_supervised_lora_under_fp32_on_a_bf16_cpu_and_say_why_not_elsewhere() -> None:
+    choice = choose_step(StepRequest(), CPU)
+    assert choice.frozen_precision == "bf16"
+    assert "frozen layers bf16 (bf16 products on a CPU with bf16 instructions" in choice.describe()
+    kept = {
+        "no frozen layers": replace(CPU, method="full"),
+        "autocast runs their products": GPU,
+        "this CPU has no bf16 instructions": replace(CPU, cpu_bf16=False),
+        "preference and RL objectives": replace(CPU, sft=False),
+        "fsdp shards the frozen weights": replace(CPU, strategy="fsdp"),
+        "hidden size 128 < 256": replace(CPU, hidden_size=128),
+    }
+    for why, facts in kept.items():
+        other = choose_step(StepRequest(), facts)
+        assert other.frozen_precision == "fp32", why
+        assert why in other.describe() or facts.method == "full", why
+    # Under bf16 autocast the frozen products are bf16 already.
+    assert choose_step(StepRequest(mixed_precision="bf16"), CPU).frozen_precision == "fp32"
+    # A full fine-tune names no frozen layers at all on the console.
+    assert "frozen layers" not in choose_step(StepRequest(), replace(CPU, method="full")).describe()
+
+
+def test_explicit_frozen_precision_wins_and_reaches_the_worker_plan() -> None:
+    from rayft.config.model import LoraConfig, ModelConfig
+    from rayft.config.train import CheckpointConfig, LoggingConfig, TrainConfig
+    from rayft.training.loop.plan import Schedule
+    from rayft.training.loop.worker_plan import WorkerPlan
+
+    assert choose_step(StepRequest(frozen_precision="fp32"), CPU).frozen_precision == "fp32"
+    forced = choose_step(StepRequest(frozen_precision="bf16"), replace(CPU, cpu_bf16=False))
+    assert forced.frozen_precision == "bf16"
+    assert "frozen layers bf16 (set in train.frozen_precision)" in forced.describe()
+    plan = WorkerPlan(
+        model=ModelConfig(), lora=LoraConfig(), train=TrainConfig(), logging=LoggingConfig(),
+        checkpoint=CheckpointConfig(), seed=0, location=RunLocation(Path("/tmp/x")), resolved_config="",
+        schedule=Schedule(1, 1, 1, 1, 0), shuffle_window=1, has_validation=False,
+    )  # fmt: skip
+    assert plan.train.frozen_precision == "auto"
+    assert plan.with_step(choose_step(StepRequest(), CPU)).train.frozen_precision == "bf16"

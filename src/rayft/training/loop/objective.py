@@ -103,7 +103,7 @@ class CausalLm:
         return build_training_model(
             plan.model, plan.lora, plan.train.method, device_type, restore_dir=restore_dir, weights=weights,
             gradient_checkpointing=plan.train.gradient_checkpointing, compile_blocks=plan.train.compile is True,
-            liger_kernels=plan.train.liger_kernels,
+            liger_kernels=plan.train.liger_kernels, frozen_bf16=plan.train.frozen_precision == "bf16",
         )  # fmt: skip
 
     def collate(self, units: list[Unit]) -> MicroBatch:

@@ -233,13 +233,14 @@ def choose_worker_step(plan: WorkerPlan, session: TrainSession) -> WorkerPlan:
 
     device_type = session.device.type
     request = StepRequest(plan.model.attn_implementation, plan.train.fused_loss, plan.train.compile,
-                          plan.train.mixed_precision, plan.train.cpu_threads, plan.train.padding_free)  # fmt: skip
+                          plan.train.mixed_precision, plan.train.cpu_threads, plan.train.padding_free,
+                          plan.train.frozen_precision)  # fmt: skip
     causal = plan.task is None and resolve_architecture(plan.model) == "causal"
     shape = model_shape(plan.model) if causal else {"hidden_size": 0, "num_layers": 0, "vocab_size": 0}
     facts = gather_step_facts(
         device_type, method=plan.train.method, seq_length=plan.max_seq_length,
         micro_batch_size=plan.train.micro_batch_size, packing=plan.packing and plan.train.objective == "sft",
-        cpus=worker_cpus(), sft=plan.train.objective == "sft", **shape,
+        cpus=worker_cpus(), sft=plan.train.objective == "sft", strategy=plan.train.strategy, **shape,
     )  # fmt: skip
     choice = choose_step(request, facts)
     if choice.threads is not None:

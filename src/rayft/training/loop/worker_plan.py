@@ -51,7 +51,7 @@ class WorkerPlan:
         train = self.train.model_copy(update={
             "fused_loss": choice.loss, "compile": choice.compile, "mixed_precision": choice.mixed_precision,
             "cpu_threads": choice.threads if choice.threads is not None else self.train.cpu_threads,
-            "padding_free": choice.padding_free,
+            "padding_free": choice.padding_free, "frozen_precision": choice.frozen_precision,
         })  # fmt: skip
         return replace(self, model=model, train=train)
 

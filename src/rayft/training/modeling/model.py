@@ -50,6 +50,7 @@ def build_training_model(
     weights: bool = True,
     compile_blocks: bool = False,
     liger_kernels: bool = False,
+    frozen_bf16: bool = False,
 ) -> TransformersModel:
     """Load the model to train; with ``restore_dir``, weights (or the adapter) come from it.
 
@@ -78,6 +79,7 @@ def build_training_model(
     return prepare_training_model(
         net, lora, method, load_cfg.attn_implementation, device_type, gradient_checkpointing=gradient_checkpointing,
         compile_blocks=compile_blocks, restore_dir=restore_dir if weights else None, liger_kernels=liger_kernels,
+        frozen_bf16=frozen_bf16,
     )  # fmt: skip
 
 
@@ -92,13 +94,15 @@ def prepare_training_model(
     compile_blocks: bool,
     restore_dir: Path | None = None,
     liger_kernels: bool = False,
+    frozen_bf16: bool = False,
 ) -> TransformersModel:
     """Turn a loaded model into the one a worker trains: training attention for the device (causal
     LMs; an encoder-decoder keeps its configured attention, which takes the padding mask), the LoRA
     adapter (restored from ``restore_dir`` when given; its input dropout without a copy of each adapted
     layer's input, :func:`~rayft.training.modeling.lora_dropout.lean_lora_dropout`), activation
     checkpointing of every block, and each block compiled; with ``liger_kernels``, Liger's RMSNorm,
-    SwiGLU and RoPE patched in first."""
+    SwiGLU and RoPE patched in first; with ``frozen_bf16`` (LoRA), the adapted layers' frozen base weights
+    stored and multiplied in bf16 (:func:`~rayft.training.modeling.frozen_bf16.bf16_frozen_layers`)."""
     if liger_kernels:
         apply_liger_kernels(net, device_type)
     if not is_seq2seq(net):
@@ -109,6 +113,10 @@ def prepare_training_model(
 
         model = _attach_adapter(net, lora, restore_dir)
         lean_lora_dropout(model)
+        if frozen_bf16:
+            from rayft.training.modeling.frozen_bf16 import bf16_frozen_layers  # imports torch
+
+            bf16_frozen_layers(model)
     if gradient_checkpointing:
         enable_activation_checkpointing(model)
     model.config.use_cache = False
