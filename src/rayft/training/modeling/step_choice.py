@@ -26,8 +26,9 @@ PLAIN_LOSS_BYTES = 12
 # logits at most, 10% of the card) 2.7x faster than the chunked one, and fitted with room to spare.
 LOGITS_SHARE = 0.25
 
-# Frozen base layers go bf16 on a CPU from this hidden size on: bench_frozen_bf16.py measured bf16's product (with its
-# casts) 1.8-2.4x faster than float32's from width 256 up, 0.4-1.4x at 32 and 64, where the casts weigh more.
+# Frozen base layers go bf16 on a CPU from this hidden size on: bench_frozen_bf16.py (2 threads, avx512_bf16) measured
+# a frozen layer's forward and backward in bf16 (casts included) 1.7-2.4x faster than in float32 from width 256 up,
+# 1.2-1.6x at 128 and 0.4-1.0x at 32 and 64, where the casts weigh more than the products.
 FROZEN_BF16_MIN_HIDDEN = 256
 
 # flex_attention's training kernel exists from this torch release on.
