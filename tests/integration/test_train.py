@@ -18,7 +18,15 @@ from rayft.data.prepared import PreparedData
 from rayft.runs.manifest import read_manifest, verify_checkpoint
 from tests.support.kills import kill_a_worker_at
 from tests.support.ray_state import actor_classes, train_workers
-from tests.support.runs import RESUME_RUN, adapter_tensors, read_metrics, tiny_config, train_losses, train_on
+from tests.support.runs import (
+    RESUME_RUN,
+    adapter_tensors,
+    crashed_copy,
+    read_metrics,
+    tiny_config,
+    train_losses,
+    train_on,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -166,3 +174,22 @@ def test_resume_after_a_worker_is_killed_matches_an_uninterrupted_run(
     assert [r["step"] for r in resumed] == list(range(1, 13))
     ref_weights, got_weights = adapter_tensors(reference / "final"), adapter_tensors(interrupted / "final")
     assert all(got_weights[name].equal(tensor) for name, tensor in ref_weights.items())
+
+
+def test_bf16_frozen_layers_train_on_two_workers_and_resume_exactly(
+    ray_session: None, tiny_model_dir: Path, prepared: PreparedData, tmp_path: Path
+) -> None:
+    # Rank 1 builds on the meta device and gets rank 0's bf16 weights from DDP's broadcast; a resume rebuilds them.
+    settings = (*RESUME_RUN, "train.frozen_precision=bf16")
+    finished = train_on(tiny_config(tiny_model_dir, tmp_path / "whole", *settings), prepared)
+    crashed_copy(finished, tmp_path / "crashed", crashed_at=7)  # resumes from the checkpoint of step 6
+    resumed = train_on(tiny_config(tiny_model_dir, tmp_path / "crashed", *settings), prepared, resume=True)
+    losses = train_losses(finished)
+    assert sorted(losses) == list(range(1, 13))
+    assert train_losses(resumed) == losses  # bitwise, every step
+    want = adapter_tensors(finished / "final")
+    assert all(adapter_tensors(resumed / "final")[name].equal(t) for name, t in want.items())
+    # The setting reached the workers: the same run with float32 products has other losses, close to these.
+    fp32 = train_losses(train_on(tiny_config(tiny_model_dir, tmp_path / "fp32", *RESUME_RUN), prepared))
+    assert fp32 != losses
+    assert all(fp32[step] == pytest.approx(losses[step], rel=0.05) for step in losses), (fp32, losses)
