@@ -229,17 +229,17 @@ def main() -> None:
 def table(method: str, results: dict[str, dict[str, Any] | str]) -> str:
     """One line per arm: tokens/s and per CPU-second with their ratios to the baseline, peak RSS, losses."""
     base = results.get("baseline")
-    lines = [f"{'method':<6} {'arm':<22}{'tokens/s':>10}{'vs base':>9}{'tok/CPU-s':>11}{'vs base':>9}{'peak MiB':>10}"
+    lines = [f"{'method':<6} {'arm':<26}{'tokens/s':>10}{'vs base':>9}{'tok/CPU-s':>11}{'vs base':>9}{'peak MiB':>10}"
              "  losses (first, last)"]  # fmt: skip
     for name, result in results.items():
         if isinstance(result, str):
-            lines.append(f"{method:<6} {name:<22} did not run: {result}")
+            lines.append(f"{method:<6} {name:<26} did not run: {result}")
             continue
         wall = f"{result['tokens_per_s'] / base['tokens_per_s']:.2f}x" if isinstance(base, dict) else "-"
         cpu = f"{result['tokens_per_cpu_s'] / base['tokens_per_cpu_s']:.2f}x" if isinstance(base, dict) else "-"
         losses = result["losses"]
         per_s, per_cpu = result["tokens_per_s"], result["tokens_per_cpu_s"]
-        lines.append(f"{method:<6} {name:<22}{per_s:>10.1f}{wall:>9}{per_cpu:>11.1f}"
+        lines.append(f"{method:<6} {name:<26}{per_s:>10.1f}{wall:>9}{per_cpu:>11.1f}"
                      f"{cpu:>9}{result['peak_mib']:>10.0f}  {losses[0]:.4f}, {losses[-1]:.4f}")  # fmt: skip
     return "\n".join(lines)
 

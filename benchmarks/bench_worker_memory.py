@@ -3,8 +3,8 @@ footprint, and the rest split into its parts, as measured.
 
 Each arm runs a real ``rayft`` training in a fresh process (a local Ray started by rayft, Ray Train workers with
 ``scaling.num_workers`` 2 or 1): SmolLM2-135M-Instruct (rayft's offline copy) on the first GSM8K training
-problems, rows of at most 256 tokens, unpacked, ``--steps`` optimizer steps, fp32 on CPU, nothing saved before
-the end. ``--methods`` picks the arms:
+problems, rows of at most 256 tokens, unpacked, ``--steps`` optimizer steps, on CPU (fp32 but for LoRA's frozen
+layers, ``--frozen-fp32`` below), nothing saved before the end. ``--methods`` picks the arms:
 
 - ``lora`` and ``full``: supervised fine-tuning on each problem as prompt and completion (rows cut to 256 tokens),
   micro-batches of 4, LoRA (r 16 on every linear layer, the defaults) or full fine-tuning;
@@ -52,7 +52,9 @@ threshold (``train.malloc_mmap_threshold_bytes=null``), and "after", with a fixe
 installed, a third time with ``train.allocator=jemalloc`` (``--skip-jemalloc`` leaves it out), whose heap is
 not glibc's: its working sets, kept memory and remainder are not read ("n/a"). ``--trim-steps`` adds an arm on
 glibc's default that calls ``malloc_trim(0)`` after every step (the callback, in the worker), which hands the
-heap's free pages back to the system. The ratio is each worker's peak against its "before" peak.
+heap's free pages back to the system. ``--frozen-fp32`` adds an arm on glibc's default with LoRA's frozen
+layers in fp32 (``train.frozen_precision=fp32``; the default stores and multiplies them in bf16 on CPUs with
+bf16 instructions). The ratio is each worker's peak against its "before" peak.
 ``--env`` adds an arm with glibc's threshold and extra environment variables for the workers
 (``KEY=VALUE,KEY=VALUE``, e.g. ``MALLOC_ARENA_MAX=2``). An arm that fails is reported and the others still run;
 the run then exits non-zero.
@@ -89,6 +91,7 @@ BEFORE = "before: glibc's default"
 AFTER = "after: 1 MiB mmap threshold"
 JEMALLOC = "jemalloc"
 TRIMMED = "glibc's default, malloc_trim(0) after each step"
+FROZEN_FP32 = "glibc's default, frozen layers in fp32"
 TRIM_ENV = "RAYFT_BENCH_TRIM_EACH_STEP"
 GLIBC_HEAP_PARTS = ("step working set", "allocator kept free", "unexplained")  # read from glibc's mallinfo2
 
@@ -394,6 +397,8 @@ def main() -> None:
     parser.add_argument("--skip-after", action="store_true", help="leave out the 1 MiB threshold's arm")
     parser.add_argument("--skip-jemalloc", action="store_true", help="leave out jemalloc's arm")
     parser.add_argument("--trim-steps", action="store_true", help="one more arm: malloc_trim(0) after each step")
+    parser.add_argument("--frozen-fp32", action="store_true",
+                        help="one more arm: LoRA's frozen layers in fp32 (train.frozen_precision=fp32)")  # fmt: skip
     args = parser.parse_args()
     unknown = sorted(set(args.methods.split(",")) - {"lora", "full", "grpo"})
     if unknown:
@@ -415,6 +420,11 @@ def main() -> None:
         variants[JEMALLOC] = (["train.allocator=jemalloc"], {})
     if args.trim_steps:
         variants[TRIMMED] = (["train.allocator=glibc", "train.malloc_mmap_threshold_bytes=null"], {TRIM_ENV: "1"})
+    if args.frozen_fp32:
+        variants[FROZEN_FP32] = (
+            ["train.allocator=glibc", "train.malloc_mmap_threshold_bytes=null", "train.frozen_precision=fp32"],
+            {},
+        )
     if args.env:
         variants[args.env] = (["train.allocator=glibc", "train.malloc_mmap_threshold_bytes=null"], parse_env(args.env))
     rows, failed = run_arms(args, variants, imports_mib)
