@@ -34,7 +34,6 @@ class _SavedContext(Protocol):
     """What the backward pass reads of the forward's context."""
 
     saved_tensors: tuple[torch.Tensor, ...]
-    input_dtype: torch.dtype
 
 
 class _Bf16Product(torch.autograd.Function):
@@ -45,13 +44,13 @@ class _Bf16Product(torch.autograd.Function):
     @staticmethod
     def forward(ctx: FunctionCtx, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         ctx.save_for_backward(weight)
-        ctx.input_dtype = x.dtype  # type: ignore[attr-defined]
         return functional.linear(x.to(weight.dtype), weight).to(x.dtype)
 
     @staticmethod
     def backward(ctx: _SavedContext, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
         (weight,) = ctx.saved_tensors
-        return torch.matmul(grad.to(weight.dtype), weight).to(ctx.input_dtype), None
+        # The output has the input's dtype, and so has its gradient.
+        return torch.matmul(grad.to(weight.dtype), weight).to(grad.dtype), None
 
 
 class FrozenBf16Linear(torch.nn.Linear):
@@ -65,11 +64,7 @@ class FrozenBf16Linear(torch.nn.Linear):
         self.bias = layer.bias
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out: torch.Tensor
-        if torch.is_grad_enabled() and x.requires_grad:
-            out = _Bf16Product.apply(x, self.weight)  # type: ignore[no-untyped-call]  # torch leaves it unannotated
-        else:
-            out = functional.linear(x.to(BF16), self.weight).to(x.dtype)
+        out: torch.Tensor = _Bf16Product.apply(x, self.weight)  # type: ignore[no-untyped-call]  # unannotated in torch
         bias: torch.Tensor | None = self.bias  # nn.Linear annotates it as always set; a layer without one has None
         return out if bias is None else out + bias.to(out.dtype)
 
