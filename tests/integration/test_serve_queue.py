@@ -53,3 +53,35 @@ def test_one_request_beyond_serves_queue_is_503_at_once(server: rayft.ServeHandl
         sender.join(timeout=120)
     served = answers.get(timeout=1)
     assert served.status_code == 200 and served.json()["usage"]["completion_tokens"] == 3
+
+
+def test_requests_that_arrive_together_are_refused_by_the_router_in_openais_shape(
+    server: rayft.ServeHandle,
+) -> None:
+    # Serve's proxy counts requests that arrive together as queued until each reaches the router; with a
+    # queue as small as the models' it refused some itself, in plain text, while the router had room.
+    body = {"model": server.model_ids[0], "prompt": "The quick brown fox", "max_tokens": 2000, "temperature": 0,
+            "stream": True}  # fmt: skip
+    refusals: list[httpx.Response] = []
+    for _ in range(8):
+        answers: queue.Queue[httpx.Response] = queue.Queue()
+        together = threading.Barrier(3)
+
+        def send(together: threading.Barrier = together, answers: queue.Queue[httpx.Response] = answers) -> None:
+            together.wait()
+            answers.put(_short(server))
+
+        with httpx.stream("POST", f"{server.base_url}/completions", json=body, timeout=120) as long:
+            lines = long.iter_lines()
+            assert long.status_code == 200 and next(lines).startswith("data: ")  # it holds the one slot
+            senders = [threading.Thread(target=send) for _ in range(3)]
+            for sender in senders:
+                sender.start()
+            # One waits in Serve's queue for the model until the long stream closes; two are refused at once.
+            refusals += [answers.get(timeout=60), answers.get(timeout=60)]
+        for sender in senders:
+            sender.join(timeout=120)
+        assert answers.get(timeout=1).status_code == 200
+    assert all(r.status_code == 503 and r.json()["error"]["code"] == "server_busy" for r in refusals), [
+        r.text for r in refusals
+    ]

@@ -201,6 +201,25 @@ def test_the_router_has_room_for_every_request_its_models_hold_and_for_refusing_
     assert router_capacity(serve(max_ongoing_requests=8, serve_queue_requests=None), 2) == 16
 
 
+def test_serves_queue_for_the_router_is_bounded_by_its_capacity_not_by_the_models_queue() -> None:
+    # Requests that reach Serve's proxy together count as queued together until each is assigned: a router
+    # queue as small as the models' would let the proxy refuse one, in its own plain-text shape, while the
+    # router still has room to answer it in OpenAI's.
+    from rayft.serving.app import build_application
+    from rayft.serving.plan import BaseGroup, ServePlan
+
+    def deployments(options: dict[str, Any]) -> tuple[Any, Any]:
+        cfg = RayftConfig.model_validate({"serve": options}).serve
+        router = build_application(ServePlan((BaseGroup("m", ModelConfig()),), {"m": (0, None)}), cfg)
+        return router._bound_deployment, router._bound_deployment.init_args[0][0]._bound_deployment
+
+    router, model = deployments({"max_ongoing_requests": 1, "serve_queue_requests": 1})
+    assert (router.max_ongoing_requests, router.max_queued_requests) == (3, 3)
+    assert (model.max_ongoing_requests, model.max_queued_requests) == (1, 1)
+    router, model = deployments({"max_ongoing_requests": 1, "serve_queue_requests": None})
+    assert (router.max_queued_requests, model.max_queued_requests) == (-1, -1)
+
+
 def test_a_full_serve_queue_is_a_503_with_retry_after_in_openais_shape() -> None:
     from ray.serve.exceptions import BackPressureError
 

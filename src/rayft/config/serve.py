@@ -49,9 +49,10 @@ class ServeConfig(Section):
         32,
         gt=0,
         description=(
-            "Requests Ray Serve holds per caller (its proxy, the router) waiting for a replica with room under "
-            "max_ongoing_requests (its deployments' max_queued_requests); one more is answered 503 with "
-            "Retry-After at once instead of waiting without bound. Unset (null): no bound."
+            "Requests Ray Serve holds for the model replicas (the router's queue for them: their deployments' "
+            "max_queued_requests) waiting for a replica with room under max_ongoing_requests; one more is "
+            "answered 503 with Retry-After at once instead of waiting without bound. Serve's proxy holds as many "
+            "requests for the router as the router takes at once. Unset (null): no bound."
         ),
     )
     serve_retry_after_s: int = Field(

@@ -46,9 +46,13 @@ def deployment_options(cfg: ServeConfig) -> dict[str, Any]:
     return {**options, "autoscaling_config": autoscaling}
 
 
-def queue_options(cfg: ServeConfig) -> dict[str, Any]:
-    """Serve's bound on the requests a caller holds for a deployment (-1: none), and its 503's Retry-After."""
-    bound = cfg.serve_queue_requests if cfg.serve_queue_requests is not None else -1
+def queue_options(cfg: ServeConfig, bound: int | None = None) -> dict[str, Any]:
+    """Serve's bound on the requests a caller holds for a deployment (``bound``, else serve_queue_requests; -1:
+    none, when serve_queue_requests is unset), and its 503's Retry-After."""
+    if cfg.serve_queue_requests is None:
+        bound = -1
+    elif bound is None:
+        bound = cfg.serve_queue_requests
     return {
         "max_queued_requests": bound,
         "backpressure_config": {"status_code": 503, "retry_after_s": cfg.serve_retry_after_s},
@@ -76,6 +80,7 @@ def build_application(plan: ServePlan, cfg: ServeConfig, key_digests: tuple[byte
 
     replica = replica_class(cfg.max_adapters_per_replica)
     settings = EngineSettings.of(cfg)
+    capacity = router_capacity(cfg, len(plan.groups))
     models = [
         serve.deployment(name=f"model-{index}", logging_config=FILE_LOG, **deployment_options(cfg))(replica).bind(
             group, settings, cfg.access_log_console
@@ -86,9 +91,12 @@ def build_application(plan: ServePlan, cfg: ServeConfig, key_digests: tuple[byte
         name="router",
         logging_config=FILE_LOG,
         ray_actor_options={"num_cpus": 0},
-        max_ongoing_requests=router_capacity(cfg, len(plan.groups)),
+        max_ongoing_requests=capacity,
         graceful_shutdown_timeout_s=cfg.graceful_shutdown_timeout_s,
-        **queue_options(cfg),
+        # The proxy counts a request as queued until it is assigned to the router, so requests that arrive
+        # together count together: with the models' small bound, the proxy would refuse some in its own shape
+        # while the router has room. Bounded by the router's capacity, it refuses only beyond that.
+        **queue_options(cfg, bound=capacity),
     )(Router)
     return router.bind(models, plan.routes, key_digests, cfg.access_log_console)
 
