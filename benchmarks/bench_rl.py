@@ -18,9 +18,13 @@ trainer samples), rollouts on one Ray generation actor in synchronous mode (``ma
 trainer waits for the rollout of each step), and asynchronous (``max_staleness: 1``: the actor samples step
 n+1 while step n trains). For the actor arms ``time/rollout`` is the trainer's wait for the rollout and rollout
 tokens/s is ``rl/rollout_tokens_per_s`` (generated tokens over the actor's own generating time). The actor
-gets ``--actor-cpus`` CPUs (HF generate on that many threads); the trainer runs in this process.
+gets ``--actor-cpus`` CPUs (HF generate on that many threads); the trainer runs in this process. One more
+colocated arm keeps LoRA's frozen layers in fp32 (``train.frozen_precision=fp32``; rayft's default multiplies
+them in bf16 on a CPU with bf16 instructions, as TRL's arm does not). ``--arms`` picks rayft's arms by name
+(``colocated``, ``colocated-fp32``, ``actors-sync``, ``actors-async``); the first is the ratios' base.
 
     .venv/bin/python benchmarks/bench_rl.py [--steps 5] [--prompts 4] [--group 4] [--max-new-tokens 48] [--no-trl]
+        [--arms colocated,colocated-fp32,actors-sync,actors-async]
 """
 
 from __future__ import annotations
@@ -52,10 +56,16 @@ def prompt_of(question: str) -> str:
 
 ARMS = {
     "rayft colocated": (),
+    "rayft colocated fp32": ("train.frozen_precision=fp32",),
     "rayft actors sync": ("train.rl.rollout.placement=actors", "train.rl.rollout.num_actors=1"),
     "rayft actors async": ("train.rl.rollout.placement=actors", "train.rl.rollout.num_actors=1",
                            "train.rl.rollout.max_staleness=1"),
 }  # fmt: skip
+
+
+def arm_key(name: str) -> str:
+    """An arm's name as ``--arms`` takes it: ``rayft actors sync`` is ``actors-sync``."""
+    return name.removeprefix("rayft ").replace(" ", "-")
 
 
 def run_rayft(
@@ -178,14 +188,20 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=48)
     parser.add_argument("--actor-cpus", type=float, default=1.0, help="CPUs of the generation actor")
     parser.add_argument("--no-trl", action="store_true", help="leave TRL's arm out")
+    parser.add_argument("--arms", default=",".join(arm_key(name) for name in ARMS), help="rayft's arms, by name")
     args = parser.parse_args()
+    chosen = {arm_key(name): name for name in ARMS}
+    unknown = [key for key in args.arms.split(",") if key not in chosen]
+    if unknown:
+        parser.error(f"--arms: unknown {', '.join(unknown)}; choose among {', '.join(chosen)}")
     from rayft.models.loading import ensure_builtin_model
 
     model_dir = str(ensure_builtin_model(MODEL))
     rows = problems(args.steps * args.prompts)
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
-        arms = {name: run_rayft(work, rows, args, name.replace(" ", "-"), extra) for name, extra in ARMS.items()}
+        arms = {name: run_rayft(work, rows, args, name.replace(" ", "-"), ARMS[name])
+                for name in (chosen[key] for key in args.arms.split(","))}  # fmt: skip
         theirs = None if args.no_trl else run_trl(work, rows, args, model_dir)
     print(f"GRPO step, SmolLM2-135M LoRA r16 on CPU: {args.prompts} prompts x {args.group} completions of at most "
           f"{args.max_new_tokens} tokens per step, {args.steps} steps (first left out), medians")  # fmt: skip
@@ -195,13 +211,13 @@ def main() -> None:
         print(f"{name:<22}{figures['step_s']:>9.2f}{figures['rollout_s']:>11.2f}{figures['train_s']:>9.2f}"
               f"{figures['rollout_tokens_per_s']:>15.1f}{figures['trainer_tokens_per_s']:>13.1f}"
               f"{figures.get('staleness', float('nan')):>7.2f}{figures['reward']:>9.3f}")  # fmt: skip
-    base = arms["rayft colocated"]
+    first, base = next(iter(arms.items()))
     for name, figures in list(arms.items())[1:]:
-        print(f"ratios {name} / colocated: step time {figures['step_s'] / base['step_s']:.2f}x, rollout tokens/s "
+        print(f"ratios {name} / {first}: step time {figures['step_s'] / base['step_s']:.2f}x, rollout tokens/s "
               f"{figures['rollout_tokens_per_s'] / base['rollout_tokens_per_s']:.2f}x, trainer tokens/s "
               f"{figures['trainer_tokens_per_s'] / base['trainer_tokens_per_s']:.2f}x")  # fmt: skip
     if theirs is not None:
-        print(f"ratios rayft colocated/TRL: step time {base['step_s'] / theirs['step_s']:.2f}x, rollout tokens/s "
+        print(f"ratios {first}/TRL: step time {base['step_s'] / theirs['step_s']:.2f}x, rollout tokens/s "
               f"{base['rollout_tokens_per_s'] / theirs['rollout_tokens_per_s']:.2f}x, training time "
               f"{base['train_s'] / theirs['train_s']:.2f}x")  # fmt: skip
     print("command: " + " ".join([".venv/bin/python", "benchmarks/bench_rl.py", *sys.argv[1:]]))

@@ -124,3 +124,29 @@ def test_a_run_trains_with_bf16_frozen_layers_close_to_float32(tiny_model_dir: P
     assert len(losses["bf16"]) == len(losses["fp32"]) == 4
     assert losses["bf16"] != losses["fp32"]  # the products did change
     assert losses["bf16"] == pytest.approx(losses["fp32"], rel=0.01)
+
+
+def test_grpos_cpu_generation_actors_build_their_frozen_layers_as_the_trainer_decided(tiny_model_dir: Path) -> None:
+    # The weight updates carry only the adapter: an actor whose frozen layers kept fp32 would sample from
+    # other probabilities than the trainer's model, which computes the ratios.
+    from rayft.config.model import LoraConfig, ModelConfig
+    from rayft.config.train import CheckpointConfig, LoggingConfig
+    from rayft.runs.location import RunLocation
+    from rayft.training.loop.plan import Schedule
+    from rayft.training.loop.rl_setup import actor_spec
+    from rayft.training.loop.rollout_actors import HfRolloutActor
+    from rayft.training.loop.worker_plan import WorkerPlan
+
+    def actor_layers(frozen: str) -> list[torch.nn.Module]:
+        plan = WorkerPlan(
+            model=ModelConfig(name=str(tiny_model_dir)), lora=LoraConfig(),
+            train=TrainConfig(objective="grpo", frozen_precision=frozen), logging=LoggingConfig(),
+            checkpoint=CheckpointConfig(), seed=0, location=RunLocation(Path("/tmp/x")), resolved_config="",
+            schedule=Schedule(1, 1, 1, 1, 0), shuffle_window=1, has_validation=False,
+        )  # fmt: skip
+        model = HfRolloutActor(actor_spec(plan)).model
+        return [m for m in model.modules() if isinstance(m, FrozenBf16Linear)]
+
+    assert actor_layers("fp32") == []
+    layers = actor_layers("bf16")
+    assert layers and all(layer.weight.dtype == BF16 for layer in layers)

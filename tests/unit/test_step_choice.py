@@ -209,7 +209,7 @@ def test_cpu_precision_stays_fp32_and_says_why_for_each_cpu() -> None:
     assert choose_step(StepRequest(mixed_precision="bf16"), replace(CPU, cpu_bf16=True)).mixed_precision == "bf16"
 
 
-def test_frozen_layers_go_bf16_for_supervised_lora_under_fp32_on_a_bf16_cpu_and_say_why_not_elsewhere() -> None:
+def test_frozen_layers_go_bf16_for_lora_under_fp32_on_a_bf16_cpu_and_say_why_not_elsewhere() -> None:
     choice = choose_step(StepRequest(), CPU)
     assert choice.frozen_precision == "bf16"
     assert "frozen layers bf16 (bf16 products on a CPU with bf16 instructions" in choice.describe()
@@ -217,7 +217,7 @@ def test_frozen_layers_go_bf16_for_supervised_lora_under_fp32_on_a_bf16_cpu_and_
         "no frozen layers": replace(CPU, method="full"),
         "autocast runs their products": GPU,
         "this CPU has no bf16 instructions": replace(CPU, cpu_bf16=False),
-        "preference and RL objectives": replace(CPU, sft=False),
+        "the KL term's reference is a frozen copy": replace(CPU, sft=False, reference_copy=True),
         "fsdp shards the frozen weights": replace(CPU, strategy="fsdp"),
         "hidden size 128 < 256": replace(CPU, hidden_size=128),
     }
@@ -225,6 +225,8 @@ def test_frozen_layers_go_bf16_for_supervised_lora_under_fp32_on_a_bf16_cpu_and_
         other = choose_step(StepRequest(), facts)
         assert other.frozen_precision == "fp32", why
         assert why in other.describe() or facts.method == "full", why
+    # DPO and GRPO score against the same model (the adapter off) or none: their frozen layers go bf16 too.
+    assert choose_step(StepRequest(), replace(CPU, sft=False)).frozen_precision == "bf16"
     # Under bf16 autocast the frozen products are bf16 already.
     assert choose_step(StepRequest(mixed_precision="bf16"), CPU).frozen_precision == "fp32"
     # A full fine-tune names no frozen layers at all on the console.

@@ -32,13 +32,20 @@ def read_rollouts_ahead(restore_dir: Path | None, rank: int) -> str | None:
     return saved.read_text() if saved is not None and saved.is_file() else None
 
 
+def actor_spec(plan: WorkerPlan) -> ActorSpec:
+    """What this worker's generation actors are built from: its model as the step's planner decided it (the
+    frozen layers' precision included, so that an actor samples what the trainer's model would)."""
+    rl = plan.train.rl
+    return ActorSpec(plan.model, plan.lora, plan.train.method, rl, rl.rollout.num_gpus_per_actor,
+                     frozen_bf16=plan.train.frozen_precision == "bf16")  # fmt: skip
+
+
 def build_worker_rollouts(plan: WorkerPlan, session: TrainSession, objective: RlTraining, ahead: str | None
                           ) -> Rollouts:  # fmt: skip
     """Where this worker's rollouts are sampled (its generation actors started, with actors), with the
     rollouts it had sampled ahead at the checkpoint it resumes from."""
     rollout = plan.train.rl.rollout
-    spec = ActorSpec(plan.model, plan.lora, plan.train.method, plan.train.rl, rollout.num_gpus_per_actor)
-    rollouts = build_rollouts(spec, rollout, objective.sampler, plan.seed, world_size=session.world_size,
+    rollouts = build_rollouts(actor_spec(plan), rollout, objective.sampler, plan.seed, world_size=session.world_size,
                               rank=session.rank)  # fmt: skip
     if ahead is not None:
         rollouts.restore(ahead)

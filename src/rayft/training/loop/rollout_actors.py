@@ -42,6 +42,8 @@ class ActorSpec:
     method: Method
     settings: RlConfig
     gpus: float = 0.0
+    frozen_bf16: bool = False  # the trainer's frozen base layers multiply in bf16 (train.frozen_precision): so do a
+    # CPU actor's, so that it samples what the trainer's model would (the weight updates carry only the adapter)
 
 
 @dataclass(frozen=True)
@@ -79,6 +81,7 @@ class HfRolloutActor:
         device = "cuda" if spec.gpus > 0 else "cpu"
         self.model = build_training_model(
             spec.model, spec.lora, spec.method, device, gradient_checkpointing=False, restore_dir=None,
+            frozen_bf16=spec.frozen_bf16 and device == "cpu",
         ).eval()  # fmt: skip
         self.sampler = Sampler(spec.settings, load_tokenizer(spec.model), spec.model.attn_implementation)
         self.version: int | None = None

@@ -68,6 +68,7 @@ class StepFacts:
     special_attention: bool = False  # a sliding window or logit soft-capping: keep the configured kernel
     sft: bool = True  # the objective is next-token SFT, whose micro-batches may go padding-free
     strategy: str = "ddp"  # train.strategy: ddp (or one in-process worker), fsdp, deepspeed
+    reference_copy: bool = False  # GRPO's KL term scores against a frozen copy of the model (train.rl.reference copy)
 
     @property
     def plain_logits_bytes(self) -> int:
@@ -188,8 +189,9 @@ def _frozen_precision(configured: str, precision: str, facts: StepFacts) -> tupl
         (facts.method != "lora", "no frozen layers: every weight trains"),
         (facts.device_type != "cpu" or precision != "no", "autocast runs their products in its dtype already"),
         (not facts.cpu_bf16, "this CPU has no bf16 instructions"),
-        # GRPO's trainer and its generation actors, and DPO's reference pass, would score with other products.
-        (not facts.sft, "preference and RL objectives score the policy against copies kept in fp32"),
+        # DPO's reference (LoRA: the adapter switched off), GRPO's (the same, or none) and GRPO's generation actors
+        # (built as the trainer's model) run the same products as the policy; a frozen copy of the model does not.
+        (facts.reference_copy, "the KL term's reference is a frozen copy of the model, kept in fp32"),
         (facts.strategy != "ddp", f"{facts.strategy} shards the frozen weights in their own dtype"),
         (
             facts.hidden_size < FROZEN_BF16_MIN_HIDDEN,
@@ -200,7 +202,8 @@ def _frozen_precision(configured: str, precision: str, facts: StepFacts) -> tupl
         if holds:
             return "fp32", why
     # bench_sft_trl.py (SmolLM2-135M LoRA, 160 GSM8K rows, 2 threads, fp32 otherwise): training 134 s against 168 s
-    # with the frozen layers in fp32 (1.25x), held-out loss 0.91647 against 0.91678; docs/performance.md has the runs.
+    # with the frozen layers in fp32 (1.25x), held-out loss 0.91647 against 0.91678. bench_rl.py's GRPO step (4 x 4
+    # completions): 1.25-1.27x faster (rollouts 1.27-1.36x, updates 1.28-1.32x the tokens/s). docs/performance.md.
     return "bf16", "bf16 products on a CPU with bf16 instructions; the adapter and the rest stay fp32"
 
 
