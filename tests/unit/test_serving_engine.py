@@ -14,6 +14,7 @@ import pytest
 
 from rayft.config import ModelConfig
 from rayft.generation.hf import HFBackend
+from rayft.serving.batch import MIXED_MODEL_TYPES
 from rayft.serving.engine import BASE_ADAPTER, Engine, EngineSettings, Event, Finished, QueueFullError, Text
 from rayft.serving.plan import Adapter, BaseGroup
 from rayft.serving.protocol import Job, RequestError
@@ -165,10 +166,66 @@ def test_mixed_steps_run_for_the_model_types_whose_attention_allows_them() -> No
     assert not mixes(model("qwen2", sliding_window=4096, use_sliding_window=True))
     assert not mixes(model("mistral", sliding_window=4096))
     assert mixes(model("mistral", sliding_window=None))
-    assert not mixes(model("gpt2"))
+    assert not mixes(model("stablelm"))  # its attention does not pass the step on (the test below)
+    assert mixes(model("qwen3", layer_types=["full_attention", "full_attention"]))
+    assert not mixes(model("qwen3", layer_types=["full_attention", "sliding_attention"]))
     flex = model("llama")
     flex.config._attn_implementation = "flex_attention"
     assert not mixes(flex)
+
+
+def _tiny_of_type(model_type: str) -> Any:
+    """A tiny random model of ``model_type`` (two layers, sdpa), its sliding window off."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.for_model(
+        model_type, vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, max_position_embeddings=256, pad_token_id=0,
+        **({"rotary_dim": 8} if model_type == "gptj" else {}),
+    )  # fmt: skip
+    if getattr(config, "use_sliding_window", True) and getattr(config, "layer_types", None) is None:
+        config.sliding_window = None  # Mistral's and Mixtral's default window of 4096: off, as a mixed step needs
+    torch.manual_seed(0)
+    return AutoModelForCausalLM.from_config(config, attn_implementation="sdpa").eval()
+
+
+def _mixed_and_separate(model: Any) -> tuple[dict[int, list[tuple[int, float, list[int]]]], ...]:
+    """Four rows joining at steps 0, 2 (two) and 4, decoded for 12 steps with mixed steps and without."""
+    from rayft.serving.batch import NewRow, RunningBatch, Sampler
+
+    prompts = [[5, 9, 17, 3, 8, 22, 1], [7, 7, 31, 2], [40, 41, 42, 43, 44, 45, 46, 47, 48], [11, 12]]
+
+    def row(key: int) -> NewRow:
+        return NewRow(key, prompts[key], BASE_ADAPTER, Sampler(0.0, 1.0, None), top_logprobs=3)
+
+    plan = [[row(0)], [], [row(1), row(2)], [], [row(3)]]
+    runs = []
+    for mixed in (True, False):
+        batch = RunningBatch(model, 0, "cpu", mixed=mixed)
+        assert batch.mixes() is mixed
+        runs.append(_tokens(batch, plan, 12))
+    return runs[0], runs[1]
+
+
+@pytest.mark.parametrize("model_type", sorted(MIXED_MODEL_TYPES))
+def test_each_model_type_that_runs_mixed_steps_computes_in_them_what_separate_steps_compute(model_type: str) -> None:
+    mixed, separate = _mixed_and_separate(_tiny_of_type(model_type))
+    for key in range(4):
+        n = min(len(mixed[key]), len(separate[key]))
+        assert n >= 6, key
+        assert [(t, top) for t, _, top in mixed[key][:n]] == [(t, top) for t, _, top in separate[key][:n]], key
+        assert [lp for _, lp, _ in mixed[key][:n]] == pytest.approx([lp for _, lp, _ in separate[key][:n]], abs=1e-4)
+
+
+def test_a_model_type_whose_attention_does_not_pass_the_step_on_is_left_out(monkeypatch: pytest.MonkeyPatch) -> None:
+    # StableLM's attention layers call the attention function without the forward's extra arguments: forced into
+    # mixed steps, the step fails, which is why the type is not among those that run them.
+    from rayft.serving import batch
+
+    monkeypatch.setattr(batch, "MIXED_MODEL_TYPES", batch.MIXED_MODEL_TYPES | {"stablelm"})
+    with pytest.raises(TypeError, match="rayft_mixed"):
+        _mixed_and_separate(_tiny_of_type("stablelm"))
 
 
 def test_mixed_adapters_in_one_running_batch_decode_as_each_alone(

@@ -101,7 +101,8 @@ class ServeConfig(Section):
         description=(
             "hf: prefill the requests that join a replica's running batch in the same forward as the running "
             "rows' next tokens (a mixed step), so that a forward's fixed cost (reading the weights) is paid once "
-            "per step instead of once more per prefill. Llama, Qwen2, Qwen3 and Mistral models without a "
+            "per step instead of once more per prefill. Llama, Mistral, Mixtral, Qwen2/3 (and MoE), Gemma, Phi, Phi-3, "
+            "Granite, OLMo 2, Cohere, StarCoder2, GLM, Helium, SmolLM3, GPT-2, GPT-NeoX and GPT-J models without a "
             "sliding window; other models, and false, prefill in steps of their own between decoding steps."
         ),
     )

@@ -19,8 +19,9 @@ over it, and attends each prompt causally over its own tokens. Why by hand: tran
 layout (its continuous batching, batch dimension 1 over a paged cache) cannot take PEFT's per-row
 adapters (the :mod:`rayft.serving.engine` docstring has the rest). On 2 CPUs a forward of
 SmolLM2-135M costs about 50 ms before its first token, which a separate prefill step paid once more
-per request (``docs/performance.md``). Mixed steps run for Llama, Qwen2, Qwen3 and Mistral models
-without sliding-window attention (:func:`mixes`); other models prefill in steps of their own.
+per request (``docs/performance.md``). Mixed steps run for the model types of :data:`MIXED_MODEL_TYPES`
+(Llama, Qwen, Mistral, Mixtral, Gemma, Phi, GPT-2, ...) without sliding-window attention (:func:`mixes`);
+other models prefill in steps of their own.
 
 Only decoder-only models whose cache layers are plain :class:`~transformers.cache_utils.DynamicLayer`
 run here (Llama, Qwen2, Mistral without sliding window, GPT-2, ...): a sliding-window or hybrid cache
@@ -288,9 +289,15 @@ def _right_aligned(parts: list[tuple[torch.Tensor, torch.Tensor]], width: int) -
 MIXED_ATTENTION = "rayft_mixed"
 """The name :func:`_mixed_attention` is registered under in transformers' ``AttentionInterface``."""
 
-MIXED_MODEL_TYPES = frozenset({"llama", "qwen2", "qwen3", "mistral"})
+MIXED_MODEL_TYPES = frozenset({
+    "llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "gemma", "phi", "phi3", "granite",
+    "olmo2", "cohere", "starcoder2", "glm", "glm4", "helium", "smollm3", "gpt2", "gpt_neox", "gptj",
+})  # fmt: skip
 """Model types whose attention layers hand their keys and values, after rotary embeddings, to the attention
-interface with their ``layer_idx`` and pass the forward's extra arguments on, as a mixed step needs."""
+interface with their ``layer_idx`` and pass the forward's extra arguments on, as a mixed step needs; each is
+checked by a unit test (a mixed step against prefill and decoding steps, on a tiny model of the type). Not
+here: a type whose attention does not (StableLM, Falcon, OLMo), or whose layers soft-cap or slide (Gemma 2
+and 3)."""
 
 
 @dataclass
@@ -315,8 +322,10 @@ def mixes(model: Any) -> bool:
     with sdpa or eager attention and no sliding window."""
     config = _base(model).config
     window = getattr(config, "sliding_window", None) is not None and getattr(config, "use_sliding_window", True)
+    # Layer kinds other than full attention (sliding, linear, chunked) keep caches the mixed step does not write.
+    other_layers = any(kind != "full_attention" for kind in getattr(config, "layer_types", None) or ())
     attention = config._attn_implementation
-    return config.model_type in MIXED_MODEL_TYPES and attention in ("sdpa", "eager") and not window
+    return config.model_type in MIXED_MODEL_TYPES and attention in ("sdpa", "eager") and not window and not other_layers
 
 
 def _mixed_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attention_mask: Any,
