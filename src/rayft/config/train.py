@@ -237,10 +237,10 @@ class TrainConfig(Section):
             "output going back to float32; the adapter, norms, attention, loss and optimizer stay as "
             "train.mixed_precision says. 'auto': bf16 for LoRA on CPUs with bf16 instructions (avx512_bf16 or "
             "amx_bf16) under fp32, when the hidden size is at least 256 and the strategy is ddp (measured faster "
-            "there: SFT at an equal held-out loss, GRPO's rollouts and updates alike), unless GRPO's KL term scores "
-            "against a frozen copy (train.rl.reference=copy); fp32 otherwise (under autocast, as on GPUs, these "
-            "products are bf16 already). GRPO's CPU generation actors build their frozen layers as the trainer "
-            "does. Needs train.strategy=ddp."
+            "there: SFT and DPO at an equal held-out loss, GRPO's rollouts and updates alike), unless GRPO's KL "
+            "term scores against a frozen copy (train.rl.reference=copy); fp32 otherwise (under autocast, as on "
+            "GPUs, these products are bf16 already). GRPO's CPU generation actors build their frozen layers as "
+            "the trainer does. Needs train.strategy=ddp."
         ),
     )
     cpu_threads: int | Literal["auto"] = Field(
