@@ -309,6 +309,15 @@ class RlConfig(Section):
         needed = [*self.row_columns, *(c for reward in self.rewards for c in reward.columns)]
         return tuple(dict.fromkeys(needed))
 
+    def reference_kind(self, method: str) -> Literal["none", "base", "copy"]:
+        """The KL term's reference for a ``method`` (lora or full) run: 'none' (no KL penalty), 'base' (the
+        adapter switched off) or 'copy' (a frozen copy); the config refuses 'base' without a LoRA adapter."""
+        if self.kl_coef == 0.0:
+            return "none"
+        if self.reference != "auto":
+            return self.reference
+        return "base" if method == "lora" else "copy"
+
     @property
     def clip_high(self) -> float:
         """The upper clip range."""

@@ -163,12 +163,8 @@ class RlTraining:
 
     @property
     def reference_kind(self) -> str:
-        """'none' (no KL penalty), 'base' (the adapter switched off) or 'copy' (a frozen copy); the config
-        refuses 'base' without a LoRA adapter."""
-        s = self.settings
-        if s.kl_coef == 0.0:
-            return "none"
-        return s.reference if s.reference != "auto" else ("base" if self.lm.plan.train.method == "lora" else "copy")
+        """:meth:`~rayft.config.rl.RlConfig.reference_kind` of this run's method."""
+        return self.settings.reference_kind(self.lm.plan.train.method)
 
     def write_model(self, model: torch.nn.Module, directory: Path, state_dict: dict[str, torch.Tensor] | None) -> None:
         """The files :class:`CausalLm` writes."""

@@ -237,8 +237,7 @@ def choose_worker_step(plan: WorkerPlan, session: TrainSession) -> WorkerPlan:
                           plan.train.frozen_precision)  # fmt: skip
     causal = plan.task is None and resolve_architecture(plan.model) == "causal"
     shape = model_shape(plan.model) if causal else {"hidden_size": 0, "num_layers": 0, "vocab_size": 0}
-    rl = plan.train.rl
-    reference_copy = plan.train.objective == "grpo" and rl.kl_coef > 0 and rl.reference == "copy"
+    reference_copy = plan.train.objective == "grpo" and plan.train.rl.reference_kind(plan.train.method) == "copy"
     facts = gather_step_facts(
         device_type, method=plan.train.method, seq_length=plan.max_seq_length,
         micro_batch_size=plan.train.micro_batch_size, packing=plan.packing and plan.train.objective == "sft",
