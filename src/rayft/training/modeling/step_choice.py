@@ -203,8 +203,8 @@ def _frozen_precision(configured: str, precision: str, facts: StepFacts) -> tupl
             return "fp32", why
     # bench_sft_trl.py (SmolLM2-135M LoRA, 160 GSM8K rows, 2 threads, fp32 otherwise): training 134 s against 168 s
     # with the frozen layers in fp32 (1.25x), held-out loss 0.91647 against 0.91678. bench_rl.py's GRPO step (4 x 4
-    # completions): 1.23-1.27x faster (rollouts 1.22-1.36x, updates 1.23-1.32x the tokens/s). DPO (20 steps, GSM8K
-    # pairs): 1.24x, held-out loss 0.2128 against 0.2110, accuracy equal. docs/performance.md has the runs.
+    # completions): 1.23-1.27x faster (rollouts 1.22-1.36x, updates 1.23-1.32x the tokens/s). DPO on GSM8K pairs:
+    # 1.23-1.26x, held-out loss 0.2128 against 0.2110 after 20 steps, accuracy equal. docs/performance.md has the runs.
     return "bf16", "bf16 products on a CPU with bf16 instructions; the adapter and the rest stay fp32"
 
 
