@@ -296,8 +296,8 @@ MIXED_MODEL_TYPES = frozenset({
 """Model types whose attention layers hand their keys and values, after rotary embeddings, to the attention
 interface with their ``layer_idx`` and pass the forward's extra arguments on, as a mixed step needs; each is
 checked by a unit test (a mixed step against prefill and decoding steps, on a tiny model of the type). Not
-here: a type whose attention does not (StableLM, Falcon, OLMo), or whose layers soft-cap or slide (Gemma 2
-and 3)."""
+here: a type whose attention does not (StableLM), one not checked yet (Falcon, OLMo), or one whose layers
+soft-cap or slide (Gemma 2 and 3)."""
 
 
 @dataclass
