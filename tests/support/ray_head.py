@@ -41,6 +41,9 @@ class RayHead:
         return subprocess.run(status, check=False, env=run_env, capture_output=True, timeout=60).returncode == 0
 
 
+NO_DASHBOARD = "--include-dashboard=false"
+
+
 @contextlib.contextmanager
 def ray_head(
     *, num_cpus: int = 2, dashboard: bool = True, env: Mapping[str, str] | None = None, timeout_s: float = 120
@@ -53,23 +56,30 @@ def ray_head(
     path = f"{_BIN}{os.pathsep}{os.environ.get('PATH', '')}"  # the jobs' `python` is this one
     head_env = {**_train_env(), **os.environ, **(env or {}), "RAY_ADDRESS": "", "RAY_AUTH_MODE": "token",
                 "RAY_AUTH_TOKEN_PATH": str(token), "PATH": path}  # fmt: skip
-    port, dash, client, agent_http, metrics, runtime_env, agent_grpc = free_ports(7)
-    gcs = f"127.0.0.1:{port}"
-    command = [
-        str(_BIN / "ray"), "start", "--head", "--block", f"--port={port}", f"--num-cpus={num_cpus}",
-        "--node-ip-address=127.0.0.1", "--disable-usage-stats", f"--temp-dir={temp / 'ray'}",
-        f"--ray-client-server-port={client}", f"--dashboard-agent-listen-port={agent_http}",
-        f"--metrics-export-port={metrics}", f"--runtime-env-agent-port={runtime_env}",
-        f"--dashboard-agent-grpc-port={agent_grpc}",
-        *([f"--dashboard-port={dash}", "--dashboard-host=127.0.0.1"] if dashboard else ["--include-dashboard=false"]),
-    ]  # fmt: skip
-    log = temp / "head.log"
-    with log.open("w") as out:
-        proc = subprocess.Popen(command, env=head_env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     client_env = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token)}
-    head = RayHead(gcs, f"http://127.0.0.1:{dash}" if dashboard else None, client_env, temp, log)
+    log = temp / "head.log"
+    # A port chosen free can be taken before the head binds it (the other test workers start Ray processes
+    # too), and `ray start --block` then stops the whole head: such a start is tried once more on new ports.
+    for attempt in range(2):
+        port, dash, client, agent_http, metrics, runtime_env, agent_grpc = free_ports(7)
+        command = [
+            str(_BIN / "ray"), "start", "--head", "--block", f"--port={port}", f"--num-cpus={num_cpus}",
+            "--node-ip-address=127.0.0.1", "--disable-usage-stats", f"--temp-dir={temp / 'ray'}",
+            f"--ray-client-server-port={client}", f"--dashboard-agent-listen-port={agent_http}",
+            f"--metrics-export-port={metrics}", f"--runtime-env-agent-port={runtime_env}",
+            f"--dashboard-agent-grpc-port={agent_grpc}",
+            *([f"--dashboard-port={dash}", "--dashboard-host=127.0.0.1"] if dashboard else [NO_DASHBOARD]),
+        ]  # fmt: skip
+        with log.open("w") as out:
+            proc = subprocess.Popen(command, env=head_env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        head = RayHead(f"127.0.0.1:{port}", f"http://127.0.0.1:{dash}" if dashboard else None, client_env, temp, log)
+        # Jobs go to the head's dashboard agent, which comes up after the dashboard answers.
+        if _wait_until_up(head, proc, head_env, timeout_s, agent_http if dashboard else None) or attempt:
+            break
+        _stop(proc)
     try:
-        _wait_until_up(head, proc, head_env, timeout_s)
+        if proc.poll() is not None:
+            raise RuntimeError(f"the Ray head did not start:\n{log.read_text()[-3000:]}")
         yield head
     finally:
         _stop(proc)
@@ -130,12 +140,27 @@ def _train_env() -> dict[str, str]:
     return dict(LOCAL_RAY_TRAIN_ENV)
 
 
-def _wait_until_up(head: RayHead, proc: subprocess.Popen[bytes], env: dict[str, str], timeout_s: float) -> None:
+def _wait_until_up(
+    head: RayHead, proc: subprocess.Popen[bytes], env: dict[str, str], timeout_s: float, agent_port: int | None
+) -> bool:
+    """Whether the head came up (its GCS, dashboard and dashboard agent answer); False if it exited first."""
     deadline = time.monotonic() + timeout_s
-    while not head.gcs_answers(env) or (head.jobs_url and not _http_up(head.jobs_url)):
-        if proc.poll() is not None or time.monotonic() > deadline:
-            raise RuntimeError(f"the Ray head did not start:\n{head.log.read_text()[-3000:]}")
+    while (not head.gcs_answers(env) or (head.jobs_url and not _http_up(head.jobs_url))
+           or (agent_port is not None and not _port_open(agent_port))):  # fmt: skip
+        if proc.poll() is not None:
+            return False
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the Ray head did not start within {timeout_s} s:\n{head.log.read_text()[-3000:]}")
         time.sleep(1)
+    return True
+
+
+def _port_open(port: int) -> bool:
+    import socket
+
+    with socket.socket() as probe:
+        probe.settimeout(2)
+        return probe.connect_ex(("127.0.0.1", port)) == 0
 
 
 def _http_up(url: str) -> bool:
