@@ -137,3 +137,40 @@ def test_a_test_nodes_ports_are_distinct_and_outside_its_worker_range() -> None:
     ports = free_ports(64, outside=workers)
     assert len(set(ports)) == 64
     assert not [port for port in ports if port in workers]
+
+
+class _RefusingJobs:
+    """Stands in for Ray's JobSubmissionClient inside rayft's wrapper of it: refuses the first ``refusals``
+    submissions with the error Ray's SDK raises for a refused request."""
+
+    def __init__(self, refusals: int, message: str) -> None:
+        self.refusals, self.message, self.calls = refusals, message, 0
+
+    def submit_job(self, **_: object) -> str:
+        self.calls += 1
+        if self.calls <= self.refusals:
+            raise RuntimeError(f"Request failed with status code 500: {self.message}.")
+        return "raysubmit_x"
+
+
+def test_a_submission_waits_for_the_heads_job_agent_then_says_so_in_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    from rayft.cluster import jobs
+
+    url = "http://127.0.0.1:8265"
+
+    def serve(ray_client: _RefusingJobs) -> None:
+        monkeypatch.setattr(jobs, "client", lambda _: jobs._Refusals(url, ray_client))
+
+    no_agent = "No available agent to submit job, please try again later."
+    late = _RefusingJobs(2, no_agent)
+    serve(late)
+    jobs._submit_job(url, wait_s=5, poll_s=0.01, entrypoint="true")
+    assert late.calls == 3  # the agent came up: the job went in
+    serve(_RefusingJobs(10**6, no_agent))
+    with pytest.raises(ClusterError, match=r"has had no job agent for 0 s .*submit again") as refused:
+        jobs._submit_job(url, wait_s=0.05, poll_s=0.01, entrypoint="true")
+    assert "\n" not in str(refused.value)
+    # Any other refusal, a server-side traceback in its body included, is one line at once.
+    serve(_RefusingJobs(1, "Invalid runtime_env\nTraceback (most recent call last):\n  File ..."))
+    with pytest.raises(ClusterError, match=r"^the Ray Jobs API at \S+ refused the request: .*Invalid runtime_env$"):
+        jobs._submit_job(url, wait_s=5, poll_s=0.01, entrypoint="true")

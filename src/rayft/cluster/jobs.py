@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 import tempfile
 import time
@@ -19,6 +20,11 @@ from rayft.security import redact
 log = logging.getLogger(__name__)
 
 TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")
+
+AGENT_WAIT_S = 30.0
+"""How long a submission waits for the head's job agent: a head that has just started answers on its Jobs API
+before its dashboard agent has registered, and Ray refuses jobs until then ("No available agent ... try again
+later")."""
 
 
 def jobs_url(address: str) -> str:
@@ -45,10 +51,35 @@ def _warn_version(url: str, version: str) -> None:
 
 
 def client(url: str) -> Any:
-    """A JobSubmissionClient for a checked Jobs API URL."""
+    """A JobSubmissionClient for a checked Jobs API URL, whose refused requests raise a one-line
+    :class:`ClusterError` (:class:`_Refusals`)."""
     from ray.job_submission import JobSubmissionClient
 
-    return JobSubmissionClient(url)
+    return _Refusals(url, JobSubmissionClient(url))
+
+
+class _Refusals:
+    """Ray's JobSubmissionClient, each of whose calls raises a request the Jobs API refused (Ray's SDK raises
+    RuntimeError with the response's body, a server-side traceback at times) as a one-line ClusterError that
+    names the head and Ray's reason, so that no command shows a stack for it."""
+
+    def __init__(self, url: str, jobs: Any) -> None:
+        self._url, self._jobs = url, jobs
+
+    def __getattr__(self, name: str) -> Any:
+        method = getattr(self._jobs, name)
+        if not callable(method) or inspect.isasyncgenfunction(method):
+            return method
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return method(*args, **kwargs)
+            except RuntimeError as exc:
+                text = str(exc).strip()
+                reason = redact(text.splitlines()[0] if text else type(exc).__name__)
+                raise ClusterError(f"the Ray Jobs API at {self._url} refused the request: {reason}") from exc
+
+        return call
 
 
 def submit(url: str, request: JobRequest, config_yaml: str) -> JobPlan:
@@ -63,7 +94,8 @@ def submit(url: str, request: JobRequest, config_yaml: str) -> JobPlan:
         (package / CONFIG_FILE).write_text(config_yaml, encoding="utf-8")
         runtime_env = dict(plan.runtime_env)
         runtime_env["py_modules"] = [str(package), *runtime_env.get("py_modules", [])]
-        client(url).submit_job(
+        _submit_job(
+            url,
             entrypoint=plan.entrypoint,
             submission_id=plan.submission_id,
             runtime_env=runtime_env,
@@ -71,6 +103,26 @@ def submit(url: str, request: JobRequest, config_yaml: str) -> JobPlan:
             entrypoint_num_cpus=request.entrypoint_num_cpus,
         )
     return plan
+
+
+def _submit_job(url: str, wait_s: float = AGENT_WAIT_S, poll_s: float = 2.0, **job: Any) -> None:
+    """Ray's ``submit_job``, retried while the head has no job agent yet (up to ``wait_s``); a refusal is a
+    one-line :class:`ClusterError` naming the head, Ray's reason and what to do."""
+    jobs = client(url)
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            jobs.submit_job(**job)
+            return
+        except ClusterError as exc:
+            if "No available agent" not in str(exc):
+                raise
+            if time.monotonic() >= deadline:
+                raise ClusterError(
+                    f"the Ray head at {url} has had no job agent for {wait_s:.0f} s ({exc}); check the head "
+                    "(`ray status`, the dashboard_agent log in its session's logs directory) and submit again"
+                ) from exc
+        time.sleep(poll_s)
 
 
 def follow_logs(url: str, job_id: str, write: Callable[[str], None]) -> None:
@@ -98,7 +150,7 @@ def job_info(url: str, job_id: str) -> Any:
     """The job's details; an unknown id fails naming `rayft jobs list`."""
     try:
         return client(url).get_job_info(job_id)
-    except RuntimeError as exc:
+    except ClusterError as exc:
         if "404" in str(exc) or "does not exist" in str(exc):
             raise ClusterError(f"no job {job_id!r} at {url}; `rayft jobs list --address {url}` lists them") from exc
         raise
