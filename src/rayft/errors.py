@@ -88,6 +88,13 @@ class RunInterruptedError(RayftError):
     """The run stopped on request (SIGTERM) after saving a checkpoint; ``--resume`` continues it."""
 
 
+def first_line(error: object) -> str:
+    """The first line of an error's message (its type's name when it has none): what a one-line report quotes
+    of a library's error, whose message may hold a whole response body or a server's traceback."""
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
+
+
 def exception_chain(exc: BaseException) -> Iterator[BaseException]:
     """An exception, then what caused it, outermost first (``cause`` attributes of Ray's wrapped errors,
     ``__cause__`` and ``__context__``), each once."""

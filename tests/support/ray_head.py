@@ -58,31 +58,35 @@ def ray_head(
                 "RAY_AUTH_TOKEN_PATH": str(token), "PATH": path}  # fmt: skip
     client_env = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token)}
     log = temp / "head.log"
-    # A port chosen free can be taken before the head binds it (the other test workers start Ray processes
-    # too), and `ray start --block` then stops the whole head: such a start is tried once more on new ports.
-    for attempt in range(2):
-        port, dash, client, agent_http, metrics, runtime_env, agent_grpc = free_ports(7)
-        command = [
-            str(_BIN / "ray"), "start", "--head", "--block", f"--port={port}", f"--num-cpus={num_cpus}",
-            "--node-ip-address=127.0.0.1", "--disable-usage-stats", f"--temp-dir={temp / 'ray'}",
-            f"--ray-client-server-port={client}", f"--dashboard-agent-listen-port={agent_http}",
-            f"--metrics-export-port={metrics}", f"--runtime-env-agent-port={runtime_env}",
-            f"--dashboard-agent-grpc-port={agent_grpc}",
-            *([f"--dashboard-port={dash}", "--dashboard-host=127.0.0.1"] if dashboard else [NO_DASHBOARD]),
-        ]  # fmt: skip
-        with log.open("w") as out:
-            proc = subprocess.Popen(command, env=head_env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-        head = RayHead(f"127.0.0.1:{port}", f"http://127.0.0.1:{dash}" if dashboard else None, client_env, temp, log)
-        # Jobs go to the head's dashboard agent, which comes up after the dashboard answers.
-        if _wait_until_up(head, proc, head_env, timeout_s, agent_http if dashboard else None) or attempt:
-            break
-        _stop(proc)
+    proc: subprocess.Popen[bytes] | None = None
     try:
-        if proc.poll() is not None:
+        # A port chosen free can be taken before the head binds it (the other test workers start Ray processes
+        # too), and `ray start --block` then stops the whole head: such a start is tried once more on new ports.
+        for _attempt in range(2):
+            port, dash, client, agent_http, metrics, runtime_env, agent_grpc = free_ports(7)
+            command = [
+                str(_BIN / "ray"), "start", "--head", "--block", f"--port={port}", f"--num-cpus={num_cpus}",
+                "--node-ip-address=127.0.0.1", "--disable-usage-stats", f"--temp-dir={temp / 'ray'}",
+                f"--ray-client-server-port={client}", f"--dashboard-agent-listen-port={agent_http}",
+                f"--metrics-export-port={metrics}", f"--runtime-env-agent-port={runtime_env}",
+                f"--dashboard-agent-grpc-port={agent_grpc}",
+                *([f"--dashboard-port={dash}", "--dashboard-host=127.0.0.1"] if dashboard else [NO_DASHBOARD]),
+            ]  # fmt: skip
+            with log.open("w") as out:
+                proc = subprocess.Popen(command, env=head_env, stdout=out, stderr=subprocess.STDOUT,
+                                        start_new_session=True)  # fmt: skip
+            head = RayHead(f"127.0.0.1:{port}", f"http://127.0.0.1:{dash}" if dashboard else None, client_env, temp,
+                           log)  # fmt: skip
+            # Jobs go to the head's dashboard agent, which comes up after the dashboard answers.
+            if _wait_until_up(head, proc, head_env, timeout_s, agent_http if dashboard else None):
+                break
+            _stop(proc)
+        else:
             raise RuntimeError(f"the Ray head did not start:\n{log.read_text()[-3000:]}")
         yield head
     finally:
-        _stop(proc)
+        if proc is not None:  # the head is stopped however the start or the tests ended
+            _stop(proc)
         shutil.rmtree(temp, ignore_errors=True)
 
 

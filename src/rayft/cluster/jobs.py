@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from rayft.cluster.job_plan import CONFIG_FILE, JobPlan, JobRequest, plan_job
-from rayft.errors import ClusterError
+from rayft.errors import ClusterError, first_line
 from rayft.runtime.address import parse_address
 from rayft.runtime.probe import check_jobs_api, dashboard_of, resolve_auto
 from rayft.security import redact
@@ -75,8 +75,7 @@ class _Refusals:
             try:
                 return method(*args, **kwargs)
             except RuntimeError as exc:
-                text = str(exc).strip()
-                reason = redact(text.splitlines()[0] if text else type(exc).__name__)
+                reason = redact(first_line(exc))
                 raise ClusterError(f"the Ray Jobs API at {self._url} refused the request: {reason}") from exc
 
         return call

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from rayft.config.train import FailureConfig
-from rayft.errors import RayftError, exception_chain
+from rayft.errors import RayftError, exception_chain, first_line
 
 Cause = Literal["memory", "killed", "node", "error", "start"]
 
@@ -66,7 +66,7 @@ def describe_failure(exc: BaseException, config: FailureConfig) -> Failure | Non
     if isinstance(exc, WorkerGroupError):
         return worker_group_failure(exc.worker_failures, config)
     if isinstance(exc, ControllerError):
-        return Failure(f"the worker group could not start ({_first_line(exc.controller_failure)})", "start", True)
+        return Failure(f"the worker group could not start ({first_line(exc.controller_failure)})", "start", True)
     if isinstance(exc, RayActorError) or _is_out_of_memory(exc):
         return process_failure("the Ray Train controller", exc)
     return None
@@ -167,11 +167,6 @@ def _is_out_of_memory(error: BaseException) -> bool:
     from ray.exceptions import OutOfMemoryError
 
     return isinstance(error, OutOfMemoryError)
-
-
-def _first_line(error: object) -> str:
-    text = str(error).strip()
-    return text.splitlines()[0] if text else type(error).__name__
 
 
 def _capitalised(text: str) -> str:

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from rayft.config.model import LoraConfig, ModelConfig
 from rayft.config.rl import RlConfig, RolloutConfig
-from rayft.errors import ConfigError, TrainingError
+from rayft.errors import ConfigError, TrainingError, first_line
 from rayft.training.loop.rollout_plan import actor_of, owned_actors, timeout_message
 from rayft.training.loop.sampling import Completions, PromptBatch, Sampler, seed_of
 from rayft.training.modeling.model import Method, transformers_model
@@ -284,8 +284,7 @@ def wait(refs: list[Any], timeout_s: float, what: str, field_name: str, cause: s
     except GetTimeoutError:
         raise TrainingError(timeout_message(what, timeout_s, field_name, cause)) from None
     except RayActorError as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise TrainingError(f"{what} failed: a generation actor died ({first}); check its log") from None
+        raise TrainingError(f"{what} failed: a generation actor died ({first_line(exc)}); check its log") from None
     except RayTaskError as exc:
         cause_exc = exc.cause if isinstance(exc.cause, BaseException) else exc
         raise TrainingError(f"{what} failed on a generation actor: {type(cause_exc).__name__}: {cause_exc}") from None
