@@ -9,7 +9,8 @@ Formats (``DatasetConfig.format``):
 - ``template``: ``input_template`` / ``output_template`` filled from the row's columns.
 - ``alpaca``: ``instruction``, optional ``input``, ``output``.
 - ``messages``: a list of turns, OpenAI (``role``/``content``) or ShareGPT (``from``/``value``);
-  loss on every assistant turn.
+  loss on every assistant turn. With tool use (OpenAI's assistant ``tool_calls``, ``tool`` turns and
+  the row's ``tools`` column; see :mod:`rayft.data.tools`) the assistant's calls are trained too.
 - ``prompt_completion``: ``prompt`` and ``completion``.
 - ``text``: ``text`` only, every token trained (continued pre-training).
 - ``auto``: detected from the columns by :func:`detect_format`.
@@ -17,12 +18,21 @@ Formats (``DatasetConfig.format``):
 
 from __future__ import annotations
 
+import json
 import string
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from rayft.config.data import DatasetConfig
+from rayft.data.tools import (
+    TOOL_REASONS,
+    TOOL_ROLES,
+    ToolUseError,
+    default_messages,
+    normalize_tools,
+    tool_conversation,
+)
 from rayft.errors import DataError
 
 REASONS = {
@@ -30,7 +40,7 @@ REASONS = {
     "empty_field": "a field the format needs is empty",
     "wrong_type": "a field holds a value of the wrong type",
     "no_assistant_turn": "a conversation has no assistant turn to train on",
-    "unknown_role": "a conversation turn has a role that is not system/user/assistant",
+    "unknown_role": "a conversation turn has a role that is not system/user/assistant (or tool, in a messages row)",
     "over_length": "the example is longer than max_seq_length (overlong: drop)",
     "all_labels_masked": "no token is left to train on (often: truncation cut the whole response)",
     "bad_encoding": "a line or source file is not valid UTF-8 text (see its detail for the first bad byte)",
@@ -40,6 +50,7 @@ REASONS = {
     "identical_responses": "a preference pair's chosen and rejected responses are the same text",
     "no_shared_prompt": "a preference pair's chosen and rejected conversations share no prompt turns",
     "missing_row_column": "a column carried with each prompt to the rewards (train.rl) is missing or null",
+    **TOOL_REASONS,
 }
 """Reason code -> what it means; the codes appear in rejected.jsonl and in the stats."""
 
@@ -50,6 +61,7 @@ ENCODING_ERROR_COLUMN = "encoding_error"
 UNREADABLE_COLUMN = "_rayft_unreadable"
 ROLE_ALIASES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant", "system": "system"}
 MESSAGE_COLUMNS = ("messages", "conversations")
+TOOLS_COLUMN = "tools"  # a messages row's tool schemas (optional; field_mapping may name another column)
 PROMPT_ALIASES = ("prompt", "question", "query")
 COMPLETION_ALIASES = ("completion", "answer", "response")
 PREFERENCE_COLUMNS = frozenset({"chosen", "rejected"})  # a prompt column is optional (see rayft.data.preference)
@@ -70,12 +82,18 @@ class Example:
     """A row ready to render: chat ``messages`` (role, content), or a raw ``prompt`` + ``response``.
 
     With messages, the tokenizer's chat template renders the text and assistant turns are trained;
-    otherwise the text is ``prompt + response`` and the response (plus EOS) is trained.
+    otherwise the text is ``prompt + response`` and the response (plus EOS) is trained. A conversation
+    with tool use also keeps its OpenAI-shaped messages (``chat``, with ``tool_calls`` and ``tool``
+    turns) and its ``tools``, for a chat template that renders tools; ``messages`` is then the same
+    conversation in rayft's default tool format (:func:`rayft.data.tools.default_messages`), for one
+    that does not.
     """
 
     messages: tuple[tuple[str, str], ...] | None = None
     prompt: str = ""
     response: str = ""
+    chat: tuple[dict[str, Any], ...] | None = None
+    tools: tuple[dict[str, Any], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -127,6 +145,8 @@ def resolve_format(ds: DatasetConfig, columns: Sequence[str]) -> ResolvedFormat:
             "or choose another format"
         )
     optional = {"input": mapping.get("input", "input")} if fmt == "alpaca" else {}
+    if fmt == "messages":
+        optional = {"tools": mapping.get("tools", TOOLS_COLUMN)}
     resolved.update({k: v for k, v in optional.items() if v in columns})
     return ResolvedFormat(fmt, resolved, detected)
 
@@ -180,7 +200,7 @@ def make_example(row: Mapping[str, Any], ds: DatasetConfig, fmt: ResolvedFormat)
     if row.get(ENCODING_ERROR_COLUMN):
         raise BadRowError("bad_encoding", f"{row.get('path')}: {row[ENCODING_ERROR_COLUMN]}")
     if fmt.format == "messages":
-        return Example(messages=_conversation(row.get(fmt.columns["messages"]), fmt.columns["messages"], ds))
+        return _conversation(row, fmt, ds)
     if fmt.format == "text":
         return Example(response=_text(row, "text", fmt))
     prompt, response = _prompt_response(row, ds, fmt)
@@ -227,18 +247,48 @@ def _text(row: Mapping[str, Any], name: str, fmt: ResolvedFormat, *, optional: b
     return text
 
 
-def _conversation(turns: Any, column: str, ds: DatasetConfig) -> tuple[tuple[str, str], ...]:
-    out = list(parse_turns(turns, column))
-    if not any(role == "assistant" for role, _ in out):
-        raise BadRowError("no_assistant_turn", f"none of the {len(out)} turns is an assistant turn")
-    if ds.system_prompt and out[0][0] != "system":
-        out.insert(0, ("system", ds.system_prompt))
-    return tuple(out)
+def _conversation(row: Mapping[str, Any], fmt: ResolvedFormat, ds: DatasetConfig) -> Example:
+    column = fmt.columns["messages"]
+    turns = list(parse_chat_turns(row.get(column), column))
+    if not any(role == "assistant" for role, _, _ in turns):
+        raise BadRowError("no_assistant_turn", f"none of the {len(turns)} turns is an assistant turn")
+    if ds.system_prompt and turns[0][0] != "system":
+        turns.insert(0, ("system", ds.system_prompt, {}))
+    tools_value = row.get(fmt.columns["tools"]) if "tools" in fmt.columns else None
+    uses_tools = tools_value not in (None, "", []) or any(
+        role == "tool" or turn.get("tool_calls") for role, _, turn in turns
+    )
+    if not uses_tools:
+        return Example(messages=tuple((role, content) for role, content, _ in turns))
+    try:
+        tools = normalize_tools(tools_value)
+        chat = tool_conversation(turns, tools)
+    except ToolUseError as bad:
+        raise BadRowError(bad.reason, bad.detail) from None
+    plain = tuple((m["role"], m["content"]) for m in default_messages(chat, tools))
+    return Example(messages=plain, chat=chat, tools=tools)
 
 
 def parse_turns(turns: Any, column: str) -> tuple[tuple[str, str], ...]:
     """A column's chat turns (OpenAI role/content or ShareGPT from/value) as (role, content) pairs;
-    :class:`BadRowError` for a value that is not a non-empty list of well-formed turns."""
+    :class:`BadRowError` for a value that is not a non-empty list of well-formed turns. Tool turns
+    and tool calls are refused here (``unknown_role``): only a messages row takes them."""
+    out = []
+    for number, (role, content, turn) in enumerate(parse_chat_turns(turns, column)):
+        if role == "tool" or turn.get("tool_calls"):
+            what = f"has role {turn.get('role', turn.get('from'))!r}" if role == "tool" else "calls a tool"
+            raise BadRowError("unknown_role", f"turn {number} {what}; tool use is read from messages rows only")
+        out.append((role, content))
+    return tuple(out)
+
+
+def parse_chat_turns(turns: Any, column: str) -> tuple[tuple[str, str, dict[str, Any]], ...]:
+    """A column's chat turns as (role, content, the turn as given), roles mapped to system/user/assistant/tool.
+
+    An assistant turn that holds ``tool_calls`` may have no content; a tool turn's content may be a
+    JSON value (kept as its JSON text). :class:`BadRowError` for a value that is not a non-empty list
+    of well-formed turns.
+    """
     if turns is None:
         raise BadRowError("missing_field", f"column {column!r} is missing or null")
     if not isinstance(turns, list) or not all(isinstance(t, dict) for t in turns):
@@ -247,18 +297,25 @@ def parse_turns(turns: Any, column: str) -> tuple[tuple[str, str], ...]:
         )
     if not turns:
         raise BadRowError("empty_field", f"column {column!r} holds no turns")
-    out: list[tuple[str, str]] = []
-    for number, turn in enumerate(turns):
-        raw_role = turn.get("role") if turn.get("role") is not None else turn.get("from")
-        content = turn.get("content") if turn.get("content") is not None else turn.get("value")
-        if raw_role is None or content is None:
-            raise BadRowError("missing_field", f"turn {number} lacks role/content (or from/value)")
-        if not isinstance(content, str) or not isinstance(raw_role, str):
-            raise BadRowError("wrong_type", f"turn {number}: role and content must be text")
-        role = ROLE_ALIASES.get(raw_role)
-        if role is None:
-            raise BadRowError("unknown_role", f"turn {number} has role {raw_role!r}; use system, user or assistant")
-        if not content.strip() and role == "assistant":
-            raise BadRowError("empty_field", f"turn {number} (assistant) is empty")
-        out.append((role, content))
-    return tuple(out)
+    return tuple(_chat_turn(number, turn) for number, turn in enumerate(turns))
+
+
+def _chat_turn(number: int, turn: dict[str, Any]) -> tuple[str, str, dict[str, Any]]:
+    raw_role = turn.get("role") if turn.get("role") is not None else turn.get("from")
+    content = turn.get("content") if turn.get("content") is not None else turn.get("value")
+    calls = bool(turn.get("tool_calls"))  # an assistant turn that only calls tools has no content
+    if raw_role is None or (content is None and not calls):
+        raise BadRowError("missing_field", f"turn {number} lacks role/content (or from/value)")
+    if not isinstance(raw_role, str):
+        raise BadRowError("wrong_type", f"turn {number}: role and content must be text")
+    role = "tool" if raw_role in TOOL_ROLES else ROLE_ALIASES.get(raw_role)
+    if role == "tool" and not isinstance(content, str):
+        content = json.dumps(content, ensure_ascii=False)  # a result given as a JSON value
+    content = "" if content is None else content
+    if not isinstance(content, str):
+        raise BadRowError("wrong_type", f"turn {number}: role and content must be text")
+    if role is None:
+        raise BadRowError("unknown_role", f"turn {number} has role {raw_role!r}; use system, user, assistant or tool")
+    if not content.strip() and role == "assistant" and not calls:
+        raise BadRowError("empty_field", f"turn {number} (assistant) is empty")
+    return role, content, turn

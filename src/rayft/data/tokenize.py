@@ -11,11 +11,12 @@ or in-process: both produce the same rows.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
 import pickle
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,6 +24,7 @@ from rayft.config.data import DatasetConfig
 from rayft.data.formats import BadRowError, Example, ResolvedFormat, make_example
 from rayft.data.prepared import IGNORE_INDEX
 from rayft.data.seq2seq import Pair, fit, source_target, with_eos
+from rayft.data.tools import default_messages, with_object_arguments
 from rayft.errors import DataError
 
 Span = tuple[int, int]
@@ -74,20 +76,15 @@ class TextTokenizer:
             fast=backend is not None,
         )
 
-    def chat_text(self, messages: list[dict[str, str]], *, generation_prompt: bool) -> str:
-        """The conversation rendered by the chat template, as ``apply_chat_template(tokenize=False)`` renders it."""
-        from transformers.utils.chat_template_utils import render_jinja_template
-
+    def chat_text(
+        self, messages: Sequence[Mapping[str, Any]], *, generation_prompt: bool, tools: Sequence[Mapping[str, Any]] = ()
+    ) -> str:
+        """The conversation rendered by the chat template, as ``apply_chat_template(tokenize=False)`` renders
+        it (see :func:`render_chat`)."""
         if self.chat_template is None:
             raise DataError("the tokenizer has no chat template; set model.chat_template or use_chat_template=false")
-        render_fn: Any = render_jinja_template  # its stubs do not type the template's extra variables
-        rendered, _ = render_fn(
-            conversations=[messages],
-            chat_template=self.chat_template,
-            add_generation_prompt=generation_prompt,
-            **self.template_kwargs,
-        )
-        return str(rendered[0])
+        return render_chat(self.chat_template, self.template_kwargs, messages, tools=tools,
+                           generation_prompt=generation_prompt)  # fmt: skip
 
     def encode(
         self, texts: list[str], *, special_tokens: bool = False
@@ -101,22 +98,73 @@ class TextTokenizer:
         return [list(i) for i in encoded["input_ids"]], [list(o) for o in encoded["offset_mapping"]]
 
 
+def render_chat(
+    template: str,
+    template_kwargs: Mapping[str, Any],
+    messages: Sequence[Mapping[str, Any]],
+    *,
+    tools: Sequence[Mapping[str, Any]] = (),
+    generation_prompt: bool,
+) -> str:
+    """A conversation as text: the one rendering of chat messages that training, evaluation, ``rayft chat``,
+    ``rayft generate`` and ``rayft serve`` share, equal to transformers' ``apply_chat_template(messages,
+    tools=..., tokenize=False)``.
+
+    ``template_kwargs`` are the variables the template sees besides the messages (the tokenizer's special
+    tokens). With ``tools``, a template that renders tools (:func:`template_renders_tools`) gets the
+    messages and the tools as they are; another gets the conversation in rayft's default tool format
+    (:func:`rayft.data.tools.default_messages`).
+    """
+    from transformers.utils.chat_template_utils import render_jinja_template
+
+    chat = with_object_arguments(messages)
+    schemas: list[dict[str, Any]] | None = [dict(t) for t in tools] or None
+    uses_tools = schemas is not None or any(m.get("tool_calls") or m.get("role") == "tool" for m in chat)
+    if uses_tools and not template_renders_tools(template):
+        chat, schemas = [dict(m) for m in default_messages(chat, tools)], None
+    render_fn: Any = render_jinja_template  # its stubs do not type the template's extra variables
+    rendered, _ = render_fn(
+        conversations=[chat], tools=schemas, chat_template=template, add_generation_prompt=generation_prompt,
+        **template_kwargs,
+    )  # fmt: skip
+    return str(rendered[0])
+
+
+@functools.lru_cache(maxsize=16)
+def template_renders_tools(template: str) -> bool:
+    """Whether a chat template renders tools itself: it reads the ``tools`` variable and the messages'
+    ``tool_calls`` (so it shows both the tool list and the calls), as Qwen2.5's, Llama 3.1's and most
+    recent templates do. Otherwise rayft renders tools in its default format (:mod:`rayft.data.tools`)."""
+    import jinja2
+    from jinja2 import meta
+
+    try:
+        variables = meta.find_undeclared_variables(jinja2.Environment().parse(template))
+    except jinja2.TemplateSyntaxError:
+        return False  # rendering reports the template's error itself
+    return "tools" in variables and "tool_calls" in template
+
+
 def render(example: Example, tokenizer: TextTokenizer, *, train_on_prompt: bool) -> Rendered:
-    """Render an example to text and find the character spans that carry the loss."""
+    """Render an example to text and find the character spans that carry the loss (every assistant turn,
+    tool calls included; tool results and the tool list are prompt)."""
     if example.messages is None:
         text = example.prompt + example.response
         start = 0 if train_on_prompt else len(example.prompt)
         return Rendered(text, ((start, len(text)),), True)
-    messages = [{"role": r, "content": c} for r, c in example.messages]
-    full = _chat_text(tokenizer, messages, generation_prompt=False)
+    messages: list[dict[str, Any]] = [{"role": r, "content": c} for r, c in example.messages]
+    tools: tuple[dict[str, Any], ...] = ()
+    if example.chat is not None and template_renders_tools(tokenizer.chat_template or ""):
+        messages, tools = [dict(m) for m in example.chat], example.tools
+    full = _chat_text(tokenizer, messages, generation_prompt=False, tools=tools)
     if train_on_prompt:
         return Rendered(full, ((0, len(full)),), False)
     spans = []
     for index, message in enumerate(messages):
         if message["role"] != "assistant":
             continue
-        before = _chat_text(tokenizer, messages[:index], generation_prompt=True)
-        upto = full if index == len(messages) - 1 else _chat_text(tokenizer, messages[: index + 1], False)
+        before = _chat_text(tokenizer, messages[:index], generation_prompt=True, tools=tools)
+        upto = full if index == len(messages) - 1 else _chat_text(tokenizer, messages[: index + 1], False, tools)
         if not (upto.startswith(before) and full.startswith(upto)):
             raise DataError(
                 "the tokenizer's chat template does not render a conversation as a prefix of its continuation, "
@@ -127,8 +175,10 @@ def render(example: Example, tokenizer: TextTokenizer, *, train_on_prompt: bool)
     return Rendered(full, tuple(spans), False)
 
 
-def _chat_text(tokenizer: TextTokenizer, messages: list[dict[str, str]], generation_prompt: bool) -> str:
-    return tokenizer.chat_text(messages, generation_prompt=generation_prompt) if messages else ""
+def _chat_text(
+    tokenizer: TextTokenizer, messages: list[dict[str, Any]], generation_prompt: bool, tools: Sequence[Any] = ()
+) -> str:
+    return tokenizer.chat_text(messages, generation_prompt=generation_prompt, tools=tools) if messages else ""
 
 
 def label_tokens(ids: Sequence[int], offsets: Sequence[tuple[int, int]], spans: Sequence[Span]) -> list[int]:

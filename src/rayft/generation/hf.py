@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from rayft.config.generation import CompileSetting, KVCacheSetting
 from rayft.config.model import ModelConfig
+from rayft.data.tokenize import render_chat
 from rayft.generation.backend import (
     FinishReason,
     Generation,
@@ -86,15 +87,17 @@ class HFBackend:
         """The model (and adapter) this backend generates with."""
         return self._label
 
-    def render(self, prompt: Prompt) -> str:
-        """The exact text fed to the model: chat prompts go through the chat template, or, for a model
-        without one (T5, BART), their contents joined by blank lines, as such models are trained."""
+    def render(self, prompt: Prompt, chat_template: str | None = None) -> str:
+        """The exact text fed to the model: chat prompts go through the chat template (``chat_template``,
+        else the tokenizer's) with training's own rendering (:func:`rayft.data.tokenize.render_chat`),
+        or, for a model without one (T5, BART), their contents joined by blank lines, as such models are
+        trained."""
         if isinstance(prompt, str):
             return prompt
-        if self.tokenizer.chat_template is None:
+        template = chat_template or (self.tokenizer.get_chat_template() if self.tokenizer.chat_template else None)
+        if template is None:
             return "\n\n".join(str(message.get("content", "")) for message in prompt)
-        text = self.tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
-        return str(text)
+        return render_chat(template, self.tokenizer.special_tokens_map, prompt, generation_prompt=True)
 
     def generate(self, prompts: Sequence[Prompt], params: SamplingParams) -> list[Generation]:
         """Generate for every prompt, ``batch_size`` at a time, in the order of ``prompts``.
