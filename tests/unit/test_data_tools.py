@@ -72,8 +72,8 @@ def _conversation() -> list[dict[str, Any]]:
 def _as_transformers_takes_it(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The conversation as transformers documents it for templates: arguments as objects."""
     out = []
-    for message in messages:
-        message = {**message, "content": message["content"] or ""}
+    for given in messages:
+        message = {**given, "content": given["content"] or ""}
         if "tool_calls" in message:
             message["tool_calls"] = [
                 {**c, "function": {**c["function"], "arguments": _object(c["function"]["arguments"])}}
@@ -202,9 +202,9 @@ def test_a_template_without_tools_gets_the_default_format_which_parses_back(tmp_
 
 
 def test_parallel_calls_and_their_results_in_one_turn(tmp_path: Path) -> None:
+    calls = [("a", "calculator", '{"expression": "2+2"}'), ("b", "get_weather", '{"city": "Oslo"}')]
     both = {"role": "assistant", "content": "Checking both.", "tool_calls": [
-        {"id": "a", "type": "function", "function": {"name": "calculator", "arguments": '{"expression": "2+2"}'}},
-        {"id": "b", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}}]}  # fmt: skip
+        {"id": i, "type": "function", "function": {"name": n, "arguments": a}} for i, n, a in calls]}  # fmt: skip
     messages = [{"role": "user", "content": "2+2 and Oslo?"}, both,
                 {"role": "tool", "tool_call_id": "a", "content": "4"},
                 {"role": "tool", "tool_call_id": "b", "content": "snow"},
@@ -289,11 +289,17 @@ def test_rows_without_tool_use_render_as_before(tmp_path: Path) -> None:
 
 
 def test_parse_tool_calls_reads_the_default_format_and_refuses_a_malformed_block() -> None:
-    text = "Let me compute.\n" + render_tool_call("calculator", {"expression": "1+1"}) + "\n" + render_tool_call(
-        "get_weather", {"city": "Rome"}
+    text = (
+        "Let me compute.\n"
+        + render_tool_call("calculator", {"expression": "1+1"})
+        + "\n"
+        + render_tool_call("get_weather", {"city": "Rome"})
     )
-    assert split_tool_calls(text) == ("Let me compute.", [ToolCall("calculator", {"expression": "1+1"}, "call_0"),
-                                                          ToolCall("get_weather", {"city": "Rome"}, "call_1")])  # fmt: skip
+    expected = [
+        ToolCall("calculator", {"expression": "1+1"}, "call_0"),
+        ToolCall("get_weather", {"city": "Rome"}, "call_1"),
+    ]
+    assert split_tool_calls(text) == ("Let me compute.", expected)
     assert parse_tool_calls('<tool_call>{"name": "f", "parameters": {"x": 1}}</tool_call>') == [
         ToolCall("f", {"x": 1}, "call_0")
     ]

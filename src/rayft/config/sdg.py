@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from rayft.config.base import Section
 from rayft.config.data import DatasetConfig
@@ -176,6 +176,23 @@ class SdgConfig(Section):
     max_attempts: int = Field(
         50, gt=0, description="Symbolic generator: number draws per variation before giving up on it (counted)."
     )
+    operand_scale: int = Field(
+        1,
+        ge=1,
+        description=(
+            "Symbolic generator: multiply each varied number of a seed by this factor before drawing near it, "
+            "e.g. 1000 for large-operand arithmetic where a calculator matters (draws that make a division "
+            "inexact are redrawn, up to max_attempts)."
+        ),
+    )
+    tool_use: bool = Field(
+        False,
+        description=(
+            "Task 'math': write each accepted row also as a tool-use trace, every <<expression=result>> step "
+            "a call of a 'calculator' tool and its result, then the solution (columns messages and tools, "
+            "JSON text; format auto trains on them as a tool-use conversation)."
+        ),
+    )
     seeds_per_batch: int = Field(
         64,
         gt=0,
@@ -183,3 +200,12 @@ class SdgConfig(Section):
     )
     seed: int | None = Field(None, ge=0, description="Seed of the number draws and sampling (default: the run's seed).")
     output_dir: str | None = Field(None, description="Where rows are written (default: <storage_path>/<name>/sdg).")
+
+    @model_validator(mode="after")
+    def _tool_use_needs_math(self) -> SdgConfig:
+        if self.tool_use and self.task != "math":
+            raise ValueError(
+                f"sdg.tool_use makes calculator traces from math solutions, but sdg.task is {self.task!r}; "
+                "set sdg.task=math or sdg.tool_use=false"
+            )
+        return self

@@ -284,6 +284,7 @@ def parse_turns(turns: Any, column: str) -> tuple[tuple[str, str], ...]:
 
 def parse_chat_turns(turns: Any, column: str) -> tuple[tuple[str, str, dict[str, Any]], ...]:
     """A column's chat turns as (role, content, the turn as given), roles mapped to system/user/assistant/tool.
+    The column may hold the list itself or its JSON text.
 
     An assistant turn that holds ``tool_calls`` may have no content; a tool turn's content may be a
     JSON value (kept as its JSON text). :class:`BadRowError` for a value that is not a non-empty list
@@ -291,6 +292,8 @@ def parse_chat_turns(turns: Any, column: str) -> tuple[tuple[str, str, dict[str,
     """
     if turns is None:
         raise BadRowError("missing_field", f"column {column!r} is missing or null")
+    if isinstance(turns, str) and turns.lstrip().startswith("["):
+        turns = _json_turns(turns, column)
     if not isinstance(turns, list) or not all(isinstance(t, dict) for t in turns):
         raise BadRowError(
             "wrong_type", f"column {column!r} must be a list of turns (objects), got {type(turns).__name__}"
@@ -298,6 +301,15 @@ def parse_chat_turns(turns: Any, column: str) -> tuple[tuple[str, str, dict[str,
     if not turns:
         raise BadRowError("empty_field", f"column {column!r} holds no turns")
     return tuple(_chat_turn(number, turn) for number, turn in enumerate(turns))
+
+
+def _json_turns(text: str, column: str) -> Any:
+    """The turns of a column that holds them as JSON text (as Parquet and CSV files often do)."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise BadRowError("wrong_type", f"column {column!r} is text that is not a JSON list of turns ({exc.msg} "
+                                        f"at column {exc.colno})") from None  # fmt: skip
 
 
 def _chat_turn(number: int, turn: dict[str, Any]) -> tuple[str, str, dict[str, Any]]:

@@ -55,7 +55,7 @@ def generate(cfg: RayftConfig, out: Path, *, test_mode: bool = False) -> SdgResu
     """The work of :func:`run`, into ``out``."""
     started = time.monotonic()
     plan = plan_sdg(cfg.sdg, cfg.seed, test_mode=test_mode)
-    store = SdgStore(out)
+    store = SdgStore(out, plan.extra_columns)
     store.open(plan.config_hash)
     done = store.done_seeds()
     num_seeds, num_done = count_seeds(plan.sdg, done)

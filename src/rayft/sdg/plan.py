@@ -16,6 +16,7 @@ from rayft.sdg.rows import SEED_COLUMNS, ParseStage, PromptStage, QualityStage, 
 from rayft.sdg.stages import Stage, check_plan
 from rayft.sdg.teacher_checks import STAGE as TEACHER_CHECKS
 from rayft.sdg.teacher_checks import TeacherChecks
+from rayft.sdg.tool_traces import TRACE_COLUMNS, ToolTraceStage
 
 GENERATION_COLUMNS = frozenset({"generation", "finish_reason", "error", "num_prompt_tokens", "num_generated_tokens"})
 ROW_COLUMNS = frozenset({"id", "seed_id", "variation", "question", "answer", "reject_reason", "seed_rows"})
@@ -33,6 +34,7 @@ class SdgPlan:
     rng_seed: int
     config_hash: str
     stages: list[Stage]
+    extra_columns: tuple[str, ...] = ()  # output columns beyond the usual ones (tool-use traces)
 
 
 def plan_sdg(sdg: SdgConfig, default_seed: int, *, test_mode: bool = False) -> SdgPlan:
@@ -43,7 +45,7 @@ def plan_sdg(sdg: SdgConfig, default_seed: int, *, test_mode: bool = False) -> S
     config_hash = sdg_config_hash(sdg, rng_seed)
     stages = plan_stages(sdg, rng_seed, config_hash)
     check_plan(stages, SEED_COLUMNS)
-    return SdgPlan(sdg, rng_seed, config_hash, stages)
+    return SdgPlan(sdg, rng_seed, config_hash, stages, TRACE_COLUMNS if sdg.tool_use else ())
 
 
 def resolve_output_dir(cfg: RayftConfig, output_dir: Path | None) -> Path:
@@ -82,9 +84,11 @@ def plan_stages(sdg: SdgConfig, rng_seed: int, config_hash: str) -> list[Stage]:
             max_answer_chars=sdg.quality.max_answer_chars,
         ),
     )
-    checks = plan_teacher_checks(sdg)
+    checks = [*plan_teacher_checks(sdg)]
+    if sdg.tool_use:  # last: a trace is made from the row as the checks leave it
+        checks.append(Stage("tool_traces", ROW_COLUMNS, frozenset(TRACE_COLUMNS), ToolTraceStage()))
     if sdg.generator == "symbolic":
-        generate = SymbolicStage(sdg.variations, sdg.max_attempts, rng_seed, config_hash)
+        generate = SymbolicStage(sdg.variations, sdg.max_attempts, rng_seed, config_hash, sdg.operand_scale)
         return [Stage("generate", SEED_COLUMNS, ROW_COLUMNS, generate), quality, *checks]
     teacher = sdg.teacher
     sampling = json.dumps(

@@ -70,10 +70,14 @@ class SymbolicStage:
     max_attempts: int
     seed: int
     config_hash: str
+    operand_scale: int = 1  # the factor applied to the seed's varied numbers before a draw
 
     def __call__(self, seeds: list[Row]) -> list[Row]:
         out: list[Row] = []
-        sampling = json.dumps({"seed": self.seed, "max_attempts": self.max_attempts})
+        settings: dict[str, int] = {"seed": self.seed, "max_attempts": self.max_attempts}
+        if self.operand_scale != 1:
+            settings["operand_scale"] = self.operand_scale
+        sampling = json.dumps(settings)
         for seed in seeds:
             base = {**ROW_DEFAULTS, "seed_id": seed["seed_id"], "seed_question": seed["seed_question"]}
             base.update(generator="symbolic", sampling=sampling, config_hash=self.config_hash)
@@ -87,7 +91,7 @@ class SymbolicStage:
             for k in range(self.variations):
                 row = {**base, "variation": k, "seed_rows": self.variations}
                 row["id"] = row_id(seed["seed_id"], k, self.config_hash)
-                made = make_variation(chain, rng, self.max_attempts)
+                made = make_variation(chain, rng, self.max_attempts, self.operand_scale)
                 if made is None:
                     reject(row, "generate", "no_valid_variation", f"no valid numbers in {self.max_attempts} draws")
                 else:

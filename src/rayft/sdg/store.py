@@ -36,7 +36,8 @@ CONSOLIDATE_BATCH_ROWS = 8192  # rows read, converted and written at a time when
 class SdgStore:
     """Reads and writes one SDG output directory."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, extra_columns: tuple[str, ...] = ()) -> None:
+        """``extra_columns``: text columns written after the usual ones (the tool-use traces' messages and tools)."""
         if "://" in str(root):
             raise StorageError(f"sdg output_dir {str(root)!r}: only local (or mounted) directories are supported")
         self.root = root
@@ -45,6 +46,7 @@ class SdgStore:
         self.data_jsonl = root / "data.jsonl"
         self.rejected_jsonl = root / "rejected.jsonl"
         self.summary_json = root / "summary.json"
+        self.columns = (*OUTPUT_COLUMNS, *extra_columns)
 
     def open(self, config_hash: str) -> None:
         """Create the directory, or reopen it for resume when it was made with the same config.
@@ -104,7 +106,7 @@ class SdgStore:
         stem = self.parts / f"part-{number:06d}"
         for kind, rows in (("accepted", accepted), ("rejected", rejected)):
             if rows:
-                table = _table(rows)
+                table = _table(rows, self.columns)
                 write_atomic(Path(f"{stem}.{kind}.parquet"), partial(_write_parquet, table))
         write_text_atomic(Path(f"{stem}.done.json"), json.dumps({**record, "part": number}) + "\n")
 
@@ -112,7 +114,7 @@ class SdgStore:
         """Rebuild data.parquet, data.jsonl and rejected.jsonl from the committed parts, a batch of
         rows at a time (never the whole output in memory); the row counts."""
         accepted, rejected = self._part_paths("accepted"), self._part_paths("rejected")
-        write_atomic(self.data_parquet, partial(_write_parquet_parts, accepted))
+        write_atomic(self.data_parquet, partial(_write_parquet_parts, accepted, self.columns))
         write_atomic(self.data_jsonl, partial(_write_jsonl_parts, accepted))
         write_atomic(self.rejected_jsonl, partial(_write_jsonl_parts, rejected))
         return sum(map(_num_rows, accepted)), sum(map(_num_rows, rejected))
@@ -138,13 +140,13 @@ def _part_batches(paths: list[Path]) -> Iterator[Any]:
         yield from pq.ParquetFile(path).iter_batches(batch_size=CONSOLIDATE_BATCH_ROWS)
 
 
-def _write_parquet_parts(paths: list[Path], path: Path) -> None:
+def _write_parquet_parts(paths: list[Path], columns: tuple[str, ...], path: Path) -> None:
     """One Parquet file of the parts' rows, written a row group of about ``CONSOLIDATE_BATCH_ROWS``
     rows at a time (small parts are joined into one row group)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    schema = _table([]).schema
+    schema = _table([], columns).schema
     held: list[Any] = []
     with pq.ParquetWriter(path, schema) as writer:
         for batch in _part_batches(paths):
@@ -163,11 +165,11 @@ def _write_jsonl_parts(paths: list[Path], path: Path) -> None:
                 f.write(redact(json.dumps(row, ensure_ascii=False)) + "\n")
 
 
-def _table(rows: list[Row]) -> Any:
+def _table(rows: list[Row], names: tuple[str, ...] = OUTPUT_COLUMNS) -> Any:
     import pyarrow as pa
 
-    columns = {c: [r.get(c, ROW_DEFAULTS[c]) for r in rows] for c in OUTPUT_COLUMNS}
-    schema = pa.schema([(c, pa.int64() if isinstance(ROW_DEFAULTS[c], int) else pa.string()) for c in OUTPUT_COLUMNS])
+    columns = {c: [r.get(c, ROW_DEFAULTS.get(c, "")) for r in rows] for c in names}
+    schema = pa.schema([(c, pa.int64() if isinstance(ROW_DEFAULTS.get(c), int) else pa.string()) for c in names])
     return pa.table(columns, schema=schema)
 
 

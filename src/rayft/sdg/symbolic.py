@@ -163,10 +163,13 @@ def _prose(answer: str) -> str:
     return ANNOTATION.sub(" ", body)
 
 
-def make_variation(chain: SeedChain, rng: random.Random, max_attempts: int = 50) -> tuple[str, str] | None:
-    """A new (question, answer) with other numbers and a re-computed chain, or None after max_attempts."""
+def make_variation(
+    chain: SeedChain, rng: random.Random, max_attempts: int = 50, scale: int = 1
+) -> tuple[str, str] | None:
+    """A new (question, answer) with other numbers and a re-computed chain, or None after max_attempts.
+    ``scale`` multiplies each input before the draw near it (large operands for calculator traces)."""
     for _ in range(max_attempts):
-        new_inputs = {v: _draw_near(v, chain.input_places[v], rng) for v in chain.inputs}
+        new_inputs = {v: _draw_near(_norm(v * scale), chain.input_places[v], rng) for v in chain.inputs}
         if all(new_inputs[v] == v for v in chain.inputs):
             continue
         mapping = _execute(chain, new_inputs)
