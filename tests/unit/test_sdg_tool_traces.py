@@ -122,3 +122,20 @@ def test_stored_traces_train_the_calls_and_the_answer_with_a_tools_template(tmp_
             row["answer"] + "<|im_end|>\n"
         )
         assert row["question"] not in trained  # the user turn and the tool results are masked
+
+
+def test_a_pipeline_without_a_data_section_trains_on_the_traces(tmp_path: Path) -> None:
+    from rayft.pipeline.inputs import SDG_PATH, train_data_config
+    from rayft.runs.records import StageRecord
+
+    record = StageRecord("sdg", "f", {}, {"data_jsonl": "sdg/data.jsonl"})
+    for tool_use, expected in (("true", "messages"), ("false", "template")):
+        cfg = load_config(None, [f"sdg.tool_use={tool_use}"])
+        (ds,) = train_data_config(cfg, tmp_path, {"sdg": record}).datasets
+        assert (ds.format, ds.path) == (expected, str(tmp_path / "sdg" / "data.jsonl")) and SDG_PATH not in ds.path
+
+
+def test_the_shipped_tool_use_config_makes_traces_and_trains_on_them() -> None:
+    cfg = load_config(Path(__file__).parents[2] / "configs" / "tool-use-sft.yaml")
+    assert cfg.sdg.tool_use and cfg.sdg.operand_scale == 1000
+    assert [(d.path, d.format) for d in cfg.data.datasets] == [("stage:sdg", "messages")]

@@ -59,12 +59,16 @@ def local_files(section: Any) -> dict[str, str]:
 
 def train_data_config(cfg: RayftConfig, run_dir: Path, records: dict[str, StageRecord]) -> DataConfig:
     """The data section training uses: the SDG output stands in for ``stage:sdg`` paths, and is the
-    default training data when the config requests an ``sdg`` stage but writes no ``data`` section."""
+    default training data when the config requests an ``sdg`` stage but writes no ``data`` section
+    (its tool-use traces with ``sdg.tool_use``, else its questions and answers)."""
     sdg_data = records["sdg"].output(run_dir, "data_jsonl") if "sdg" in records else None
     datasets = list(cfg.data.datasets)
     if "data" not in cfg.model_fields_set and sdg_data is not None:
+        # Tool-use traces are conversations (messages and tools); other rows, a question and its answer.
         datasets = [
-            DatasetConfig(
+            DatasetConfig(path=SDG_PATH, name="sdg", format="messages")
+            if cfg.sdg.tool_use
+            else DatasetConfig(
                 path=SDG_PATH,
                 name="sdg",
                 format="template",
