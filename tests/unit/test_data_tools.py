@@ -310,3 +310,24 @@ def test_parse_tool_calls_reads_the_default_format_and_refuses_a_malformed_block
         parse_tool_calls('<tool_call>{"arguments": {}}</tool_call>')
     call = ToolCall("f", {"x": 1}, "call_0")
     assert call.to_openai(arguments_as_text=True)["function"] == {"name": "f", "arguments": '{"x": 1}'}
+
+
+@pytest.mark.parametrize("template", ["qwen2_5", None])
+def test_generation_renders_a_conversation_as_training_does(tiny_model_dir: Path, template: str | None) -> None:
+    """`rayft chat`, `rayft generate` and evaluation (the hf backend) render the prompt of a tool conversation
+    exactly as training renders the text before its last assistant turn."""
+    from rayft.config import ModelConfig
+    from rayft.generation.hf import HFBackend
+
+    backend = HFBackend(ModelConfig(name=str(tiny_model_dir)), device="cpu")
+    if template is not None:
+        backend.tokenizer.chat_template = (TEMPLATES / f"{template}.jinja").read_text()
+    row = {"messages": _conversation(), "tools": [CALCULATOR, WEATHER]}
+    ds = DatasetConfig(path="x.jsonl", format="messages")
+    example = make_example(row, ds, resolve_format(ds, ["messages", "tools"]))
+    rendered = render(example, TextTokenizer.from_hf(backend.tokenizer), train_on_prompt=False)
+    prompt = _conversation()[:-1]  # as the user gives it: arguments as JSON text, content null
+    assert (
+        backend.render(prompt, tools=[CALCULATOR, {"type": "function", "function": WEATHER}])
+        == (rendered.text[: rendered.spans[-1][0]])
+    )

@@ -21,8 +21,9 @@ from rayft.models.registry import CHATML_TEMPLATE
 
 # Bump when the output of the same inputs changes. 2: splits and mixtures from per-row hashes; keys
 # from file fingerprints. 3: packing within windows of consecutive examples, one file per window.
-# 4: rows encoded unpadded even when the tokenizer file saved a padding setting.
-PREPARE_VERSION = 4
+# 4: rows encoded unpadded even when the tokenizer file saved a padding setting. 5: messages rows with
+# tool use (calls, results, a tools column) and messages held as JSON text are trained instead of rejected.
+PREPARE_VERSION = 5
 _PIECE_BYTES = 1 << 20
 
 

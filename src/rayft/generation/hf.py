@@ -10,7 +10,7 @@ A decoder-only model can decode with a static KV cache and a compiled step (:mod
 from __future__ import annotations
 
 import threading
-from collections.abc import Generator, Sequence
+from collections.abc import Generator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from rayft.config.generation import CompileSetting, KVCacheSetting
@@ -87,17 +87,18 @@ class HFBackend:
         """The model (and adapter) this backend generates with."""
         return self._label
 
-    def render(self, prompt: Prompt, chat_template: str | None = None) -> str:
+    def render(self, prompt: Prompt, chat_template: str | None = None, tools: Sequence[Mapping[str, Any]] = ()) -> str:
         """The exact text fed to the model: chat prompts go through the chat template (``chat_template``,
-        else the tokenizer's) with training's own rendering (:func:`rayft.data.tokenize.render_chat`),
-        or, for a model without one (T5, BART), their contents joined by blank lines, as such models are
-        trained."""
+        else the tokenizer's) with training's own rendering (:func:`rayft.data.tokenize.render_chat`, with
+        the OpenAI function schemas ``tools``), or, for a model without one (T5, BART), their contents
+        joined by blank lines, as such models are trained."""
         if isinstance(prompt, str):
             return prompt
         template = chat_template or (self.tokenizer.get_chat_template() if self.tokenizer.chat_template else None)
         if template is None:
             return "\n\n".join(str(message.get("content", "")) for message in prompt)
-        return render_chat(template, self.tokenizer.special_tokens_map, prompt, generation_prompt=True)
+        special = self.tokenizer.special_tokens_map
+        return render_chat(template, special, prompt, tools=tools, generation_prompt=True)
 
     def generate(self, prompts: Sequence[Prompt], params: SamplingParams) -> list[Generation]:
         """Generate for every prompt, ``batch_size`` at a time, in the order of ``prompts``.
