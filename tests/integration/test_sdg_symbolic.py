@@ -63,6 +63,32 @@ def test_cli_writes_verified_rows_with_provenance(ray_session: None, tmp_path: P
     assert pq.read_table(out / "data.parquet").num_rows == len(accepted)
 
 
+def test_cli_writes_tool_use_traces_that_train_as_conversations(ray_session: None, tmp_path: Path) -> None:
+    from rayft.config.data import DatasetConfig
+    from rayft.data.formats import make_example, resolve_format
+
+    out = tmp_path / "sdg"
+    args = ["sdg", str(REPO / "configs" / "sdg.yaml"), "--seeds", "20", "--variations", "2", "--output-dir",
+            str(out), "sdg.tool_use=true", "sdg.operand_scale=1000", "sdg.seeds_per_batch=10"]  # fmt: skip
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 0, result.output
+    accepted = read_jsonl(out / "data.jsonl")
+    assert accepted
+    ds = DatasetConfig(path=str(out / "data.jsonl"))
+    fmt = resolve_format(ds, list(accepted[0]))
+    assert fmt.format == "messages"  # format auto reads the traces, not question/answer
+    for row in accepted:
+        assert check_math_answer(row["answer"]) is None
+        example = make_example(row, ds, fmt)  # a bad trace would raise its reject reason here
+        assert example.chat is not None and example.chat[0]["content"] == row["question"]
+        calls = [m for m in example.chat if m.get("tool_calls")]
+        assert len(calls) == row["answer"].count("<<") and example.chat[-1]["content"] == row["answer"]
+        assert [t["function"]["name"] for t in example.tools] == ["calculator"]
+    import pyarrow.parquet as pq
+
+    assert {"messages", "tools"} <= set(pq.read_table(out / "data.parquet").column_names)
+
+
 def test_cli_test_mode_uses_two_seeds(ray_session: None, tmp_path: Path) -> None:
     out = tmp_path / "smoke"
     args = ["sdg", str(REPO / "configs" / "sdg.yaml"), "--test-mode", "--output-dir", str(out)]
