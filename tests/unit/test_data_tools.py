@@ -263,6 +263,21 @@ def test_each_bad_tool_row_is_rejected_with_its_reason(tmp_path: Path, reason: s
     assert reason in REASONS  # listed, so the stats and rejected.jsonl explain it
 
 
+def test_a_conversation_the_template_refuses_is_a_rejected_row(tmp_path: Path) -> None:
+    tokenizer = _tokenizer(tmp_path, "llama3_1")  # Llama 3.1 takes one call per assistant turn
+    function = {"name": "calculator", "arguments": "{}"}
+    two = {"role": "assistant", "content": "", "tool_calls": [
+        {"id": i, "type": "function", "function": function} for i in ("c1", "c2")]}  # fmt: skip
+    two_results = [RESULT, {**RESULT, "tool_call_id": "c2"}]
+    good = {"messages": [USER, _call("calculator", "{}"), RESULT, ANSWER], "tools": [CALCULATOR]}
+    rows = _tokenize(tokenizer, [{"messages": [USER, two, *two_results, ANSWER], "tools": [CALCULATOR]}, good])
+    assert [r["reason"] for r in rows] == ["template_error", ""]
+    assert (
+        rows[0]["detail"]
+        == "the chat template refuses this conversation: This model only supports single tool-calls at once!"
+    )
+
+
 def test_reject_details_name_what_is_wrong(tmp_path: Path) -> None:
     tokenizer = _tokenizer(tmp_path, "qwen2_5")
     details = [r["detail"] for r in _tokenize(tokenizer, [*BAD_ROWS["unknown_tool"], *BAD_ROWS["orphan_tool_result"]])]

@@ -50,6 +50,7 @@ REASONS = {
     "identical_responses": "a preference pair's chosen and rejected responses are the same text",
     "no_shared_prompt": "a preference pair's chosen and rejected conversations share no prompt turns",
     "missing_row_column": "a column carried with each prompt to the rewards (train.rl) is missing or null",
+    "template_error": "the chat template refuses the conversation (its own error, e.g. roles that do not alternate)",
     **TOOL_REASONS,
 }
 """Reason code -> what it means; the codes appear in rejected.jsonl and in the stats."""

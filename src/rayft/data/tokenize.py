@@ -178,7 +178,17 @@ def render(example: Example, tokenizer: TextTokenizer, *, train_on_prompt: bool)
 def _chat_text(
     tokenizer: TextTokenizer, messages: list[dict[str, Any]], generation_prompt: bool, tools: Sequence[Any] = ()
 ) -> str:
-    return tokenizer.chat_text(messages, generation_prompt=generation_prompt, tools=tools) if messages else ""
+    """The messages rendered for training; a conversation the template itself refuses (its
+    ``raise_exception``: roles that do not alternate, more tool calls in a turn than it takes) is a
+    rejected row (``template_error``), not a failed preparation."""
+    from jinja2 import TemplateError
+
+    if not messages:
+        return ""
+    try:
+        return tokenizer.chat_text(messages, generation_prompt=generation_prompt, tools=tools)
+    except TemplateError as exc:
+        raise BadRowError("template_error", f"the chat template refuses this conversation: {exc}") from None
 
 
 def label_tokens(ids: Sequence[int], offsets: Sequence[tuple[int, int]], spans: Sequence[Span]) -> list[int]:
