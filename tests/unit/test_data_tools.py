@@ -346,3 +346,27 @@ def test_generation_renders_a_conversation_as_training_does(tiny_model_dir: Path
         backend.render(prompt, tools=[CALCULATOR, {"type": "function", "function": WEATHER}])
         == (rendered.text[: rendered.spans[-1][0]])
     )
+
+
+def test_tool_rejects_are_reported_and_counted_by_preparation(tiny_model_dir: Path, tmp_path: Path) -> None:
+    from rayft.config import load_config
+    from rayft.data.prepare import prepare_data
+    from rayft.errors import DataError
+
+    good = {"messages": [USER, _call("calculator", '{"expression": "6*7"}'), RESULT, ANSWER], "tools": [CALCULATOR]}
+    rows = [good] * 16 + [row for bad in BAD_ROWS.values() for row in bad[:1]]
+    data = tmp_path / "tools.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    base = [f"model.name={tiny_model_dir}", f"data.datasets=[{{path: '{data}'}}]", "data.validation_fraction=0"]
+    with pytest.raises(DataError, match=r"4 of 20 rows \(20.0%\) were rejected"):
+        prepare_data(load_config(None, base).data, load_config(None, base).model, 0, report_dir=tmp_path / "r",
+                     use_ray=False)  # fmt: skip
+    report = [json.loads(line) for line in (tmp_path / "r" / "rejected.jsonl").read_text().splitlines()]
+    assert sorted((r["row_id"], r["reason"]) for r in report) == [
+        ("tools.jsonl:16", "bad_tool_call"), ("tools.jsonl:17", "orphan_tool_result"),
+        ("tools.jsonl:18", "unknown_tool"), ("tools.jsonl:19", "bad_tools"),
+    ]  # fmt: skip
+    lenient = load_config(None, [*base, "data.max_rejected_fraction=0.25"])
+    prepared = prepare_data(lenient.data, lenient.model, 0, report_dir=None, use_ray=False)
+    assert prepared.stats["rejected_total"] == 4 and prepared.train.num_units == 16
+    assert prepared.stats["rejected_by_reason"] == dict.fromkeys(BAD_ROWS, 1)
