@@ -318,6 +318,8 @@ def test_parse_tool_calls_reads_the_default_format_and_refuses_a_malformed_block
     assert parse_tool_calls('<tool_call>{"name": "f", "parameters": {"x": 1}}</tool_call>') == [
         ToolCall("f", {"x": 1}, "call_0")
     ]
+    qwen = 'Sure.\n<tool_call>\n{"name": "calculator", "arguments": {"expression": "1+1"}}\n</tool_call>'
+    assert split_tool_calls(qwen) == ("Sure.", [ToolCall("calculator", {"expression": "1+1"}, "call_0")])
     assert parse_tool_calls("no calls here") == []
     with pytest.raises(ToolUseError, match="tool call 1 of the output is not JSON"):
         parse_tool_calls("<tool_call>{name: f}</tool_call>")
