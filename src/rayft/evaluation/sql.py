@@ -3,7 +3,11 @@
 Each example's table (JSON: ``name``, ``header``, ``types``, ``rows``) is loaded into an in-memory
 SQLite database. The predicted query runs read-only (an authorizer allows reading and functions
 only: no writes, ATTACH or PRAGMA), within an instruction budget and a wall-clock limit checked by
-SQLite's progress handler, so a pathological query fails instead of hanging. It is correct when
+SQLite's progress handler, with SQLite's own limits on a value's size (``zeroblob(999999999)`` fails
+at once) and the query's length, and a cap on the result's bytes. The progress handler does not run
+inside one function call (a ``LIKE`` with many ``%`` on a long text can take minutes), so
+:func:`score_execution` runs the whole comparison in :mod:`rayft.sandbox`'s child process, killed
+at its wall-clock, memory and output limits: a pathological query fails instead of hanging. It is correct when
 its result equals the reference query's result: as a multiset of rows, or as a sequence when the
 reference has ``ORDER BY``; numbers compare with a tolerance, so ``3`` equals ``3.0``.
 
@@ -23,9 +27,11 @@ import time
 from collections.abc import Mapping, Sequence
 from contextlib import closing
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from rayft.errors import DataError
+from rayft.sandbox import Limits, run_python
 
 MAX_INSTRUCTIONS = 20_000_000
 """SQLite virtual-machine instructions one query may run (a full scan of a small table is ~100s)."""
@@ -33,6 +39,17 @@ TIMEOUT_S = 2.0
 """Wall-clock limit of one query."""
 MAX_ROWS = 10_000
 """Result rows read; a longer result is compared on its first rows (and counted as long)."""
+MAX_QUERY_CHARS = 10_000
+"""The longest query run (SQLite's SQL length limit too); a longer completion is an invalid query."""
+MAX_VALUE_BYTES = 1_000_000
+"""The largest text or blob one value may hold (SQLite's length limit): tables here are small."""
+MAX_RESULT_BYTES = 16_000_000
+"""The bytes a result may hold, summed over its values; a larger one is an error, not a result."""
+SANDBOX_WALL_S = 10.0
+"""The hard limit of one comparison's process: two queries of ``TIMEOUT_S`` each, the interpreter's start,
+and room for a loaded machine. It kills what SQLite's own checks miss (they do not run inside one call)."""
+SANDBOX_MEMORY_MB = 512
+"""Memory of the process that runs one comparison (the interpreter, SQLite, two results)."""
 REL_TOL = 1e-6
 ABS_TOL = 1e-6
 _CHECK_EVERY = 1000  # instructions between progress-handler calls
@@ -96,6 +113,9 @@ def connect(table: TableSpec) -> sqlite3.Connection:
     marks = ", ".join("?" * len(table.header))
     conn.executemany(f"INSERT INTO {_quote(table.name)} VALUES ({marks})", table.rows)
     conn.set_authorizer(lambda action, *_: sqlite3.SQLITE_OK if action in _ALLOWED else sqlite3.SQLITE_DENY)
+    conn.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, MAX_VALUE_BYTES)
+    conn.setlimit(sqlite3.SQLITE_LIMIT_SQL_LENGTH, MAX_QUERY_CHARS)
+    conn.setlimit(sqlite3.SQLITE_LIMIT_LIKE_PATTERN_LENGTH, 1000)
     return conn
 
 
@@ -103,6 +123,8 @@ def execute(conn: sqlite3.Connection, query: str) -> Outcome:
     """Run one query within the budget; every failure comes back as ``Outcome.error``."""
     if not query.strip():
         return Outcome(error="empty query")
+    if len(query) > MAX_QUERY_CHARS:
+        return Outcome(error=f"the query is {len(query)} characters, over the limit of {MAX_QUERY_CHARS}")
     deadline = time.monotonic() + TIMEOUT_S
     steps = [0]
 
@@ -112,14 +134,27 @@ def execute(conn: sqlite3.Connection, query: str) -> Outcome:
 
     conn.set_progress_handler(progress, _CHECK_EVERY)
     try:
-        cursor = conn.execute(query)
-        rows = tuple(tuple(r) for r in cursor.fetchmany(MAX_ROWS))
-    except (sqlite3.Error, sqlite3.Warning, ValueError, OverflowError) as exc:
+        return _fetch(conn.execute(query))
+    except (sqlite3.Error, sqlite3.Warning, ValueError, OverflowError, MemoryError) as exc:
         reason = "over the time or step limit" if "interrupted" in str(exc) else str(exc)
         return Outcome(error=f"{type(exc).__name__}: {reason}")
     finally:
         conn.set_progress_handler(None, 0)
-    return Outcome(rows)
+
+
+def _fetch(cursor: sqlite3.Cursor) -> Outcome:
+    """Up to ``MAX_ROWS`` rows, read in chunks so that a result past ``MAX_RESULT_BYTES`` stops early."""
+    rows: list[Row] = []
+    size = 0
+    while len(rows) < MAX_ROWS:
+        chunk = cursor.fetchmany(min(256, MAX_ROWS - len(rows)))
+        if not chunk:
+            break
+        rows.extend(tuple(r) for r in chunk)
+        size += sum(len(v) if isinstance(v, str | bytes) else 8 for r in chunk for v in r)
+        if size > MAX_RESULT_BYTES:
+            return Outcome(error=f"the result holds over {MAX_RESULT_BYTES} bytes; a query's result must be smaller")
+    return Outcome(tuple(rows))
 
 
 def _key(value: Any) -> tuple[int, Any]:
@@ -177,10 +212,50 @@ def check_references(references: Sequence[str], tables: Sequence[str | None], id
 
 
 def score_execution(predicted: str, reference: str, table: str, where: str) -> tuple[bool, Outcome]:
-    """(correct, predicted outcome) of one predicted query against the reference on ``table``."""
+    """(correct, predicted outcome) of one predicted query against the reference on ``table``, compared
+    in a sandboxed process (its outcome's rows: the first few, for display). A table that does not
+    parse or a reference that does not run raises :class:`DataError`."""
+    parse_table(table, where)  # a table that does not parse: raised here, as a data error
+    if not predicted.strip() or len(predicted) > MAX_QUERY_CHARS:
+        return False, execute(sqlite3.connect(":memory:"), predicted)  # the length check, without a process
+    job = {"predicted": predicted, "reference": reference, "table": table, "where": where,
+           "budget": {"MAX_INSTRUCTIONS": MAX_INSTRUCTIONS, "TIMEOUT_S": TIMEOUT_S, "MAX_ROWS": MAX_ROWS}}  # fmt: skip
+    limits = Limits(wall_s=SANDBOX_WALL_S, cpu_s=SANDBOX_WALL_S, memory_mb=SANDBOX_MEMORY_MB,
+                    processes=4, output_bytes=65536, file_mb=1)  # fmt: skip
+    run = run_python(_RUNNER, stdin=json.dumps(job), limits=limits, site_packages=False, paths=(_SOURCE_ROOT,))
+    if run.error is not None:
+        return False, Outcome(error=f"the query was stopped: {run.error}")
+    answer = json.loads(run.stdout.strip().splitlines()[-1])
+    if answer.get("data_error"):
+        raise DataError(answer["data_error"])
+    return bool(answer["correct"]), Outcome(tuple(tuple(r) for r in answer["rows"]), answer["error"])
+
+
+def compare_in_process(predicted: str, reference: str, table: str, where: str) -> dict[str, Any]:
+    """The comparison :func:`score_execution` runs in its sandbox, as JSON-ready values."""
+    try:
+        correct, got = _compare(predicted, reference, table, where)
+    except DataError as exc:
+        return {"data_error": str(exc)}
+    shown = [[v if isinstance(v, int | float | str) or v is None else repr(v) for v in r] for r in got.rows[:5]]
+    return {"correct": correct, "error": got.error, "rows": shown}
+
+
+def _compare(predicted: str, reference: str, table: str, where: str) -> tuple[bool, Outcome]:
     with closing(connect(parse_table(table, where))) as conn:
         expected = reference_outcome(conn, reference, where)
         got = execute(conn, predicted)
     if got.error is not None:
         return False, got
     return same_result(got.rows, expected.rows, ordered=is_ordered(reference)), got
+
+
+_SOURCE_ROOT = str(Path(__file__).resolve().parents[2])  # the directory holding the rayft package
+_RUNNER = """
+import json, sys
+from rayft.evaluation import sql
+job = json.load(sys.stdin)
+for name, value in job["budget"].items():
+    setattr(sql, name, value)
+print(json.dumps(sql.compare_in_process(job["predicted"], job["reference"], job["table"], job["where"])))
+"""
