@@ -2,7 +2,8 @@
 
 A reward is what a verifier says of one sampled completion: the math answer checked with the GSM8K
 extraction the evaluation uses, an exact match, a format (regular expression), brevity, SQL execution
-accuracy on the row's own table, or a user's ``package.module:function``. A function that reads more of
+accuracy on the row's own table, the share of the row's tests a completion's code passes in the process
+sandbox, or a user's ``package.module:function``. A function that reads more of
 its row than the reference (the 'sql' reward, or a user's function with a parameter named ``row``) is
 called with ``row=``: the dict of the columns ``train.rl`` carries with each prompt.
 
@@ -24,7 +25,7 @@ from typing import Any
 
 from rayft.config.rl import RewardConfig
 from rayft.errors import ConfigError
-from rayft.evaluation import gsm8k, sql
+from rayft.evaluation import code, gsm8k, sql
 from rayft.evaluation.metrics import exact_match, load_custom_metric
 
 log = logging.getLogger(__name__)
@@ -71,6 +72,20 @@ def sql_reward(column: str) -> RewardFn:
     return reward
 
 
+def code_reward(column: str, scoring: str = "fraction") -> RewardFn:
+    """Code execution on the row's tests in ``column``: the completion's code (its last ```python block) run
+    in :mod:`rayft.sandbox` with each test; the share that pass, or, with ``scoring='all'``, 1.0 only when
+    all pass. Code that fails, hangs or passes a limit scores 0; tests that are not a list of statements
+    raise: the sample is counted as a reward error."""
+
+    def reward(completion: str, reference: str, row: Row) -> float:
+        tests = code.parse_tests(row[column], f"the row's {column!r} column")
+        run = code.run_tests(code.extract_code(completion), tests)
+        return float(run.passed == run.total > 0) if scoring == "all" else run.fraction
+
+    return reward
+
+
 def takes_row(fn: RewardFn) -> bool:
     """Whether ``fn`` reads its row: it has a parameter named ``row``."""
     try:
@@ -80,18 +95,19 @@ def takes_row(fn: RewardFn) -> bool:
 
 
 def build_reward(cfg: RewardConfig, max_new_tokens: int) -> RewardFn:
-    """The function ``cfg`` names."""
-    if cfg.function == "sql":
-        return sql_reward(cfg.columns[0])
-    if cfg.function == "math":
-        return math_reward
-    if cfg.function == "exact_match":
-        return exact_match
-    if cfg.function == "regex":
-        assert cfg.pattern is not None  # the config requires it
-        return regex_reward(cfg.pattern)
-    if cfg.function == "length":
-        return lambda completion, reference: 1.0 - min(len(completion), max_new_tokens * 4) / (max_new_tokens * 4)
+    """The function ``cfg`` names: a built-in from the table below, else a user's ``package.module:function``."""
+    builders: dict[str, Callable[[], RewardFn]] = {
+        "sql": lambda: sql_reward(cfg.columns[0]),
+        "code": lambda: code_reward(cfg.columns[0], cfg.code_scoring),
+        "math": lambda: math_reward,
+        "exact_match": lambda: exact_match,
+        "regex": lambda: regex_reward(cfg.pattern or ""),  # the config requires a pattern for regex
+        "length": lambda: (
+            lambda completion, reference: 1.0 - min(len(completion), max_new_tokens * 4) / (max_new_tokens * 4)
+        ),
+    }
+    if cfg.function in builders:
+        return builders[cfg.function]()
     return load_custom_metric(cfg.function, field="train.rl.rewards")
 
 
@@ -128,8 +144,8 @@ class RewardSet:
         functions = []
         for cfg in rewards:
             fn = build_reward(cfg, max_new_tokens)
-            reads_row = cfg.function == "sql" or takes_row(fn)
-            if reads_row and cfg.function != "sql" and not row_columns:
+            reads_row = bool(cfg.columns) or takes_row(fn)
+            if reads_row and not cfg.columns and not row_columns:
                 raise ConfigError(
                     f"train.rl.rewards: function {cfg.function!r} takes a row, but train.rl.row_columns is empty; "
                     "list the columns it reads, e.g. train.rl.row_columns=[table]"

@@ -215,39 +215,56 @@ def score_execution(predicted: str, reference: str, table: str, where: str) -> t
     """(correct, predicted outcome) of one predicted query against the reference on ``table``, compared
     in a sandboxed process (its outcome's rows: the first few, for display). A table that does not
     parse or a reference that does not run raises :class:`DataError`."""
+    answer = _in_sandbox(predicted, reference, table, where, show=5)
+    return bool(answer.get("correct")), _outcome(answer)
+
+
+def run_query(query: str, table: str, where: str, show: int = 20) -> Outcome:
+    """One query's first ``show`` rows on ``table``, run read-only in a sandboxed process (the SQL tool
+    of the environments); every failure comes back as ``Outcome.error``."""
+    return _outcome(_in_sandbox(query, None, table, where, show))
+
+
+def _outcome(answer: dict[str, Any]) -> Outcome:
+    return Outcome(tuple(tuple(r) for r in answer.get("rows", ())), answer.get("error"))
+
+
+def _in_sandbox(predicted: str, reference: str | None, table: str, where: str, show: int) -> dict[str, Any]:
+    """The answer of :func:`compare_in_process`, computed in a sandboxed process."""
     parse_table(table, where)  # a table that does not parse: raised here, as a data error
     if not predicted.strip() or len(predicted) > MAX_QUERY_CHARS:
-        return False, execute(sqlite3.connect(":memory:"), predicted)  # the length check, without a process
-    job = {"predicted": predicted, "reference": reference, "table": table, "where": where,
+        return {"correct": False, "error": execute(sqlite3.connect(":memory:"), predicted).error}
+    job = {"predicted": predicted, "reference": reference, "table": table, "where": where, "show": show,
            "budget": {"MAX_INSTRUCTIONS": MAX_INSTRUCTIONS, "TIMEOUT_S": TIMEOUT_S, "MAX_ROWS": MAX_ROWS}}  # fmt: skip
     limits = Limits(wall_s=SANDBOX_WALL_S, cpu_s=SANDBOX_WALL_S, memory_mb=SANDBOX_MEMORY_MB,
-                    processes=4, output_bytes=65536, file_mb=1)  # fmt: skip
+                    processes=4, output_bytes=1_000_000, file_mb=1)  # fmt: skip
     run = run_python(_RUNNER, stdin=json.dumps(job), limits=limits, site_packages=False, paths=(_SOURCE_ROOT,))
     if run.error is not None:
-        return False, Outcome(error=f"the query was stopped: {run.error}")
-    answer = json.loads(run.stdout.strip().splitlines()[-1])
+        return {"correct": False, "error": f"the query was stopped: {run.error}"}
+    answer: dict[str, Any] = json.loads(run.stdout.strip().splitlines()[-1])
     if answer.get("data_error"):
         raise DataError(answer["data_error"])
-    return bool(answer["correct"]), Outcome(tuple(tuple(r) for r in answer["rows"]), answer["error"])
+    return answer
 
 
-def compare_in_process(predicted: str, reference: str, table: str, where: str) -> dict[str, Any]:
-    """The comparison :func:`score_execution` runs in its sandbox, as JSON-ready values."""
+def compare_in_process(predicted: str, reference: str | None, table: str, where: str, show: int) -> dict[str, Any]:
+    """The work :func:`score_execution` and :func:`run_query` do in their sandbox, as JSON-ready values:
+    the predicted query's first ``show`` rows, its error, and whether it gives the reference's result."""
     try:
         correct, got = _compare(predicted, reference, table, where)
     except DataError as exc:
         return {"data_error": str(exc)}
-    shown = [[v if isinstance(v, int | float | str) or v is None else repr(v) for v in r] for r in got.rows[:5]]
+    shown = [[v if isinstance(v, int | float | str) or v is None else repr(v) for v in r] for r in got.rows[:show]]
     return {"correct": correct, "error": got.error, "rows": shown}
 
 
-def _compare(predicted: str, reference: str, table: str, where: str) -> tuple[bool, Outcome]:
+def _compare(predicted: str, reference: str | None, table: str, where: str) -> tuple[bool, Outcome]:
     with closing(connect(parse_table(table, where))) as conn:
-        expected = reference_outcome(conn, reference, where)
+        expected = reference_outcome(conn, reference, where) if reference is not None else None
         got = execute(conn, predicted)
-    if got.error is not None:
+    if got.error is not None or expected is None:
         return False, got
-    return same_result(got.rows, expected.rows, ordered=is_ordered(reference)), got
+    return same_result(got.rows, expected.rows, ordered=is_ordered(reference or "")), got
 
 
 _SOURCE_ROOT = str(Path(__file__).resolve().parents[2])  # the directory holding the rayft package
@@ -257,5 +274,5 @@ from rayft.evaluation import sql
 job = json.load(sys.stdin)
 for name, value in job["budget"].items():
     setattr(sql, name, value)
-print(json.dumps(sql.compare_in_process(job["predicted"], job["reference"], job["table"], job["where"])))
+print(json.dumps(sql.compare_in_process(job["predicted"], job["reference"], job["table"], job["where"], job["show"])))
 """
