@@ -96,3 +96,17 @@ def test_no_variable_of_the_callers_environment_reaches_the_program(monkeypatch:
 def test_isolation_follows_the_privileges() -> None:
     assert resolve_isolation("auto") == ("namespaces" if ROOT else "rlimits")
     assert resolve_isolation("rlimits") == "rlimits"
+
+
+def test_a_program_runs_as_nobody_only_where_it_can_read_its_python() -> None:
+    from rayft.sandbox import _world_readable
+
+    with tempfile.TemporaryDirectory(dir="/tmp") as top:
+        inner = Path(top) / "lib"
+        inner.mkdir()
+        Path(top).chmod(0o755)
+        inner.chmod(0o755)
+        assert _world_readable(inner)
+        Path(top).chmod(0o700)  # like /root, where a Python installation may live
+        assert not _world_readable(inner)
+    assert _world_readable(Path("/usr/bin")) and not _world_readable(Path("/no/such/dir"))

@@ -233,7 +233,8 @@ def _in_sandbox(predicted: str, reference: str | None, table: str, where: str, s
     """The answer of :func:`compare_in_process`, computed in a sandboxed process."""
     parse_table(table, where)  # a table that does not parse: raised here, as a data error
     if not predicted.strip() or len(predicted) > MAX_QUERY_CHARS:
-        return {"correct": False, "error": execute(sqlite3.connect(":memory:"), predicted).error}
+        with closing(sqlite3.connect(":memory:")) as empty:  # the length check, without a process
+            return {"correct": False, "error": execute(empty, predicted).error}
     job = {"predicted": predicted, "reference": reference, "table": table, "where": where, "show": show,
            "budget": {"MAX_INSTRUCTIONS": MAX_INSTRUCTIONS, "TIMEOUT_S": TIMEOUT_S, "MAX_ROWS": MAX_ROWS}}  # fmt: skip
     limits = Limits(wall_s=SANDBOX_WALL_S, cpu_s=SANDBOX_WALL_S, memory_mb=SANDBOX_MEMORY_MB,

@@ -12,13 +12,15 @@ What holds the program in, and who enforces it (see docs/guides/environments.md)
   wall-clock limit; output read through pipes and cut at ``output_bytes`` (the program is stopped);
 - by the kernel, when rayft runs as root (``isolation="namespaces"``, the default there): new network
   (no interface but a down loopback: nothing is reachable), mount, PID and IPC namespaces; private
-  ``tmpfs`` over ``/tmp``, ``/var/tmp`` and ``/dev/shm``; the program runs as ``nobody`` as PID 1 of
+  ``tmpfs`` over ``/tmp``, ``/var/tmp``, ``/dev/shm`` and ``/root``; the program runs as ``nobody`` as PID 1 of
   its namespace, so the process limit binds, file permissions refuse writes outside the scratch
   directory, files only root can read stay unread, and every process it started ends with it;
-- by convention only, without root (``isolation="rlimits"``): the program runs as the calling user,
-  so it can read and write what that user can; :mod:`socket` is patched to refuse new sockets, which
-  stops accidents but not code that calls the system directly; the process limit counts the user's
-  other processes too, and a child that leaves the session outlives the kill.
+- by convention only, without namespaces (``isolation="rlimits"``; without root, or in a container
+  that refuses them): the program runs as the calling user (as ``nobody`` when that user is root and
+  the Python installation is world-readable), so it can read and write what that user can;
+  :mod:`socket` is patched to refuse new sockets, which stops accidents but not code that calls the
+  system directly; the process limit counts the user's other processes too, and a child that leaves
+  the session outlives the kill.
 
 Files that every user may read (the Python installation, ``/etc``) stay readable in both modes.
 Why by hand: the maintained tools that do this (bubblewrap, nsjail, gVisor) are binaries that a Ray
@@ -30,11 +32,14 @@ worker's image does not carry; the kernel interfaces they use are reachable from
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
+import logging
 import os
 import selectors
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
@@ -43,6 +48,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Literal
 
+log = logging.getLogger(__name__)
 Isolation = Literal["auto", "namespaces", "rlimits"]
 Status = Literal["ok", "error", "timeout", "output_limit", "setup_failed"]
 NOBODY = 65534
@@ -108,10 +114,40 @@ class _Output:
 
 
 def resolve_isolation(isolation: Isolation) -> Literal["namespaces", "rlimits"]:
-    """``auto``: namespaces when running as root (they need it), else resource limits alone."""
+    """``auto``: namespaces where they can be made (root with CAP_SYS_ADMIN: a container without it, such as
+    Docker's default, refuses them), else resource limits alone."""
     if isolation != "auto":
         return isolation
-    return "namespaces" if os.geteuid() == 0 and sys.platform == "linux" else "rlimits"
+    return "namespaces" if os.geteuid() == 0 and sys.platform == "linux" and _namespaces_work() else "rlimits"
+
+
+@functools.cache
+def _namespaces_work() -> bool:
+    """Whether this process can set up the namespaces: tried once, with an empty program."""
+    probe = run_python("pass", limits=Limits(wall_s=30.0), isolation="namespaces", site_packages=False)
+    if probe.status == "setup_failed":
+        log.warning("the sandbox runs on resource limits alone: %s (see docs/guides/environments.md)", probe.error)
+    return probe.ok
+
+
+def _run_as(mode: str, paths: tuple[str, ...]) -> int | None:
+    """The uid the program runs as: ``nobody`` whenever rayft is root (a program never runs as root), if the
+    Python installation and ``paths`` are readable to it: always with namespaces (they expose them), and
+    without them when every directory on the way is world-readable (not so for Python under /root)."""
+    if os.geteuid() != 0:
+        return None
+    if mode == "namespaces" or all(_world_readable(Path(p)) for p in _exposed(paths)):
+        return NOBODY
+    return None
+
+
+def _world_readable(path: Path) -> bool:
+    """Whether every directory from ``/`` down to ``path`` lets others in, and ``path`` lets them read."""
+    try:
+        modes = [p.stat().st_mode for p in (path, *path.parents)]
+    except OSError:
+        return False
+    return bool(modes[0] & stat.S_IROTH) and all(m & stat.S_IXOTH for m in modes)
 
 
 def run_python(
@@ -129,8 +165,7 @@ def run_python(
     library only."""
     limits = limits or Limits()
     mode = resolve_isolation(isolation)
-    # As nobody only where the namespaces expose the Python installation to it (it may sit in /root).
-    uid = NOBODY if mode == "namespaces" else None
+    uid = _run_as(mode, paths)
     scratch = tempfile.mkdtemp(prefix="rayft-sandbox-")
     try:
         spec = _write_scratch(scratch, source, stdin, {"limits": asdict(limits), "isolation": mode, "uid": uid,
