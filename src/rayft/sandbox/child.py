@@ -78,9 +78,13 @@ def enter_namespaces(scratch: str, tmp_mb: int, exposed: list[str]) -> None:
             _mount("none", path, None, MS_REMOUNT | MS_BIND | MS_RDONLY)
         os.close(fd)
     os.chdir(scratch)
+    # SIGTERM waits (blocked) until the launcher's handler is in place: a timeout that comes in between
+    # still kills PID 1 rather than the launcher alone.
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
     pid = os.fork()  # the first child of a new PID namespace is its PID 1
     if pid:
         _wait_and_exit(pid)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
     # A kernel that refuses a fresh /proc: the host's stays visible (read-only to nobody).
     with contextlib.suppress(OSError):
         _mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
@@ -96,6 +100,7 @@ def _wait_and_exit(pid: int) -> None:
     SIGTERM (the parent's timeout) it kills PID 1 and reaps it, so that no zombie is left to count
     against the uid's process limit."""
     signal.signal(signal.SIGTERM, lambda *_: os.kill(pid, signal.SIGKILL))
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
     _, status = os.waitpid(pid, 0)
     os._exit(128 + os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status))
 
