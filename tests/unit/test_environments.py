@@ -122,6 +122,13 @@ def test_an_episode_is_cut_at_its_turn_and_token_limits_with_reward_0() -> None:
     assert steps[-1].done and steps[-1].info["truncated"] == "tokens" and steps[-1].reward == 0.0
 
 
+def test_a_reward_function_that_fails_scores_0_and_says_why() -> None:
+    env = ToolsEnvironment([], reward=lambda answer, row: float(row["missing"]))
+    env.reset({"prompt": "q"})
+    end = env.step("42")
+    assert (end.done, end.reward, end.info["reward_error"]) == (True, 0.0, "KeyError: 'missing'")
+
+
 def test_a_row_without_a_prompt_is_a_clear_error() -> None:
     with pytest.raises(RayftError, match=r"needs 'messages' \(a list\) or 'prompt' \(text\); its keys: \['question'\]"):
         ToolsEnvironment([]).reset({"question": "q"})

@@ -6,7 +6,8 @@ with calls is answered with one ``tool`` message per call, in order. Whatever th
 call that is not JSON, an unknown tool, bad arguments, a call past the episode's limit) and whatever
 a tool does wrong (raises, hangs past its timeout) is answered with an ``Error: ...`` message the model
 reads, counted in the episode's figures, and the episode goes on. The episode is cut, with reward 0,
-when its turns or tokens run out.
+when its turns or tokens run out. A reward function that raises scores the episode 0 and says why in
+``info["reward_error"]``.
 """
 
 from __future__ import annotations
@@ -84,7 +85,7 @@ class ToolsEnvironment:
         stats.tokens += self._count(model_turn)
         calls = parse_tool_calls(model_turn)
         if not calls:
-            return self._end(self._score(model_turn))
+            return self._finish(model_turn)
         if stats.tokens > self.limits.max_tokens:
             return self._end(0.0, truncated="tokens")
         messages = [self._answer(call) for call in calls]
@@ -95,15 +96,20 @@ class ToolsEnvironment:
             return self._end(0.0, truncated="tokens")
         return StepResult(messages, 0.0, False, stats.as_info())
 
-    def _end(self, reward: float, truncated: str | None = None) -> StepResult:
+    def _end(self, reward: float, truncated: str | None = None, reward_error: str | None = None) -> StepResult:
         self._done = True
         self._stats.truncated = truncated
-        return StepResult([], reward, True, self._stats.as_info())
+        info = self._stats.as_info() | ({"reward_error": reward_error} if reward_error else {})
+        return StepResult([], reward, True, info)
 
-    def _score(self, answer: str) -> float:
+    def _finish(self, answer: str) -> StepResult:
+        """Score the final answer; a reward function that fails scores 0, said in ``info['reward_error']``."""
         if self._reward is None:
-            return 0.0
-        return float(self._reward(answer, self._row))
+            return self._end(0.0)
+        try:
+            return self._end(float(self._reward(answer, self._row)))
+        except Exception as exc:  # a user's reward: the episode's failure, not the run's
+            return self._end(0.0, reward_error=f"{type(exc).__name__}: {exc}")
 
     def _answer(self, call: ToolCall | BadCall) -> Message:
         """The tool message that answers one call; every failure is the message's text, and counted."""
