@@ -13,7 +13,7 @@ import pytest
 
 from rayft.sandbox import Limits, resolve_isolation, run_python
 
-QUICK = Limits(wall_s=4.0, cpu_s=3.0, memory_mb=512, processes=8, output_bytes=4096)
+QUICK = Limits(wall_s=4.0, cpu_s=30.0, memory_mb=512, processes=8, output_bytes=4096)
 ROOT = os.geteuid() == 0
 needs_root = pytest.mark.skipif(not ROOT, reason="the namespaces need root; without it the sandbox runs on rlimits")
 MODES = [pytest.param("namespaces", marks=needs_root), "rlimits"]
@@ -51,6 +51,15 @@ def test_each_probe_is_contained_and_answered_with_an_error(mode: str, probe: st
     assert run_python("print(6 * 7)", limits=QUICK, isolation=mode).stdout == "42\n"  # the caller goes on
 
 
+@pytest.mark.parametrize("mode", MODES)
+def test_cpu_time_is_bounded_apart_from_the_wall_clock(mode: str) -> None:
+    result = run_python("while True: pass", limits=Limits(wall_s=60.0, cpu_s=1.0), isolation=mode)
+    # SIGXCPU at the soft limit; PID 1 of a namespace ignores it, and the hard limit's SIGKILL a second later ends it
+    assert result.status == "error" and result.error in ("killed by the CPU time limit", "killed by SIGKILL (a limit "
+                                                          "or the wall-clock timeout)"), result  # fmt: skip
+    assert result.wall_s < 30.0
+
+
 @needs_root
 def test_a_shell_command_cannot_write_outside_the_scratch_directory() -> None:
     with tempfile.TemporaryDirectory() as outside:
@@ -59,6 +68,15 @@ def test_a_shell_command_cannot_write_outside_the_scratch_directory() -> None:
         result = run_python(probe, limits=QUICK, isolation="namespaces")
         assert result.status == "error" and result.returncode != 0, result
         assert not target.exists() and not Path("/etc/rayft-probe").exists()
+
+
+@needs_root
+def test_the_world_writable_directories_are_private_to_the_run() -> None:
+    places = ["/tmp", "/var/tmp", "/dev/shm", "/run/lock"]
+    probe = f"import os\nfor d in {places!r}:\n    open(os.path.join(d, 'rayft-probe-7c2'), 'w').write('x')"
+    result = run_python(probe, limits=QUICK, isolation="namespaces")
+    assert result.ok, result
+    assert not [d for d in places if Path(d, "rayft-probe-7c2").exists()]
 
 
 @needs_root

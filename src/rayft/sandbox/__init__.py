@@ -12,9 +12,10 @@ What holds the program in, and who enforces it (see docs/guides/environments.md)
   wall-clock limit; output read through pipes and cut at ``output_bytes`` (the program is stopped);
 - by the kernel, when rayft runs as root (``isolation="namespaces"``, the default there): new network
   (no interface but a down loopback: nothing is reachable), mount, PID and IPC namespaces; private
-  ``tmpfs`` over ``/tmp``, ``/var/tmp``, ``/dev/shm`` and ``/root``; the program runs as ``nobody`` as PID 1 of
-  its namespace, so the process limit binds, file permissions refuse writes outside the scratch
-  directory, files only root can read stay unread, and every process it started ends with it;
+  ``tmpfs`` over ``/tmp``, ``/var/tmp``, ``/dev/shm``, ``/run/lock`` and ``/root``; the program runs as
+  ``nobody`` as PID 1 of its namespace, so the process limit binds, file permissions refuse writes
+  outside the scratch directory, files only root can read stay unread, and every process it started
+  ends with it;
 - by convention only, without namespaces (``isolation="rlimits"``; without root, or in a container
   that refuses them): the program runs as the calling user (as ``nobody`` when that user is root and
   the Python installation is world-readable), so it can read and write what that user can;

@@ -6,7 +6,7 @@ importable, and under ``-S`` when the code needs no site-packages. The steps, in
 requires (namespaces and mounts need root; the limits and the uid are set last):
 
 1. ``isolation == "namespaces"`` (the parent is root): new mount, network, PID and IPC namespaces;
-   fresh private ``tmpfs`` over ``/tmp``, ``/var/tmp``, ``/dev/shm`` and ``/root`` (other runs' and the
+   fresh private ``tmpfs`` over ``/tmp``, ``/var/tmp``, ``/dev/shm``, ``/run/lock`` and ``/root`` (other runs' and the
    host's temporary files and root's credentials are out of sight; what the code writes there vanishes
    with it), the scratch directory bound back in, and the Python installation read-only; a fork, so
    that the code runs as PID 1 of its namespace, whose end ends every process it started, and a fresh
@@ -40,7 +40,7 @@ CLONE_NEWNET = 0x40000000
 MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_BIND, MS_REC, MS_PRIVATE = 2, 4, 8, 4096, 16384, 1 << 18
 PR_SET_PDEATHSIG = 1
 MS_RDONLY, MS_REMOUNT = 1, 32
-COVERED = {"/tmp": "1777", "/var/tmp": "1777", "/dev/shm": "1777", "/root": "0755"}
+COVERED = {"/tmp": "1777", "/var/tmp": "1777", "/dev/shm": "1777", "/run/lock": "1777", "/root": "0755"}
 """Directories replaced by an empty private tmpfs: the world-writable ones, and root's home (credentials)."""
 EXIT_SETUP = 125  # the launcher could not close the code in: the parent reports it, the code never ran
 
