@@ -66,12 +66,19 @@ class Limits:
     """What one sandboxed run may use."""
 
     wall_s: float = 10.0
+    """Wall-clock seconds before the whole process group is killed (status ``timeout``)."""
     cpu_s: float = 10.0
+    """CPU seconds (``RLIMIT_CPU``; rounded up to whole seconds)."""
     memory_mb: int = 1024
+    """Address space and data segment, MiB (``RLIMIT_AS``, ``RLIMIT_DATA``): an allocation past it fails."""
     processes: int = 16
+    """Processes (``RLIMIT_NPROC``), counted over the uid the program runs as."""
     output_bytes: int = 65536
+    """Bytes kept of stdout and of stderr each; past it the program is stopped (status ``output_limit``)."""
     file_mb: int = 16
+    """The largest file the program may write, MiB (``RLIMIT_FSIZE``), and the size of its private /tmp."""
     open_files: int = 64
+    """Open file descriptors (``RLIMIT_NOFILE``)."""
 
 
 @dataclass(frozen=True)
