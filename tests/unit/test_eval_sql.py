@@ -180,3 +180,31 @@ def test_paired_comparison_of_execution_accuracy() -> None:
     page = render_html(summary, comparison_examples([base, tuned], examples))
     assert all(name in page for name in ("execution_accuracy", "exact_match", "invalid_sql_rate"))
     assert "result: [(&#x27;Ada&#x27;,), (&#x27;Chen&#x27;,)]" in page  # the executed result beside the output
+
+
+@pytest.mark.parametrize(
+    ("predicted", "error"),
+    [
+        ("SELECT length(zeroblob(999999999))", "string or blob too big"),  # a 1 GB value, refused at once
+        ("SELECT zeroblob(999999999), zeroblob(999999999), zeroblob(999999999), zeroblob(999999999)", "too big"),
+        ("SELECT name FROM players WHERE " + " OR ".join(["age > 0"] * 2000), "over the limit of 10000"),
+    ],
+    ids=["one-GB-value", "four-GB-row", "long-completion"],
+)
+def test_a_query_is_bounded_in_memory_and_length(predicted: str, error: str) -> None:
+    """A query's values, its result and its text are bounded: ``zeroblob(999999999)`` four times ran 27 s
+    at 7.7 GB against a 2 s budget before SQLite's length limit and the sandboxed process."""
+    ok, outcome = _score(predicted)
+    assert not ok and outcome.error is not None and error in outcome.error, outcome
+
+
+def test_a_query_sqlite_does_not_stop_is_killed_at_the_sandboxs_wall_clock(monkeypatch: pytest.MonkeyPatch) -> None:
+    """SQLite's progress handler does not run inside one function call; the sandboxed process's wall-clock
+    limit stops whatever SQLite's own checks miss (here they are switched off)."""
+    monkeypatch.setattr(sql, "MAX_INSTRUCTIONS", 10**15)
+    monkeypatch.setattr(sql, "TIMEOUT_S", 3600.0)
+    monkeypatch.setattr(sql, "SANDBOX_WALL_S", 3.0)
+    endless = "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) SELECT COUNT(*) FROM c"
+    ok, outcome = _score(endless)
+    assert not ok and outcome.error is not None and "timed out after 3 s" in outcome.error, outcome
+    assert _score(REFERENCE)[0]  # the next query runs

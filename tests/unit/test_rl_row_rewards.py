@@ -131,3 +131,26 @@ def test_a_row_without_its_table_stops_preparation_naming_the_column(tiny_model_
         prepare_data(cfg.data, cfg.model, 0, report_dir=tmp_path / "report", use_ray=False, carry=("table",))
     report = (tmp_path / "report" / "rejected.jsonl").read_text()
     assert "missing_row_column" in report and "'table'" in report
+
+
+def test_a_batch_of_sql_rewards_runs_in_one_process_and_a_stuck_query_fails_alone(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The sql reward scores a batch in one sandboxed process; when a query stops that process (here SQLite's
+    own checks are off, so the wall clock does), each query is scored again on its own and only it fails."""
+    from rayft.evaluation import sql
+
+    starts = []
+    run = sql.run_python
+    monkeypatch.setattr(sql, "run_python", lambda *a, **k: starts.append(1) or run(*a, **k))
+    rewards = RewardSet.build([RewardConfig(function="sql")], 16)
+    batch = [REFERENCE, "SELECT MIN(year) FROM films", "SELEC", REFERENCE]
+    assert rewards.score(batch, [REFERENCE] * 4, [ROW] * 4).by_function["sql"] == [1.0, 0.0, 0.0, 1.0]
+    assert len(starts) == 1
+    monkeypatch.setattr(sql, "MAX_INSTRUCTIONS", 10**15)
+    monkeypatch.setattr(sql, "TIMEOUT_S", 3600.0)
+    monkeypatch.setattr(sql, "batch_wall_s", lambda queries: 2.0)
+    endless = "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) SELECT COUNT(*) FROM c"
+    scores = rewards.score([REFERENCE, endless, REFERENCE], [REFERENCE] * 3, [ROW] * 3)
+    assert scores.by_function["sql"] == [1.0, 0.0, 1.0] and scores.errors == {"sql": 0}
+    assert len(starts) == 1 + 1 + 3  # the batch, stopped; then each query alone

@@ -8,8 +8,9 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from rayft.config.base import Section
+from rayft.config.environment import EnvironmentConfig
 
-BUILTIN_REWARDS = ("math", "exact_match", "regex", "length", "sql")
+BUILTIN_REWARDS = ("math", "exact_match", "regex", "length", "sql", "code")
 """Reward functions rayft ships (``train.rl.rewards[].function``); anything else is ``package.module:function``."""
 
 
@@ -25,7 +26,10 @@ class RewardConfig(Section):
             "completion's share of rl.max_new_tokens: a brevity reward), 'sql' (execution accuracy: 1 when the "
             "completion, run as a query on the row's own table in the read-only SQLite sandbox eval's sql task uses, "
             "gives the reference query's result; 0 for another result or a query that does not run; the table is "
-            "the row's `table_column`, JSON with name, header, types, rows), or 'package.module:function', called "
+            "the row's `table_column`, JSON with name, header, types, rows), 'code' (the completion's last ```python "
+            "block, run in rayft's process sandbox against the row's tests in `tests_column`, a list of Python "
+            "statements such as 'assert f(2) == 4': the share that pass, or 1/0 with code_scoring=all), or "
+            "'package.module:function', called "
             "as fn(completion: str, reference: str) -> float, or, when the function has a parameter named `row`, "
             "as fn(completion, reference, row=...) with row the dict of the row's columns listed in "
             "train.rl.row_columns. The reference is the row's response (the answer the data holds for the prompt)."
@@ -43,6 +47,18 @@ class RewardConfig(Section):
             "types, rows), carried with its prompt to the reward. Unset: 'table' (the column of builtin:sql)."
         ),
     )
+    tests_column: str | None = Field(
+        None,
+        description=(
+            "For function 'code': the data column holding each row's tests (a list of Python statements, or JSON "
+            "text of one), carried with its prompt to the reward. Unset: 'tests'."
+        ),
+    )
+    code_scoring: Literal["fraction", "all"] = Field(
+        "fraction",
+        description="For function 'code': the reward is the share of tests that pass ('fraction') or 1 only when "
+        "every test passes ('all').",
+    )
     name: str | None = Field(
         None, description="The name its figures are logged under (rl/reward/<name>); default: the function."
     )
@@ -52,6 +68,11 @@ class RewardConfig(Section):
         if self.function != "sql" and self.table_column is not None:
             raise ValueError(
                 f"table_column is set for reward function {self.function!r}; table_column is only read by 'sql'"
+            )
+        if self.function != "code" and (self.tests_column is not None or self.code_scoring != "fraction"):
+            raise ValueError(
+                f"tests_column or code_scoring is set for reward function {self.function!r}; they are only read "
+                "by 'code'"
             )
         if self.function == "regex" and not self.pattern:
             raise ValueError("reward function 'regex' needs a pattern; set pattern: '<regular expression>'")
@@ -72,6 +93,8 @@ class RewardConfig(Section):
     @property
     def columns(self) -> tuple[str, ...]:
         """The data columns this built-in function reads beside the completion and the reference."""
+        if self.function == "code":
+            return (self.tests_column or "tests",)
         return (self.table_column or "table",) if self.function == "sql" else ()
 
 
@@ -293,6 +316,14 @@ class RlConfig(Section):
             "A function that raises scores that sample 0 and is counted in rl/reward_errors/<name>."
         ),
     )
+    environment: EnvironmentConfig | None = Field(
+        None,
+        description=(
+            "A multi-turn environment (tools, limits per episode) for rayft.environments.build_environment. "
+            "GRPO's rollouts are single-turn for now: a run that sets it is refused at start rather than "
+            "ignoring it."
+        ),
+    )
     row_columns: list[str] = Field(
         default_factory=list,
         description=(
@@ -302,6 +333,17 @@ class RlConfig(Section):
             "carried column and the run stops at start naming it; the values are stored with the prepared prompts."
         ),
     )
+
+    @model_validator(mode="after")
+    def _environment_not_yet_trained(self) -> RlConfig:
+        # The section is parsed and documented so that configs can carry it; GRPO's rollout loop does not run
+        # episodes yet, and a setting a run would silently ignore is refused instead.
+        if self.environment is not None:
+            raise ValueError(
+                "environment: GRPO's rollouts are single-turn in this version, so a multi-turn environment would be "
+                "ignored; remove train.rl.environment (rayft.environments.build_environment runs episodes directly)"
+            )
+        return self
 
     @property
     def carried_columns(self) -> tuple[str, ...]:

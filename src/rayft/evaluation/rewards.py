@@ -2,7 +2,8 @@
 
 A reward is what a verifier says of one sampled completion: the math answer checked with the GSM8K
 extraction the evaluation uses, an exact match, a format (regular expression), brevity, SQL execution
-accuracy on the row's own table, or a user's ``package.module:function``. A function that reads more of
+accuracy on the row's own table, the share of the row's tests a completion's code passes in the process
+sandbox, or a user's ``package.module:function``. A function that reads more of
 its row than the reference (the 'sql' reward, or a user's function with a parameter named ``row``) is
 called with ``row=``: the dict of the columns ``train.rl`` carries with each prompt.
 
@@ -24,7 +25,7 @@ from typing import Any
 
 from rayft.config.rl import RewardConfig
 from rayft.errors import ConfigError
-from rayft.evaluation import gsm8k, sql
+from rayft.evaluation import code, gsm8k, sql
 from rayft.evaluation.metrics import exact_match, load_custom_metric
 
 log = logging.getLogger(__name__)
@@ -55,18 +56,57 @@ def regex_reward(pattern: str) -> RewardFn:
     return reward
 
 
-def sql_reward(column: str) -> RewardFn:
+class BatchReward:
+    """A reward that also scores a whole batch at once (:meth:`many`), where one call per completion would
+    cost a process start each (the sql reward: one sandboxed process per batch instead of per query).
+    Called with one completion, it is a plain reward function."""
+
+    def __init__(self, one: RewardFn, many: Callable[[Sequence[str], Sequence[str], Sequence[Row]], list[Any]]):
+        self.one = one
+        self.many = many
+        """``many(completions, references, rows)``: per completion, its reward or the exception it raised."""
+
+    def __call__(self, completion: str, reference: str, row: Row) -> float:
+        return float(self.one(completion, reference, row=row))
+
+
+def sql_reward(column: str) -> BatchReward:
     """Execution accuracy on the row's table in ``column``: 1.0 when the completion, run as a query in
     :mod:`rayft.evaluation.sql`'s read-only sandbox, gives the reference query's result; 0.0 for another
     result or a query that does not run (a syntax error, a refused write, a timeout). The completion is
     the query as it stands, as eval's sql task scores an output. A table that does not parse or a
     reference that does not run on it raises: the sample is counted as a reward error."""
+    where = f"the row's {column!r} column"
+
+    def table_text(row: Row) -> str:
+        table = row[column]
+        return table if isinstance(table, str) else json.dumps(table, default=str)
 
     def reward(completion: str, reference: str, row: Row) -> float:
-        table = row[column]
-        text = table if isinstance(table, str) else json.dumps(table, default=str)
-        correct, _ = sql.score_execution(completion, reference, text, f"the row's {column!r} column")
+        correct, _ = sql.score_execution(completion, reference, table_text(row), where)
         return float(correct)
+
+    def many(completions: Sequence[str], references: Sequence[str], rows: Sequence[Row]) -> list[Any]:
+        results: list[Any] = [KeyError(column) if column not in row else None for row in rows]
+        todo = [i for i, r in enumerate(results) if r is None]
+        scored = sql.score_many([(completions[i], references[i], table_text(rows[i]), where) for i in todo])
+        for i, result in zip(todo, scored, strict=True):
+            results[i] = result if isinstance(result, Exception) else float(result[0])
+        return results
+
+    return BatchReward(reward, many)
+
+
+def code_reward(column: str, scoring: str = "fraction") -> RewardFn:
+    """Code execution on the row's tests in ``column``: the completion's code (its last ```python block) run
+    in :mod:`rayft.sandbox` with each test; the share that pass, or, with ``scoring='all'``, 1.0 only when
+    all pass. Code that fails, hangs or passes a limit scores 0; tests that are not a list of statements
+    raise: the sample is counted as a reward error."""
+
+    def reward(completion: str, reference: str, row: Row) -> float:
+        tests = code.parse_tests(row[column], f"the row's {column!r} column")
+        run = code.run_tests(code.extract_code(completion), tests)
+        return float(run.passed == run.total > 0) if scoring == "all" else run.fraction
 
     return reward
 
@@ -80,18 +120,19 @@ def takes_row(fn: RewardFn) -> bool:
 
 
 def build_reward(cfg: RewardConfig, max_new_tokens: int) -> RewardFn:
-    """The function ``cfg`` names."""
-    if cfg.function == "sql":
-        return sql_reward(cfg.columns[0])
-    if cfg.function == "math":
-        return math_reward
-    if cfg.function == "exact_match":
-        return exact_match
-    if cfg.function == "regex":
-        assert cfg.pattern is not None  # the config requires it
-        return regex_reward(cfg.pattern)
-    if cfg.function == "length":
-        return lambda completion, reference: 1.0 - min(len(completion), max_new_tokens * 4) / (max_new_tokens * 4)
+    """The function ``cfg`` names: a built-in from the table below, else a user's ``package.module:function``."""
+    builders: dict[str, Callable[[], RewardFn]] = {
+        "sql": lambda: sql_reward(cfg.columns[0]),
+        "code": lambda: code_reward(cfg.columns[0], cfg.code_scoring),
+        "math": lambda: math_reward,
+        "exact_match": lambda: exact_match,
+        "regex": lambda: regex_reward(cfg.pattern or ""),  # the config requires a pattern for regex
+        "length": lambda: (
+            lambda completion, reference: 1.0 - min(len(completion), max_new_tokens * 4) / (max_new_tokens * 4)
+        ),
+    }
+    if cfg.function in builders:
+        return builders[cfg.function]()
     return load_custom_metric(cfg.function, field="train.rl.rewards")
 
 
@@ -128,8 +169,8 @@ class RewardSet:
         functions = []
         for cfg in rewards:
             fn = build_reward(cfg, max_new_tokens)
-            reads_row = cfg.function == "sql" or takes_row(fn)
-            if reads_row and cfg.function != "sql" and not row_columns:
+            reads_row = bool(cfg.columns) or takes_row(fn)
+            if reads_row and not cfg.columns and not row_columns:
                 raise ConfigError(
                     f"train.rl.rewards: function {cfg.function!r} takes a row, but train.rl.row_columns is empty; "
                     "list the columns it reads, e.g. train.rl.row_columns=[table]"
@@ -154,25 +195,32 @@ class RewardSet:
         by_function: dict[str, list[float]] = {}
         errors: dict[str, int] = {}
         for reward in self.functions:
-            values, errors[reward.name] = [], 0
-            for completion, reference, row in zip(completions, references, rows, strict=True):
-                value = self._call(reward, completion, reference, row)
-                errors[reward.name] += value is None
-                values.append(0.0 if value is None else value)
-            by_function[reward.name] = values
+            if isinstance(reward.fn, BatchReward):
+                attempts = reward.fn.many(completions, references, rows)
+            else:
+                attempts = [self._attempt(reward, c, r, row) for c, r, row in zip(completions, references, rows,
+                                                                                  strict=True)]  # fmt: skip
+            checked = [self._checked(reward.name, attempt) for attempt in attempts]
+            errors[reward.name] = sum(value is None for value in checked)
+            by_function[reward.name] = [0.0 if value is None else value for value in checked]
         total = [sum(r.weight * by_function[r.name][i] for r in self.functions) for i in range(len(completions))]
         return Scores(total, by_function, errors)
 
-    def _call(self, reward: Reward, completion: str, reference: str, row: Row) -> float | None:
-        """The function's reward, or None (logged once per function) when it raises or gives no finite number."""
-        name = reward.name
+    def _attempt(self, reward: Reward, completion: str, reference: str, row: Row) -> Any:
+        """The function's value, or the exception it raised."""
         try:
-            value = reward.fn(completion, reference, row=row) if reward.reads_row else reward.fn(completion, reference)
-            if isinstance(value, bool | int | float) and math.isfinite(float(value)):
-                return float(value)
-            problem = f"returned {type(value).__name__} {value!r:.40}, not a finite number"
+            return reward.fn(completion, reference, row=row) if reward.reads_row else reward.fn(completion, reference)
         except Exception as exc:  # a user's function: any failure is that sample's, counted, not the run's
-            problem = f"raised {type(exc).__name__}: {exc}"
+            return exc
+
+    def _checked(self, name: str, value: Any) -> float | None:
+        """The reward, or None (logged once per function) when the function raised or gave no finite number."""
+        if isinstance(value, bool | int | float) and math.isfinite(float(value)):
+            return float(value)
+        if isinstance(value, Exception):
+            problem = f"raised {type(value).__name__}: {value}"
+        else:
+            problem = f"returned {type(value).__name__} {value!r:.40}, not a finite number"
         if name not in self.errors_logged:
             self.errors_logged.add(name)
             log.warning(

@@ -147,12 +147,18 @@ def check_tables_present(missing: int, total: int, first: int) -> None:
 def _score_sql(outputs: Sequence[str], references: Sequence[str], tables: Sequence[str | None]) -> list[Scored]:
     missing = [i for i, t in enumerate(tables) if t is None]
     check_tables_present(len(missing), len(tables), missing[0] if missing else 0)
+    rows = zip(outputs, references, tables, strict=True)
+    with_tables = [(o, r, t, f"example {i}") for i, (o, r, t) in enumerate(rows) if t is not None]
+    executed = iter(sql.score_many(with_tables))  # one sandboxed process per batch of queries
     scored = []
-    for index, (output, reference, table) in enumerate(zip(outputs, references, tables, strict=True)):
+    for output, reference, table in zip(outputs, references, tables, strict=True):
         scores: dict[str, float] = {}
         extracted: dict[str, str] = {}
         if table is not None:
-            correct, got = sql.score_execution(output, reference, table, f"example {index}")
+            result = next(executed)
+            if isinstance(result, Exception):
+                raise result
+            correct, got = result
             scores = {"execution_accuracy": float(correct), "invalid_sql_rate": float(got.error is not None)}
             extracted = {"result": got.error or repr(list(got.rows[:5]))[:200]}
         scores["exact_match"] = m.sql_exact_match(output, reference)
