@@ -49,6 +49,8 @@ TOOLS_FOOTER = (
     "</tool_call>\nEach tool's result comes back within <tool_response></tool_response>."
 )
 _CALL_PATTERN = re.compile(re.escape(TOOL_CALL_OPEN) + r"(.*?)" + re.escape(TOOL_CALL_CLOSE), re.DOTALL)
+# A last block may be left open: generation that stops at the stop string ``</tool_call>`` leaves it out.
+_BLOCK_PATTERN = re.compile(re.escape(TOOL_CALL_OPEN) + r"(.*?)(?:" + re.escape(TOOL_CALL_CLOSE) + r"|\Z)", re.DOTALL)
 
 
 class ToolUseError(Exception):
@@ -105,7 +107,11 @@ def normalize_call(raw: Any, where: str) -> ToolCall:
     ToolUseError naming ``where`` when it has no name or its arguments are not a JSON object."""
     function = raw.get("function", raw) if isinstance(raw, dict) else None
     if not isinstance(function, dict):
-        raise ToolUseError("bad_tool_call", f"{where} is not a tool call object: {_short(raw)}")
+        raise ToolUseError(
+            "bad_tool_call",
+            f'{where} is not a tool call: it must be a JSON object {{"name": ..., "arguments": {{...}}}}, '
+            f"not {_short(raw)}",
+        )
     name = function.get("name")
     if not isinstance(name, str) or not name.strip():
         raise ToolUseError("bad_tool_call", f"{where} has no function name: {_short(raw)}")
@@ -220,22 +226,39 @@ def parse_tool_calls(text: str) -> list[ToolCall]:
     blocks is not a call (see :func:`split_tool_calls`).
     """
     calls = []
-    for index, match in enumerate(_CALL_PATTERN.finditer(text)):
+    for block in tool_call_blocks(text):
+        if isinstance(block, ToolUseError):
+            raise block
+        calls.append(block)
+    return calls
+
+
+def tool_call_blocks(text: str) -> list[ToolCall | ToolUseError]:
+    """Every call block of a model's output, in order: a :class:`ToolCall`, or the :class:`ToolUseError`
+    that says why the block is not one (for callers that answer each bad block and go on, as an
+    environment does). A last block left open (generation stopped at ``</tool_call>``) is read as closed."""
+    blocks: list[ToolCall | ToolUseError] = []
+    for index, match in enumerate(_BLOCK_PATTERN.finditer(text)):
         where = f"tool call {index + 1} of the output"
         try:
             body = json.loads(match.group(1))
         except json.JSONDecodeError as exc:
-            raise ToolUseError("bad_tool_call", f"{where} is not JSON ({exc.msg}): {_short(match.group(1))}") from None
+            blocks.append(ToolUseError("bad_tool_call", f"{where} is not JSON ({exc.msg}): {_short(match.group(1))}"))
+            continue
         if isinstance(body, dict) and "arguments" not in body and "parameters" in body:
             body = {**body, "arguments": body["parameters"]}
-        call = normalize_call(body, where)
-        calls.append(ToolCall(call.name, call.arguments, f"call_{index}"))
-    return calls
+        try:
+            call = normalize_call(body, where)
+        except ToolUseError as exc:
+            blocks.append(exc)
+            continue
+        blocks.append(ToolCall(call.name, call.arguments, f"call_{index}"))
+    return blocks
 
 
 def split_tool_calls(text: str) -> tuple[str, list[ToolCall]]:
     """A model's output as (its text without the call blocks, stripped; the calls, see :func:`parse_tool_calls`)."""
-    return _CALL_PATTERN.sub("", text).strip(), parse_tool_calls(text)
+    return _BLOCK_PATTERN.sub("", text).strip(), parse_tool_calls(text)
 
 
 def tools_system_text(tools: Sequence[Mapping[str, Any]]) -> str:

@@ -1,28 +1,17 @@
-"""Tool calls read from a model's turn: the default text format, ``<tool_call>{json}</tool_call>``.
+"""Tool calls read from a model's turn, in the default text format ``<tool_call>{json}</tool_call>``.
 
-A call's JSON is ``{"name": ..., "arguments": {...}}`` (``arguments`` may also be JSON text, as in
-OpenAI's messages). :func:`parse_tool_calls` is the one place the environments read the format, so that
-the rendering of training data and the environments agree on it; a block that does not parse is kept as
-a :class:`BadCall`, answered to the model with its reason and counted, never skipped.
+The format has one implementation, :mod:`rayft.data.tools`, which the training data's rendering and the
+server's parsing use as well; here each block that does not parse is kept as a :class:`BadCall`,
+answered to the model with its reason and counted, never skipped.
 """
 
 from __future__ import annotations
 
-import json
-import re
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
 
-_BLOCK = re.compile(r"<tool_call>(.*?)(?:</tool_call>|\Z)", re.DOTALL)
+from rayft.data.tools import ToolCall, ToolUseError, tool_call_blocks
 
-
-@dataclass(frozen=True)
-class ToolCall:
-    """One well-formed call: the tool's name and its arguments."""
-
-    name: str
-    arguments: dict[str, Any] = field(default_factory=dict)
-    id: str = ""
+__all__ = ["BadCall", "ToolCall", "parse_tool_calls"]
 
 
 @dataclass(frozen=True)
@@ -36,25 +25,7 @@ class BadCall:
 
 def parse_tool_calls(text: str) -> list[ToolCall | BadCall]:
     """The calls in a model's turn, in order; empty when the turn is a final answer."""
-    calls: list[ToolCall | BadCall] = []
-    for index, match in enumerate(_BLOCK.finditer(text)):
-        calls.append(_parse_one(match.group(1).strip(), f"call_{index}"))
-    return calls
-
-
-def _parse_one(body: str, call_id: str) -> ToolCall | BadCall:
-    try:
-        data = json.loads(body)
-    except json.JSONDecodeError as exc:
-        return BadCall(body, f"the tool call is not JSON ({exc.msg} at character {exc.pos})", call_id)
-    if not isinstance(data, dict) or not isinstance(data.get("name"), str):
-        return BadCall(body, 'a tool call must be a JSON object {"name": ..., "arguments": {...}}', call_id)
-    arguments = data.get("arguments", {})
-    if isinstance(arguments, str):
-        try:
-            arguments = json.loads(arguments) if arguments.strip() else {}
-        except json.JSONDecodeError:
-            return BadCall(body, "the call's arguments are text that is not a JSON object", call_id)
-    if not isinstance(arguments, dict):
-        return BadCall(body, f"the call's arguments must be a JSON object, not {type(arguments).__name__}", call_id)
-    return ToolCall(data["name"], arguments, call_id)
+    return [
+        BadCall(block.detail, block.detail, f"call_{index}") if isinstance(block, ToolUseError) else block
+        for index, block in enumerate(tool_call_blocks(text))
+    ]
