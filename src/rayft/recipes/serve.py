@@ -13,6 +13,7 @@ from rayft.config import RayftConfig
 from rayft.runtime import ray_runtime
 from rayft.serving import app
 from rayft.serving.handle import ServeHandle
+from rayft.serving.keys import load_key_digests
 from rayft.serving.plan import plan_serving
 from rayft.serving.vllm import start_vllm
 
@@ -23,6 +24,7 @@ def run(cfg: RayftConfig, sources: list[str], *, host: str, port: int, address: 
     """Deploy ``sources`` (on the Ray at ``address``, else ``scaling.address``, else a local one) and
     return the handle; :meth:`ServeHandle.shutdown` drains the requests in flight and stops."""
     plan = plan_serving(sources or list(cfg.serve.sources), cfg.model, cfg.eval.checkpoint)
+    load_key_digests(cfg.serve.api_keys_env, cfg.serve.api_keys_file)  # a wrong keys file is said before Ray starts
     resources = contextlib.ExitStack()
     try:
         resources.enter_context(ray_runtime(address or cfg.scaling.address))
