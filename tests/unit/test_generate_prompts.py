@@ -177,3 +177,38 @@ def test_a_jobs_address_is_refused_with_the_fix(tmp_path: Path) -> None:
     result = CliRunner().invoke(cli, args)
     assert result.exit_code == 2
     assert "joins the cluster rather than running as a Ray Job; give the head's GCS address" in result.output
+
+
+def test_a_server_that_refuses_the_key_is_said_before_any_prompt_is_sent(tmp_path: Path) -> None:
+    """With the openai backend the server is asked first (GET /models), as `rayft eval` does: a refused key is one
+    error and a non-zero exit, not a file of rows that all failed."""
+    from click.testing import CliRunner
+
+    from rayft.cli.main import cli
+    from tests.support.openai_server import OpenAIServer
+
+    source = tmp_path / "in.jsonl"
+    source.write_text('{"prompt": "a"}\n{"prompt": "b"}\n')
+    with OpenAIServer(responder=lambda request: "x", api_key="sk-right") as server:
+        args = ["generate", "rayft-test", f"inference.endpoint.base_url={server.base_url}", "--backend", "openai",
+                "--input", str(source), "--output", str(tmp_path / "out.jsonl")]  # fmt: skip
+        result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 2, result.output
+    assert "needs an API key (HTTP 401) and none was sent" in result.output and server.requests == []
+
+
+def test_every_generation_failing_is_an_error_with_the_rows_kept(tmp_path: Path) -> None:
+    """A run whose every row failed is no success: it raises (the CLI exits non-zero) naming the first error,
+    and the output keeps each row with its error."""
+    from rayft.errors import EndpointError
+    from tests.support.openai_server import OpenAIServer
+
+    source = tmp_path / "in.jsonl"
+    source.write_text('{"prompt": "a"}\n{"prompt": "b"}\n')
+    with OpenAIServer(responder=lambda request: "x") as server:
+        server.fail_next(401, times=2)  # the listing passes, every prompt is refused
+        cfg = load_config(None, ["inference.backend=openai", f"inference.endpoint.base_url={server.base_url}"])
+        with pytest.raises(EndpointError, match=r"all 2 generations failed \(first: RuntimeError: HTTP 401 from"):
+            run(cfg, "rayft-test", source, tmp_path / "out.jsonl", runtime="local")
+    rows = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text().splitlines()]
+    assert [row["finish_reason"] for row in rows] == ["error", "error"]

@@ -19,9 +19,10 @@ from rayft.config import RayftConfig
 from rayft.config.generation import GenerationConfig
 from rayft.config.model import ModelConfig
 from rayft.console import Progress
-from rayft.errors import DataError
+from rayft.errors import DataError, EndpointError, ModelError
 from rayft.files import AtomicJsonl
 from rayft.generation.backend import Generation
+from rayft.generation.openai_http import OpenAIBackend
 from rayft.generation.pool import Runtime, in_input_order, open_pool
 from rayft.inference.prompts import REASONS, PromptRow, RejectedRow, iter_prompts
 from rayft.lines import OversizedLine, bounded_lines
@@ -106,6 +107,8 @@ def generate_file(
                 "give each line a 'prompt' string or a 'messages' list, or name the column with --field"
             )
         gen_cfg, model = generation_config(cfg, source)
+        if gen_cfg.backend == "openai":
+            check_endpoint(gen_cfg)
         log.info("generate: prompts from %s with %s (%s backend), %d at a time", paths.input, model, gen_cfg.backend,
                  window)  # fmt: skip
         with _runtime(runtime, cfg.scaling.address), open_pool(gen_cfg, runtime) as pool:
@@ -121,6 +124,26 @@ def generate_file(
         output.commit()
         rejects.commit()
     return tally, model
+
+
+def check_endpoint(gen_cfg: GenerationConfig) -> None:
+    """The server of the 'openai' backend answers, takes the key and serves the model, before any prompt is sent
+    (a refused key is one error, not a file of failed rows)."""
+    backend = OpenAIBackend(gen_cfg.model.name, gen_cfg.endpoint)
+    try:
+        backend.check_serves_model("inference.endpoint")
+    finally:
+        backend.close()
+
+
+def check_some_generated(tally: Tally, output_path: Path, backend: str) -> None:
+    """Refuse a run in which every row written failed: it is no success (its rows, with their error, are kept)."""
+    if tally.written and tally.failed == tally.written:
+        error = EndpointError if backend == "openai" else ModelError
+        raise error(
+            f"generate: all {tally.written} generations failed (first: {tally.first_error}); each row is in "
+            f"{output_path} with its error; fix the cause and run again"
+        )
 
 
 def report_outcome(tally: Tally, rejects_path: Path) -> None:
