@@ -13,18 +13,20 @@ import logging
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 from rayft.config import RayftConfig
 from rayft.config.generation import GenerationConfig
 from rayft.config.model import ModelConfig
 from rayft.console import Progress
+from rayft.data.formats import REASONS
+from rayft.data.read.rows import ReadRow, iter_json_lines
 from rayft.errors import DataError, EndpointError, ModelError
 from rayft.files import AtomicJsonl
 from rayft.generation.backend import Generation
 from rayft.generation.openai_http import OpenAIBackend
 from rayft.generation.pool import Runtime, in_input_order, open_pool
-from rayft.inference.prompts import REASONS, PromptRow, RejectedRow, iter_prompts
+from rayft.inference.prompts import PromptRow, RejectedRow, iter_prompts
 from rayft.lines import OversizedLine, bounded_lines
 from rayft.models.sources import resolve_source
 from rayft.runtime import ray_runtime
@@ -92,13 +94,12 @@ def generate_file(
     tally = Tally()
     window = cfg.inference.window
     with (
-        input_lines(paths.input, cfg.inference.max_row_bytes) as lines,
+        input_rows(paths.input, cfg.inference.max_row_bytes) as lines,
         AtomicJsonl(paths.rejects) as rejects,
         AtomicJsonl(paths.output) as output,
         Progress("generate", count_lines(paths.input, cfg.inference.max_row_bytes), unit="lines") as progress,
     ):
-        rows = usable_rows(iter_prompts(lines, prompt_field, cfg.inference.max_row_bytes), rejects, tally,
-                           paths.input, progress)  # fmt: skip
+        rows = usable_rows(iter_prompts(lines, prompt_field), rejects, tally, paths.input, progress)
         first = list(itertools.islice(rows, window))  # before anything loads
         if not first:
             rejects.commit()
@@ -181,21 +182,24 @@ def count_lines(input_path: Path, max_row_bytes: int) -> int:
 
 
 @contextlib.contextmanager
-def input_lines(input_path: Path, max_row_bytes: int) -> Iterator[Iterator[bytes | OversizedLine]]:
-    """The input's lines as bytes, read as they are consumed; a line of more than ``max_row_bytes``
-    comes as its size alone (:class:`~rayft.lines.OversizedLine`)."""
+def input_rows(input_path: Path, max_row_bytes: int) -> Iterator[Iterator[ReadRow]]:
+    """The input's rows, read by the one reader of JSON Lines a line at a time as they are consumed; a line of
+    more than ``max_row_bytes`` is rejected by its size, unread."""
     try:
-        handle = input_path.open("rb")
+        input_path.open("rb").close()
     except OSError as exc:
         raise DataError(f"--input {str(input_path)!r}: cannot read it ({exc.strerror})") from None
-    with handle:  # an OSError of the body (a model that cannot load, say) is not the input's
-        yield _lines(handle, input_path, max_row_bytes)
-
-
-def _lines(handle: IO[bytes], input_path: Path, max_row_bytes: int) -> Iterator[bytes | OversizedLine]:
+    rows = _rows(input_path, max_row_bytes)
     try:
-        yield from bounded_lines(handle, max_row_bytes)
-    except OSError as exc:
+        yield rows
+    finally:
+        rows.close()  # closes the file
+
+
+def _rows(input_path: Path, max_row_bytes: int) -> Iterator[ReadRow]:
+    try:
+        yield from iter_json_lines(input_path, max_row_bytes, str(input_path), setting="inference.max_row_bytes")
+    except OSError as exc:  # an OSError of the caller's work (a model that cannot load, say) is not the input's
         raise DataError(f"--input {str(input_path)!r}: cannot read it ({exc.strerror})") from None
 
 
