@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import logging
-from collections.abc import Iterable, Iterator
+from collections.abc import Generator, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -196,7 +196,7 @@ def input_rows(input_path: Path, max_row_bytes: int) -> Iterator[Iterator[ReadRo
         rows.close()  # closes the file
 
 
-def _rows(input_path: Path, max_row_bytes: int) -> Iterator[ReadRow]:
+def _rows(input_path: Path, max_row_bytes: int) -> Generator[ReadRow, None, None]:
     try:
         yield from iter_json_lines(input_path, max_row_bytes, str(input_path), setting="inference.max_row_bytes")
     except OSError as exc:  # an OSError of the caller's work (a model that cannot load, say) is not the input's
