@@ -28,9 +28,10 @@ def run(cfg: RayftConfig, sources: list[str], *, host: str, port: int, address: 
     resources = contextlib.ExitStack()
     try:
         resources.enter_context(ray_runtime(address or cfg.scaling.address))
-        start = start_vllm if cfg.serve.backend == "vllm" else app.start
-        base_url = start(plan, cfg.serve, host, port)
-        resources.callback(app.stop)  # closed first: drain and stop Serve, then the Ray started here
+        vllm = cfg.serve.backend == "vllm"
+        base_url = (start_vllm if vllm else app.start)(plan, cfg.serve, host, port)
+        drain_s = None if vllm else cfg.serve.graceful_shutdown_timeout_s  # vLLM's application has no rayft router
+        resources.callback(app.stop, drain_s)  # closed first: drain and stop Serve, then the Ray started here
     except BaseException:
         resources.close()
         raise
