@@ -109,15 +109,17 @@ def test_rays_cluster_errors_go_to_the_log_file_not_the_console(
     assert died in capsys.readouterr().out
 
 
-def test_deepspeeds_accelerator_notice_never_reaches_a_model_loading_process_output() -> None:
+@pytest.mark.parametrize("module", ["rayft.models.loading", "rayft.testing"])
+def test_deepspeeds_accelerator_notice_never_reaches_a_model_loading_process_output(module: str) -> None:
     """DeepSpeed warns "Setting accelerator to CPU" on its own stdout handler when anything imports it on a
     machine without a GPU (transformers' save_pretrained does, through accelerate, on every export): a process
-    that loads models (export, chat, a notebook) does not show it; what DeepSpeed warns otherwise still shows."""
+    that loads or builds models (export, chat, a notebook building a tiny model) does not show it; what DeepSpeed
+    warns otherwise still shows."""
     import subprocess
     import sys
 
     script = (
-        "import rayft.models.loading\n"
+        f"import {module}\n"
         "from deepspeed.accelerator import get_accelerator\n"
         "from deepspeed.utils import logger\n"
         "get_accelerator()\n"
