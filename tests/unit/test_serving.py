@@ -276,6 +276,14 @@ def test_the_cli_takes_dotted_overrides_after_the_sources(tmp_path: Path, tiny_m
     assert result.exit_code == 2 and "serve.prot" in result.output and "model source" not in result.output
 
 
+def test_overrides_are_told_from_sources_by_their_dotted_key() -> None:
+    from rayft.cli.serve_cmd import split_overrides
+
+    arguments = ("runs/a=b", "org/model", "tiny", "serve.port=8001", "eval.checkpoint=best", "./x=1")
+    assert split_overrides(arguments) == (("runs/a=b", "org/model", "tiny", "./x=1"),
+                                          ["serve.port=8001", "eval.checkpoint=best"])  # fmt: skip
+
+
 def test_a_pipeline_directory_serves_its_final_model_under_the_run_name(tmp_path: Path, tiny_model_dir: Path) -> None:
     from rayft.runs.records import StageRecord, write_record
     from tests.support.checkpoints import build_lora_checkpoint
