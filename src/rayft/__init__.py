@@ -62,6 +62,9 @@ _EXPORTS: dict[str, str] = {
     "CompareResult": "rayft.recipes.compare",
     "ExportResult": "rayft.recipes.export",
     "GenerateResult": "rayft.recipes.generate",
+    "ChatResult": "rayft.recipes.chat",
+    "PairsResult": "rayft.sdg.pair_maker",
+    "PrepareResult": "rayft.data.prepare",
     "ServeHandle": "rayft.serving.handle",
     "PipelineResult": "rayft.pipeline.runner",
     "EvalSummary": "rayft.evaluation.summary",
@@ -74,6 +77,7 @@ _EXPORTS: dict[str, str] = {
 }
 
 __all__ = [
+    "ChatResult",
     "CheckpointConfig",
     "CheckpointError",
     "CompareResult",
@@ -101,7 +105,9 @@ __all__ = [
     "ModelSummary",
     "PairComparison",
     "PairedTest",
+    "PairsResult",
     "PipelineResult",
+    "PrepareResult",
     "RayftConfig",
     "RayftError",
     "ResourceError",
@@ -154,6 +160,7 @@ if TYPE_CHECKING:
     from rayft.config.train import CheckpointConfig, FailureConfig, LoggingConfig, ScalingConfig, TrainConfig
     from rayft.config.tune import TuneConfig
     from rayft.custom import CustomTask, TaskData
+    from rayft.data.prepare import PrepareResult
     from rayft.errors import (
         CheckpointError,
         ConfigError,
@@ -170,11 +177,13 @@ if TYPE_CHECKING:
     from rayft.evaluation.stats import Estimate, PairedTest
     from rayft.evaluation.summary import CompareSummary, EvalSummary, MetricSummary, ModelSummary, PairComparison
     from rayft.pipeline.runner import PipelineResult
+    from rayft.recipes.chat import ChatResult
     from rayft.recipes.compare import CompareResult
     from rayft.recipes.evaluate import EvalResult
     from rayft.recipes.export import ExportResult
     from rayft.recipes.generate import GenerateResult
     from rayft.recipes.sdg import SdgResult
     from rayft.recipes.tune import TuneResult
+    from rayft.sdg.pair_maker import PairsResult
     from rayft.serving.handle import ServeHandle
     from rayft.training.driver.run import TrainResult

@@ -21,7 +21,7 @@ import contextlib
 import importlib
 import logging
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +39,7 @@ _DATASETS_CALLBACK = "ray.train.v2._internal.callbacks.datasets:DatasetsCallback
 _PLACEMENT_GROUP_TABLE = "ray._private.state:state._connect_and_get_accessor"
 _ACTOR_TABLE = "ray._private.state:actors"
 _TORCH_BACKEND = "ray.train.torch.config:_TorchBackend"
+_PRINT_TO_STDSTREAM = "ray._private.worker:print_to_stdstream"
 
 # Every private name used below, as "module:attribute.path" (the canary test resolves each).
 PRIVATE_SYMBOLS: tuple[str, ...] = (
@@ -62,6 +63,7 @@ PRIVATE_SYMBOLS: tuple[str, ...] = (
     _ACTOR_TABLE,
     _TORCH_BACKEND,
     "ray.train.torch:TorchConfig.backend_cls",
+    _PRINT_TO_STDSTREAM,
 )
 
 # Ray settings of a Ray that rayft starts itself (never of a cluster it joins), passed as
@@ -449,3 +451,30 @@ def mask_job_entrypoint() -> None:
 
     masked_entrypoint._rayft_masked = True  # type: ignore[attr-defined]
     ray._private.utils.get_entrypoint_name = masked_entrypoint
+
+
+def divert_cluster_errors(take: Callable[[list[str]], bool]) -> None:
+    """Hand the errors a Ray cluster pushes to this driver to ``take`` before Ray prints them.
+
+    Ray's driver prints those errors (a worker that died, with its lease, worker and node ids; an actor
+    task that failed, say Serve's controller's as Serve stops) straight to stdout as ``(raylet) ...``
+    lines, from its error listener thread, through ``print_to_stdstream`` (by its module-level name, so
+    replacing it there is seen). ``take(lines)`` returns whether it kept them; if not, Ray prints them.
+    Lines of the workers' own output (any other pid) go on to Ray as they are. Installed once per process,
+    before ``ray.init``; with :data:`SWITCH_ENV` off, Ray prints them as it does.
+    """
+    if not enabled():
+        return
+    import ray._private.worker
+
+    original = _load(_PRINT_TO_STDSTREAM)
+    if original is None or getattr(original, "_rayft_diverted", False):
+        return
+
+    def print_to_stdstream(data: dict[str, Any], ignore_prefix: bool) -> None:
+        if data.get("pid") == "raylet" and take(list(data.get("lines") or ())):
+            return
+        original(data, ignore_prefix)
+
+    print_to_stdstream._rayft_diverted = True  # type: ignore[attr-defined]
+    ray._private.worker.print_to_stdstream = print_to_stdstream

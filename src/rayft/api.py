@@ -28,17 +28,18 @@ from rayft.runs.defaults import default_model, default_report_dir
 from rayft.security import install_redaction
 
 if TYPE_CHECKING:
-    from rayft.data.prepare import PrepareOutcome
+    from rayft.data.prepare import PrepareResult
     from rayft.inference.chat import ChatIO
     from rayft.pipeline.plan import StageDecision
     from rayft.pipeline.runner import PipelineResult
+    from rayft.recipes.chat import ChatResult
     from rayft.recipes.compare import CompareResult
     from rayft.recipes.evaluate import EvalResult
     from rayft.recipes.export import ExportResult
     from rayft.recipes.generate import GenerateResult
     from rayft.recipes.sdg import SdgResult
     from rayft.recipes.tune import TuneResult
-    from rayft.sdg.pair_maker import PairsOutput
+    from rayft.sdg.pair_maker import PairsResult
     from rayft.serving.handle import ServeHandle
     from rayft.training.driver.run import TrainResult
 
@@ -108,7 +109,7 @@ def train_rank(cfg: RayftConfig, *, resume: bool = False) -> TrainResult | None:
 
 
 @_redacted
-def prepare_data(cfg: RayftConfig, *, report_dir: str | Path | None = None, in_process: bool = False) -> PrepareOutcome:
+def prepare_data(cfg: RayftConfig, *, report_dir: str | Path | None = None, in_process: bool = False) -> PrepareResult:
     """Tokenize and cache the training data of ``cfg`` as ``rayft train`` would (``rayft data
     prepare``): a run of the same config then reuses it without tokenizing, and for DPO with full
     fine-tuning without computing the reference log-probabilities again.
@@ -156,7 +157,7 @@ def sdg(cfg: RayftConfig, *, output_dir: str | Path | None = None, test_mode: bo
 
 
 @_redacted
-def pairs(cfg: RayftConfig, model: str | Path | None = None, *, output_dir: str | Path | None = None) -> PairsOutput:
+def pairs(cfg: RayftConfig, model: str | Path | None = None, *, output_dir: str | Path | None = None) -> PairsResult:
     """Preference pairs from ``model``'s verified answers to ``cfg.pairs``' problems (``rayft pairs``).
 
     Args:
@@ -251,7 +252,7 @@ def generate(
 
 
 @_redacted
-def chat(cfg: RayftConfig, model: str | Path, *, device: str | None = None, io: ChatIO | None = None) -> int:
+def chat(cfg: RayftConfig, model: str | Path, *, device: str | None = None, io: ChatIO | None = None) -> ChatResult:
     """Chat with a model in this process until the user quits (``rayft chat``); no Ray is started.
 
     Args:
@@ -261,7 +262,7 @@ def chat(cfg: RayftConfig, model: str | Path, *, device: str | None = None, io: 
         io: Where lines are read and replies written (default: the terminal, or standard input and output).
 
     Returns:
-        The number of replies generated.
+        The number of replies generated and the model that gave them.
     """
     from rayft.recipes import chat as recipe
 

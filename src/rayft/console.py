@@ -135,7 +135,8 @@ def attach_log_file(path: Path) -> Path | None:
 def quiet_ray() -> None:
     """Send Ray's loggers to the run's log file, and keep Ray's informational output off the console
     (unless verbose): Ray core's console handler shows errors, Ray Data's warnings and errors, and
-    Ray Data logs no progress. Call it before Ray starts."""
+    Ray Data logs no progress (the errors the cluster pushes to the driver: :func:`cluster_errors_to_log_file`).
+    Call it before Ray starts."""
     import ray.data  # configures the ray.data logger anew: the log file is attached again below
 
     handler = _log_file_handler()
@@ -152,6 +153,18 @@ def quiet_ray() -> None:
     context.enable_progress_bars = False  # rayft shows its own progress
     context.enable_operator_progress_bars = False
     logging.getLogger("ray.data._internal.progress").addFilter(_not_progress_notice)
+
+
+def cluster_errors_to_log_file(lines: list[str]) -> bool:
+    """Keep the errors Ray's cluster pushes to this driver (a worker that died, with its lease, worker and node
+    ids; Serve's controller task failing as Serve stops) for the log file alone: rayft tells each failure that
+    matters in one line of its own. Verbose, they are left to Ray, which prints them (False)."""
+    if is_verbose():
+        return False
+    ray_errors = logging.getLogger("rayft.ray")
+    for line in lines:
+        ray_errors.warning("%s", line, extra=FILE_ONLY)
+    return True
 
 
 def _not_progress_notice(record: logging.LogRecord) -> bool:
@@ -194,11 +207,22 @@ def quiet_worker_console() -> None:
 def ignore_known_warnings() -> None:
     """Silence third-party warnings that ask nothing of a rayft user (in this process): peft reads
     transformers' deprecated ``is_gradient_checkpointing`` on every adapter it wraps; bitsandbytes
-    asks for an optional kernel package on import."""
+    asks for an optional kernel package on import; DeepSpeed says it fell back to the CPU."""
     warnings.filterwarnings("ignore", message=r"`is_gradient_checkpointing` is deprecated", category=FutureWarning)
     # bitsandbytes (the qlora extra), which peft imports whenever it is installed, warns at import on CPUs with
     # AVX512-BF16 that an optional faster 4-bit kernel package is missing; its own kernels run instead.
     logging.getLogger("bitsandbytes.backends.cpu.ops").setLevel(logging.ERROR)
+    # DeepSpeed, imported by transformers' save_pretrained through accelerate (every export) and by ZeRO-3 runs,
+    # warns on a stdout handler of its own that it fell back to the CPU on a machine without a GPU: rayft picks
+    # the device itself. A filter on its logger holds whether the logger is made before or after this call.
+    deepspeed = logging.getLogger("DeepSpeed")
+    if _not_cpu_accelerator_notice not in deepspeed.filters:
+        deepspeed.addFilter(_not_cpu_accelerator_notice)
+
+
+def _not_cpu_accelerator_notice(record: logging.LogRecord) -> bool:
+    """False for DeepSpeed's notice that it set its accelerator to the CPU."""
+    return "Setting accelerator to CPU" not in record.getMessage()
 
 
 def ray_train_log_level() -> str:

@@ -4,12 +4,14 @@ A file is written under a temporary name beside it, then renamed over it; a dire
 whole under a staging name beside it, then renamed into place. Temporary and staging names are
 hidden and carry the process id, so that two processes writing the same thing never share one.
 Text written whole (:func:`write_text_atomic`) or row by row (:class:`AtomicJsonl`) has its credentials
-masked (:mod:`rayft.security`).
+masked (:mod:`rayft.security`). And the other side: why a file a user names cannot be read
+(:func:`unreadable_file`), said as it is.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import shutil
@@ -130,6 +132,24 @@ def fsync_dir(path: Path) -> None:
         pass
     finally:
         os.close(fd)
+
+
+def unreadable_file(path: Path) -> str | None:
+    """Why ``path`` cannot be opened as a file, as the end of a sentence naming it ("does not exist", "is a
+    directory, not a file", a link to nothing or a loop, ...); None when it can be. Never resolves the path."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            return "is a symbolic link loop"
+        if path.is_symlink():
+            return f"is a symbolic link to nothing ({os.readlink(path)})"
+        if exc.errno == errno.EACCES:
+            return "cannot be reached (permission denied on a directory on its way)"
+        return "does not exist"
+    if stat.S_ISDIR(mode):
+        return "is a directory, not a file"
+    return None if stat.S_ISREG(mode) or stat.S_ISFIFO(mode) else "is not a regular file"
 
 
 def check_writable_dir(directory: Path, *, where: str, fix: str = "choose a writable directory") -> None:

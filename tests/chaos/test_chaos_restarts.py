@@ -174,11 +174,13 @@ def test_with_no_retry_left_rayft_train_says_what_happened_and_how_to_resume_and
     since = time.time()
     first = rayft_train(config, ENV_FAULTS, "failure.max_failures=0", env={"RAYFT_FAULT_HOLD": hold})
     kill_when_held(first, tmp_path / "runs" / "small", 4, since, hold)
-    _, err = first.communicate(timeout=300)
-    print(err)  # what a user sees
+    out, err = first.communicate(timeout=300)
+    print(out, err)  # what a user sees
 
     assert first.returncode == 75, err[-4000:]
     assert "Traceback" not in err, err
+    # Ray's own report of the kill (lease, worker and node ids), which Ray's driver prints on stdout, is the log's
+    assert "A worker died or was killed" not in out + err, out + err
     paragraph = err[err.index("Error: ") :]
     assert re.match(
         r"Error: Worker \d died \(killed by a signal, or the process crashed\) on node \S+ after step 4, no restart "
@@ -189,6 +191,7 @@ def test_with_no_retry_left_rayft_train_says_what_happened_and_how_to_resume_and
     assert command == ["rayft", "train", str(config), ENV_FAULTS, "failure.max_failures=0", "--resume"]
     log = (tmp_path / "runs" / "small" / "logs" / "rayft.log").read_text()
     assert "attempt 1 of the run failed" in log and "Traceback" in log, "Ray's report goes to the run's log file"
+    assert "A worker died or was killed" in log
 
     resumed = rayft_train(config, *command[3:], env={})  # as printed; no hold now
     _, err = resumed.communicate(timeout=300)

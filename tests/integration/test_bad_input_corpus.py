@@ -161,6 +161,20 @@ CASES = {
     "chat on a pipeline without a trained model": Case(
         "chat {ws}/sdg-pipeline", r"sdg-pipeline is a pipeline run with no trained model"
     ),
+    "export of a pipeline stopped in its train stage": Case(
+        "export {ws}/stopped-pipeline {ws}/exported",
+        r"stopped-pipeline is a pipeline run whose train stage did not finish; run the pipeline again \(rayft run "
+        r"CONFIG\), or give its stage's run directory .*stopped-pipeline/train to use its checkpoints",
+    ),
+    "chat on a pipeline stopped in its train stage": Case(
+        "chat {ws}/stopped-pipeline", r"stopped-pipeline is a pipeline run whose train stage did not finish"
+    ),
+    "serve keys file that is a directory, as an override": Case(
+        "serve {tiny} serve.api_keys_file={ws}",
+        r"serve.api_keys_file='.*' is a directory, not a file; give the file of keys",
+        20.0,
+    ),
+    "serve override of an unknown setting": Case("serve {tiny} serve.prot=8001", r"serve.prot"),
     "profile given a file": Case(
         "profile {ws}/data.jsonl", r"'.*data.jsonl' is a file; rayft profile takes a training run's directory"
     ),
@@ -197,6 +211,9 @@ def workspace(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) ->
         + json.dumps({"prompt": "add " * 200 + "=", "chosen": " 2", "rejected": " 3"})
         + "\n"
     )
+    stopped = ws / "stopped-pipeline"  # `rayft run` stopped in its train stage, before any stage finished
+    build_run_dir(stopped / "train", tiny_model_dir, eval_losses={1: None}, method="lora", final=False)
+    (stopped / "config.yaml").write_text("name: stopped-pipeline\n")
     (ws / "sdg-pipeline" / "stages").mkdir(parents=True)
     (ws / "sdg-pipeline" / "stages" / "sdg.json").write_text("{}")
     config = ws / "ok.yaml"

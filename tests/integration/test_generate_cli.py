@@ -51,7 +51,7 @@ def test_generate_writes_every_good_row_in_order_and_lists_the_bad_ones(
     assert [r["generation"] for r in rows] == [g.text for g in expected]
     assert all(r["error"] is None and 0 < r["num_generated_tokens"] <= 4 for r in rows)
     rejects = [json.loads(line) for line in (out.parent / "gen.rejects.jsonl").read_text().splitlines()]
-    assert [(r["line"], r["reason"]) for r in rejects] == [(3, "missing_field"), (4, "not_json"), (6, "wrong_type")]
+    assert [(r["line"], r["reason"]) for r in rejects] == [(3, "missing_field"), (4, "bad_json"), (6, "wrong_type")]
     assert rejects[1]["value"] == "{not json"
     assert sorted(p.name for p in out.parent.iterdir()) == ["gen.jsonl", "gen.rejects.jsonl"]
 
@@ -75,4 +75,4 @@ def test_generate_streams_windows_through_two_actors_in_input_order(
     expected = backend.generate(prompts, SamplingParams(max_new_tokens=4, temperature=0.0))
     assert [r["generation"] for r in rows] == [g.text for g in expected]
     rejects = [json.loads(line) for line in (tmp_path / "gen.rejects.jsonl").read_text().splitlines()]
-    assert [(r["line"], r["reason"]) for r in rejects] == [(3, "missing_field"), (4, "not_json"), (6, "wrong_type")]
+    assert [(r["line"], r["reason"]) for r in rejects] == [(3, "missing_field"), (4, "bad_json"), (6, "wrong_type")]

@@ -122,3 +122,59 @@ def test_a_busy_port_or_a_bad_one_is_a_one_line_error(tiny_model_dir: Path) -> N
                          env=_env(), timeout=60, check=False)  # fmt: skip
     assert bad.returncode == 2 and "70000 is not in the range 0<=x<=65535" in bad.stderr
     assert "Traceback" not in bad.stderr
+
+
+def test_while_draining_new_requests_get_a_503_and_a_stream_cut_ends_with_an_error_event(tiny_model_dir: Path) -> None:
+    """SIGTERM with a stream longer than the drain: /health and a new request get OpenAI's error shape, 503 with
+    a Retry-After (not Serve's plain-text 404); the stream's last event says it was cut (no [DONE]); the
+    console shows rayft's lines only (none of Ray's, such as its controller's failed shutdown task)."""
+    command = _command(tiny_model_dir, "serve.graceful_shutdown_timeout_s=2")
+    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=_env()) as proc:
+        assert proc.stdout is not None
+        seen: list[str] = []
+        lines = _lines(proc.stdout)
+        url = _serving_url(lines, seen)
+        started, results = threading.Event(), []
+        body = {"model": tiny_model_dir.name, "prompt": "The quick brown fox", "max_tokens": 2000, "temperature": 0,
+                "stream": True}  # fmt: skip
+        stream = threading.Thread(target=_raw_stream, args=(url, body, started, results))
+        stream.start()
+        assert started.wait(timeout=120), "the stream did not start"
+        proc.send_signal(signal.SIGTERM)
+        health = _until_refused(f"{url.removesuffix('/v1')}/health")
+        late = httpx.post(f"{url}/completions", json={**body, "stream": False, "max_tokens": 2}, timeout=30)
+        stream.join(timeout=120)
+        code = proc.wait(timeout=120)
+        while (line := lines.get(timeout=30)) is not None:
+            seen.append(line)
+    console = "".join(seen)
+    assert code == 0, console
+    for answer in (health, late):
+        assert answer.status_code == 503 and int(answer.headers["Retry-After"]) >= 1, answer.text
+        assert answer.json()["error"]["code"] == "server_shutting_down", answer.text
+    [events] = results
+    assert events[-1] != "data: [DONE]" and "[DONE]" not in events, events[-3:]
+    last = json.loads(events[-1].removeprefix("data: "))
+    assert last["error"]["code"] == "server_shutting_down", last
+    assert "stopped 1 stream(s) still running after 2 s" in console, console
+    assert "(raylet)" not in console and "graceful_shutdown failed" not in console, console
+
+
+def _raw_stream(url: str, body: dict[str, Any], started: threading.Event, results: list[list[str]]) -> None:
+    events: list[str] = []
+    with httpx.stream("POST", f"{url}/completions", json=body, timeout=300) as response:
+        for line in response.iter_lines():
+            if line.startswith("data: "):
+                events.append(line)
+                started.set()
+    results.append(events)
+
+
+def _until_refused(url: str) -> httpx.Response:
+    """GET ``url`` until the server answers other than 200 (the drain has begun): that answer."""
+    for _ in range(600):
+        answer = httpx.get(url, timeout=30)
+        if answer.status_code != 200:
+            return answer
+        threading.Event().wait(0.05)
+    raise AssertionError(f"{url} still answered 200 after the stop signal")

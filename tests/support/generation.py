@@ -1,14 +1,26 @@
 """Prompts and a greedy run for checks that two generation paths give the same completions (the
-KV-cache tests of the unit and gpu tiers)."""
+KV-cache tests of the unit and gpu tiers); the lines of a prompts file as the data reader reads them."""
 
 from __future__ import annotations
 
+import io
+from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
+from rayft.config.data import DEFAULT_MAX_ROW_BYTES
+from rayft.data.read.rows import ReadRow, json_lines_of
 from rayft.generation.backend import SamplingParams
 
 if TYPE_CHECKING:
     from rayft.generation.hf import HFBackend
+
+
+def json_lines(
+    lines: list[bytes], *, max_row_bytes: int = DEFAULT_MAX_ROW_BYTES, setting: str = "inference.max_row_bytes"
+) -> Iterator[ReadRow]:
+    """The rows of a JSON Lines file holding ``lines``, read by the one reader of JSON Lines."""
+    return json_lines_of(io.BytesIO(b"".join(lines)), max_row_bytes, "in.jsonl", setting=setting)
+
 
 MIXED_PROMPTS = [
     "1 2",

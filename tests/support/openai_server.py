@@ -2,8 +2,9 @@
 
 Built on the standard library's ``http.server`` and run in a thread. Replies come from a
 generation backend (say, a tiny HF model) or from a plain function of the request; failures can
-be injected (``fail_next(429, times=2)``) and replies delayed, to test retries and timeouts over
-real sockets. Given an ``api_key``, it answers any other bearer token as hosted APIs do: HTTP 401
+be injected (``fail_next(429, times=2)``), replies given in the other route's shape (``shape=``)
+and delayed, to test retries and timeouts over real sockets. Given an ``api_key``, it answers any
+other bearer token (on every route, /v1/models too) as hosted APIs do: HTTP 401
 with the key it was given (and the request's path and query) in the message, which lets tests
 check that no command repeats them.
 
@@ -39,6 +40,7 @@ class OpenAIServer:
         backend: GenerationBackend | None = None,
         delay_s: float = 0.0,
         api_key: str | None = None,
+        shape: str | None = None,
     ) -> None:
         if (responder is None) == (backend is None):
             raise ValueError("give exactly one of responder or backend")
@@ -46,6 +48,7 @@ class OpenAIServer:
         self.backend = backend
         self.delay_s = delay_s
         self.api_key = api_key
+        self.shape = shape  # "chat" or "text": every reply in that shape, whatever the route (a server that errs)
         self.requests: list[dict[str, Any]] = []
         self.targets: list[str] = []  # each POST's request target as sent: its path and query
         self.statuses: list[int] = []
@@ -115,7 +118,8 @@ class OpenAIServer:
             text, prompt_tokens = generation.text, generation.num_prompt_tokens
             completion_tokens, finish = generation.num_generated_tokens, generation.finish_reason
         choice: dict[str, Any] = {"index": 0, "finish_reason": finish}
-        choice.update({"message": {"role": "assistant", "content": text}} if chat else {"text": text})
+        as_chat = chat if self.shape is None else self.shape == "chat"
+        choice.update({"message": {"role": "assistant", "content": text}} if as_chat else {"text": text})
         return {
             "id": f"cmpl-{len(self.requests)}",
             "object": "chat.completion" if chat else "text_completion",
@@ -143,6 +147,8 @@ def _handler_for(server: OpenAIServer) -> type[BaseHTTPRequestHandler]:
             """Keep test output quiet."""
 
         def do_GET(self) -> None:
+            if server.api_key is not None and self._rejected_key(None):
+                return
             if self.path.rstrip("/") == "/v1/models":
                 self._send(200, {"object": "list", "data": [{"id": "rayft-test", "object": "model"}]})
             else:
@@ -177,11 +183,13 @@ def _handler_for(server: OpenAIServer) -> type[BaseHTTPRequestHandler]:
             server._record(request, 200)
             self._send(200, reply)
 
-        def _rejected_key(self, request: dict[str, Any]) -> bool:
+        def _rejected_key(self, request: dict[str, Any] | None) -> bool:
+            """Answer 401 to a wrong key; a POST's request is recorded (``request`` None: a GET, not recorded)."""
             given = self.headers.get("Authorization", "").removeprefix("Bearer ")
             if given == server.api_key:
                 return False
-            server._record(request, 401)
+            if request is not None:
+                server._record(request, 401)
             message = f"Incorrect API key provided: {given} (request {self.path})"
             self._send(401, {"error": {"message": message, "code": "invalid_api_key"}})
             return True

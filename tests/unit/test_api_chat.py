@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 from pathlib import Path
 
+import rayft
 from rayft import api
 from rayft.config import load_config
 from rayft.inference.chat import ChatIO
@@ -15,8 +16,9 @@ def test_api_chat_answers_each_message_until_exit(tiny_model_dir: Path) -> None:
     replies, notes = io.StringIO(), io.StringIO()
     cfg = load_config(None, ["inference.max_new_tokens=3", "inference.temperature=0"])
 
-    answered = api.chat(cfg, tiny_model_dir, device="cpu", io=ChatIO(lambda: next(lines), replies, notes))
+    result = api.chat(cfg, tiny_model_dir, device="cpu", io=ChatIO(lambda: next(lines), replies, notes))
 
-    assert answered == 2
+    assert isinstance(result, rayft.ChatResult) and result.replies == 2
+    assert result.model == str(tiny_model_dir.resolve())
     assert replies.getvalue()  # the random model's replies (up to 3 tokens each, often whitespace)
     assert next(lines) == "never read"  # /exit ended the session

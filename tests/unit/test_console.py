@@ -76,3 +76,55 @@ def test_a_grpo_step_line_shows_the_reward_and_pass_rate(caplog: pytest.LogCaptu
         logger.log(2, {"train/loss": 0.5, "train/tokens_per_s": 10.0})
     assert "loss 0.0000  reward 0.250  pass@1 0.125  lr" in caplog.records[-2].getMessage()
     assert "reward" not in caplog.records[-1].getMessage()
+
+
+def test_rays_cluster_errors_go_to_the_log_file_not_the_console(
+    capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The errors a Ray cluster pushes to its driver (a killed worker, Serve's controller task failing as Serve
+    stops), which Ray's driver prints on stdout as `(raylet) ...`, are the run's log file's alone; a verbose run
+    prints them as Ray does. Called here as Ray's error listener calls it."""
+    import ray._private.worker as ray_worker
+
+    from rayft.console import VERBOSE_ENV
+    from rayft.runtime import keep_cluster_errors_off_console
+
+    monkeypatch.setattr(ray_worker, "print_to_stdstream", ray_worker.print_to_stdstream)  # undone after the test
+    monkeypatch.setenv(VERBOSE_ENV, "0")
+    keep_cluster_errors_off_console()
+    keep_cluster_errors_off_console()  # once is enough: a second call does not wrap it again
+    died = "A worker died or was killed while executing a task by an unexpected system error. Lease ID: 01ab"
+    shutdown = "Task ServeController.graceful_shutdown failed. There are infinite retries remaining"
+    with caplog.at_level("WARNING"):
+        ray_worker.print_to_stdstream(
+            {"lines": [died, shutdown], "pid": "raylet", "is_err": False}, ignore_prefix=False
+        )
+        ray_worker.print_to_stdstream({"lines": ["step 3 loss 1.2"], "pid": 1234, "is_err": False}, ignore_prefix=True)
+    printed = capsys.readouterr().out
+    assert died not in printed and shutdown not in printed and "step 3 loss 1.2" in printed
+    kept = [r for r in caplog.records if r.name == "rayft.ray"]
+    assert [r.getMessage() for r in kept] == [died, shutdown] and all(r.rayft_file_only for r in kept)
+    monkeypatch.setenv(VERBOSE_ENV, "1")
+    ray_worker.print_to_stdstream({"lines": [died], "pid": "raylet", "is_err": False}, ignore_prefix=False)
+    assert died in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("module", ["rayft.models.loading", "rayft.testing"])
+def test_deepspeeds_accelerator_notice_never_reaches_a_model_loading_process_output(module: str) -> None:
+    """DeepSpeed warns "Setting accelerator to CPU" on its own stdout handler when anything imports it on a
+    machine without a GPU (transformers' save_pretrained does, through accelerate, on every export): a process
+    that loads or builds models (export, chat, a notebook building a tiny model) does not show it; what DeepSpeed
+    warns otherwise still shows."""
+    import subprocess
+    import sys
+
+    script = (
+        f"import {module}\n"
+        "from deepspeed.accelerator import get_accelerator\n"
+        "from deepspeed.utils import logger\n"
+        "get_accelerator()\n"
+        "logger.warning('a DeepSpeed warning that asks something of the user')\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True, timeout=120)
+    assert "Setting accelerator to CPU" not in done.stdout + done.stderr
+    assert "a DeepSpeed warning that asks something of the user" in done.stdout

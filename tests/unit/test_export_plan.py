@@ -98,3 +98,29 @@ def test_a_pipeline_directory_without_a_trained_model_is_refused_naming_its_stag
     (untrained / "stages" / "sdg.json").write_text("{}")
     with pytest.raises(ModelError, match=r"sdg-only is a pipeline run with no trained model \(finished stages: sdg\)"):
         plan_export(str(untrained), tmp_path / "out", ModelConfig(), "latest", merge=True)
+
+
+@pytest.mark.parametrize("with_records_dir", [False, True])
+def test_a_pipeline_stopped_in_its_train_stage_is_recognised_and_its_checkpoints_named(
+    tiny_model_dir: Path, tmp_path: Path, with_records_dir: bool
+) -> None:
+    """`rayft run` stopped in its first training stage leaves the pipeline's config and log and the stage's run
+    directory with checkpoints, but no stage record: export and chat (one resolver) say what it is and what to do."""
+    from rayft.errors import ModelError
+    from rayft.models.sources import resolve_source
+    from tests.support.checkpoints import build_run_dir
+
+    stopped = tmp_path / "stopped"
+    (stopped / "logs").mkdir(parents=True)
+    (stopped / "config.yaml").write_text("name: stopped\n")
+    if with_records_dir:  # as `rayft run` now leaves it from its start
+        (stopped / "stages").mkdir()
+    build_run_dir(stopped / "train", tiny_model_dir, eval_losses={1: None}, method="lora", final=False)
+    expected = (
+        rf"stopped is a pipeline run whose train stage did not finish; run the pipeline again \(rayft run CONFIG\), "
+        rf"or give its stage's run directory {stopped / 'train'} to use its checkpoints"
+    )
+    with pytest.raises(ModelError, match=expected):
+        plan_export(str(stopped), tmp_path / "out", ModelConfig(), "latest", merge=True)
+    with pytest.raises(ModelError, match=expected):
+        resolve_source(str(stopped), ModelConfig())

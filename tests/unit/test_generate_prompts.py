@@ -9,12 +9,14 @@ from pathlib import Path
 import pytest
 
 from rayft.config import load_config
+from rayft.data.formats import REASONS
 from rayft.errors import DataError
 from rayft.files import write_jsonl_atomic
 from rayft.generation.backend import Generation
 from rayft.inference.batch import default_rejects_path, generation_config, output_row, plan_paths
-from rayft.inference.prompts import REASONS, read_prompts
+from rayft.inference.prompts import read_prompts
 from rayft.recipes.generate import run
+from tests.support.generation import json_lines
 
 LINES = [
     '{"id": 1, "prompt": "What is 2 + 2?"}',
@@ -33,7 +35,7 @@ LINES = [
 
 
 def _parse(lines: list[str], field: str | None = None) -> tuple[list[tuple[int, object]], list[tuple[int, str]]]:
-    parsed = read_prompts([line.encode() + b"\n" for line in lines], field)
+    parsed = read_prompts(json_lines([line.encode() + b"\n" for line in lines]), field)
     return [(r.line, r.prompt) for r in parsed.rows], [(r.line, r.reason) for r in parsed.rejected]
 
 
@@ -46,14 +48,24 @@ def test_every_line_is_a_prompt_or_a_rejected_row_with_its_line_number() -> None
     ]
     assert rejected == [
         (5, "missing_field"),  # ShareGPT turns under another column need --field conversations
-        (6, "not_json"),
-        (7, "not_object"),
+        (6, "bad_json"),
+        (7, "bad_json"),
         (8, "empty_field"),
         (9, "wrong_type"),
         (10, "unknown_role"),
         (11, "wrong_type"),
         (12, "missing_field"),
     ]
+    assert {reason for _, reason in rejected} <= set(REASONS)
+
+
+def test_generate_reads_with_the_data_reader_and_its_reject_codes() -> None:
+    """One reader of JSON Lines: generate's prompts come from the data reader's rows, and every reason a line is
+    rejected for is one of the data plane's codes (no reason of generate's own)."""
+    from rayft.inference import prompts
+
+    assert not hasattr(prompts, "REASONS")
+    _, rejected = _parse(LINES)
     assert {reason for _, reason in rejected} <= set(REASONS)
 
 
@@ -64,7 +76,9 @@ def test_field_names_the_prompt_column_and_sharegpt_turns_are_read() -> None:
 
 
 def test_rejected_rows_say_what_is_wrong_and_keep_the_text() -> None:
-    parsed = read_prompts([b'{"id": 1, "text": "hello"}\n', b"\xff\xfe{}\n", b'{"prompt": ' + b"9" * 3000 + b"}\n"])
+    parsed = read_prompts(
+        json_lines([b'{"id": 1, "text": "hello"}\n', b"\xff\xfe{}\n", b'{"prompt": ' + b"9" * 3000 + b"}\n"])
+    )
     missing, not_utf8, wrong = (r.to_dict() for r in parsed.rejected)
     assert missing == {
         "line": 1,
@@ -72,16 +86,17 @@ def test_rejected_rows_say_what_is_wrong_and_keep_the_text() -> None:
         "detail": "no 'prompt' or 'messages' field (fields: 'id', 'text'); choose the column with --field",
         "value": '{"id": 1, "text": "hello"}',
     }
-    assert not_utf8["reason"] == "not_utf8" and not_utf8["line"] == 2
+    assert (not_utf8["reason"], not_utf8["line"], not_utf8["value"]) == ("bad_encoding", 2, "\ufffd\ufffd{}")
+    assert not_utf8["detail"] == "not UTF-8: byte 0xff at offset 0 of the line (invalid start byte)"
     assert wrong["detail"] == "'prompt' is a int; give a string or a list of chat turns"
     assert len(wrong["value"]) == 2003 and wrong["value"].endswith("...")
-    assert parsed.rejected_by_reason() == {"missing_field": 1, "not_utf8": 1, "wrong_type": 1}
+    assert parsed.rejected_by_reason() == {"missing_field": 1, "bad_encoding": 1, "wrong_type": 1}
 
 
 def test_a_conversation_column_holding_a_string_and_a_repeated_key_are_rejected_per_line() -> None:
     lines = [b'{"messages": "a string"}\n', b'{"prompt": "a", "prompt": "b"}\n', b'{"prompt": "fine"}\n',
              b'{"prompt": "x", "meta": {"k": 1, "k": 2}}\n']  # fmt: skip
-    parsed = read_prompts(lines)
+    parsed = read_prompts(json_lines(lines))
     assert [row.line for row in parsed.rows] == [3]
     rejected = [(r.line, r.reason, r.detail) for r in parsed.rejected]
     assert rejected == [
@@ -93,7 +108,7 @@ def test_a_conversation_column_holding_a_string_and_a_repeated_key_are_rejected_
 
 
 def test_output_rows_carry_the_other_columns_in_input_order() -> None:
-    parsed = read_prompts([line.encode() for line in LINES[:4]])
+    parsed = read_prompts(json_lines([line.encode() + b"\n" for line in LINES[:4]]))
     generations = [Generation("4", 5, 1, "stop"), Generation("", finish_reason="error", error="boom"),
                    Generation("y", 2, 3, "length")]  # fmt: skip
     out = [output_row(row, generation) for row, generation in zip(parsed.rows, generations, strict=True)]
@@ -165,7 +180,7 @@ def test_inputs_are_checked_before_anything_loads(tmp_path: Path) -> None:
     with pytest.raises(DataError, match=r"no line has a usable prompt \(2 rejected, listed in .*in.rejects.jsonl\)"):
         run(cfg, "smollm2-135m-instruct", source, tmp_path / "in.out.jsonl", rejects_path=tmp_path / "in.rejects.jsonl")
     assert [json.loads(x)["reason"] for x in (tmp_path / "in.rejects.jsonl").read_text().splitlines()] == [
-        "not_json", "not_object"]  # fmt: skip
+        "bad_json", "bad_json"]  # fmt: skip
 
 
 def test_a_jobs_address_is_refused_with_the_fix(tmp_path: Path) -> None:
@@ -177,3 +192,38 @@ def test_a_jobs_address_is_refused_with_the_fix(tmp_path: Path) -> None:
     result = CliRunner().invoke(cli, args)
     assert result.exit_code == 2
     assert "joins the cluster rather than running as a Ray Job; give the head's GCS address" in result.output
+
+
+def test_a_server_that_refuses_the_key_is_said_before_any_prompt_is_sent(tmp_path: Path) -> None:
+    """With the openai backend the server is asked first (GET /models), as `rayft eval` does: a refused key is one
+    error and a non-zero exit, not a file of rows that all failed."""
+    from click.testing import CliRunner
+
+    from rayft.cli.main import cli
+    from tests.support.openai_server import OpenAIServer
+
+    source = tmp_path / "in.jsonl"
+    source.write_text('{"prompt": "a"}\n{"prompt": "b"}\n')
+    with OpenAIServer(responder=lambda request: "x", api_key="sk-right") as server:
+        args = ["generate", "rayft-test", f"inference.endpoint.base_url={server.base_url}", "--backend", "openai",
+                "--input", str(source), "--output", str(tmp_path / "out.jsonl")]  # fmt: skip
+        result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 2, result.output
+    assert "needs an API key (HTTP 401) and none was sent" in result.output and server.requests == []
+
+
+def test_every_generation_failing_is_an_error_with_the_rows_kept(tmp_path: Path) -> None:
+    """A run whose every row failed is no success: it raises (the CLI exits non-zero) naming the first error,
+    and the output keeps each row with its error."""
+    from rayft.errors import EndpointError
+    from tests.support.openai_server import OpenAIServer
+
+    source = tmp_path / "in.jsonl"
+    source.write_text('{"prompt": "a"}\n{"prompt": "b"}\n')
+    with OpenAIServer(responder=lambda request: "x") as server:
+        server.fail_next(401, times=2)  # the listing passes, every prompt is refused
+        cfg = load_config(None, ["inference.backend=openai", f"inference.endpoint.base_url={server.base_url}"])
+        with pytest.raises(EndpointError, match=r"all 2 generations failed \(first: RuntimeError: HTTP 401 from"):
+            run(cfg, "rayft-test", source, tmp_path / "out.jsonl", runtime="local")
+    rows = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text().splitlines()]
+    assert [row["finish_reason"] for row in rows] == ["error", "error"]

@@ -20,6 +20,7 @@ from rayft.generation.hf import HFBackend
 from rayft.generation.pool import in_input_order, window_batches
 from rayft.inference.prompts import PromptRow, RejectedRow, iter_prompts
 from rayft.recipes.generate import run
+from tests.support.generation import json_lines
 
 CHAT = [{"role": "user", "content": "The quick brown fox jumps over the lazy dog"}]
 LINES = [
@@ -47,9 +48,11 @@ def _read(path: Path) -> list[dict[str, Any]]:
 
 
 def test_a_byte_order_mark_opening_the_file_is_skipped() -> None:
-    items = list(iter_prompts([codecs.BOM_UTF8 + b'{"prompt": "a"}\n', codecs.BOM_UTF8 + b'{"prompt": "b"}\n']))
+    items = list(
+        iter_prompts(json_lines([codecs.BOM_UTF8 + b'{"prompt": "a"}\n', codecs.BOM_UTF8 + b'{"prompt": "b"}\n']))
+    )
     assert isinstance(items[0], PromptRow) and items[0].prompt == "a"
-    assert isinstance(items[1], RejectedRow) and items[1].reason == "not_json"  # only the file's first bytes are a mark
+    assert isinstance(items[1], RejectedRow) and items[1].reason == "bad_json"  # only the file's first bytes are a mark
 
 
 def test_windows_send_text_then_chat_prompts_longest_first() -> None:
@@ -93,9 +96,9 @@ def test_output_is_in_input_order_across_windows_with_rejects_listed(tiny_model_
     assert [r["generation"] for r in rows] == [g.text for g in expected]
     assert [r["num_prompt_tokens"] for r in rows] == [g.num_prompt_tokens for g in expected]
     assert [(r["line"], r["reason"]) for r in _read(tmp_path / "out.rejects.jsonl")] == [
-        (3, "not_json"), (6, "empty_field"), (9, "wrong_type")]  # fmt: skip
+        (3, "bad_json"), (6, "empty_field"), (9, "wrong_type")]  # fmt: skip
     assert (result.num_lines, result.num_written, result.num_rejected, result.num_failed) == (10, 7, 3, 0)
-    assert result.rejected_by_reason == {"not_json": 1, "empty_field": 1, "wrong_type": 1}
+    assert result.rejected_by_reason == {"bad_json": 1, "empty_field": 1, "wrong_type": 1}
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out.jsonl", "out.rejects.jsonl", "prompts.jsonl"]
 
 

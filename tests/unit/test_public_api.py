@@ -3,6 +3,7 @@ light; one calling convention for the functions; the root module is a plain modu
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import importlib
 import inspect
@@ -16,6 +17,7 @@ import pytest
 import rayft
 
 PUBLIC = [
+    "ChatResult", "PairsResult", "PrepareResult",
     "CheckpointConfig", "CheckpointError", "CompareResult", "CompareSummary", "ConfigError", "CustomTask",
     "DataConfig", "TaskConfig", "TaskData",
     "DataError", "DatasetConfig", "Estimate", "EvalConfig", "EvalResult", "EvalSummary", "ExportConfig",
@@ -39,6 +41,9 @@ RESULTS = [
     "ExportResult",
     "GenerateResult",
     "PipelineResult",
+    "ChatResult",
+    "PairsResult",
+    "PrepareResult",
     "TuneResult",
 ]
 # Each command's recipe; `rayft run`'s sits above the recipes it calls, in the pipeline package.
@@ -113,6 +118,45 @@ def test_function_signatures() -> None:
     serve = inspect.signature(rayft.api.serve)
     assert list(serve.parameters) == ["cfg", "models", "host", "port", "address"]
     assert serve.parameters["port"].default is None  # the config's serve.port, as `rayft serve`
+
+
+# Plain data a function may return besides rayft's types: Kubernetes objects as JSON-like dicts.
+PLAIN_DATA = {"list", "dict", "str", "Any"}
+
+
+def _returned_names(annotation: str) -> tuple[set[str], set[str]]:
+    """The names of a return annotation (a string: the module defers annotations): those at its top level
+    (the members of a union), and those inside a container's brackets."""
+    top: set[str] = set()
+    inner: set[str] = set()
+
+    def visit(node: ast.expr, nested: bool) -> None:
+        if isinstance(node, ast.BinOp):  # X | None
+            visit(node.left, nested)
+            visit(node.right, nested)
+        elif isinstance(node, ast.Subscript):
+            visit(node.value, nested)
+            for part in ast.walk(node.slice):
+                if isinstance(part, ast.Name):
+                    inner.add(part.id)
+        elif isinstance(node, ast.Name):
+            (inner if nested else top).add(node.id)
+        elif isinstance(node, ast.Constant) and node.value is None:
+            top.add("None")
+
+    visit(ast.parse(annotation, mode="eval").body, nested=False)
+    return top, inner
+
+
+@pytest.mark.parametrize("name", FUNCTIONS)
+def test_every_function_returns_a_type_rayft_exports(name: str) -> None:
+    """A user can name what any function returns from `rayft` itself (a result, or a container of plain data),
+    never an internal module's type or a bare number."""
+    annotation = getattr(rayft.api, name).__annotations__["return"]
+    top, inner = _returned_names(annotation)
+    exported = set(rayft.__all__)
+    assert top - {"None"} <= exported | {"list", "dict"}, (name, annotation)
+    assert inner <= PLAIN_DATA | exported, (name, annotation)
 
 
 @pytest.mark.parametrize("name", RESULTS)

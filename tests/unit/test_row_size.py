@@ -20,6 +20,7 @@ from rayft.data.read.rows import read_rows
 from rayft.errors import DataError
 from rayft.inference.prompts import RejectedRow, read_prompts
 from rayft.lines import OversizedLine, bounded_lines
+from tests.support.generation import json_lines
 
 
 def _good(i: int) -> bytes:
@@ -175,13 +176,14 @@ def test_prepare_reports_and_counts_the_oversized_row(tiny_model_dir: Path, tmp_
 
 
 def test_generate_rejects_an_oversized_input_line_with_its_number() -> None:
-    lines = [b'{"prompt": "a"}\n', OversizedLine(10**8), b'{"prompt": "b"}\n']
-    parsed = read_prompts(lines)
+    lines = [b'{"prompt": "a"}\n', b'{"prompt": "' + b"x" * 5000 + b'"}\n', b'{"prompt": "b"}\n']
+    parsed = read_prompts(json_lines(lines, max_row_bytes=4096, setting="inference.max_row_bytes"))
     assert [row.line for row in parsed.rows] == [1, 3]
     [rejected] = parsed.rejected
     assert isinstance(rejected, RejectedRow)
     assert (rejected.line, rejected.reason) == (2, "row_too_large")
-    assert rejected.detail.startswith("100,000,000 bytes (95.4 MiB), above inference.max_row_bytes")
+    # 5,000 x + {"prompt": "..."} (14 bytes), the line end not counted
+    assert rejected.detail.startswith("5,014 bytes (4.9 KiB), above inference.max_row_bytes (4,096 bytes")
 
 
 # Reads the file given as argv[1] through each reader and prints, per reader, the growth of the peak
@@ -192,7 +194,7 @@ _MEASURE = textwrap.dedent(
     from pathlib import Path
     from rayft.config import DatasetConfig
     from rayft.data.read.rows import read_rows
-    from rayft.inference.batch import count_lines, input_lines
+    from rayft.inference.batch import count_lines, input_rows
     from rayft.inference.prompts import iter_prompts
 
     path = Path(sys.argv[1])
@@ -214,8 +216,8 @@ _MEASURE = textwrap.dedent(
     rows = read_rows(DatasetConfig(path=str(path)))
     prepare = (peak() - start, len(rows.rows), rows.unreadable)
     start = peak()
-    with input_lines(path, 16 << 20) as lines:
-        reasons = [getattr(item, "reason", "ok") for item in iter_prompts(lines, None, 16 << 20)]
+    with input_rows(path, 16 << 20) as lines:
+        reasons = [getattr(item, "reason", "ok") for item in iter_prompts(lines, None)]
     total = count_lines(path, 16 << 20)
     generate = (peak() - start, reasons, total)
     print(json.dumps({"prepare": prepare, "generate": generate}))

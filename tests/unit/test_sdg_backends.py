@@ -70,6 +70,21 @@ def test_a_prompt_that_keeps_failing_comes_back_with_an_error_not_an_exception()
     assert server.statuses == [500, 500, 500]
 
 
+@pytest.mark.parametrize(("shape", "prompt", "said"), [
+    ("chat", "plain", "answered /completions in the chat shape (choices[0].message, no choices[0].text)"),
+    ("text", [{"role": "user", "content": "hi"}],
+     "answered /chat/completions in the text shape (choices[0].text, no choices[0].message.content)"),
+])  # fmt: skip
+def test_a_reply_in_the_other_routes_shape_is_an_error_not_an_empty_generation(
+    shape: str, prompt: Any, said: str
+) -> None:
+    with OpenAIServer(responder=echo, shape=shape) as server:
+        backend = OpenAIBackend("m", EndpointConfig(base_url=server.base_url, **FAST))
+        (gen,) = backend.generate([prompt], SamplingParams())
+    assert gen.finish_reason == "error" and gen.text == ""
+    assert said in (gen.error or ""), gen.error
+
+
 def test_client_errors_are_not_retried() -> None:
     with OpenAIServer(responder=echo) as server:
         server.fail_next(400)

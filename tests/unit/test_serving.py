@@ -265,6 +265,25 @@ def test_the_cli_refuses_a_missing_source_in_one_line(tmp_path: Path) -> None:
     assert "Traceback" not in result.output
 
 
+def test_the_cli_takes_dotted_overrides_after_the_sources(tmp_path: Path, tiny_model_dir: Path) -> None:
+    """`rayft serve SOURCE KEY=VALUE`, as chat and generate take them: the override is a setting, not a source
+    (a keys file that is a directory is refused by what it is, before Ray starts)."""
+    (tmp_path / "keys").mkdir()
+    result = CliRunner().invoke(cli, ["serve", str(tiny_model_dir), f"serve.api_keys_file={tmp_path / 'keys'}"])
+    assert result.exit_code == 2, result.output
+    assert result.output.startswith("Error: serve.api_keys_file=") and "is a directory, not a file" in result.output
+    result = CliRunner().invoke(cli, ["serve", str(tiny_model_dir), "serve.prot=8001"])
+    assert result.exit_code == 2 and "serve.prot" in result.output and "model source" not in result.output
+
+
+def test_overrides_are_told_from_sources_by_their_dotted_key() -> None:
+    from rayft.cli.serve_cmd import split_overrides
+
+    arguments = ("runs/a=b", "org/model", "tiny", "serve.port=8001", "eval.checkpoint=best", "./x=1")
+    assert split_overrides(arguments) == (("runs/a=b", "org/model", "tiny", "./x=1"),
+                                          ["serve.port=8001", "eval.checkpoint=best"])  # fmt: skip
+
+
 def test_a_pipeline_directory_serves_its_final_model_under_the_run_name(tmp_path: Path, tiny_model_dir: Path) -> None:
     from rayft.runs.records import StageRecord, write_record
     from tests.support.checkpoints import build_lora_checkpoint

@@ -28,6 +28,12 @@ def test_a_missing_or_empty_key_file_is_refused(tmp_path: Path) -> None:
         load_key_digests(None, str(tmp_path / "empty"), {})
 
 
+def test_a_key_file_that_is_a_directory_is_named_as_one(tmp_path: Path) -> None:
+    (tmp_path / "keys").mkdir()
+    with pytest.raises(ConfigError, match=r"serve.api_keys_file='.*keys' is a directory, not a file; give the file"):
+        load_key_digests(None, str(tmp_path / "keys"), {})
+
+
 @pytest.mark.parametrize(
     ("header", "expected"),
     [

@@ -93,7 +93,7 @@ def test_bad_json_lines_are_rejected_rows_with_line_numbers(tmp_path: Path) -> N
         (3, None, "bad_json"),
         (4, None, "duplicate_key"),
     ]
-    assert items[2].detail == "a list, not an object" and items[1].text is None
+    assert items[2].detail == "a list, not an object" and items[1].text == '{"a":'  # the bad line, for its report
 
 
 def test_a_missing_file_is_refused_and_rows_of_mixed_types_are_read_as_they_are(tmp_path: Path) -> None:

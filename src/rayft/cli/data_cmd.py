@@ -12,7 +12,7 @@ from rayft.runs.defaults import default_report_dir
 from rayft.runs.layout import DATA_DIR
 
 if TYPE_CHECKING:
-    from rayft.data.prepare import PrepareOutcome
+    from rayft.data.prepare import PrepareResult
 
 
 @click.group()
@@ -50,7 +50,7 @@ def prepare(config_path: str, overrides: tuple[str, ...], in_process: bool, repo
     click.echo(summary(outcome, reports))
 
 
-def summary(outcome: PrepareOutcome, report_dir: Any) -> str:
+def summary(outcome: PrepareResult, report_dir: Any) -> str:
     """The text `rayft data prepare` prints: key, counts, rejections, token statistics."""
     from rayft.data.report import top_reasons
 

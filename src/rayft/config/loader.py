@@ -20,6 +20,7 @@ from pydantic import BaseModel, ValidationError
 
 from rayft.config.schema import RayftConfig
 from rayft.errors import ConfigError
+from rayft.files import unreadable_file
 from rayft.security import mask_secret_fields, redact
 
 # Names users bring from other tools, mapped to ours, for "did you mean".
@@ -76,8 +77,10 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
     each is a mistake YAML itself would pass over silently (the last duplicate wins).
     """
     file = Path(path)
-    if not file.is_file():
-        raise ConfigError(f"Config file {str(file)!r} does not exist; check the path.")
+    problem = unreadable_file(file)
+    if problem is not None:
+        fix = "give the YAML file" if problem == "is a directory, not a file" else "check the path"
+        raise ConfigError(f"Config file {str(file)!r} {problem}; {fix}.")
     try:
         text = file.read_text(encoding="utf-8")
         data = yaml.load(text, Loader=_UniqueKeyLoader)  # a SafeLoader subclass
@@ -127,11 +130,15 @@ class _UniqueKeyLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
 
+OVERRIDE_KEY = re.compile(r"[A-Za-z_][\w]*(\.[\w-]+)*")
+"""The key of a dotted override (``train.learning_rate``, ``data.datasets.0.path``)."""
+
+
 def parse_override(item: str) -> tuple[str, Any]:
     """Split ``a.b=value`` and parse the value as YAML (``1e-4`` is read as a number)."""
     key, sep, text = item.partition("=")
     key = key.strip()
-    if not sep or not key or not re.fullmatch(r"[A-Za-z_][\w]*(\.[\w-]+)*", key):
+    if not sep or not key or not OVERRIDE_KEY.fullmatch(key):
         raise ConfigError(
             f"Override {item!r} is not of the form section.key=value "
             "(for example train.learning_rate=1e-4 or lora.r=8)."

@@ -74,7 +74,7 @@ def prepare_data(
 
 
 @dataclass(frozen=True)
-class PrepareOutcome:
+class PrepareResult:
     """A prepared dataset, whether it came from the cache, and how long preparing took."""
 
     prepared: PreparedData
@@ -92,7 +92,7 @@ def prepare(
     ray_address: str | None = None,
     pairs: PairPreparation | None = None,
     carry: Sequence[str] = (),
-) -> PrepareOutcome:
+) -> PrepareResult:
     """:func:`prepare_data`, also saying whether the cache was reused.
 
     With ``use_ray`` and no Ray initialised yet, Ray is started (or ``ray_address`` joined) only
@@ -132,7 +132,7 @@ def prepare(
     write_report(prepared, report_dir)
     check_carried(prepared, carry, report_dir)
     check_rejected(prepared, data.max_rejected_fraction, report_dir)
-    return PrepareOutcome(prepared, reused, time.monotonic() - started)
+    return PrepareResult(prepared, reused, time.monotonic() - started)
 
 
 def _fingerprints(data: DataConfig) -> tuple[list[Source] | None, list[str]]:

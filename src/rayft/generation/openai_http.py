@@ -228,13 +228,36 @@ def _retry_after(value: str | None) -> float | None:
         return None
 
 
+def _reply_text(choice: Any, chat: bool) -> str:
+    """The text of a reply's first choice, in the shape of the route asked; a reply in another shape (a
+    server answering ``/completions`` as a chat) is an error, never an empty generation."""
+    route = "/chat/completions" if chat else "/completions"
+    if not isinstance(choice, dict):
+        raise ValueError(f"the server answered {route} with a choice that is no object: {json.dumps(choice)[:200]}")
+    message = choice.get("message")
+    content = message.get("content") if isinstance(message, dict) else None
+    raw = content if chat else choice.get("text")
+    if isinstance(raw, str) or (chat and isinstance(message, dict) and "content" in message and raw is None):
+        return raw or ""  # a chat reply whose content is null (say, tool calls only) has no text
+    if chat and isinstance(choice.get("text"), str):
+        shape = "the text shape (choices[0].text, no choices[0].message.content)"
+    elif not chat and isinstance(message, dict):
+        shape = "the chat shape (choices[0].message, no choices[0].text)"
+    else:
+        shape = f"an unknown shape ({json.dumps(choice)[:200]})"
+    raise ValueError(
+        f"the server answered {route} in {shape}; it does not follow the OpenAI API for that route: send "
+        f"{'text prompts' if chat else 'chat prompts (messages)'} instead, or use a server that serves {route}"
+    )
+
+
 def _to_generation(reply: dict[str, Any], chat: bool, params: SamplingParams) -> Generation:
     choices = reply.get("choices") or []
     if not choices:
         raise ValueError(f"the reply has no choices: {json.dumps(reply)[:200]}")
     choice = choices[0]
-    raw = (choice.get("message") or {}).get("content") if chat else choice.get("text")
-    text, stopped = truncate_at_stop(str(raw or ""), params.stop)
+    raw = _reply_text(choice, chat)
+    text, stopped = truncate_at_stop(raw, params.stop)
     finish: FinishReason = "length" if choice.get("finish_reason") == "length" and not stopped else "stop"
     usage = reply.get("usage") or {}
     return Generation(

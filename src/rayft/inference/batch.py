@@ -10,20 +10,23 @@ from __future__ import annotations
 import contextlib
 import itertools
 import logging
-from collections.abc import Iterable, Iterator
+from collections.abc import Generator, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 from rayft.config import RayftConfig
 from rayft.config.generation import GenerationConfig
 from rayft.config.model import ModelConfig
 from rayft.console import Progress
-from rayft.errors import DataError
+from rayft.data.formats import REASONS
+from rayft.data.read.rows import ReadRow, iter_json_lines
+from rayft.errors import DataError, EndpointError, ModelError
 from rayft.files import AtomicJsonl
 from rayft.generation.backend import Generation
+from rayft.generation.openai_http import OpenAIBackend
 from rayft.generation.pool import Runtime, in_input_order, open_pool
-from rayft.inference.prompts import REASONS, PromptRow, RejectedRow, iter_prompts
+from rayft.inference.prompts import PromptRow, RejectedRow, iter_prompts
 from rayft.lines import OversizedLine, bounded_lines
 from rayft.models.sources import resolve_source
 from rayft.runtime import ray_runtime
@@ -91,13 +94,12 @@ def generate_file(
     tally = Tally()
     window = cfg.inference.window
     with (
-        input_lines(paths.input, cfg.inference.max_row_bytes) as lines,
+        input_rows(paths.input, cfg.inference.max_row_bytes) as lines,
         AtomicJsonl(paths.rejects) as rejects,
         AtomicJsonl(paths.output) as output,
         Progress("generate", count_lines(paths.input, cfg.inference.max_row_bytes), unit="lines") as progress,
     ):
-        rows = usable_rows(iter_prompts(lines, prompt_field, cfg.inference.max_row_bytes), rejects, tally,
-                           paths.input, progress)  # fmt: skip
+        rows = usable_rows(iter_prompts(lines, prompt_field), rejects, tally, paths.input, progress)
         first = list(itertools.islice(rows, window))  # before anything loads
         if not first:
             rejects.commit()
@@ -106,6 +108,8 @@ def generate_file(
                 "give each line a 'prompt' string or a 'messages' list, or name the column with --field"
             )
         gen_cfg, model = generation_config(cfg, source)
+        if gen_cfg.backend == "openai":
+            check_endpoint(gen_cfg)
         log.info("generate: prompts from %s with %s (%s backend), %d at a time", paths.input, model, gen_cfg.backend,
                  window)  # fmt: skip
         with _runtime(runtime, cfg.scaling.address), open_pool(gen_cfg, runtime) as pool:
@@ -121,6 +125,26 @@ def generate_file(
         output.commit()
         rejects.commit()
     return tally, model
+
+
+def check_endpoint(gen_cfg: GenerationConfig) -> None:
+    """The server of the 'openai' backend answers, takes the key and serves the model, before any prompt is sent
+    (a refused key is one error, not a file of failed rows)."""
+    backend = OpenAIBackend(gen_cfg.model.name, gen_cfg.endpoint)
+    try:
+        backend.check_serves_model("inference.endpoint")
+    finally:
+        backend.close()
+
+
+def check_some_generated(tally: Tally, output_path: Path, backend: str) -> None:
+    """Refuse a run in which every row written failed: it is no success (its rows, with their error, are kept)."""
+    if tally.written and tally.failed == tally.written:
+        error = EndpointError if backend == "openai" else ModelError
+        raise error(
+            f"generate: all {tally.written} generations failed (first: {tally.first_error}); each row is in "
+            f"{output_path} with its error; fix the cause and run again"
+        )
 
 
 def report_outcome(tally: Tally, rejects_path: Path) -> None:
@@ -158,21 +182,24 @@ def count_lines(input_path: Path, max_row_bytes: int) -> int:
 
 
 @contextlib.contextmanager
-def input_lines(input_path: Path, max_row_bytes: int) -> Iterator[Iterator[bytes | OversizedLine]]:
-    """The input's lines as bytes, read as they are consumed; a line of more than ``max_row_bytes``
-    comes as its size alone (:class:`~rayft.lines.OversizedLine`)."""
+def input_rows(input_path: Path, max_row_bytes: int) -> Iterator[Iterator[ReadRow]]:
+    """The input's rows, read by the one reader of JSON Lines a line at a time as they are consumed; a line of
+    more than ``max_row_bytes`` is rejected by its size, unread."""
     try:
-        handle = input_path.open("rb")
+        input_path.open("rb").close()
     except OSError as exc:
         raise DataError(f"--input {str(input_path)!r}: cannot read it ({exc.strerror})") from None
-    with handle:  # an OSError of the body (a model that cannot load, say) is not the input's
-        yield _lines(handle, input_path, max_row_bytes)
-
-
-def _lines(handle: IO[bytes], input_path: Path, max_row_bytes: int) -> Iterator[bytes | OversizedLine]:
+    rows = _rows(input_path, max_row_bytes)
     try:
-        yield from bounded_lines(handle, max_row_bytes)
-    except OSError as exc:
+        yield rows
+    finally:
+        rows.close()  # closes the file
+
+
+def _rows(input_path: Path, max_row_bytes: int) -> Generator[ReadRow, None, None]:
+    try:
+        yield from iter_json_lines(input_path, max_row_bytes, str(input_path), setting="inference.max_row_bytes")
+    except OSError as exc:  # an OSError of the caller's work (a model that cannot load, say) is not the input's
         raise DataError(f"--input {str(input_path)!r}: cannot read it ({exc.strerror})") from None
 
 

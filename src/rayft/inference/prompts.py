@@ -1,42 +1,29 @@
-"""Reading the prompts of ``rayft generate`` from JSON Lines (pure: no model, no Ray).
+"""The prompts of ``rayft generate``, from the rows of a JSON Lines file (pure: no model, no Ray).
 
-Every non-blank line becomes either a :class:`PromptRow` (its prompt, and the whole row, which
-the output carries through) or a :class:`RejectedRow` with its line number, a reason code of
-:data:`REASONS`, a detail and the line itself; no line is dropped without a trace. The prompt is
-the ``field`` column, or by default ``prompt`` (else ``messages``): a string is sent as it is, a
-list of ``{role, content}`` turns (or ShareGPT ``{from, value}``) goes through the chat template.
+The file is read by the one reader of JSON Lines (:func:`rayft.data.read.rows.iter_json_lines`), a line at
+a time. Every non-blank line becomes either a :class:`PromptRow` (its prompt, and the whole row, which the
+output carries through) or a :class:`RejectedRow` with its line number, a reason code of the data plane's
+(:data:`rayft.data.formats.REASONS`: the reader's ``bad_encoding``, ``bad_json``, ``duplicate_key``,
+``row_too_large``, and ``missing_field``, ``empty_field``, ``wrong_type``, ``unknown_role`` for the
+prompt), a detail and the line itself; no line is dropped without a trace. The prompt is the ``field``
+column, or by default ``prompt`` (else ``messages``): a string is sent as it is, a list of
+``{role, content}`` turns (or ShareGPT ``{from, value}``) goes through the chat template.
 """
 
 from __future__ import annotations
 
-import codecs
 import json
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from rayft.config.data import DEFAULT_MAX_ROW_BYTES
 from rayft.data.formats import MESSAGE_COLUMNS, ROLE_ALIASES
-from rayft.data.read.rows import DuplicateKeyError, unique_keys
+from rayft.data.read.rows import ReadRow
 from rayft.generation.backend import Message, Prompt
-from rayft.lines import OversizedLine, describe_size
 
 DEFAULT_FIELDS = ("prompt", "messages")
 MAX_VALUE_CHARS = 2000
 """Longest excerpt of a rejected line kept in the rejects file."""
-
-REASONS = {
-    "not_utf8": "the line is not UTF-8 text",
-    "not_json": "the line is not valid JSON",
-    "not_object": "the line is JSON but not an object",
-    "missing_field": "the row has no prompt field (or it is null)",
-    "empty_field": "the prompt is empty",
-    "wrong_type": "the prompt is neither a string nor a list of chat turns",
-    "unknown_role": "a chat turn has a role that is not system/user/assistant",
-    "duplicate_key": "a JSON object on the line repeats a key",
-    "row_too_large": "the line is longer than inference.max_row_bytes (it was not read whole)",
-}
-"""Reason code -> what it means; the codes appear in the rejects file and the summary."""
 
 
 @dataclass(frozen=True)
@@ -50,7 +37,7 @@ class PromptRow:
 
 @dataclass(frozen=True)
 class RejectedRow:
-    """A line that cannot be prompted, and why."""
+    """A line that cannot be prompted, and why (``reason``: a key of :data:`rayft.data.formats.REASONS`)."""
 
     line: int
     reason: str
@@ -78,17 +65,17 @@ class PromptFile:
 
 
 class BadPromptError(Exception):
-    """A line without a usable prompt; ``reason`` is a key of ``REASONS``."""
+    """A row without a usable prompt; ``reason`` is a key of :data:`rayft.data.formats.REASONS`."""
 
     def __init__(self, reason: str, detail: str) -> None:
         super().__init__(detail)
         self.reason, self.detail = reason, detail
 
 
-def read_prompts(lines: Iterable[bytes | OversizedLine], prompt_field: str | None = None) -> PromptFile:
-    """Sort the lines of a JSON Lines file (as bytes) into prompt rows and rejected rows."""
+def read_prompts(rows: Iterable[ReadRow], prompt_field: str | None = None) -> PromptFile:
+    """Sort the rows of a JSON Lines file into prompt rows and rejected rows."""
     parsed = PromptFile()
-    for item in iter_prompts(lines, prompt_field):
+    for item in iter_prompts(rows, prompt_field):
         if isinstance(item, PromptRow):
             parsed.rows.append(item)
         else:
@@ -96,50 +83,30 @@ def read_prompts(lines: Iterable[bytes | OversizedLine], prompt_field: str | Non
     return parsed
 
 
-def iter_prompts(
-    lines: Iterable[bytes | OversizedLine], prompt_field: str | None = None, max_row_bytes: int = DEFAULT_MAX_ROW_BYTES
-) -> Iterator[PromptRow | RejectedRow]:
-    """Each non-blank line of a JSON Lines file (as bytes), as it is read: a prompt row or a rejected
-    row. A UTF-8 byte order mark opening the first line is skipped; a line too long to read
-    (:class:`~rayft.lines.OversizedLine`, over ``max_row_bytes``) is rejected with its size."""
-    for number, raw in enumerate(lines, start=1):
-        if isinstance(raw, OversizedLine):
-            detail = (f"{describe_size(raw.size)}, above inference.max_row_bytes ({describe_size(max_row_bytes)}); "
-                      "split the line or raise inference.max_row_bytes")  # fmt: skip
-            yield RejectedRow(number, "row_too_large", detail, "")
-            continue
-        line = raw.removeprefix(codecs.BOM_UTF8) if number == 1 else raw
-        if not line.strip():
+def iter_prompts(rows: Iterable[ReadRow], prompt_field: str | None = None) -> Iterator[PromptRow | RejectedRow]:
+    """Each row of a JSON Lines file, as it is read: a prompt row, or a rejected row (one the reader could not
+    read keeps its reason; one without a usable prompt gets the reason it has none)."""
+    for item in rows:
+        value = _excerpt(item.text or "")
+        if item.row is None:
+            yield RejectedRow(item.line, item.reason, item.detail, value)
             continue
         try:
-            text = line.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            yield RejectedRow(number, "not_utf8", str(exc), _excerpt(line.decode("utf-8", "replace")))
-            continue
-        try:
-            row, prompt = parse_line(text, prompt_field)
+            prompt = row_prompt(item.row, prompt_field)
         except BadPromptError as bad:
-            yield RejectedRow(number, bad.reason, bad.detail, _excerpt(text))
+            yield RejectedRow(item.line, bad.reason, bad.detail, value)
             continue
-        yield PromptRow(number, prompt, row)
+        yield PromptRow(item.line, prompt, item.row)
 
 
-def parse_line(text: str, prompt_field: str | None) -> tuple[dict[str, Any], Prompt]:
-    """The row of one line and its prompt; raises :class:`BadPromptError` with the reason it has none."""
-    try:
-        row = json.loads(text, object_pairs_hook=unique_keys)
-    except json.JSONDecodeError as exc:
-        raise BadPromptError("not_json", f"{exc.msg} at column {exc.colno}") from None
-    except DuplicateKeyError as exc:
-        raise BadPromptError("duplicate_key", f"key {exc.key!r} appears twice in one object; keep one") from None
-    if not isinstance(row, dict):
-        raise BadPromptError("not_object", f"a JSON {type(row).__name__}, not an object")
+def row_prompt(row: dict[str, Any], prompt_field: str | None) -> Prompt:
+    """The prompt of one row; raises :class:`BadPromptError` with the reason it has none."""
     name = prompt_field or next((f for f in DEFAULT_FIELDS if row.get(f) is not None), None)
     if name is None or row.get(name) is None:
         wanted = repr(prompt_field) if prompt_field else "'prompt' or 'messages'"
         fields = ", ".join(map(repr, row)) or "none"
         raise BadPromptError("missing_field", f"no {wanted} field (fields: {fields}); choose the column with --field")
-    return row, to_prompt(name, row[name])
+    return to_prompt(name, row[name])
 
 
 def to_prompt(name: str, value: Any) -> Prompt:

@@ -27,7 +27,13 @@ from rayft.models.loading import builtin_gguf_path
 from rayft.models.registry import BUILTIN_MODELS
 from rayft.models.resolve import resolve_model_source
 from rayft.runs import layout
-from rayft.runs.checkpoints import checkpoint_of_run, is_pipeline_dir, is_run_dir, trained_run_of_pipeline
+from rayft.runs.checkpoints import (
+    checkpoint_of_run,
+    is_pipeline_dir,
+    is_run_dir,
+    trained_run_of_pipeline,
+    unfinished_training_stage,
+)
 from rayft.runs.manifest import read_manifest, sha256_file, verify_checkpoint
 
 log = logging.getLogger(__name__)
@@ -104,6 +110,12 @@ def _trained_run(pipeline: Path) -> Path:
     """The run directory of a pipeline's final trained model (logged, so the user sees which), or ModelError."""
     run = trained_run_of_pipeline(pipeline)
     if run is None:
+        stopped = unfinished_training_stage(pipeline)
+        if stopped is not None:
+            raise ModelError(
+                f"{pipeline} is a pipeline run whose {stopped} stage did not finish; run the pipeline again "
+                f"(rayft run CONFIG), or give its stage's run directory {pipeline / stopped} to use its checkpoints"
+            )
         stages = sorted(p.stem for p in (pipeline / layout.STAGE_RECORDS_DIR).glob("*.json"))
         raise ModelError(
             f"{pipeline} is a pipeline run with no trained model (finished stages: {', '.join(stages) or 'none'}); "

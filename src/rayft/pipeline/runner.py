@@ -58,7 +58,7 @@ from rayft.pipeline.stages import STAGES
 from rayft.runs.layout import PROFILE_DIR, TRACKING_FILE
 from rayft.runs.location import RunLocation, plan_run_location
 from rayft.runs.lock import run_lock
-from rayft.runs.records import StageRecord, outputs_exist, read_record, trained_final, write_record
+from rayft.runs.records import RECORDS_DIR, StageRecord, outputs_exist, read_record, trained_final, write_record
 from rayft.runs.store import open_store
 from rayft.runtime import ray_runtime
 from rayft.tracking.driver import PipelineTracker
@@ -106,6 +106,7 @@ def run(
     ctx = StageContext(cfg, location, progress.records)
     with run_lock(run_dir, command="rayft run"):
         write_text(run_dir / CONFIG_FILE, dump_config(cfg))
+        (run_dir / RECORDS_DIR).mkdir(exist_ok=True)  # marks a pipeline run even before a stage finishes
         store.fetch(TRACKING_FILE)  # the tracker runs of an earlier attempt, made on another machine
         tracker = PipelineTracker.start(cfg, run_dir)
         store.persist(TRACKING_FILE)

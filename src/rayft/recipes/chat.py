@@ -8,14 +8,25 @@ stream the reply; Ctrl-C stops a reply, never the session). No Ray is started.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from rayft.config import RayftConfig
 from rayft.inference.chat import ChatIO, chat_session, load_model, terminal_io
 
-__all__ = ["ChatIO", "run"]
+__all__ = ["ChatIO", "ChatResult", "run"]
 
 
-def run(cfg: RayftConfig, source: str, *, device: str | None = None, io: ChatIO | None = None) -> int:
-    """Chat with ``source`` until the user quits; returns the number of replies generated."""
+@dataclass(frozen=True)
+class ChatResult:
+    """What a ``rayft chat`` session did: the replies the model gave, and the model that gave them."""
+
+    replies: int
+    model: str
+
+
+def run(cfg: RayftConfig, source: str, *, device: str | None = None, io: ChatIO | None = None) -> ChatResult:
+    """Chat with ``source`` until the user quits; what the session did."""
     io = io or terminal_io()
     backend, resolved = load_model(cfg, source, device)
-    return chat_session(backend, resolved.describe(), cfg.inference, io)
+    described = resolved.describe()
+    return ChatResult(chat_session(backend, described, cfg.inference, io), described)

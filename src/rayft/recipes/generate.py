@@ -19,7 +19,7 @@ from pathlib import Path
 
 from rayft.config import RayftConfig
 from rayft.generation.pool import Runtime
-from rayft.inference.batch import generate_file, plan_paths, report_outcome
+from rayft.inference.batch import check_some_generated, generate_file, plan_paths, report_outcome
 
 
 @dataclass(frozen=True)
@@ -63,6 +63,7 @@ def run(
     paths = plan_paths(input_path, output_path, rejects_path)
     tally, model = generate_file(cfg, source, paths, prompt_field=prompt_field, runtime=runtime)
     report_outcome(tally, paths.rejects)
+    check_some_generated(tally, paths.output, cfg.inference.backend)
     return GenerateResult(
         output_path=paths.output, rejects_path=paths.rejects, model=model, num_lines=tally.written + tally.rejected,
         num_written=tally.written, num_rejected=tally.rejected, num_failed=tally.failed,

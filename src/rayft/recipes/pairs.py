@@ -15,7 +15,7 @@ from rayft.evaluation import gsm8k
 from rayft.models.sources import ResolvedSource, resolve_source
 from rayft.runs.lock import run_lock
 from rayft.runtime import ray_runtime
-from rayft.sdg.pair_maker import PairsOutput, make_pairs_on_ray
+from rayft.sdg.pair_maker import PairsResult, make_pairs_on_ray
 from rayft.sdg.pair_plan import plan_pairs, resolve_pairs_dir
 from rayft.sdg.seeds import read_eval_questions
 
@@ -46,7 +46,7 @@ class Gsm8kChecker:
 
 def run(
     cfg: RayftConfig, *, model: str | None = None, output_dir: Path | None = None, address: str | None = None
-) -> PairsOutput:
+) -> PairsResult:
     """Make pairs from ``cfg.pairs`` with ``model`` (else ``pairs.model``, else ``model.name``)."""
     out = resolve_pairs_dir(cfg, output_dir)
     resolved = sampler_source(cfg, model or cfg.pairs.model or cfg.model.name)  # a bad source fails before Ray starts
@@ -61,7 +61,7 @@ def sampler_source(cfg: RayftConfig, source: str) -> ResolvedSource:
     return resolve_source(source, cfg.model, cfg.eval.checkpoint)
 
 
-def make(cfg: RayftConfig, resolved: ResolvedSource, out: Path) -> PairsOutput:
+def make(cfg: RayftConfig, resolved: ResolvedSource, out: Path) -> PairsResult:
     """The work of :func:`run` into ``out``, with Ray running (the pipeline's pairs stage calls it)."""
     plan = plan_pairs(cfg.pairs, resolved, cfg.seed)
     eval_questions = read_eval_questions(cfg.pairs.decontamination)

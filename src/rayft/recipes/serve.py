@@ -13,6 +13,7 @@ from rayft.config import RayftConfig
 from rayft.runtime import ray_runtime
 from rayft.serving import app
 from rayft.serving.handle import ServeHandle
+from rayft.serving.keys import load_key_digests
 from rayft.serving.plan import plan_serving
 from rayft.serving.vllm import start_vllm
 
@@ -23,12 +24,14 @@ def run(cfg: RayftConfig, sources: list[str], *, host: str, port: int, address: 
     """Deploy ``sources`` (on the Ray at ``address``, else ``scaling.address``, else a local one) and
     return the handle; :meth:`ServeHandle.shutdown` drains the requests in flight and stops."""
     plan = plan_serving(sources or list(cfg.serve.sources), cfg.model, cfg.eval.checkpoint)
+    load_key_digests(cfg.serve.api_keys_env, cfg.serve.api_keys_file)  # a wrong keys file is said before Ray starts
     resources = contextlib.ExitStack()
     try:
         resources.enter_context(ray_runtime(address or cfg.scaling.address))
-        start = start_vllm if cfg.serve.backend == "vllm" else app.start
-        base_url = start(plan, cfg.serve, host, port)
-        resources.callback(app.stop)  # closed first: drain and stop Serve, then the Ray started here
+        vllm = cfg.serve.backend == "vllm"
+        base_url = (start_vllm if vllm else app.start)(plan, cfg.serve, host, port)
+        drain_s = None if vllm else cfg.serve.graceful_shutdown_timeout_s  # vLLM's application has no rayft router
+        resources.callback(app.stop, drain_s)  # closed first: drain and stop Serve, then the Ray started here
     except BaseException:
         resources.close()
         raise

@@ -189,8 +189,22 @@ def is_run_dir(path: Path) -> bool:
 
 
 def is_pipeline_dir(path: Path) -> bool:
-    """A pipeline run directory (``rayft run``): it holds the records of its stages."""
-    return (path / layout.STAGE_RECORDS_DIR).is_dir() and not is_run_dir(path)
+    """A pipeline run directory (``rayft run``): it holds the records of its stages (``rayft run`` makes
+    their directory as it starts), or, stopped before it had one, its config and a training stage's run."""
+    if is_run_dir(path):
+        return False
+    if (path / layout.STAGE_RECORDS_DIR).is_dir():
+        return True
+    return (path / layout.CONFIG_FILE).is_file() and any(is_run_dir(path / s) for s in layout.TRAINED_STAGES)
+
+
+def unfinished_training_stage(path: Path) -> str | None:
+    """The last training stage of a pipeline run directory that left a run directory but no record (it was
+    stopped, or failed, before it finished); None when there is none."""
+    for stage in layout.TRAINED_STAGES:
+        if is_run_dir(path / stage) and not (path / layout.STAGE_RECORDS_DIR / f"{stage}.json").is_file():
+            return stage
+    return None
 
 
 def trained_run_of_pipeline(path: Path) -> Path | None:

@@ -12,8 +12,8 @@ import logging
 import os
 from collections.abc import Iterator, Mapping
 
-from rayft._ray_private import local_init_kwargs, local_process_env, mask_job_entrypoint
-from rayft.console import quiet_ray
+from rayft._ray_private import divert_cluster_errors, local_init_kwargs, local_process_env, mask_job_entrypoint
+from rayft.console import cluster_errors_to_log_file, quiet_ray
 from rayft.errors import ClusterError, exception_chain
 from rayft.runtime.address import parse_address
 from rayft.runtime.probe import check_gcs, check_tcp, resolve_auto, token_fix
@@ -48,6 +48,7 @@ def ray_runtime(address: str | None = None, *, metrics: bool = False) -> Iterato
         yield
         return
     quiet_ray()
+    keep_cluster_errors_off_console()
     mask_job_entrypoint()
     # A Ray Job's driver (rayft submit) runs with RAY_ADDRESS set to the cluster that runs the job.
     address = address or os.environ.get("RAY_ADDRESS", "").strip() or None
@@ -71,6 +72,11 @@ def ray_runtime(address: str | None = None, *, metrics: bool = False) -> Iterato
         ray.shutdown()
         mark_started_here(False)
         forget_checked_addresses()
+
+
+def keep_cluster_errors_off_console() -> None:
+    """The errors Ray's cluster pushes to this driver go to the log file, not the console (unless verbose)."""
+    divert_cluster_errors(cluster_errors_to_log_file)
 
 
 def log_metrics_endpoints() -> list[str]:

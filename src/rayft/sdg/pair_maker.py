@@ -45,7 +45,7 @@ PROBLEMS_PER_DATASET = 256
 
 
 @dataclass(frozen=True)
-class PairsOutput:
+class PairsResult:
     """The files of a pair-making run and its counts."""
 
     output_dir: Path
@@ -69,7 +69,7 @@ class _Sink:
         self.no_pair.write({"problem_id": problem_id, "question": question, "reason": reason, "detail": detail})
 
 
-def make_pairs_on_ray(plan: PairsPlan, checker: AnswerChecker, eval_questions: Iterable[str], out: Path) -> PairsOutput:
+def make_pairs_on_ray(plan: PairsPlan, checker: AnswerChecker, eval_questions: Iterable[str], out: Path) -> PairsResult:
     """Sample, check and pair every problem of ``plan`` into ``out`` (Ray must be running)."""
     started = time.monotonic()
     pairs = plan.pairs
@@ -108,7 +108,7 @@ def make_pairs_on_ray(plan: PairsPlan, checker: AnswerChecker, eval_questions: I
                "eval_questions": leaks.num_texts, "seconds": round(time.monotonic() - started, 1)}  # fmt: skip
     summary_path = write_text_atomic(out / "summary.json", json.dumps(summary, indent=2) + "\n")
     log.info("pairs: %d pairs from %d problems -> %s", counts.pairs, counts.problems, data_path)
-    return PairsOutput(out, data_path, no_pair_path, summary_path, summary)
+    return PairsResult(out, data_path, no_pair_path, summary_path, summary)
 
 
 def pair_problem(rows: list[Row], plan: PairsPlan, checker: AnswerChecker, sink: _Sink) -> None:

@@ -2,9 +2,9 @@
 
 :func:`deployment_options` turns ``serve:`` into Serve's deployment options (pure; the RayService
 manifest and the vLLM configs use it too). :func:`start` deploys a :class:`~rayft.serving.plan.ServePlan`
-on the Ray this process uses and returns the base URL; :func:`stop` deletes the application, which
-lets every replica finish its requests in flight (up to ``serve.graceful_shutdown_timeout_s``)
-before Serve itself stops.
+on the Ray this process uses and returns the base URL; :func:`stop` drains the router (503 to new
+requests, the requests in flight finished up to ``serve.graceful_shutdown_timeout_s``, a stream still
+running then ended with an error event), then deletes the application and stops Serve.
 """
 
 from __future__ import annotations
@@ -14,8 +14,10 @@ import socket
 from typing import Any
 
 from rayft.config.serve import ServeConfig
+from rayft.console import FILE_ONLY
 from rayft.errors import ConfigError
 from rayft.serving.access_log import FILE_LOG_LEVEL, controller_log_level, quiet_serve_console
+from rayft.serving.drain import CUT_WAIT_S
 from rayft.serving.keys import exposure_warning, load_key_digests
 from rayft.serving.plan import ServePlan
 
@@ -159,11 +161,30 @@ def _http_port() -> int | None:
     return int(options.port) if options is not None else None
 
 
-def stop() -> None:
-    """Delete the application (draining its requests in flight), then stop Serve unless other
-    applications run on it (a shared cluster's)."""
+def stop(drain_s: float | None = None) -> None:
+    """Drain rayft's router for up to ``drain_s`` (None: an application without it, vLLM's), delete the
+    application, then stop Serve unless other applications run on it (a shared cluster's)."""
     from ray import serve
 
+    if drain_s is not None:
+        drain(drain_s)
     serve.delete(APP_NAME)
     if not serve.status().applications:
         serve.shutdown()
+
+
+def drain(grace_s: float) -> None:
+    """Have the router answer new requests with a 503 and let those in flight end, for up to ``grace_s``; the
+    streams still running then end with an error event (see :mod:`rayft.serving.drain`). Serve's delete
+    drains by itself whatever a router that cannot be reached leaves."""
+    from ray import serve
+
+    try:
+        cut = serve.get_app_handle(APP_NAME).drain.remote(grace_s).result(timeout_s=grace_s + CUT_WAIT_S + 30)
+    except Exception as exc:  # a router already gone: Serve's delete is the drain left
+        log.warning("the router did not drain (%s: %s); Serve's delete drains the requests left",
+                    type(exc).__name__, exc, extra=FILE_ONLY)  # fmt: skip
+        return
+    if cut:
+        log.warning("stopped %d stream(s) still running after %g s (serve.graceful_shutdown_timeout_s); each "
+                    "ended with a server_shutting_down error event", cut, grace_s)  # fmt: skip

@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from rayft.errors import ConfigError
+from rayft.files import unreadable_file
 
 LOOPBACK_NAMES = frozenset({"localhost", "localhost.localdomain", "ip6-localhost"})
 
@@ -38,16 +39,18 @@ def load_key_digests(
     """The digests of the keys in ``env_var`` and ``file`` (none set: no keys, every request is served).
 
     Raises:
-        ConfigError: the file does not exist or holds no key (a server meant to be closed must not open).
+        ConfigError: the file cannot be read (missing, a directory...) or holds no key (a server meant
+            to be closed must not open).
     """
     environ = os.environ if environ is None else environ
     keys = _split(environ.get(env_var, "")) if env_var else []
     if file:
         path = Path(file).expanduser()
-        if not path.is_file():
-            raise ConfigError(
-                f"serve.api_keys_file={file!r} does not exist; create it with one API key a line, or unset it"
-            )
+        problem = unreadable_file(path)
+        if problem == "is a directory, not a file":
+            raise ConfigError(f"serve.api_keys_file={file!r} {problem}; give the file of keys (one a line) in it")
+        if problem is not None:
+            raise ConfigError(f"serve.api_keys_file={file!r} {problem}; create it with one API key a line, or unset it")
         from_file = _split(path.read_text(encoding="utf-8"))
         if not from_file:
             raise ConfigError(f"serve.api_keys_file={file!r} holds no key; write one API key a line, or unset it")

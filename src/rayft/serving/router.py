@@ -24,6 +24,7 @@ from ray.serve.handle import DeploymentHandle
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from rayft.serving.access_log import quiet_serve_console
+from rayft.serving.drain import Drain, ShuttingDownError, StreamCutError
 from rayft.serving.engine import Finished
 from rayft.serving.keys import authorized
 from rayft.serving.logprobs import TokenLogprob, chat_logprobs, completion_logprobs
@@ -53,7 +54,9 @@ READY_TIMEOUT_S = 2.0
 
 def _failure(exc: BaseException) -> RequestError:
     """A 500 for a generation that failed inside the replica, in the OpenAI error shape; a 503 when Serve's
-    queue for the model's replicas was full (``serve.serve_queue_requests``)."""
+    queue for the model's replicas was full (``serve.serve_queue_requests``); the drain's answer to a request it cut."""
+    if isinstance(exc, StreamCutError):
+        return exc.error
     if isinstance(exc, BackPressureError):
         return BusyError(exc.retry_after_s)
     log.error("generation failed: %s: %s", type(exc).__name__, exc)
@@ -75,7 +78,7 @@ class BusyError(RequestError):
 
 
 def _error(error: RequestError, headers: dict[str, str] | None = None) -> JSONResponse:
-    if isinstance(error, BusyError):
+    if isinstance(error, BusyError | ShuttingDownError):
         headers = {**(headers or {}), "Retry-After": str(error.retry_after_s)}
     return JSONResponse(error.body(), status_code=error.status, headers=headers)
 
@@ -244,12 +247,20 @@ class Router:
         quiet_serve_console(keep_access=access_log_console)
         self.handles, self.routes, self.key_digests = handles, routes, key_digests
         self.created = int(time.time())
+        self.closing = Drain()
 
     def _model(self, model_id: str) -> dict[str, Any]:
         return {"id": model_id, "object": "model", "created": self.created, "owned_by": "rayft"}
 
+    async def drain(self, grace_s: float) -> int:
+        """Stop taking requests (503 ``server_shutting_down``), let those in flight end for up to ``grace_s``,
+        then end the streams still running with an error event; how many were cut (see :mod:`~rayft.serving.drain`)."""
+        return await self.closing.run(grace_s)
+
     def _refused(self, request: Request) -> JSONResponse | None:
-        """401 unless the request carries one of the keys (None: let it through)."""
+        """503 while the server stops; 401 unless the request carries one of the keys (None: let it through)."""
+        if (closing := self.closing.refusal()) is not None:
+            return _error(closing)
         if authorized(request.headers.get("authorization"), self.key_digests):
             return None
         error = RequestError(
@@ -276,7 +287,10 @@ class Router:
 
     @app.get("/health")
     async def health(self) -> Response:
-        """200 once every model deployment answers (its model loaded), else 503 naming those still loading."""
+        """200 once every model deployment answers (its model loaded), else 503 naming those still loading (or
+        that the server is shutting down)."""
+        if (closing := self.closing.refusal()) is not None:
+            return _error(closing)
         waiting = [group for group, handle in zip(self._bases(), self.handles, strict=True) if not await _ready(handle)]
         if waiting:
             message = f"not ready: {', '.join(waiting)} still loading (or unreachable); retry shortly"
@@ -342,14 +356,15 @@ class Router:
         self, request: ChatRequest | CompletionRequest, jobs: list[Job], endpoint: Endpoint
     ) -> Response:
         handle = self._handle(request.model).options(stream=True)
-        streams: list[Any] = [handle.generate.remote(job) for job in jobs]
+        streams: list[Any] = [self.closing.watch(handle.generate.remote(job)) for job in jobs]
         prompt_tokens: list[int] = []
         for events in streams:
             try:
                 first = await events.__anext__()
             except Exception as exc:  # the replica failed before it started (an adapter that does not load),
                 error = _failure(exc)  # or Serve's queue for the replicas was full
-                headers = {"Retry-After": str(error.retry_after_s)} if isinstance(error, BusyError) else {}
+                retry = isinstance(error, BusyError | ShuttingDownError)
+                headers = {"Retry-After": str(error.retry_after_s)} if retry else {}  # type: ignore[attr-defined]
                 first = Refused(error.status, error.body(), headers)
             if isinstance(first, Refused):
                 for other in streams:

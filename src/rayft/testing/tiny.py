@@ -9,7 +9,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from rayft.console import ignore_known_warnings
 from rayft.models.registry import CHATML_TEMPLATE
+
+ignore_known_warnings()  # saving a model imports DeepSpeed (through accelerate), which would say it fell back to CPU
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<pad>"]
 

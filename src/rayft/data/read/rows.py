@@ -58,6 +58,7 @@ log = logging.getLogger("rayft.data")
 BATCH_ROWS = 4096  # rows of a Parquet or in-memory table converted at a time
 CSV_BLOCK_BYTES = 1 << 20  # the records of a CSV file parsed at a time
 ROW_COLUMN = "row"  # the JSON text column of a spilled rows file
+_ROW_BOUND = "the dataset's max_row_bytes"  # the setting that bounds a row's bytes, named in a rejection
 
 
 class RowStore:
@@ -259,7 +260,7 @@ class ReadRow:
     file: str
     line: int
     row: dict[str, Any] | None
-    text: str | None = None  # the row's JSON, when the file holds it as one line
+    text: str | None = None  # the row's JSON when the file holds it as one line; a bad line's text
     reason: str = ""
     detail: str = ""
 
@@ -500,54 +501,55 @@ def uri_json_lines(ds: DatasetConfig) -> Iterator[ReadRow]:
 
 
 def iter_json_lines(
-    path: Path, max_row_bytes: int = DEFAULT_MAX_ROW_BYTES, name: str | None = None
+    path: Path, max_row_bytes: int = DEFAULT_MAX_ROW_BYTES, name: str | None = None, *, setting: str = _ROW_BOUND
 ) -> Iterator[ReadRow]:
     """The non-blank lines of a JSON Lines file as rows of the file ``name`` (default: ``path``), read one
-    line at a time (never the whole file).
+    line at a time (never the whole file): the one reader of JSON Lines (datasets, ``rayft generate``'s prompts).
 
     A UTF-8 byte order mark opening the file is dropped. A line that is not UTF-8 (``bad_encoding``,
     naming the first bad byte), not JSON, or not a JSON object (``bad_json``), or that repeats a key
-    (``duplicate_key``) comes back without a row, as does a line of more than ``max_row_bytes`` bytes
-    (``row_too_large``), which is skipped without being held whole.
+    (``duplicate_key``) comes back without a row (with its text, for the report), as does a line of more
+    than ``max_row_bytes`` bytes (``row_too_large``, naming ``setting``, the bound's setting), which is
+    skipped without being held whole.
     """
     with path.open("rb") as file:
-        yield from json_lines_of(file, max_row_bytes, str(path) if name is None else name)
+        yield from json_lines_of(file, max_row_bytes, str(path) if name is None else name, setting=setting)
 
 
-def json_lines_of(file: LineReadable, max_row_bytes: int, name: str) -> Iterator[ReadRow]:
+def json_lines_of(file: LineReadable, max_row_bytes: int, name: str, *, setting: str = _ROW_BOUND) -> Iterator[ReadRow]:
     """The non-blank lines of an open JSON Lines stream (see :func:`iter_json_lines`)."""
     for number, raw in enumerate(bounded_lines(file, max_row_bytes), start=1):
         if isinstance(raw, OversizedLine):
-            yield ReadRow(name, number, None, None, "row_too_large", too_large_detail(raw.size, max_row_bytes))
+            detail = too_large_detail(raw.size, max_row_bytes, setting)
+            yield ReadRow(name, number, None, None, "row_too_large", detail)
             continue
         line = raw.removeprefix(BOM) if number == 1 else raw
         if line.strip():
             yield _parse_line(name, number, line)
 
 
-def too_large_detail(size: int, max_row_bytes: int) -> str:
-    """Why a row was rejected as too large: its size against the bound, and the fix."""
-    return (
-        f"{describe_size(size)}, above max_row_bytes ({describe_size(max_row_bytes)}); "
-        "split the row or raise the dataset's max_row_bytes"
-    )
+def too_large_detail(size: int, max_row_bytes: int, setting: str = _ROW_BOUND) -> str:
+    """Why a row was rejected as too large: its size against the bound (``setting``), and the fix."""
+    short = setting.removeprefix("the dataset's ")
+    return f"{describe_size(size)}, above {short} ({describe_size(max_row_bytes)}); split the row or raise {setting}"
 
 
 def _parse_line(name: str, number: int, raw: bytes) -> ReadRow:
+    """One line's row, or why it has none (with the line's text, undecodable bytes replaced)."""
     try:
         text = raw.decode("utf-8").strip()
     except UnicodeDecodeError as exc:
         detail = f"not UTF-8: byte 0x{raw[exc.start]:02x} at offset {exc.start} of the line ({exc.reason})"
-        return ReadRow(name, number, None, None, "bad_encoding", detail)
+        return ReadRow(name, number, None, raw.decode("utf-8", "replace").strip(), "bad_encoding", detail)
     try:
         row = json.loads(text, object_pairs_hook=unique_keys)
     except json.JSONDecodeError as exc:
-        return ReadRow(name, number, None, None, "bad_json", f"not JSON: {exc.msg} at column {exc.colno}")
+        return ReadRow(name, number, None, text, "bad_json", f"not JSON: {exc.msg} at column {exc.colno}")
     except DuplicateKeyError as exc:
         detail = f"key {exc.key!r} appears twice in one object; keep one"
-        return ReadRow(name, number, None, None, "duplicate_key", detail)
+        return ReadRow(name, number, None, text, "duplicate_key", detail)
     if not isinstance(row, dict):
-        return ReadRow(name, number, None, None, "bad_json", f"a {type(row).__name__}, not an object")
+        return ReadRow(name, number, None, text, "bad_json", f"a {type(row).__name__}, not an object")
     return ReadRow(name, number, row, text)
 
 

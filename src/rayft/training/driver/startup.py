@@ -22,7 +22,7 @@ from rayft.config.task import TaskConfig
 from rayft.custom import load_task, resolve_task_path
 from rayft.data.cache_keys import data_cache_dir
 from rayft.data.preference import pair_preparation
-from rayft.data.prepare import PrepareOutcome, prepare
+from rayft.data.prepare import PrepareResult, prepare
 from rayft.data.prepared import PreparedData
 from rayft.errors import DataError
 from rayft.models.architecture import refuse_fp16, resolve_architecture
@@ -92,7 +92,7 @@ def prepare_training_data(cfg: RayftConfig, report_dir: Path | None, *, use_ray:
 
 def prepare_for_training(
     cfg: RayftConfig, report_dir: Path | None, *, use_ray: bool, ray_address: str | None = None
-) -> PrepareOutcome:
+) -> PrepareResult:
     """:func:`prepare_training_data`, also saying whether the tokenized data came from the cache:
     what ``rayft data prepare`` runs, so that a run of the same config reuses all of it, the
     reference pass of full DPO included. With ``use_ray`` and no Ray yet, Ray is started (or
