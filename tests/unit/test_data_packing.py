@@ -13,6 +13,10 @@ from rayft.data.collate import collate
 from rayft.data.packing import build_units, make_unit, plan_packs
 from rayft.data.prepared import IGNORE_INDEX
 
+# Two computations of one quantity compared within a bound: run under every CPU kernel path by
+# scripts/test_kernels.py (`make test-kernels`).
+pytestmark = pytest.mark.numerics
+
 
 def test_first_fit_decreasing_fills_bins_and_places_every_example_once() -> None:
     assert plan_packs([5, 6, 4, 3, 2], 10) == [[1, 2], [0, 3, 4]]

@@ -10,6 +10,10 @@ import pytest
 
 from rayft.config.model import LoraConfig, ModelConfig
 
+# Two computations of one quantity compared within a bound: run under every CPU kernel path by
+# scripts/test_kernels.py (`make test-kernels`).
+pytestmark = pytest.mark.numerics
+
 
 def _peft_model(tiny_model_dir: Path, dropout: float, **peft_options: Any) -> Any:
     import torch

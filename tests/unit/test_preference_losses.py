@@ -28,6 +28,10 @@ from rayft.training.modeling.preference import (  # noqa: E402
     simpo_losses,
 )
 
+# Two computations of one quantity compared within a bound: run under every CPU kernel path by
+# scripts/test_kernels.py (`make test-kernels`).
+pytestmark = pytest.mark.numerics
+
 PAIRS, LENGTH, VOCAB = 4, 12, 17
 
 

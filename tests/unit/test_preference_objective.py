@@ -54,6 +54,7 @@ def _lora(tiny_model_dir: Path) -> Any:
     return get_peft_model(base, LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"]))
 
 
+@pytest.mark.numerics  # run under every CPU kernel path by scripts/test_kernels.py
 def test_dpo_on_lora_starts_at_ln2_with_zero_margins(tiny_model_dir: Path) -> None:
     model, objective = _lora(tiny_model_dir), _objective("dpo")
     batch = objective.collate(_units(4))
@@ -66,6 +67,7 @@ def test_dpo_on_lora_starts_at_ln2_with_zero_margins(tiny_model_dir: Path) -> No
     assert any(p.grad is not None and p.grad.abs().sum() > 0 for n, p in model.named_parameters() if "lora_" in n)
 
 
+@pytest.mark.numerics  # run under every CPU kernel path by scripts/test_kernels.py
 def test_full_dpo_uses_the_stored_reference_and_refuses_without_one(tiny_model_dir: Path) -> None:
     from transformers import AutoModelForCausalLM
 

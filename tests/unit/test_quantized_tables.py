@@ -14,6 +14,10 @@ pytest.importorskip("bitsandbytes", reason="QLoRA needs the qlora extra: pip ins
 
 from rayft.models.quantized import QuantizedHead, QuantizedTable, quantize_embeddings
 
+# Two computations of one quantity compared within a bound: run under every CPU kernel path by
+# scripts/test_kernels.py (`make test-kernels`).
+pytestmark = pytest.mark.numerics
+
 # Relative to a row's largest value: NF4 rounds to its nearest of 16 levels, at most half its widest gap
 # (between 0.72 and 1.0) off, plus the bf16 rounding of the result; int8 to the nearest 1/127.
 TOLERANCE = {"nf4": 0.16, "int8": 0.01}

@@ -25,6 +25,10 @@ from rayft.training.modeling.rl import (  # noqa: E402
     token_logps_and_entropy,
 )
 
+# Two computations of one quantity compared within a bound: run under every CPU kernel path by
+# scripts/test_kernels.py (`make test-kernels`).
+pytestmark = pytest.mark.numerics
+
 ROWS, LENGTH, MAX_NEW = 6, 9, 12
 
 

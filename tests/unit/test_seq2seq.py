@@ -125,6 +125,7 @@ def test_lora_targets_name_each_family_s_linear_layers(tiny_t5_dir: Path) -> Non
     assert lora_targets("llama", [], "all-linear") == "all-linear"
 
 
+@pytest.mark.numerics  # run under every CPU kernel path by scripts/test_kernels.py
 def test_pair_batches_pad_apart_and_their_loss_is_transformers_own(tiny_t5_dir: Path) -> None:
     import torch
     from transformers import AutoModelForSeq2SeqLM

@@ -122,6 +122,7 @@ def _tokens(batch: Any, plan: list[list[Any]], steps: int) -> dict[int, list[tup
     return got
 
 
+@pytest.mark.numerics  # run under every CPU kernel path by scripts/test_kernels.py
 def test_a_mixed_step_computes_what_a_prefill_step_and_a_decoding_step_compute(engine: Engine) -> None:
     """Rows of two adapters and the base, joining a running batch: the mixed forward (every new token in the
     batch dimension, attention by rayft's function) gives each row the tokens and log-probabilities that

@@ -39,6 +39,7 @@ def _echo(max_tokens: int, top: int = 3, **fields: object) -> Job:
     return Job(PROMPT, max_tokens, 0.0, 1.0, (), None, logprobs=True, top_logprobs=top, echo=True, **fields)  # type: ignore[arg-type]
 
 
+@pytest.mark.numerics  # run under every CPU kernel path by scripts/test_kernels.py
 def test_prompt_logprobs_equal_a_forward_pass(engine: Engine) -> None:
     scored = engine.score(_echo(0), None)
     ids = engine.backend.encode([PROMPT])[0]
@@ -63,6 +64,7 @@ def test_token_id_prompts_score_as_their_text(engine: Engine) -> None:
         engine.prepare(Job("", 1, 0.0, 1.0, (), None, prompt_ids=(3, 10_000, size)), None)
 
 
+@pytest.mark.numerics  # run under every CPU kernel path by scripts/test_kernels.py
 def test_the_greedy_continuation_equals_generate_and_its_logprobs_a_forward_pass(engine: Engine) -> None:
     scored = engine.score(_echo(4), None)
     prompt = engine.backend.encode([PROMPT])[0]

@@ -12,6 +12,10 @@ from rayft.data.collate import collate
 from rayft.data.packing import make_unit
 from rayft.data.prepared import IGNORE_INDEX
 
+# Two computations of one quantity compared within a bound: run under every CPU kernel path by
+# scripts/test_kernels.py (`make test-kernels`).
+pytestmark = pytest.mark.numerics
+
 
 def _units(vocab: int) -> list[dict[str, Any]]:
     import random

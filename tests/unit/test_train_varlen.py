@@ -14,6 +14,10 @@ from rayft.data.packing import build_units
 
 from .test_data_packing import _examples
 
+# Two computations of one quantity compared within a bound: run under every CPU kernel path by
+# scripts/test_kernels.py (`make test-kernels`).
+pytestmark = pytest.mark.numerics
+
 
 def test_bounds_of_packed_rows_laid_end_to_end() -> None:
     import torch
