@@ -148,4 +148,6 @@ def test_pair_batches_pad_apart_and_their_loss_is_transformers_own(tiny_t5_dir: 
     with torch.no_grad():
         ours = pair_loss_sum(model, batch, Precision(None, False))
         theirs = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, labels=batch.labels).loss
+    # transformers' own loss against ours: the same float32 forward, the cross-entropy summed then divided
+    # (ours) or averaged (theirs): a few roundings of 2**-24 apart; 1e-5 covers any kernel's order.
     assert float(ours) / batch.num_label_tokens == pytest.approx(float(theirs), rel=1e-5)
