@@ -10,9 +10,9 @@ import pytest
 
 from rayft.config.model import LoraConfig, ModelConfig
 
-# Two computations of one quantity compared within a bound: run under every CPU kernel path by
-# scripts/test_kernels.py (`make test-kernels`).
-pytestmark = pytest.mark.numerics
+# The comparisons below are marked `numerics`: scripts/test_kernels.py (`make test-kernels`) runs them under
+# every CPU kernel path.
+NUMERICS = pytest.mark.numerics
 
 
 def _peft_model(tiny_model_dir: Path, dropout: float, **peft_options: Any) -> Any:
@@ -170,6 +170,7 @@ def _lean_and_reference(tiny_model_dir: Path, checkpointing: bool) -> tuple[Any,
     return peft_path, lean
 
 
+@NUMERICS
 @pytest.mark.parametrize("autocast", [False, True], ids=["fp32", "bf16-autocast"])
 @pytest.mark.parametrize("checkpointing", [False, True])
 def test_with_torch_s_dropout_kernel_the_lean_path_is_peft_s_bit_for_bit(
@@ -183,6 +184,7 @@ def test_with_torch_s_dropout_kernel_the_lean_path_is_peft_s_bit_for_bit(
     _compare_steps(peft_path, lean, exact=True, checkpointing=checkpointing, autocast=autocast)
 
 
+@NUMERICS
 @pytest.mark.parametrize("autocast", [False, True], ids=["fp32", "bf16-autocast"])
 @pytest.mark.parametrize("checkpointing", [False, True])
 def test_with_the_cpu_s_mask_the_lean_path_is_peft_s_for_the_same_mask(
@@ -202,6 +204,7 @@ def _flip_first(drawn: Any) -> Any:
     return mask, scale
 
 
+@NUMERICS
 @pytest.mark.parametrize(
     "broken",
     [
@@ -245,6 +248,7 @@ def _one_layer_grads(path: str, draw: int, x: Any, weight: Any, grad_out: Any, *
     return torch.autograd.grad(out.float(), (x, weight), grad_out)
 
 
+@NUMERICS
 def test_under_autocast_the_cpu_s_path_is_as_accurate_as_peft_s() -> None:
     """One layer in bf16 autocast, PEFT's order against the lean one: each gradient's error against
     float32, averaged over 40 draws."""
@@ -311,6 +315,7 @@ def test_a_probability_that_16_bits_cannot_hold_takes_torch_s_dropout(p: float, 
     assert torch.equal(out, torch.nn.functional.linear(dropped, weight))
 
 
+@NUMERICS
 def test_in_evaluation_the_lean_layer_is_lora_a_without_dropout(tiny_model_dir: Path) -> None:
     import torch
 
@@ -327,6 +332,7 @@ def test_in_evaluation_the_lean_layer_is_lora_a_without_dropout(tiny_model_dir: 
         assert torch.equal(lean(input_ids=ids).logits, lean(input_ids=ids).logits)
 
 
+@NUMERICS
 def test_the_saved_adapter_is_peft_s_and_loads_back(tiny_model_dir: Path, tmp_path: Path) -> None:
     import json
 
