@@ -2,7 +2,7 @@
 
     .venv/bin/python scripts/test_kernels.py                  # every variant, then a table of counts
     .venv/bin/python scripts/test_kernels.py -- -n 2 -x       # arguments after -- go to pytest
-    .venv/bin/python scripts/test_kernels.py --skip native    # CI: the tiers ran the native kernels
+    .venv/bin/python scripts/test_kernels.py --only avx2-cpu portable    # CI: two runs, each library off native
 
 A bound that holds for one CPU's kernels only (one vector width, one BLAS blocking, one bf16 product
 instruction) fails here, on the machine where the test is written, not on a user's. Each variant sets
@@ -47,6 +47,11 @@ VARIANTS: list[tuple[str, dict[str, str]]] = [
     ("onednn-avx512-bf16", {"ONEDNN_MAX_CPU_ISA": "AVX512_CORE_BF16"}),
     ("onednn-avx512-core", {"ONEDNN_MAX_CPU_ISA": "AVX512_CORE"}),
     ("onednn-avx2", {"ONEDNN_MAX_CPU_ISA": "AVX2"}),
+    # The knobs of the three libraries together, two runs that take each library off its native path (CI's):
+    # as an AVX2-only CPU runs (ATen at AVX2, bf16 products in PyTorch's own kernel), and the most portable
+    # paths (ATen without explicit vectors, MKL's SSE2 branch, oneDNN's bf16 products without bf16 instructions).
+    ("avx2-cpu", {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2"}),
+    ("portable", {"ATEN_CPU_CAPABILITY": "default", "MKL_CBWR": "COMPATIBLE", "ONEDNN_MAX_CPU_ISA": "AVX512_CORE"}),
 ]
 
 # The unit tier's numerical tests (the integration tiers start Ray: their comparisons are too slow to repeat).
@@ -107,29 +112,28 @@ def run_variant(env: dict[str, str], pytest_args: list[str]) -> tuple[dict[str, 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--only", nargs="*", help="run these variants alone (names as in the table)")
-    parser.add_argument("--skip", nargs="*", default=[], help="leave these out (CI: native, which the tiers ran)")
+    parser.add_argument("--skip", nargs="*", default=[], help="leave these variants out")
     parser.add_argument("pytest_args", nargs="*", help="after --: arguments for pytest")
     args = parser.parse_args()
     rows: list[str] = []
     seen: dict[tuple[str, str, str], str] = {}
     failed = False
     for name, env in VARIANTS:
-        kernels = probe(env)
         if (args.only and name not in args.only) or name in args.skip:
-            seen.setdefault(kernels, name)  # a variant left out still stands for its kernels
-            rows.append(f"{name:<20} {' '.join(f'{k}={v}' for k, v in env.items()) or '(none)':<34} left out")
+            rows.append(f"{name:<20} {' '.join(f'{k}={v}' for k, v in env.items()) or '(none)'} left out")
             continue
+        kernels = probe(env)
         settings = " ".join(f"{k}={v}" for k, v in env.items()) or "(none)"
         found = f"aten={kernels[0]} mkl={kernels[1]} bf16-matmul={kernels[2]}"
         if kernels in seen:
-            rows.append(f"{name:<20} {settings:<34} {found:<60} same kernels as {seen[kernels]}: not run")
+            rows.append(f"{name:<20} {settings} -> {found}: same kernels as {seen[kernels]}, not run")
             continue
         seen[kernels] = name
         print(f"\n== {name}: {settings} -> {found}", flush=True)
         counts, seconds = run_variant(env, args.pytest_args)
         failed |= counts["failed"] > 0
         tally = f"{counts['passed']} passed, {counts['failed']} failed, {counts['skipped']} skipped in {seconds:.0f} s"
-        rows.append(f"{name:<20} {settings:<34} {found:<60} {tally}")
+        rows.append(f"{name:<20} {settings} -> {found}: {tally}")
     print("\nnumerical tests per CPU kernel variant:")
     print("\n".join(rows))
     return 1 if failed else 0
