@@ -8,7 +8,7 @@ UV := $(VENV)/bin/uv pip install --python $(PY) -q --compile-bytecode --index-st
 PYTEST_MARKERS ?= not gpu and not slow
 PYTEST_ARGS ?=
 
-.PHONY: setup quickstart test test-slow test-unit lint typecheck bench gpu-check clean
+.PHONY: setup quickstart test test-kernels test-slow test-unit lint typecheck bench gpu-check clean
 
 setup: $(STAMP)
 
@@ -44,6 +44,13 @@ test: setup
 	    -m "($(PYTEST_MARKERS)) and (integration or chaos) and not alone" --durations=25 $(PYTEST_ARGS)
 	# Tests that press the whole machine's memory run last, one at a time (exit 5: none selected).
 	$(VENV)/bin/pytest -m "($(PYTEST_MARKERS)) and alone" $(PYTEST_ARGS) || [ $$? -eq 5 ]
+
+# The numerical tests (marker `numerics`) under each CPU kernel path PyTorch can be told to take on this
+# machine (ATEN_CPU_CAPABILITY, MKL's code branch, oneDNN's instruction cap), a table of counts per variant:
+# a tolerance that holds for one CPU's kernels only fails here, not on a user's machine.
+TEST_KERNELS_ARGS ?=
+test-kernels: setup
+	$(PY) scripts/test_kernels.py $(TEST_KERNELS_ARGS) -- -n 2 $(PYTEST_ARGS)
 
 test-slow: setup
 	$(VENV)/bin/pytest -m "slow and not gpu" --durations=25 $(PYTEST_ARGS)

@@ -36,7 +36,7 @@ def main() -> None:
 
     from rayft.training.modeling.frozen_bf16 import FrozenBf16Linear
     from rayft.training.modeling.step_choice import FROZEN_BF16_MIN_HIDDEN
-    from rayft.training.modeling.step_facts import cpu_has_bf16
+    from rayft.training.modeling.step_facts import cpu_bf16_flags
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--threads", type=int, default=2)
@@ -47,7 +47,8 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
-    print(f"torch {torch.__version__}, {args.threads} threads, bf16 instructions: {cpu_has_bf16()}, "
+    flags = ", ".join(sorted(cpu_bf16_flags())) or "none"
+    print(f"torch {torch.__version__}, {args.threads} threads, bf16 instructions: {flags}, "
           f"load {Path('/proc/loadavg').read_text().split()[:3]}; planner's threshold: hidden >= "
           f"{FROZEN_BF16_MIN_HIDDEN}")  # fmt: skip
     print(f"{'positions':>9} {'hidden':>6} {'fp32 ms':>9} {'bf16 ms':>9} {'fp32/bf16':>10}")

@@ -13,6 +13,10 @@ from rayft.data.collate import collate
 from rayft.data.packing import build_units, make_unit, plan_packs
 from rayft.data.prepared import IGNORE_INDEX
 
+# Two computations of one quantity compared within a bound: run under every CPU kernel path by
+# scripts/test_kernels.py (`make test-kernels`).
+pytestmark = pytest.mark.numerics
+
 
 def test_first_fit_decreasing_fills_bins_and_places_every_example_once() -> None:
     assert plan_packs([5, 6, 4, 3, 2], 10) == [[1, 2], [0, 3, 4]]
@@ -83,6 +87,10 @@ def test_packed_loss_and_gradients_equal_one_by_one(tiny_model_dir: Path, attn: 
 
     packed_loss, packed_grads = loss_and_grads([collate(units, pad_token_id=0, pad_to_multiple_of=8)])
     single_loss, single_grads = loss_and_grads([collate([e], pad_token_id=0) for e in examples])
+    # float32 both ways: the same sums per example, run in products of other shapes (the kernel may block
+    # and order them otherwise). Each logit moves by ~sqrt(64) * 2**-24 of its terms (64: the hidden width),
+    # the mean loss (~6.5) by ~1e-6 at most: abs 1e-5 is 1.5e-6 relative. A gradient entry sums over <= 64
+    # positions: rtol 1e-5 (168 roundings), atol 1e-5 for the entries whose terms cancel.
     assert packed_loss == pytest.approx(single_loss, abs=1e-5)
     for packed, single in zip(packed_grads, single_grads, strict=True):
         torch.testing.assert_close(packed, single, atol=1e-5, rtol=1e-5)

@@ -28,6 +28,10 @@ from rayft.training.modeling.preference import (  # noqa: E402
     simpo_losses,
 )
 
+# Two computations of one quantity compared within a bound: run under every CPU kernel path by
+# scripts/test_kernels.py (`make test-kernels`).
+pytestmark = pytest.mark.numerics
+
 PAIRS, LENGTH, VOCAB = 4, 12, 17
 
 
@@ -95,6 +99,10 @@ def test_dpo_sigmoid_loss_and_figures_equal_trls(seed: int, beta: float) -> None
     policy = _logps(batch)
     result = dpo_losses(policy, ref, beta=beta)
     trl_loss, trl_metrics = _trl_dpo(batch, ref, loss_type="sigmoid", beta=beta)
+    # The same float32 formula per pair, in TRL's order or ours: a log-ratio is a difference of sums of
+    # log-probabilities of magnitude <= 20 (each within 2**-24 relative: ~1e-6 absolute), scaled by beta <= 0.5,
+    # and log-sigmoid amplifies an absolute error by at most 1; a loss of ~0.7 then moves by ~5e-7: 1e-5 leaves
+    # 10x for the mean's summation. A wrong sign, beta or reference moves it by 1e-2 and up.
     assert float(result.losses.mean()) == pytest.approx(trl_loss, rel=1e-5)
     figures = {name: value / PAIRS for name, value in pair_figure_sums(policy, result, averaged=False).items()}
     for name in ("rewards/chosen", "rewards/rejected", "rewards/accuracies", "rewards/margins", "logps/chosen",

@@ -39,12 +39,16 @@ def _echo(max_tokens: int, top: int = 3, **fields: object) -> Job:
     return Job(PROMPT, max_tokens, 0.0, 1.0, (), None, logprobs=True, top_logprobs=top, echo=True, **fields)  # type: ignore[arg-type]
 
 
+@pytest.mark.numerics  # run under every CPU kernel path by scripts/test_kernels.py
 def test_prompt_logprobs_equal_a_forward_pass(engine: Engine) -> None:
     scored = engine.score(_echo(0), None)
     ids = engine.backend.encode([PROMPT])[0]
     assert [t.token_id for t in scored.prompt] == ids and scored.completion == []
     assert scored.prompt[0].logprob is None and scored.prompt_text == PROMPT
     expected = _reference(engine.backend.model, ids)
+    # float32, the engine's batched forward against a plain one: the same sums in products of other shapes.
+    # A log-probability (~ -5) moves by about its logits' error, ~sqrt(64) * 2**-24 * |logit| per layer:
+    # ~1e-6; abs 1e-4 leaves room for the KV cache's other order of attention sums.
     assert [t.logprob for t in scored.prompt[1:]] == pytest.approx(expected, abs=1e-4)
     for token in scored.prompt[1:]:
         assert len(token.top) == 3 and token.top[0][1] >= token.top[1][1] >= token.top[2][1]
@@ -63,6 +67,7 @@ def test_token_id_prompts_score_as_their_text(engine: Engine) -> None:
         engine.prepare(Job("", 1, 0.0, 1.0, (), None, prompt_ids=(3, 10_000, size)), None)
 
 
+@pytest.mark.numerics  # run under every CPU kernel path by scripts/test_kernels.py
 def test_the_greedy_continuation_equals_generate_and_its_logprobs_a_forward_pass(engine: Engine) -> None:
     scored = engine.score(_echo(4), None)
     prompt = engine.backend.encode([PROMPT])[0]

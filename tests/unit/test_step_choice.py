@@ -250,3 +250,33 @@ def test_explicit_frozen_precision_wins_and_reaches_the_worker_plan() -> None:
     )  # fmt: skip
     assert plan.train.frozen_precision == "auto"
     assert plan.with_step(choose_step(StepRequest(), CPU)).train.frozen_precision == "bf16"
+
+
+def test_the_step_line_names_the_cpu_s_bf16_unit_and_amx_keeps_the_choices_saying_what_was_not_measured() -> None:
+    plain = choose_step(StepRequest(), CPU)
+    amx = choose_step(StepRequest(), replace(CPU, cpu_amx=True))
+    assert "CPU avx512_bf16, no AMX (its bf16 instructions, read from /proc/cpuinfo)" in plain.describe()
+    assert "CPU AMX (amx_bf16, amx_tile)" in amx.describe()
+    assert "without bf16 instructions" in choose_step(StepRequest(), replace(CPU, cpu_bf16=False)).describe()
+    # The same choices on AMX: fp32 autocast (bf16's rounding is the same), frozen layers in bf16.
+    assert (amx.mixed_precision, amx.frozen_precision, amx.threads) == (plain.mixed_precision, "bf16", plain.threads)
+    assert "AMX not measured" in amx.describe() and "AMX not measured" not in plain.describe()
+    assert "AMX rounds to bf16 alike" in amx.describe()
+    assert "CPU" not in choose_step(StepRequest(), GPU).describe()
+
+
+@pytest.mark.parametrize(
+    ("flags", "want"),
+    [
+        ("fpu avx2 avx512f avx512_bf16 avx512_vnni", {"avx512_bf16"}),  # AMD EPYC (Zen 4), Intel Cooper Lake
+        ("fpu avx512f avx512_bf16 amx_bf16 amx_tile amx_int8", {"avx512_bf16", "amx_bf16", "amx_tile"}),  # Xeon 4th+
+        ("fpu avx2 fma", set()),
+    ],
+)
+def test_the_cpu_s_bf16_flags_are_read_from_cpuinfo(tmp_path: Path, flags: str, want: set[str]) -> None:
+    from rayft.training.modeling import step_facts
+
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text(f"processor\t: 0\nmodel name\t: some CPU\nflags\t\t: {flags}\n\nprocessor\t: 1\n")
+    assert step_facts.cpu_bf16_flags(cpuinfo) == want
+    assert step_facts.cpu_bf16_flags(tmp_path / "missing") == frozenset()

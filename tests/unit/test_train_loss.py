@@ -13,6 +13,10 @@ from rayft.data.packing import build_units, make_unit
 from rayft.data.prepared import IGNORE_INDEX
 from rayft.errors import ConfigError, MissingDependencyError
 
+# Two computations of one quantity compared within a bound: run under every CPU kernel path by
+# scripts/test_kernels.py (`make test-kernels`).
+pytestmark = pytest.mark.numerics
+
 
 def _examples(vocab: int, lengths: tuple[int, ...] = (9, 14, 6, 11, 5)) -> list[dict[str, Any]]:
     import random
@@ -48,6 +52,13 @@ def test_chunked_head_loss_and_gradients_equal_plain_cross_entropy(monkeypatch: 
     chunked_grads = torch.autograd.grad(chunked * 0.5, inputs)
     plain = cross_entropy(linear(hidden, weight, b).reshape(-1, 50), targets.reshape(-1), reduction="sum")
     plain_grads = torch.autograd.grad(plain * 0.5, inputs)
+    # The plain loss runs in float64 throughout: the reference. The chunked loss rounds its logits to float32
+    # (each within u = 2**-24 of itself; |logit| < 12 here) and takes log-softmax over 50 entries in float32:
+    # each position's term is within ~16u * (|logit| + log 50) of exact, ~3e-6 against a term of ~5; the 66
+    # terms' errors add up to at most 66 times that against a sum of ~66 * 5: 1e-6 relative at worst. A
+    # gradient entry sums up to 80 positions' float32 softmax (each within a few u) times float64 values;
+    # those independent roundings add as sqrt(80) * 8u = 4e-6 of the terms' magnitudes (1e-5 of the entry,
+    # 1e-6 absolute where its terms cancel), on any kernel: the error is the float32 rounding, not the order.
     assert float(chunked.detach()) == pytest.approx(float(plain.detach()), rel=1e-6)
     for a, e in zip(chunked_grads, plain_grads, strict=True):
         torch.testing.assert_close(a.double(), e, rtol=1e-5, atol=1e-6)

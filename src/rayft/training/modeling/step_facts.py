@@ -40,7 +40,7 @@ def gather_step_facts(
     return StepFacts(
         device_type=device_type, method=method, hidden_size=hidden_size, num_layers=num_layers,
         vocab_size=vocab_size, seq_length=seq_length, micro_batch_size=micro_batch_size, packing=packing,
-        free_memory_bytes=free_memory_bytes(device_type), cpus=cpus, cpu_bf16=cpu_has_bf16(),
+        free_memory_bytes=free_memory_bytes(device_type), cpus=cpus, cpu_bf16=cpu_has_bf16(), cpu_amx=cpu_has_amx(),
         torch_version=(major, minor), installed=installed_kernels(), special_attention=special_attention, sft=sft,
         strategy=strategy, reference_copy=reference_copy,
     )  # fmt: skip
@@ -83,14 +83,28 @@ def _host_available() -> int | None:
     return None
 
 
+# The /proc/cpuinfo flags of x86's bf16 products: avx512_bf16's dot-product instruction and AMX's tiles
+# (amx_tile: the tile registers, amx_bf16: their bf16 products).
+BF16_FLAGS = ("avx512_bf16", "amx_bf16", "amx_tile")
+
+
 @functools.cache
+def cpu_bf16_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> frozenset[str]:
+    """Which of :data:`BF16_FLAGS` the CPU has (Linux only: empty where /proc/cpuinfo is missing)."""
+    if not cpuinfo.exists():
+        return frozenset()
+    flags = next((line for line in cpuinfo.read_text().splitlines() if line.startswith("flags")), "").split()
+    return frozenset(flag for flag in BF16_FLAGS if flag in flags)
+
+
 def cpu_has_bf16() -> bool:
     """Whether the CPU has bf16 matrix instructions (x86 avx512_bf16 or AMX; Linux only)."""
-    cpuinfo = Path("/proc/cpuinfo")
-    if not cpuinfo.exists():
-        return False
-    flags = next((line for line in cpuinfo.read_text().splitlines() if line.startswith("flags")), "").split()
-    return "avx512_bf16" in flags or "amx_bf16" in flags
+    return bool(cpu_bf16_flags() & {"avx512_bf16", "amx_bf16"})
+
+
+def cpu_has_amx() -> bool:
+    """Whether the CPU multiplies bf16 on AMX tiles (amx_tile and amx_bf16; Linux only)."""
+    return {"amx_tile", "amx_bf16"} <= cpu_bf16_flags()
 
 
 def installed_kernels() -> frozenset[str]:
