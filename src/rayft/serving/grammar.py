@@ -71,19 +71,17 @@ class Matcher:
     def allowed(self, width: int) -> torch.Tensor:
         """The tokens that keep the output a prefix of the grammar's language; only the end of sequence once
         it is complete (or, should the matcher fail, so that the row ends rather than run on unguarded)."""
+        import numpy as np
         import torch
 
-        mask = torch.zeros(width, dtype=torch.bool)
-        if self.matcher.is_error():
-            mask[self.eos_ids] = True
-            return mask
-        bits = torch.frombuffer(bytearray(self.matcher.compute_bitmask()), dtype=torch.uint8)
-        unpacked = ((bits[:, None] >> torch.arange(8, dtype=torch.uint8)) & 1).flatten().bool()
-        size = min(width, int(unpacked.shape[0]))
-        mask[:size] = unpacked[:size]
-        if not mask.any():
-            mask[self.eos_ids] = True
-        return mask
+        allowed = np.zeros(width, dtype=np.bool_)
+        if not self.matcher.is_error():
+            bits = np.unpackbits(np.frombuffer(self.matcher.compute_bitmask(), dtype=np.uint8), bitorder="little")
+            size = min(width, int(bits.shape[0]))
+            allowed[:size] = bits[:size]
+        if not allowed.any():
+            allowed[self.eos_ids] = True
+        return torch.from_numpy(allowed)
 
     def advance(self, token: int) -> None:
         """Take the row's picked token (an end of sequence ends the grammar too)."""
