@@ -2,12 +2,14 @@
 against free text, at 1 and 16 concurrent streams, on one server in one run.
 
 Each level sends the same chat requests (greedy, the same max_tokens) with the real `openai` client, at
-most ``concurrency`` at a time: free text, then ``response_format: json_schema``, then ``tool_choice:
-required`` with two tools, then free text again. tokens/s is the completion tokens of all requests over
-the level's wall time; each constrained arm's ratio is against the mean of the two free-text runs of the
-same level (on a shared machine the baseline moves between runs, and the two runs show by how much).
-The constrained rows compute their grammar's allowed tokens (llguidance) at every step beside the
-model's forward (``src/rayft/serving/grammar.py``).
+most ``concurrency`` at a time: free text, then ``response_format: json_schema``, then two tools under
+``tool_choice: auto`` and under ``tool_choice: required``, then free text again. tokens/s is the
+completion tokens of all requests over the level's wall time; each arm's ratio is against the mean of
+the two free-text runs of the same level (on a shared machine the baseline moves between runs, and the
+two runs show by how much). The tools arms' prompts are longer (the tool list goes into the system
+message), so the forced call is also compared with the same prompts under ``tool_choice: auto``
+(unconstrained). The constrained rows compute their grammar's allowed tokens (llguidance) at every step
+beside the model's forward (``src/rayft/serving/grammar.py``).
 
     .venv/bin/python benchmarks/bench_structured.py [--model smollm2-135m-instruct] [--requests 16]
         [--max-tokens 48] [--concurrency 1 16] [--cpus 2]
@@ -38,6 +40,7 @@ PEOPLE = ["Ada", "Alan", "Grace", "Edsger", "Barbara", "Donald", "Frances", "Joh
 ARMS: dict[str, dict[str, Any]] = {
     "free text": {},
     "json_schema": {"response_format": {"type": "json_schema", "json_schema": {"name": "person", "schema": SCHEMA}}},
+    "tools, tool_choice auto": {"tools": TOOLS, "tool_choice": "auto"},
     "tool_choice required": {"tools": TOOLS, "tool_choice": "required"},
 }
 
@@ -105,14 +108,16 @@ def main() -> None:
     print(f"command: {' '.join([sys.executable.rsplit('/', 1)[-1], *sys.argv])}")
     print(f"model {args.model}, {args.requests} requests per arm, max_tokens {args.max_tokens}, greedy, "
           f"{args.cpus:g} CPUs")  # fmt: skip
-    print("| streams | arm | tokens | wall s | tokens/s | / free text (mean of its two runs) |")
-    print("|---|---|---|---|---|---|")
+    print("| streams | arm | tokens | wall s | tokens/s | / free text (mean of its two runs) | / tools, auto |")
+    print("|---|---|---|---|---|---|---|")
     for concurrency in args.concurrency:
         these = [(arm, f) for c, arm, f in rows if c == concurrency]
         base = statistics.mean(f["tokens_per_s"] for arm, f in these if arm == "free text")
+        auto = next(f["tokens_per_s"] for arm, f in these if arm == "tools, tool_choice auto")
         for arm, f in these:
+            versus_auto = f"{f['tokens_per_s'] / auto:.2f}x" if arm.startswith("tool") else "-"
             print(f"| {concurrency} | {arm} | {f['tokens']:.0f} | {f['wall_s']:.1f} | {f['tokens_per_s']:.1f} | "
-                  f"{f['tokens_per_s'] / base:.2f}x |")  # fmt: skip
+                  f"{f['tokens_per_s'] / base:.2f}x | {versus_auto} |")  # fmt: skip
 
 
 if __name__ == "__main__":
