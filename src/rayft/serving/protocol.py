@@ -2,8 +2,9 @@
 
 Requests are parsed strictly: a field of the wrong type, a value out of range or a body that is not
 a JSON object is a :class:`RequestError` (HTTP 400, or 404 for an unknown model) with the OpenAI
-error shape; fields this server does not use are ignored, as OpenAI's own server does. The
-responses and stream chunks are built here too, so the router only moves them.
+error shape. A field this server does not honour is refused by name (400), never ignored, so that a
+client never takes an answer for one that honoured it. The responses and stream chunks are built
+here too, so the router only moves them.
 """
 
 from __future__ import annotations
@@ -11,12 +12,21 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from dataclasses import dataclass
-from typing import Annotated, Any, Literal
+from dataclasses import dataclass, replace
+from typing import Annotated, Any, Literal, cast
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from rayft.generation.backend import Message, Prompt
+from rayft.generation.backend import Prompt
+from rayft.serving.chat_fields import (
+    ChatMessage,
+    FieldError,
+    ResponseFormat,
+    Tool,
+    ToolChoice,
+    ToolUse,
+    tool_use,
+)
 
 Endpoint = Literal["chat", "completion"]
 
@@ -46,58 +56,66 @@ MAX_TOP_LOGPROBS = 20
 """The most alternatives per token ``logprobs`` (completions) or ``top_logprobs`` (chat) may ask for."""
 
 
+NO_TOOLS = ToolUse()
+"""A request without tools, response format or forced call."""
+
+MAX_CHOICES = 16
+"""The most choices (``n``) one request may ask for."""
+
+UNSUPPORTED = {
+    "logit_bias": "send the request without logit_bias",
+    "best_of": "ask for n choices instead, and pick among them",
+    "suffix": "send the prompt without a suffix",
+    "functions": "send them as tools: [{'type': 'function', 'function': {...}}]",
+    "function_call": "send it as tool_choice",
+    "store": "keep the responses on the client",
+    "prediction": "leave prediction out",
+    "audio": "ask for text",
+    "modalities": "ask for text",
+    "reasoning_effort": "leave reasoning_effort out",
+    "web_search_options": "leave web_search_options out",
+}
+"""OpenAI fields this server does not honour, with what to do instead (any other unknown field is refused too)."""
+
+
 class _Sampling(BaseModel):
     """The fields both endpoints share; strict, so that "10" is not taken for 10."""
 
-    model_config = ConfigDict(strict=True, extra="ignore")
+    model_config = ConfigDict(strict=True, extra="forbid")
 
     model: str = Field(min_length=1)
     temperature: float = Field(1.0, ge=0, le=2)
     top_p: float = Field(1.0, gt=0, le=1)
+    top_k: int = Field(0, ge=-1)
+    min_p: float = Field(0.0, ge=0, le=1)
+    presence_penalty: float = Field(0.0, ge=-2, le=2)
+    frequency_penalty: float = Field(0.0, ge=-2, le=2)
+    repetition_penalty: float = Field(1.0, gt=0, le=10)
     stop: str | list[str] | None = None
     seed: int | None = None
     stream: bool = False
     stream_options: dict[str, Any] | None = None
-    n: int = Field(1, ge=1, le=1)
-
-
-def _text_of_parts(parts: list[dict[str, Any]]) -> str:
-    """The text of a message given as content parts; only text parts are understood."""
-    texts: list[str] = []
-    for index, part in enumerate(parts):
-        kind = part.get("type")
-        if kind != "text":
-            raise ValueError(
-                f"content part {index} has type {kind!r}; this server reads only text parts "
-                "({'type': 'text', 'text': ...}); send the content as text"
-            )
-        text = part.get("text")
-        if not isinstance(text, str):
-            raise ValueError(f"content part {index} (type 'text') needs 'text' as a string; got {_shown(text)}")
-        texts.append(text)
-    return "\n".join(texts)  # as vLLM joins a message's text parts
-
-
-class _ChatMessage(BaseModel):
-    model_config = ConfigDict(strict=True, extra="ignore")
-
-    role: Literal["system", "user", "assistant"]
-    content: str | list[dict[str, Any]]
-
-    @field_validator("content")
-    @classmethod
-    def _join_parts(cls, content: str | list[dict[str, Any]]) -> str:
-        return content if isinstance(content, str) else _text_of_parts(content)
+    n: int = Field(1, ge=1, le=MAX_CHOICES)
+    user: str | None = None  # an end user's id for the caller's own records; it changes no output
+    metadata: dict[str, str] | None = None  # the caller's own tags; they change no output
 
 
 class ChatRequest(_Sampling):
     """POST /v1/chat/completions."""
 
-    messages: list[_ChatMessage] = Field(min_length=1)
+    messages: list[ChatMessage] = Field(min_length=1)
     max_tokens: int | None = Field(None, gt=0)
     max_completion_tokens: int | None = Field(None, gt=0)
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
+    tools: list[Tool] | None = None
+    tool_choice: ToolChoice | None = None
+    parallel_tool_calls: bool | None = None
+    response_format: ResponseFormat | None = None
+
+    def tool_use(self) -> ToolUse:
+        """What the request's tools, tool_choice and response_format ask of the replica and the router."""
+        return tool_use(self.tools, self.tool_choice, self.response_format, self.parallel_tool_calls)
 
 
 _PROMPT_SHAPES = "give a string, a list of strings, token ids (integers >= 0), or a list of token id lists"
@@ -133,6 +151,9 @@ class Job:
         logprobs: Whether each generated token's log-probability comes back with its text.
         top_logprobs: How many alternatives per generated token come back with it (0: none).
         echo: Whether the prompt's own tokens and log-probabilities come back before the completion.
+        top_k, min_p, presence_penalty, frequency_penalty, repetition_penalty: Sampling, as vLLM reads them
+            (:mod:`rayft.serving.sampling`).
+        tools: The tools rendered into the prompt, the calls read back, and the grammar the output must match.
     """
 
     prompt: Prompt
@@ -145,6 +166,13 @@ class Job:
     logprobs: bool = False
     top_logprobs: int = 0
     echo: bool = False
+    top_k: int = 0
+    min_p: float = 0.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    tools: ToolUse = NO_TOOLS
+    copy: int = 0  # which of the prompt's n choices this is (usage counts the prompt's tokens once)
 
 
 def parse_request(raw: bytes, endpoint: Endpoint) -> ChatRequest | CompletionRequest:
@@ -164,6 +192,13 @@ def parse_request(raw: bytes, endpoint: Endpoint) -> ChatRequest | CompletionReq
         raise RequestError(
             400, "top_logprobs: needs logprobs: true; set both, or leave top_logprobs out", "top_logprobs"
         )
+    else:
+        try:
+            request.tool_use()
+        except FieldError as exc:
+            raise RequestError(400, f"{exc.param}: {exc.message}", exc.param) from None
+    if isinstance(request, CompletionRequest) and request.echo and request.n > 1:
+        raise RequestError(400, "n: echo scores the prompt once; ask for n: 1 with echo", "n")
     return request
 
 
@@ -188,6 +223,11 @@ def _invalid(exc: ValidationError | RecursionError) -> RequestError:
     ):  # the union's own errors name its branches, not what to send
         return RequestError(400, f"prompt: {_PROMPT_SHAPES} (got {_shown(error.get('input'))})", "prompt")
     param = ".".join(str(p) for p in error["loc"])
+    if error["type"] == "extra_forbidden":
+        field = str(error["loc"][-1])
+        hint = UNSUPPORTED.get(field, "leave it out") if len(error["loc"]) == 1 else "leave it out"
+        return RequestError(400, f"{param}: this server does not support {field!r}; {hint}", param,
+                            "unsupported_parameter")  # fmt: skip
     message = error["msg"].removeprefix("Value error, ")
     return RequestError(400, f"{param}: {message} (got {_shown(error.get('input'))})", param)
 
@@ -206,22 +246,46 @@ def _check_prompts(prompts: list[str | tuple[int, ...]]) -> None:
 
 
 def to_jobs(request: ChatRequest | CompletionRequest) -> list[Job]:
-    """The generation jobs of a parsed request: one, or one per prompt of a batched completion."""
+    """The generation jobs of a parsed request: ``n`` per prompt (one, or each of a batched completion's),
+    in the order of the response's choices; choice ``i`` of a seeded request samples with ``seed + i``."""
     stop = (request.stop,) if isinstance(request.stop, str) else tuple(request.stop or ())
-    sampling = (request.temperature, request.top_p, stop, request.seed)
+    shared: dict[str, Any] = {
+        "temperature": request.temperature, "top_p": request.top_p, "stop": stop, "top_k": max(request.top_k, 0),
+        "min_p": request.min_p, "presence_penalty": request.presence_penalty,
+        "frequency_penalty": request.frequency_penalty, "repetition_penalty": request.repetition_penalty,
+    }  # fmt: skip
     if isinstance(request, ChatRequest):
-        prompt: Prompt = [Message(role=m.role, content=str(m.content)) for m in request.messages]
+        prompt = cast("Prompt", [m.to_prompt() for m in request.messages])  # messages with tool calls too
         max_tokens = request.max_completion_tokens or request.max_tokens
         top = request.top_logprobs or 0
-        return [Job(prompt, max_tokens, *sampling, logprobs=request.logprobs, top_logprobs=top)]
+        one = Job(prompt, max_tokens, seed=request.seed, logprobs=request.logprobs, top_logprobs=top,
+                  tools=request.tool_use(), **shared)  # fmt: skip
+        return _copies([one], request.n)
     wanted = request.logprobs is not None
     top = request.logprobs or 0
-    return [
-        Job(p, request.max_tokens, *sampling, logprobs=wanted, top_logprobs=top, echo=request.echo)
+    jobs = [
+        Job(p, request.max_tokens, seed=request.seed, logprobs=wanted, top_logprobs=top, echo=request.echo, **shared)
         if isinstance(p, str)
-        else Job("", request.max_tokens, *sampling, prompt_ids=p, logprobs=wanted, top_logprobs=top, echo=request.echo)
+        else Job(
+            "",
+            request.max_tokens,
+            seed=request.seed,
+            prompt_ids=p,
+            logprobs=wanted,
+            top_logprobs=top,
+            echo=request.echo,
+            **shared,
+        )
         for p in request.prompts()
     ]
+    return _copies(jobs, request.n)
+
+
+def _copies(jobs: list[Job], n: int) -> list[Job]:
+    """Each job ``n`` times in a row, each copy seeded apart when the request gives a seed."""
+    if n == 1:
+        return jobs
+    return [replace(job, copy=i, seed=None if job.seed is None else job.seed + i) for job in jobs for i in range(n)]
 
 
 def unknown_model(model: str, served: list[str]) -> RequestError:
@@ -268,11 +332,15 @@ class ResponseBuilder:
         return {"id": self.id, "object": kind, "created": self.created, "model": self.model}
 
     def choice(
-        self, index: int, text: str, finish_reason: str, logprobs: dict[str, Any] | None = None
-    ) -> dict[str, Any]:
-        """One choice of a whole response (``logprobs`` in the endpoint's shape, see :mod:`.logprobs`)."""
+        self, index: int, text: str | None, finish_reason: str, logprobs: dict[str, Any] | None = None,
+        tool_calls: list[dict[str, Any]] | None = None,
+    ) -> dict[str, Any]:  # fmt: skip
+        """One choice of a whole response (``logprobs`` in the endpoint's shape, see :mod:`.logprobs`; a chat
+        message's ``tool_calls`` in OpenAI's shape, when the model called tools)."""
         if self.endpoint == "chat":
-            message = {"role": "assistant", "content": text}
+            message: dict[str, Any] = {"role": "assistant", "content": text}
+            if tool_calls:
+                message["tool_calls"] = tool_calls
             return {"index": index, "message": message, "logprobs": logprobs, "finish_reason": finish_reason}
         return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
 
@@ -288,12 +356,17 @@ class ResponseBuilder:
         first: bool = False,
         index: int = 0,
         logprobs: dict[str, Any] | None = None,
+        tool_call: tuple[int, dict[str, Any]] | None = None,
     ) -> dict[str, Any]:
-        """One streamed piece (``text`` None: an empty delta, with the finish reason)."""
+        """One streamed piece (``text`` None: an empty delta, with the finish reason); ``tool_call`` is a call's
+        delta, ``(its index among the choice's calls, {"id", "type", "function": {"name", "arguments"}})``
+        or only the arguments' next piece."""
         if self.endpoint == "chat":
             delta: dict[str, Any] = {"role": "assistant"} if first else {}
             if text is not None:
                 delta["content"] = text
+            if tool_call is not None:
+                delta["tool_calls"] = [{"index": tool_call[0], **tool_call[1]}]
             choice: dict[str, Any] = {"index": index, "delta": delta, "logprobs": logprobs}
         else:
             choice = {"index": index, "text": text or "", "logprobs": logprobs}

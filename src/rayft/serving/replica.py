@@ -80,7 +80,10 @@ def replica_class(max_adapters: int) -> type:
                 self.engine.admit()
                 if adapter is not None:
                     await self.adapter(adapter)
-                prepared = self.engine.prepare(job, adapter)
+                if job.tools.guide is None:
+                    prepared = self.engine.prepare(job, adapter)
+                else:  # compiling the grammar (and, once, reading the vocabulary) keeps the loop free
+                    prepared = await asyncio.to_thread(self.engine.prepare, job, adapter)
                 events = self.engine.submit(prepared)
                 first = await anext(events)  # a full queue refuses here, before anything is sent
             except QueueFullError as error:

@@ -24,6 +24,7 @@ from ray.serve.handle import DeploymentHandle
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from rayft.serving.access_log import quiet_serve_console
+from rayft.serving.choices import ChoiceStream, whole_choice
 from rayft.serving.drain import Drain, ShuttingDownError, StreamCutError
 from rayft.serving.engine import Finished
 from rayft.serving.keys import authorized
@@ -125,12 +126,24 @@ async def _whole(streams: list[Any], jobs: list[Job], reply: ResponseBuilder, pr
     if any(c.finished is None for c in choices):
         return _error(RequestError(500, "the replica ended the request without finishing it; retry it"))
     body = [
-        reply.choice(i, "".join(c.pieces), c.finished.finish_reason, _rendered(reply.endpoint, c.tokens, job))
+        whole_choice(
+            reply,
+            i,
+            job,
+            "".join(c.pieces),
+            c.finished.finish_reason,
+            logprobs=_rendered(reply.endpoint, c.tokens, job),
+        )
         for i, (c, job) in enumerate(zip(choices, jobs, strict=True))
         if c.finished is not None
     ]
     completion = sum(c.finished.completion_tokens for c in choices if c.finished is not None)
-    return JSONResponse(reply.response(body, Usage(sum(prompt_tokens), completion)))
+    return JSONResponse(reply.response(body, Usage(_prompt_tokens(jobs, prompt_tokens), completion)))
+
+
+def _prompt_tokens(jobs: list[Job], counts: list[int]) -> int:
+    """The prompt tokens of a request: each prompt once, however many choices (``n``) it has."""
+    return sum(count for job, count in zip(jobs, counts, strict=True) if job.copy == 0)
 
 
 async def _stream(
@@ -139,22 +152,24 @@ async def _stream(
     """Server-sent events: per choice the role, each piece, the finish reason; then the usage if asked,
     and ``[DONE]``. The choices of a batched prompt run together on the replicas and are sent in turn."""
     finished = [False] * len(streams)
-    usage = Usage(sum(prompt_tokens), 0)
+    usage = Usage(_prompt_tokens(jobs, prompt_tokens), 0)
     try:
         for index, (events, job) in enumerate(zip(streams, jobs, strict=True)):
             if reply.endpoint == "chat":
                 yield sse(reply.chunk(None, first=True, index=index))
-            offset = 0
+            offset, choice = 0, ChoiceStream(reply, index, job)
             async for event in events:
                 if isinstance(event, Finished):
                     finished[index] = True
                     usage += Usage(0, event.completion_tokens)
-                    yield sse(reply.chunk(None, event.finish_reason, index=index))
+                    for chunk in choice.finish(event.finish_reason):
+                        yield sse(chunk)
                     break
                 text, tokens = _piece(event)
                 logprobs = _rendered(reply.endpoint, list(tokens or ()), job, offset)
                 offset += len(text)
-                yield sse(reply.chunk(text, index=index, logprobs=logprobs))
+                for chunk in choice.piece(text, logprobs):
+                    yield sse(chunk)
         if include_usage:
             yield sse(reply.usage_chunk(usage))
         yield DONE
@@ -182,6 +197,16 @@ def _check_echo(job: Job) -> None:
         )  # fmt: skip
     if job.max_tokens != 0 and job.stop:
         raise RequestError(400, "stop is not applied with echo; leave stop out, or set max_tokens to 0", "stop")
+    shaping = {
+        "top_k": job.top_k,
+        "min_p": job.min_p,
+        "presence_penalty": job.presence_penalty,
+        "frequency_penalty": job.frequency_penalty,
+        "repetition_penalty": job.repetition_penalty - 1.0,
+    }
+    if job.max_tokens != 0 and (named := [name for name, value in shaping.items() if value]):
+        raise RequestError(400, f"{named[0]} is not applied with echo, whose continuation is greedy; leave it out, "
+                           "or set max_tokens to 0", named[0])  # fmt: skip
 
 
 def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
