@@ -7,6 +7,7 @@ from typing import Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from rayft.config.base import Section
+from rayft.config.objectives import ObjectiveName, ObjectiveTraits, objective_traits
 from rayft.config.preference import PreferenceConfig
 from rayft.config.rl import RlConfig
 from rayft.config.tracking import MlflowConfig, PrometheusConfig, WandbConfig
@@ -113,7 +114,7 @@ class TrainConfig(Section):
     method: Literal["lora", "full"] = Field(
         "lora", description="Train a LoRA adapter (see the lora section) or every weight."
     )
-    objective: Literal["sft", "dpo", "orpo", "simpo", "grpo"] = Field(
+    objective: ObjectiveName = Field(
         "sft",
         description=(
             "What is trained: 'sft' (supervised: the response's likelihood); preference training on "
@@ -320,9 +321,14 @@ class TrainConfig(Section):
         return self
 
     @property
+    def traits(self) -> ObjectiveTraits:
+        """What the config and the driver know of the objective (:mod:`rayft.config.objectives`)."""
+        return objective_traits(self.objective)
+
+    @property
     def preference_objective(self) -> bool:
         """Whether the objective trains on preference pairs (dpo, orpo, simpo)."""
-        return self.objective in ("dpo", "orpo", "simpo")
+        return self.traits.data == "pairs"
 
     @model_validator(mode="after")
     def _frozen_precision(self) -> TrainConfig:
@@ -340,9 +346,9 @@ class TrainConfig(Section):
 
     @model_validator(mode="after")
     def _rl_strategy(self) -> TrainConfig:
-        if self.objective == "grpo" and self.strategy != "ddp":
+        if self.traits.samples and self.strategy != "ddp":
             raise ValueError(
-                f"train.objective=grpo with train.strategy={self.strategy!r}: the workers sample completions "
+                f"train.objective={self.objective} with train.strategy={self.strategy!r}: the workers sample completions "
                 "themselves, which needs each worker to hold the whole model; set train.strategy=ddp"
             )
         if self.rl.kl_coef and self.rl.reference == "base" and self.method != "lora":

@@ -249,7 +249,7 @@ def workers_allocator(plan: WorkerPlan, *, local: bool) -> AllocatorPlan:
     try:
         return plan_allocator(
             train.allocator, train.malloc_mmap_threshold_bytes, os.environ, jemalloc,
-            local=local, samples=train.objective == "grpo",
+            local=local, samples=train.traits.samples,
         )  # fmt: skip
     except ValueError as exc:
         raise ConfigError(str(exc)) from None

@@ -98,7 +98,7 @@ def prepare_for_training(
     reference pass of full DPO included. With ``use_ray`` and no Ray yet, Ray is started (or
     ``ray_address`` joined) for the work that needs it."""
     pairs = pair_preparation(cfg.train.preference_objective, cfg.train.preference.max_prompt_length)
-    carry = cfg.train.rl.carried_columns if cfg.train.objective == "grpo" else ()
+    carry = cfg.train.rl.carried_columns if cfg.train.traits.data == "prompts" else ()
     outcome = prepare(cfg.data, cfg.model, cfg.seed, report_dir=report_dir, use_ray=use_ray,
                       ray_address=ray_address, pairs=pairs, carry=carry)  # fmt: skip
     if not needs_reference(cfg.train.objective, cfg.train.method):
