@@ -348,8 +348,8 @@ class TrainConfig(Section):
     def _rl_strategy(self) -> TrainConfig:
         if self.traits.samples and self.strategy != "ddp":
             raise ValueError(
-                f"train.objective={self.objective} with train.strategy={self.strategy!r}: the workers sample completions "
-                "themselves, which needs each worker to hold the whole model; set train.strategy=ddp"
+                f"train.objective={self.objective} with train.strategy={self.strategy!r}: the workers sample "
+                "completions themselves, which needs each worker to hold the whole model; set train.strategy=ddp"
             )
         if self.rl.kl_coef and self.rl.reference == "base" and self.method != "lora":
             raise ValueError(
