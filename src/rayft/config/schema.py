@@ -165,11 +165,7 @@ class RayftConfig(Section):
     @model_validator(mode="after")
     def _an_actor_per_worker(self) -> RayftConfig:
         rollout, workers = self.train.rl.rollout, max(self.scaling.num_workers, 1)
-        if (
-            self.train.traits.samples
-            and rollout.placement == "actors"
-            and (rollout.num_actors or workers) < workers
-        ):
+        if self.train.traits.samples and rollout.placement == "actors" and (rollout.num_actors or workers) < workers:
             raise ValueError(
                 f"train.rl.rollout.num_actors={rollout.num_actors} is fewer than the {workers} training workers "
                 f"(scaling.num_workers): each worker samples on actors of its own; set num_actors to at least {workers}"
