@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-ObjectiveName = Literal["sft", "dpo", "orpo", "simpo", "grpo"]
+ObjectiveName = Literal["sft", "dpo", "orpo", "simpo", "grpo", "sft_kl"]
 DataKind = Literal["examples", "pairs", "prompts"]
 
 
@@ -26,6 +26,7 @@ _PAIRS = (
     "a preference pair's chosen and rejected responses are compared as two sequences of one prompt, and packing "
     "would join unrelated pairs in one row"
 )
+_ROWS = "its KL term compares each row's token distributions with the base model's, row by row"
 _PROMPTS = "each row's prompt is sampled from on its own, and packing would join unrelated rows"
 
 OBJECTIVES: dict[str, ObjectiveTraits] = {
@@ -34,6 +35,7 @@ OBJECTIVES: dict[str, ObjectiveTraits] = {
     "orpo": ObjectiveTraits("pairs", unpacked_because=_PAIRS),
     "simpo": ObjectiveTraits("pairs", unpacked_because=_PAIRS),
     "grpo": ObjectiveTraits("prompts", samples=True, unpacked_because=_PROMPTS),
+    "sft_kl": ObjectiveTraits("examples", unpacked_because=_ROWS),
 }
 
 

@@ -10,6 +10,7 @@ from rayft.config.base import Section
 from rayft.config.objectives import ObjectiveName, ObjectiveTraits, objective_traits
 from rayft.config.preference import PreferenceConfig
 from rayft.config.rl import RlConfig
+from rayft.config.sft_kl import SftKlConfig
 from rayft.config.tracking import MlflowConfig, PrometheusConfig, WandbConfig
 
 # DeepSpeed settings that rayft derives from train.*; train.deepspeed may not set them.
@@ -123,8 +124,8 @@ class TrainConfig(Section):
             "(likelihood plus an odds-ratio term, no reference) or 'simpo' (length-normalised rewards with a "
             "margin, no reference), whose settings are in train.preference; or 'grpo': online reinforcement "
             "learning on the data's prompts, with completions sampled by the policy and scored by reward "
-            "functions against the rows' responses (GRPO, Dr. GRPO, DAPO, RLOO: train.rl). Preference and grpo "
-            "data cannot be packed."
+            "functions against the rows' responses (GRPO, Dr. GRPO, DAPO, RLOO: train.rl); or 'sft_kl': SFT "
+            "with a KL penalty to the base model on every label token (train.sft_kl). Only sft data can be packed."
         ),
     )
     strategy: Literal["ddp", "fsdp", "deepspeed"] = Field(
@@ -288,6 +289,10 @@ class TrainConfig(Section):
             "Settings of train.objective grpo: samples per prompt, sampling, rewards, the loss variant, clipping and "
             "the KL penalty (see the reinforcement learning guide)."
         ),
+    )
+    sft_kl: SftKlConfig = Field(
+        default_factory=SftKlConfig,
+        description="Settings of train.objective sft_kl: the weight of the KL penalty to the base model.",
     )
     profile: ProfileConfig = Field(
         default_factory=ProfileConfig,
