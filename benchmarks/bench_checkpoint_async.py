@@ -41,6 +41,7 @@ def run_once(model_dir: Path, prepared: Any, storage: Path, *, background: bool,
     from rayft.training.driver.startup import build_worker_plan, claim_run_dir
     from rayft.training.loop.session import LocalSession
     from rayft.training.loop.worker import run_worker
+    from rayft.training.methods.registry import REGISTERED
 
     cfg = load_config(None, [
         f"model.name={model_dir}", f"storage_path={storage}", "name=run", "scaling.num_workers=0",
@@ -51,7 +52,7 @@ def run_once(model_dir: Path, prepared: Any, storage: Path, *, background: bool,
     run_dir = claim_run_dir(cfg, resume=False)
     plan = build_worker_plan(cfg, prepared, RunLocation(run_dir))
     started = time.monotonic()
-    state = run_worker(plan, LocalSession(split_files(prepared), plan.location, num_to_keep=1))
+    state = run_worker(plan, LocalSession(split_files(prepared), plan.location, num_to_keep=1), REGISTERED)
     return {"blocked_s": state.checkpoint_blocked_s, "wall_s": time.monotonic() - started, "saves": steps // save_steps}
 
 

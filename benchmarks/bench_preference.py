@@ -78,7 +78,7 @@ def build_model(vocab: int, hidden: int, layers: int, lora: bool) -> Any:
 def objective(name: str, pad_id: int) -> Any:
     """rayft's preference objective ``name`` with its default settings."""
     from rayft.config.preference import PreferenceConfig
-    from rayft.training.loop.preference import PreferenceTraining
+    from rayft.training.methods.preference.method import PreferenceTraining
 
     plan = SimpleNamespace(model=SimpleNamespace(attn_implementation="sdpa"))
     lm = SimpleNamespace(plan=plan, tokenizer=SimpleNamespace(pad_token_id=pad_id), model_type="llama")
@@ -112,7 +112,7 @@ def with_reference(model: Any, units: list[dict[str, Any]], pad_id: int) -> list
     """``units`` with the reference log-probabilities of ``model`` stored, as full-fine-tuning DPO has them."""
     import torch
 
-    from rayft.training.loop.preference import collate_preference, pair_logps
+    from rayft.training.methods.preference.method import collate_preference, pair_logps
     from rayft.training.modeling.precision import Precision
 
     out = []

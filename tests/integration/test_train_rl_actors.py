@@ -12,7 +12,7 @@ import pytest
 
 from rayft.data.prepared import PreparedData
 from rayft.errors import TrainingError
-from rayft.training.loop.rollout_actors import HfRolloutActor, WeightUpdate
+from rayft.training.methods.rl.rollout_actors import HfRolloutActor, WeightUpdate
 from tests.integration.test_train_rl import BUILTIN_REWARDS, figures, prompts, rl_config
 from tests.support.runs import crashed_copy, read_metrics, train_losses, train_on
 

@@ -100,7 +100,7 @@ def test_a_relative_task_file_is_made_absolute_for_the_workers(tmp_path: Path) -
 def test_task_units_index_every_example_of_both_splits(tmp_path: Path) -> None:
     import pyarrow.parquet as pq
 
-    from rayft.training.loop.objective import write_task_units
+    from rayft.training.methods.task.method import write_task_units
 
     prepared = write_task_units(tmp_path / "units", TaskData(train=list(range(7)), validation=[0, 1]), key="k")
     assert prepared.train.num_units == 7 and prepared.validation is not None
@@ -113,7 +113,7 @@ def test_task_units_index_every_example_of_both_splits(tmp_path: Path) -> None:
 
 
 def test_task_units_live_in_the_data_cache_written_once_per_pair_of_sizes(tmp_path: Path) -> None:
-    from rayft.training.loop.objective import write_task_units
+    from rayft.training.methods.task.method import write_task_units
 
     cache = tmp_path / "cache"
     first = write_task_units(cache, TaskData(train=list(range(5)), validation=[0]), key="a")
@@ -128,7 +128,7 @@ def test_task_units_live_in_the_data_cache_written_once_per_pair_of_sizes(tmp_pa
 def test_batches_move_nested_tensors_and_count_examples() -> None:
     import torch
 
-    from rayft.training.loop.objective import TaskBatch, to_device, weighted_means
+    from rayft.training.methods.task.method import TaskBatch, to_device, weighted_means
 
     batch = TaskBatch({"x": torch.ones(2), "pair": (torch.zeros(1), "label")}, [4, 7])
     moved = batch.to("meta")
@@ -141,7 +141,7 @@ def test_batches_move_nested_tensors_and_count_examples() -> None:
 def test_evaluation_and_step_loss_do_not_depend_on_the_batch_split(task_file: Path) -> None:
     import torch
 
-    from rayft.training.loop.objective import TaskObjective
+    from rayft.training.methods.task.method import TaskObjective
     from rayft.training.modeling.precision import Precision
 
     task = load_task(f"{task_file}:Linear")
@@ -163,7 +163,7 @@ def test_evaluation_and_step_loss_do_not_depend_on_the_batch_split(task_file: Pa
 def test_task_model_files_restore_the_weights(task_file: Path, tmp_path: Path) -> None:
     import torch
 
-    from rayft.training.loop.objective import TaskObjective
+    from rayft.training.methods.task.method import TaskObjective
 
     task = load_task(f"{task_file}:Linear")
     objective = TaskObjective(task, task.build_datasets(0), "task:\n  path: x\n")

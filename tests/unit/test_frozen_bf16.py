@@ -160,9 +160,9 @@ def test_grpos_cpu_generation_actors_build_their_frozen_layers_as_the_trainer_de
     from rayft.config.train import CheckpointConfig, LoggingConfig
     from rayft.runs.location import RunLocation
     from rayft.training.loop.plan import Schedule
-    from rayft.training.loop.rl_setup import actor_spec
-    from rayft.training.loop.rollout_actors import HfRolloutActor
     from rayft.training.loop.worker_plan import WorkerPlan
+    from rayft.training.methods.rl.rollout_actors import HfRolloutActor
+    from rayft.training.methods.rl.setup import actor_spec
 
     def actor_layers(frozen: str) -> list[torch.nn.Module]:
         plan = WorkerPlan(

@@ -18,7 +18,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("trl")
 
-from rayft.training.modeling.preference import (  # noqa: E402
+from rayft.training.methods.preference.losses import (  # noqa: E402
     PairLogps,
     dpo_losses,
     log1mexp,

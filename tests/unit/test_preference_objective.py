@@ -15,7 +15,7 @@ torch = pytest.importorskip("torch")
 
 from rayft.config.preference import PreferenceConfig  # noqa: E402
 from rayft.errors import ConfigError  # noqa: E402
-from rayft.training.loop.preference import PreferenceTraining, collate_preference, pair_logps  # noqa: E402
+from rayft.training.methods.preference.method import PreferenceTraining, collate_preference, pair_logps  # noqa: E402
 from rayft.training.modeling.precision import Precision  # noqa: E402
 
 X = -100

@@ -88,8 +88,8 @@ def test_full_dpo_reference_logps_are_the_base_models_and_are_reused(tiny_model_
     from transformers import AutoModelForCausalLM
 
     from rayft.config import LoraConfig, ModelConfig
-    from rayft.training.loop.preference import collate_preference, pair_logps
-    from rayft.training.loop.reference import ReferenceJob, attach_reference, needs_reference
+    from rayft.training.methods.preference.method import collate_preference, pair_logps
+    from rayft.training.methods.preference.reference import ReferenceJob, attach_reference, needs_reference
     from rayft.training.modeling.precision import Precision
 
     assert needs_reference("dpo", "full") and not needs_reference("dpo", "lora") and not needs_reference("orpo", "full")

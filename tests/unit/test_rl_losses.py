@@ -17,7 +17,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("trl")
 
-from rayft.training.modeling.rl import (  # noqa: E402
+from rayft.training.methods.rl.losses import (  # noqa: E402
     PolicyLossSettings,
     group_advantages,
     importance_weights,
@@ -250,8 +250,8 @@ def test_the_samplers_completion_logps_are_the_trainers_token_for_token(tiny_mod
     from rayft.data.collate import collate
     from rayft.data.prepared import IGNORE_INDEX
     from rayft.models.loading import load_tokenizer
-    from rayft.training.loop.sampling import Sampler
-    from rayft.training.modeling.rl import completion_logps
+    from rayft.training.methods.rl.losses import completion_logps
+    from rayft.training.methods.rl.sampling import Sampler
 
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
     tokenizer = load_tokenizer(ModelConfig(name=str(tiny_model_dir)))

@@ -8,7 +8,8 @@ import pytest
 
 from rayft.config import load_config
 from rayft.errors import ConfigError
-from rayft.training.loop.rollout_plan import actor_of, owned_actors, staleness, timeout_message, with_lookahead
+from rayft.training.loop.batches import with_lookahead
+from rayft.training.methods.rl.rollout_plan import actor_of, owned_actors, staleness, timeout_message
 
 
 def test_each_worker_owns_its_share_of_the_actors_and_round_robins_its_micro_batches() -> None:
@@ -86,8 +87,8 @@ def test_actor_settings_load_and_the_engine_follows_the_gpus() -> None:
 
 def test_rollouts_sampled_ahead_round_trip_through_a_checkpoint() -> None:
     from rayft.config.rl import RolloutConfig
-    from rayft.training.loop.rollout_actors import ActorRollouts
-    from rayft.training.loop.sampling import Completions, PromptBatch
+    from rayft.training.methods.rl.rollout_actors import ActorRollouts
+    from rayft.training.methods.rl.sampling import Completions, PromptBatch
 
     config = RolloutConfig(placement="actors", max_staleness=1)
     saved = ActorRollouts([], config, "lora", group=2, seed=0)

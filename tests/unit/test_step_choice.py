@@ -179,6 +179,7 @@ def test_the_worker_decides_its_step_sets_threads_and_says_so_once(
     from rayft.training.loop.plan import Schedule
     from rayft.training.loop.worker import choose_worker_step
     from rayft.training.loop.worker_plan import WorkerPlan
+    from rayft.training.methods.registry import REGISTERED
 
     plan = WorkerPlan(
         model=ModelConfig(name=str(tiny_model_dir)), lora=LoraConfig(), train=TrainConfig(fused_loss="none"),
@@ -190,7 +191,8 @@ def test_the_worker_decides_its_step_sets_threads_and_says_so_once(
     threads = torch.get_num_threads()
     try:
         with caplog.at_level(logging.INFO, logger="rayft.train"):
-            decided = choose_worker_step(plan, SimpleNamespace(device=torch.device("cpu"), rank=0))  # type: ignore[arg-type]
+            session = SimpleNamespace(device=torch.device("cpu"), rank=0)
+            decided = choose_worker_step(plan, session, REGISTERED.traits(plan))  # type: ignore[arg-type]
         assert torch.get_num_threads() == 1
     finally:
         torch.set_num_threads(threads)

@@ -7,6 +7,7 @@ from types import SimpleNamespace
 import pytest
 
 from rayft.training.loop.checkpointing import TrainerState
+from rayft.training.loop.method import MethodHooks
 from rayft.training.loop.metrics import ThroughputWindow
 from rayft.training.loop.steps import StepStats
 from rayft.training.loop.worker import after_step
@@ -50,7 +51,8 @@ def test_tokens_per_s_is_the_training_rate_for_any_logging_window(logging_steps:
         scheduler=SimpleNamespace(get_last_lr=lambda: [1e-4]),
         window=ThroughputWindow(clock=clock),
         window_units=0.0,
-        objective=SimpleNamespace(throughput_unit="tokens"),
+        method=SimpleNamespace(throughput_unit="tokens", figures=MethodHooks().figures),  # a method without figures
+        session=SimpleNamespace(device=None, world_size=1),
         profile=SimpleNamespace(timer=StepTimer(enabled=False), window_metrics=lambda step, rate: {}),
     )
     for _ in range(30):

@@ -142,7 +142,7 @@ class RolloutConfig(Section):
         None,
         description=(
             "A generation actor class of your own, 'package.module:Class', in place of the engine's: constructed "
-            "with the actor spec (rayft.training.loop.rollout_actors.ActorSpec) and answering ready(), "
+            "with the actor spec (rayft.training.methods.rl.rollout_actors.ActorSpec) and answering ready(), "
             "load_weights(update) and generate(prompts, group, seed) as rayft's HfRolloutActor does."
         ),
     )

@@ -147,19 +147,13 @@ class RayftConfig(Section):
 
     @model_validator(mode="after")
     def _preference_pairs_are_not_packed(self) -> RayftConfig:
-        objective = self.train.objective
-        if objective == "sft":
+        objective, traits = self.train.objective, self.train.traits
+        if traits.token_loss:
             return self
-        if self.data.packing and objective == "grpo":
+        if self.data.packing and traits.unpacked_because:
             raise ValueError(
-                "train.objective='grpo' with data.packing=true: each row's prompt is sampled from on its own, and "
-                "packing would join unrelated rows; set data.packing=false"
-            )
-        if self.data.packing:
-            raise ValueError(
-                f"train.objective={objective!r} with data.packing=true: a preference pair's chosen and rejected "
-                "responses are compared as two sequences of one prompt, and packing would join unrelated pairs in "
-                "one row; set data.packing=false"
+                f"train.objective={objective!r} with data.packing=true: {traits.unpacked_because}; "
+                "set data.packing=false"
             )
         if self.task.path is not None:
             raise ValueError(
@@ -171,11 +165,7 @@ class RayftConfig(Section):
     @model_validator(mode="after")
     def _an_actor_per_worker(self) -> RayftConfig:
         rollout, workers = self.train.rl.rollout, max(self.scaling.num_workers, 1)
-        if (
-            self.train.objective == "grpo"
-            and rollout.placement == "actors"
-            and (rollout.num_actors or workers) < workers
-        ):
+        if self.train.traits.samples and rollout.placement == "actors" and (rollout.num_actors or workers) < workers:
             raise ValueError(
                 f"train.rl.rollout.num_actors={rollout.num_actors} is fewer than the {workers} training workers "
                 f"(scaling.num_workers): each worker samples on actors of its own; set num_actors to at least {workers}"

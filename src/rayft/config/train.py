@@ -7,8 +7,10 @@ from typing import Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from rayft.config.base import Section
+from rayft.config.objectives import ObjectiveName, ObjectiveTraits, objective_traits
 from rayft.config.preference import PreferenceConfig
 from rayft.config.rl import RlConfig
+from rayft.config.sft_kl import SftKlConfig
 from rayft.config.tracking import MlflowConfig, PrometheusConfig, WandbConfig
 
 # DeepSpeed settings that rayft derives from train.*; train.deepspeed may not set them.
@@ -113,7 +115,7 @@ class TrainConfig(Section):
     method: Literal["lora", "full"] = Field(
         "lora", description="Train a LoRA adapter (see the lora section) or every weight."
     )
-    objective: Literal["sft", "dpo", "orpo", "simpo", "grpo"] = Field(
+    objective: ObjectiveName = Field(
         "sft",
         description=(
             "What is trained: 'sft' (supervised: the response's likelihood); preference training on "
@@ -122,8 +124,8 @@ class TrainConfig(Section):
             "(likelihood plus an odds-ratio term, no reference) or 'simpo' (length-normalised rewards with a "
             "margin, no reference), whose settings are in train.preference; or 'grpo': online reinforcement "
             "learning on the data's prompts, with completions sampled by the policy and scored by reward "
-            "functions against the rows' responses (GRPO, Dr. GRPO, DAPO, RLOO: train.rl). Preference and grpo "
-            "data cannot be packed."
+            "functions against the rows' responses (GRPO, Dr. GRPO, DAPO, RLOO: train.rl); or 'sft_kl': SFT "
+            "with a KL penalty to the base model on every label token (train.sft_kl). Only sft data can be packed."
         ),
     )
     strategy: Literal["ddp", "fsdp", "deepspeed"] = Field(
@@ -288,6 +290,10 @@ class TrainConfig(Section):
             "the KL penalty (see the reinforcement learning guide)."
         ),
     )
+    sft_kl: SftKlConfig = Field(
+        default_factory=SftKlConfig,
+        description="Settings of train.objective sft_kl: the weight of the KL penalty to the base model.",
+    )
     profile: ProfileConfig = Field(
         default_factory=ProfileConfig,
         description="Step-time breakdown, straggler warnings and torch.profiler traces (see the profiling guide).",
@@ -320,9 +326,14 @@ class TrainConfig(Section):
         return self
 
     @property
+    def traits(self) -> ObjectiveTraits:
+        """What the config and the driver know of the objective (:mod:`rayft.config.objectives`)."""
+        return objective_traits(self.objective)
+
+    @property
     def preference_objective(self) -> bool:
         """Whether the objective trains on preference pairs (dpo, orpo, simpo)."""
-        return self.objective in ("dpo", "orpo", "simpo")
+        return self.traits.data == "pairs"
 
     @model_validator(mode="after")
     def _frozen_precision(self) -> TrainConfig:
@@ -340,10 +351,10 @@ class TrainConfig(Section):
 
     @model_validator(mode="after")
     def _rl_strategy(self) -> TrainConfig:
-        if self.objective == "grpo" and self.strategy != "ddp":
+        if self.traits.samples and self.strategy != "ddp":
             raise ValueError(
-                f"train.objective=grpo with train.strategy={self.strategy!r}: the workers sample completions "
-                "themselves, which needs each worker to hold the whole model; set train.strategy=ddp"
+                f"train.objective={self.objective} with train.strategy={self.strategy!r}: the workers sample "
+                "completions themselves, which needs each worker to hold the whole model; set train.strategy=ddp"
             )
         if self.rl.kl_coef and self.rl.reference == "base" and self.method != "lora":
             raise ValueError(

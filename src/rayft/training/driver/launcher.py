@@ -49,6 +49,7 @@ from rayft.training.loop.plan import missing_resources
 from rayft.training.loop.session import LocalSession
 from rayft.training.loop.worker import run_worker
 from rayft.training.loop.worker_plan import WorkerPlan
+from rayft.training.methods.registry import REGISTERED
 
 if TYPE_CHECKING:
     import ray.train
@@ -71,7 +72,7 @@ def launch_local(
     session = LocalSession(split_files(prepared), plan.location, num_to_keep=checkpoint.num_to_keep)
     with stop_on_sigterm(plan.location, (failure or FailureConfig()).sigterm_grace_s):
         try:
-            run_worker(plan, session)
+            run_worker(plan, session, REGISTERED)
         finally:
             # This process goes on (to evaluate, generate, serve) while glibc keeps what the run's steps
             # freed: about 2.4 GiB after 10 SmolLM2-135M LoRA steps (docs/performance.md).
@@ -249,7 +250,7 @@ def workers_allocator(plan: WorkerPlan, *, local: bool) -> AllocatorPlan:
     try:
         return plan_allocator(
             train.allocator, train.malloc_mmap_threshold_bytes, os.environ, jemalloc,
-            local=local, samples=train.objective == "grpo",
+            local=local, samples=train.traits.samples,
         )  # fmt: skip
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
@@ -293,6 +294,7 @@ def build_trainer(
         train_loop_per_worker=ray_worker_entry,
         train_loop_config={
             "plan": plan,
+            "methods": REGISTERED,
             "files": split_files(prepared),  # each worker reads its own rows of them
             "idle_main_thread": own_ray and local_idle_main_thread(os.environ),
         },

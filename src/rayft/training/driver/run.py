@@ -275,6 +275,6 @@ class RayLauncher:
 def default_launcher(cfg: RayftConfig) -> Launcher:
     """The launcher of ``rayft train``: in this process for ``num_workers: 0``, else on Ray Train."""
     if cfg.scaling.num_workers == 0:
-        actors = cfg.train.objective == "grpo" and cfg.train.rl.rollout.placement == "actors"
+        actors = cfg.train.traits.samples and cfg.train.rl.rollout.placement == "actors"
         return LocalLauncher(cfg.checkpoint, cfg.failure, actors_address=cfg.scaling.address, needs_actors=actors)
     return RayLauncher(cfg.scaling, cfg.failure, cfg.checkpoint, metrics=cfg.logging.prometheus.enabled)

@@ -32,10 +32,10 @@ from rayft.runs.location import RunLocation, plan_run_location
 from rayft.runs.planner import plan_train_start
 from rayft.runs.store import RunStore, open_store
 from rayft.runtime import ray_runtime
-from rayft.training.loop.objective import write_task_units
 from rayft.training.loop.plan import Schedule, plan_schedule
-from rayft.training.loop.reference import ReferenceJob, attach_reference, needs_reference, reference_device
 from rayft.training.loop.worker_plan import WorkerPlan
+from rayft.training.methods.registry import method_unit
+from rayft.training.methods.task.method import write_task_units
 
 log = logging.getLogger("rayft.train")
 
@@ -98,15 +98,14 @@ def prepare_for_training(
     reference pass of full DPO included. With ``use_ray`` and no Ray yet, Ray is started (or
     ``ray_address`` joined) for the work that needs it."""
     pairs = pair_preparation(cfg.train.preference_objective, cfg.train.preference.max_prompt_length)
-    carry = cfg.train.rl.carried_columns if cfg.train.objective == "grpo" else ()
+    carry = cfg.train.rl.carried_columns if cfg.train.traits.data == "prompts" else ()
     outcome = prepare(cfg.data, cfg.model, cfg.seed, report_dir=report_dir, use_ray=use_ray,
                       ray_address=ray_address, pairs=pairs, carry=carry)  # fmt: skip
-    if not needs_reference(cfg.train.objective, cfg.train.method):
+    data_pass = method_unit(cfg.train.objective).data_pass(cfg, anchored(cfg.model))
+    if data_pass is None:
         return outcome
     with ray_runtime(ray_address) if use_ray else contextlib.nullcontext():
-        device = reference_device(cfg.scaling.use_gpu, use_ray=use_ray)
-        job = ReferenceJob(anchored(cfg.model), cfg.lora, cfg.train.mixed_precision, device)
-        return replace(outcome, prepared=attach_reference(outcome.prepared, job, use_ray=use_ray))
+        return replace(outcome, prepared=data_pass(outcome.prepared, use_ray))
 
 
 def worker_task(cfg: RayftConfig) -> TaskConfig | None:

@@ -31,6 +31,7 @@ from rayft.training.loop.plan import Schedule
 from rayft.training.loop.session import TorchrunSession
 from rayft.training.loop.worker import run_worker
 from rayft.training.loop.worker_plan import WorkerPlan
+from rayft.training.methods.registry import REGISTERED
 
 log = logging.getLogger("rayft.train")
 
@@ -187,7 +188,7 @@ def _run_rank(cfg: RayftConfig, plan: WorkerPlan, prepared: PreparedData) -> Non
 
     session = TorchrunSession(split_files(prepared), plan.run_dir, num_to_keep=cfg.checkpoint.num_to_keep)
     with stop_on_sigterm(plan.location, cfg.failure.sigterm_grace_s):
-        run_worker(plan, session)
+        run_worker(plan, session, REGISTERED)
     dist.barrier()
 
 
@@ -246,7 +247,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     plan, files = read_plan(Path(args[0]))
     session = TorchrunSession(files, plan.run_dir, num_to_keep=plan.checkpoint.num_to_keep)
     try:
-        run_worker(plan, session)
+        run_worker(plan, session, REGISTERED)
     finally:
         dist.destroy_process_group()
 

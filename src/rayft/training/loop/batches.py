@@ -9,6 +9,7 @@ units in the same steps.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Iterable, Iterator
 from itertools import islice
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
@@ -111,3 +112,17 @@ def epoch_micro_batches(
     """
     units = islice(shuffled_units(windows, seed, epoch, rank), skip_units, units_per_rank)
     return micro_batches(units, micro_batch_size)
+
+
+def with_lookahead(items: Iterator[T], depth: int) -> Iterator[tuple[T, list[T]]]:
+    """Each item with the (up to) ``depth`` items after it, read ahead of time: the micro-batches of the
+    steps a method looks at before they train (GRPO's asynchronous rollouts sample them meanwhile)."""
+    window: deque[T] = deque()
+    for item in items:
+        window.append(item)
+        if len(window) > depth:
+            current = window.popleft()
+            yield current, list(window)
+    while window:
+        current = window.popleft()
+        yield current, list(window)

@@ -168,7 +168,7 @@ class TrainingObjects:
 
 WriteModel: TypeAlias = "Callable[[torch.nn.Module, Path, dict[str, torch.Tensor] | None], None]"
 """Writes the model files of a checkpoint: (model, directory, state dict snapshot or None for the
-live weights); :meth:`rayft.training.loop.objective.Objective.write_model`."""
+live weights); :meth:`rayft.training.loop.method.Method.write_model`."""
 
 
 SaveStageHook = Callable[[int, str], None]

@@ -24,7 +24,8 @@ log = logging.getLogger("rayft.train")
 
 def ray_worker_entry(config: dict[str, Any]) -> None:
     """The function each Ray Train worker runs (in a thread of its own; the process's main thread
-    runs Ray's task loop). For a run at a URI the worker works in a directory of its own node."""
+    runs Ray's task loop; ``config["methods"]``: the registry's catalog of training methods). For a run at
+    a URI the worker works in a directory of its own node."""
     plan: WorkerPlan = config["plan"]
     install_redaction()  # also where Ray was started by the caller, without rayft's worker set-up hook
     quiet_worker_console()
@@ -34,7 +35,7 @@ def ray_worker_entry(config: dict[str, Any]) -> None:
         hide_unused_bitsandbytes(plan.model, plan.lora.applied_quantize(plan.train.method))
     plan = dataclasses.replace(plan, location=plan.location.on_node(cache_root()))
     session = RaySession(config["files"], plan.location, num_to_keep=plan.checkpoint.num_to_keep)
-    run_worker(plan, session)
+    run_worker(plan, session, config["methods"])
     open_store(plan.location).drop_local_copy()  # with a URI, nothing of a finished run needs to stay on this node
 
 

@@ -147,7 +147,7 @@ def train_step(
     """Accumulate gradients over ``batches``, clip, and take one optimizer step (as ``parallel``,
     the run's strategy, does each of these). ``loss`` and ``varlen``: see :func:`token_loss_sum`;
     ``loss_fn(model, batch)`` replaces it when given (the sum of the batch's ``num_label_tokens``
-    loss terms, see :class:`rayft.training.loop.objective.Objective`). ``timer`` gets a lap at the end
+    loss terms, see :class:`rayft.training.loop.method.Method`). ``timer`` gets a lap at the end
     of each phase (communication, forward, backward, optimizer)."""
     import torch
 

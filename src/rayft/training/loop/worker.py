@@ -11,21 +11,17 @@ import math
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING
 
 from rayft.config.train import TrainConfig
-from rayft.custom import load_task
 from rayft.errors import TrainingError
-from rayft.models.architecture import model_type, resolve_architecture
-from rayft.models.loading import load_tokenizer
+from rayft.models.architecture import resolve_architecture
 from rayft.models.resolve import sources_resolved_once
 from rayft.runs import layout
 from rayft.runs.checkpoints import remove_incomplete, resume_checkpoint
 from rayft.runs.stop import StopWatch
 from rayft.runs.store import open_store
-from rayft.tracking.live import count_start, open_live_metrics
-from rayft.tracking.worker import tracker_loggers
-from rayft.training.loop.batches import Batch, TrainBatch, Unit, epoch_micro_batches, micro_batches
+from rayft.training.loop.batches import Batch, TrainBatch, Unit, epoch_micro_batches, micro_batches, with_lookahead
 from rayft.training.loop.callbacks import Callbacks, StepInfo, load_callbacks
 from rayft.training.loop.checkpointing import (
     Checkpointer,
@@ -36,24 +32,11 @@ from rayft.training.loop.checkpointing import (
     save_final,
 )
 from rayft.training.loop.heap import process_allocator, set_mmap_threshold
-from rayft.training.loop.metrics import (
-    ConsoleLogger,
-    JsonlLogger,
-    MetricLogger,
-    MultiLogger,
-    NullLogger,
-    TensorBoardLogger,
-    ThroughputWindow,
-)
-from rayft.training.loop.objective import CausalLm, Objective, TaskObjective
+from rayft.training.loop.loggers import open_loggers
+from rayft.training.loop.method import Method, MethodCatalog, MethodTraits
+from rayft.training.loop.metrics import MetricLogger, ThroughputWindow
 from rayft.training.loop.plan import is_due, learning_rate_factor, units_before_step
-from rayft.training.loop.preference import PreferenceTraining
-from rayft.training.loop.rl import RlTraining, RolloutBatch
-from rayft.training.loop.rl_setup import build_worker_rollouts, read_rollouts_ahead, rollout_lookahead, updates_per_step
-from rayft.training.loop.rollout_actors import Rollouts
-from rayft.training.loop.rollout_plan import with_lookahead
-from rayft.training.loop.sampling import PromptBatch
-from rayft.training.loop.session import RaySession, TrainSession, all_reduce_sum
+from rayft.training.loop.session import TrainSession, all_reduce_sum
 from rayft.training.loop.steps import StepStats, train_step
 from rayft.training.loop.timing import StepProfile, open_step_profile
 from rayft.training.loop.worker_plan import WorkerPlan
@@ -82,7 +65,7 @@ class Worker:
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LRScheduler
     scaler: torch.amp.GradScaler | None
-    objective: Objective
+    method: Method
     precision: Precision
     logger: MetricLogger
     state: TrainerState
@@ -91,32 +74,28 @@ class Worker:
     profile: StepProfile
     callbacks: Callbacks
     info: StepInfo
-    rollouts: Rollouts | None = None  # where GRPO's rollouts are sampled
     stopped_on_request: bool = False
     window: ThroughputWindow = field(default_factory=ThroughputWindow)
     window_units: float = 0.0  # every worker's loss terms (pairs, for preference training) since the last log line
 
 
 @sources_resolved_once()  # the model's source, asked for by every part the worker builds, is resolved once
-def run_worker(plan: WorkerPlan, session: TrainSession) -> TrainerState:
-    """Train from the start or from the latest checkpoint to the end of the schedule."""
-    worker = setup_worker(plan, session)
+def run_worker(plan: WorkerPlan, session: TrainSession, methods: MethodCatalog) -> TrainerState:
+    """Train from the start or from the latest checkpoint to the end of the schedule (``methods``: where
+    the plan's training method comes from, :mod:`rayft.training.methods.registry`)."""
+    worker = setup_worker(plan, session, methods)
     timer = worker.profile.timer
     try:
         timer.start()
         worker.callbacks.call("on_train_start", worker.info)
         batches = step_batches(
-            plan, session, worker.state.step, worker.objective, callbacks=worker.callbacks, info=worker.info
+            plan, session, worker.state.step, worker.method, callbacks=worker.callbacks, info=worker.info
         )
-        for loaded, ahead in with_lookahead(batches, rollout_lookahead(plan)):
+        for loaded, ahead in with_lookahead(batches, worker.method.lookahead):
             # Time a callback spends before the step counts as data_wait, as a slow loader's does.
             begin_step(worker, loaded)
             timer.lap("data_wait")
-            # GRPO's batches are prompts: the step trains on the completions sampled from them.
-            if isinstance(worker.objective, RlTraining):
-                stats = run_rl_step(worker, rollout(worker, loaded, ahead))
-            else:
-                stats = run_step(worker, cast("list[TrainBatch]", loaded))
+            stats = run_step(worker, prepare(worker, loaded, ahead))
             after_step(worker, stats)
             end_step(worker, stats)
             worker.profile.step_done()
@@ -134,8 +113,7 @@ def run_worker(plan: WorkerPlan, session: TrainSession) -> TrainerState:
         worker.profile.close()
         worker.stop.close()
         worker.logger.close()
-        if worker.rollouts is not None:
-            worker.rollouts.close()
+        worker.method.close()
     return worker.state
 
 
@@ -167,7 +145,7 @@ def stop_requested(worker: Worker) -> bool:
     return local
 
 
-def setup_worker(plan: WorkerPlan, session: TrainSession) -> Worker:
+def setup_worker(plan: WorkerPlan, session: TrainSession, methods: MethodCatalog) -> Worker:
     """Seed, load the model (restored if a checkpoint exists), and build the optimizer."""
     import torch
 
@@ -175,8 +153,9 @@ def setup_worker(plan: WorkerPlan, session: TrainSession) -> Worker:
     if session.rank == 0:
         log.info("worker's allocator: %s", process_allocator())
     torch.manual_seed(plan.seed)
-    plan = choose_worker_step(plan, session)
-    objective = build_objective(plan)
+    traits = methods.traits(plan)
+    plan = choose_worker_step(plan, session, traits)
+    method = methods.build(plan, model_files(plan, traits))
     checkpoints = plan.run_dir / layout.CHECKPOINTS_DIR
     if session.rank == 0:
         remove_incomplete(checkpoints)  # staging directories of saves a crash interrupted
@@ -187,16 +166,16 @@ def setup_worker(plan: WorkerPlan, session: TrainSession) -> Worker:
         # under DDP (the one strategy a quantized base allows) every worker loads and quantizes its own copy.
         quantized = plan.lora.applied_quantize(plan.train.method) != "none"
         weights = session.rank == 0 or not parallel.weights_from_rank0 or quantized
-        model = objective.build_model(restore_dir, device_type=session.device.type, weights=weights)
-        precision = resolve_precision(plan.train.mixed_precision, session.device.type, objective.model_type)
+        model = method.build_model(restore_dir, device_type=session.device.type, weights=weights)
+        precision = resolve_precision(plan.train.mixed_precision, session.device.type, method.model_type)
         check_device_memory(model, plan.train, parallel, precision, session)
         model, optimizer = parallel.prepare(
             model, lambda net: build_optimizer(net, plan.train), parallel_setup(plan.train, session, precision)
         )
-        scheduler = build_scheduler(optimizer, plan.train, plan.schedule.total_steps * updates_per_step(plan))
+        scheduler = build_scheduler(optimizer, plan.train, plan.schedule.total_steps * method.updates_per_step)
         state = TrainerState()
         torch.manual_seed(plan.seed + 1 + session.rank)  # distinct dropout streams per worker
-        ahead = read_rollouts_ahead(restore_dir, session.rank)
+        method.restore(restore_dir, session.rank)
         if restore_dir is not None:
             state = restore_training_state(restore_dir, parallel, model, optimizer, scheduler, rank=session.rank)
             if plan.retuned:
@@ -209,23 +188,21 @@ def setup_worker(plan: WorkerPlan, session: TrainSession) -> Worker:
         log.info("training %s parameters of %s (%.2f%%)", f"{trainable:,}", f"{total:,}", 100 * trainable / total)
     callbacks = load_callbacks(plan.train.callbacks)
     saver = Checkpointer(
-        session, model_files(plan), objective.write_model, background=plan.checkpoint.async_upload,
+        session, model_files(plan, traits), method.write_model, background=plan.checkpoint.async_upload,
         on_stage=lambda step, stage: callbacks.call("on_save_stage", step, stage),
     )  # fmt: skip
     # Rank 0 watches a remote run's URI for a stop request (the others learn it at the next step).
     stop = StopWatch(plan.location, poll=session.rank == 0)
     info = StepInfo(session.rank, session.world_size, str(plan.run_dir), step=state.step, stop_requested=stop.requested)
     profile = open_step_profile(plan.train.profile, session, plan.location, params=total, start_step=state.step)
-    rollouts = None
-    if isinstance(objective, RlTraining):
-        rollouts = build_worker_rollouts(plan, session, objective, ahead)
+    method.start(session)
     return Worker(
-        plan, session, parallel, model, optimizer, scheduler, scaler, objective, precision, logger, state, saver, stop,
-        profile, callbacks, info, rollouts,
+        plan, session, parallel, model, optimizer, scheduler, scaler, method, precision, logger, state, saver, stop,
+        profile, callbacks, info,
     )  # fmt: skip
 
 
-def choose_worker_step(plan: WorkerPlan, session: TrainSession) -> WorkerPlan:
+def choose_worker_step(plan: WorkerPlan, session: TrainSession, traits: MethodTraits) -> WorkerPlan:
     """The plan with the step's ``auto`` settings decided for this worker's device and model
     (:func:`rayft.training.modeling.step_choice.choose_step`); rank 0 says what was chosen and why. On CPU,
     torch's thread count is set. A custom task or an encoder-decoder keeps its settings (threads apart)."""
@@ -237,12 +214,11 @@ def choose_worker_step(plan: WorkerPlan, session: TrainSession) -> WorkerPlan:
                           plan.train.frozen_precision)  # fmt: skip
     causal = plan.task is None and resolve_architecture(plan.model) == "causal"
     shape = model_shape(plan.model) if causal else {"hidden_size": 0, "num_layers": 0, "vocab_size": 0}
-    reference_copy = plan.train.objective == "grpo" and plan.train.rl.reference_kind(plan.train.method) == "copy"
     facts = gather_step_facts(
         device_type, method=plan.train.method, seq_length=plan.max_seq_length,
-        micro_batch_size=plan.train.micro_batch_size, packing=plan.packing and plan.train.objective == "sft",
-        cpus=worker_cpus(), sft=plan.train.objective == "sft", strategy=plan.train.strategy,
-        reference_copy=reference_copy, **shape,
+        micro_batch_size=plan.train.micro_batch_size, packing=plan.packing and traits.token_loss,
+        cpus=worker_cpus(), sft=traits.token_loss, strategy=plan.train.strategy,
+        reference_copy=traits.reference_copy, **shape,
     )  # fmt: skip
     choice = choose_step(request, facts)
     if choice.threads is not None:
@@ -254,38 +230,21 @@ def choose_worker_step(plan: WorkerPlan, session: TrainSession) -> WorkerPlan:
     return plan.with_step(choice)
 
 
-def build_objective(plan: WorkerPlan) -> Objective:
-    """What this run trains: the plan's causal LM (supervised, on preference pairs with
-    ``train.objective`` dpo, orpo or simpo, or by GRPO on its prompts), or its custom task (with the
-    task's datasets)."""
-    if plan.task is None:
-        seq2seq = resolve_architecture(plan.model) == "seq2seq"
-        lm = CausalLm(plan, load_tokenizer(plan.model), model_files(plan), model_type(plan.model), seq2seq)
-        if plan.train.objective == "sft":
-            return lm
-        if plan.train.objective == "grpo":
-            return RlTraining.build(lm, plan.train.rl, plan.seed)
-        return PreferenceTraining(lm, plan.train.objective, plan.train.preference)
-
-    task = load_task(plan.task.path or "", plan.task.options)
-    return TaskObjective(task, task.build_datasets(plan.seed), plan.resolved_config)
-
-
-def model_files(plan: WorkerPlan) -> ModelFiles:
+def model_files(plan: WorkerPlan, traits: MethodTraits) -> ModelFiles:
     """What the run writes beside the weights; every manifest records the method, the base model
     (or the task) and the driver's lineage (world size, data key). A task's model is saved whole."""
     if plan.task is not None:
         return ModelFiles("full", 0, plan.resolved_config, {"method": "task", "task": plan.task.path, **plan.lineage})
     lineage = {"method": plan.train.method, "base_model": plan.model.name, **plan.lineage}
-    untrained = plan.train.objective == "grpo"
-    return ModelFiles(plan.train.method, plan.lora.r, plan.resolved_config, lineage, untrained_allowed=untrained)
+    return ModelFiles(
+        plan.train.method, plan.lora.r, plan.resolved_config, lineage, untrained_allowed=traits.untrained_allowed
+    )
 
 
 def save_checkpoint(worker: Worker) -> None:
     """Save the current step of the loop (see :meth:`Checkpointer.save`)."""
-    rank_state = worker.rollouts.state if worker.rollouts is not None else None
     objects = TrainingObjects(
-        worker.parallel, worker.model, worker.optimizer, worker.scheduler, worker.scaler, rank_state
+        worker.parallel, worker.model, worker.optimizer, worker.scheduler, worker.scaler, worker.method.rank_state
     )
     worker.checkpoints.save(objects, worker.state)
 
@@ -356,43 +315,11 @@ def build_scheduler(
     )
 
 
-def open_loggers(plan: WorkerPlan, session: TrainSession, start_step: int) -> MetricLogger:
-    """Metric sinks on rank 0; the other workers log only live metrics (``logging.prometheus``)."""
-    run_dir = plan.run_dir
-    live = open_live(plan, session) if plan.logging.prometheus.enabled else None
-    if session.rank != 0:
-        return live or NullLogger()
-    loggers: list[MetricLogger] = [JsonlLogger(run_dir / layout.METRICS_FILE, start_step)]
-    if live is not None:
-        loggers.append(live)
-    if plan.logging.tensorboard:
-        loggers.append(TensorBoardLogger(run_dir / layout.TENSORBOARD_DIR))
-    if plan.logging.console:
-        loggers.append(ConsoleLogger(plan.schedule.total_steps, start_step))
-    if plan.logging.mlflow is not None or plan.logging.wandb is not None:
-        ids = plan.tracker_ids or None
-        loggers.extend(tracker_loggers(plan.logging, run_dir, plan.resolved_config, plan.lineage, ids))
-    return MultiLogger(loggers)
-
-
-def open_live(plan: WorkerPlan, session: TrainSession) -> MetricLogger:
-    """This rank's live Prometheus gauges, with the run's restarts and rejected rows set."""
-    cfg = plan.logging.prometheus
-    live = open_live_metrics(
-        host=cfg.host, port=cfg.port, on_ray=isinstance(session, RaySession), run=str(plan.lineage.get("run", "")),
-        rank=session.rank, device=session.device,
-    )  # fmt: skip
-    if session.rank == 0:
-        live.set("rayft_worker_restarts", count_start(plan.run_dir))
-        live.set("rayft_data_rejected_rows", float(plan.lineage.get("rejected_rows", 0)))
-    return live
-
-
 def step_batches(
     plan: WorkerPlan,
     session: TrainSession,
     start_step: int,
-    objective: Objective,
+    method: Method,
     *,
     callbacks: Callbacks | None = None,
     info: StepInfo | None = None,
@@ -408,7 +335,7 @@ def step_batches(
             micro_batch_size=train.micro_batch_size, units_per_rank=sched.units_per_rank,
             skip_units=units_before_step(sched, step, train.micro_batch_size, train.gradient_accumulation_steps),
         )  # fmt: skip
-        collated = (objective.collate(announced(chunk, callbacks, info)) for chunk in units)
+        collated = (method.collate(announced(chunk, callbacks, info)) for chunk in units)
         for group in micro_batches(collated, train.gradient_accumulation_steps):
             yield [b.to(session.device) for b in group]
             step += 1
@@ -423,28 +350,28 @@ def announced(units: list[Unit], callbacks: Callbacks | None, info: StepInfo | N
     return units
 
 
-def rollout(worker: Worker, batches: list[Batch], ahead: list[list[Batch]]) -> list[RolloutBatch]:
-    """The step's completions, sampled from its prompts (and the next steps' prompts sent to asynchronous
-    generation actors) and scored (GRPO)."""
-    assert isinstance(worker.objective, RlTraining) and worker.rollouts is not None
-    step = worker.state.step + 1
-    prompts = cast("list[PromptBatch]", batches)  # what RlTraining.collate made
-    sampled = worker.rollouts.sample(worker.model, step, prompts, cast("list[list[PromptBatch]]", ahead))
-    scored = worker.objective.rollout(worker.model, prompts, sampled, step=step, precision=worker.precision)
-    worker.profile.timer.lap("rollout")
-    return [batch.to(worker.session.device) for batch in scored]
+def prepare(worker: Worker, loaded: list[Batch], ahead: list[list[Batch]]) -> list[TrainBatch]:
+    """What the step trains on, from its collated micro-batches (GRPO: the completions sampled from its
+    prompts and scored)."""
+    method = worker.method
+    batches = method.prepare(worker.model, loaded, ahead, step=worker.state.step + 1, precision=worker.precision,
+                             device=worker.session.device)  # fmt: skip
+    if method.prepare_phase is not None:
+        worker.profile.timer.lap(method.prepare_phase)
+    return batches
 
 
-def run_rl_step(worker: Worker, batches: Sequence[TrainBatch]) -> StepStats:
-    """``train.rl.steps_per_rollout`` optimizer updates on one rollout, then the new weights sent to the
-    generation actors (if any). The step's figures: the updates' mean loss, the last gradient norm, and
-    the tokens of every update."""
-    updates = [update(worker, batches, worker.state.step + 1) for _ in range(updates_per_step(worker.plan))]
+def run_step(worker: Worker, batches: Sequence[TrainBatch]) -> StepStats:
+    """One training step: the method's optimizer updates on ``batches`` (one, or GRPO's
+    ``train.rl.steps_per_rollout``), then the method's turn after it. The step's figures: the updates' mean
+    loss, the last gradient norm, and the tokens of every update."""
+    updates = [update(worker, batches, worker.state.step + 1) for _ in range(worker.method.updates_per_step)]
     worker.profile.timer.end_step()
     worker.state.step += 1
-    assert worker.rollouts is not None
-    if worker.state.step < worker.plan.schedule.total_steps:  # the last weights sample nothing
-        worker.rollouts.after_update(worker.model, worker.state.step)
+    if worker.state.step < worker.plan.schedule.total_steps:  # the last weights go nowhere
+        worker.method.after_update(worker.model, worker.state.step)
+    if len(updates) == 1:
+        return updates[0]
     return StepStats(
         loss=sum(u.loss for u in updates) / len(updates), label_tokens=sum(u.label_tokens for u in updates),
         real_tokens=sum(u.real_tokens for u in updates), computed_tokens=sum(u.computed_tokens for u in updates),
@@ -452,22 +379,14 @@ def run_rl_step(worker: Worker, batches: Sequence[TrainBatch]) -> StepStats:
     )  # fmt: skip
 
 
-def run_step(worker: Worker, batches: Sequence[TrainBatch]) -> StepStats:
-    """One optimizer step."""
-    stats = update(worker, batches, worker.state.step + 1)
-    worker.profile.timer.end_step()
-    worker.state.step += 1
-    return stats
-
-
 def update(worker: Worker, batches: Sequence[TrainBatch], step: int) -> StepStats:
     """One optimizer update on ``batches``; a non-finite loss stops the run with a clear error."""
-    objective, precision = worker.objective, worker.precision
+    method, precision = worker.method, worker.precision
     stats = train_step(
         worker.model, worker.optimizer, worker.scheduler, batches, parallel=worker.parallel, precision=precision,
         scaler=worker.scaler, max_grad_norm=worker.plan.train.max_grad_norm,
         world_size=worker.session.world_size, device=worker.session.device,
-        loss_fn=lambda model, batch: objective.loss_sum(model, batch, precision), timer=worker.profile.timer,
+        loss_fn=lambda model, batch: method.loss_sum(model, batch, precision), timer=worker.profile.timer,
     )  # fmt: skip
     if not math.isfinite(stats.loss):
         raise TrainingError(
@@ -510,7 +429,7 @@ def record_throughput(worker: Worker, stats: StepStats) -> None:
 def step_metrics(worker: Worker, stats: StepStats) -> dict[str, float]:
     """The per-step metrics, with tokens/s (examples/s for a custom task) over the steps since the
     last log line."""
-    unit = worker.objective.throughput_unit
+    unit = worker.method.throughput_unit
     rate = worker.window.take_tokens_per_s()
     metrics = {
         "train/loss": stats.loss,
@@ -522,10 +441,9 @@ def step_metrics(worker: Worker, stats: StepStats) -> dict[str, float]:
     }
     if unit == "tokens":
         metrics["train/padding_efficiency"] = worker.state.real_tokens / max(worker.state.computed_tokens, 1)
-    if isinstance(worker.objective, PreferenceTraining):  # TRL's figures, under TRL's names (every rank joins)
-        metrics.update(worker.objective.take_figures(worker.session.device, worker.window_units))
-    if isinstance(worker.objective, RlTraining):  # every rank joins
-        metrics.update(worker.objective.take_figures(worker.session.device, worker.session.world_size))
+    # Every rank joins.
+    metrics.update(worker.method.figures(worker.session.device, world_size=worker.session.world_size,
+                                         units=worker.window_units))  # fmt: skip
     worker.window_units = 0.0
     worker.state.last_train_loss = stats.loss
     return metrics
@@ -537,7 +455,7 @@ def run_evaluation(worker: Worker) -> None:
     plan, state = worker.plan, worker.state
     size = plan.train.eval_micro_batch_size or plan.train.micro_batch_size
     units = (u for window in worker.session.windows("validation", plan.shuffle_window) for u in window)
-    figures = worker.objective.evaluate(
+    figures = worker.method.evaluate(
         worker.model, units, batch_size=size, precision=worker.precision, device=worker.session.device,
         lockstep=worker.parallel.sharded,
     )  # fmt: skip
@@ -566,7 +484,5 @@ def finish(worker: Worker) -> None:
         weights = worker.parallel.model_state(worker.model, worker.plan.train.method, worker.session.rank)
     if worker.session.rank == 0:
         files = worker.checkpoints.files
-        save_final(
-            worker.model, worker.objective.write_model, files, worker.state, worker.plan.run_dir, weights=weights
-        )
+        save_final(worker.model, worker.method.write_model, files, worker.state, worker.plan.run_dir, weights=weights)
         open_store(worker.plan.location).persist_final(flush=worker.logger.close)

@@ -5,7 +5,7 @@ A pass over every prepared pair file with the base model (a Ray Data job, one ta
 this process: same numbers) writes a copy of the file with two more columns, ``ref_chosen_logps``
 and ``ref_rejected_logps``, under ``<prepared root>/reference-<key>/`` (staged, then renamed into
 place, a manifest last). The key names the prepared data, the model, its precision and the device
-kind, so a second run with the same inputs reuses the pass. :func:`rayft.training.loop.preference.
+kind, so a second run with the same inputs reuses the pass. :func:`rayft.training.methods.preference.method.
 collate_preference` hands the stored values to the loss. With LoRA the reference is the base with
 the adapter off (no pass), and ORPO and SimPO need none.
 """
@@ -184,7 +184,7 @@ class ReferenceScorer:
         """Each pair's summed response log-probabilities under the model, chosen and rejected."""
         import torch
 
-        from rayft.training.loop.preference import collate_preference, pair_logps
+        from rayft.training.methods.preference.method import collate_preference, pair_logps
         from rayft.training.modeling.attention import row_multiple
 
         chosen: list[float] = []

@@ -2,7 +2,7 @@
 seeded, each completion cut after its end-of-sequence token.
 
 The training workers (colocated rollouts, greedy validation) and the HF generation actors
-(:mod:`rayft.training.loop.rollout_actors`) sample through this one class, so a rollout drawn on an actor
+(:mod:`rayft.training.methods.rl.rollout_actors`) sample through this one class, so a rollout drawn on an actor
 is the rollout the trainer would have drawn with the same weights and seed.
 """
 
@@ -121,8 +121,8 @@ class Sampler:
 
         from rayft.data.collate import collate
         from rayft.data.prepared import IGNORE_INDEX
+        from rayft.training.methods.rl.losses import completion_logps, kept_positions
         from rayft.training.modeling.attention import row_multiple
-        from rayft.training.modeling.rl import completion_logps, kept_positions
 
         out: list[list[float]] = []
         device = next(inner.parameters()).device

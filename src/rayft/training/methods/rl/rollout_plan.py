@@ -1,14 +1,8 @@
 """Decisions of rollouts on generation actors, apart from the actors themselves: which actors a training
-worker owns, which actor samples which micro-batch, which steps are sampled ahead of training, how stale a
-rollout is, and what a wait that ran out says. Pure: no Ray, no torch."""
+worker owns, which actor samples which micro-batch, how stale a rollout is, and what a wait that ran out
+says. Pure: no Ray, no torch."""
 
 from __future__ import annotations
-
-from collections import deque
-from collections.abc import Iterator
-from typing import TypeVar
-
-T = TypeVar("T")
 
 
 def owned_actors(num_actors: int, world_size: int, rank: int) -> list[int]:
@@ -20,20 +14,6 @@ def owned_actors(num_actors: int, world_size: int, rank: int) -> list[int]:
 def actor_of(batch_index: int, num_owned: int) -> int:
     """The owned actor (by position) that samples a step's ``batch_index``-th micro-batch: round robin."""
     return batch_index % num_owned
-
-
-def with_lookahead(items: Iterator[T], depth: int) -> Iterator[tuple[T, list[T]]]:
-    """Each item with the (up to) ``depth`` items after it, read ahead of time: the prompts of the steps
-    that asynchronous rollouts sample while the current one trains."""
-    window: deque[T] = deque()
-    for item in items:
-        window.append(item)
-        if len(window) > depth:
-            current = window.popleft()
-            yield current, list(window)
-    while window:
-        current = window.popleft()
-        yield current, list(window)
 
 
 def staleness(step: int, version: int) -> int:

@@ -24,8 +24,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 from rayft.config.model import LoraConfig, ModelConfig
 from rayft.config.rl import RlConfig, RolloutConfig
 from rayft.errors import ConfigError, TrainingError, first_line
-from rayft.training.loop.rollout_plan import actor_of, owned_actors, timeout_message
-from rayft.training.loop.sampling import Completions, PromptBatch, Sampler, seed_of
+from rayft.training.methods.rl.rollout_plan import actor_of, owned_actors, timeout_message
+from rayft.training.methods.rl.sampling import Completions, PromptBatch, Sampler, seed_of
 from rayft.training.modeling.model import Method, transformers_model
 
 if TYPE_CHECKING:
@@ -72,7 +72,7 @@ def load_policy_weights(model: torch.nn.Module, tensors: dict[str, Any]) -> None
 
 class HfRolloutActor:
     """A generation actor sampling with Hugging Face ``generate`` (CPU, or its GPU), through the
-    :class:`~rayft.training.loop.sampling.Sampler` the trainer samples with."""
+    :class:`~rayft.training.methods.rl.sampling.Sampler` the trainer samples with."""
 
     def __init__(self, spec: ActorSpec) -> None:
         from rayft.models.loading import load_tokenizer

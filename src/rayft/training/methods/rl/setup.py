@@ -1,29 +1,16 @@
-"""What a training worker sets up for GRPO beyond what every objective needs: the steps' prompts read ahead
-for asynchronous rollouts, the updates per step, and where its rollouts are sampled (with those sampled
-ahead at the checkpoint it resumes from)."""
+"""What a training worker sets up for GRPO beyond what every method needs: where its rollouts are sampled
+(on itself, or on generation actors built from its model), with those it had sampled ahead at the
+checkpoint it resumes from."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 from rayft.runs import layout
-from rayft.training.loop.rl import RlTraining
-from rayft.training.loop.rollout_actors import ActorSpec, Rollouts, build_rollouts
 from rayft.training.loop.session import TrainSession
 from rayft.training.loop.worker_plan import WorkerPlan
-
-
-def rollout_lookahead(plan: WorkerPlan) -> int:
-    """How many steps' prompts are read ahead of the step that trains: the steps asynchronous rollouts
-    sample while it trains (``train.rl.rollout.max_staleness``), none otherwise."""
-    if plan.task is not None or plan.train.objective != "grpo":
-        return 0
-    return plan.train.rl.rollout.max_staleness
-
-
-def updates_per_step(plan: WorkerPlan) -> int:
-    """Optimizer updates per training step: ``train.rl.steps_per_rollout`` for GRPO, else 1."""
-    return plan.train.rl.steps_per_rollout if plan.task is None and plan.train.objective == "grpo" else 1
+from rayft.training.methods.rl.rollout_actors import ActorSpec, Rollouts, build_rollouts
+from rayft.training.methods.rl.sampling import Sampler
 
 
 def read_rollouts_ahead(restore_dir: Path | None, rank: int) -> str | None:
@@ -40,12 +27,12 @@ def actor_spec(plan: WorkerPlan) -> ActorSpec:
                      frozen_bf16=plan.train.frozen_precision == "bf16")  # fmt: skip
 
 
-def build_worker_rollouts(plan: WorkerPlan, session: TrainSession, objective: RlTraining, ahead: str | None
+def build_worker_rollouts(plan: WorkerPlan, session: TrainSession, sampler: Sampler, ahead: str | None
                           ) -> Rollouts:  # fmt: skip
     """Where this worker's rollouts are sampled (its generation actors started, with actors), with the
     rollouts it had sampled ahead at the checkpoint it resumes from."""
     rollout = plan.train.rl.rollout
-    rollouts = build_rollouts(actor_spec(plan), rollout, objective.sampler, plan.seed, world_size=session.world_size,
+    rollouts = build_rollouts(actor_spec(plan), rollout, sampler, plan.seed, world_size=session.world_size,
                               rank=session.rank)  # fmt: skip
     if ahead is not None:
         rollouts.restore(ahead)

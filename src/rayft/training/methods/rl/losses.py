@@ -9,15 +9,19 @@ workers and micro-batches:
 - ``dr_grpo``: a term is a completion, worth its token-loss sum over ``max_new_tokens`` (Dr. GRPO);
 - ``dapo``: a term is a completion token (DAPO's token-level mean).
 
-The formulas are TRL's ``GRPOTrainer`` and ``RLOOTrainer``'s (tests compare them on the same inputs).
+The formulas are TRL's ``GRPOTrainer`` and ``RLOOTrainer``'s (tests compare them on the same inputs). The
+loss variants and the advantage baselines (``train.rl.advantage``) sit in registries (:data:`POLICY_LOSSES`,
+:data:`BASELINES`), each registered by decorator beside its formula: adding one touches this file (and the
+config's list of names).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Literal, Protocol
 
 from rayft.data.prepared import IGNORE_INDEX
+from rayft.training.methods.unit import Registry
 
 if TYPE_CHECKING:
     import torch
@@ -28,6 +32,38 @@ RlLoss = Literal["grpo", "dr_grpo", "dapo"]
 Baseline = Literal["group", "rloo"]
 Scale = Literal["group", "batch", "none"]
 STD_EPS = 1e-4  # TRL's: a group whose rewards are all equal gets advantage 0, not a division by 0
+
+
+class BaselineFn(Protocol):
+    """An advantage baseline: each completion's reward less its baseline, ``(prompts, group_size)``."""
+
+    def __call__(self, grouped: torch.Tensor) -> torch.Tensor: ...
+
+
+class LossTerms(Protocol):
+    """A loss variant: the sum of a micro-batch's loss terms and their count, from each row's sum of
+    (masked) per-token losses ``token_sums``, the completion-token ``weights`` and ``mask``."""
+
+    def __call__(
+        self, token_sums: torch.Tensor, weights: torch.Tensor, mask: torch.Tensor, settings: PolicyLossSettings
+    ) -> tuple[torch.Tensor, int]: ...
+
+
+BASELINES: Registry[BaselineFn] = Registry("train.rl.advantage")
+POLICY_LOSSES: Registry[LossTerms] = Registry("train.rl.loss")
+
+
+@BASELINES.register("group")
+def group_mean_baseline(grouped: torch.Tensor) -> torch.Tensor:
+    """GRPO's: less the group's mean reward."""
+    return grouped - grouped.mean(dim=1, keepdim=True)
+
+
+@BASELINES.register("rloo")
+def leave_one_out_baseline(grouped: torch.Tensor) -> torch.Tensor:
+    """RLOO's: less the mean reward of the group's other completions."""
+    others = (grouped.sum(dim=1, keepdim=True) - grouped) / (grouped.shape[1] - 1)
+    return grouped - others
 
 
 def unbiased_std(values: torch.Tensor, dim: int | None = None) -> torch.Tensor:
@@ -42,11 +78,7 @@ def group_advantages(rewards: torch.Tensor, group_size: int, *, baseline: Baseli
     the others), divided by the group's or the batch's reward standard deviation unless ``scale`` is 'none'.
     ``rewards`` holds ``group_size`` consecutive completions per prompt."""
     grouped = rewards.view(-1, group_size)
-    if baseline == "rloo":
-        others = (grouped.sum(dim=1, keepdim=True) - grouped) / (group_size - 1)
-        advantages = (grouped - others).reshape(-1)
-    else:
-        advantages = (grouped - grouped.mean(dim=1, keepdim=True)).reshape(-1)
+    advantages = BASELINES[baseline](grouped).reshape(-1)
     if scale == "group":
         advantages = advantages / (unbiased_std(grouped, dim=1).repeat_interleave(group_size) + STD_EPS)
     elif scale == "batch":
@@ -162,13 +194,32 @@ def policy_loss(  # noqa: PLR0917 - the tensors of one formula, in its order
         per_token = per_token + settings.kl_coef * kl
         kl_sum = float((kl.detach() * weights).sum())
     token_sums = (per_token * weights).sum(-1)
-    if settings.loss == "grpo":
-        loss_sum, terms = (token_sums / weights.sum(-1).clamp(min=1.0)).sum(), int(mask.shape[0])
-    elif settings.loss == "dr_grpo":
-        loss_sum, terms = token_sums.sum() / settings.max_new_tokens, int(mask.shape[0])
-    else:
-        loss_sum, terms = token_sums.sum(), int(mask.sum())
+    loss_sum, terms = POLICY_LOSSES[settings.loss](token_sums, weights, mask, settings)
     with torch.no_grad():
         low = ((ratio < 1 - settings.epsilon_low) & (column < 0) & mask).sum()
         high = ((ratio > 1 + settings.epsilon_high) & (column > 0) & mask).sum()
     return PolicyLoss(loss_sum, terms, float(weights.sum()), kl_sum, float(low), float(high))
+
+
+@POLICY_LOSSES.register("grpo")
+def completion_mean_terms(
+    token_sums: torch.Tensor, weights: torch.Tensor, mask: torch.Tensor, settings: PolicyLossSettings
+) -> tuple[torch.Tensor, int]:
+    """GRPO (DeepSeekMath): a term is a completion, worth its mean token loss."""
+    return (token_sums / weights.sum(-1).clamp(min=1.0)).sum(), int(mask.shape[0])
+
+
+@POLICY_LOSSES.register("dr_grpo")
+def fixed_length_terms(
+    token_sums: torch.Tensor, weights: torch.Tensor, mask: torch.Tensor, settings: PolicyLossSettings
+) -> tuple[torch.Tensor, int]:
+    """Dr. GRPO: a term is a completion, worth its token-loss sum over ``max_new_tokens``."""
+    return token_sums.sum() / settings.max_new_tokens, int(mask.shape[0])
+
+
+@POLICY_LOSSES.register("dapo")
+def token_terms(
+    token_sums: torch.Tensor, weights: torch.Tensor, mask: torch.Tensor, settings: PolicyLossSettings
+) -> tuple[torch.Tensor, int]:
+    """DAPO: a term is a completion token (the token-level mean)."""
+    return token_sums.sum(), int(mask.sum())

@@ -5,8 +5,8 @@ response (the labelled tokens, decoded) is the reference the rewards compare wit
 SFT path reads (GSM8K, the built-in sets, SDG output) is a prompt set, read, sharded and resumed as
 SFT's units are. Before each training step every worker has ``group_size`` completions of each of its
 prompts sampled with the policy (on itself, or on generation actors kept in step with its weights:
-:mod:`rayft.training.loop.rollout_actors`), scores them with the rewards, turns rewards into group-relative
-advantages, and the step trains on the completions (:mod:`rayft.training.modeling.rl`).
+:mod:`rayft.training.methods.rl.rollout_actors`), scores them with the rewards, turns rewards into group-relative
+advantages, and the step trains on the completions (:mod:`rayft.training.methods.rl.losses`).
 
 A micro-batch's samples are seeded by (run seed, step, its first prompt's sample id): a resumed run samples
 the same completions as an uninterrupted one, 1 worker draws what 2 workers draw for the same micro-batches
@@ -22,7 +22,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
@@ -32,14 +32,11 @@ from rayft.data.collate import MicroBatch, collate
 from rayft.data.prepared import IGNORE_INDEX
 from rayft.errors import ConfigError, DataError
 from rayft.evaluation.rewards import RewardSet, Scores
-from rayft.training.loop.batches import OnRows, TrainBatch, Unit, micro_batches
+from rayft.training.loop.batches import Batch, OnRows, TrainBatch, Unit, micro_batches
+from rayft.training.loop.method import MethodHooks
 from rayft.training.loop.objective import CausalLm
-from rayft.training.loop.rollout_plan import staleness
-from rayft.training.loop.sampling import Completions, PromptBatch, Sampler
-from rayft.training.loop.session import all_reduce_sum
-from rayft.training.modeling.attention import row_multiple
-from rayft.training.modeling.model import transformers_model
-from rayft.training.modeling.rl import (
+from rayft.training.loop.session import TrainSession, all_reduce_sum
+from rayft.training.methods.rl.losses import (
     PolicyLossSettings,
     completion_logps,
     group_advantages,
@@ -48,6 +45,12 @@ from rayft.training.modeling.rl import (
     policy_loss,
     unbiased_std,
 )
+from rayft.training.methods.rl.rollout_actors import Rollouts
+from rayft.training.methods.rl.rollout_plan import staleness
+from rayft.training.methods.rl.sampling import Completions, PromptBatch, Sampler
+from rayft.training.methods.rl.setup import build_worker_rollouts, read_rollouts_ahead
+from rayft.training.modeling.attention import row_multiple
+from rayft.training.modeling.model import transformers_model
 
 if TYPE_CHECKING:
     import torch
@@ -119,10 +122,10 @@ def carried_row(unit: Unit) -> dict[str, Any]:
 
 
 @dataclass
-class RlTraining:
-    """The :class:`~rayft.training.loop.objective.Objective` of GRPO and its variants: the model, its files
-    and checkpoints are :class:`~rayft.training.loop.objective.CausalLm`'s (LoRA or full); the batches are
-    rollouts and the loss is the clipped policy loss."""
+class RlTraining(MethodHooks):
+    """The :class:`~rayft.training.loop.method.Method` of GRPO and its variants: the model, its files
+    and checkpoints are :class:`~rayft.training.loop.objective.CausalLm`'s (LoRA or full); a step's batches
+    are prompts, from which it samples and scores rollouts to train on with the clipped policy loss."""
 
     lm: CausalLm
     settings: RlConfig
@@ -131,6 +134,8 @@ class RlTraining:
     reference_model: torch.nn.Module | None = None
     sums: dict[str, float] = field(default_factory=dict)  # this rank's figure sums since take_figures()
     throughput_unit: str = "tokens"
+    rollouts: Rollouts | None = None  # where the worker's rollouts are sampled, from start() on
+    saved_ahead: str | None = None  # the rollouts sampled ahead at the checkpoint the run resumes from
 
     @classmethod
     def build(cls, lm: CausalLm, settings: RlConfig, seed: int) -> RlTraining:
@@ -180,6 +185,61 @@ class RlTraining:
             references.append(cast("str", self.lm.tokenizer.decode(response, skip_special_tokens=True)))  # one text
         rows = [carried_row(unit) for unit in units] if self.rewards.reads_rows else []
         return PromptBatch(prompts, references, [int(i) for u in units for i in u["sample_ids"]], rows)
+
+    # -- the step ---------------------------------------------------------------------------------------
+
+    @property
+    def updates_per_step(self) -> int:
+        """``train.rl.steps_per_rollout`` updates on each rollout."""
+        return self.settings.steps_per_rollout
+
+    @property
+    def lookahead(self) -> int:
+        """The steps whose prompts asynchronous rollouts sample while one trains (``rollout.max_staleness``)."""
+        return self.settings.rollout.max_staleness
+
+    @property
+    def prepare_phase(self) -> str:
+        """Sampling and scoring count as the step's 'rollout'."""
+        return "rollout"
+
+    def restore(self, restore_dir: Path | None, rank: int) -> None:
+        """Keep the rollouts this rank had sampled ahead at the checkpoint (asynchronous rollouts)."""
+        self.saved_ahead = read_rollouts_ahead(restore_dir, rank)
+
+    def start(self, session: TrainSession) -> None:
+        """Where this worker's rollouts are sampled (its generation actors started, with actors)."""
+        self.rollouts = build_worker_rollouts(self.lm.plan, session, self.sampler, self.saved_ahead)
+
+    def prepare(
+        self, model: torch.nn.Module, batches: list[Batch], ahead: list[list[Batch]], *, step: int,
+        precision: Precision, device: torch.device,
+    ) -> list[TrainBatch]:  # fmt: skip
+        """The step's completions, sampled from its prompts (and the next steps' prompts sent to asynchronous
+        generation actors) and scored."""
+        assert self.rollouts is not None  # start() ran
+        prompts = cast("list[PromptBatch]", batches)  # what collate() made
+        sampled = self.rollouts.sample(model, step, prompts, cast("list[list[PromptBatch]]", ahead))
+        return [batch.to(device) for batch in self.rollout(model, prompts, sampled, step=step, precision=precision)]
+
+    def after_update(self, model: torch.nn.Module, step: int) -> None:
+        """Send the generation actors (if any) the new weights."""
+        assert self.rollouts is not None
+        self.rollouts.after_update(model, step)
+
+    @property
+    def rank_state(self) -> Callable[[], str | None] | None:
+        """The rollouts sampled ahead, for an exact resume."""
+        return self.rollouts.state if self.rollouts is not None else None
+
+    def close(self) -> None:
+        """Release what sampling holds."""
+        if self.rollouts is not None:
+            self.rollouts.close()
+
+    def figures(self, device: torch.device, *, world_size: int, units: float) -> dict[str, float]:
+        """:meth:`take_figures`."""
+        return self.take_figures(device, world_size)
 
     # -- the rollout ------------------------------------------------------------------------------------
 
@@ -276,7 +336,7 @@ class RlTraining:
         self, model: torch.nn.Module, rows: MicroBatch, precision: Precision | None
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Per-token log-probabilities and entropies of the rows' completion tokens, and their mask
-        (:func:`~rayft.training.modeling.rl.completion_logps`)."""
+        (:func:`~rayft.training.methods.rl.losses.completion_logps`)."""
         return completion_logps(model, rows, precision.autocast_dtype if precision is not None else None)
 
     # -- the loss and the figures -------------------------------------------------------------------------

@@ -16,17 +16,17 @@ import contextlib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from rayft.data.collate import MicroBatch, collate
 from rayft.data.prepared import IGNORE_INDEX
 from rayft.errors import ConfigError
 from rayft.training.loop.batches import OnRows, TrainBatch, Unit, micro_batches
+from rayft.training.loop.method import MethodHooks
 from rayft.training.loop.objective import CausalLm
 from rayft.training.loop.session import all_reduce_sum
 from rayft.training.loop.steps import in_lockstep
-from rayft.training.modeling.model import unwrap
-from rayft.training.modeling.preference import (
+from rayft.training.methods.preference.losses import (
     PairLogps,
     PairLosses,
     dpo_losses,
@@ -35,9 +35,11 @@ from rayft.training.modeling.preference import (
     sequence_logps,
     simpo_losses,
 )
-from rayft.training.modeling.preference import (
+from rayft.training.methods.preference.losses import (
     PreferenceObjective as ObjectiveName,
 )
+from rayft.training.methods.unit import Registry
+from rayft.training.modeling.model import unwrap
 
 if TYPE_CHECKING:
     import torch
@@ -48,6 +50,28 @@ if TYPE_CHECKING:
 
 FIGURES = ("rewards/chosen", "rewards/rejected", "rewards/accuracies", "rewards/margins", "logps/chosen",
            "logps/rejected")  # fmt: skip
+
+
+class PairLossFn(Protocol):
+    """An objective's per-pair losses of a micro-batch, from the policy's log-probabilities (``training``:
+    the method, for its settings and DPO's reference)."""
+
+    def __call__(
+        self, training: PreferenceTraining, model: torch.nn.Module, batch: PreferenceBatch, policy: PairLogps,
+        precision: Precision,
+    ) -> PairLosses: ...  # fmt: skip
+
+
+@dataclass(frozen=True)
+class PairObjective:
+    """A registered preference objective: its losses, and whether TRL logs its figures from length-averaged
+    log-probabilities (ORPO's and SimPO's trainers do, DPO's does not)."""
+
+    losses: PairLossFn
+    averaged: bool
+
+
+PAIR_OBJECTIVES: Registry[PairObjective] = Registry("train.objective")
 
 
 @dataclass
@@ -111,8 +135,8 @@ def pair_logps(model: torch.nn.Module, rows: MicroBatch, precision: Precision) -
 
 
 @dataclass(frozen=True)
-class PreferenceTraining:
-    """The :class:`~rayft.training.loop.objective.Objective` of DPO, ORPO and SimPO: the model, its
+class PreferenceTraining(MethodHooks):
+    """The :class:`~rayft.training.loop.method.Method` of DPO, ORPO and SimPO: the model, its
     files and checkpoints are those of :class:`~rayft.training.loop.objective.CausalLm` (LoRA or full);
     only the batches and the loss differ."""
 
@@ -147,21 +171,16 @@ class PreferenceTraining:
         assert isinstance(batch, PreferenceBatch)  # the loop trains on what collate() made
         policy = pair_logps(model, batch.rows, precision)
         result = self.losses(model, batch, policy, precision)
-        for name, value in pair_figure_tensors(policy, result, averaged=self.objective != "dpo").items():
+        averaged = PAIR_OBJECTIVES[self.objective].averaged
+        for name, value in pair_figure_tensors(policy, result, averaged=averaged).items():
             self.figure_sums[name] = self.figure_sums.get(name, 0.0) + value
         return result.losses.sum()
 
     def losses(
         self, model: torch.nn.Module, batch: PreferenceBatch, policy: PairLogps, precision: Precision
     ) -> PairLosses:
-        """Each pair's loss under the configured objective."""
-        s = self.settings
-        if self.objective == "orpo":
-            return orpo_losses(policy, lam=s.orpo_lambda)
-        if self.objective == "simpo":
-            return simpo_losses(policy, beta=s.beta, gamma=s.simpo_gamma, label_smoothing=s.label_smoothing)
-        reference = self.reference(model, batch, policy, precision)
-        return dpo_losses(policy, reference, beta=s.beta, label_smoothing=s.label_smoothing, loss=s.loss)
+        """Each pair's loss under the configured objective (:data:`PAIR_OBJECTIVES`)."""
+        return PAIR_OBJECTIVES[self.objective].losses(self, model, batch, policy, precision)
 
     def reference(
         self, model: torch.nn.Module, batch: PreferenceBatch, policy: PairLogps, precision: Precision
@@ -180,6 +199,10 @@ class PreferenceTraining:
             )
         with torch.no_grad(), cast("PeftModel", inner).disable_adapter():
             return pair_logps(model, batch.rows, precision)
+
+    def figures(self, device: torch.device, *, world_size: int, units: float) -> dict[str, float]:
+        """TRL's figures, under TRL's names, over every rank's ``units`` (pairs) since the last call."""
+        return self.take_figures(device, units)
 
     def take_figures(self, device: torch.device, pairs: float) -> dict[str, float]:
         """Every rank's figure sums since the last call, as means over ``pairs`` (every rank's), and reset."""
@@ -215,3 +238,35 @@ class PreferenceTraining:
         figures = self.take_figures(device, total_pairs)
         self.figure_sums.update(saved)
         return {"eval/loss": total_loss / max(total_pairs, 1.0), **{f"eval/{k}": v for k, v in figures.items()}}
+
+
+def dpo(
+    training: PreferenceTraining, model: torch.nn.Module, batch: PreferenceBatch, policy: PairLogps,
+    precision: Precision,
+) -> PairLosses:  # fmt: skip
+    """DPO's losses, against the reference log-probabilities (stored, or the base with the adapter off)."""
+    s = training.settings
+    reference = training.reference(model, batch, policy, precision)
+    return dpo_losses(policy, reference, beta=s.beta, label_smoothing=s.label_smoothing, loss=s.loss)
+
+
+def orpo(
+    training: PreferenceTraining, model: torch.nn.Module, batch: PreferenceBatch, policy: PairLogps,
+    precision: Precision,
+) -> PairLosses:  # fmt: skip
+    """ORPO's losses: likelihood plus the odds-ratio term (no reference)."""
+    return orpo_losses(policy, lam=training.settings.orpo_lambda)
+
+
+def simpo(
+    training: PreferenceTraining, model: torch.nn.Module, batch: PreferenceBatch, policy: PairLogps,
+    precision: Precision,
+) -> PairLosses:  # fmt: skip
+    """SimPO's losses: length-normalised rewards with a margin (no reference)."""
+    s = training.settings
+    return simpo_losses(policy, beta=s.beta, gamma=s.simpo_gamma, label_smoothing=s.label_smoothing)
+
+
+PAIR_OBJECTIVES.register("dpo")(PairObjective(dpo, averaged=False))
+PAIR_OBJECTIVES.register("orpo")(PairObjective(orpo, averaged=True))
+PAIR_OBJECTIVES.register("simpo")(PairObjective(simpo, averaged=True))
