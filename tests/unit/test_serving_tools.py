@@ -9,9 +9,10 @@ from typing import Any
 
 import pytest
 
+from rayft.data.tools import default_messages, with_object_arguments
 from rayft.serving.choices import ChoiceStream, whole_choice
 from rayft.serving.protocol import ChatRequest, RequestError, ResponseBuilder, parse_request, to_jobs
-from rayft.serving.tools import Call, CallStream, default_messages, split_calls, template_messages, tool_messages
+from rayft.serving.tools import Call, CallStream, split_calls, tool_messages
 
 TOOLS = [
     {"type": "function", "function": {"name": "add", "description": "Add two integers.", "parameters": {
@@ -111,7 +112,7 @@ def test_an_agent_conversation_is_taken_and_rendered_in_the_default_format() -> 
     assert isinstance(job.prompt, list) and job.prompt[1]["tool_calls"][0]["function"]["name"] == "add"
     assert job.tools.calls == frozenset({"add", "weather"}) and job.tools.guide is None
     messages, extra = tool_messages(job.prompt, job.tools.tools, "{{ messages }}")  # a template without tools
-    assert extra == {} and messages == default_messages(job.prompt, job.tools.tools)
+    assert extra == {} and messages == default_messages(with_object_arguments(job.prompt), job.tools.tools)
     assert messages[0]["role"] == "system" and '"name": "add"' in messages[0]["content"]
     assert messages[2] == {
         "role": "assistant",
@@ -120,7 +121,7 @@ def test_an_agent_conversation_is_taken_and_rendered_in_the_default_format() -> 
     assert messages[3] == {"role": "user", "content": "<tool_response>\n19\n</tool_response>"}
     template = "{% for t in tools %}{{ t }}{% endfor %}{% for m in messages %}{{ m.tool_calls }}{% endfor %}"
     messages, extra = tool_messages(job.prompt, job.tools.tools, template)
-    assert extra == {"tools": list(job.tools.tools)} and messages == template_messages(job.prompt)
+    assert extra == {"tools": list(job.tools.tools)} and messages == with_object_arguments(job.prompt)
     assert messages[1]["tool_calls"][0]["function"]["arguments"] == {"a": 12, "b": 7}  # templates write objects
 
 

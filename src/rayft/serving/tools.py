@@ -19,14 +19,18 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-TOOL_CALL_OPEN, TOOL_CALL_CLOSE = "<tool_call>", "</tool_call>"
-TOOL_RESPONSE_OPEN, TOOL_RESPONSE_CLOSE = "<tool_response>", "</tool_response>"
-TOOLS_HEADER = "You can call the following tools. Each is described by a JSON schema within <tools></tools>:\n<tools>\n"
-TOOLS_FOOTER = (
-    "\n</tools>\n\nTo call a tool, answer with one line per call, each a JSON object with the tool's name and "
-    'arguments within <tool_call></tool_call>:\n<tool_call>{"name": <tool-name>, "arguments": <args-json-object>}'
-    "</tool_call>\nEach tool's result comes back within <tool_response></tool_response>."
+from rayft.data.tokenize import template_renders_tools
+from rayft.data.tools import (
+    TOOL_CALL_CLOSE,
+    TOOL_CALL_OPEN,
+    ToolUseError,
+    default_messages,
+    normalize_call,
+    with_object_arguments,
 )
+
+__all__ = ["TOOL_CALL_CLOSE", "TOOL_CALL_OPEN", "Call", "CallStream", "split_calls", "tool_messages"]
+
 _CALL = re.compile(re.escape(TOOL_CALL_OPEN) + r"(.*?)" + re.escape(TOOL_CALL_CLOSE), re.DOTALL)
 
 
@@ -43,96 +47,32 @@ class Call:
         return {"id": self.id, "type": "function", "function": {"name": self.name, "arguments": self.arguments}}
 
 
-def renders_tools(template: str | None) -> bool:
-    """Whether a chat template renders tools itself: it reads ``tools`` and writes the messages' ``tool_calls``."""
-    return bool(template) and "tools" in str(template) and "tool_calls" in str(template)
-
-
 def tool_messages(messages: list[Any], tools: Sequence[Mapping[str, Any]], template: str | None
                   ) -> tuple[list[Any], dict[str, Any]]:  # fmt: skip
     """The messages to render and the template's extra arguments: as they are without tools or tool turns;
-    with ``tools=`` where the template renders tools; else in the default format."""
+    with ``tools=`` where the template renders tools; else in the default format (the one training data
+    is rendered in, :mod:`rayft.data.tools`)."""
     if not tools and not any(m.get("tool_calls") or m.get("role") == "tool" for m in messages):
         return messages, {}
-    if renders_tools(template):
-        return template_messages(messages), ({"tools": [dict(t) for t in tools]} if tools else {})
-    return default_messages(messages, tools), {}
-
-
-def template_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """The messages as a template that renders tools takes them: each call's ``arguments`` as an object
-    (templates write them with ``tojson``; OpenAI's clients send them as JSON text)."""
-    out = []
-    for message in messages:
-        copy = dict(message)
-        if copy.get("tool_calls"):
-            copy["tool_calls"] = [_with_object_arguments(call) for call in copy["tool_calls"]]
-        out.append(copy)
-    return out
-
-
-def _with_object_arguments(call: Mapping[str, Any]) -> dict[str, Any]:
-    function = dict(call.get("function") or {})
-    try:
-        arguments = json.loads(function.get("arguments") or "{}")
-    except (TypeError, ValueError):
-        arguments = function.get("arguments")
-    return {**call, "function": {**function, "arguments": arguments}}
-
-
-def default_messages(messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]]) -> list[dict[str, str]]:
-    """The conversation as plain role/content messages in the default format (see the module docstring)."""
-    out: list[dict[str, str]] = []
-    after_result = False  # the last message out holds tool results: the next one joins it
-    for message in template_messages(messages):
-        role, content = str(message["role"]), str(message.get("content") or "")
-        if role == "tool":
-            result = f"{TOOL_RESPONSE_OPEN}\n{content}\n{TOOL_RESPONSE_CLOSE}"
-            if after_result:
-                out[-1]["content"] += "\n" + result
-            else:
-                out.append({"role": "user", "content": result})
-            after_result = True
-            continue
-        if role == "assistant" and message.get("tool_calls"):
-            blocks = [render_call(c["function"]["name"], c["function"]["arguments"]) for c in message["tool_calls"]]
-            content = "\n".join([content, *blocks] if content else blocks)
-        after_result = False
-        out.append({"role": role, "content": content})
-    if tools:
-        lines = "\n".join(json.dumps(dict(tool), ensure_ascii=False) for tool in tools)
-        described = f"{TOOLS_HEADER}{lines}{TOOLS_FOOTER}"
-        if out and out[0]["role"] == "system":
-            out[0] = {"role": "system", "content": f"{out[0]['content']}\n\n{described}"}
-        else:
-            out.insert(0, {"role": "system", "content": described})
-    return out
-
-
-def render_call(name: str, arguments: Any) -> str:
-    """One call in the default format."""
-    body = json.dumps({"name": name, "arguments": arguments}, ensure_ascii=False)
-    return f"{TOOL_CALL_OPEN}{body}{TOOL_CALL_CLOSE}"
+    if template and template_renders_tools(template):
+        return with_object_arguments(messages), ({"tools": [dict(t) for t in tools]} if tools else {})
+    return default_messages(with_object_arguments(messages), tools), {}
 
 
 def parse_call(body: str) -> tuple[str, str] | None:
-    """(name, arguments as JSON text) of one call block's body; None when it is not a call (not a JSON object
-    with a string ``name`` and object ``arguments``; Llama 3 writes ``parameters``, read as well)."""
+    """(name, arguments as JSON text) of one call block's body; None when it is not a call. The server is
+    tolerant where training data is strict: a block that is not a call stays in the answer's text."""
     try:
         value = json.loads(body)
     except ValueError:
         return None
-    if not isinstance(value, dict) or not isinstance(value.get("name"), str) or not value["name"]:
+    if isinstance(value, dict) and "arguments" not in value and "parameters" in value:
+        value = {**value, "arguments": value["parameters"]}  # Llama 3 writes ``parameters``
+    try:
+        call = normalize_call(value, "the call")
+    except ToolUseError:
         return None
-    arguments = value.get("arguments", value.get("parameters", {}))
-    if isinstance(arguments, str):
-        try:
-            arguments = json.loads(arguments)
-        except ValueError:
-            return None
-    if not isinstance(arguments, dict):
-        return None
-    return value["name"], json.dumps(arguments, ensure_ascii=False)
+    return call.name, json.dumps(call.arguments, ensure_ascii=False)
 
 
 def new_call_id() -> str:
