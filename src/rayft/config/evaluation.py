@@ -156,6 +156,15 @@ class EvalConfig(Section):
         2000, ge=100, description="Resamples of bootstrap intervals and paired bootstrap tests."
     )
     significance: float = Field(0.05, gt=0, lt=1, description="A paired test is 'significant' below this p-value.")
+    equivalence_margin: float = Field(
+        0.02,
+        gt=0,
+        description=(
+            "Margin of the equivalence test (TOST) `rayft compare` runs on every pair of models, in the "
+            "metric's own units (0.02 = two points of accuracy; BLEU is on 0-100): two models are "
+            "'equivalent' when their difference is shown, at eval.significance, to lie inside +-margin."
+        ),
+    )
     bertscore_model: str = Field(
         "roberta-large",
         description="Scoring model of task 'bertscore' (a Hub id or a local directory).",

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from rayft.evaluation.stats import Estimate, PairedTest
+from rayft.evaluation.stats import Equivalence, Estimate, PairedTest
 
 
 def _known(cls: type, data: Mapping[str, Any]) -> dict[str, Any]:
@@ -101,11 +101,16 @@ class PairComparison:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], confidence: float = math.nan) -> PairComparison:
         """Read back :meth:`to_dict`'s form (``confidence``: the level of a test that does not say its own)."""
-        tests = {
-            name: PairedTest(**_known(PairedTest, {"confidence": confidence, **t}))
-            for name, t in data.get("tests", {}).items()
-        }
+        tests = {name: _paired_test(t, confidence) for name, t in data.get("tests", {}).items()}
         return cls(str(data["a"]), str(data["b"]), tests)
+
+
+def _paired_test(data: Mapping[str, Any], confidence: float) -> PairedTest:
+    """A paired test read back from its JSON form, its equivalence tests as :class:`Equivalence`."""
+    values = _known(PairedTest, {"confidence": confidence, **data})
+    values["equivalence"] = tuple(Equivalence(**_known(Equivalence, e)) for e in data.get("equivalence", []))
+    values["flips"] = dict(data.get("flips", {}))
+    return PairedTest(**values)
 
 
 @dataclass(frozen=True)

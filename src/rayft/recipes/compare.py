@@ -5,7 +5,8 @@ Public entry point: :func:`run` (also ``rayft.api.compare``).
 Reads top to bottom: resolve every source first (so a bad one fails before any generation),
 check the examples in one streamed pass, evaluate each model on them a window at a time
 (:mod:`rayft.evaluation.streaming`), run a paired test of every metric for every pair (McNemar for
-correct/incorrect, paired bootstrap for continuous metrics), and write ``compare.json``,
+correct/incorrect, paired bootstrap for continuous metrics) with a TOST equivalence test at
+``eval.equivalence_margin`` and the flips of correct/incorrect metrics, and write ``compare.json``,
 ``compare.md``, a self-contained ``compare.html`` and ``examples.jsonl``.
 """
 
@@ -83,7 +84,9 @@ def run(cfg: RayftConfig, sources: Mapping[str, str], output_dir: Path) -> Compa
         significance=ev.significance,
         primary_metric=runs[0].primary,
         models={r.label: model_summary(r) for r in runs},
-        pairs=pair_tests(runs, ev.confidence, ev.significance, ev.bootstrap_samples, ev.seed),
+        pairs=pair_tests(
+            runs, ev.confidence, ev.significance, ev.bootstrap_samples, ev.seed, margins=[ev.equivalence_margin]
+        ),
         config={"eval": json.loads(ev.model_dump_json())},
     )
     return CompareResult(
