@@ -241,3 +241,19 @@ class ExportConfig(Section):
         description="Prompts whose logits are compared, and which the exported model must generate for.",
     )
     max_shard_size: str = Field("5GB", description="Largest safetensors shard of the exported model.")
+    gate: list[str] = Field(
+        default_factory=list,
+        description=(
+            "Promotion gates the export must pass, in rayft compare --gate's grammar ('tuned > base', "
+            "'tuned ~ base within 0.02', 'tuned >= base within 0.02', optionally '... on METRIC'). `rayft run` "
+            "checks them against its eval stage's comparison and stops before the export stage when one fails; "
+            "`rayft export` checks them against export.gate_report. The model card states the evidence."
+        ),
+    )
+    gate_report: str | None = Field(
+        None,
+        description=(
+            "The compare.json `rayft export` checks export.gate against (written by rayft compare with the same "
+            "labels); `rayft run` uses its eval stage's and ignores this."
+        ),
+    )

@@ -215,6 +215,7 @@ def pair_lines(summary: CompareSummary) -> list[str]:
             more = "; ".join(part for part in (equivalence_text(test), flips_text(test)) if part)
             if more:
                 lines.append(f"    {more}")
+    lines += [f"gate {g.gate!r}: {'passed' if g.passed else 'FAILED'}: {g.evidence}" for g in summary.gates]
     return lines
 
 
@@ -260,6 +261,9 @@ def render_markdown(summary: CompareSummary, rows: Sequence[dict[str, Any]]) -> 
                 f"{difference_interval(t, conf)} | {t.p_value:.4g} | "
                 f"{'yes' if t.significant else 'no'} | {equivalence_text(t) or '-'} | {flips_text(t) or '-'} |"
             )
+    if summary.gates:
+        out += ["", "## Gates", "", "| gate | passed | evidence |", "|---|---|---|"]
+        out += [f"| `{g.gate}` | {'yes' if g.passed else 'no'} | {g.evidence} |" for g in summary.gates]
     shown = disagreements(rows, summary.primary_metric)
     out += ["", f"## Examples where the models disagree ({len(shown)} shown)", ""]
     for row in shown:
@@ -292,6 +296,21 @@ def _svg_chart(summary: CompareSummary) -> str:
         for name, m in model.metrics.items()
     ]
     return charts.grouped_bar_chart(bars, label="metrics by model")
+
+
+def _gates_html(summary: CompareSummary) -> list[str]:
+    """compare.html's table of promotion gates (nothing when none was asked for)."""
+    if not summary.gates:
+        return []
+    rows = [
+        f"<tr><td><code>{html.escape(g.gate)}</code></td><td>{_YES if g.passed else _NO_BAD}</td>"
+        f"<td>{html.escape(g.evidence)}</td></tr>"
+        for g in summary.gates
+    ]
+    return ["<h2>Gates</h2>", "<table><tr><th>gate</th><th>passed</th><th>evidence</th></tr>", *rows, "</table>"]
+
+
+_YES, _NO_BAD = '<span class="yes">yes</span>', '<span class="bad">no</span>'
 
 
 def render_html(summary: CompareSummary, rows: Sequence[dict[str, Any]]) -> str:
@@ -336,6 +355,7 @@ def render_html(summary: CompareSummary, rows: Sequence[dict[str, Any]]) -> str:
                 f"<td>{e(flips_text(t) or '-')}</td></tr>"
             )
     body.append("</table>")
+    body += _gates_html(summary)
     shown = disagreements(rows, summary.primary_metric)
     body.append(f"<h2>Examples where the models disagree ({len(shown)} shown)</h2>")
     if not shown:

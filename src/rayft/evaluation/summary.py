@@ -114,6 +114,20 @@ def _paired_test(data: Mapping[str, Any], confidence: float) -> PairedTest:
 
 
 @dataclass(frozen=True)
+class GateResult:
+    """A promotion gate (:mod:`rayft.evaluation.gates`) checked against a comparison: whether it
+    passed, and its evidence in one line."""
+
+    gate: str
+    passed: bool
+    evidence: str
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON form (``compare.json``'s ``gates``)."""
+        return {"gate": self.gate, "passed": self.passed, "evidence": self.evidence}
+
+
+@dataclass(frozen=True)
 class EvalSummary:
     """One model's evaluation: what ``eval.json`` holds."""
 
@@ -153,6 +167,7 @@ class CompareSummary:
     pairs: list[PairComparison]
     skipped_rows: list[dict[str, Any]] = field(default_factory=list)
     config: dict[str, Any] = field(default_factory=dict)
+    gates: list[GateResult] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON form."""
@@ -166,6 +181,7 @@ class CompareSummary:
             "primary_metric": self.primary_metric,
             "models": {label: m.to_dict() for label, m in self.models.items()},
             "pairs": [p.to_dict() for p in self.pairs],
+            "gates": [g.to_dict() for g in self.gates],
             "config": self.config,
         }
 
@@ -176,6 +192,7 @@ class CompareSummary:
         values["models"] = {label: ModelSummary.from_dict(m) for label, m in data.get("models", {}).items()}
         level = float(data.get("confidence", math.nan))
         values["pairs"] = [PairComparison.from_dict(p, level) for p in data.get("pairs", [])]
+        values["gates"] = [GateResult(**_known(GateResult, g)) for g in data.get("gates", [])]
         return cls(**values)
 
     def headline_test(self) -> tuple[PairComparison, PairedTest] | None:

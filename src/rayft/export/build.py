@@ -9,6 +9,7 @@ from __future__ import annotations
 import errno
 import json
 import shutil
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,7 @@ from pydantic import ValidationError
 from rayft.config.evaluation import ExportConfig
 from rayft.config.model import LoraConfig
 from rayft.errors import CheckpointError, StorageError
+from rayft.evaluation.summary import GateResult
 from rayft.export import verify as v
 from rayft.export.card import render_model_card
 from rayft.export.checks import check_adapter, check_against_base
@@ -31,8 +33,9 @@ VERIFICATION_FILE = "rayft_export.json"
 _COPIED = ("generation_config.json", layout.CHECKPOINT_CONFIG_FILE)
 
 
-def export_checkpoint(plan: ExportPlan, cfg: ExportConfig) -> dict[str, Any]:
-    """Carry out ``plan``: write, verify and publish the export at ``plan.target``; the verification record."""
+def export_checkpoint(plan: ExportPlan, cfg: ExportConfig, *, gates: Sequence[GateResult] = ()) -> dict[str, Any]:
+    """Carry out ``plan``: write, verify and publish the export at ``plan.target``; the verification record.
+    ``gates``: the promotion gates it passed, stated in the model card."""
     staging = _make_staging(plan.target)
     try:
         if plan.kind == "lora":
@@ -40,7 +43,9 @@ def export_checkpoint(plan: ExportPlan, cfg: ExportConfig) -> dict[str, Any]:
         else:
             verification = export_full(plan.source, staging, cfg)
         write_text_atomic(staging / VERIFICATION_FILE, json.dumps(verification, indent=2) + "\n")
-        write_text_atomic(staging / "README.md", render_model_card(plan.source, verification, merged=plan.merged))
+        write_text_atomic(
+            staging / "README.md", render_model_card(plan.source, verification, merged=plan.merged, gates=gates)
+        )
         share_like_siblings(staging)  # the weights are written 0600 through a temporary file
         replace_dir(staging, plan.target)  # the empty directory the plan allowed, if any, is replaced
     except Exception as exc:
