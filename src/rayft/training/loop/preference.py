@@ -25,7 +25,7 @@ from rayft.training.loop.batches import OnRows, TrainBatch, Unit, micro_batches
 from rayft.training.loop.objective import CausalLm
 from rayft.training.loop.session import all_reduce_sum
 from rayft.training.loop.steps import in_lockstep
-from rayft.training.modeling.model import unwrap
+from rayft.training.modeling.model import check_adapter_off_is_base, unwrap
 from rayft.training.modeling.preference import (
     PairLogps,
     PairLosses,
@@ -178,6 +178,7 @@ class PreferenceTraining:
                 "DPO with train.method 'full' needs the reference log-probabilities stored with the prepared pairs; "
                 "prepare the pairs for this run (rayft data prepare) or train a LoRA adapter (train.method: lora)"
             )
+        check_adapter_off_is_base(inner, "DPO's reference (no reference log-probabilities are stored with the pairs)")
         with torch.no_grad(), cast("PeftModel", inner).disable_adapter():
             return pair_logps(model, batch.rows, precision)
 

@@ -242,7 +242,7 @@ def choose_worker_step(plan: WorkerPlan, session: TrainSession) -> WorkerPlan:
         device_type, method=plan.train.method, seq_length=plan.max_seq_length,
         micro_batch_size=plan.train.micro_batch_size, packing=plan.packing and plan.train.objective == "sft",
         cpus=worker_cpus(), sft=plan.train.objective == "sft", strategy=plan.train.strategy,
-        reference_copy=reference_copy, **shape,
+        reference_copy=reference_copy, dora=plan.train.method == "lora" and plan.lora.use_dora, **shape,
     )  # fmt: skip
     choice = choose_step(request, facts)
     if choice.threads is not None:
