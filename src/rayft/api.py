@@ -191,7 +191,11 @@ def evaluate(
 
 @_redacted
 def compare(
-    cfg: RayftConfig, models: Mapping[str, str | Path], *, output_dir: str | Path | None = None
+    cfg: RayftConfig,
+    models: Mapping[str, str | Path],
+    *,
+    output_dir: str | Path | None = None,
+    gates: Sequence[str] = (),
 ) -> CompareResult:
     """Evaluate two or more models on the same examples and test their differences (``rayft compare``).
 
@@ -199,12 +203,14 @@ def compare(
         cfg: The config.
         models: Label -> model, e.g. ``{"base": "smollm2-135m-instruct", "tuned": "runs/my-run"}``.
         output_dir: The report directory (default ``<storage_path>/<name>/compare``).
+        gates: Promotion gates such as ``"tuned > base"`` or ``"q4 ~ tuned within 0.02"``; each is
+            checked and its result is in ``result.summary.gates`` (a failed gate raises nothing here).
     """
     from rayft.recipes import compare as recipe
 
     where = {"command": "rayft.api.compare", "fix": "pass output_dir="}
     out = _path(output_dir) or default_report_dir(cfg, "compare", **where)
-    return recipe.run(cfg, {label: str(model) for label, model in models.items()}, out)
+    return recipe.run(cfg, {label: str(model) for label, model in models.items()}, out, gates=gates)
 
 
 @_redacted

@@ -123,3 +123,33 @@ def test_compare_cli_errors_are_one_line(tiny_model_dir: Path, tmp_path: Path) -
     )
     assert result.exit_code == 2
     assert "Error: model source" in result.output and "does not exist" in result.output
+
+
+def test_compare_cli_gates_exit_non_zero_with_one_line_when_the_evidence_is_missing(
+    tiny_model_dir: Path, lora_run: Path, tmp_path: Path
+) -> None:
+    from rayft.cli.main import cli
+
+    config = tmp_path / "cfg.yaml"
+    config.write_text(f"name: cli\nstorage_path: {tmp_path / 'runs'}\nmodel:\n  name: {tiny_model_dir}\n")
+    args = ["compare", str(config), "eval.max_samples=6", "eval.generation.max_new_tokens=4", "eval.runtime=local",
+            "--model", f"base={tiny_model_dir}", "--model", f"tuned={lora_run}"]  # fmt: skip
+    out = tmp_path / "cmp"
+    # Six examples cannot show that either model is better: the gate fails, and the reports are still written.
+    failed = CliRunner().invoke(cli, [*args, "--output", str(out), "--gate", "tuned > base"])
+    assert failed.exit_code == 2, failed.output
+    errors = [line for line in failed.output.splitlines() if line.startswith("Error:")]
+    assert len(errors) == 1 and errors[0].startswith(
+        "Error: gate 'tuned > base' failed, promotion stopped: tuned - base"
+    )
+    report = json.loads((out / "compare.json").read_text())
+    assert [(g["gate"], g["passed"]) for g in report["gates"]] == [("tuned > base", False)]
+    test = report["pairs"][0]["tests"]["accuracy_flexible"]
+    assert [e["margin"] for e in test["equivalence"]] == [0.02]
+    assert set(test["flips"]) == {"right_to_wrong", "wrong_to_right"}
+    assert "gate 'tuned > base': FAILED: " in failed.output and "right-to-wrong" in failed.output
+    # Both models lie within a whole accuracy point of each other whatever they answer: that gate passes.
+    passed = CliRunner().invoke(cli, [*args, "--output", str(tmp_path / "ok"), "--gate", "tuned >= base within 1"])
+    assert passed.exit_code == 0, passed.output
+    assert "gate 'tuned >= base within 1': passed: " in passed.output
+    assert "Gates" in (tmp_path / "ok" / "compare.html").read_text()

@@ -80,7 +80,7 @@ def test_compare_line_and_headline_at_the_boundary_reach_above_the_estimate() ->
         _summary(_runs()), pairs=[PairComparison("base", "tuned", {"accuracy_flexible": test})]
     )
     line = "tuned - base accuracy_flexible: +0.270 95% CI [+0.193, +0.364], mcnemar p=2.035e-07 (significant)"
-    assert pair_lines(summary) == [line]
+    assert pair_lines(summary) == [line, "    0 right-to-wrong, 27 wrong-to-right"]
     assert summary.headline() == (
         "accuracy_flexible: base 0.167, tuned 0.833; difference +0.270 95% CI [+0.193, +0.364], "
         "mcnemar p=2.03e-07 (significant)"

@@ -54,3 +54,14 @@ def test_an_encoder_decoder_card_loads_with_the_seq2seq_classes(tmp_path: Path) 
     assert "AutoModelForSeq2SeqLM.from_pretrained" in full and "AutoModelForCausalLM" not in full
     lora = dataclasses.replace(seq2seq, kind="lora")
     assert "AutoPeftModelForSeq2SeqLM" in render_model_card(lora, {}, merged=False)
+
+
+def test_card_states_the_gates_it_passed(tmp_path: Path) -> None:
+    from rayft.evaluation.summary import GateResult
+
+    evidence = "tuned - base accuracy +0.150 [+0.105, +0.200], n=200; mcnemar p=3e-08 (needs < 0.05)"
+    card = render_model_card(_source(tmp_path), {}, merged=True, gates=[GateResult("tuned > base", True, evidence)])
+    assert "## Evidence\n\nThis model was exported after it passed these promotion gates" in card
+    assert f"- `tuned > base`: {evidence}\n" in card
+    assert card.index("## Evidence") < card.index("## Verification")
+    assert "## Evidence" not in render_model_card(_source(tmp_path), {}, merged=True)

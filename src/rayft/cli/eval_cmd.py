@@ -78,22 +78,38 @@ def _parse_models(items: tuple[str, ...]) -> dict[str, str]:
 )
 @click.option("--checkpoint", default=None, help=CHECKPOINT_HELP)
 @click.option("--output", type=click.Path(file_okay=False), default=None, help="Report directory [<run>/compare].")
+@click.option(
+    "--gate",
+    "gates",
+    multiple=True,
+    help="A promotion gate the evidence must support, or the command exits non-zero: 'tuned > base', "
+    "'q4 ~ tuned within 0.02' (equivalent), 'q4 >= tuned within 0.02' (non-inferior), optionally '... on METRIC'.",
+)
 @address_option("compare")
 def compare(
-    config_path: str, overrides: tuple[str, ...], models: tuple[str, ...], checkpoint: str | None, output: str | None
+    config_path: str,
+    overrides: tuple[str, ...],
+    *,
+    models: tuple[str, ...],
+    checkpoint: str | None,
+    output: str | None,
+    gates: tuple[str, ...],
 ) -> None:
     """Evaluate two or more models on the same prompts and test their differences.
 
     Writes compare.json, compare.md, a self-contained compare.html and examples.jsonl; paired
-    tests are McNemar (correct/incorrect) and paired bootstrap (continuous metrics).
+    tests are McNemar (correct/incorrect) and paired bootstrap (continuous metrics), each with a
+    TOST equivalence test at eval.equivalence_margin and, for correct/incorrect metrics, the flips.
     """
+    from rayft.evaluation.gates import parse_gates, require_passed
     from rayft.evaluation.report import pair_lines
 
     sources = _parse_models(models)
+    parse_gates(gates)  # a bad gate is one line before the config loads
     cfg = load_cli_config(config_path, _with_checkpoint(overrides, checkpoint))
     out = Path(output) if output else _default_output(cfg, "compare")
     open_run_log(cfg, out)
-    result = api.compare(cfg, sources, output_dir=out)
+    result = api.compare(cfg, sources, output_dir=out, gates=gates)
     click.echo(result.table + "\n")
     for line in pair_lines(result.summary):
         click.echo(line)
@@ -101,6 +117,7 @@ def compare(
     if note:
         click.echo(f"Note: {note}")
     click.echo(f"\nReport: {result.html_path}\nMarkdown: {result.markdown_path}\nJSON: {result.json_path}")
+    require_passed(result.summary.gates, "promotion")
 
 
 @click.command(epilog="Example: rayft export runs/my-run exported/my-model --no-merge")

@@ -156,6 +156,15 @@ class EvalConfig(Section):
         2000, ge=100, description="Resamples of bootstrap intervals and paired bootstrap tests."
     )
     significance: float = Field(0.05, gt=0, lt=1, description="A paired test is 'significant' below this p-value.")
+    equivalence_margin: float = Field(
+        0.02,
+        gt=0,
+        description=(
+            "Margin of the equivalence test (TOST) `rayft compare` runs on every pair of models, in the "
+            "metric's own units (0.02 = two points of accuracy; BLEU is on 0-100): two models are "
+            "'equivalent' when their difference is shown, at eval.significance, to lie inside +-margin."
+        ),
+    )
     bertscore_model: str = Field(
         "roberta-large",
         description="Scoring model of task 'bertscore' (a Hub id or a local directory).",
@@ -232,3 +241,19 @@ class ExportConfig(Section):
         description="Prompts whose logits are compared, and which the exported model must generate for.",
     )
     max_shard_size: str = Field("5GB", description="Largest safetensors shard of the exported model.")
+    gate: list[str] = Field(
+        default_factory=list,
+        description=(
+            "Promotion gates the export must pass, in rayft compare --gate's grammar ('tuned > base', "
+            "'tuned ~ base within 0.02', 'tuned >= base within 0.02', optionally '... on METRIC'). `rayft run` "
+            "checks them against its eval stage's comparison and stops before the export stage when one fails; "
+            "`rayft export` checks them against export.gate_report. The model card states the evidence."
+        ),
+    )
+    gate_report: str | None = Field(
+        None,
+        description=(
+            "The compare.json `rayft export` checks export.gate against (written by rayft compare with the same "
+            "labels); `rayft run` uses its eval stage's and ignores this."
+        ),
+    )

@@ -128,6 +128,34 @@ class LoraConfig(Section):
         default_factory=list,
         description="Modules trained in full and saved with the adapter (e.g. ['lm_head']).",
     )
+    use_dora: bool = Field(
+        False,
+        description=(
+            "DoRA (PEFT's use_dora): each adapted layer's weight is split into a trained magnitude per output "
+            "row and a direction that LoRA updates. The lean LoRA dropout does not apply (DoRA reads the "
+            "dropped-out input itself; the step line says so), and the frozen layers stay in their own precision "
+            "(DoRA divides by the base weight's norm). Merged by export like plain LoRA."
+        ),
+    )
+    use_rslora: bool = Field(
+        False,
+        description=(
+            "rsLoRA (PEFT's use_rslora): the update is scaled by alpha / sqrt(r) instead of alpha / r, which keeps "
+            "its size steady as the rank grows."
+        ),
+    )
+    init: Literal["default", "pissa", "olora"] = Field(
+        "default",
+        description=(
+            "How the adapter starts (PEFT's init_lora_weights): 'default' (B = 0, so training starts from the "
+            "base model), 'pissa' (A and B from the base weight's top-r singular vectors, the base keeping the "
+            "rest) or 'olora' (from a QR decomposition of the base weight). 'pissa' and 'olora' rewrite the base "
+            "weights; the adapter records it and PEFT rewrites them again whenever the adapter is loaded onto the "
+            "original base (resume, export, serve). Not with lora.quantize, nor with a reference that is the model "
+            "with its adapter off (DPO without stored reference log-probabilities, GRPO's KL with "
+            "train.rl.reference base)."
+        ),
+    )
     quantize: Literal["none", "nf4", "int8"] = Field(
         "none",
         description=(

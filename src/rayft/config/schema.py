@@ -146,6 +146,24 @@ class RayftConfig(Section):
         return self
 
     @model_validator(mode="after")
+    def _lora_variants_fit_the_run(self) -> RayftConfig:
+        if self.train.method != "lora":
+            return self
+        quantize = self.lora.quantize
+        if quantize != "none" and self.lora.init != "default":
+            raise ValueError(
+                f"lora.init={self.lora.init!r} rewrites the base weights from their decomposition, which "
+                f"lora.quantize={quantize!r} stores quantized; set lora.init=default or lora.quantize=none"
+            )
+        if self.lora.use_dora and self.train.frozen_precision == "bf16":
+            raise ValueError(
+                "train.frozen_precision=bf16 with lora.use_dora=true: DoRA divides by the norm of the base weight, "
+                "which bf16 storage would change; set train.frozen_precision=auto (fp32 under DoRA) or "
+                "lora.use_dora=false"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _preference_pairs_are_not_packed(self) -> RayftConfig:
         objective, traits = self.train.objective, self.train.traits
         if traits.token_loss:

@@ -105,9 +105,10 @@ def prediction_rows(run: ModelRun, examples: Examples) -> list[dict[str, Any]]:
 
 
 def pair_tests(
-    runs: Sequence[ModelRun], confidence: float, alpha: float, samples: int, seed: int
+    runs: Sequence[ModelRun], confidence: float, alpha: float, samples: int, seed: int, *, margins: Sequence[float] = ()
 ) -> list[PairComparison]:
-    """Paired tests of every metric for every pair of models (difference = later - earlier)."""
+    """Paired tests of every metric for every pair of models (difference = later - earlier), each with
+    a TOST equivalence test at every one of ``margins``."""
     out = []
     for i, a in enumerate(runs):
         for b in runs[i + 1 :]:
@@ -117,13 +118,14 @@ def pair_tests(
                     continue
                 if name in a.corpus and name in b.corpus:
                     tests[name] = corpus_pair_test(
-                        a.corpus[name], b.corpus[name], confidence=confidence, alpha=alpha, samples=samples, seed=seed
-                    )
+                        a.corpus[name], b.corpus[name], confidence=confidence, alpha=alpha, samples=samples,
+                        seed=seed, margins=margins,
+                    )  # fmt: skip
                     continue
                 va, vb = a.values[name].tolist(), b.values[name].tolist()
                 test: PairedTest = paired_test(
                     "binary" if kind == "binary" and b.kinds[name] == "binary" else "continuous",
-                    va, vb, confidence=confidence, alpha=alpha, samples=samples, seed=seed,
+                    va, vb, confidence=confidence, alpha=alpha, samples=samples, seed=seed, margins=margins,
                 )  # fmt: skip
                 tests[name] = test
             out.append(PairComparison(a.label, b.label, tests))
@@ -131,13 +133,20 @@ def pair_tests(
 
 
 def corpus_pair_test(
-    a: CorpusScores, b: CorpusScores, *, confidence: float, alpha: float, samples: int, seed: int
+    a: CorpusScores,
+    b: CorpusScores,
+    *,
+    confidence: float,
+    alpha: float,
+    samples: int,
+    seed: int,
+    margins: Sequence[float] = (),
 ) -> PairedTest:
     """A corpus metric's paired test: the metric's own test for the p-value, a paired bootstrap interval."""
     p = a.metric.paired_p_value(a.outputs, b.outputs, a.references, samples, seed)
     test = corpus_paired_test(
         a.statistics, b.statistics, a.metric.from_statistics, test=a.metric.test, p_value=p,
-        confidence=confidence, alpha=alpha, samples=samples, seed=seed,
+        confidence=confidence, alpha=alpha, samples=samples, seed=seed, margins=margins,
     )  # fmt: skip
     return test
 
@@ -176,8 +185,25 @@ def difference_interval(test: PairedTest, fallback: float | None = None) -> str:
     return f"{level_text(level)} CI {bounds}" if level is not None else f"CI {bounds}"
 
 
+def equivalence_text(test: PairedTest) -> str:
+    """The TOST verdicts of a test, e.g. 'equivalent within +-0.020: no (TOST p=0.31)'; '' when none ran."""
+    parts = [
+        f"equivalent within +-{e.margin:.3g}: {'yes' if e.equivalent else 'no'} (TOST p={e.p_value:.3g})"
+        for e in test.equivalence
+    ]
+    return "; ".join(parts)
+
+
+def flips_text(test: PairedTest) -> str:
+    """A binary metric's flips, e.g. '3 right-to-wrong, 12 wrong-to-right'; '' for a continuous metric."""
+    if not test.flips:
+        return ""
+    return f"{test.flips['right_to_wrong']} right-to-wrong, {test.flips['wrong_to_right']} wrong-to-right"
+
+
 def pair_lines(summary: CompareSummary) -> list[str]:
-    """One console line per pair and metric: difference, interval, test, p-value and verdict."""
+    """Per pair and metric, a console line with the difference, interval, test, p-value and verdict,
+    and an indented one with the equivalence tests and the flips."""
     lines = []
     for pair in summary.pairs:
         for name, test in pair.tests.items():
@@ -186,6 +212,10 @@ def pair_lines(summary: CompareSummary) -> list[str]:
                 f"{pair.b} - {pair.a} {name}: {test.difference:+.3f} "
                 f"{difference_interval(test, summary.confidence)}, {test.test} p={test.p_value:.4g} ({verdict})"
             )
+            more = "; ".join(part for part in (equivalence_text(test), flips_text(test)) if part)
+            if more:
+                lines.append(f"    {more}")
+    lines += [f"gate {g.gate!r}: {'passed' if g.passed else 'FAILED'}: {g.evidence}" for g in summary.gates]
     return lines
 
 
@@ -221,16 +251,19 @@ def render_markdown(summary: CompareSummary, rows: Sequence[dict[str, Any]]) -> 
         "",
         "## Paired tests",
         "",
-        "| pair | metric | test | difference (b - a) | interval | p-value | significant |",
+        "| pair | metric | test | difference (b - a) | interval | p-value | significant | equivalence | flips |",
     ]
-    out.append("|---|---|---|---|---|---|---|")
+    out.append("|---|---|---|---|---|---|---|---|---|")
     for pair in summary.pairs:
         for name, t in pair.tests.items():
             out.append(
                 f"| {pair.b} vs {pair.a} | {name} | {t.test} | {t.difference:+.3f} | "
                 f"{difference_interval(t, conf)} | {t.p_value:.4g} | "
-                f"{'yes' if t.significant else 'no'} |"
+                f"{'yes' if t.significant else 'no'} | {equivalence_text(t) or '-'} | {flips_text(t) or '-'} |"
             )
+    if summary.gates:
+        out += ["", "## Gates", "", "| gate | passed | evidence |", "|---|---|---|"]
+        out += [f"| `{g.gate}` | {'yes' if g.passed else 'no'} | {g.evidence} |" for g in summary.gates]
     shown = disagreements(rows, summary.primary_metric)
     out += ["", f"## Examples where the models disagree ({len(shown)} shown)", ""]
     for row in shown:
@@ -265,6 +298,21 @@ def _svg_chart(summary: CompareSummary) -> str:
     return charts.grouped_bar_chart(bars, label="metrics by model")
 
 
+def _gates_html(summary: CompareSummary) -> list[str]:
+    """compare.html's table of promotion gates (nothing when none was asked for)."""
+    if not summary.gates:
+        return []
+    rows = [
+        f"<tr><td><code>{html.escape(g.gate)}</code></td><td>{_YES if g.passed else _NO_BAD}</td>"
+        f"<td>{html.escape(g.evidence)}</td></tr>"
+        for g in summary.gates
+    ]
+    return ["<h2>Gates</h2>", "<table><tr><th>gate</th><th>passed</th><th>evidence</th></tr>", *rows, "</table>"]
+
+
+_YES, _NO_BAD = '<span class="yes">yes</span>', '<span class="bad">no</span>'
+
+
 def render_html(summary: CompareSummary, rows: Sequence[dict[str, Any]]) -> str:
     """compare.html: one self-contained page (no scripts, fonts or styles from the network)."""
     e = html.escape
@@ -295,7 +343,7 @@ def render_html(summary: CompareSummary, rows: Sequence[dict[str, Any]]) -> str:
     body += ["</table>", "<h2>Paired tests</h2>"]
     body.append(
         "<table><tr><th>pair</th><th>metric</th><th>test</th><th>difference (b &minus; a)</th><th>interval</th>"
-        "<th>p-value</th><th>significant</th></tr>"
+        "<th>p-value</th><th>significant</th><th>equivalence (TOST)</th><th>flips</th></tr>"
     )
     for pair in summary.pairs:
         for name, t in pair.tests.items():
@@ -303,9 +351,11 @@ def render_html(summary: CompareSummary, rows: Sequence[dict[str, Any]]) -> str:
             body.append(
                 f"<tr><td>{e(pair.b)} vs {e(pair.a)}</td><td>{e(name)}</td><td>{e(t.test)}</td>"
                 f"<td>{t.difference:+.3f}</td><td>{difference_interval(t, conf)}</td>"
-                f"<td>{t.p_value:.4g}</td><td>{sig}</td></tr>"
+                f"<td>{t.p_value:.4g}</td><td>{sig}</td><td>{e(equivalence_text(t) or '-')}</td>"
+                f"<td>{e(flips_text(t) or '-')}</td></tr>"
             )
     body.append("</table>")
+    body += _gates_html(summary)
     shown = disagreements(rows, summary.primary_metric)
     body.append(f"<h2>Examples where the models disagree ({len(shown)} shown)</h2>")
     if not shown:

@@ -11,6 +11,12 @@
   unconditional (the number of disagreements is random, not fixed), so it keeps its coverage at
   the boundary where one model is never right; ``benchmarks/bench_interval_coverage.py`` prints
   its coverage by simulation.
+- Equivalence at a margin m is the two one-sided tests (TOST, Schuirmann 1987): the models are
+  equivalent when both "difference <= -m" and "difference >= +m" are rejected at ``alpha``, which is
+  the same as the (1 - 2 alpha) interval of the difference lying inside (-m, +m). For accuracies
+  each side is Tango's score test at delta = -m and +m (the statistic the interval above inverts);
+  for continuous metrics each side is read off the paired bootstrap distribution of the difference.
+  Its type-I error at the margin is checked by simulation in ``tests/unit/test_eval_equivalence.py``.
 - Bootstrap resampling draws its indices a bounded batch at a time (memory stays flat at any n),
   from one seeded stream, so results do not depend on the batch size.
 """
@@ -20,7 +26,7 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from statistics import NormalDist
 from typing import Any, Literal
 
@@ -45,8 +51,29 @@ class Estimate:
 
 
 @dataclass(frozen=True)
+class Equivalence:
+    """A TOST equivalence test of the difference B - A at a margin: equivalent when both one-sided
+    nulls (difference <= -margin, difference >= +margin) are rejected at ``alpha``."""
+
+    margin: float
+    p_value: float  # the larger one-sided p-value: TOST rejects both nulls exactly when it is below alpha
+    p_lower: float  # null: difference <= -margin
+    p_upper: float  # null: difference >= +margin
+    equivalent: bool
+    method: str
+
+    def to_dict(self) -> dict[str, Any]:
+        """The test as a JSON-ready dict."""
+        return asdict(self)
+
+
+@dataclass(frozen=True)
 class PairedTest:
-    """Whether model B differs from model A on the same examples (difference = B - A)."""
+    """Whether model B differs from model A on the same examples (difference = B - A).
+
+    ``equivalence`` holds a TOST per margin asked for (:class:`Equivalence`); ``flips`` the examples
+    a binary metric's outcome changed on: ``right_to_wrong`` (A right, B wrong) and ``wrong_to_right``.
+    """
 
     test: str
     statistic: float
@@ -58,6 +85,12 @@ class PairedTest:
     n: int
     detail: dict[str, int]
     confidence: float  # level of the difference's interval
+    equivalence: tuple[Equivalence, ...] = ()
+    flips: dict[str, int] = field(default_factory=dict)
+
+    def at_margin(self, margin: float) -> Equivalence | None:
+        """The equivalence test at ``margin``, if one was run."""
+        return next((e for e in self.equivalence if math.isclose(e.margin, margin, rel_tol=1e-9)), None)
 
     def to_dict(self) -> dict[str, Any]:
         """The test as a JSON-ready dict."""
@@ -152,20 +185,25 @@ def corpus_paired_test(
     alpha: float,
     samples: int,
     seed: int,
+    margins: Sequence[float] = (),
 ) -> PairedTest:
     """Two models' corpus metric compared on the same examples (difference = B - A).
 
     The p-value comes from the metric's own paired test; the difference gets a paired percentile
-    bootstrap interval (both models' examples resampled with the same indices).
+    bootstrap interval (both models' examples resampled with the same indices), and each of
+    ``margins`` a TOST read off the same resamples.
     """
     _check_paired(rows_a, rows_b)
     k = rows_a.shape[1]
     sums = resampled_sums(np.hstack([rows_a, rows_b]), samples, np.random.default_rng(seed))
-    diffs = [score(s[k:]) - score(s[:k]) for s in sums]
+    diffs = np.asarray([score(s[k:]) - score(s[:k]) for s in sums], dtype=np.float64)
     low, high = np.quantile(diffs, [(1 - confidence) / 2, (1 + confidence) / 2])
     observed = score(rows_b.sum(axis=0)) - score(rows_a.sum(axis=0))
     n = int(rows_a.shape[0])
-    return PairedTest(test, observed, p_value, p_value < alpha, observed, float(low), float(high), n, {}, confidence)
+    equivalence = tuple(bootstrap_tost(diffs, m, alpha) for m in margins)
+    significant = p_value < alpha
+    return PairedTest(test, observed, p_value, significant, observed, float(low), float(high), n, {}, confidence,
+                      equivalence)  # fmt: skip
 
 
 def estimate(
@@ -182,7 +220,12 @@ def estimate(
 
 
 def mcnemar_test(
-    correct_a: Sequence[float], correct_b: Sequence[float], *, confidence: float = 0.95, alpha: float = 0.05
+    correct_a: Sequence[float],
+    correct_b: Sequence[float],
+    *,
+    confidence: float = 0.95,
+    alpha: float = 0.05,
+    margins: Sequence[float] = (),
 ) -> PairedTest:
     """McNemar's test of two models' correct/incorrect outcomes on the same examples.
 
@@ -191,7 +234,8 @@ def mcnemar_test(
     the exact conditional test: it is rarely above its nominal level and has more power. The
     difference in accuracy (B - A) gets Tango's score interval at level ``1 - alpha`` (see
     :func:`tango_interval`), the interval this test inverts, so the interval and the verdict beside
-    it always agree; ``confidence`` is accepted for a uniform signature and not used here.
+    it always agree; ``confidence`` is accepted for a uniform signature and not used here. Each of
+    ``margins`` gets a TOST equivalence test (:func:`tango_tost`).
     """
     del confidence  # the interval of a test is at the test's level
     _check_paired(correct_a, correct_b)
@@ -204,7 +248,9 @@ def mcnemar_test(
     low, high = tango_interval(b, c, n, alpha)
     detail = {"only_a_correct": b, "only_b_correct": c, "both_correct": both, "both_wrong": n - b - c - both}
     chi2 = (c - b) ** 2 / (b + c) if b + c else 0.0
-    return PairedTest("mcnemar", chi2, p, p < alpha, diff, low, high, n, detail, 1 - alpha)
+    equivalence = tuple(tango_tost(b, c, n, m, alpha) for m in margins)
+    flips = {"right_to_wrong": b, "wrong_to_right": c}
+    return PairedTest("mcnemar", chi2, p, p < alpha, diff, low, high, n, detail, 1 - alpha, equivalence, flips)
 
 
 def mcnemar_p(b: int, c: int) -> float:
@@ -261,6 +307,44 @@ def tango_interval(b: int, c: int, n: int, alpha: float) -> tuple[float, float]:
     return (low, high)
 
 
+def _upper_tail(z: float) -> float:
+    """P(Z >= z) for a standard normal Z (exact at the infinities)."""
+    return 0.5 * math.erfc(z / math.sqrt(2))
+
+
+def tango_tost(b: int, c: int, n: int, margin: float, alpha: float) -> Equivalence:
+    """TOST of the accuracy difference (c - b) / n at ``margin``, each side a one-sided Tango score test.
+
+    "difference <= -margin" is rejected when Z(-margin) is large, "difference >= +margin" when
+    Z(+margin) is very negative (:func:`tango_score`). Both rejected at ``alpha`` is the same as
+    Tango's interval at level 1 - 2 alpha lying inside (-margin, +margin). A margin of 1 or more
+    holds every difference of two accuracies.
+    """
+    if n == 0:
+        p_lower = p_upper = 1.0
+    elif margin >= 1:
+        p_lower = p_upper = 0.0
+    else:
+        p_lower = _upper_tail(tango_score(-margin, b, c, n))
+        p_upper = _upper_tail(-tango_score(margin, b, c, n))
+    p = max(p_lower, p_upper)
+    return Equivalence(margin, p, p_lower, p_upper, p < alpha, "tango_tost")
+
+
+def bootstrap_tost(resampled: np.ndarray, margin: float, alpha: float) -> Equivalence:
+    """TOST at ``margin`` read off a paired bootstrap distribution of the difference B - A.
+
+    Each one-sided p-value is the share of resampled differences on the null's side of the margin,
+    counted as ``(k + 1) / (samples + 1)`` as the paired bootstrap test counts its own; both below
+    ``alpha`` is the percentile interval at level 1 - 2 alpha lying inside (-margin, +margin).
+    """
+    samples = int(resampled.size)
+    p_lower = float(((resampled <= -margin).sum() + 1) / (samples + 1))
+    p_upper = float(((resampled >= margin).sum() + 1) / (samples + 1))
+    p = max(p_lower, p_upper)
+    return Equivalence(margin, p, p_lower, p_upper, p < alpha, "bootstrap_tost")
+
+
 def _bisect_falling(falling: Callable[[float], float], *, positive: bool) -> float:
     """The root in (-1, 1) of a decreasing function known to lie above 0 or at/below it.
 
@@ -285,27 +369,31 @@ def paired_bootstrap_test(
     alpha: float = 0.05,
     samples: int = 2000,
     seed: int = 0,
+    margins: Sequence[float] = (),
 ) -> PairedTest:
     """Paired bootstrap test of the mean difference B - A of a continuous per-example metric.
 
     Examples are resampled as pairs. The p-value is the share of resampled differences, shifted
     to mean zero (the null hypothesis), at least as far from zero as the observed one; the
-    interval is the percentile interval of the resampled differences.
+    interval is the percentile interval of the resampled differences; each of ``margins`` gets a
+    TOST read off the same resamples (:func:`bootstrap_tost`).
     """
     _check_paired(scores_a, scores_b)
     d = np.asarray(scores_b, dtype=np.float64) - np.asarray(scores_a, dtype=np.float64)
     n = int(d.size)
     if n == 0:
-        return PairedTest("paired_bootstrap", 0.0, 1.0, False, 0.0, 0.0, 0.0, 0, {}, confidence)
+        equivalence = tuple(Equivalence(m, 1.0, 1.0, 1.0, False, "bootstrap_tost") for m in margins)
+        return PairedTest("paired_bootstrap", 0.0, 1.0, False, 0.0, 0.0, 0.0, 0, {}, confidence, equivalence)
     means = resampled_means(d, samples, np.random.default_rng(seed))
     observed = float(d.mean())
     extreme = np.abs(means - observed) >= abs(observed) - 1e-12
     p = float((extreme.sum() + 1) / (samples + 1)) if observed != 0 else 1.0
     low, high = np.quantile(means, [(1 - confidence) / 2, (1 + confidence) / 2])
     detail = {"b_better": int((d > 0).sum()), "a_better": int((d < 0).sum()), "ties": int((d == 0).sum())}
-    return PairedTest(
-        "paired_bootstrap", observed, p, p < alpha, observed, float(low), float(high), n, detail, confidence
-    )
+    equivalence = tuple(bootstrap_tost(means, m, alpha) for m in margins)
+    interval = (float(low), float(high))
+    verdict = p < alpha
+    return PairedTest("paired_bootstrap", observed, p, verdict, observed, *interval, n, detail, confidence, equivalence)
 
 
 def paired_test(
@@ -317,11 +405,14 @@ def paired_test(
     alpha: float = 0.05,
     samples: int = 2000,
     seed: int = 0,
+    margins: Sequence[float] = (),
 ) -> PairedTest:
-    """McNemar for binary metrics, paired bootstrap for continuous ones."""
+    """McNemar for binary metrics, paired bootstrap for continuous ones; a TOST at each of ``margins``."""
     if kind == "binary":
-        return mcnemar_test(scores_a, scores_b, confidence=confidence, alpha=alpha)
-    return paired_bootstrap_test(scores_a, scores_b, confidence=confidence, alpha=alpha, samples=samples, seed=seed)
+        return mcnemar_test(scores_a, scores_b, confidence=confidence, alpha=alpha, margins=margins)
+    return paired_bootstrap_test(
+        scores_a, scores_b, confidence=confidence, alpha=alpha, samples=samples, seed=seed, margins=margins
+    )
 
 
 def _check_paired(a: Sequence[float] | np.ndarray, b: Sequence[float] | np.ndarray) -> None:

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from rayft.evaluation.stats import Estimate, PairedTest
+from rayft.evaluation.stats import Equivalence, Estimate, PairedTest
 
 
 def _known(cls: type, data: Mapping[str, Any]) -> dict[str, Any]:
@@ -101,11 +101,30 @@ class PairComparison:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], confidence: float = math.nan) -> PairComparison:
         """Read back :meth:`to_dict`'s form (``confidence``: the level of a test that does not say its own)."""
-        tests = {
-            name: PairedTest(**_known(PairedTest, {"confidence": confidence, **t}))
-            for name, t in data.get("tests", {}).items()
-        }
+        tests = {name: _paired_test(t, confidence) for name, t in data.get("tests", {}).items()}
         return cls(str(data["a"]), str(data["b"]), tests)
+
+
+def _paired_test(data: Mapping[str, Any], confidence: float) -> PairedTest:
+    """A paired test read back from its JSON form, its equivalence tests as :class:`Equivalence`."""
+    values = _known(PairedTest, {"confidence": confidence, **data})
+    values["equivalence"] = tuple(Equivalence(**_known(Equivalence, e)) for e in data.get("equivalence", []))
+    values["flips"] = dict(data.get("flips", {}))
+    return PairedTest(**values)
+
+
+@dataclass(frozen=True)
+class GateResult:
+    """A promotion gate (:mod:`rayft.evaluation.gates`) checked against a comparison: whether it
+    passed, and its evidence in one line."""
+
+    gate: str
+    passed: bool
+    evidence: str
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON form (``compare.json``'s ``gates``)."""
+        return {"gate": self.gate, "passed": self.passed, "evidence": self.evidence}
 
 
 @dataclass(frozen=True)
@@ -148,6 +167,7 @@ class CompareSummary:
     pairs: list[PairComparison]
     skipped_rows: list[dict[str, Any]] = field(default_factory=list)
     config: dict[str, Any] = field(default_factory=dict)
+    gates: list[GateResult] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON form."""
@@ -161,6 +181,7 @@ class CompareSummary:
             "primary_metric": self.primary_metric,
             "models": {label: m.to_dict() for label, m in self.models.items()},
             "pairs": [p.to_dict() for p in self.pairs],
+            "gates": [g.to_dict() for g in self.gates],
             "config": self.config,
         }
 
@@ -171,6 +192,7 @@ class CompareSummary:
         values["models"] = {label: ModelSummary.from_dict(m) for label, m in data.get("models", {}).items()}
         level = float(data.get("confidence", math.nan))
         values["pairs"] = [PairComparison.from_dict(p, level) for p in data.get("pairs", [])]
+        values["gates"] = [GateResult(**_known(GateResult, g)) for g in data.get("gates", [])]
         return cls(**values)
 
     def headline_test(self) -> tuple[PairComparison, PairedTest] | None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import errno
 import json
 import shutil
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -18,9 +19,10 @@ from pydantic import ValidationError
 from rayft.config.evaluation import ExportConfig
 from rayft.config.model import LoraConfig
 from rayft.errors import CheckpointError, StorageError
+from rayft.evaluation.summary import GateResult
 from rayft.export import verify as v
 from rayft.export.card import render_model_card
-from rayft.export.checks import check_adapter, check_against_base
+from rayft.export.checks import check_adapter, check_against_base, read_adapter_config
 from rayft.export.plan import ExportPlan
 from rayft.files import replace_dir, share_like_siblings, staging_dir, write_text_atomic
 from rayft.models.loading import load_causal_lm
@@ -29,10 +31,12 @@ from rayft.runs import layout
 
 VERIFICATION_FILE = "rayft_export.json"
 _COPIED = ("generation_config.json", layout.CHECKPOINT_CONFIG_FILE)
+REWRITING_INITS = ("pissa", "olora")  # PEFT's init_lora_weights values that rewrite the base weights
 
 
-def export_checkpoint(plan: ExportPlan, cfg: ExportConfig) -> dict[str, Any]:
-    """Carry out ``plan``: write, verify and publish the export at ``plan.target``; the verification record."""
+def export_checkpoint(plan: ExportPlan, cfg: ExportConfig, *, gates: Sequence[GateResult] = ()) -> dict[str, Any]:
+    """Carry out ``plan``: write, verify and publish the export at ``plan.target``; the verification record.
+    ``gates``: the promotion gates it passed, stated in the model card."""
     staging = _make_staging(plan.target)
     try:
         if plan.kind == "lora":
@@ -40,7 +44,9 @@ def export_checkpoint(plan: ExportPlan, cfg: ExportConfig) -> dict[str, Any]:
         else:
             verification = export_full(plan.source, staging, cfg)
         write_text_atomic(staging / VERIFICATION_FILE, json.dumps(verification, indent=2) + "\n")
-        write_text_atomic(staging / "README.md", render_model_card(plan.source, verification, merged=plan.merged))
+        write_text_atomic(
+            staging / "README.md", render_model_card(plan.source, verification, merged=plan.merged, gates=gates)
+        )
         share_like_siblings(staging)  # the weights are written 0600 through a temporary file
         replace_dir(staging, plan.target)  # the empty directory the plan allowed, if any, is replaced
     except Exception as exc:
@@ -105,7 +111,6 @@ def _copy_side_files(checkpoint: Path, staging: Path, tokenizer: Any) -> None:
 def export_lora(resolved: ResolvedSource, staging: Path, cfg: ExportConfig, *, merge: bool) -> dict[str, Any]:
     """Check, (merge,) save and verify a LoRA checkpoint; return the verification record."""
     import torch
-    from peft import PeftModel
     from transformers import AutoTokenizer
 
     assert resolved.adapter_path is not None  # kind == "lora"
@@ -126,7 +131,7 @@ def export_lora(resolved: ResolvedSource, staging: Path, cfg: ExportConfig, *, m
         "adapter": {"r": summary.r, "modules": len(summary.modules), "parameters": summary.num_parameters}
     }
     base_logits = v.probe_logits(base, batch) if cfg.verify else None
-    peft_model = PeftModel.from_pretrained(base, str(checkpoint)).eval()
+    peft_model = load_adapter(base, checkpoint, verify_dtype)
     v.check_loaded_adapter(peft_model, checkpoint)
     adapted = v.probe_logits(peft_model, batch) if cfg.verify else None
     if base_logits is not None and adapted is not None:
@@ -156,9 +161,25 @@ def export_lora(resolved: ResolvedSource, staging: Path, cfg: ExportConfig, *, m
         if merge:
             return _load_for_verification(staging, cfg)
         fresh: Any = load_causal_lm(fp32, "cpu").to(verify_dtype)
-        return PeftModel.from_pretrained(fresh, str(staging)).eval()
+        return load_adapter(fresh, staging, verify_dtype)
 
     return record | _verify_reload(staging, reload, batch, adapted, cfg)
+
+
+def load_adapter(base: Any, adapter_dir: Path, dtype: Any) -> Any:
+    """``base`` with the adapter of ``adapter_dir`` loaded (PEFT), in ``dtype``, for evaluation.
+
+    An adapter initialised by PiSSA or OLoRA was trained on base weights less their top-r part; PEFT
+    recomputes that split when it loads the adapter onto the original base, but only from float32 or a
+    smaller float (its SVD and QR run in float32), so such a base goes through float32 and the adapted
+    model to ``dtype`` afterwards.
+    """
+    import torch
+    from peft import PeftModel
+
+    if read_adapter_config(adapter_dir).get("init_lora_weights") in REWRITING_INITS and base.dtype != torch.float32:
+        base = base.to(torch.float32)
+    return PeftModel.from_pretrained(base, str(adapter_dir)).to(dtype).eval()
 
 
 def export_full(resolved: ResolvedSource, staging: Path, cfg: ExportConfig) -> dict[str, Any]:

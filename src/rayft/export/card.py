@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from rayft.evaluation.summary import GateResult
 from rayft.models.architecture import resolve_architecture
 from rayft.models.registry import BUILTIN_MODELS
 from rayft.models.sources import ResolvedSource
@@ -17,8 +19,11 @@ def base_model_id(name: str) -> str:
     return BUILTIN_MODELS[name].hub_id if name in BUILTIN_MODELS else name
 
 
-def render_model_card(resolved: ResolvedSource, verification: dict[str, Any], *, merged: bool) -> str:
-    """Markdown with a YAML header the Hub understands (base_model, library_name, tags)."""
+def render_model_card(
+    resolved: ResolvedSource, verification: dict[str, Any], *, merged: bool, gates: Sequence[GateResult] = ()
+) -> str:
+    """Markdown with a YAML header the Hub understands (base_model, library_name, tags); with ``gates``,
+    the promotion gates the export passed and their evidence."""
     base = base_model_id(str(resolved.lineage.get("base_model") or resolved.model.name))
     library = "peft" if resolved.kind == "lora" and not merged else "transformers"
     what = {True: "LoRA adapter merged into the base weights", False: "LoRA adapter (unmerged)"}
@@ -48,6 +53,7 @@ def render_model_card(resolved: ResolvedSource, verification: dict[str, Any], *,
         f"| rayft version | {resolved.lineage.get('rayft_version', 'unknown')} |",
     ]
     lines += [f"| {name} | {value:.4f} |" for name, value in sorted(resolved.metrics.items()) if name != "step"]
+    lines += _evidence(gates)
     lines += ["", "## Verification", "", "```json", json.dumps(verification, indent=2), "```", "", "## Usage", ""]
     seq2seq = resolve_architecture(resolved.model) == "seq2seq"
     lines += _usage(base, merged=merged, lora=resolved.kind == "lora", seq2seq=seq2seq)
@@ -55,6 +61,17 @@ def render_model_card(resolved: ResolvedSource, verification: dict[str, Any], *,
     if config.is_file():
         lines += ["", "## Training config", "", "```yaml", config.read_text(encoding="utf-8").rstrip(), "```"]
     return "\n".join(lines) + "\n"
+
+
+def _evidence(gates: Sequence[GateResult]) -> list[str]:
+    """The card's section on the promotion gates the export passed (none without gates)."""
+    if not gates:
+        return []
+    intro = (
+        "This model was exported after it passed these promotion gates: paired tests of the models on the same "
+        "evaluation examples (the difference with its interval, the flips, then the deciding test)."
+    )
+    return ["", "## Evidence", "", intro, "", *(f"- `{g.gate}`: {g.evidence}" for g in gates)]
 
 
 def _usage(base: str, *, merged: bool, lora: bool, seq2seq: bool = False) -> list[str]:

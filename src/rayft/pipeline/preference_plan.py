@@ -9,6 +9,7 @@ result is a model directory already. Without a train stage, both start from ``mo
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -97,3 +98,13 @@ def compare_sources(cfg: RayftConfig, run_dir: Path, records: dict[str, StageRec
         )
         return {before[0]: before[1], after[1]: str(records[after[0]].output(run_dir, "final"))}
     return {"base": cfg.model.name, "tuned": str(records["train"].output(run_dir, "final"))}
+
+
+def compare_labels(cfg: RayftConfig, stages: Collection[str]) -> tuple[str, str]:
+    """The labels :func:`compare_sources` gives the eval stage's two models when ``stages`` all run."""
+    before = "sft" if "train" in stages else "base"
+    if "preference" in stages:
+        return before, cfg.preference.objective
+    if "rl" in stages:
+        return before, "grpo"
+    return "base", "tuned"

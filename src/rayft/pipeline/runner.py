@@ -40,6 +40,7 @@ from rayft.config import RayftConfig, dump_config
 from rayft.config.rl_stage import rl_data_section, rl_train_section
 from rayft.config.tracking import MlflowArtifact
 from rayft.errors import ConfigError
+from rayft.evaluation.gates import check_labels, parse_gates
 from rayft.evaluation.summary import CompareSummary
 from rayft.pipeline.fingerprint import hash_object
 from rayft.pipeline.lineage import relative
@@ -53,6 +54,7 @@ from rayft.pipeline.outputs import (
     write_text,
 )
 from rayft.pipeline.plan import StageDecision, check_remote_stages, decide, requested_stages, runnable_stages
+from rayft.pipeline.preference_plan import compare_labels
 from rayft.pipeline.stage import Stage, StageContext
 from rayft.pipeline.stages import STAGES
 from rayft.runs.layout import PROFILE_DIR, TRACKING_FILE
@@ -95,6 +97,8 @@ def run(
     requested = requested_stages(cfg.model_fields_set)
     if "rl" in requested:  # before anything runs: its errors name rl.train.<key> or rl.data.<key>
         check_rl_stage(cfg)
+    if "export" in requested and cfg.export.gate:
+        check_export_gates(cfg, requested)
     allowed, forced = runnable_stages(requested, from_stage=from_stage, only=only)
     forced = set(allowed) if force else forced
     location = pipeline_location(cfg)
@@ -202,6 +206,17 @@ def check_rl_stage(cfg: RayftConfig) -> None:
         rl_data_section(cfg.data, cfg.rl)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
+
+
+def check_export_gates(cfg: RayftConfig, requested: list[str]) -> None:
+    """Before anything runs: export.gate parses, names the eval stage's models, and has an eval stage to read."""
+    gates = parse_gates(cfg.export.gate, where="export.gate")
+    if "eval" not in requested:
+        raise ConfigError(
+            "export.gate is checked against the eval stage's comparison, and the config has no eval stage; "
+            "add an `eval:` section (or remove export.gate)"
+        )
+    check_labels(gates, compare_labels(cfg, requested), where="export.gate")
 
 
 def tracked_artifacts(run_dir: Path, records: dict[str, StageRecord]) -> dict[MlflowArtifact, Path]:

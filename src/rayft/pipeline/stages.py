@@ -12,8 +12,10 @@ from typing import Any
 
 from rayft._version import __version__
 from rayft.config import RayftConfig
+from rayft.evaluation.gates import GateFailedError
 from rayft.files import replace_dir, staging_dir
 from rayft.pipeline.inputs import final_manifest_hash, local_files, model_identity, train_data_config
+from rayft.pipeline.outputs import read_comparison
 from rayft.pipeline.preference_plan import compare_sources
 from rayft.pipeline.preference_stage import PairsStage, PreferenceStage
 from rayft.pipeline.rl_stage import RlStage
@@ -108,13 +110,14 @@ class EvalStage:
     def inputs(self, ctx: StageContext) -> dict[str, Any]:
         """The eval section, its local data files, the base model and the trained model's manifest hash."""
         section = json.loads(ctx.cfg.eval.model_dump_json())
+        gates = {"gates": ctx.cfg.export.gate} if ctx.cfg.export.gate else {}  # their margins are tested here
         return {
             "eval": section,
             "files": local_files(section),
             "model": model_identity(ctx.cfg),
             "tuned": final_manifest_hash(ctx.run_dir, ctx.records),
             "rayft": __version__,
-        }
+        } | gates
 
     def run(self, ctx: StageContext, *, fresh: bool) -> StageOutput:
         """Compare the base model with the fine-tuned one when the pipeline trains, else evaluate the model."""
@@ -126,7 +129,7 @@ class EvalStage:
             return StageOutput({"dir": out}, single.summary.to_dict())
 
         sources = compare_sources(ctx.cfg, ctx.run_dir, ctx.records)
-        result = compare.run(ctx.cfg, sources, staging)
+        result = compare.run(ctx.cfg, sources, staging, gates=ctx.cfg.export.gate)
         replace_dir(staging, out)
         files = {
             "dir": out,
@@ -144,22 +147,30 @@ class ExportStage:
     name = "export"
 
     def inputs(self, ctx: StageContext) -> dict[str, Any]:
-        """The export section and the trained model's manifest hash."""
+        """The export section and the trained model's manifest hash; with gates, the comparison they read."""
+        evidence = ctx.records.get("eval")
+        gated = {"evidence": evidence.fingerprint if evidence else None} if ctx.cfg.export.gate else {}
         return {
             "export": json.loads(ctx.cfg.export.model_dump_json()),
             "model": model_identity(ctx.cfg),
             "tuned": final_manifest_hash(ctx.run_dir, ctx.records),
             "rayft": __version__,
-        }
+        } | gated
 
     def run(self, ctx: StageContext, *, fresh: bool) -> StageOutput:
-        """Export (merged or as an adapter) and verify."""
+        """Check the promotion gates against the eval stage's comparison (a failed one stops here, before
+        anything is exported), then export (merged or as an adapter) and verify."""
         out = ctx.run_dir / "export"
+        comparison = read_comparison(ctx.run_dir, ctx.records) if ctx.cfg.export.gate else None
+        if ctx.cfg.export.gate and comparison is None:
+            raise GateFailedError("export.gate: the eval stage left no comparison to check the gates against")
+        export.passed_gates(ctx.cfg, comparison)  # a failed gate stops the stage before the staging directory
         staging = staging_dir(out)
         final = str(trained_final(ctx.run_dir, ctx.records))
-        result = export.run(ctx.cfg, final, staging, destination=out)
+        result = export.run(ctx.cfg, final, staging, destination=out, comparison=comparison)
         replace_dir(staging, out)
         summary = {"merged": result.merged, **{f"verification.{k}": v for k, v in dict(result.verification).items()}}
+        summary |= {f"gate.{g.gate}": g.evidence for g in result.gates}
         return StageOutput({"dir": out}, summary)
 
 

@@ -5,20 +5,23 @@ Public entry point: :func:`run` (also ``rayft.api.compare``).
 Reads top to bottom: resolve every source first (so a bad one fails before any generation),
 check the examples in one streamed pass, evaluate each model on them a window at a time
 (:mod:`rayft.evaluation.streaming`), run a paired test of every metric for every pair (McNemar for
-correct/incorrect, paired bootstrap for continuous metrics), and write ``compare.json``,
+correct/incorrect, paired bootstrap for continuous metrics) with a TOST equivalence test at
+``eval.equivalence_margin`` and the flips of correct/incorrect metrics, and write ``compare.json``,
 ``compare.md``, a self-contained ``compare.html`` and ``examples.jsonl``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from rayft.config import RayftConfig
 from rayft.errors import ConfigError
+from rayft.evaluation.gates import check_gates, check_labels, gate_margins, parse_gates
 from rayft.evaluation.report import console_table, model_summary, pair_tests, render_html, render_markdown
 from rayft.evaluation.runner import eval_source, generation_runtime, open_examples
 from rayft.evaluation.streaming import read_records, scratch_files, stream_model, write_comparison
@@ -55,13 +58,20 @@ class CompareResult:
         return list(read_records(self.examples_path))
 
 
-def run(cfg: RayftConfig, sources: Mapping[str, str], output_dir: Path) -> CompareResult:
-    """Evaluate every labelled source (label -> model source) on the same examples; compare them pairwise."""
+def run(cfg: RayftConfig, sources: Mapping[str, str], output_dir: Path, *, gates: Sequence[str] = ()) -> CompareResult:
+    """Evaluate every labelled source (label -> model source) on the same examples; compare them pairwise.
+
+    ``gates`` (:mod:`rayft.evaluation.gates`) are parsed and their labels checked before any model
+    loads; each gets a TOST at its margin, and their results go into ``compare.json`` (the caller
+    decides what a failed gate stops).
+    """
     if len(sources) < 2:
         raise ConfigError(
             f"compare needs at least two models, got {len(sources)} ({', '.join(sources) or 'none'}); "
             "pass --model base=SRC --model tuned=SRC"
         )
+    parsed = parse_gates(gates)
+    check_labels(parsed, sources)
     check_writable_dir(Path(output_dir), where="--output")  # before any model loads
     task = build_task(cfg.eval)
     resolved = {label: eval_source(src, cfg) for label, src in sources.items()}
@@ -83,9 +93,17 @@ def run(cfg: RayftConfig, sources: Mapping[str, str], output_dir: Path) -> Compa
         significance=ev.significance,
         primary_metric=runs[0].primary,
         models={r.label: model_summary(r) for r in runs},
-        pairs=pair_tests(runs, ev.confidence, ev.significance, ev.bootstrap_samples, ev.seed),
+        pairs=pair_tests(
+            runs,
+            ev.confidence,
+            ev.significance,
+            ev.bootstrap_samples,
+            ev.seed,
+            margins=gate_margins(parsed, ev.equivalence_margin),
+        ),
         config={"eval": json.loads(ev.model_dump_json())},
     )
+    summary = dataclasses.replace(summary, gates=check_gates(parsed, summary, ev.equivalence_margin))
     return CompareResult(
         output_dir=out,
         json_path=write_text_atomic(

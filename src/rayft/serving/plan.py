@@ -10,6 +10,7 @@ is served under its own name beside them. A full checkpoint or an export is a ba
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -110,12 +111,27 @@ def _add(groups: dict[str, BaseGroup], model_id: str, source: ResolvedSource) ->
     if source.kind != "lora" or source.adapter_path is None:
         groups.setdefault(source.model.name, BaseGroup(model_id, source.model))
         return
+    _refuse_rewritten_base(model_id, Path(source.adapter_path))
     # Adapters of one base share its deployment whatever template each was trained with; the
     # template travels with the adapter and renders its requests.
     base = source.model.model_copy(update={"chat_template": None})
     group = groups.get(base.name) or BaseGroup(base_model_id(base), base)
     adapter = Adapter(model_id, source.adapter_path, source.model.chat_template)
     groups[base.name] = BaseGroup(group.model_id, group.model, (*group.adapters, adapter))
+
+
+def _refuse_rewritten_base(model_id: str, adapter_dir: Path) -> None:
+    """An adapter initialised by PiSSA or OLoRA works on its base less the base's top-r part, which PEFT writes
+    into the base when it loads the adapter: the base and every other adapter of the deployment would then
+    answer from the rewritten weights."""
+    config = adapter_dir / layout.ADAPTER_CONFIG
+    init = json.loads(config.read_text(encoding="utf-8")).get("init_lora_weights") if config.is_file() else None
+    if init in ("pissa", "olora"):
+        raise ConfigError(
+            f"{model_id}: its adapter was initialised by {init} (lora.init), which rewrites the base weights that "
+            "the served base model and its other adapters share; export it merged (rayft export) and serve that "
+            "directory"
+        )
 
 
 def base_model_id(model: ModelConfig) -> str:

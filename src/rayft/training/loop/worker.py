@@ -218,7 +218,7 @@ def choose_worker_step(plan: WorkerPlan, session: TrainSession, traits: MethodTr
         device_type, method=plan.train.method, seq_length=plan.max_seq_length,
         micro_batch_size=plan.train.micro_batch_size, packing=plan.packing and traits.token_loss,
         cpus=worker_cpus(), sft=traits.token_loss, strategy=plan.train.strategy,
-        reference_copy=traits.reference_copy, **shape,
+        reference_copy=traits.reference_copy, dora=plan.train.method == "lora" and plan.lora.use_dora, **shape,
     )  # fmt: skip
     choice = choose_step(request, facts)
     if choice.threads is not None:

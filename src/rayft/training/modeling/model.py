@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, TypeAlias, cast
 
 from rayft.config.model import LoraConfig, ModelConfig
-from rayft.errors import ModelError
+from rayft.errors import ConfigError, ModelError
 from rayft.models.architecture import lora_targets
 from rayft.models.loading import auto_model_class, empty_causal_lm, load_causal_lm, loaded_attention, resolve_dtype
 from rayft.training.modeling.attention import use_training_attention
@@ -201,8 +201,28 @@ def _attach_adapter(net: PreTrainedModel, lora: LoraConfig, restore_dir: Path | 
         target_modules=targets,
         modules_to_save=lora.modules_to_save or None,
         task_type="SEQ_2_SEQ_LM" if seq2seq else "CAUSAL_LM",
+        use_dora=lora.use_dora,
+        use_rslora=lora.use_rslora,
+        # A worker built on the meta device (its weights come from rank 0's copy) has no weights to decompose:
+        # it starts with PEFT's default init, overwritten by rank 0's rewritten base and adapter.
+        init_lora_weights=True if lora.init == "default" or on_meta(net) else lora.init,
     )
-    return get_peft_model(net, peft_cfg)
+    model = get_peft_model(net, peft_cfg)
+    peft_cfg.init_lora_weights = True if lora.init == "default" else lora.init  # the adapter's config says as trained
+    return model
+
+
+def check_adapter_off_is_base(model: torch.nn.Module, what: str) -> None:
+    """Refuse to use the model with its adapter off as ``what`` when the adapter's initialisation (PiSSA, OLoRA)
+    rewrote the base weights: switched off, it leaves the rewritten base, not the model it started from."""
+    configs = getattr(model, "peft_config", {})
+    rewritten = sorted({str(c.init_lora_weights) for c in configs.values()} & {"pissa", "olora"})
+    if rewritten:
+        raise ConfigError(
+            f"{what} is the model with its LoRA adapter off, but lora.init={rewritten[0]!r} rewrote the base weights, "
+            "so that is not the model training started from; set lora.init=default"
+            + (" or train.rl.reference=copy" if "GRPO" in what else "")
+        )
 
 
 def on_meta(net: torch.nn.Module) -> bool:

@@ -70,6 +70,7 @@ class StepFacts:
     sft: bool = True  # the objective is next-token SFT, whose micro-batches may go padding-free
     strategy: str = "ddp"  # train.strategy: ddp (or one in-process worker), fsdp, deepspeed
     reference_copy: bool = False  # GRPO's KL term scores against a frozen copy of the model (train.rl.reference copy)
+    dora: bool = False  # the LoRA adapter is DoRA (lora.use_dora)
 
     @property
     def plain_logits_bytes(self) -> int:
@@ -113,6 +114,9 @@ def choose_step(request: StepRequest, facts: StepFacts) -> StepChoice:
     ]
     if facts.method == "lora":
         reasons.insert(4, (f"frozen layers {frozen}", frozen_why))
+    if facts.method == "lora" and facts.dora:
+        # The lean dropout (lora_dropout.py) keeps the undropped input; DoRA's forward reads the dropped-out one.
+        reasons.insert(5, ("LoRA dropout in PEFT's forward", "DoRA reads the dropped-out input itself"))
     if threads is not None:
         reasons.append((f"{threads} thread{'s' if threads > 1 else ''}", threads_why))
     if facts.device_type == "cpu":
@@ -205,6 +209,7 @@ def _frozen_precision(configured: str, precision: str, facts: StepFacts) -> tupl
         # DPO's reference (LoRA: the adapter switched off), GRPO's (the same, or none) and GRPO's generation actors
         # (built as the trainer's model) run the same products as the policy; a frozen copy of the model does not.
         (facts.reference_copy, "the KL term's reference is a frozen copy of the model, kept in fp32"),
+        (facts.dora, "DoRA divides by the base weight's norm, which bf16 storage would change"),
         (facts.strategy != "ddp", f"{facts.strategy} shards the frozen weights in their own dtype"),
         (
             facts.hidden_size < FROZEN_BF16_MIN_HIDDEN,

@@ -31,6 +31,7 @@ def gather_step_facts(
     sft: bool = True,
     strategy: str = "ddp",
     reference_copy: bool = False,
+    dora: bool = False,
 ) -> StepFacts:
     """The facts for a worker on ``device_type`` training a model of this shape, with what this process
     finds out itself (free memory, CPU bf16 instructions, torch version, installed kernels)."""
@@ -42,7 +43,7 @@ def gather_step_facts(
         vocab_size=vocab_size, seq_length=seq_length, micro_batch_size=micro_batch_size, packing=packing,
         free_memory_bytes=free_memory_bytes(device_type), cpus=cpus, cpu_bf16=cpu_has_bf16(), cpu_amx=cpu_has_amx(),
         torch_version=(major, minor), installed=installed_kernels(), special_attention=special_attention, sft=sft,
-        strategy=strategy, reference_copy=reference_copy,
+        strategy=strategy, reference_copy=reference_copy, dora=dora,
     )  # fmt: skip
 
 

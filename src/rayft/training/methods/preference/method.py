@@ -39,7 +39,7 @@ from rayft.training.methods.preference.losses import (
     PreferenceObjective as ObjectiveName,
 )
 from rayft.training.methods.unit import Registry
-from rayft.training.modeling.model import unwrap
+from rayft.training.modeling.model import check_adapter_off_is_base, unwrap
 
 if TYPE_CHECKING:
     import torch
@@ -197,6 +197,7 @@ class PreferenceTraining(MethodHooks):
                 "DPO with train.method 'full' needs the reference log-probabilities stored with the prepared pairs; "
                 "prepare the pairs for this run (rayft data prepare) or train a LoRA adapter (train.method: lora)"
             )
+        check_adapter_off_is_base(inner, "DPO's reference (no reference log-probabilities are stored with the pairs)")
         with torch.no_grad(), cast("PeftModel", inner).disable_adapter():
             return pair_logps(model, batch.rows, precision)
 

@@ -50,7 +50,7 @@ from rayft.training.methods.rl.rollout_plan import staleness
 from rayft.training.methods.rl.sampling import Completions, PromptBatch, Sampler
 from rayft.training.methods.rl.setup import build_worker_rollouts, read_rollouts_ahead
 from rayft.training.modeling.attention import row_multiple
-from rayft.training.modeling.model import transformers_model
+from rayft.training.modeling.model import check_adapter_off_is_base, transformers_model
 
 if TYPE_CHECKING:
     import torch
@@ -328,6 +328,8 @@ class RlTraining(MethodHooks):
             if kind == "copy":
                 assert self.reference_model is not None
                 return self.logps(self.reference_model.to(rows.input_ids.device), rows, None)[0]
+            if kind == "base":
+                check_adapter_off_is_base(inner, "GRPO's KL reference (train.rl.reference base)")
             disabled = cast("PeftModel", inner).disable_adapter() if kind == "base" else contextlib.nullcontext()
             with disabled:
                 return self.logps(inner, rows, None)[0]
