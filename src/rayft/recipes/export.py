@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from rayft.config import RayftConfig
+from rayft.errors import ConfigError
 from rayft.export.build import export_checkpoint
 from rayft.export.plan import plan_export
 
@@ -42,6 +43,11 @@ def run(
     """
     merge = cfg.export.merge if merge is None else merge
     plan = plan_export(source, output_dir, cfg.model, cfg.eval.checkpoint, merge=merge)
+    if cfg.export.format == "gguf" and plan.kind == "lora" and not plan.merge:
+        raise ConfigError(
+            "export.format gguf needs merged weights but export.merge is false (--no-merge): "
+            "drop --no-merge, or export format hf"
+        )
     verification = export_checkpoint(plan, cfg.export)
     log.info("exported %s to %s", plan.source.checkpoint_dir, destination or plan.target)
     return ExportResult(plan.target, plan.merged, plan.kind, verification)
