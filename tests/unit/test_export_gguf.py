@@ -103,6 +103,8 @@ def test_metadata_carries_the_model_shape_tokenizer_and_chat_template(tiny_model
     assert len(_field(reader, "tokenizer.ggml.merges")) == len(merges) > 0
     assert _field(reader, "tokenizer.ggml.eos_token_id") == tokenizer.eos_token_id
     assert _field(reader, "tokenizer.chat_template") == tokenizer.chat_template
+    assert _field(reader, "tokenizer.ggml.add_bos_token") is False  # the tiny tokenizer has no BOS, as SmolLM2's
+    assert _field(reader, "tokenizer.ggml.add_eos_token") is False
     types = _field(reader, "tokenizer.ggml.token_type")
     assert types[tokenizer.convert_tokens_to_ids("<|im_end|>")] == 3  # CONTROL: a special token, never split
 

@@ -139,6 +139,11 @@ def _add_vocab(writer: Any, model_dir: Path, vocab_size: int) -> str:
     special = gguf.SpecialVocab(model_dir, load_merges=True, n_vocab=vocab_size)
     if special.chat_template is None:  # older gguf releases read no chat_template.jinja
         special.chat_template = tokenizer.chat_template
+    # Stated, not left to llama.cpp's per-vocabulary default: whether a plain encoding starts with BOS
+    # (SmolLM2's and rayft's tokenizers add none) and ends with EOS, as the Hugging Face tokenizer does.
+    plain = tokenizer("a")["input_ids"]
+    special.add_special_token["bos"] = tokenizer.bos_token_id is not None and plain[:1] == [tokenizer.bos_token_id]
+    special.add_special_token["eos"] = tokenizer.eos_token_id is not None and plain[-1:] == [tokenizer.eos_token_id]
     special.add_to_gguf(writer, quiet=True)
     return pre
 
