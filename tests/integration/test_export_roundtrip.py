@@ -176,3 +176,26 @@ def test_export_refuses_a_non_empty_target(tiny_model_dir: Path, lora_run: Path,
     with pytest.raises(RunStateError, match="already exists and is not empty"):
         export_model(load_config(None, [f"model.name={tiny_model_dir}"]), str(lora_run), tmp_path / "busy")
     assert (tmp_path / "busy" / "keep.txt").read_text() == "mine"
+
+
+def test_lora_run_exports_gguf_files_and_a_modelfile(tiny_model_dir: Path, lora_run: Path, tmp_path: Path) -> None:
+    import gguf
+    import numpy as np
+    from safetensors.numpy import load_file
+
+    from rayft.cli.main import cli
+
+    out = tmp_path / "tuned"
+    args = ["export", str(lora_run), str(out), "--gguf-types", "f16,q4_0", f"model.name={tiny_model_dir}"]
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 0, result.output
+    assert sorted(p.name for p in out.glob("*.gguf")) == ["tuned-f16.gguf", "tuned-q4_0.gguf"]
+    assert (out / "Modelfile").read_text().startswith("FROM ./tuned-f16.gguf\n")
+    recorded = json.loads((out / "rayft_export.json").read_text())["gguf"]
+    assert [g["type"] for g in recorded] == ["f16", "q4_0"]
+    # The GGUF holds the merged weights (not the base model's): its down projection is the export's, in f16.
+    merged = load_file(str(out / "model.safetensors"))["model.layers.0.mlp.down_proj.weight"]
+    tensors = {t.name: t for t in gguf.GGUFReader(str(out / "tuned-f16.gguf")).tensors}
+    assert np.array_equal(np.asarray(tensors["blk.0.ffn_down.weight"].data), merged.astype(np.float16))
+    base = load_file(str(tiny_model_dir / "model.safetensors"))["model.layers.0.mlp.down_proj.weight"]
+    assert not np.array_equal(base.astype(np.float16), merged.astype(np.float16))

@@ -120,13 +120,29 @@ def compare(
     require_passed(result.summary.gates, "promotion")
 
 
-@click.command(epilog="Example: rayft export runs/my-run exported/my-model --no-merge")
+@click.command(
+    epilog="Examples: rayft export runs/my-run exported/my-model --no-merge\n\n"
+    "rayft export runs/my-run exported/my-model --format gguf --gguf-types f16,q4_0"
+)
 @click.argument("source")
 @click.argument("output_dir", type=click.Path(file_okay=False))
 @click.argument("overrides", nargs=-1, metavar="[KEY=VALUE]...")
 @click.option("--config", "config_path", type=click.Path(dir_okay=False), default=None, help="Config file (optional).")
 @click.option("--merge/--no-merge", default=None, help=f"Merge the LoRA adapter [{config_default('export.merge')}].")
 @click.option("--checkpoint", default=None, help=CHECKPOINT_HELP)
+@click.option(
+    "--format",
+    "export_format",
+    type=click.Choice(["hf", "gguf"]),
+    default=None,
+    help=f"hf, or gguf: also GGUF files and an Ollama Modelfile [{config_default('export.format')}].",
+)
+@click.option(
+    "--gguf-types",
+    default=None,
+    metavar="TYPES",
+    help="Comma-separated GGUF types among f16, q8_0, q4_0 (implies --format gguf) [all three].",
+)
 def export(
     source: str,
     output_dir: str,
@@ -135,13 +151,20 @@ def export(
     config_path: str | None,
     merge: bool | None,
     checkpoint: str | None,
+    export_format: str | None,
+    gguf_types: str | None,
 ) -> None:
     """Turn a checkpoint (or a run directory's chosen checkpoint) into a Hugging Face model directory.
 
     The export is verified before it is published: the adapter's shapes, merged vs base+adapter
     logits, and a reload with from_pretrained that generates.
     """
-    cfg = load_config(config_path, list(_with_checkpoint(overrides, checkpoint)))
+    if gguf_types and not export_format:
+        export_format = "gguf"  # asking for GGUF types is asking for GGUF
+    extra = [f"export.format={export_format}"] if export_format else []
+    if gguf_types:
+        extra.append(f"export.gguf_types=[{','.join(t.strip() for t in gguf_types.split(','))}]")
+    cfg = load_config(config_path, [*_with_checkpoint(overrides, checkpoint), *extra])
     result = api.export(cfg, source, output_dir, merge=merge)
     kind = "merged model" if result.merged else ("adapter" if result.verification.get("adapter") else "model")
     click.echo(f"Exported {kind} to {result.output_dir}")

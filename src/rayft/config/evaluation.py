@@ -11,6 +11,13 @@ from rayft.config.base import Section
 from rayft.config.data import DatasetConfig
 from rayft.config.generation import EndpointConfig, GenerationConfig
 
+GgufType = Literal["f16", "q8_0", "q4_0"]
+
+
+def _all_gguf_types() -> list[GgufType]:
+    return ["f16", "q8_0", "q4_0"]
+
+
 EvalTask = Literal["gsm8k", "exact_match", "rouge", "bleu", "bertscore", "sql", "custom"]
 
 _CHECKPOINT_SELECTOR = re.compile(r"^(latest|best|final|step-\d+)$")
@@ -255,5 +262,20 @@ class ExportConfig(Section):
         description=(
             "The compare.json `rayft export` checks export.gate against (written by rayft compare with the same "
             "labels); `rayft run` uses its eval stage's and ignores this."
+        ),
+    )
+    format: Literal["hf", "gguf"] = Field(
+        "hf",
+        description=(
+            "hf: a Hugging Face model directory. gguf: the same directory plus one GGUF file per gguf_types "
+            "entry (llama.cpp, Ollama) and an Ollama Modelfile; needs merged weights (Llama architecture)."
+        ),
+    )
+    gguf_types: list[GgufType] = Field(
+        default_factory=_all_gguf_types,
+        min_length=1,
+        description=(
+            "GGUF files written when format is gguf: f16, q8_0 (8-bit) and q4_0 (4-bit; the token embedding "
+            "stays 8-bit). The Modelfile points at the first."
         ),
     )

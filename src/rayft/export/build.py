@@ -23,6 +23,7 @@ from rayft.evaluation.summary import GateResult
 from rayft.export import verify as v
 from rayft.export.card import render_model_card
 from rayft.export.checks import check_adapter, check_against_base, read_adapter_config
+from rayft.export.gguf_file import write_gguf_exports
 from rayft.export.plan import ExportPlan
 from rayft.files import replace_dir, share_like_siblings, staging_dir, write_text_atomic
 from rayft.models.loading import load_causal_lm
@@ -43,6 +44,8 @@ def export_checkpoint(plan: ExportPlan, cfg: ExportConfig, *, gates: Sequence[Ga
             verification = export_lora(plan.source, staging, cfg, merge=plan.merge)
         else:
             verification = export_full(plan.source, staging, cfg)
+        if cfg.format == "gguf":  # from the saved (merged, verified) directory, before it is published
+            verification["gguf"] = write_gguf_exports(staging, plan.target.name, list(cfg.gguf_types))
         write_text_atomic(staging / VERIFICATION_FILE, json.dumps(verification, indent=2) + "\n")
         write_text_atomic(
             staging / "README.md", render_model_card(plan.source, verification, merged=plan.merged, gates=gates)

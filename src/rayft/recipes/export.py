@@ -56,6 +56,11 @@ def run(
     merge = cfg.export.merge if merge is None else merge
     passed = passed_gates(cfg, comparison)
     plan = plan_export(source, output_dir, cfg.model, cfg.eval.checkpoint, merge=merge)
+    if cfg.export.format == "gguf" and plan.kind == "lora" and not plan.merge:
+        raise ConfigError(
+            "export.format gguf needs merged weights but export.merge is false (--no-merge): "
+            "drop --no-merge, or export format hf"
+        )
     verification = export_checkpoint(plan, cfg.export, gates=passed)
     log.info("exported %s to %s", plan.source.checkpoint_dir, destination or plan.target)
     return ExportResult(plan.target, plan.merged, plan.kind, verification, passed)
