@@ -9,8 +9,9 @@ from pydantic import Field, model_validator
 
 from rayft.config.base import Section
 from rayft.config.environment import EnvironmentConfig
+from rayft.config.judge import JudgeConfig
 
-BUILTIN_REWARDS = ("math", "exact_match", "regex", "length", "sql", "code")
+BUILTIN_REWARDS = ("math", "exact_match", "regex", "length", "sql", "code", "judge")
 """Reward functions rayft ships (``train.rl.rewards[].function``); anything else is ``package.module:function``."""
 
 
@@ -28,7 +29,8 @@ class RewardConfig(Section):
             "gives the reference query's result; 0 for another result or a query that does not run; the table is "
             "the row's `table_column`, JSON with name, header, types, rows), 'code' (the completion's last ```python "
             "block, run in rayft's process sandbox against the row's tests in `tests_column`, a list of Python "
-            "statements such as 'assert f(2) == 4': the share that pass, or 1/0 with code_scoring=all), or "
+            "statements such as 'assert f(2) == 4': the share that pass, or 1/0 with code_scoring=all), 'judge' (an "
+            "LLM judge behind an OpenAI-compatible endpoint scores the completion against a rubric, see `judge`), or "
             "'package.module:function', called "
             "as fn(completion: str, reference: str) -> float, or, when the function has a parameter named `row`, "
             "as fn(completion, reference, row=...) with row the dict of the row's columns listed in "
@@ -59,6 +61,9 @@ class RewardConfig(Section):
         description="For function 'code': the reward is the share of tests that pass ('fraction') or 1 only when "
         "every test passes ('all').",
     )
+    judge: JudgeConfig | None = Field(
+        None, description="For function 'judge': the judge model, its endpoint, the rubric and how its score is read."
+    )
     name: str | None = Field(
         None, description="The name its figures are logged under (rl/reward/<name>); default: the function."
     )
@@ -78,6 +83,11 @@ class RewardConfig(Section):
             raise ValueError("reward function 'regex' needs a pattern; set pattern: '<regular expression>'")
         if self.function != "regex" and self.pattern is not None:
             raise ValueError(f"pattern is set for reward function {self.function!r}; pattern is only read by 'regex'")
+        if (self.function == "judge") != (self.judge is not None):
+            raise ValueError(
+                "reward function 'judge' needs a judge section (judge: {model: ..., endpoint: {base_url: ...}}), and "
+                f"only 'judge' reads one (function is {self.function!r})"
+            )
         if self.function not in BUILTIN_REWARDS and ":" not in self.function:
             raise ValueError(
                 f"reward function {self.function!r} is neither built in ({', '.join(BUILTIN_REWARDS)}) nor "
@@ -95,6 +105,8 @@ class RewardConfig(Section):
         """The data columns this built-in function reads beside the completion and the reference."""
         if self.function == "code":
             return (self.tests_column or "tests",)
+        if self.judge is not None:
+            return (self.judge.prompt_column,)
         return (self.table_column or "table",) if self.function == "sql" else ()
 
 

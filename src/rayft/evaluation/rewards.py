@@ -3,13 +3,15 @@
 A reward is what a verifier says of one sampled completion: the math answer checked with the GSM8K
 extraction the evaluation uses, an exact match, a format (regular expression), brevity, SQL execution
 accuracy on the row's own table, the share of the row's tests a completion's code passes in the process
-sandbox, or a user's ``package.module:function``. A function that reads more of
+sandbox, a judge model's score of the completion against a rubric (:mod:`rayft.evaluation.judge`), or a
+user's ``package.module:function``. A function that reads more of
 its row than the reference (the 'sql' reward, or a user's function with a parameter named ``row``) is
 called with ``row=``: the dict of the columns ``train.rl`` carries with each prompt.
 
 :class:`RewardSet` scores a batch of completions with every configured function and keeps each
 function's rewards apart, so that each is logged on its own; a function that raises or returns a
-non-number scores that sample 0 and is counted, so one bad sample never ends a run.
+non-number scores that sample 0 (a failed judgement: the judge's fallback) and is counted, so one bad
+sample never ends a run.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from typing import Any
 from rayft.config.rl import RewardConfig
 from rayft.errors import ConfigError
 from rayft.evaluation import code, gsm8k, sql
+from rayft.evaluation.judge import JudgeError, LLMJudge
 from rayft.evaluation.metrics import exact_match, load_custom_metric
 
 log = logging.getLogger(__name__)
@@ -111,6 +114,13 @@ def code_reward(column: str, scoring: str = "fraction") -> RewardFn:
     return reward
 
 
+def judge_reward(cfg: RewardConfig) -> BatchReward:
+    """An LLM judge's score (:mod:`rayft.evaluation.judge`), a batch's judgements sent concurrently."""
+    assert cfg.judge is not None  # the config requires a judge section for function 'judge'
+    judge = LLMJudge(cfg.judge)
+    return BatchReward(judge, judge.many)
+
+
 def takes_row(fn: RewardFn) -> bool:
     """Whether ``fn`` reads its row: it has a parameter named ``row``."""
     try:
@@ -124,6 +134,7 @@ def build_reward(cfg: RewardConfig, max_new_tokens: int) -> RewardFn:
     builders: dict[str, Callable[[], RewardFn]] = {
         "sql": lambda: sql_reward(cfg.columns[0]),
         "code": lambda: code_reward(cfg.columns[0], cfg.code_scoring),
+        "judge": lambda: judge_reward(cfg),
         "math": lambda: math_reward,
         "exact_match": lambda: exact_match,
         "regex": lambda: regex_reward(cfg.pattern or ""),  # the config requires a pattern for regex
@@ -202,7 +213,8 @@ class RewardSet:
                                                                                   strict=True)]  # fmt: skip
             checked = [self._checked(reward.name, attempt) for attempt in attempts]
             errors[reward.name] = sum(value is None for value in checked)
-            by_function[reward.name] = [0.0 if value is None else value for value in checked]
+            by_function[reward.name] = [_fallback(attempt) if value is None else value
+                                        for attempt, value in zip(attempts, checked, strict=True)]  # fmt: skip
         total = [sum(r.weight * by_function[r.name][i] for r in self.functions) for i in range(len(completions))]
         return Scores(total, by_function, errors)
 
@@ -224,7 +236,13 @@ class RewardSet:
         if name not in self.errors_logged:
             self.errors_logged.add(name)
             log.warning(
-                "reward function %s %s; such samples score 0 and are counted in rl/reward_errors/%s (logged once)",
+                "reward function %s %s; such samples score 0 (a judge's: its fallback) and are counted in "
+                "rl/reward_errors/%s (logged once)",
                 name, problem, name,
             )  # fmt: skip
         return None
+
+
+def _fallback(attempt: Any) -> float:
+    """The reward of a sample its function failed on: the judge's configured fallback, else 0."""
+    return attempt.fallback if isinstance(attempt, JudgeError) else 0.0
