@@ -39,9 +39,10 @@ train: {{max_steps: 2, micro_batch_size: 2, learning_rate: 3.0e-3, save_steps: 2
 scaling: {{num_workers: 1}}
 logging: {{tensorboard: false}}
 rl:
-  train:
-    max_steps: 2
-    rl: {{group_size: 2, max_new_tokens: 6, rewards: [{{function: regex, pattern: "[0-9]"}}]}}
+  group_size: 2
+  max_new_tokens: 6
+  rewards: [{{function: regex, pattern: "[0-9]"}}]
+  train: {{max_steps: 2}}
 eval:
   datasets: [{{path: "builtin:arithmetic", split: test, max_rows: 4}}]
   batch_size: 4

@@ -6,8 +6,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 
 from rayft.config import RayftConfig, load_config
+from rayft.config.pairs import PreferenceStageConfig
 from rayft.errors import ConfigError
 from rayft.pipeline.inputs import final_manifest_hash
 from rayft.pipeline.plan import requested_stages
@@ -18,6 +20,7 @@ from rayft.pipeline.preference_plan import (
     preference_stage_config,
 )
 from rayft.pipeline.preference_stage import PairsStage, PreferenceStage
+from rayft.pipeline.runner import check_unread_method_sections
 from rayft.pipeline.stage import StageContext
 from rayft.runs.layout import MANIFEST_FILE
 from rayft.runs.location import RunLocation
@@ -67,7 +70,7 @@ def test_the_preference_config_changes_only_what_the_stage_says() -> None:
     cfg = config(
         "preference.objective=orpo",
         "preference.train.learning_rate=5e-6",
-        "preference.train.preference.orpo_lambda=0.2",
+        "preference.orpo_lambda=0.2",
         "preference.data.max_seq_length=256",
     )
     pref = preference_stage_config(cfg, str(RUN / "sft-merged"), RUN / "pairs/data.jsonl", str(RUN))
@@ -90,6 +93,24 @@ def test_a_bad_change_to_the_preference_training_is_refused_with_its_path() -> N
         config("preference.train.lerning_rate=1e-5")
     with pytest.raises(ConfigError, match="preference.objective"):
         config("preference.objective=kto")
+    with pytest.raises(ConfigError, match=r"preference\.beta = -1: Input should be greater than 0"):
+        config("preference.beta=-1")
+
+
+def test_the_old_nested_spelling_is_refused_with_the_new_path() -> None:
+    with pytest.raises(
+        ConfigError, match=r"preference\.train\.preference\.beta is no longer read.*write preference\.beta"
+    ):
+        config("preference.train.preference.beta=0.2")
+    with pytest.raises(ValidationError, match=r"write preference\.orpo_lambda"):  # the same through rayft.api
+        RayftConfig(preference=PreferenceStageConfig(train={"preference": {"orpo_lambda": 0.2}}))
+
+
+def test_train_preference_beside_a_preference_stage_is_refused_as_unread() -> None:
+    cfg = config("train.preference.beta=0.3", "preference.objective=dpo")
+    with pytest.raises(ConfigError, match=r"train\.preference\.beta: .*ignored; move it to preference\.beta"):
+        check_unread_method_sections(cfg, ["train", "pairs", "preference"])
+    check_unread_method_sections(cfg, ["train"])  # without the stage, train.preference is the train stage's
 
 
 def test_eval_compares_sft_with_the_preference_trained_model() -> None:

@@ -6,13 +6,15 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 
 from rayft.config import RayftConfig, load_config
+from rayft.config.rl_stage import RlStageConfig
 from rayft.errors import ConfigError
 from rayft.pipeline.plan import requested_stages
 from rayft.pipeline.preference_plan import compare_sources
 from rayft.pipeline.rl_stage import rl_stage_config
-from rayft.pipeline.runner import check_rl_stage
+from rayft.pipeline.runner import check_rl_stage, check_unread_method_sections
 from rayft.pipeline.stage import StageContext
 from rayft.runs.location import RunLocation
 from rayft.runs.records import StageRecord, trained_final
@@ -40,11 +42,12 @@ def test_an_rl_section_is_a_stage_after_train_and_before_eval() -> None:
 
 
 def test_the_rl_config_is_grpo_with_the_stages_changes_and_no_packing() -> None:
-    cfg = config("rl.train.learning_rate=5e-5", "rl.train.rl.group_size=4", "rl.data.max_seq_length=256")
+    cfg = config("rl.train.learning_rate=5e-5", "rl.group_size=4", "rl.loss=dapo", "rl.data.max_seq_length=256")
     ctx = StageContext(cfg=cfg, location=RunLocation(RUN), records={"train": TRAIN})
     rl = rl_stage_config(ctx, str(RUN / "sft-merged"), str(RUN))
     assert (rl.name, rl.storage_path, rl.tune, rl.model.name) == ("rl", str(RUN), None, str(RUN / "sft-merged"))
     assert rl.train.objective == "grpo" and rl.train.learning_rate == 5e-5 and rl.train.rl.group_size == 4
+    assert rl.train.rl.loss == "dapo" and rl.train.rl.rewards == cfg.rl.rewards
     assert rl.train.micro_batch_size == cfg.train.micro_batch_size and rl.lora == cfg.lora
     assert rl.data.packing is False and rl.data.max_seq_length == 256 and rl.data.datasets == cfg.data.datasets
 
@@ -59,7 +62,7 @@ def test_eval_compares_sft_with_grpo_and_the_rl_model_is_the_pipelines_final() -
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
-        (["rl.train.rl.group_size=1"], r"rl\.train\.rl\.group_size"),
+        (["rl.train.reward_scale=1"], r"rl\.train\.reward_scale: Extra inputs"),
         (["rl.train.strategy=fsdp"], "set train.strategy=ddp"),
         (["rl.train.learning_rat=1"], r"rl\.train\.learning_rat"),
     ],
@@ -69,6 +72,22 @@ def test_rl_stage_settings_that_cannot_work_are_refused_before_the_pipeline_runs
 ) -> None:
     with pytest.raises(ConfigError, match=message):
         check_rl_stage(config(*overrides))
+
+
+def test_the_rl_settings_are_the_stages_own_and_refused_with_their_path() -> None:
+    with pytest.raises(ConfigError, match=r"rl\.group_size = 1: Input should be greater than or equal to 2"):
+        config("rl.group_size=1")
+    with pytest.raises(ConfigError, match=r"rl\.train\.rl\.group_size is no longer read.*write rl\.group_size"):
+        config("rl.train.rl.group_size=4")
+    with pytest.raises(ValidationError, match=r"write rl\.rewards"):  # the same through rayft.api
+        RayftConfig(rl=RlStageConfig(train={"rl": {"rewards": []}}))
+
+
+def test_train_rl_beside_an_rl_stage_is_refused_as_unread() -> None:
+    cfg = config("train.rl.group_size=4", "rl.max_new_tokens=8")
+    with pytest.raises(ConfigError, match=r"train\.rl\.group_size: .*ignored; move it to rl\.group_size"):
+        check_unread_method_sections(cfg, ["train", "rl"])
+    check_unread_method_sections(config(), ["train", "rl"])
 
 
 def test_a_deepspeed_config_without_an_rl_stage_loads_and_round_trips(tmp_path: Path) -> None:

@@ -7,7 +7,9 @@ from pathlib import Path
 import pytest
 
 from rayft.config import load_config
+from rayft.config.pairs import preference_train_section
 from rayft.pipeline.plan import requested_stages
+from rayft.pipeline.runner import check_unread_method_sections
 
 CONFIGS = sorted((Path(__file__).resolve().parents[2] / "configs").glob("*.yaml"))
 
@@ -97,6 +99,9 @@ def test_gsm8k_dpo_config_trains_sft_then_dpo_on_on_policy_pairs(tmp_path: Path)
     assert requested_stages(cfg.model_fields_set) == ["train", "pairs", "preference", "eval"]
     assert cfg.model.name == "smollm2-135m-instruct" and cfg.train.objective == "sft" and cfg.pairs.model is None
     assert cfg.preference.objective == "dpo" and cfg.eval.task == "gsm8k"
+    second = preference_train_section(cfg.train, cfg.preference)
+    assert (second.objective, second.preference.beta, second.learning_rate) == ("dpo", 0.1, 5.0e-5)
+    check_unread_method_sections(cfg, requested_stages(cfg.model_fields_set))
     assert cfg.data.datasets[0].input_template == cfg.pairs.prompt_template  # the pairs prompt as SFT taught
     assert [d.path for d in cfg.pairs.decontamination.datasets] == [d.path for d in cfg.eval.datasets] == [str(test)]
 

@@ -11,6 +11,7 @@ from pydantic import Field, ValidationError, model_validator
 from rayft.config.base import Section
 from rayft.config.data import DataConfig, DatasetConfig
 from rayft.config.generation import GenerationConfig
+from rayft.config.preference import PreferenceConfig
 from rayft.config.sdg import SdgDecontaminationConfig
 from rayft.config.train import TrainConfig
 
@@ -92,9 +93,11 @@ class PairsConfig(Section):
         return self
 
 
-class PreferenceStageConfig(Section):
+class PreferenceStageConfig(PreferenceConfig):
     """The preference training of ``rayft run`` after SFT: it starts from the train stage's model (a LoRA
-    adapter merged into its base first, which is then DPO's reference) and trains on the pairs stage's pairs."""
+    adapter merged into its base first, which is then DPO's reference) and trains on the pairs stage's pairs.
+    The loss's settings (``beta``, ``loss``, ...) sit directly in this section and are the training's
+    ``train.preference``; ``train`` and ``data`` name what else differs from the pipeline's sections."""
 
     objective: Literal["dpo", "orpo", "simpo"] = Field(
         "dpo", description="The preference objective (train.objective of the second training)."
@@ -102,8 +105,8 @@ class PreferenceStageConfig(Section):
     train: dict[str, Any] = Field(
         default_factory=dict,
         description=(
-            "What differs from the train section in the second training, as a nested mapping merged into it, e.g. "
-            "{learning_rate: 5.0e-6, num_epochs: 1, preference: {beta: 0.1}}."
+            "What differs from the train section in the second training, other than its preference settings "
+            "(this section's own), as a nested mapping merged into it, e.g. {learning_rate: 5.0e-6, num_epochs: 1}."
         ),
     )
     data: dict[str, Any] = Field(
@@ -112,6 +115,29 @@ class PreferenceStageConfig(Section):
             "What differs from the data section (e.g. {max_seq_length: 512, validation_fraction: 0.05}); its "
             "datasets are the pairs, and packing is off."
         ),
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_nested_preference(cls, raw: Any) -> Any:
+        refuse_nested_method_section(raw, "preference")
+        return raw
+
+
+def refuse_nested_method_section(raw: Any, stage: str) -> None:
+    """Refuse ``<stage>.train.<stage>``, the spelling before the stage held its method's settings itself.
+
+    Raises:
+        ValueError: the old spelling, with the path that replaces it.
+    """
+    train = raw.get("train") if isinstance(raw, dict) else None
+    nested = train.get(stage) if isinstance(train, dict) else None
+    if nested is None:
+        return
+    key = next(iter(nested), "<setting>") if isinstance(nested, dict) and nested else "<setting>"
+    raise ValueError(
+        f"{stage}.train.{stage}.{key} is no longer read: the stage's own settings sit directly under {stage}; "
+        f"write {stage}.{key}"
     )
 
 
@@ -127,12 +153,15 @@ def merge_nested(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, A
 
 
 def preference_train_section(train: TrainConfig, stage: PreferenceStageConfig) -> TrainConfig:
-    """The train section of the preference training: ``train`` with the stage's changes and objective.
+    """The train section of the preference training: ``train`` with the stage's changes, its objective, and
+    its preference settings as ``train.preference``.
 
     Raises:
         ValueError: a change names an unknown field or a bad value (its dotted path under preference.train).
     """
-    raw = merge_nested(train.model_dump(mode="json"), {**stage.train, "objective": stage.objective})
+    method = stage.model_dump(mode="json", include=set(PreferenceConfig.model_fields))
+    changes = {**stage.train, "objective": stage.objective, "preference": method}
+    raw = merge_nested(train.model_dump(mode="json"), changes)
     validated: TrainConfig = validated_section(TrainConfig, raw, "preference.train")
     return validated
 

@@ -4,25 +4,27 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
-from rayft.config.base import Section
 from rayft.config.data import DataConfig
-from rayft.config.pairs import merge_nested, validated_section
+from rayft.config.pairs import merge_nested, refuse_nested_method_section, validated_section
+from rayft.config.rl import RlConfig
 from rayft.config.train import TrainConfig
 
 
-class RlStageConfig(Section):
+class RlStageConfig(RlConfig):
     """Reinforcement learning in ``rayft run`` after the train stage (or from ``model.name`` without one): it
     starts from the SFT model (a LoRA adapter merged into its base first, then a fresh adapter) and trains
     with ``train.objective: grpo`` on the prompts of the data section's datasets, their responses the
-    references the rewards compare with. The eval stage then compares the SFT model with the RL model."""
+    references the rewards compare with. The eval stage then compares the SFT model with the RL model.
+    The RL settings (``group_size``, ``rewards``, ...) sit directly in this section and are the training's
+    ``train.rl``; ``train`` and ``data`` name what else differs from the pipeline's sections."""
 
     train: dict[str, Any] = Field(
         default_factory=dict,
         description=(
-            "What differs from the train section in the RL training, as a nested mapping merged into it, e.g. "
-            "{learning_rate: 5.0e-5, max_steps: 30, rl: {group_size: 8, rewards: [{function: math}]}}."
+            "What differs from the train section in the RL training, other than its RL settings (this section's "
+            "own), as a nested mapping merged into it, e.g. {learning_rate: 5.0e-5, max_steps: 30}."
         ),
     )
     data: dict[str, Any] = Field(
@@ -33,14 +35,22 @@ class RlStageConfig(Section):
         ),
     )
 
+    @model_validator(mode="before")
+    @classmethod
+    def _no_nested_rl(cls, raw: Any) -> Any:
+        refuse_nested_method_section(raw, "rl")
+        return raw
+
 
 def rl_train_section(train: TrainConfig, stage: RlStageConfig) -> TrainConfig:
-    """The train section of the RL training: ``train`` with the stage's changes and ``objective: grpo``.
+    """The train section of the RL training: ``train`` with the stage's changes, ``objective: grpo``, and the
+    stage's RL settings as ``train.rl``.
 
     Raises:
         ValueError: a change names an unknown field or a bad value (its dotted path under rl.train).
     """
-    raw = merge_nested(train.model_dump(mode="json"), {**stage.train, "objective": "grpo"})
+    method = stage.model_dump(mode="json", include=set(RlConfig.model_fields))
+    raw = merge_nested(train.model_dump(mode="json"), {**stage.train, "objective": "grpo", "rl": method})
     section: TrainConfig = validated_section(TrainConfig, raw, "rl.train")
     return section
 

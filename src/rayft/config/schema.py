@@ -66,11 +66,17 @@ class RayftConfig(Section):
     )
     preference: PreferenceStageConfig = Field(
         default_factory=PreferenceStageConfig,
-        description="Preference training after SFT in rayft run (dpo, orpo, simpo) on the pairs stage's pairs.",
+        description=(
+            "Preference training after SFT in rayft run (dpo, orpo, simpo) on the pairs stage's pairs: the loss's "
+            "settings (train.preference's fields) directly here, other training changes under preference.train."
+        ),
     )
     rl: RlStageConfig = Field(
         default_factory=RlStageConfig,
-        description="Reinforcement learning (GRPO) after SFT in rayft run, on the data's prompts (see train.rl).",
+        description=(
+            "Reinforcement learning (GRPO) after SFT in rayft run, on the data's prompts: the RL settings "
+            "(train.rl's fields) directly here, other training changes under rl.train."
+        ),
     )
     eval: EvalConfig = Field(
         default_factory=EvalConfig, description="Evaluation and comparison of models (rayft eval / compare)."

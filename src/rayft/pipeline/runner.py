@@ -99,6 +99,7 @@ def run(
         check_rl_stage(cfg)
     if "export" in requested and cfg.export.gate:
         check_export_gates(cfg, requested)
+    check_unread_method_sections(cfg, requested)
     allowed, forced = runnable_stages(requested, from_stage=from_stage, only=only)
     forced = set(allowed) if force else forced
     location = pipeline_location(cfg)
@@ -196,6 +197,19 @@ def run_stage(
     ctx.records[stage.name] = record
     progress.elapsed[stage.name] = record.elapsed_s
     tracker.stage_summary(stage.name, output.summary)
+
+
+def check_unread_method_sections(cfg: RayftConfig, requested: list[str]) -> None:
+    """Refuse ``train.rl`` or ``train.preference`` settings beside an rl or preference stage: that stage trains
+    with its own section's settings, so the train section's would be silently ignored."""
+    for stage in ("rl", "preference"):
+        written = getattr(cfg.train, stage).model_dump(exclude_defaults=True)
+        if stage in requested and written:
+            key = next(iter(written))
+            raise ConfigError(
+                f"train.{stage}.{key}: the {stage} stage trains with its own section's settings, so this one would "
+                f"be ignored; move it to {stage}.{key}"
+            )
 
 
 def check_rl_stage(cfg: RayftConfig) -> None:
