@@ -29,7 +29,8 @@ from rayft.models.architecture import refuse_fp16, resolve_architecture
 from rayft.models.resolve import anchored_name
 from rayft.runs import layout
 from rayft.runs.location import RunLocation, plan_run_location
-from rayft.runs.planner import plan_train_start
+from rayft.runs.planner import DataChange, check_resume_data, plan_train_start
+from rayft.runs.selection import choose_resume
 from rayft.runs.store import RunStore, open_store
 from rayft.runtime import ray_runtime
 from rayft.training.loop.objective import write_task_units
@@ -196,3 +197,16 @@ def make_schedule(cfg: RayftConfig, prepared: PreparedData, world: int) -> Sched
         schedule.total_steps, schedule.steps_per_epoch, schedule.units_per_rank, world,
     )  # fmt: skip
     return schedule
+
+
+def check_resume_data_unchanged(store: RunStore, prepared: PreparedData, policy: DataChange) -> None:
+    """Refuse (or, as ``checkpoint.resume_data_change`` says, warn of) a resume whose data prepared to
+    another key than the checkpoint it resumes from was trained on."""
+    newest = choose_resume(store.checkpoints())
+    if newest is None:
+        return
+    manifest = store.checkpoint_manifest(newest.name)
+    recorded = manifest.info.get("data_key") if manifest is not None else None
+    warning = check_resume_data(newest.name, recorded if isinstance(recorded, str) else None, prepared.key, policy)
+    if warning is not None:
+        log.warning("%s", warning)
