@@ -61,9 +61,7 @@ _EQUALS = r"(?:=|%3[dD])"
 _PARAM_START = r"(?:[?&#;]|%3[fF]|%26|%23)"
 # Every pattern below runs in time linear in the text (it masks every line rayft prints): names are
 # scanned atomically and stop at the next parameter's start, a scheme is tried where a word starts.
-_PARAM_NAME = re.compile(
-    rf"{_PARAM_START}((?>(?:(?!%3[fF]|%26|%23|%3[dD])[^=&#?;\s])*))(?:=|%3[dD])", re.IGNORECASE
-)
+_PARAM_NAME = re.compile(rf"{_PARAM_START}((?>(?:(?!%3[fF]|%26|%23|%3[dD])[^=&#?;\s])*))(?:=|%3[dD])", re.IGNORECASE)
 _SECRET_NAME_WORD = re.compile("|".join(SECRET_PARAM_WORDS), re.IGNORECASE)
 # A value ends at a quote, backslash, bracket or parenthesis too (no credential holds one): a URI
 # inside JSON, repr(), HTML or prose stays well-formed. Only a literal & or # ends it: an encoded one

@@ -12,9 +12,9 @@ import pytest
 from rayft.runs.checkpoints import prune_checkpoints, remove_incomplete, resume_checkpoint, scan_checkpoints
 from rayft.runs.layout import MANIFEST_FILE
 from rayft.runs.manifest import write_manifest
+from rayft.runs.planner import StartPlan
 from rayft.runs.selection import CheckpointInfo, plan_cleanup, plan_retention
 from rayft.runs.store import LocalRunStore
-from rayft.runs.planner import StartPlan
 
 
 def make_checkpoint(root: Path, step: int, *, marker: str | None = None) -> Path:

@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 
 from rayft.config import RayftConfig, load_config
+from rayft.config.checks import check_rl_stage
 from rayft.errors import ConfigError
 from rayft.pipeline.plan import requested_stages
 from rayft.pipeline.preference_plan import compare_sources
 from rayft.pipeline.rl_stage import rl_stage_config
-from rayft.pipeline.runner import check_rl_stage
 from rayft.pipeline.stage import StageContext
 from rayft.runs.location import RunLocation
 from rayft.runs.records import StageRecord, trained_final

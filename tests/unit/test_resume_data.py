@@ -61,7 +61,11 @@ def killed_run(tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyP
     data = tmp_path / "data.jsonl"
     data.write_text(rows(24), encoding="utf-8")
     with pytest.raises(TrainingError, match="killed"):
-        drive(config(tiny_model_dir, tmp_path), KilledAfterACheckpoint(killed=True), run_location(config(tiny_model_dir, tmp_path)))
+        drive(
+            config(tiny_model_dir, tmp_path),
+            KilledAfterACheckpoint(killed=True),
+            run_location(config(tiny_model_dir, tmp_path)),
+        )
     return data
 
 
@@ -78,7 +82,9 @@ def test_the_checkpoint_records_the_key_of_its_data(killed_run: Path, tmp_path: 
     assert manifest is not None and len(manifest.info["data_key"]) == 24
 
 
-def test_a_resume_on_changed_data_is_refused_in_one_line(killed_run: Path, tiny_model_dir: Path, tmp_path: Path) -> None:
+def test_a_resume_on_changed_data_is_refused_in_one_line(
+    killed_run: Path, tiny_model_dir: Path, tmp_path: Path
+) -> None:
     killed_run.write_text(rows(25), encoding="utf-8")  # one row appended
     cfg = config(tiny_model_dir, tmp_path)
     launcher = KilledAfterACheckpoint(killed=False)

@@ -3,9 +3,10 @@ group of samples per prompt, how they are generated, the rewards that score them
 
 from __future__ import annotations
 
+import re
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from rayft.config.base import Section
 
@@ -46,6 +47,19 @@ class RewardConfig(Section):
     name: str | None = Field(
         None, description="The name its figures are logged under (rl/reward/<name>); default: the function."
     )
+
+    @field_validator("pattern")
+    @classmethod
+    def _pattern_compiles(cls, value: str | None) -> str | None:
+        if value is not None:
+            try:
+                re.compile(value, re.DOTALL)
+            except re.error as exc:
+                raise ValueError(
+                    f"not a regular expression ({exc}); fix it (Python re syntax: a literal ( [ {{ . * + ? is "
+                    "escaped with a backslash)"
+                ) from None
+        return value
 
     @model_validator(mode="after")
     def _pattern_for_regex(self) -> RewardConfig:

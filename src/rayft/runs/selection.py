@@ -12,7 +12,6 @@ from dataclasses import dataclass
 from rayft.errors import CheckpointError
 from rayft.runs import layout
 
-
 UNREADABLE_SUFFIX = ".unreadable"
 """Appended to the name of a checkpoint set aside: not a ``step-N`` name, so no reader picks it up."""
 
@@ -63,7 +62,6 @@ def set_aside_name(name: str, taken: Collection[str]) -> str:
         number += 1
         candidate = f"{name}{UNREADABLE_SUFFIX}-{number}"
     return candidate
-
 
 
 def choose_resume(checkpoints: Sequence[CheckpointInfo]) -> CheckpointInfo | None:
