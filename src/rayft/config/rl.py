@@ -10,6 +10,10 @@ from pydantic import Field, field_validator, model_validator
 
 from rayft.config.base import Section
 
+MAX_GROUP_SIZE = 1024
+"""Largest ``train.rl.group_size``: published GRPO runs sample 4 to 64 completions per prompt; thousands
+only make a step hold gigabytes of KV cache for group statistics that stopped changing long before."""
+
 BUILTIN_REWARDS = ("math", "exact_match", "regex", "length", "sql")
 """Reward functions rayft ships (``train.rl.rewards[].function``); anything else is ``package.module:function``."""
 
@@ -223,9 +227,13 @@ class RlConfig(Section):
     group_size: int = Field(
         8,
         ge=2,
+        le=MAX_GROUP_SIZE,
         description=(
             "Completions sampled per prompt (GRPO's G). Each prompt's completions are compared with each other, so "
-            "a prompt whose completions all score the same teaches nothing; more samples make a difference likelier."
+            "a prompt whose completions all score the same teaches nothing; more samples make a difference likelier. "
+            "A step samples train.micro_batch_size x group_size completions at once on each worker; a run whose "
+            f"step would not fit a node's memory is refused before it starts, with the estimate. At most "
+            f"{MAX_GROUP_SIZE}."
         ),
     )
     max_new_tokens: int = Field(128, gt=0, description="Longest completion sampled, in tokens.")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 from dataclasses import replace
 from pathlib import Path
 
@@ -25,7 +26,7 @@ from rayft.data.preference import pair_preparation
 from rayft.data.prepare import PrepareOutcome, prepare
 from rayft.data.prepared import PreparedData
 from rayft.errors import DataError
-from rayft.models.architecture import refuse_fp16, resolve_architecture
+from rayft.models.architecture import context_tokens, model_config_dict, refuse_fp16, resolve_architecture
 from rayft.models.resolve import anchored_name
 from rayft.runs import layout
 from rayft.runs.location import RunLocation, plan_run_location
@@ -33,6 +34,15 @@ from rayft.runs.planner import DataChange, check_resume_data, plan_train_start
 from rayft.runs.selection import choose_resume
 from rayft.runs.store import RunStore, open_store
 from rayft.runtime import ray_runtime
+from rayft.training.driver.launcher import resolve_use_gpu, worker_resources
+from rayft.training.driver.resources import (
+    actor_resources,
+    check_actors_fit,
+    check_generation_length,
+    check_rollout_memory,
+    model_shape,
+    samples,
+)
 from rayft.training.loop.objective import write_task_units
 from rayft.training.loop.plan import Schedule, plan_schedule
 from rayft.training.loop.reference import ReferenceJob, attach_reference, needs_reference, reference_device
@@ -210,3 +220,39 @@ def check_resume_data_unchanged(store: RunStore, prepared: PreparedData, policy:
     warning = check_resume_data(newest.name, recorded if isinstance(recorded, str) else None, prepared.key, policy)
     if warning is not None:
         log.warning("%s", warning)
+
+
+def check_rollout_length(cfg: RayftConfig) -> None:
+    """Before the run is claimed: refuse a GRPO rollout longer than the model's context."""
+    if samples(cfg.train) and cfg.task.path is None:
+        context = context_tokens(model_config_dict(cfg.model))
+        check_generation_length(cfg.train, cfg.data, context, cfg.model.name)
+
+
+def check_rollout_fits(cfg: RayftConfig, *, uses_ray: bool) -> None:
+    """Once the run's Ray is up (or on this machine, without Ray): refuse generation actors the cluster
+    cannot place and a step's rollout that outgrows a node's memory, each with its estimate."""
+    if not samples(cfg.train) or cfg.task.path is not None:
+        return
+    nodes = ray_nodes() if uses_ray else [{"CPU": float(os.cpu_count() or 1), "memory": physical_memory()}]
+    use_gpu = resolve_use_gpu(cfg.scaling.use_gpu, {k: sum(n.get(k, 0.0) for n in nodes) for k in ("GPU",)})
+    rollout = cfg.train.rl.rollout
+    if uses_ray and rollout.placement == "actors":
+        workers = max(cfg.scaling.num_workers, 1)
+        per_worker = worker_resources(cfg.scaling, use_gpu)
+        check_actors_fit(per_worker, workers, actor_resources(rollout), rollout.num_actors or workers, nodes)
+    if not use_gpu and rollout.num_gpus_per_actor == 0:  # a rollout sampled in host memory
+        node_bytes = min(n.get("memory", 0.0) for n in nodes) or physical_memory()
+        check_rollout_memory(cfg.train, cfg.data, model_shape(model_config_dict(cfg.model)), node_bytes)
+
+
+def ray_nodes() -> list[dict[str, float]]:
+    """Each alive node's total resources (CPU, GPU, memory in bytes...) of the Ray this process is on."""
+    import ray
+
+    return [{k: float(v) for k, v in n["Resources"].items()} for n in ray.nodes() if n.get("Alive")]
+
+
+def physical_memory() -> float:
+    """This machine's memory, in bytes."""
+    return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
