@@ -181,7 +181,7 @@ def drive(
             return None
         run_dir = claim_store(cfg, store, resume=opening.resume, retune=opening.retune)
         with launcher.runtime():
-            check_rollout_fits(cfg, uses_ray=launcher.uses_ray)  # what the cluster can hold, before the data
+            check_rollout_fits(cfg)  # what the cluster can hold, before the data
             prepared = prepare_inputs(cfg, run_dir, use_ray=launcher.uses_ray)
             check_resume_data_unchanged(store, prepared, cfg.checkpoint.resume_data_change)
             store.persist(layout.DATA_DIR)

@@ -33,7 +33,7 @@ from rayft.runs.location import RunLocation, plan_run_location
 from rayft.runs.planner import DataChange, check_resume_data, plan_train_start
 from rayft.runs.selection import choose_resume
 from rayft.runs.store import RunStore, open_store
-from rayft.runtime import ray_runtime
+from rayft.runtime import ray_is_initialized, ray_runtime
 from rayft.training.driver.launcher import resolve_use_gpu, worker_resources
 from rayft.training.driver.resources import (
     actor_resources,
@@ -229,11 +229,12 @@ def check_rollout_length(cfg: RayftConfig) -> None:
         check_generation_length(cfg.train, cfg.data, context, cfg.model.name)
 
 
-def check_rollout_fits(cfg: RayftConfig, *, uses_ray: bool) -> None:
+def check_rollout_fits(cfg: RayftConfig) -> None:
     """Once the run's Ray is up (or on this machine, without Ray): refuse generation actors the cluster
     cannot place and a step's rollout that outgrows a node's memory, each with its estimate."""
     if not samples(cfg.train) or cfg.task.path is not None:
         return
+    uses_ray = ray_is_initialized()
     nodes = ray_nodes() if uses_ray else [{"CPU": float(os.cpu_count() or 1), "memory": physical_memory()}]
     use_gpu = resolve_use_gpu(cfg.scaling.use_gpu, {k: sum(n.get(k, 0.0) for n in nodes) for k in ("GPU",)})
     rollout = cfg.train.rl.rollout
