@@ -44,17 +44,40 @@ _SECRET_NAME = re.compile(r"(TOKEN|SECRET|PASSW|KEY|CREDENTIAL)", re.IGNORECASE)
 # Short values ("1", "true") would redact ordinary text; real credentials are longer.
 _MIN_SECRET_LENGTH = 8
 MASK = "***REDACTED***"
-# Credentials embedded in a URI: every query parameter whose name holds one of these words
-# (api_key=, X-Amz-Signature=, access_token=, sig=, auth=...), and the password of
-# ``scheme://user:password@host``.
+# Credentials embedded in a URI: every query or fragment parameter whose name holds one of these
+# words (api_key=, X-Amz-Signature=, access_token=, sig=, auth=...), the password of
+# ``scheme://user:password@host``, and a long user of ``scheme://TOKEN@host``.
 SECRET_PARAM_WORDS = ("key", "token", "secret", "passw", "sig", "credential", "auth", "session")
-_SECRET_PARAM = re.compile(
-    # the value ends at a quote, backslash, bracket or parenthesis too (no credential holds one): a URI
-    # inside JSON, repr(), HTML or prose stays well-formed
-    r"([?&][^=&#\s]*(?:" + "|".join(SECRET_PARAM_WORDS) + r")[^=&#\s]*=)([^&#\s'\"\\<>()]+)",
-    re.IGNORECASE,
-)
-_USERINFO = re.compile(r"(://[^/:@\s]*:)([^/@\s]+)(@)")
+# A URI is matched in every form it takes once something normalised it: percent-encoded
+# (``Path.as_uri``, ``urllib.parse.quote``), with its ``//`` made one slash (``pathlib``,
+# ``os.path.normpath``) or backslashes (a Windows path), inside a longer path (made absolute). So each
+# delimiter is matched as itself or encoded, and the scheme's slashes as one or more of either kind.
+_COLON = r"(?::|%3[aA])"
+_SLASH = r"(?:/|\\|%2[fF]|%5[cC])"
+_AT = r"(?:@|%40)"
+_AMP = r"(?:&|%26)"
+_HASH = r"(?:#|%23)"
+_EQUALS = r"(?:=|%3[dD])"
+_PARAM_START = r"(?:[?&#;]|%3[fF]|%26|%23)"
+# Every pattern below runs in time linear in the text (it masks every line rayft prints): names are
+# scanned atomically and stop at the next parameter's start, a scheme is tried where a word starts.
+_PARAM_NAME = re.compile(rf"{_PARAM_START}((?>(?:(?!%3[fF]|%26|%23|%3[dD])[^=&#?;\s])*))(?:=|%3[dD])", re.IGNORECASE)
+_SECRET_NAME_WORD = re.compile("|".join(SECRET_PARAM_WORDS), re.IGNORECASE)
+# A value ends at a quote, backslash, bracket or parenthesis too (no credential holds one): a URI
+# inside JSON, repr(), HTML or prose stays well-formed. Only a literal & or # ends it: an encoded one
+# is part of the value in a URL as written, and in a URL encoded whole the rest of it is masked too
+# (more than the credential, never less).
+_PARAM_VALUE = re.compile(r"[^&#\s'\"\\<>()]+")
+# A scheme starts where a word starts, or right after an encoded character (``%2Fhttps%3A``).
+_SCHEME = rf"(?:(?<![A-Za-z0-9+.\-])|(?<=%[0-9A-Fa-f]{{2}}))[A-Za-z](?>[A-Za-z0-9+.\-]*){_COLON}(?>{_SLASH}+)"
+_USER = rf"(?>(?:(?!{_COLON}|{_AT}|{_SLASH})[^\s/\\:@'\"<>()])*)"
+# The password runs to the last @ before a literal slash, as a URL parser splits the userinfo; an
+# encoded delimiter may be part of it.
+_USERINFO = re.compile(rf"({_SCHEME}{_USER}{_COLON})([^\s/\\'\"<>()]+)({_AT})")
+# A user alone is a credential when it is as long as one (a token, as GitHub and others take it);
+# short users (git@, ubuntu@) are names.
+_TOKEN_USER = re.compile(rf"({_SCHEME})([^\s/\\:@'\"<>()]{{8,}})({_AT})")
+
 # Values this process was handed as credentials (see remember_secret), whatever their variable's name.
 _REMEMBERED: set[str] = set()
 
@@ -93,10 +116,27 @@ def mask_secret_fields(value: Any) -> Any:
 
 
 def mask_uri(text: str) -> str:
-    """``text`` with every credential embedded in a URI masked: query parameters such as
-    ``secret_key=`` and the password of ``user:password@host``."""
-    text = _SECRET_PARAM.sub(lambda m: m.group(1) + MASK, text)
-    return _USERINFO.sub(lambda m: m.group(1) + MASK + m.group(3), text)
+    """``text`` with every credential embedded in a URI masked, in any form a normalisation left the
+    URI in (percent-encoded, one slash after the scheme, backslashes): query and fragment parameters
+    such as ``secret_key=`` or ``#access_token=``, the password of ``user:password@host``, and a token
+    given as the user (``TOKEN@host``)."""
+    text = _mask_secret_params(text)
+    text = _USERINFO.sub(lambda m: m.group(1) + MASK + m.group(3), text)
+    return _TOKEN_USER.sub(lambda m: m.group(1) + MASK + m.group(3), text)
+
+
+def _mask_secret_params(text: str) -> str:
+    """``text`` with the value of every query or fragment parameter named for a credential masked."""
+    spans: list[tuple[int, int]] = []
+    for head in _PARAM_NAME.finditer(text):
+        if not _SECRET_NAME_WORD.search(head.group(1)):
+            continue
+        value = _PARAM_VALUE.match(text, head.end())
+        if value is not None and (not spans or head.end() >= spans[-1][1]):
+            spans.append(value.span())
+    for start, end in reversed(spans):
+        text = text[:start] + MASK + text[end:]
+    return text
 
 
 def redact(text: str, environ: Mapping[str, str] | None = None) -> str:

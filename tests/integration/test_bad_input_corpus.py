@@ -178,6 +178,81 @@ CASES = {
     "profile given a file": Case(
         "profile {ws}/data.jsonl", r"'.*data.jsonl' is a file; rayft profile takes a training run's directory"
     ),
+    # expressions a config holds: compiled when it is validated, by `config validate` and every command alike
+    **{
+        f"{what} ({command.split()[0]})": Case(f"{command} {{ws}}/{file}", rf"{path} = {value}: {problem}")
+        for what, file, path, value, problem in (
+            (
+                "regex reward that does not compile",
+                "regex.yaml",
+                r"train\.rl\.rewards\.0\.pattern",
+                r"'\(unclosed'",
+                r"not a regular expression \(missing \), unterminated subpattern at position 0\)",
+            ),
+            (
+                "data template with an unclosed brace",
+                "template.yaml",
+                r"data\.datasets\.0\.input_template",
+                r"'Q: \{question'",
+                r"not a template \(.*\); write \{column\} placeholders",
+            ),
+            (
+                "chat template that does not parse",
+                "jinja.yaml",
+                r"model\.chat_template",
+                r"'\{% for m in messages %\}.*'",
+                r"not a Jinja template \(.*line 1\); fix it",
+            ),
+        )
+        for command in ("config validate", "train", "data prepare")
+    },
+    # one validator: what `rayft run` refuses, `rayft config validate` refuses
+    **{
+        f"rl and preference sections ({command.split()[0]})": Case(
+            f"{command} {{ws}}/rl-pref.yaml", r"both an rl and a preference section: rayft run trains one of them"
+        )
+        for command in ("config validate", "run")
+    },
+    **{
+        f"rl stage with a bad train section ({command.split()[0]})": Case(
+            f"{command} {{cfg}} rl.train.rl.group_size=0",
+            r"rl\.train\.rl\.group_size: Input should be greater than or equal to 2",
+        )
+        for command in ("config validate", "run")
+    },
+    "run config without a stage": Case(
+        "config validate {ws}/no-stage.yaml --command run", r"the config names no pipeline stage; add at least one"
+    ),
+    # credentials in a path or URL, whatever normalised it before it is shown
+    "model URL with a password": Case(
+        "train {cfg} model.name=https://bob:SECRETPW0123@host/m", r"'https:/bob:\*\*\*REDACTED\*\*\*@host/m'"
+    ),
+    "model URL with a token in the query": Case(
+        "train {cfg} model.name=https://host/m?access_token=SECRETPW0123", r"access_token=\*\*\*REDACTED\*\*\*"
+    ),
+    # what a GRPO run asks for against what the model and the machine have, before anything starts
+    "rl max_new_tokens past the context": Case(
+        "train {cfg} train.objective=grpo data.packing=false train.rl.max_new_tokens=4000",
+        r"train\.rl\.max_new_tokens=4000 after prompts of up to data\.max_seq_length=1024 tokens makes sequences "
+        r"of up to 5024 tokens, but model\.name=.* takes 2048 \(its context\); lower train\.rl\.max_new_tokens "
+        r"to at most 1024",
+        10.0,
+    ),
+    "rl max_new_tokens of a billion": Case(
+        "train {cfg} train.objective=grpo data.packing=false train.rl.max_new_tokens=1000000000",
+        r"sequences of up to 1000001024 tokens, but .* takes 2048",
+        10.0,
+    ),
+    "rl group_size of ten thousand": Case(
+        "config validate {cfg} train.rl.group_size=10000",
+        r"train\.rl\.group_size = 10000: Input should be less than or equal to 1024",
+    ),
+    "rl step larger than the machine's memory": Case(
+        "train {cfg} train.objective=grpo data.packing=false train.rl.group_size=1024 train.micro_batch_size=1024",
+        r"train\.rl\.group_size=1024: a step samples train\.micro_batch_size=1024 prompts x 1024 = 1048576 "
+        r"completions .* holds at least [\d.]+ GiB \(KV cache and logits\), more than a node's [\d.]+ GiB; lower",
+        20.0,
+    ),
     "export of a missing checkpoint": Case(
         "export {run} {ws}/exported --checkpoint step-9",
         r"^Error: checkpoint 'step-9': the run has no complete checkpoint step-9 \(it has: step-000001; final/\)",
@@ -221,6 +296,7 @@ def workspace(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) ->
         f"name: corpus\nstorage_path: {ws / 'runs'}\nmodel: {{name: {tiny_model_dir}}}\nscaling: {{num_workers: 0}}\n"
         f"data: {{datasets: [{{path: {ws / 'data.jsonl'}}}]}}\neval: {{max_samples: 2}}\n"
     )
+    write_bad_expressions(ws, tiny_model_dir)
     notok, emptycfg = ws / "notok", ws / "emptycfg"
     for broken in (notok, emptycfg):
         broken.mkdir()
@@ -236,6 +312,23 @@ def workspace(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) ->
     with tmpfs(ws / "ro", size_kib=64, readonly=True) as ro, tmpfs(ws / "full", size_kib=64) as full:
         yield {"ws": str(ws), "cfg": str(config), "tiny": str(tiny_model_dir), "notok": str(notok),
                "emptycfg": str(emptycfg), "run": str(run), "ro": str(ro), "full": str(full)}  # fmt: skip
+
+
+def write_bad_expressions(ws: Path, tiny_model_dir: Path) -> None:
+    """Configs that hold an expression that does not compile, and sections that cannot run together."""
+    head = f"name: corpus\nstorage_path: {ws / 'runs'}\nscaling: {{num_workers: 0}}\n"
+    model = f"model: {{name: {tiny_model_dir}}}\n"
+    dataset = f"path: {ws / 'data.jsonl'}"
+    data = f"data: {{datasets: [{{{dataset}}}], packing: false}}\n"
+    (ws / "regex.yaml").write_text(
+        head + model + data + "train: {objective: grpo, rl: {rewards: [{function: regex, pattern: '(unclosed'}]}}\n"
+    )
+    template = "format: template, input_template: 'Q: {question', output_template: '{answer}'"
+    (ws / "template.yaml").write_text(head + model + f"data: {{datasets: [{{{dataset}, {template}}}]}}\n")
+    chat = "chat_template: '{% for m in messages %}{{ m.content }}'"
+    (ws / "jinja.yaml").write_text(head + f"model: {{name: {tiny_model_dir}, {chat}}}\n" + data)
+    (ws / "rl-pref.yaml").write_text(head + model + data + "train: {}\nrl: {}\npreference: {}\n")
+    (ws / "no-stage.yaml").write_text(head + model + data)
 
 
 def write_huge_row_tables(ws: Path) -> None:

@@ -9,6 +9,7 @@ import pytest
 from pydantic import ValidationError
 
 from rayft.config import RayftConfig, load_config
+from rayft.config.checks import check_unread_method_sections
 from rayft.config.pairs import PreferenceStageConfig
 from rayft.errors import ConfigError
 from rayft.pipeline.inputs import final_manifest_hash
@@ -20,7 +21,6 @@ from rayft.pipeline.preference_plan import (
     preference_stage_config,
 )
 from rayft.pipeline.preference_stage import PairsStage, PreferenceStage
-from rayft.pipeline.runner import check_unread_method_sections
 from rayft.pipeline.stage import StageContext
 from rayft.runs.layout import MANIFEST_FILE
 from rayft.runs.location import RunLocation

@@ -9,12 +9,12 @@ import pytest
 from pydantic import ValidationError
 
 from rayft.config import RayftConfig, load_config
+from rayft.config.checks import check_rl_stage, check_unread_method_sections
 from rayft.config.rl_stage import RlStageConfig
 from rayft.errors import ConfigError
 from rayft.pipeline.plan import requested_stages
 from rayft.pipeline.preference_plan import compare_sources
 from rayft.pipeline.rl_stage import rl_stage_config
-from rayft.pipeline.runner import check_rl_stage, check_unread_method_sections
 from rayft.pipeline.stage import StageContext
 from rayft.runs.location import RunLocation
 from rayft.runs.records import StageRecord, trained_final

@@ -13,10 +13,11 @@ from typing import Any
 import pytest
 
 from rayft.config import dump_config, load_config
+from rayft.config.checks import is_remote
 from rayft.errors import CheckpointError, RunStateError, StorageError
 from rayft.pipeline.plan import check_remote_stages
 from rayft.runs import layout
-from rayft.runs.location import RunLocation, is_remote, join_uri, mirror_dir, plan_run_location, worker_dir
+from rayft.runs.location import RunLocation, join_uri, mirror_dir, plan_run_location, worker_dir
 from rayft.runs.manifest import verify_checkpoint, write_manifest
 from rayft.runs.remote import RemoteRun, sync_checkpoint
 from rayft.runs.store import open_store
@@ -140,6 +141,31 @@ def test_a_remote_checkpoint_without_manifest_is_incomplete_and_removed(storage:
     assert remote.download_latest_checkpoint(tmp_path / "mirror") == tmp_path / "mirror" / "step-000002"
     assert remote.remove_incomplete() == ["step-000004"]
     assert [c.step for c in remote.scan_checkpoints()] == [2]
+
+
+def test_a_remote_checkpoint_whose_manifest_cannot_be_read_is_set_aside_never_deleted(
+    storage: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    remote = RemoteRun(join_uri(storage, "demo"))
+    remote.probe()
+    for step in (2, 4):
+        remote.upload_checkpoint(make_checkpoint(tmp_path / "local", step))
+    remote.write_text(f"checkpoints/step-000004/{layout.MANIFEST_FILE}", "{garbage")
+    assert [(c.step, c.complete, c.unreadable) for c in remote.scan_checkpoints()] == [
+        (2, True, False),
+        (4, False, True),
+    ]
+    assert remote.prune(1) == []
+    with caplog.at_level(logging.WARNING):
+        assert remote.remove_incomplete() == []
+    assert remote.list_files("checkpoints/step-000004.unreadable") == [
+        "adapter_model.safetensors",
+        layout.MANIFEST_FILE,
+        f"{layout.TRAINER_SUBDIR}/{layout.STATE_FILE}",
+    ]
+    assert "set aside as" in caplog.text and "step-000004.unreadable" in caplog.text
+    assert [c.step for c in remote.scan_checkpoints()] == [2]
+    assert remote.download_latest_checkpoint(tmp_path / "mirror") == tmp_path / "mirror" / "step-000002"
 
 
 def test_resume_downloads_the_newest_complete_checkpoint_and_skips_a_corrupted_one(

@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 
 from rayft.config import load_config
+from rayft.config.checks import check_unread_method_sections
 from rayft.config.pairs import preference_train_section
 from rayft.pipeline.plan import requested_stages
-from rayft.pipeline.runner import check_unread_method_sections
 
 CONFIGS = sorted((Path(__file__).resolve().parents[2] / "configs").glob("*.yaml"))
 

@@ -18,6 +18,7 @@ from pydantic_core import PydanticUndefined
 
 from rayft.cli.common import config_argument, load_cli_config, overrides_argument
 from rayft.config import RayftConfig, dump_config
+from rayft.config.checks import CHECKS, check_config
 from rayft.errors import ConfigError
 
 
@@ -37,9 +38,15 @@ def show(config_path: str, overrides: tuple[str, ...]) -> None:
 @config.command()
 @config_argument
 @overrides_argument
-def validate(config_path: str, overrides: tuple[str, ...]) -> None:
-    """Check a config and report every problem at once."""
-    load_cli_config(config_path, overrides)
+@click.option(
+    "--command",
+    type=click.Choice(sorted({c for check in CHECKS for c in check.commands})),
+    help="Also make the checks that only this command needs (run: the config names a pipeline stage).",
+)
+def validate(config_path: str, overrides: tuple[str, ...], command: str | None) -> None:
+    """Check a config and report every problem at once: its schema, and every check a command makes of
+    the whole config before it starts (the same checks, from one table)."""
+    check_config(load_cli_config(config_path, overrides), command)
     click.echo(f"{config_path}: valid")
 
 

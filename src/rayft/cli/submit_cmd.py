@@ -17,7 +17,7 @@ from rayft._version import __version__
 from rayft.cli.common import config_argument, load_cli_config, overrides_argument
 from rayft.cluster.job_plan import COMMANDS, JobRequest, exit_code
 from rayft.config import RayftConfig, dump_config
-from rayft.runs.location import is_remote
+from rayft.config.checks import is_remote
 
 ADDRESS_HELP = (
     "The cluster: http://HEAD:8265 (its Jobs API), HEAD:6379 (its GCS address; rayft finds the Jobs API "

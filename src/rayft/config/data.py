@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import string
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from rayft.config.base import Section
 
@@ -101,6 +102,25 @@ class DatasetConfig(Section):
             "line is cut where it passes the limit); unset: one row per file."
         ),
     )
+
+    @field_validator("input_template", "output_template")
+    @classmethod
+    def _template_fills(cls, value: str | None) -> str | None:
+        if value is None:
+            return value
+        try:
+            names = [name for _, name, _, _ in string.Formatter().parse(value) if name is not None]
+        except ValueError as exc:
+            raise ValueError(
+                f"not a template ({exc}); write {{column}} placeholders, and double braces {{{{ }}}} for literal ones"
+            ) from None
+        for name in names:
+            if not name.isidentifier():
+                raise ValueError(
+                    f"placeholder {{{name}}} is not a plain name; use {{column}} placeholders and map them to "
+                    "columns with field_mapping"
+                )
+        return value
 
     @model_validator(mode="after")
     def _template_needs_templates(self) -> DatasetConfig:

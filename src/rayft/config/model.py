@@ -81,6 +81,15 @@ class ModelConfig(Section):
         ),
     )
 
+    @field_validator("chat_template")
+    @classmethod
+    def _chat_template_parses(cls, value: str | None) -> str | None:
+        if value is not None:
+            problem = jinja_syntax_error(value)
+            if problem is not None:
+                raise ValueError(f"not a Jinja template ({problem}); fix it")
+        return value
+
     @field_validator("attn_implementation")
     @classmethod
     def _known_attention(cls, value: str) -> str:
@@ -181,3 +190,29 @@ class LoraConfig(Section):
         """How the base is quantized for a run of ``train.method`` ``method``: ``quantize`` for LoRA,
         'none' for full fine-tuning (which the config refuses with a quantized base)."""
         return self.quantize if method == "lora" else "none"
+
+
+def jinja_syntax_error(template: str) -> str | None:
+    """What makes ``template`` fail to parse as a chat template (None when it parses), with the tags
+    transformers renders chat templates with: its loop controls, and ``{% generation %}`` blocks."""
+    from jinja2 import TemplateSyntaxError, nodes
+    from jinja2.ext import Extension
+    from jinja2.parser import Parser
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    class GenerationBlock(Extension):
+        """``{% generation %}...{% endgeneration %}``, which transformers' own environment adds (to mark
+        assistant tokens); jinja2 ships no such tag, and parsing is all that is asked of it here."""
+
+        tags = {"generation"}  # noqa: RUF012 (jinja2's Extension declares it a class attribute)
+
+        def parse(self, parser: Parser) -> list[nodes.Node]:
+            next(parser.stream)
+            return parser.parse_statements(("name:endgeneration",), drop_needle=True)
+
+    environment = ImmutableSandboxedEnvironment(extensions=["jinja2.ext.loopcontrols", GenerationBlock])
+    try:
+        environment.parse(template)
+    except TemplateSyntaxError as exc:
+        return f"{exc.message}, line {exc.lineno}"
+    return None

@@ -3,13 +3,18 @@ group of samples per prompt, how they are generated, the rewards that score them
 
 from __future__ import annotations
 
+import re
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from rayft.config.base import Section
 from rayft.config.environment import EnvironmentConfig
 from rayft.config.judge import JudgeConfig
+
+MAX_GROUP_SIZE = 1024
+"""Largest ``train.rl.group_size``: published GRPO runs sample 4 to 64 completions per prompt; thousands
+only make a step hold gigabytes of KV cache for group statistics that stopped changing long before."""
 
 BUILTIN_REWARDS = ("math", "exact_match", "regex", "length", "sql", "code", "judge")
 """Reward functions rayft ships (``train.rl.rewards[].function``); anything else is ``package.module:function``."""
@@ -67,6 +72,19 @@ class RewardConfig(Section):
     name: str | None = Field(
         None, description="The name its figures are logged under (rl/reward/<name>); default: the function."
     )
+
+    @field_validator("pattern")
+    @classmethod
+    def _pattern_compiles(cls, value: str | None) -> str | None:
+        if value is not None:
+            try:
+                re.compile(value, re.DOTALL)
+            except re.error as exc:
+                raise ValueError(
+                    f"not a regular expression ({exc}); fix it (Python re syntax: a literal ( [ {{ . * + ? is "
+                    "escaped with a backslash)"
+                ) from None
+        return value
 
     @model_validator(mode="after")
     def _pattern_for_regex(self) -> RewardConfig:
@@ -244,9 +262,13 @@ class RlConfig(Section):
     group_size: int = Field(
         8,
         ge=2,
+        le=MAX_GROUP_SIZE,
         description=(
             "Completions sampled per prompt (GRPO's G). Each prompt's completions are compared with each other, so "
-            "a prompt whose completions all score the same teaches nothing; more samples make a difference likelier."
+            "a prompt whose completions all score the same teaches nothing; more samples make a difference likelier. "
+            "A step samples train.micro_batch_size x group_size completions at once on each worker; a run whose "
+            f"step would not fit a node's memory is refused before it starts, with the estimate. At most "
+            f"{MAX_GROUP_SIZE}."
         ),
     )
     max_new_tokens: int = Field(128, gt=0, description="Longest completion sampled, in tokens.")

@@ -436,6 +436,14 @@ class CheckpointConfig(Section):
         True,
         description="Upload checkpoints in the background so the training loop is not blocked.",
     )
+    resume_data_change: Literal["refuse", "accept"] = Field(
+        "refuse",
+        description=(
+            "What a resume does when the data prepares to another key than the checkpoint it resumes from "
+            "recorded (a dataset file's rows changed since): 'refuse' stops before training with the two keys; "
+            "'accept' continues on the new data, with a warning (the steps already taken were trained on the old)."
+        ),
+    )
 
 
 class FailureConfig(Section):

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from rayft.config import RayftConfig
+from rayft.config.checks import is_remote
 from rayft.errors import ConfigError
-from rayft.runs.location import is_remote
 from rayft.security import mask_uri
 
 CONFIG_DIR = "/etc/rayft"

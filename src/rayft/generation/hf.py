@@ -25,7 +25,7 @@ from rayft.generation.backend import (
     truncate_at_stop,
 )
 from rayft.generation.kv_cache import cache_length, filled_batch, plan_cache
-from rayft.models.architecture import resolve_architecture
+from rayft.models.architecture import context_tokens, resolve_architecture
 from rayft.models.loading import load_causal_lm, load_tokenizer
 
 if TYPE_CHECKING:
@@ -120,8 +120,7 @@ class HFBackend:
 
     def context_tokens(self) -> int | None:
         """The longest sequence the model takes (prompt and completion), when its config says."""
-        value = getattr(self.model.config, "max_position_embeddings", None)
-        return int(value) if isinstance(value, int) else None
+        return context_tokens(self.model.config.to_dict())
 
     def stream(self, prompt: Prompt, params: SamplingParams, stop: threading.Event) -> Generator[str, None, None]:
         """Generate for one prompt, yielding the text as it is decoded (without stop sequences).

@@ -7,6 +7,7 @@ fetched by transformers. The built-in models and GGUF files are causal LMs.
 from __future__ import annotations
 
 import functools
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
@@ -50,6 +51,17 @@ def _config_dict(location: str, kind: str, revision: str | None, trust_remote_co
     except OSError as exc:
         raise ModelError(f"model.name: could not read the config of {location!r}: {exc}; check the name") from exc
     return dict(config.to_dict())
+
+
+def context_tokens(config: Mapping[str, Any]) -> int | None:
+    """The longest sequence (prompt and completion) a model takes, from its config (``max_position_embeddings``;
+    GPT-2's family says ``n_positions``); None when it does not say. T5's ``n_positions`` is no limit (its
+    positions are relative), so it counts for causal LMs only. What `rayft serve` holds each request to, and
+    a rollout's length is checked against before a run starts."""
+    value = config.get("max_position_embeddings")
+    if not isinstance(value, int) and not config.get("is_encoder_decoder"):
+        value = config.get("n_positions")
+    return int(value) if isinstance(value, int) else None
 
 
 def resolve_architecture(cfg: ModelConfig) -> Kind:

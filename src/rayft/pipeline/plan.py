@@ -9,33 +9,19 @@ recorded fingerprint equals the fingerprint of its inputs now, unless it is forc
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Literal
 
-from rayft.errors import ConfigError, StorageError
-
-STAGES = ("sdg", "tune", "train", "pairs", "preference", "rl", "eval", "export")
-"""Every stage, in the order it runs."""
-
-IMPLIES = {"tune": ("train",), "preference": ("pairs",)}
-"""Stages a written section requests besides its own (a sweep is there to train its best trial;
-preference training, to train on the pairs made just before it)."""
-
-NEEDS = {
-    "sdg": (),
-    "tune": (),
-    "train": (),
-    "pairs": (),
-    "preference": ("pairs",),
-    "rl": (),
-    "eval": (),
-    "export": ("train",),
-}
-"""Stages whose outputs a stage cannot do without (eval compares with train when both are requested)."""
-
-REMOTE_STAGES = ("train",)
-"""Stages that can write to a URI ``storage_path`` (through a local mirror, uploaded as they go)."""
+from rayft.config.checks import (  # the stage tables and checks live with the config's other checks
+    IMPLIES,
+    NEEDS,
+    REMOTE_STAGES,
+    STAGES,
+    check_remote_stages,
+    requested_stages,
+)
+from rayft.errors import ConfigError
 
 Action = Literal["run", "skip", "reuse", "failed"]
 
@@ -50,27 +36,6 @@ class StageDecision:
     stage: str
     action: Action
     reason: str
-
-
-def requested_stages(sections_set: Iterable[str]) -> list[str]:
-    """The stages named in the config, in pipeline order; an error when it names none."""
-    written = set(sections_set)
-    written |= {implied for s in STAGES if s in written for implied in IMPLIES.get(s, ())}
-    stages = [s for s in STAGES if s in written]
-    if not stages:
-        raise ConfigError(
-            "the config names no pipeline stage; add at least one of the sections "
-            f"{', '.join(STAGES)} (an empty section like `eval: {{}}` takes the defaults)"
-        )
-    if {"preference", "rl"} <= written:
-        raise ConfigError(
-            "the config has both an rl and a preference section: rayft run trains one of them after SFT; remove one"
-        )
-    missing = [(s, n) for s in stages for n in NEEDS[s] if n not in written]
-    if missing:
-        stage, need = missing[0]
-        raise ConfigError(f"stage {stage!r} needs the {need!r} stage's output; add a `{need}:` section to the config")
-    return stages
 
 
 def runnable_stages(requested: list[str], *, from_stage: str | None, only: str | None) -> tuple[list[str], set[str]]:
@@ -115,15 +80,7 @@ def decide(
     return StageDecision(stage, "run", f"inputs changed (fingerprint {recorded[:12]} -> {fingerprint[:12]})")
 
 
-def check_remote_stages(requested: Iterable[str], where: str) -> None:
-    """Refuse, before anything runs, stages that cannot write to the URI ``where`` (they would
-    silently write only to the local mirror)."""
-    local_only = [s for s in requested if s not in REMOTE_STAGES]
-    if local_only:
-        names = ", ".join(local_only)
-        sections = ", ".join(f"`{s}:`" for s in local_only)
-        raise StorageError(
-            f"storage_path {where}: the {names} stage(s) of `rayft run` write only to a local directory or shared "
-            f"mount, not to a URI. Use a local storage_path (or the bucket mounted as a directory), or train only "
-            f"with this URI: remove the {sections} section(s), or use `rayft train`"
-        )
+__all__ = [
+    "IMPLIES", "NEEDS", "REMOTE_STAGES", "STAGES", "Action", "StageDecision", "check_remote_stages", "decide",
+    "requested_stages", "runnable_stages",
+]  # fmt: skip

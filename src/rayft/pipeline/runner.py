@@ -37,7 +37,7 @@ from typing import Any
 
 from rayft.cache import cache_root
 from rayft.config import RayftConfig, dump_config
-from rayft.config.rl_stage import rl_data_section, rl_train_section
+from rayft.config.checks import check_config
 from rayft.config.tracking import MlflowArtifact
 from rayft.errors import ConfigError
 from rayft.evaluation.gates import check_labels, parse_gates
@@ -53,7 +53,7 @@ from rayft.pipeline.outputs import (
     write_outputs,
     write_text,
 )
-from rayft.pipeline.plan import StageDecision, check_remote_stages, decide, requested_stages, runnable_stages
+from rayft.pipeline.plan import StageDecision, decide, requested_stages, runnable_stages
 from rayft.pipeline.preference_plan import compare_labels
 from rayft.pipeline.stage import Stage, StageContext
 from rayft.pipeline.stages import STAGES
@@ -94,18 +94,14 @@ def run(
     on_decision: Callable[[StageDecision], None] | None = None,
 ) -> PipelineResult:
     """Run the stages the config requests, skipping those whose inputs did not change."""
+    check_config(cfg, "run")  # every check of rayft run's that reads the config alone, as `config validate` does
     requested = requested_stages(cfg.model_fields_set)
-    if "rl" in requested:  # before anything runs: its errors name rl.train.<key> or rl.data.<key>
-        check_rl_stage(cfg)
     if "export" in requested and cfg.export.gate:
         check_export_gates(cfg, requested)
-    check_unread_method_sections(cfg, requested)
     allowed, forced = runnable_stages(requested, from_stage=from_stage, only=only)
     forced = set(allowed) if force else forced
     location = pipeline_location(cfg)
     store = open_store(location)
-    if location.remote_uri is not None:  # which stages can write through a URI is the pipeline's knowledge
-        check_remote_stages(requested, location.display)
     run_dir = store.local_dir
     progress = PipelineProgress()
     ctx = StageContext(cfg, location, progress.records)
@@ -197,29 +193,6 @@ def run_stage(
     ctx.records[stage.name] = record
     progress.elapsed[stage.name] = record.elapsed_s
     tracker.stage_summary(stage.name, output.summary)
-
-
-def check_unread_method_sections(cfg: RayftConfig, requested: list[str]) -> None:
-    """Refuse ``train.rl`` or ``train.preference`` settings beside an rl or preference stage: that stage trains
-    with its own section's settings, so the train section's would be silently ignored."""
-    for stage in ("rl", "preference"):
-        written = getattr(cfg.train, stage).model_dump(exclude_defaults=True)
-        if stage in requested and written:
-            key = next(iter(written))
-            raise ConfigError(
-                f"train.{stage}.{key}: the {stage} stage trains with its own section's settings, so this one would "
-                f"be ignored; move it to {stage}.{key}"
-            )
-
-
-def check_rl_stage(cfg: RayftConfig) -> None:
-    """The rl stage's train and data sections are valid (a resolved config of a run without an rl stage holds
-    the default section, which a DeepSpeed train section would fail, so this is checked only when requested)."""
-    try:
-        rl_train_section(cfg.train, cfg.rl)
-        rl_data_section(cfg.data, cfg.rl)
-    except ValueError as exc:
-        raise ConfigError(str(exc)) from None
 
 
 def check_export_gates(cfg: RayftConfig, requested: list[str]) -> None:

@@ -18,7 +18,14 @@ from rayft.files import replace_dir, temp_path
 from rayft.runs import layout
 from rayft.runs.layout import parse_step_dir_name
 from rayft.runs.manifest import read_manifest, verify_checkpoint
-from rayft.runs.selection import CheckpointInfo, choose_checkpoint, choose_resume, plan_retention
+from rayft.runs.selection import (
+    CheckpointInfo,
+    choose_checkpoint,
+    choose_resume,
+    plan_cleanup,
+    plan_retention,
+    set_aside_name,
+)
 
 log = logging.getLogger(__name__)
 
@@ -35,7 +42,8 @@ def scan_checkpoints(root: Path) -> list[CheckpointInfo]:
             continue
         manifest = read_manifest(path)
         loss = manifest.metrics.get("eval/loss") if manifest else None
-        infos.append(CheckpointInfo(path.name, step, manifest is not None, loss))
+        unreadable = manifest is None and (path / layout.MANIFEST_FILE).exists()
+        infos.append(CheckpointInfo(path.name, step, manifest is not None, loss, unreadable=unreadable))
     return sorted(infos, key=lambda c: c.step)
 
 
@@ -158,19 +166,40 @@ def _mount_point(path: Path) -> Path:
 
 
 def remove_incomplete(root: Path) -> list[Path]:
-    """Delete step directories without a manifest and leftover staging directories; return them."""
+    """Delete step directories without a manifest and leftover staging directories; return them.
+
+    A step directory whose manifest exists but cannot be read was committed: it is set aside
+    (:func:`set_aside`), never deleted."""
     removed: list[Path] = []
     if not root.is_dir():
         return removed
-    for info in scan_checkpoints(root):
-        if not info.complete:
-            removed.append(root / info.name)
+    plan = plan_cleanup(scan_checkpoints(root))
+    for info in plan.set_aside:
+        set_aside(root / info.name)
+    removed += [root / info.name for info in plan.remove]
     removed += [p for p in root.glob(".step-*.partial-*") if p.is_dir()]
     removed += [p for p in root.glob(".step-*.old-*") if p.is_dir()]
     for path in removed:
         log.warning("Removing incomplete checkpoint %s (its save did not finish)", path)
         shutil.rmtree(path, ignore_errors=True)
     return removed
+
+
+def set_aside(checkpoint: Path) -> Path | None:
+    """Rename a committed checkpoint whose manifest cannot be read to ``step-N.unreadable`` (out of
+    every reader's sight, its files kept for a person to look at) and say so in one line. Returns the
+    new path, or None when another process moved it first."""
+    target = checkpoint.with_name(set_aside_name(checkpoint.name, {p.name for p in checkpoint.parent.iterdir()}))
+    try:
+        checkpoint.rename(target)
+    except FileNotFoundError:  # another rank of the same run set it aside a moment before
+        return None
+    log.warning(
+        "Checkpoint %s has a %s that cannot be read, so its save was committed but it cannot be verified; "
+        "set aside as %s (kept, never deleted) and resuming from the checkpoint before it",
+        checkpoint.name, layout.MANIFEST_FILE, target,
+    )  # fmt: skip
+    return target
 
 
 def prune_checkpoints(root: Path, num_to_keep: int | None) -> list[Path]:

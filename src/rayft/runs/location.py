@@ -9,26 +9,19 @@ uploads and downloads are :mod:`rayft.runs.remote`.
 from __future__ import annotations
 
 import hashlib
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from rayft.config.checks import is_remote
 from rayft.errors import ConfigError, StorageError
 from rayft.security import mask_uri
 
-# ``scheme://`` as RFC 3986 spells it; a Windows drive letter ("C:\\") has no "//".
-_URI = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 MIRRORS_DIR = "runs"
 """The folder of the cache that holds the local mirrors of remote runs."""
 WORKERS_DIR = "workers"
 """The folder of a node's cache that holds the working directories of a remote run's workers there."""
 LOGS_DIR = "logs"
 """The folder of the cache that holds the driver logs of remote runs (their mirrors are reset on a start)."""
-
-
-def is_remote(storage_path: str) -> bool:
-    """Whether ``storage_path`` is a URI (handled by pyarrow) rather than a local path."""
-    return bool(_URI.match(storage_path))
 
 
 def join_uri(base: str, *parts: str) -> str:

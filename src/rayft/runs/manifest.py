@@ -117,6 +117,8 @@ def verify_checkpoint(root: Path, *, checksums: bool = True) -> list[str]:
         checksums: Also compare sha256 (slower); sizes are always compared.
     """
     manifest = read_manifest(root)
+    if manifest is None and (root / MANIFEST_FILE).exists():
+        return [f"{root}: its {MANIFEST_FILE} cannot be read (the save was committed; its files cannot be verified)"]
     if manifest is None:
         return [f"{root}: no valid {MANIFEST_FILE} (the save did not complete)"]
     problems = []

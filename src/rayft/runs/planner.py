@@ -47,6 +47,7 @@ hyper-parameters on purpose (Population Based Training's exploit): they change h
 update the weights, never the shape of the model, the data or the steps already taken."""
 
 StartAction = Literal["start", "restart", "resume", "keep", "replace"]
+DataChange = Literal["refuse", "accept"]
 
 
 @dataclass(frozen=True)
@@ -187,6 +188,34 @@ def check_retunable(paths: list[str] | tuple[str, ...]) -> None:
             "Search the others with scheduler asha, hyperband or fifo, or list only those in "
             "tune.pbt.hyperparam_mutations."
         )
+
+
+def check_resume_data(checkpoint: str, recorded: str | None, prepared: str, policy: DataChange) -> str | None:
+    """Whether a run may resume from ``checkpoint`` on the data prepared now: None when the keys agree
+    (or the checkpoint recorded none), a warning to log when they differ and ``policy`` accepts it.
+
+    Args:
+        checkpoint: The checkpoint the run resumes from, as it may be shown.
+        recorded: The prepared data's key the checkpoint recorded (its manifest's ``data_key``).
+        prepared: The key of the data prepared for this start.
+        policy: ``checkpoint.resume_data_change``.
+
+    Raises:
+        RunStateError: the data changed and ``policy`` is ``refuse``.
+    """
+    if recorded is None or recorded == prepared:
+        return None
+    what = (
+        f"checkpoint {checkpoint} was trained on data {recorded[:12]}, but the config's data now prepares to "
+        f"{prepared[:12]} (a dataset's rows changed since)"
+    )
+    if policy == "accept":
+        return f"--resume: {what}; continuing on the new data (checkpoint.resume_data_change=accept)"
+    raise RunStateError(
+        f"--resume: {what}; resuming would train the rest of the run on other data. Restore the data it was "
+        "trained on, start a new run under another name, or set checkpoint.resume_data_change=accept to continue "
+        "on the new data"
+    )
 
 
 def _resume_reason(state: RunState) -> str:

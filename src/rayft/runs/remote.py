@@ -25,7 +25,7 @@ from rayft.runs.checkpoints import publish_checkpoint
 from rayft.runs.location import join_uri
 from rayft.runs.manifest import Manifest, verify_checkpoint
 from rayft.runs.planner import RunState
-from rayft.runs.selection import CheckpointInfo, plan_retention
+from rayft.runs.selection import CheckpointInfo, plan_cleanup, plan_retention, set_aside_name
 from rayft.security import mask_uri
 
 log = logging.getLogger("rayft.train")
@@ -196,9 +196,11 @@ class RemoteRun:
             step = layout.parse_step_dir_name(info.base_name)
             if step is None or info.type != fs.FileType.Directory:
                 continue
-            manifest = self.manifest(f"{layout.CHECKPOINTS_DIR}/{info.base_name}")
+            rel = f"{layout.CHECKPOINTS_DIR}/{info.base_name}"
+            manifest = self.manifest(rel)
             loss = manifest.metrics.get("eval/loss") if manifest else None
-            infos.append(CheckpointInfo(info.base_name, step, manifest is not None, loss))
+            unreadable = manifest is None and self.is_file(f"{rel}/{layout.MANIFEST_FILE}")
+            infos.append(CheckpointInfo(info.base_name, step, manifest is not None, loss, unreadable=unreadable))
         return sorted(infos, key=lambda c: c.step)
 
     def run_state(self) -> RunState:
@@ -213,12 +215,36 @@ class RemoteRun:
         self.upload_tree(local, f"{layout.CHECKPOINTS_DIR}/{local.name}")
 
     def remove_incomplete(self) -> list[str]:
-        """Delete remote checkpoints without a manifest (an upload that did not finish); return their names."""
-        doomed = [c.name for c in self.scan_checkpoints() if not c.complete]
+        """Delete remote checkpoints without a manifest (an upload that did not finish); return their names.
+        One whose manifest is there but cannot be read was committed: it is set aside, never deleted."""
+        plan = plan_cleanup(self.scan_checkpoints())
+        for info in plan.set_aside:
+            self.set_aside(info.name)
+        doomed = [c.name for c in plan.remove]
         for name in doomed:
             log.warning("Removing incomplete checkpoint %s (its upload did not finish)", self.uri_of(name))
             self.delete(f"{layout.CHECKPOINTS_DIR}/{name}")
         return doomed
+
+    def set_aside(self, name: str) -> str:
+        """Copy a committed checkpoint whose manifest cannot be read to ``step-N.unreadable`` (every file,
+        the manifest last), then delete the original: out of every reader's sight, never lost."""
+        from pyarrow import fs
+
+        base = self._path(layout.CHECKPOINTS_DIR)
+        taken = {i.base_name for i in self._fs.get_file_info(fs.FileSelector(base, allow_not_found=True))}
+        target = f"{layout.CHECKPOINTS_DIR}/{set_aside_name(name, taken)}"
+        files = self.list_files(f"{layout.CHECKPOINTS_DIR}/{name}")
+        for rel in sorted(files, key=lambda f: f == layout.MANIFEST_FILE):
+            self._fs.create_dir(self._path(f"{target}/{rel}").rsplit("/", 1)[0], recursive=True)
+            self._fs.copy_file(self._path(f"{layout.CHECKPOINTS_DIR}/{name}/{rel}"), self._path(f"{target}/{rel}"))
+        self.delete(f"{layout.CHECKPOINTS_DIR}/{name}")
+        log.warning(
+            "Checkpoint %s has a %s that cannot be read, so its upload was committed but it cannot be verified; "
+            "set aside as %s (kept, never deleted) and resuming from the checkpoint before it",
+            self.uri_of(f"{layout.CHECKPOINTS_DIR}/{name}"), layout.MANIFEST_FILE, self.uri_of(target),
+        )  # fmt: skip
+        return target
 
     def prune(self, num_to_keep: int | None) -> list[str]:
         """Delete the remote checkpoints :func:`plan_retention` marks as surplus; return their names."""

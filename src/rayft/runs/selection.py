@@ -6,21 +6,62 @@ the checkpoint a run resumes from and the ones retention deletes for the writer.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 from rayft.errors import CheckpointError
 from rayft.runs import layout
 
+UNREADABLE_SUFFIX = ".unreadable"
+"""Appended to the name of a checkpoint set aside: not a ``step-N`` name, so no reader picks it up."""
+
 
 @dataclass(frozen=True)
 class CheckpointInfo:
-    """What a planner needs to know of a checkpoint on storage."""
+    """What a planner needs to know of a checkpoint on storage.
+
+    ``complete``: its commit marker (the manifest, written last) is there and readable.
+    ``unreadable``: the marker is there but cannot be read. The save was committed, so the checkpoint
+    is never deleted: it is set aside for a person to look at, and the run falls back past it.
+    """
 
     name: str
     step: int
     complete: bool
     eval_loss: float | None = None
+    unreadable: bool = False
+
+    @property
+    def committed(self) -> bool:
+        """Whether its save reached the commit point (the marker exists, readable or not)."""
+        return self.complete or self.unreadable
+
+
+@dataclass(frozen=True)
+class CleanupPlan:
+    """What a resume clears from a checkpoints folder: saves that never committed are removed,
+    committed checkpoints whose marker cannot be read are set aside (renamed, never deleted)."""
+
+    remove: list[CheckpointInfo]
+    set_aside: list[CheckpointInfo]
+
+
+def plan_cleanup(checkpoints: Sequence[CheckpointInfo]) -> CleanupPlan:
+    """Which checkpoints a resume removes (no commit marker) and which it sets aside (a marker that
+    cannot be read)."""
+    return CleanupPlan(
+        remove=[c for c in checkpoints if not c.committed],
+        set_aside=[c for c in checkpoints if c.unreadable],
+    )
+
+
+def set_aside_name(name: str, taken: Collection[str]) -> str:
+    """The name a checkpoint set aside gets: ``step-000010.unreadable``, numbered when taken."""
+    candidate, number = f"{name}{UNREADABLE_SUFFIX}", 1
+    while candidate in taken:
+        number += 1
+        candidate = f"{name}{UNREADABLE_SUFFIX}-{number}"
+    return candidate
 
 
 def choose_resume(checkpoints: Sequence[CheckpointInfo]) -> CheckpointInfo | None:
@@ -31,8 +72,9 @@ def choose_resume(checkpoints: Sequence[CheckpointInfo]) -> CheckpointInfo | Non
 
 def plan_retention(checkpoints: Sequence[CheckpointInfo], num_to_keep: int | None) -> list[CheckpointInfo]:
     """Checkpoints to delete: keep the latest, plus the ``num_to_keep`` best by validation loss
-    (or the newest when none has one); incomplete ones are always deleted."""
-    doomed = [c for c in checkpoints if not c.complete]
+    (or the newest when none has one); incomplete ones are always deleted, and committed ones whose
+    marker cannot be read never are (:func:`plan_cleanup` sets them aside)."""
+    doomed = [c for c in checkpoints if not c.committed]
     complete = sorted((c for c in checkpoints if c.complete), key=lambda c: c.step)
     if num_to_keep is None or not complete:
         return doomed

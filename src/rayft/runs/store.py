@@ -64,6 +64,9 @@ class RunStore(Protocol):
     def final_manifest(self) -> Manifest | None:
         """The manifest of the run's ``final/``, or None when the run did not finish."""
 
+    def checkpoint_manifest(self, name: str) -> Manifest | None:
+        """The manifest of the checkpoint ``name`` (``step-N``), or None when it has no readable one."""
+
     def begin(self, plan: StartPlan, config_text: str) -> None:
         """Carry out ``plan`` and save ``config_text`` as the run's config (nothing for ``keep``)."""
 
@@ -152,6 +155,10 @@ class LocalRunStore:
     def final_manifest(self) -> Manifest | None:
         """The manifest of ``final/``."""
         return read_manifest(self.local_dir / layout.FINAL_DIR)
+
+    def checkpoint_manifest(self, name: str) -> Manifest | None:
+        """The manifest of a checkpoint of the directory."""
+        return read_manifest(self.local_dir / layout.CHECKPOINTS_DIR / name)
 
     def begin(self, plan: StartPlan, config_text: str) -> None:
         """Move an earlier run aside (replace), clear what a start that trained nothing left (restart),
@@ -259,6 +266,10 @@ class RemoteRunStore:
     def final_manifest(self) -> Manifest | None:
         """The manifest of the remote ``final/``."""
         return self.remote.manifest(layout.FINAL_DIR)
+
+    def checkpoint_manifest(self, name: str) -> Manifest | None:
+        """The manifest of a checkpoint under the URI."""
+        return self.remote.manifest(f"{layout.CHECKPOINTS_DIR}/{name}")
 
     def begin(self, plan: StartPlan, config_text: str) -> None:
         """Reset the mirror; on resume drop unfinished uploads and fetch the logs and the tracker run

@@ -10,11 +10,11 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 
 from rayft._ray_private import divert_cluster_errors, local_init_kwargs, local_process_env, mask_job_entrypoint
 from rayft.console import cluster_errors_to_log_file, quiet_ray
-from rayft.errors import ClusterError, exception_chain
+from rayft.errors import ClusterError, exception_chain, first_line
 from rayft.runtime.address import parse_address
 from rayft.runtime.probe import check_gcs, check_tcp, resolve_auto, token_fix
 
@@ -56,13 +56,17 @@ def ray_runtime(address: str | None = None, *, metrics: bool = False) -> Iterato
         log.info("joining the Ray cluster at %s", address)
         _join(address)
     else:
-        with environment(local_process_env(os.environ)):
-            ray.init(
-                include_dashboard=False,
-                log_to_driver=True,
-                runtime_env=WORKER_RUNTIME_ENV,
-                **local_init_kwargs(os.environ, metrics=metrics),
-            )
+
+        def init() -> None:
+            with environment(local_process_env(os.environ)):
+                ray.init(
+                    include_dashboard=False,
+                    log_to_driver=True,
+                    runtime_env=WORKER_RUNTIME_ENV,
+                    **local_init_kwargs(os.environ, metrics=metrics),
+                )
+
+        start_local_ray(init, ray.shutdown)
         mark_started_here()
     if metrics:
         log_metrics_endpoints()
@@ -77,6 +81,53 @@ def ray_runtime(address: str | None = None, *, metrics: bool = False) -> Iterato
 def keep_cluster_errors_off_console() -> None:
     """The errors Ray's cluster pushes to this driver go to the log file, not the console (unless verbose)."""
     divert_cluster_errors(cluster_errors_to_log_file)
+
+
+_START_TIMEOUTS = (
+    "timed out during startup",  # the raylet did not register with the GCS in time (ray/_private/node.py)
+    "timed out after",  # the object store did not appear (ray/_private/services.py)
+    "timed out waiting for node info",
+)
+"""What Ray's exceptions say when a node it starts does not come up in time (a loaded machine)."""
+
+
+def start_timeout_cause(exc: BaseException) -> str | None:
+    """The first line of Ray's message when ``exc`` is a start that timed out (None for any other error)."""
+    for error in exception_chain(exc):
+        line = first_line(error)
+        if any(text in line.lower() for text in _START_TIMEOUTS):
+            return line
+    return None
+
+
+def start_local_ray(init: Callable[[], None], shutdown: Callable[[], None]) -> None:
+    """Start a local Ray with ``init``; a start that times out is cleared with ``shutdown`` and tried once
+    more, and a second timeout is one ClusterError line with the cause and the fix (Ray's own exception
+    runs to some fifty lines)."""
+    for attempt in (1, 2):
+        try:
+            init()
+            return
+        except Exception as exc:  # decided below: a start timeout is retried, anything else raised as it is
+            cause = start_timeout_cause(exc)
+            if cause is None:
+                raise
+            shutdown()  # the processes the failed start left
+            if attempt == 1:
+                log.warning("a local Ray did not start in time (%s); trying once more", cause)
+                continue
+            raise ClusterError(
+                f"a local Ray did not start in time, twice ({cause}); this machine's load average is "
+                f"{_load_average()} on {os.cpu_count()} CPUs. Run the command again once the load drops, or start "
+                "Ray yourself (`ray start --head`) and pass --address auto"
+            ) from exc
+
+
+def _load_average() -> str:
+    try:
+        return f"{os.getloadavg()[0]:.1f}"
+    except OSError:  # no load average on this platform
+        return "unknown"
 
 
 def log_metrics_endpoints() -> list[str]:

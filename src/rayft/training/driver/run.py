@@ -36,7 +36,14 @@ from rayft.runtime import check_address, ray_is_initialized, ray_runtime
 from rayft.tracking.driver import nested_under, start_training
 from rayft.tracking.state import read_ids
 from rayft.training.driver.launcher import launch_local, launch_ray
-from rayft.training.driver.startup import build_worker_plan, claim_store, prepare_inputs
+from rayft.training.driver.startup import (
+    build_worker_plan,
+    check_resume_data_unchanged,
+    check_rollout_fits,
+    check_rollout_length,
+    claim_store,
+    prepare_inputs,
+)
 from rayft.training.loop.worker_plan import WorkerPlan
 
 log = logging.getLogger("rayft.train")
@@ -165,6 +172,7 @@ def drive(
     """
     started = time.monotonic()
     launcher.check()
+    check_rollout_length(cfg)  # what the model can take, before the run is claimed
     # The data, the plan and the checks ask for the model's source: resolved once for the whole run.
     with sources_resolved_once(), run_lock(location.local_dir, command=command):
         store = seams.open_store(location)
@@ -173,7 +181,9 @@ def drive(
             return None
         run_dir = claim_store(cfg, store, resume=opening.resume, retune=opening.retune)
         with launcher.runtime():
+            check_rollout_fits(cfg)  # what the cluster can hold, before the data
             prepared = prepare_inputs(cfg, run_dir, use_ray=launcher.uses_ray)
+            check_resume_data_unchanged(store, prepared, cfg.checkpoint.resume_data_change)
             store.persist(layout.DATA_DIR)
             plan = build_worker_plan(cfg, prepared, store.location)
             trackers = seams.start_trackers(cfg, run_dir, plan.lineage, parent_run_id)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 from dataclasses import replace
 from pathlib import Path
 
@@ -25,13 +26,23 @@ from rayft.data.preference import pair_preparation
 from rayft.data.prepare import PrepareResult, prepare
 from rayft.data.prepared import PreparedData
 from rayft.errors import DataError
-from rayft.models.architecture import refuse_fp16, resolve_architecture
+from rayft.models.architecture import context_tokens, model_config_dict, refuse_fp16, resolve_architecture
 from rayft.models.resolve import anchored_name
 from rayft.runs import layout
 from rayft.runs.location import RunLocation, plan_run_location
-from rayft.runs.planner import plan_train_start
+from rayft.runs.planner import DataChange, check_resume_data, plan_train_start
+from rayft.runs.selection import choose_resume
 from rayft.runs.store import RunStore, open_store
-from rayft.runtime import ray_runtime
+from rayft.runtime import ray_is_initialized, ray_runtime
+from rayft.training.driver.launcher import resolve_use_gpu, worker_resources
+from rayft.training.driver.resources import (
+    actor_resources,
+    check_actors_fit,
+    check_generation_length,
+    check_rollout_memory,
+    model_shape,
+    samples,
+)
 from rayft.training.loop.plan import Schedule, plan_schedule
 from rayft.training.loop.worker_plan import WorkerPlan
 from rayft.training.methods.registry import method_unit
@@ -195,3 +206,53 @@ def make_schedule(cfg: RayftConfig, prepared: PreparedData, world: int) -> Sched
         schedule.total_steps, schedule.steps_per_epoch, schedule.units_per_rank, world,
     )  # fmt: skip
     return schedule
+
+
+def check_resume_data_unchanged(store: RunStore, prepared: PreparedData, policy: DataChange) -> None:
+    """Refuse (or, as ``checkpoint.resume_data_change`` says, warn of) a resume whose data prepared to
+    another key than the checkpoint it resumes from was trained on."""
+    newest = choose_resume(store.checkpoints())
+    if newest is None:
+        return
+    manifest = store.checkpoint_manifest(newest.name)
+    recorded = manifest.info.get("data_key") if manifest is not None else None
+    warning = check_resume_data(newest.name, recorded if isinstance(recorded, str) else None, prepared.key, policy)
+    if warning is not None:
+        log.warning("%s", warning)
+
+
+def check_rollout_length(cfg: RayftConfig) -> None:
+    """Before the run is claimed: refuse a GRPO rollout longer than the model's context."""
+    if samples(cfg.train) and cfg.task.path is None:
+        context = context_tokens(model_config_dict(cfg.model))
+        check_generation_length(cfg.train, cfg.data, context, cfg.model.name)
+
+
+def check_rollout_fits(cfg: RayftConfig) -> None:
+    """Once the run's Ray is up (or on this machine, without Ray): refuse generation actors the cluster
+    cannot place and a step's rollout that outgrows a node's memory, each with its estimate."""
+    if not samples(cfg.train) or cfg.task.path is not None:
+        return
+    uses_ray = ray_is_initialized()
+    nodes = ray_nodes() if uses_ray else [{"CPU": float(os.cpu_count() or 1), "memory": physical_memory()}]
+    use_gpu = resolve_use_gpu(cfg.scaling.use_gpu, {k: sum(n.get(k, 0.0) for n in nodes) for k in ("GPU",)})
+    rollout = cfg.train.rl.rollout
+    if uses_ray and rollout.placement == "actors":
+        workers = max(cfg.scaling.num_workers, 1)
+        per_worker = worker_resources(cfg.scaling, use_gpu)
+        check_actors_fit(per_worker, workers, actor_resources(rollout), rollout.num_actors or workers, nodes)
+    if not use_gpu and rollout.num_gpus_per_actor == 0:  # a rollout sampled in host memory
+        node_bytes = min(n.get("memory", 0.0) for n in nodes) or physical_memory()
+        check_rollout_memory(cfg.train, cfg.data, model_shape(model_config_dict(cfg.model)), node_bytes)
+
+
+def ray_nodes() -> list[dict[str, float]]:
+    """Each alive node's total resources (CPU, GPU, memory in bytes...) of the Ray this process is on."""
+    import ray
+
+    return [{k: float(v) for k, v in n["Resources"].items()} for n in ray.nodes() if n.get("Alive")]
+
+
+def physical_memory() -> float:
+    """This machine's memory, in bytes."""
+    return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
