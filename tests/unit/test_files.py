@@ -18,6 +18,7 @@ SRC = Path(rayft.__file__).parent
 OTHER_RENAMES = {
     "runs/lock.py",  # a dead process's lock file is moved aside before it is taken over
     "runs/store.py",  # an earlier output is kept under a dated name (move_aside)
+    "runs/checkpoints.py",  # a committed checkpoint whose manifest cannot be read is set aside (set_aside)
 }
 
 

@@ -113,6 +113,7 @@ def _rl_stage_sections(cfg: RayftConfig) -> None:
 
 
 def _stages_write_to_storage(cfg: RayftConfig) -> None:
+    # Decided from the config alone, before any store opens: the stages that cannot write to a URI are refused.
     if is_remote(cfg.storage_path):
         written = set(cfg.model_fields_set)
         written |= {implied for s in STAGES if s in written for implied in IMPLIES.get(s, ())}
