@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import subprocess
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -19,9 +20,35 @@ needs_root = pytest.mark.skipif(not ROOT, reason="the namespaces need root; with
 MODES = [pytest.param("namespaces", marks=needs_root), "rlimits"]
 
 
-def _nobody_processes() -> int:
+def _uptime_s() -> float:
+    return float(Path("/proc/uptime").read_text().split()[0])
+
+
+def _nobody_processes_started_before(uptime_s: float) -> list[int]:
+    """The processes running as ``nobody`` (what sandboxed programs run as) that started before ``uptime_s``.
+
+    Other tests on another pytest-xdist worker run sandboxes too, so a bare count of ``nobody``'s processes
+    would see theirs; those that started after a run ended cannot be its forks."""
     out = subprocess.run(["ps", "-u", "65534", "-o", "pid="], capture_output=True, text=True, check=False).stdout
-    return len(out.split())
+    ticks = os.sysconf("SC_CLK_TCK")
+    started = []
+    for pid in out.split():
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except (FileNotFoundError, ProcessLookupError):
+            continue  # ended between ps and the read
+        if int(fields[19]) / ticks < uptime_s:  # field 22 of stat: the start time, in clock ticks since boot
+            started.append(int(pid))
+    return started
+
+
+def _wait_for_no_processes_started_before(uptime_s: float, timeout_s: float = 15.0) -> list[int]:
+    """Wait until no ``nobody`` process that started before ``uptime_s`` is left (another worker's sandbox
+    that overlapped the run ends within its own limits); what is left at the timeout."""
+    deadline = time.monotonic() + timeout_s
+    while (left := _nobody_processes_started_before(uptime_s)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return left
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -93,8 +120,10 @@ def test_a_file_outside_the_scratch_directory_cannot_be_read() -> None:
 def test_a_fork_bomb_is_bounded_and_every_process_ends_with_the_run() -> None:
     bomb = "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n"
     result = run_python(bomb, limits=QUICK, isolation="namespaces")
+    ended = _uptime_s()
     assert result.status == "timeout", result
-    assert _nobody_processes() == 0  # PID 1 of the namespace is gone, and with it every fork
+    # PID 1 of the namespace is gone, and with it every fork: none of the bomb's processes is left.
+    assert _wait_for_no_processes_started_before(ended) == []
     assert run_python("print('next')", limits=QUICK).stdout == "next\n"
 
 
