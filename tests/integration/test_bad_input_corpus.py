@@ -215,11 +215,16 @@ CASES = {
     },
     **{
         f"rl stage with a bad train section ({command.split()[0]})": Case(
-            f"{command} {{cfg}} rl.train.rl.group_size=0",
-            r"rl\.train\.rl\.group_size: Input should be greater than or equal to 2",
+            f"{command} {{cfg}} rl.train.learning_rate=-1",
+            r"rl\.train\.learning_rate: Input should be greater than 0",
         )
         for command in ("config validate", "run")
     },
+    "rl stage setting in its old place": Case(
+        "config validate {cfg} rl.train.rl.group_size=4",
+        r"rl\.train\.rl\.group_size is no longer read: the stage's own settings sit directly under rl; "
+        r"write rl\.group_size",
+    ),
     "run config without a stage": Case(
         "config validate {ws}/no-stage.yaml --command run", r"the config names no pipeline stage; add at least one"
     ),
