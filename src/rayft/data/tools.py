@@ -48,7 +48,8 @@ TOOLS_FOOTER = (
     'arguments within <tool_call></tool_call>:\n<tool_call>{"name": <tool-name>, "arguments": <args-json-object>}'
     "</tool_call>\nEach tool's result comes back within <tool_response></tool_response>."
 )
-_CALL_PATTERN = re.compile(re.escape(TOOL_CALL_OPEN) + r"(.*?)" + re.escape(TOOL_CALL_CLOSE), re.DOTALL)
+CLOSED_CALL_PATTERN = re.compile(re.escape(TOOL_CALL_OPEN) + r"(.*?)" + re.escape(TOOL_CALL_CLOSE), re.DOTALL)
+"""A complete call block (the server reads these: in a stream, a block not yet closed may still grow)."""
 # A last block may be left open: generation that stops at the stop string ``</tool_call>`` leaves it out.
 _BLOCK_PATTERN = re.compile(re.escape(TOOL_CALL_OPEN) + r"(.*?)(?:" + re.escape(TOOL_CALL_CLOSE) + r"|\Z)", re.DOTALL)
 

@@ -13,7 +13,6 @@ text before a call streams as content and whose calls come out whole, one delta 
 from __future__ import annotations
 
 import json
-import re
 import secrets
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -21,6 +20,7 @@ from typing import Any
 
 from rayft.data.tokenize import template_renders_tools
 from rayft.data.tools import (
+    CLOSED_CALL_PATTERN,
     TOOL_CALL_CLOSE,
     TOOL_CALL_OPEN,
     ToolUseError,
@@ -30,8 +30,6 @@ from rayft.data.tools import (
 )
 
 __all__ = ["TOOL_CALL_CLOSE", "TOOL_CALL_OPEN", "Call", "CallStream", "split_calls", "tool_messages"]
-
-_CALL = re.compile(re.escape(TOOL_CALL_OPEN) + r"(.*?)" + re.escape(TOOL_CALL_CLOSE), re.DOTALL)
 
 
 @dataclass(frozen=True)
@@ -86,7 +84,7 @@ def split_calls(text: str, allowed: set[str] | None = None) -> tuple[str | None,
     calls: list[Call] = []
     kept: list[str] = []
     last = 0
-    for match in _CALL.finditer(text):
+    for match in CLOSED_CALL_PATTERN.finditer(text):
         parsed = parse_call(match.group(1))
         if parsed is None or (allowed is not None and parsed[0] not in allowed):
             continue
