@@ -128,6 +128,43 @@ def test_openai_teacher_with_retries_and_a_failed_request(ray_session: None, tmp
     assert result.summary["tokens_generated"] > 0
 
 
+def test_a_teacher_that_fails_every_request_stops_the_run_and_a_rerun_goes_on(
+    ray_session: None, tmp_path: Path
+) -> None:
+    from rayft.errors import EndpointError
+    from rayft.recipes.sdg import run
+
+    with OpenAIServer(responder=variation_responder) as server:
+        server.fail_next(503, times=8)  # every request of the first run (4 rows), each tried twice
+        cfg = load_config(
+            None,
+            [
+                f"storage_path={tmp_path}",
+                "sdg.generator=llm",
+                "sdg.teacher.backend=openai",
+                "sdg.teacher.model.name=teacher-1",
+                f"sdg.teacher.endpoint.base_url={server.base_url}",
+                "sdg.teacher.endpoint.max_retries=1",
+                "sdg.teacher.endpoint.backoff_s=0.01",
+                "sdg.teacher.endpoint.max_concurrency=1",
+                "sdg.teacher.batch_size=2",
+                "sdg.seeds_per_batch=1",
+                "sdg.num_seeds=2",
+                "sdg.variations=2",
+                "sdg.dedup.near=false",
+            ],
+        )
+        with pytest.raises(EndpointError, match=r"all \d teacher requests of the first batch failed \(first: .*503"):
+            run(cfg)
+        failed_run = len(server.statuses)
+        server.clear_failures()
+        result = run(cfg)  # the teacher answers now: the same command goes on, nothing was marked done
+    rows = read_jsonl(result.data_jsonl) + read_jsonl(result.rejected_jsonl)
+    assert len(rows) == 4 and not [r for r in rows if r["reject_reason"] == "generation_error"]
+    assert failed_run >= 4 and set(server.statuses[:failed_run]) == {503}
+    assert set(server.statuses[failed_run:]) == {200}
+
+
 @pytest.mark.slow
 def test_smollm2_teacher_end_to_end(ray_session: None, tmp_path: Path) -> None:
     from rayft.recipes.sdg import run

@@ -88,6 +88,11 @@ class OpenAIServer:
         with self._lock:
             self._failures.extend([(status, retry_after_s)] * times)
 
+    def clear_failures(self) -> None:
+        """Answer every request from now on (drop the failures still queued)."""
+        with self._lock:
+            self._failures.clear()
+
     def _next_failure(self) -> tuple[int, float | None] | None:
         with self._lock:
             return self._failures.popleft() if self._failures else None

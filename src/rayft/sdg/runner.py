@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from rayft.config.sdg import SdgConfig
 from rayft.console import Progress
-from rayft.errors import DataError
+from rayft.errors import DataError, EndpointError, ModelError
 from rayft.files import write_text_atomic
 from rayft.generation.ray_pool import generate_dataset
 from rayft.sdg.filters import RowFilters
@@ -90,8 +90,10 @@ def generate_and_commit(
         for chunk in seed_chunks(seeds, sdg)
         for batch in build_dataset(chunk, stages, sdg).iter_batches(batch_size=None, batch_format="pyarrow")
     )
+    answered = False  # has any teacher request of this run succeeded yet?
     with Progress(what, num_seeds, unit="seeds") as progress:
         for rows in complete_seed_batches(batches):
+            answered = answered or check_teacher_answered(rows, sdg, answered_before=answered)
             t0 = time.monotonic()
             filters.apply(rows)
             t1 = time.monotonic()
@@ -103,6 +105,25 @@ def generate_and_commit(
             filter_s, write_s = filter_s + t1 - t0, write_s + time.monotonic() - t1
             progress.advance(len(seed_ids))
     return {"generate": time.monotonic() - started - filter_s - write_s, "filters": filter_s, "write_parts": write_s}
+
+
+def check_teacher_answered(rows: list[Row], sdg: SdgConfig, *, answered_before: bool) -> bool:
+    """Whether some row of this batch got a teacher's answer; a one-line error when none of the run's has.
+
+    A teacher that fails every request from the start (a wrong address, a refused key, a model that does
+    not load) is a failed start, not a batch of bad rows: committing those rows would mark their seeds done
+    and a rerun would skip them. So the batch is not committed and the run stops; a rerun after the fix
+    goes on from the seeds committed before. Once the teacher has answered, a failed request is a row
+    rejected with ``generation_error`` and counted, as any other reject.
+    """
+    failed = [r for r in rows if r.get("reject_reason") == "generation_error"]
+    if answered_before or sdg.generator == "symbolic" or len(failed) < len(rows) or not rows:
+        return bool(rows) and len(failed) < len(rows)
+    error = EndpointError if sdg.teacher.backend == "openai" else ModelError
+    raise error(
+        f"sdg: all {len(rows)} teacher requests of the first batch failed (first: {failed[0].get('error')}); "
+        "nothing of that batch was committed; fix sdg.teacher and run the same command again to go on"
+    )
 
 
 def complete_seed_batches(
