@@ -165,6 +165,14 @@ class ServeConfig(Section):
     max_adapters_per_replica: int = Field(
         4, gt=0, description="LoRA adapters a replica keeps loaded; the least recently used is unloaded first."
     )
+    max_runtime_adapters: int = Field(
+        8,
+        ge=0,
+        description=(
+            "hf: LoRA adapters loaded at run time (POST /v1/load_lora_adapter) the server keeps; loading one more "
+            "unloads the least recently used of them (those given at start stay). 0: loading at run time is off."
+        ),
+    )
     max_tokens: int = Field(
         256, gt=0, description="Completion tokens when a request gives no max_tokens (capped by the context)."
     )
