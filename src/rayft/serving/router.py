@@ -28,6 +28,7 @@ from rayft.serving.access_log import quiet_serve_console
 from rayft.serving.adapters import RuntimeAdapters, parse_load, parse_unload
 from rayft.serving.choices import ChoiceStream, whole_choice
 from rayft.serving.drain import Drain, ShuttingDownError, StreamCutError
+from rayft.serving.echo import check_echo, echo_events, echoed
 from rayft.serving.engine import Finished
 from rayft.serving.keys import authorized
 from rayft.serving.logprobs import TokenLogprob, chat_logprobs, completion_logprobs
@@ -207,34 +208,6 @@ CLIENT_GONE = 499
 """The status a request counts under in the metrics when its client left before the end (nginx's)."""
 
 
-def _echoed(reply: ResponseBuilder, index: int, job: Job, scored: Scored) -> dict[str, Any]:
-    """A completions choice of an ``echo`` request: the prompt, then its continuation."""
-    tokens = [*scored.prompt, *scored.completion]
-    logprobs = completion_logprobs(tokens) if job.logprobs else None
-    return reply.choice(index, scored.prompt_text + scored.text, scored.finish_reason, logprobs)
-
-
-def _check_echo(job: Job) -> None:
-    """Refuse what the scoring path of ``echo`` does not do, rather than do something else."""
-    if job.max_tokens != 0 and job.temperature > 0:
-        raise RequestError(
-            400, "echo with a completion is decoded greedily; set temperature to 0, or max_tokens to 0 to only "
-            "score the prompt", "temperature",
-        )  # fmt: skip
-    if job.max_tokens != 0 and job.stop:
-        raise RequestError(400, "stop is not applied with echo; leave stop out, or set max_tokens to 0", "stop")
-    shaping = {
-        "top_k": job.top_k,
-        "min_p": job.min_p,
-        "presence_penalty": job.presence_penalty,
-        "frequency_penalty": job.frequency_penalty,
-        "repetition_penalty": job.repetition_penalty - 1.0,
-    }
-    if job.max_tokens != 0 and (named := [name for name, value in shaping.items() if value]):
-        raise RequestError(400, f"{named[0]} is not applied with echo, whose continuation is greedy; leave it out, "
-                           "or set max_tokens to 0", named[0])  # fmt: skip
-
-
 def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
     """Routing errors (unknown path, wrong method) in OpenAI's error shape instead of FastAPI's."""
     if exc.status_code == 404:
@@ -259,18 +232,6 @@ async def _ready(handle: Any) -> bool:
         return bool(await asyncio.wait_for(handle.ready.remote(), READY_TIMEOUT_S))
     except Exception:  # a timeout (no replica up yet) or a replica that failed: not ready either way
         return False
-
-
-async def _echo_events(
-    reply: ResponseBuilder, choices: list[dict[str, Any]], usage: Usage, request: ChatRequest | CompletionRequest
-) -> AsyncIterator[bytes]:
-    """A streamed ``echo`` response: each choice whole in one chunk, then its finish reason."""
-    for choice in choices:
-        yield sse(reply.chunk(choice["text"], index=choice["index"], logprobs=choice["logprobs"]))
-        yield sse(reply.chunk(None, choice["finish_reason"], index=choice["index"]))
-    if (request.stream_options or {}).get("include_usage"):
-        yield sse(reply.usage_chunk(usage))
-    yield DONE
 
 
 ROUTES = (
@@ -492,7 +453,7 @@ class Router:
             jobs = to_jobs(request)
             if any(job.echo for job in jobs):
                 for job in jobs:
-                    _check_echo(job)
+                    check_echo(job)
                 return await self._echo(request, jobs, timer)
         except RequestError as error:
             return _error(error)
@@ -509,13 +470,13 @@ class Router:
                 return JSONResponse(result.body, status_code=result.status)
         scored: list[Scored] = results  # type: ignore[assignment]
         reply = ResponseBuilder("completion", request.model)
-        choices = [_echoed(reply, i, job, s) for i, (job, s) in enumerate(zip(jobs, scored, strict=True))]
+        choices = [echoed(reply, i, job, s) for i, (job, s) in enumerate(zip(jobs, scored, strict=True))]
         usage = Usage(sum(len(s.prompt) for s in scored), sum(len(s.completion) for s in scored))
         timer.tokens(usage.prompt_tokens, usage.completion_tokens)
         if not request.stream:
             return JSONResponse(reply.response(choices, usage))
         timer.done(200)  # whole already: the stream only sends it
-        return StreamingResponse(_echo_events(reply, choices, usage, request), media_type="text/event-stream")
+        return StreamingResponse(echo_events(reply, choices, usage, request), media_type="text/event-stream")
 
     async def _generate(
         self, request: ChatRequest | CompletionRequest, jobs: list[Job], endpoint: Endpoint, timer: RequestTimer
