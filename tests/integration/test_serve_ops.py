@@ -197,8 +197,8 @@ def test_an_adapter_from_s3_loads_and_the_least_recently_used_is_evicted(
 
     base = server.model_ids[0]
     with local_s3_server() as s3:
-        uri = s3.bucket_uri("adapters", "other")
-        RemoteRun(uri).upload_tree(adapters["other"], "")
+        RemoteRun(s3.bucket_uri("adapters")).upload_tree(adapters["other"], "other")
+        uri = s3.bucket_uri("adapters", "other", create=False)
         if "same" not in [m.id for m in client.models.list().data]:  # run alone: the limit's first adapter
             assert _admin(server, "load_lora_adapter", {"lora_name": "same", "lora_path": str(adapters["same"])}
                           ).status_code == 200  # fmt: skip

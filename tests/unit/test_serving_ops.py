@@ -43,6 +43,9 @@ def test_a_request_timer_records_each_figure_once_under_its_labels() -> None:
     timer.tokens(10, 4)
     timer.done(200)
     timer.done(499, {"code": "client_closed_request"})  # after the end: ignored
+    silent = metrics.timer("base", "beta")  # its first token was the end of sequence: its end is its first token
+    silent.event(end=True)
+    silent.event(end=True)
     failed = metrics.timer("base", None)
     failed.done(400, {"type": "invalid_request_error", "code": None})
     samples = _samples(metrics)
@@ -53,6 +56,7 @@ def test_a_request_timer_records_each_figure_once_under_its_labels() -> None:
     assert samples[("rayft_serve_time_between_tokens_seconds_count", alpha)] == 3  # four pieces, three gaps
     assert samples[("rayft_serve_prompt_tokens_total", alpha)] == 10
     assert samples[("rayft_serve_generation_tokens_total", alpha)] == 4
+    assert samples[("rayft_serve_time_to_first_token_seconds_count", (("adapter", "beta"), ("model", "base")))] == 1
     base = (("adapter", ""), ("model", "base"))
     assert samples[("rayft_serve_request_errors_total", tuple(sorted((*base, ("code", "invalid_request_error")))))] == 1
 

@@ -142,6 +142,20 @@ class RequestTimer:
             self.metrics.token_gap.labels(*self.labels).observe(now - self.last)
         self.last = now
 
+    def event(self, *, end: bool) -> None:
+        """An event of the first choice: a piece of text, or its end."""
+        if end:
+            self.finished()
+        else:
+            self.piece()
+
+    def finished(self) -> None:
+        """The request's first choice ended: its end counts as its first token when no text came before it
+        (its first token was the end of sequence)."""
+        if self.last is None:
+            self.last = time.perf_counter()
+            self.metrics.first_token.labels(*self.labels).observe(self.last - self.started)
+
     def tokens(self, prompt: int, generated: int) -> None:
         """Tokens the request took and produced."""
         self.metrics.prompt_tokens.labels(*self.labels).inc(prompt)

@@ -107,6 +107,8 @@ class _Choice:
         async for event in events:
             if isinstance(event, Finished):
                 self.finished = event
+                if timer is not None:
+                    timer.finished()
                 return
             if timer is not None:
                 timer.piece()
@@ -175,14 +177,14 @@ async def _stream(
                 yield sse(reply.chunk(None, first=True, index=index))
             offset, choice = 0, ChoiceStream(reply, index, job)
             async for event in events:
+                if index == 0:
+                    timer.event(end=isinstance(event, Finished))
                 if isinstance(event, Finished):
                     finished[index] = True
                     usage += Usage(0, event.completion_tokens)
                     for chunk in choice.finish(event.finish_reason):
                         yield sse(chunk)
                     break
-                if index == 0:
-                    timer.piece()
                 text, tokens = _piece(event)
                 logprobs = _rendered(reply.endpoint, list(tokens or ()), job, offset)
                 offset += len(text)
