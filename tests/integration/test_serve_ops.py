@@ -176,16 +176,22 @@ def test_metrics_and_admin_routes_need_the_key(server: rayft.ServeHandle) -> Non
 def test_an_adapter_loaded_at_run_time_serves_as_the_same_one_given_at_start(
     server: rayft.ServeHandle, client: openai.OpenAI, adapters: dict[str, Path]
 ) -> None:
+    if "same" in [m.id for m in client.models.list().data]:  # loaded by the eviction test, run first
+        assert _admin(server, "unload_lora_adapter", {"lora_name": "same"}).status_code == 200
     loaded = _admin(server, "load_lora_adapter", {"lora_name": "same", "lora_path": str(adapters["same"])})
     assert loaded.status_code == 200, loaded.text
     assert loaded.json()["base_model"] == server.model_ids[0] and loaded.json()["evicted"] == []
     assert "same" in [m.id for m in client.models.list().data]
     base = _greedy(client, server.model_ids[0])
+    _, before = _scrape(server)
     assert _greedy(client, "same") == _greedy(client, "alpha") != base  # alpha's weights, not the base's
     again = _admin(server, "load_lora_adapter", {"lora_name": "same", "lora_path": str(adapters["other"])})
     assert again.status_code == 400 and "is loaded already; unload it first" in again.json()["error"]["message"]
-    _, samples = _scrape(server)
-    assert _value(samples, "rayft_serve_requests_total", model=server.model_ids[0], adapter="same", status="200") == 1
+    _, after = _scrape(server)
+    same = {"model": server.model_ids[0], "adapter": "same", "status": "200"}
+    assert (
+        _value(after, "rayft_serve_requests_total", **same) - _value(before, "rayft_serve_requests_total", **same) == 1
+    )
 
 
 def test_an_adapter_from_s3_loads_and_the_least_recently_used_is_evicted(
