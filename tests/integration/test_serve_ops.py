@@ -28,14 +28,15 @@ PROMTOOL = shutil.which("promtool") or "/usr/bin/promtool"
 
 @pytest.fixture(scope="module")
 def adapters(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """``alpha`` (served from the start), ``same`` (alpha's weights: seed 1 again), ``other`` (seed 2), and
+    """``alpha`` (served from the start), ``same`` (a copy of alpha's directory), ``other`` (other weights), and
     ``wide``: an adapter of a tiny model twice as wide, which does not fit this base."""
     from rayft.testing import build_tiny_model
     from tests.support.checkpoints import build_lora_checkpoint
 
     root = tmp_path_factory.mktemp("ops-adapters")
     built = {name: build_lora_checkpoint(root / name, tiny_model_dir, seed=seed, scale=0.5)
-             for name, seed in (("alpha", 1), ("same", 1), ("other", 2))}  # fmt: skip
+             for name, seed in (("alpha", 1), ("other", 2))}  # fmt: skip
+    built["same"] = Path(shutil.copytree(built["alpha"], root / "same"))
     wide_base = build_tiny_model(root / "wide-base", hidden_size=64)
     built["wide"] = build_lora_checkpoint(root / "wide", wide_base, seed=3, scale=0.5)
     return built
