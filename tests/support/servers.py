@@ -123,16 +123,19 @@ def have_prometheus() -> bool:
 
 
 @contextlib.contextmanager
-def prometheus_server(directory: Path, targets: list[str], *, scrape_interval_s: float = 1.0) -> Iterator[Server]:
-    """A Prometheus scraping ``targets`` (``host:port``) every ``scrape_interval_s``, its TSDB under
-    ``directory``."""
+def prometheus_server(
+    directory: Path, targets: list[str], *, scrape_interval_s: float = 1.0, bearer_token: str | None = None
+) -> Iterator[Server]:
+    """A Prometheus scraping ``targets`` (``host:port``) every ``scrape_interval_s`` (with ``bearer_token``
+    as its Authorization when given), its TSDB under ``directory``."""
     directory.mkdir(parents=True, exist_ok=True)
     interval = f"{int(scrape_interval_s * 1000)}ms"
     config = directory / "prometheus.yml"
     quoted = ", ".join(f"'{t}'" for t in targets)
+    auth = f"    authorization: {{credentials: '{bearer_token}'}}\n" if bearer_token else ""
     config.write_text(
         f"global: {{scrape_interval: {interval}, evaluation_interval: {interval}}}\n"
-        f"scrape_configs:\n  - job_name: rayft\n    static_configs:\n      - targets: [{quoted}]\n"
+        f"scrape_configs:\n  - job_name: rayft\n{auth}    static_configs:\n      - targets: [{quoted}]\n"
     )
     port = free_port()
     command = [

@@ -48,3 +48,21 @@ def test_dashboard_panels_cover_the_training_overview() -> None:
     own = [e for e in exprs.values() if "rayft_" in e]
     assert all('run=~"$run"' in e for e in own), "every rayft panel follows the run picker"
     assert {v["name"] for v in dashboard["templating"]["list"]} == {"datasource", "run"}
+
+
+def test_serving_dashboard_covers_every_serving_metric_and_follows_the_pickers() -> None:
+    """Every metric `rayft serve` exposes at /metrics has a panel; every panel follows the model picker, and those of
+    per-adapter series the adapter picker (its queries run against a real Prometheus scraping a server in
+    tests/integration/test_serve_ops.py)."""
+    from rayft.serving.metrics import ServeMetrics
+
+    dashboard = json.loads((MONITORING / "rayft-serving.json").read_text())
+    exprs = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
+    exposed = {m.name for m in ServeMetrics().registry.collect()}
+    for name in exposed:
+        assert any(name in e for e in exprs), f"no panel shows {name}"
+    assert all('model=~"$model"' in e for e in exprs), "every panel follows the model picker"
+    per_adapter = [e for e in exprs if "kv_cache" not in e and "adapters_loaded" not in e]
+    assert all('adapter=~"$adapter"' in e for e in per_adapter), "every per-adapter panel follows the adapter picker"
+    assert {v["name"] for v in dashboard["templating"]["list"]} == {"datasource", "model", "adapter"}
+    assert len({p["id"] for p in dashboard["panels"]}) == len(dashboard["panels"])

@@ -4,6 +4,7 @@ vLLM configs, the serve section, and the CLI's bad input."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -313,3 +314,63 @@ def test_a_pipeline_directory_serves_its_final_model_under_the_run_name(tmp_path
     write_record(untrained, StageRecord("sdg", "f0", {}, {"data": "sdg/data.jsonl"}))
     with pytest.raises(ConfigError, match="only-data is a pipeline run that has trained no model yet"):
         plan_serving([str(untrained)], ModelConfig())
+
+
+def _rank_adapter(directory: Path, rank: int) -> str:
+    directory.mkdir(parents=True)
+    (directory / "adapter_config.json").write_text(json.dumps({"peft_type": "LORA", "r": rank}))
+    return str(directory)
+
+
+def test_vllm_engine_settings_reach_the_engine_args(tmp_path: Path) -> None:
+    from rayft.serving.plan import Adapter, ServePlan
+
+    base = ModelConfig(name="HuggingFaceTB/SmolLM2-135M-Instruct", dtype="bfloat16")
+    adapter = Adapter("wide", _rank_adapter(tmp_path / "wide", 64))
+    plan = ServePlan((BaseGroup("smol", base, (adapter,)),))
+    settings = {"tensor_parallel_size": 2, "gpu_memory_utilization": 0.8, "max_model_len": 4096,
+                "enforce_eager": True, "extra": {"swap_space": 4, "enable_prefix_caching": True}}  # fmt: skip
+    serve = RayftConfig.model_validate({"serve": {"backend": "vllm", "vllm_lora_path": "s3://b/a", "vllm": settings,
+                                                  "max_batch_size": 12}}).serve  # fmt: skip
+    (config,) = llm_configs(plan, serve)
+    assert config["engine_kwargs"] == {
+        "tensor_parallel_size": 2, "gpu_memory_utilization": 0.8, "max_model_len": 4096, "enforce_eager": True,
+        "swap_space": 4, "enable_prefix_caching": True, "dtype": "bfloat16", "max_num_seqs": 12,
+        "enable_lora": True, "max_loras": 4, "max_lora_rank": 64,  # the smallest of vLLM's ranks holding r=64
+    }  # fmt: skip
+    (validated,) = validate_llm_configs([config])
+    assert validated.engine_kwargs["max_lora_rank"] == 64
+    plain = RayftConfig.model_validate({"serve": {"backend": "vllm"}}).serve
+    assert llm_configs(ServePlan((BaseGroup("smol", base),)), plain)[0]["engine_kwargs"] == {
+        "dtype": "bfloat16", "max_num_seqs": 16}  # fmt: skip
+
+
+def test_vllm_lora_rank_is_checked_against_the_adapters(tmp_path: Path) -> None:
+    from rayft.serving.plan import Adapter, ServePlan
+    from rayft.serving.vllm import lora_rank
+
+    base = ModelConfig(name="HuggingFaceTB/SmolLM2-135M-Instruct")
+    group = BaseGroup("smol", base, (Adapter("a", _rank_adapter(tmp_path / "a", 4)),
+                                     Adapter("b", _rank_adapter(tmp_path / "b", 40))))  # fmt: skip
+    serve = RayftConfig.model_validate({"serve": {"backend": "vllm", "vllm_lora_path": "s3://b/a"}}).serve
+    assert lora_rank(group, serve) == 64  # r=40 needs vLLM's next allowed rank
+    assert lora_rank(BaseGroup("smol", base, (group.adapters[0],)), serve) == 16  # vLLM's default, at least
+    fixed = serve.model_copy(update={"vllm": serve.vllm.model_copy(update={"max_lora_rank": 32})})
+    with pytest.raises(ConfigError, match=r"adapter 'b' has LoRA rank 40, above serve.vllm.max_lora_rank \(32\)"):
+        llm_configs(ServePlan((group,)), fixed)
+
+
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        ({"tensor_paralel_size": 2}, "serve.vllm.tensor_paralel_size"),
+        ({"gpu_memory_utilization": 1.5}, "serve.vllm.gpu_memory_utilization"),
+        ({"extra": {"max_lora_rank": 64}}, "set it as serve.vllm.max_lora_rank, not in extra"),
+        ({"extra": {"dtype": "half"}}, "rayft sets this vLLM argument itself"),
+    ],
+)
+def test_vllm_engine_settings_refuse_typos_and_conflicts_by_name(settings: dict[str, Any], message: str) -> None:
+    from rayft.config.loader import validate_config
+
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        validate_config({"serve": {"vllm": settings}}, source="test")

@@ -2,11 +2,67 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from rayft.config.base import Section
+
+VLLM_SET_BY_RAYFT = frozenset({"model", "dtype", "max_num_seqs", "chat_template", "enable_lora", "max_loras"})
+"""vLLM engine arguments rayft sets itself (from model:, serve.max_batch_size, the adapters), never from ``extra``."""
+
+
+class VllmEngineConfig(Section):
+    """vLLM engine arguments of the vllm backend (Ray Serve LLM's ``engine_kwargs``); unset: vLLM's default."""
+
+    max_lora_rank: int | None = Field(
+        None,
+        gt=0,
+        description=(
+            "Largest LoRA rank the engine accepts (vLLM's default is 16; an adapter of a higher rank does not load). "
+            "Unset: the smallest of vLLM's ranks (1, 8, 16, 32, 64, 128, 256, 320, 512) that holds every served "
+            "adapter's rank."
+        ),
+    )
+    tensor_parallel_size: int | None = Field(
+        None, gt=0, description="GPUs each replica shards the model over (vLLM's tensor_parallel_size)."
+    )
+    gpu_memory_utilization: float | None = Field(
+        None, gt=0, le=1, description="Share of each GPU's memory vLLM takes for weights and KV cache (0-1]."
+    )
+    max_model_len: int | None = Field(
+        None, gt=0, description="Context length the engine serves (prompt plus completion); below the model's own."
+    )
+    enforce_eager: bool | None = Field(
+        None, description="Run eagerly, without CUDA graphs (starts faster, decodes slower)."
+    )
+    extra: dict[str, Any] = Field(
+        default_factory=dict,
+        description=(
+            "Further vLLM engine arguments passed as they are (e.g. {swap_space: 4, enable_prefix_caching: true}); "
+            "not the ones above, nor those rayft sets (model, dtype, max_num_seqs, chat_template, enable_lora, "
+            "max_loras)."
+        ),
+    )
+
+    @field_validator("extra")
+    @classmethod
+    def _check_extra(cls, value: dict[str, Any]) -> dict[str, Any]:
+        named = set(cls.model_fields) - {"extra"}
+        for key in value:
+            if key in named:
+                raise ValueError(f"serve.vllm.extra.{key}: set it as serve.vllm.{key}, not in extra")
+            if key in VLLM_SET_BY_RAYFT:
+                raise ValueError(
+                    f"serve.vllm.extra.{key}: rayft sets this vLLM argument itself (from model: and serve:); "
+                    "remove it from extra"
+                )
+        return value
+
+    def engine_kwargs(self) -> dict[str, Any]:
+        """The arguments that are set, ``extra`` included, as vLLM's engine takes them."""
+        named = self.model_dump(exclude={"extra"}, exclude_none=True)
+        return {**named, **self.extra}
 
 
 class ServeConfig(Section):
@@ -109,6 +165,14 @@ class ServeConfig(Section):
     max_adapters_per_replica: int = Field(
         4, gt=0, description="LoRA adapters a replica keeps loaded; the least recently used is unloaded first."
     )
+    max_runtime_adapters: int = Field(
+        8,
+        ge=0,
+        description=(
+            "hf: LoRA adapters loaded at run time (POST /v1/load_lora_adapter) the server keeps; loading one more "
+            "unloads the least recently used of them (those given at start stay). 0: loading at run time is off."
+        ),
+    )
     max_tokens: int = Field(
         256, gt=0, description="Completion tokens when a request gives no max_tokens (capped by the context)."
     )
@@ -118,6 +182,10 @@ class ServeConfig(Section):
             "vllm backend: the s3://, gs:// or azure:// prefix holding each adapter as <prefix>/<adapter id> "
             "(Ray Serve LLM loads adapters from remote storage); requested as model '<base id>:<adapter id>'."
         ),
+    )
+    vllm: VllmEngineConfig = Field(
+        default_factory=VllmEngineConfig,
+        description="vllm backend: the engine's settings (max_lora_rank, tensor_parallel_size, ...), checked by name.",
     )
     api_keys_env: str | None = Field(
         "RAYFT_API_KEYS",

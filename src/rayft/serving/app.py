@@ -100,7 +100,7 @@ def build_application(plan: ServePlan, cfg: ServeConfig, key_digests: tuple[byte
         # while the router has room. Bounded by the router's capacity, it refuses only beyond that.
         **queue_options(cfg, bound=capacity),
     )(Router)
-    return router.bind(models, plan.routes, key_digests, cfg.access_log_console)
+    return router.bind(models, plan.routes, key_digests, cfg.access_log_console, cfg.max_runtime_adapters)
 
 
 def free_port(host: str) -> int:

@@ -36,7 +36,7 @@ from rayft.config.serve import ServeConfig
 from rayft.generation.backend import StopFilter
 from rayft.generation.hf import HFBackend
 from rayft.serving.logprobs import TokenLogprob
-from rayft.serving.plan import BaseGroup
+from rayft.serving.plan import Adapter, BaseGroup
 from rayft.serving.protocol import Job, RequestError
 from rayft.serving.scheduler import Limits, Need, plan_admission, prefill_turn, queue_full, retry_after_s
 from rayft.serving.scoring import Scored, score_tokens
@@ -209,28 +209,63 @@ class Engine:
     def unload_adapter(self, model_id: str) -> None:
         """Free the adapter's weights (the least recently used one, when Serve's cache is full)."""
         with self._lock:
-            if model_id in self._loaded:
-                with warnings.catch_warnings():
-                    # PEFT warns that another adapter becomes the active one: every batch names its
-                    # rows' adapters itself, so which one is active does not matter here.
-                    warnings.filterwarnings("ignore", message="Adapter .* was active which is now deleted")
-                    self.backend.model.delete_adapter(self._names[model_id])
-                self._loaded.discard(model_id)
-                self.stats.adapter_unloads += 1
+            self._unload(model_id)
+
+    def _unload(self, model_id: str) -> None:
+        if model_id in self._loaded:
+            self._drop_partial(self._names[model_id])
+            self._loaded.discard(model_id)
+            self.stats.adapter_unloads += 1
+
+    def _drop_partial(self, name: str) -> None:
+        """Delete PEFT adapter ``name`` from the model, if it is there (a load that failed half-way too)."""
+        if name not in getattr(self.backend.model, "peft_config", {}):
+            return
+        with warnings.catch_warnings():
+            # PEFT warns that another adapter becomes the active one: every batch names its
+            # rows' adapters itself, so which one is active does not matter here.
+            warnings.filterwarnings("ignore", message="Adapter .* was active which is now deleted")
+            self.backend.model.delete_adapter(name)
+
+    def register(self, model_id: str, source: str) -> None:
+        """Serve the adapter at ``source`` (a directory or URI) as ``model_id`` from now on (loaded at run time);
+        one registered before under that id from elsewhere is unloaded first."""
+        with self._lock:
+            known = self.adapters.get(model_id)
+            if known is not None and known.path == source:
+                return
+            self._unload(model_id)
+            self.adapters[model_id] = Adapter(model_id, source)
+            self._names.setdefault(model_id, f"adapter{len(self._names)}")
+
+    def forget(self, model_id: str) -> None:
+        """Unload an adapter loaded at run time and stop serving it."""
+        with self._lock:
+            self._unload(model_id)
+            self.adapters.pop(model_id, None)
 
     def _load(self, model_id: str) -> None:
         if model_id in self._loaded:
             return
         from peft import PeftModel
 
-        path, name = self.adapters[model_id].path, self._names[model_id]
-        if isinstance(self.backend.model, PeftModel):
-            self.backend.model.load_adapter(path, adapter_name=name)
-        else:
-            self.backend.model = PeftModel.from_pretrained(self.backend.model, path, adapter_name=name).eval()
+        from rayft.security import mask_uri
+        from rayft.serving.adapters import adapter_files, check_fits, load_failure
+
+        source, name = self.adapters[model_id].path, self._names[model_id]
+        path = adapter_files(source)
+        check_fits(self.backend.model, path, model_id, mask_uri(source))
+        try:
+            if isinstance(self.backend.model, PeftModel):
+                self.backend.model.load_adapter(str(path), adapter_name=name)
+            else:
+                self.backend.model = PeftModel.from_pretrained(self.backend.model, path, adapter_name=name).eval()
+        except (RuntimeError, ValueError, KeyError, OSError) as exc:  # shapes or modules that do not match
+            self._drop_partial(name)
+            raise load_failure(model_id, mask_uri(source), self.backend.name, exc) from None
         self._loaded.add(model_id)
         self.stats.adapter_loads[model_id] = self.stats.adapter_loads.get(model_id, 0) + 1
-        log.info("loaded adapter %s from %s", model_id, path)
+        log.info("loaded adapter %s from %s", model_id, mask_uri(source))
 
     def prepare(self, job: Job, adapter: str | None) -> Prepared:
         """Render and tokenize a request; a :class:`RequestError` (400) when it cannot fit the context."""
@@ -318,6 +353,19 @@ class Engine:
             return self.backend.render(messages)
         return str(self.backend.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True,
                                                               chat_template=template, **extra))  # fmt: skip
+
+    def load(self) -> dict[str, Any]:
+        """What the replica holds now, for the metrics: requests waiting and running per adapter (``""``: the
+        base), the KV cache tokens the running requests reserve and the budget, the adapters loaded."""
+        waiting, running = collections.Counter[str](), collections.Counter[str]()
+        for request in list(self._waiting):
+            waiting[request.prepared.adapter or ""] += 1
+        running_now = list(self._running.values())
+        for request in running_now:
+            running[request.prepared.adapter or ""] += 1
+        reserved = sum(r.prepared.need().kv_tokens for r in running_now)
+        return {"waiting": dict(waiting), "running": dict(running), "kv_reserved": reserved,
+                "kv_capacity": self.limits.kv_tokens, "adapters_loaded": len(self._loaded)}  # fmt: skip
 
     def admit(self) -> None:
         """Refuse a new request now (:class:`QueueFullError`) when the waiting queue is full."""

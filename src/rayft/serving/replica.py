@@ -73,13 +73,40 @@ def replica_class(max_adapters: int) -> type:
             await asyncio.to_thread(self.engine.load_adapter, model_id)
             return _AdapterSlot(self.engine, model_id)
 
-        async def generate(self, job: Job) -> AsyncIterator[Started | Refused | Event]:
-            """Stream one request: :class:`Started` (or :class:`Refused`), its text, then its end."""
+        async def _use(self, adapter: str | None, source: str | None) -> None:
+            """Have the request's adapter loaded: registered first when it was loaded at run time (``source``)."""
+            if adapter is None:
+                return
+            known = self.engine.adapters.get(adapter)
+            if source is not None and (known is None or known.path != source):
+                await asyncio.to_thread(self.engine.register, adapter, source)
+            await self.adapter(adapter)
+
+        async def add_adapter(self, source: str) -> Refused | None:
+            """Load the adapter at ``source`` as the request's multiplexed model id (``POST /v1/load_lora_adapter``):
+            None once loaded, or the 400 saying why it cannot be."""
+            model_id = serve.get_multiplexed_model_id()
+            try:
+                await asyncio.to_thread(self.engine.register, model_id, source)
+                # Loaded here, not only through Serve's cache, which may still hold this id from before an unload.
+                await asyncio.to_thread(self.engine.load_adapter, model_id)
+                await self.adapter(model_id)
+            except RequestError as error:
+                await asyncio.to_thread(self.engine.forget, model_id)
+                return Refused(error.status, error.body())
+            return None
+
+        def remove_adapter(self, model_id: str) -> None:
+            """Unload an adapter loaded at run time (``POST /v1/unload_lora_adapter``, or evicted past the limit)."""
+            self.engine.forget(model_id)
+
+        async def generate(self, job: Job, source: str | None = None) -> AsyncIterator[Started | Refused | Event]:
+            """Stream one request: :class:`Started` (or :class:`Refused`), its text, then its end (``source``: where
+            an adapter loaded at run time comes from, for a replica that has not loaded it yet)."""
             adapter = serve.get_multiplexed_model_id() or None
             try:
                 self.engine.admit()
-                if adapter is not None:
-                    await self.adapter(adapter)
+                await self._use(adapter, source)
                 if job.tools.guide is None:
                     prepared = self.engine.prepare(job, adapter)
                 else:  # compiling the grammar (and, once, reading the vocabulary) keeps the loop free
@@ -100,12 +127,11 @@ def replica_class(max_adapters: int) -> type:
                 async for event in events:
                     yield event
 
-        async def score(self, job: Job) -> Scored | Refused:
+        async def score(self, job: Job, source: str | None = None) -> Scored | Refused:
             """An ``echo`` request: the prompt's token log-probabilities and a greedy continuation."""
             adapter = serve.get_multiplexed_model_id() or None
             try:
-                if adapter is not None:
-                    await self.adapter(adapter)
+                await self._use(adapter, source)
                 return await asyncio.to_thread(self.engine.score, job, adapter)
             except RequestError as error:
                 return Refused(error.status, error.body())
@@ -113,6 +139,10 @@ def replica_class(max_adapters: int) -> type:
         def ready(self) -> bool:
             """True: a replica answers only once its model is loaded (the router's health check)."""
             return True
+
+        def load(self) -> dict[str, Any]:
+            """Requests waiting and running per adapter, KV cache reserved, adapters loaded (the metrics' gauges)."""
+            return self.engine.load()
 
         def stats(self) -> dict[str, Any]:
             """The engine's counters (loads, unloads, steps, rows in flight, refusals)."""

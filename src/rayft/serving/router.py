@@ -10,6 +10,7 @@ A client that goes away mid-stream cancels its request down to the replica, whos
 # objects (`request: Request`), and Serve's ingress copies the methods out of this module's namespace.
 import asyncio
 import contextlib
+import json
 import logging
 import math
 import time
@@ -24,11 +25,14 @@ from ray.serve.handle import DeploymentHandle
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from rayft.serving.access_log import quiet_serve_console
+from rayft.serving.adapters import RuntimeAdapters, parse_load, parse_unload
 from rayft.serving.choices import ChoiceStream, whole_choice
 from rayft.serving.drain import Drain, ShuttingDownError, StreamCutError
+from rayft.serving.echo import check_echo, echo_events, echoed
 from rayft.serving.engine import Finished
 from rayft.serving.keys import authorized
 from rayft.serving.logprobs import TokenLogprob, chat_logprobs, completion_logprobs
+from rayft.serving.metrics import RequestTimer, ServeMetrics
 from rayft.serving.protocol import (
     DONE,
     ChatRequest,
@@ -99,11 +103,15 @@ class _Choice:
         self.tokens: list[TokenLogprob] = []
         self.finished: Finished | None = None
 
-    async def collect(self, events: Any) -> None:
+    async def collect(self, events: Any, timer: RequestTimer | None) -> None:
         async for event in events:
             if isinstance(event, Finished):
                 self.finished = event
+                if timer is not None:
+                    timer.finished()
                 return
+            if timer is not None:
+                timer.piece()
             text, tokens = _piece(event)
             self.pieces.append(text)
             self.tokens.extend(tokens or ())
@@ -116,11 +124,13 @@ def _rendered(endpoint: Endpoint, tokens: list[TokenLogprob], job: Job, offset: 
     return chat_logprobs(tokens) if endpoint == "chat" else completion_logprobs(tokens, offset)
 
 
-async def _whole(streams: list[Any], jobs: list[Job], reply: ResponseBuilder, prompt_tokens: list[int]) -> Response:
-    """The non-streamed response: every choice's pieces joined."""
+async def _whole(streams: list[Any], jobs: list[Job], reply: ResponseBuilder, prompt_tokens: list[int],
+                 timer: RequestTimer) -> Response:  # fmt: skip
+    """The non-streamed response: every choice's pieces joined (the first choice's timed)."""
     choices = [_Choice() for _ in streams]
     try:
-        await asyncio.gather(*(c.collect(s) for c, s in zip(choices, streams, strict=True)))
+        timers = [timer, *([None] * (len(streams) - 1))]
+        await asyncio.gather(*(c.collect(s, t) for c, s, t in zip(choices, streams, timers, strict=True)))
     except Exception as exc:
         return _error(_failure(exc))
     if any(c.finished is None for c in choices):
@@ -138,6 +148,7 @@ async def _whole(streams: list[Any], jobs: list[Job], reply: ResponseBuilder, pr
         if c.finished is not None
     ]
     completion = sum(c.finished.completion_tokens for c in choices if c.finished is not None)
+    timer.tokens(_prompt_tokens(jobs, prompt_tokens), completion)
     return JSONResponse(reply.response(body, Usage(_prompt_tokens(jobs, prompt_tokens), completion)))
 
 
@@ -147,10 +158,17 @@ def _prompt_tokens(jobs: list[Job], counts: list[int]) -> int:
 
 
 async def _stream(
-    streams: list[Any], jobs: list[Job], reply: ResponseBuilder, prompt_tokens: list[int], include_usage: bool
+    streams: list[Any],
+    jobs: list[Job],
+    reply: ResponseBuilder,
+    prompt_tokens: list[int],
+    *,
+    include_usage: bool,
+    timer: RequestTimer,
 ) -> AsyncIterator[bytes]:
     """Server-sent events: per choice the role, each piece, the finish reason; then the usage if asked,
-    and ``[DONE]``. The choices of a batched prompt run together on the replicas and are sent in turn."""
+    and ``[DONE]``. The choices of a batched prompt run together on the replicas and are sent in turn (the
+    first one's pieces timed: the others' wait for it)."""
     finished = [False] * len(streams)
     usage = Usage(_prompt_tokens(jobs, prompt_tokens), 0)
     try:
@@ -159,6 +177,8 @@ async def _stream(
                 yield sse(reply.chunk(None, first=True, index=index))
             offset, choice = 0, ChoiceStream(reply, index, job)
             async for event in events:
+                if index == 0:
+                    timer.event(end=isinstance(event, Finished))
                 if isinstance(event, Finished):
                     finished[index] = True
                     usage += Usage(0, event.completion_tokens)
@@ -170,43 +190,24 @@ async def _stream(
                 offset += len(text)
                 for chunk in choice.piece(text, logprobs):
                     yield sse(chunk)
+        timer.tokens(usage.prompt_tokens, usage.completion_tokens)
         if include_usage:
             yield sse(reply.usage_chunk(usage))
+        timer.done(200)
         yield DONE
     except Exception as exc:  # the status line has gone out already: the error is the stream's last event
-        yield sse(_failure(exc).body())
+        failure = _failure(exc)
+        timer.done(failure.status, failure.body()["error"])
+        yield sse(failure.body())
     finally:
+        timer.done(CLIENT_GONE, {"code": "client_closed_request"})  # unless it ended above: the client left
         for events, done in zip(streams, finished, strict=True):
             if not done:
                 events.cancel()  # the client left (or the stream failed): free the replica's batch row
 
 
-def _echoed(reply: ResponseBuilder, index: int, job: Job, scored: Scored) -> dict[str, Any]:
-    """A completions choice of an ``echo`` request: the prompt, then its continuation."""
-    tokens = [*scored.prompt, *scored.completion]
-    logprobs = completion_logprobs(tokens) if job.logprobs else None
-    return reply.choice(index, scored.prompt_text + scored.text, scored.finish_reason, logprobs)
-
-
-def _check_echo(job: Job) -> None:
-    """Refuse what the scoring path of ``echo`` does not do, rather than do something else."""
-    if job.max_tokens != 0 and job.temperature > 0:
-        raise RequestError(
-            400, "echo with a completion is decoded greedily; set temperature to 0, or max_tokens to 0 to only "
-            "score the prompt", "temperature",
-        )  # fmt: skip
-    if job.max_tokens != 0 and job.stop:
-        raise RequestError(400, "stop is not applied with echo; leave stop out, or set max_tokens to 0", "stop")
-    shaping = {
-        "top_k": job.top_k,
-        "min_p": job.min_p,
-        "presence_penalty": job.presence_penalty,
-        "frequency_penalty": job.frequency_penalty,
-        "repetition_penalty": job.repetition_penalty - 1.0,
-    }
-    if job.max_tokens != 0 and (named := [name for name, value in shaping.items() if value]):
-        raise RequestError(400, f"{named[0]} is not applied with echo, whose continuation is greedy; leave it out, "
-                           "or set max_tokens to 0", named[0])  # fmt: skip
+CLIENT_GONE = 499
+"""The status a request counts under in the metrics when its client left before the end (nginx's)."""
 
 
 def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
@@ -235,19 +236,16 @@ async def _ready(handle: Any) -> bool:
         return False
 
 
-async def _echo_events(
-    reply: ResponseBuilder, choices: list[dict[str, Any]], usage: Usage, request: ChatRequest | CompletionRequest
-) -> AsyncIterator[bytes]:
-    """A streamed ``echo`` response: each choice whole in one chunk, then its finish reason."""
-    for choice in choices:
-        yield sse(reply.chunk(choice["text"], index=choice["index"], logprobs=choice["logprobs"]))
-        yield sse(reply.chunk(None, choice["finish_reason"], index=choice["index"]))
-    if (request.stream_options or {}).get("include_usage"):
-        yield sse(reply.usage_chunk(usage))
-    yield DONE
-
-
-ROUTES = ("/v1/models", "/v1/models/{model}", "/v1/chat/completions", "/v1/completions", "/health")
+ROUTES = (
+    "/v1/models",
+    "/v1/models/{model}",
+    "/v1/chat/completions",
+    "/v1/completions",
+    "/health",
+    "/metrics",
+    "/v1/load_lora_adapter",
+    "/v1/unload_lora_adapter",
+)
 """The routes of the OpenAI surface, as a routing error names them."""
 
 app = FastAPI(title="rayft serve", docs_url=None, redoc_url=None, openapi_url=None)
@@ -265,6 +263,7 @@ class Router:
         routes: dict[str, tuple[int, str | None]],
         key_digests: tuple[bytes, ...] = (),
         access_log_console: bool = False,
+        max_runtime_adapters: int = 8,
     ) -> None:
         from rayft.security import install_redaction
 
@@ -273,6 +272,9 @@ class Router:
         self.handles, self.routes, self.key_digests = handles, routes, key_digests
         self.created = int(time.time())
         self.closing = Drain()
+        self.metrics = ServeMetrics()
+        self.base_ids = self._bases()
+        self.runtime = RuntimeAdapters(max_runtime_adapters)
 
     def _model(self, model_id: str) -> dict[str, Any]:
         return {"id": model_id, "object": "model", "created": self.created, "owned_by": "rayft"}
@@ -329,12 +331,26 @@ class Router:
     @app.post("/v1/chat/completions")
     async def chat(self, request: Request) -> Response:
         """OpenAI chat completions: the messages through the model's chat template."""
-        return self._refused(request) or await self._complete(await request.body(), "chat")
+        return await self._counted(request, "chat")
 
     @app.post("/v1/completions")
     async def completions(self, request: Request) -> Response:
         """OpenAI text completions: the prompt (text or token ids, one or a batch) as it is."""
-        return self._refused(request) or await self._complete(await request.body(), "completion")
+        return await self._counted(request, "completion")
+
+    @app.get("/metrics")
+    async def prometheus(self, request: Request) -> Response:
+        """Prometheus' text exposition of the serving metrics (:mod:`rayft.serving.metrics`); the deployments'
+        load is asked of one replica each (a deployment that does not answer in time keeps its last values)."""
+        if refused := self._refused(request):
+            return refused
+        loads = await asyncio.gather(*(asyncio.wait_for(h.load.remote(), READY_TIMEOUT_S) for h in self.handles),
+                                     return_exceptions=True)  # fmt: skip
+        for model, load in zip(self.base_ids, loads, strict=True):
+            if isinstance(load, dict):
+                self.metrics.set_load(model, load)
+        body, content_type = self.metrics.exposition()
+        return Response(body, media_type=content_type)
 
     @app.get("/rayft/stats")
     async def stats(self, request: Request) -> Response:
@@ -343,27 +359,112 @@ class Router:
             return refused
         return JSONResponse({"deployments": [await handle.stats.remote() for handle in self.handles]})
 
+    @app.post("/v1/load_lora_adapter")
+    async def load_lora_adapter(self, request: Request) -> Response:
+        """Load a LoRA adapter at run time, as vLLM's route does: ``{"lora_name", "lora_path"}`` (a directory or
+        URI; ``base_model_name`` where several bases are served); past serve.max_runtime_adapters the least
+        recently used adapter loaded at run time is unloaded (see :mod:`rayft.serving.adapters`)."""
+        if refused := self._refused(request):
+            return refused
+        try:
+            load = parse_load(await request.body())
+            index = self._base_for(load.lora_name, load.base_model_name)
+        except RequestError as error:
+            return _error(error)
+        handle = self.handles[index].options(multiplexed_model_id=load.lora_name)
+        answer = await handle.add_adapter.remote(load.lora_path)
+        if isinstance(answer, Refused):
+            return JSONResponse(answer.body, status_code=answer.status)
+        self.routes[load.lora_name] = (index, load.lora_name)
+        evicted = self.runtime.add(load.lora_name, load.lora_path)
+        for name in evicted:
+            await self._unload(name)
+        body = {"object": "lora_adapter", "id": load.lora_name, "base_model": self.base_ids[index], "evicted": evicted}
+        return JSONResponse(body)
+
+    @app.post("/v1/unload_lora_adapter")
+    async def unload_lora_adapter(self, request: Request) -> Response:
+        """Unload an adapter loaded at run time (``{"lora_name"}``); those given at start stay."""
+        if refused := self._refused(request):
+            return refused
+        try:
+            name = parse_unload(await request.body())
+            if name not in self.runtime:
+                if name in self.routes:
+                    raise RequestError(400, f"{name!r} was given at start; only adapters loaded at run time "
+                                       "(/v1/load_lora_adapter) can be unloaded", "lora_name")  # fmt: skip
+                raise unknown_model(
+                    name, [n for n in self.routes if n in self.runtime] or ["(none loaded at run time)"]
+                )
+        except RequestError as error:
+            return _error(error)
+        await self._unload(name)
+        return JSONResponse({"object": "lora_adapter", "id": name, "unloaded": True})
+
+    def _base_for(self, name: str, base: str | None) -> int:
+        """The deployment a runtime adapter goes on: the named base, or the only one."""
+        if self.runtime.limit == 0:
+            raise RequestError(400, "loading adapters at run time is off on this server (serve.max_runtime_adapters: "
+                               "0); set it above 0, or give the adapter at start")  # fmt: skip
+        if name in self.routes:
+            given = "was given at start" if name not in self.runtime else "is loaded already; unload it first"
+            raise RequestError(400, f"lora_name {name!r} {given}; choose another name", "lora_name")
+        if base is not None:
+            if base not in self.base_ids:
+                raise RequestError(400, f"base_model_name {base!r} is not a served base model; served bases: "
+                                   f"{', '.join(self.base_ids)}", "base_model_name")  # fmt: skip
+            return self.base_ids.index(base)
+        if len(self.base_ids) > 1:
+            raise RequestError(400, f"this server serves several base models ({', '.join(self.base_ids)}); say which "
+                               "the adapter goes on with base_model_name", "base_model_name")  # fmt: skip
+        return 0
+
+    async def _unload(self, name: str) -> None:
+        index, _ = self.routes.pop(name)
+        self.runtime.remove(name)
+        try:
+            await self.handles[index].options(multiplexed_model_id=name).remove_adapter.remote(name)
+        except Exception as exc:  # the route is gone already; a replica's cache unloads the weights in time
+            log.warning("unloading adapter %s failed in its replica: %s: %s", name, type(exc).__name__, exc)
+
+    def _labels(self, model: str) -> tuple[str, str | None]:
+        """A served model id's metric labels: its base model's id and its adapter (None: the base itself)."""
+        index, adapter = self.routes[model]
+        return self.base_ids[index], adapter
+
+    async def _counted(self, request: Request, endpoint: Endpoint) -> Response:
+        """A completion request, answered and counted in the metrics (a stream: once it ends)."""
+        timer = self.metrics.timer("", None)
+        response = self._refused(request) or await self._complete(await request.body(), endpoint, timer)
+        if not isinstance(response, StreamingResponse):
+            error = json.loads(bytes(response.body)).get("error") if response.status_code >= 400 else None
+            timer.done(response.status_code, error)
+        return response
+
     def _handle(self, model: str) -> Any:
         index, adapter = self.routes[model]
         return self.handles[index].options(multiplexed_model_id=adapter) if adapter else self.handles[index]
 
-    async def _complete(self, raw: bytes, endpoint: Endpoint) -> Response:
+    async def _complete(self, raw: bytes, endpoint: Endpoint, timer: RequestTimer) -> Response:
         try:
             request = parse_request(raw, endpoint)
             if request.model not in self.routes:
                 raise unknown_model(request.model, list(self.routes))
+            timer.relabel(*self._labels(request.model))
+            self.runtime.touch(request.model)
             jobs = to_jobs(request)
             if any(job.echo for job in jobs):
                 for job in jobs:
-                    _check_echo(job)
-                return await self._echo(request, jobs)
+                    check_echo(job)
+                return await self._echo(request, jobs, timer)
         except RequestError as error:
             return _error(error)
-        return await self._generate(request, jobs, endpoint)
+        return await self._generate(request, jobs, endpoint, timer)
 
-    async def _echo(self, request: ChatRequest | CompletionRequest, jobs: list[Job]) -> Response:
+    async def _echo(self, request: ChatRequest | CompletionRequest, jobs: list[Job], timer: RequestTimer) -> Response:
         handle = self._handle(request.model)
-        results = await asyncio.gather(*(handle.score.remote(job) for job in jobs), return_exceptions=True)
+        source = self.runtime.source(request.model)
+        results = await asyncio.gather(*(handle.score.remote(job, source) for job in jobs), return_exceptions=True)
         for result in results:
             if isinstance(result, BaseException):
                 return _error(_failure(result))
@@ -371,17 +472,20 @@ class Router:
                 return JSONResponse(result.body, status_code=result.status)
         scored: list[Scored] = results  # type: ignore[assignment]
         reply = ResponseBuilder("completion", request.model)
-        choices = [_echoed(reply, i, job, s) for i, (job, s) in enumerate(zip(jobs, scored, strict=True))]
+        choices = [echoed(reply, i, job, s) for i, (job, s) in enumerate(zip(jobs, scored, strict=True))]
         usage = Usage(sum(len(s.prompt) for s in scored), sum(len(s.completion) for s in scored))
+        timer.tokens(usage.prompt_tokens, usage.completion_tokens)
         if not request.stream:
             return JSONResponse(reply.response(choices, usage))
-        return StreamingResponse(_echo_events(reply, choices, usage, request), media_type="text/event-stream")
+        timer.done(200)  # whole already: the stream only sends it
+        return StreamingResponse(echo_events(reply, choices, usage, request), media_type="text/event-stream")
 
     async def _generate(
-        self, request: ChatRequest | CompletionRequest, jobs: list[Job], endpoint: Endpoint
+        self, request: ChatRequest | CompletionRequest, jobs: list[Job], endpoint: Endpoint, timer: RequestTimer
     ) -> Response:
         handle = self._handle(request.model).options(stream=True)
-        streams: list[Any] = [self.closing.watch(handle.generate.remote(job)) for job in jobs]
+        source = self.runtime.source(request.model)
+        streams: list[Any] = [self.closing.watch(handle.generate.remote(job, source)) for job in jobs]
         prompt_tokens: list[int] = []
         for events in streams:
             try:
@@ -401,7 +505,7 @@ class Router:
             prompt_tokens.append(first.prompt_tokens)
         reply = ResponseBuilder(endpoint, request.model)
         if not request.stream:
-            return await _whole(streams, jobs, reply, prompt_tokens)
+            return await _whole(streams, jobs, reply, prompt_tokens, timer)
         include_usage = bool((request.stream_options or {}).get("include_usage"))
-        chunks = _stream(streams, jobs, reply, prompt_tokens, include_usage)
+        chunks = _stream(streams, jobs, reply, prompt_tokens, include_usage=include_usage, timer=timer)
         return StreamingResponse(chunks, media_type="text/event-stream")

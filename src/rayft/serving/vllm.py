@@ -3,11 +3,14 @@
 :func:`llm_configs` builds them from a :class:`~rayft.serving.plan.ServePlan` and ``serve:`` as
 plain dicts, and :func:`validate_llm_configs` checks them with Ray Serve LLM's own ``LLMConfig``
 model, which needs no GPU and no vLLM; :func:`start_vllm` deploys them (a GPU machine with vLLM).
-Ray Serve LLM serves adapters from remote storage, by the id ``<base id>:<adapter id>``.
+Ray Serve LLM serves adapters from remote storage, by the id ``<base id>:<adapter id>``. The engine's
+settings of ``serve.vllm`` go into each config's ``engine_kwargs`` as vLLM names them.
 """
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 from rayft.config.serve import ServeConfig
@@ -31,7 +34,7 @@ def _llm_config(group: BaseGroup, cfg: ServeConfig) -> dict[str, Any]:
     config: dict[str, Any] = {
         "model_loading_config": {"model_id": group.model_id, "model_source": group.model.name},
         "deployment_config": deployment,
-        "engine_kwargs": {"dtype": group.model.dtype, "max_num_seqs": cfg.max_batch_size},
+        "engine_kwargs": {**cfg.vllm.engine_kwargs(), "dtype": group.model.dtype, "max_num_seqs": cfg.max_batch_size},
     }
     if group.model.chat_template:
         config["engine_kwargs"]["chat_template"] = group.model.chat_template
@@ -47,8 +50,46 @@ def _llm_config(group: BaseGroup, cfg: ServeConfig) -> dict[str, Any]:
             "dynamic_lora_loading_path": cfg.vllm_lora_path,
             "max_num_adapters_per_replica": cfg.max_adapters_per_replica,
         }
-        config["engine_kwargs"].update(enable_lora=True, max_loras=cfg.max_adapters_per_replica)
+        config["engine_kwargs"].update(enable_lora=True, max_loras=cfg.max_adapters_per_replica,
+                                       max_lora_rank=lora_rank(group, cfg))  # fmt: skip
     return config
+
+
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+"""The values vLLM's ``max_lora_rank`` takes (its LoRAConfig refuses others)."""
+
+
+def adapter_rank(path: str) -> int | None:
+    """The rank ``r`` of the adapter in directory ``path`` (None: not a local directory with a readable config)."""
+    config = Path(path) / "adapter_config.json"
+    try:
+        rank = json.loads(config.read_text(encoding="utf-8")).get("r")
+    except (OSError, ValueError):
+        return None
+    return int(rank) if isinstance(rank, int) else None
+
+
+def lora_rank(group: BaseGroup, cfg: ServeConfig) -> int:
+    """``max_lora_rank`` of a base's engine: serve.vllm.max_lora_rank, checked against each adapter's rank;
+    unset, the smallest of vLLM's ranks that holds them all (16, vLLM's default, at least)."""
+    ranks = {a.model_id: r for a in group.adapters if (r := adapter_rank(a.path)) is not None}
+    largest = max(ranks.values(), default=0)
+    if cfg.vllm.max_lora_rank is not None:
+        if largest > cfg.vllm.max_lora_rank:
+            name = max(ranks, key=ranks.__getitem__)
+            raise ConfigError(
+                f"adapter {name!r} has LoRA rank {largest}, above serve.vllm.max_lora_rank "
+                f"({cfg.vllm.max_lora_rank}); vLLM would refuse to load it: raise serve.vllm.max_lora_rank to at "
+                f"least {largest}"
+            )
+        return cfg.vllm.max_lora_rank
+    fitting = [r for r in VLLM_LORA_RANKS if r >= max(largest, 16)]
+    if not fitting:
+        raise ConfigError(
+            f"an adapter has LoRA rank {largest}, above vLLM's largest max_lora_rank ({VLLM_LORA_RANKS[-1]}); serve "
+            "it with serve.backend: hf, or merge it (rayft export)"
+        )
+    return fitting[0]
 
 
 def validate_llm_configs(configs: list[dict[str, Any]]) -> list[Any]:
