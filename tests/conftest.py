@@ -21,6 +21,10 @@ if str(REPO) not in os.environ.get("PYTHONPATH", "").split(os.pathsep):
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)
 GSM8K_TRAIN = SHARED / "datasets" / "gsm8k" / "train.jsonl"
 
+# Each fixture's set-up and each test phase timed into RAYFT_TEST_TIMINGS where it is set; the
+# integration and chaos files handed to pytest-xdist's workers longest first.
+pytest_plugins = ["tests.support.timings", "tests.support.ordering"]
+
 
 @pytest.fixture(autouse=True)
 def _isolated_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
