@@ -41,7 +41,11 @@ def pytest_fixture_setup(fixturedef: pytest.FixtureDef[Any], request: pytest.Fix
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
-    """One line per test phase (setup, call, teardown): the figures of ``--durations=0``."""
+    """One line per test phase (setup, call, teardown): the figures of ``--durations=0``. Under
+    pytest-xdist the worker that ran the test records it; the controller, which hears of the same
+    report (``report.node`` names the worker), does not again."""
+    if getattr(report, "node", None) is not None:
+        return
     _record(kind="phase", name=report.when, nodeid=report.nodeid, seconds=round(report.duration, 3),
             outcome=report.outcome)  # fmt: skip
 
