@@ -34,14 +34,21 @@ quickstart: setup
 # subprocesses, servers and Ray); two overlap their waits. --dist loadfile keeps each
 # test file on one worker, so that its module fixtures run once; tests act only on processes they
 # started (tests.support.ray_state.ray_processes), never on another worker's, and a placement group a test
-# leaves on its worker's Ray is caught after that test (tests/conftest.py). --durations: every CI log lists
-# the slowest tests (the suite must stay within CI's time budget). Tests marked `alone` (they press the
-# node's memory, which Ray's memory monitor reads whole) run after them, with nothing beside them.
+# leaves on its worker's Ray is caught after that test (tests/conftest.py). --no-loadscope-reorder: the
+# files go out longest first by their measured seconds (tests/support/ordering.py), so that no long file
+# is left running alone at the end. --durations and TEST_TIMINGS: every CI log lists the slowest tests,
+# the slowest fixtures' set-up and each file's seconds (the suite must stay within CI's time budget;
+# `python -m tests.support.timings FILE --write-seconds` records a run's seconds for the ordering).
+# Tests marked `alone` (they press the node's memory, which Ray's memory monitor reads whole) run after
+# them, with nothing beside them.
 INTEGRATION_WORKERS ?= 2
+TEST_TIMINGS ?= $(CURDIR)/.test-timings.jsonl
 test: setup
 	$(VENV)/bin/pytest -n 2 -m "($(PYTEST_MARKERS)) and not integration and not chaos" $(PYTEST_ARGS)
-	$(VENV)/bin/pytest -n $(INTEGRATION_WORKERS) --dist loadfile \
-	    -m "($(PYTEST_MARKERS)) and (integration or chaos) and not alone" --durations=25 $(PYTEST_ARGS)
+	rm -f $(TEST_TIMINGS)
+	RAYFT_TEST_TIMINGS=$(TEST_TIMINGS) $(VENV)/bin/pytest -n $(INTEGRATION_WORKERS) --dist loadfile --no-loadscope-reorder \
+	    -m "($(PYTEST_MARKERS)) and (integration or chaos) and not alone" --durations=25 $(PYTEST_ARGS); \
+	    status=$$?; $(PY) -m tests.support.timings $(TEST_TIMINGS) || true; exit $$status
 	# Tests that press the whole machine's memory run last, one at a time (exit 5: none selected).
 	$(VENV)/bin/pytest -m "($(PYTEST_MARKERS)) and alone" $(PYTEST_ARGS) || [ $$? -eq 5 ]
 

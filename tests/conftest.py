@@ -1,4 +1,5 @@
-"""Shared fixtures: a tiny model built once per session, and one local Ray for integration tests."""
+"""Shared fixtures: a tiny model built once per run (pytest-xdist's workers share it), and one local Ray
+for integration tests."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from rayft.data.prepared import PreparedData
+from tests.support.once import once_per_run
 from tests.support.runs import RESUME_RUN, tiny_config, train_on
 
 REPO = Path(__file__).resolve().parents[1]
@@ -21,6 +23,10 @@ if str(REPO) not in os.environ.get("PYTHONPATH", "").split(os.pathsep):
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)
 GSM8K_TRAIN = SHARED / "datasets" / "gsm8k" / "train.jsonl"
 
+# Each fixture's set-up and each test phase timed into RAYFT_TEST_TIMINGS where it is set; the
+# integration and chaos files handed to pytest-xdist's workers longest first.
+pytest_plugins = ["tests.support.timings", "tests.support.ordering"]
+
 
 @pytest.fixture(autouse=True)
 def _isolated_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -30,11 +36,11 @@ def _isolated_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytes
 
 
 @pytest.fixture(scope="session")
-def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def tiny_model_dir(pytestconfig: pytest.Config, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A random-init 2-layer Llama with a tiny BPE tokenizer and a ChatML template."""
     from rayft.testing import build_tiny_model
 
-    return build_tiny_model(tmp_path_factory.mktemp("tiny-model"))
+    return once_per_run(pytestconfig, tmp_path_factory, "tiny-model", build_tiny_model, dump=str, load=Path)
 
 
 @pytest.fixture(scope="session")
@@ -78,24 +84,39 @@ def qlora_units(qlora_model_dir: Path, tmp_path_factory: pytest.TempPathFactory)
 
 
 @pytest.fixture(scope="session")
-def arithmetic_units(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> PreparedData:
+def arithmetic_units(
+    pytestconfig: pytest.Config, tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> PreparedData:
     """64 training and 8 validation units of arithmetic problems (sample ids 0..63 for training)."""
     from rayft.config import ModelConfig
     from rayft.models.loading import load_tokenizer
     from rayft.testing.units import arithmetic_prepared
 
-    tokenizer = load_tokenizer(ModelConfig(name=str(tiny_model_dir)))
-    return arithmetic_prepared(tmp_path_factory.mktemp("units"), tokenizer, num_train=64, num_validation=8)
+    def build(root: Path) -> PreparedData:
+        tokenizer = load_tokenizer(ModelConfig(name=str(tiny_model_dir)))
+        return arithmetic_prepared(root, tokenizer, num_train=64, num_validation=8)
+
+    return once_per_run(
+        pytestconfig, tmp_path_factory, "units", build, dump=PreparedData.to_json, load=PreparedData.from_json
+    )
 
 
 @pytest.fixture(scope="session")
 def uninterrupted_run(
-    ray_session: None, tiny_model_dir: Path, arithmetic_units: PreparedData, tmp_path_factory: pytest.TempPathFactory
+    pytestconfig: pytest.Config,
+    ray_session: None,
+    tiny_model_dir: Path,
+    arithmetic_units: PreparedData,
+    tmp_path_factory: pytest.TempPathFactory,
 ) -> Path:
     """The run directory of :data:`RESUME_RUN` trained without interruption on 2 workers: the
-    reference of every test that kills a run and resumes it (trained once per session)."""
-    storage = tmp_path_factory.mktemp("uninterrupted")
-    return train_on(tiny_config(tiny_model_dir, storage, *RESUME_RUN), arithmetic_units)
+    reference of every test that kills a run and resumes it (trained once per pytest run: the workers
+    of pytest-xdist share it, as they share the model and units it is trained from)."""
+
+    def build(storage: Path) -> Path:
+        return train_on(tiny_config(tiny_model_dir, storage, *RESUME_RUN), arithmetic_units)
+
+    return once_per_run(pytestconfig, tmp_path_factory, "uninterrupted", build, dump=str, load=Path)
 
 
 # Skip reasons that name a test component CI installs (`.ci/run`, `make setup`). Where CI=true, a test
