@@ -92,7 +92,8 @@ def rope_parameters(config: dict[str, Any]) -> dict[str, Any]:
 
 def hf_architecture(config: dict[str, Any]) -> str:
     """The architecture of a ``config.json`` (checked by :func:`read_hf_config`) that this writer converts."""
-    return next(a for a in config.get("architectures") or [] if a in _ARCHITECTURES)
+    archs: list[str] = config.get("architectures") or []
+    return next(a for a in archs if a in _ARCHITECTURES)
 
 
 def pre_tokenizer_name(tokenizer_json: dict[str, Any]) -> str:

@@ -90,9 +90,10 @@ def write_modelfile(model_dir: Path, gguf_name: str) -> Path:
     template = getattr(tokenizer, "chat_template", None)
     stops = stop_tokens(tokenizer, v.eos_ids(model_dir, tokenizer), template)
     system = None
-    if _is_chatml(template):
+    if template is not None and _is_chatml(template):
+        chatml = str(template)
         system = default_system_prompt(
-            lambda chat: render_chat(template, tokenizer.special_tokens_map, chat, generation_prompt=True)
+            lambda chat: render_chat(chatml, tokenizer.special_tokens_map, chat, generation_prompt=True)
         )
     text = render_modelfile(
         gguf_name,
