@@ -56,7 +56,7 @@ def tiny_family(name: str, tiny_model_dir: Path, out_dir: Path) -> Path:
     return build_tiny_qwen2(tokenizer, out_dir)
 
 
-def build_tiny_qwen2(tokenizer_dir: Path, out_dir: Path, *, seed: int = 0) -> Path:
+def build_tiny_qwen2(tokenizer_dir: Path, out_dir: Path, *, seed: int = 0, tied: bool = True) -> Path:
     """A random 2-layer Qwen2 (``qwen2-tiny``'s shape, narrowed) with the tokenizer of ``tokenizer_dir``;
     its q/k/v biases random too (Hugging Face starts them at zero), so that their conversion is seen."""
     import torch
@@ -66,7 +66,12 @@ def build_tiny_qwen2(tokenizer_dir: Path, out_dir: Path, *, seed: int = 0) -> Pa
 
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
     config = architecture_config(
-        "qwen2-tiny", vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, max_position_embeddings=2048
+        "qwen2-tiny",
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        intermediate_size=128,
+        max_position_embeddings=2048,
+        tie_word_embeddings=tied,
     )
     config.eos_token_id = tokenizer.eos_token_id
     torch.manual_seed(seed)

@@ -333,3 +333,12 @@ def test_rope_base_is_read_where_transformers_5_writes_it(tiny_model_dir: Path, 
     (model_dir / "config.json").write_text(json.dumps(config))
     with pytest.raises(ConfigError, match="rope scaling"):
         write_gguf(model_dir, tmp_path / "x.gguf", "f16")
+
+
+def test_an_untied_output_head_stays_8_bit_in_a_4_bit_file(tiny_model_dir: Path, tmp_path: Path) -> None:
+    model_dir = build_tiny_qwen2(tiny_model_dir, tmp_path / "untied", tied=False)
+    write_gguf(model_dir, tmp_path / "q4.gguf", "q4_0")
+    tensors = _tensors(_reader(tmp_path / "q4.gguf"))
+    assert tensors["output.weight"].tensor_type.name == "Q8_0"
+    assert tensors["token_embd.weight"].tensor_type.name == "Q8_0"
+    assert tensors["blk.0.ffn_down.weight"].tensor_type.name == "Q4_0"

@@ -16,8 +16,8 @@ per-architecture conversion:
   ``tokenizer.json`` for the families rayft supports instead of the script's table of token-id hashes;
 - the token list with token types (:func:`_add_vocab`), as the script's ``get_vocab_base`` does;
 - which tensors are quantized: 1-D tensors (norms) stay float32 as llama.cpp requires; rows whose
-  length is not a multiple of the 32-value block stay float16; with Q4_0 the token embedding stays
-  Q8_0, as ``llama-quantize`` keeps the embedding/output above 4 bits.
+  length is not a multiple of the 32-value block stay float16; with Q4_0 the token embedding and an
+  untied output head stay Q8_0, as ``llama-quantize`` keeps the embedding/output above 4 bits.
 
 Supported: the Llama architecture (``LlamaForCausalLM``: Llama 2/3-style models without rope scaling,
 SmolLM/SmolLM2, TinyLlama) and Qwen2 (``Qwen2ForCausalLM``: Qwen2/Qwen2.5, biased q/k/v, no sliding
@@ -204,7 +204,7 @@ def _encode(name: str, data: Any, gguf_type: str) -> tuple[Any, Any]:
     if data.ndim == 1:  # norms and biases: llama.cpp reads them as float32
         return data.astype(np.float32), T.F32
     qtype = {"f16": T.F16, "q8_0": T.Q8_0, "q4_0": T.Q4_0}[gguf_type]
-    if qtype == T.Q4_0 and name == "token_embd.weight":
+    if qtype == T.Q4_0 and name in ("token_embd.weight", "output.weight"):
         qtype = T.Q8_0
     if qtype == T.F16 or data.shape[-1] % _BLOCK:
         return data.astype(np.float16), T.F16
