@@ -275,7 +275,7 @@ class ExportConfig(Section):
         default_factory=_all_gguf_types,
         min_length=1,
         description=(
-            "GGUF files written when format is gguf: f16, q8_0 (8-bit) and q4_0 (4-bit; the token embedding "
-            "stays 8-bit). The Modelfile points at the first."
+            "GGUF files written when format is gguf: f16, q8_0 (8-bit) and q4_0 (4-bit; the token embedding and "
+            "an untied output head stay 8-bit). The Modelfile points at the first."
         ),
     )
