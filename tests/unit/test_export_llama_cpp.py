@@ -154,3 +154,39 @@ def test_smollm2_f16_runs_in_llama_cpp_as_in_hugging_face(llama_cpp: Any, tmp_pa
     write_gguf(model_dir, tmp_path / "smollm2-f16.gguf", "f16")
     result = check_file(llama_cpp, model_dir, tmp_path / "smollm2-f16.gguf")
     assert result["equal"] >= len(PROMPTS)
+
+
+@pytest.mark.parametrize("gguf_type", ["q8_0", "q4_0"])
+def test_quantized_tensors_are_llama_cpp_own_quantization(
+    llama_cpp: Any, tiny_model_dir: Path, tmp_path: Path, gguf_type: str
+) -> None:
+    """Our q8_0 / q4_0 blocks are bit for bit what llama.cpp's ``llama_model_quantize`` makes of the same
+    values. llama.cpp quantizes from the f16 file and rayft from float32, so the weights are made
+    f16-exact first; the tensors whose type both choose (every block weight) are compared."""
+    import ctypes
+
+    import gguf
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model_dir = Path(shutil.copytree(tiny_model_dir, tmp_path / "m"))
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.copy_(parameter.half().float())
+    model.save_pretrained(model_dir)
+    write_gguf(model_dir, tmp_path / "f16.gguf", "f16")
+    write_gguf(model_dir, tmp_path / "ours.gguf", gguf_type)
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = {"q8_0": llama_cpp.LLAMA_FTYPE_MOSTLY_Q8_0, "q4_0": llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_0}[gguf_type]
+    params.nthread = 1
+    theirs_path = str(tmp_path / "theirs.gguf").encode()
+    assert llama_cpp.llama_model_quantize(str(tmp_path / "f16.gguf").encode(), theirs_path, ctypes.byref(params)) == 0
+    ours = {t.name: t for t in gguf.GGUFReader(tmp_path / "ours.gguf").tensors}
+    theirs = {t.name: t for t in gguf.GGUFReader(tmp_path / "theirs.gguf").tensors}
+    assert set(ours) == set(theirs)
+    blocks = [name for name in ours if name.startswith("blk.") and ours[name].data.ndim > 1]
+    for name in blocks:
+        assert ours[name].tensor_type == theirs[name].tensor_type, name
+        assert np.array_equal(np.asarray(ours[name].data), np.asarray(theirs[name].data)), name
+    assert {ours[n].tensor_type.name for n in blocks} == {gguf_type.upper()}
