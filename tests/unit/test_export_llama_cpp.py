@@ -126,12 +126,13 @@ def _compare(llm: Any, tokenizer: Any, hf: Any) -> dict[str, int]:
         if got == want:
             equal += 1
             continue
-        # Where the two decodings part, Hugging Face's own top two logits must be closer than the two
-        # computations can tell apart (2 x tolerance): a tie the arithmetic does not decide, not an error.
+        # Where the two decodings part (same prefix), each logit of llama.cpp's is within `worst` of
+        # Hugging Face's, so it can prefer another token only if Hugging Face's own margin between the two
+        # is at most 2 x worst: a tie the two computations do not decide alike, not a conversion error.
         k = next(i for i, (a, b) in enumerate(zip(got, want, strict=True)) if a != b)
         step = hf_logits[len(ids) - 1 + k]
         gap = float(step[want[k]] - step[got[k]])
-        assert gap <= 2 * tolerance, f"{prompt!r}: token {k} is {got[k]} in llama.cpp, {want[k]} in HF (gap {gap})"
+        assert gap <= 2 * worst, f"{prompt!r}: token {k} is {got[k]} in llama.cpp, {want[k]} in HF (margin {gap:.3g})"
         near_ties += 1
     return {"equal": equal, "near_ties": near_ties}
 
