@@ -268,7 +268,7 @@ class ExportConfig(Section):
         "hf",
         description=(
             "hf: a Hugging Face model directory. gguf: the same directory plus one GGUF file per gguf_types "
-            "entry (llama.cpp, Ollama) and an Ollama Modelfile; needs merged weights (Llama architecture)."
+            "entry (llama.cpp, Ollama) and an Ollama Modelfile; needs merged weights (Llama or Qwen2 architecture)."
         ),
     )
     gguf_types: list[GgufType] = Field(
