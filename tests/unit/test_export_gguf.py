@@ -15,6 +15,7 @@ import pytest
 from rayft.errors import ConfigError
 from rayft.export.gguf_file import pre_tokenizer_name, write_gguf, write_gguf_exports
 from rayft.export.modelfile import CHATML_GO_TEMPLATE, render_modelfile
+from tests.support.gguf_models import build_tiny_qwen2, qwen2_pre_tokenizer, tiny_family
 
 
 def _hf_weights(model_dir: Path) -> dict[str, np.ndarray]:
@@ -149,37 +150,31 @@ def test_a_template_ollama_cannot_be_given_is_left_to_the_gguf() -> None:
 
 
 def test_an_architecture_it_cannot_convert_is_refused_by_name(tiny_model_dir: Path, tmp_path: Path) -> None:
-    model_dir = tmp_path / "qwen"
+    model_dir = tmp_path / "mistral"
     shutil.copytree(tiny_model_dir, model_dir)
     config = json.loads((model_dir / "config.json").read_text())
-    (model_dir / "config.json").write_text(json.dumps(config | {"architectures": ["Qwen2ForCausalLM"]}))
-    with pytest.raises(ConfigError, match=r"Qwen2ForCausalLM.*convert_hf_to_gguf"):
+    (model_dir / "config.json").write_text(json.dumps(config | {"architectures": ["MistralForCausalLM"]}))
+    with pytest.raises(ConfigError, match=r"MistralForCausalLM.*convert_hf_to_gguf"):
         write_gguf(model_dir, tmp_path / "x.gguf", "f16")
     assert not (tmp_path / "x.gguf").exists()
 
 
-def test_pre_tokenizers_are_recognised_or_refused() -> None:
-    smollm = {
-        "type": "Sequence",
-        "pretokenizers": [{"type": "Digits", "individual_digits": True}, {"type": "ByteLevel"}],
-    }
-    assert pre_tokenizer_name({"pre_tokenizer": smollm}) == "smollm"
-    assert pre_tokenizer_name({"pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": False}}) == "gpt-2"
-    with pytest.raises(ConfigError, match="Metaspace"):
-        pre_tokenizer_name({"pre_tokenizer": {"type": "Metaspace"}})
-
-
-def test_transformers_gguf_reader_gets_the_hf_model_back(tiny_model_dir: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+def test_transformers_gguf_reader_gets_the_hf_model_back(tiny_model_dir: Path, tmp_path: Path, family: str) -> None:
     """transformers' GGUF loader is an independent reader (its own name map, inverse rotary permutation
     and tokenizer conversion): from the f16 file it rebuilds the model with the same tokens and logits."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    model_dir = tmp_path / "m"
-    shutil.copytree(tiny_model_dir, model_dir)
+    # qwen2 with Qwen2's own pre-tokenizer: transformers reads a qwen2 file's vocabulary as Qwen2's
+    model_dir = tiny_family(family, tiny_model_dir, tmp_path / "m")
     write_gguf(model_dir, model_dir / "m-f16.gguf", "f16")
     from_gguf = AutoModelForCausalLM.from_pretrained(model_dir, gguf_file="m-f16.gguf", dtype=torch.float32).eval()
-    hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float16).to(torch.float32).eval()
+    hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    with torch.no_grad():  # as the file holds them: matrices in float16, norms and biases in float32
+        for parameter in hf.parameters():
+            if parameter.ndim > 1:
+                parameter.copy_(parameter.half().float())
     tokenizer, gguf_tokenizer = (
         AutoTokenizer.from_pretrained(model_dir),
         AutoTokenizer.from_pretrained(model_dir, gguf_file="m-f16.gguf"),
@@ -216,3 +211,134 @@ def test_cli_passes_the_gguf_types_to_the_config() -> None:
 
     result = CliRunner().invoke(cli, ["export", "/nonexistent", "/tmp/x", "--format", "gguf", "--gguf-types", "q5_k"])
     assert result.exit_code != 0 and "gguf_types" in result.output and "q5_k" in result.output
+
+
+SMOLLM2_TEMPLATE = (  # SmolLM2-Instruct's chat template: a default system turn when the conversation has none
+    "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
+    "{{ '<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n' }}"
+    "{% endif %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+CONVERSATIONS = [
+    [{"role": "user", "content": "What is 3 + 4?"}],
+    [{"role": "system", "content": "Answer {{ briefly }}."}, {"role": "user", "content": "Hi"}],
+    [
+        {"role": "user", "content": "Name a colour."},
+        {"role": "assistant", "content": "Blue."},
+        {"role": "user", "content": "Another,\nplease."},
+    ],
+]
+
+
+def go_template_render(template: str, messages: list[dict[str, str]], tmp_path: Path) -> str:
+    """``template`` executed by Go's text/template (Helm's engine, through its Go SDK) with Ollama's
+    ``.Messages`` (each with ``.Role`` and ``.Content``): the template language Ollama runs."""
+    import helm_python as helm
+
+    chart = tmp_path / "chart"
+    (chart / "templates").mkdir(parents=True, exist_ok=True)
+    (chart / "Chart.yaml").write_text("apiVersion: v2\nname: chart\nversion: 0.1.0\n")
+    (chart / "templates" / "prompt.txt").write_text("{{- with .Values }}" + template + "{{ end }}")
+    values = {"Messages": [{"Role": m["role"], "Content": m["content"]} for m in messages]}
+    with helm.Chart.load(chart) as loaded:
+        return loaded.render(values, name="r", namespace="n")["chart/templates/prompt.txt"]
+
+
+def _modelfile_template(text: str) -> str:
+    return text.split('TEMPLATE """', 1)[1].split('"""', 1)[0]
+
+
+@pytest.mark.parametrize("chat_template", ["chatml", "smollm2"])
+def test_modelfile_template_renders_the_chat_as_the_tokenizer_does(
+    tiny_model_dir: Path, tmp_path: Path, chat_template: str
+) -> None:
+    from transformers import AutoTokenizer
+
+    model_dir = tmp_path / "m"
+    shutil.copytree(tiny_model_dir, model_dir)
+    if chat_template == "smollm2":
+        (model_dir / "chat_template.jinja").write_text(SMOLLM2_TEMPLATE)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    write_gguf_exports(model_dir, "m", ["q8_0"])
+    template = _modelfile_template((model_dir / "Modelfile").read_text())
+    first = tokenizer.apply_chat_template(CONVERSATIONS[0], tokenize=False, add_generation_prompt=True)
+    assert first.startswith("<|im_start|>system\n") == (chat_template == "smollm2")  # the case this covers
+    for messages in CONVERSATIONS:
+        want = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        assert go_template_render(template, messages, tmp_path) == want
+
+
+def test_qwen2_is_written_under_its_own_names_with_biases_and_unpermuted_rows(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    model_dir = build_tiny_qwen2(tiny_model_dir, tmp_path / "qwen2")
+    written = write_gguf(model_dir, tmp_path / "q.gguf", "f16")
+    assert written["arch"] == "qwen2"
+    reader = _reader(tmp_path / "q.gguf")
+    assert _field(reader, "general.architecture") == "qwen2"
+    assert _field(reader, "qwen2.attention.head_count_kv") == 2
+    assert _field(reader, "qwen2.rope.freq_base") == 1e6
+    tensors = _tensors(reader)
+    hf = _hf_weights(model_dir)
+    # llama.cpp's qwen2 rotates the split halves as Hugging Face does: rows are written as they are
+    for ours, theirs in [
+        ("attn_q.weight", "q_proj.weight"),
+        ("attn_k.bias", "k_proj.bias"),
+        ("attn_q.bias", "q_proj.bias"),
+    ]:
+        got, want = np.asarray(tensors[f"blk.1.{ours}"].data), hf[f"model.layers.1.self_attn.{theirs}"]
+        assert np.array_equal(
+            got.astype(np.float32), want.astype(np.float16).astype(np.float32) if want.ndim > 1 else want
+        )
+    assert np.abs(hf["model.layers.1.self_attn.q_proj.bias"]).max() > 0  # random, so a lost bias is seen
+    assert "output.weight" not in tensors  # tied, as qwen2-tiny is
+
+
+def test_pre_tokenizers_are_recognised_or_refused() -> None:
+    smollm = {
+        "type": "Sequence",
+        "pretokenizers": [{"type": "Digits", "individual_digits": True}, {"type": "ByteLevel"}],
+    }
+    assert pre_tokenizer_name({"pre_tokenizer": smollm}) == "smollm"
+    assert pre_tokenizer_name({"pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": False}}) == "gpt-2"
+    assert pre_tokenizer_name({"pre_tokenizer": qwen2_pre_tokenizer()}) == "qwen2"
+    with pytest.raises(ConfigError, match="Metaspace"):
+        pre_tokenizer_name({"pre_tokenizer": {"type": "Metaspace"}})
+    other = qwen2_pre_tokenizer()
+    other["pretokenizers"][0]["pattern"] = {"Regex": r"\s+|\S+"}  # type: ignore[index]
+    with pytest.raises(ConfigError, match="Qwen2"):
+        pre_tokenizer_name({"pre_tokenizer": other})
+
+
+def test_the_llama_cpp_component_is_named_in_the_skip_reason() -> None:
+    """The slow tier's llama.cpp tests skip with a reason CI=true turns into a failure (tests/conftest.py)."""
+    from tests.conftest import missing_ci_component
+    from tests.unit.test_export_llama_cpp import LLAMA_CPP_MISSING
+
+    assert missing_ci_component(LLAMA_CPP_MISSING) == "'llama_cpp'"
+
+
+def test_rope_base_is_read_where_transformers_5_writes_it(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """transformers 5 saves rope_theta under rope_parameters (SmolLM2's 100000): the file states that base,
+    not llama.cpp's default of 10000, and a scaled rope there is refused as it is under rope_scaling."""
+    model_dir = tmp_path / "m"
+    shutil.copytree(tiny_model_dir, model_dir)
+    config = json.loads((model_dir / "config.json").read_text())
+    config.pop("rope_theta", None)
+    config["rope_parameters"] = {"rope_theta": 100000.0, "rope_type": "default"}
+    (model_dir / "config.json").write_text(json.dumps(config))
+    write_gguf(model_dir, tmp_path / "m.gguf", "f16")
+    assert _field(_reader(tmp_path / "m.gguf"), "llama.rope.freq_base") == 100000.0
+    config["rope_parameters"] = {"rope_theta": 500000.0, "rope_type": "llama3", "factor": 32.0}
+    (model_dir / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ConfigError, match="rope scaling"):
+        write_gguf(model_dir, tmp_path / "x.gguf", "f16")
+
+
+def test_an_untied_output_head_stays_8_bit_in_a_4_bit_file(tiny_model_dir: Path, tmp_path: Path) -> None:
+    model_dir = build_tiny_qwen2(tiny_model_dir, tmp_path / "untied", tied=False)
+    write_gguf(model_dir, tmp_path / "q4.gguf", "q4_0")
+    tensors = _tensors(_reader(tmp_path / "q4.gguf"))
+    assert tensors["output.weight"].tensor_type.name == "Q8_0"
+    assert tensors["token_embd.weight"].tensor_type.name == "Q8_0"
+    assert tensors["blk.0.ffn_down.weight"].tensor_type.name == "Q4_0"

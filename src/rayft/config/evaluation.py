@@ -268,14 +268,14 @@ class ExportConfig(Section):
         "hf",
         description=(
             "hf: a Hugging Face model directory. gguf: the same directory plus one GGUF file per gguf_types "
-            "entry (llama.cpp, Ollama) and an Ollama Modelfile; needs merged weights (Llama architecture)."
+            "entry (llama.cpp, Ollama) and an Ollama Modelfile; needs merged weights (Llama or Qwen2 architecture)."
         ),
     )
     gguf_types: list[GgufType] = Field(
         default_factory=_all_gguf_types,
         min_length=1,
         description=(
-            "GGUF files written when format is gguf: f16, q8_0 (8-bit) and q4_0 (4-bit; the token embedding "
-            "stays 8-bit). The Modelfile points at the first."
+            "GGUF files written when format is gguf: f16, q8_0 (8-bit) and q4_0 (4-bit; the token embedding and "
+            "an untied output head stay 8-bit). The Modelfile points at the first."
         ),
     )

@@ -35,9 +35,12 @@ _COPIED = ("generation_config.json", layout.CHECKPOINT_CONFIG_FILE)
 REWRITING_INITS = ("pissa", "olora")  # PEFT's init_lora_weights values that rewrite the base weights
 
 
-def export_checkpoint(plan: ExportPlan, cfg: ExportConfig, *, gates: Sequence[GateResult] = ()) -> dict[str, Any]:
+def export_checkpoint(
+    plan: ExportPlan, cfg: ExportConfig, *, gates: Sequence[GateResult] = (), name: str | None = None
+) -> dict[str, Any]:
     """Carry out ``plan``: write, verify and publish the export at ``plan.target``; the verification record.
-    ``gates``: the promotion gates it passed, stated in the model card."""
+    ``gates``: the promotion gates it passed, stated in the model card. ``name``: what the GGUF files are
+    named after (``<name>-<type>.gguf``), the directory the export ends in; ``plan.target``'s name by default."""
     staging = _make_staging(plan.target)
     try:
         if plan.kind == "lora":
@@ -45,7 +48,7 @@ def export_checkpoint(plan: ExportPlan, cfg: ExportConfig, *, gates: Sequence[Ga
         else:
             verification = export_full(plan.source, staging, cfg)
         if cfg.format == "gguf":  # from the saved (merged, verified) directory, before it is published
-            verification["gguf"] = write_gguf_exports(staging, plan.target.name, list(cfg.gguf_types))
+            verification["gguf"] = write_gguf_exports(staging, name or plan.target.name, list(cfg.gguf_types))
         write_text_atomic(staging / VERIFICATION_FILE, json.dumps(verification, indent=2) + "\n")
         write_text_atomic(
             staging / "README.md", render_model_card(plan.source, verification, merged=plan.merged, gates=gates)

@@ -8,18 +8,20 @@ Written by hand here, because llama.cpp's ``convert_hf_to_gguf.py`` is not shipp
 package (it lives only in the llama.cpp source tree) and ``gguf`` holds the writer, not the
 per-architecture conversion:
 
-- the Llama hyperparameters that llama.cpp reads (:func:`_add_llama_params`);
-- the rotary permutation of ``q_proj`` / ``k_proj`` rows (:func:`_permute`): Hugging Face stores the
-  rotary halves split, llama.cpp's ``rope`` expects them interleaved (the same reshape as the script);
+- the hyperparameters that llama.cpp reads (:func:`_add_params`);
+- the rotary permutation of Llama's ``q_proj`` / ``k_proj`` rows (:func:`_permute`): Hugging Face stores
+  the rotary halves split, llama.cpp's Llama ``rope`` expects them interleaved (the same reshape as the
+  script); Qwen2 runs the split-halves (NeoX) rope in llama.cpp and keeps its rows;
 - which pre-tokenizer regex llama.cpp applies (:func:`pre_tokenizer_name`), read from the structure of
   ``tokenizer.json`` for the families rayft supports instead of the script's table of token-id hashes;
 - the token list with token types (:func:`_add_vocab`), as the script's ``get_vocab_base`` does;
 - which tensors are quantized: 1-D tensors (norms) stay float32 as llama.cpp requires; rows whose
-  length is not a multiple of the 32-value block stay float16; with Q4_0 the token embedding stays
-  Q8_0, as ``llama-quantize`` keeps the embedding/output above 4 bits.
+  length is not a multiple of the 32-value block stay float16; with Q4_0 the token embedding and an
+  untied output head stay Q8_0, as ``llama-quantize`` keeps the embedding/output above 4 bits.
 
 Supported: the Llama architecture (``LlamaForCausalLM``: Llama 2/3-style models without rope scaling,
-SmolLM/SmolLM2, TinyLlama) with a byte-level BPE tokenizer. Anything else is refused by name.
+SmolLM/SmolLM2, TinyLlama) and Qwen2 (``Qwen2ForCausalLM``: Qwen2/Qwen2.5, biased q/k/v, no sliding
+window), with a byte-level BPE tokenizer. Anything else is refused by name.
 """
 
 from __future__ import annotations
@@ -32,7 +34,12 @@ from typing import Any
 from rayft.errors import ConfigError
 
 GGUF_TYPES = ("f16", "q8_0", "q4_0")
-_ARCHITECTURES = ("LlamaForCausalLM",)
+# Hugging Face architecture -> (llama.cpp's architecture name, whether q/k rows are permuted for its rope)
+_ARCHITECTURES = {"LlamaForCausalLM": ("llama", True), "Qwen2ForCausalLM": ("qwen2", False)}
+# Qwen2's pre-tokenizer regex (its tokenizer.json's Split pattern), which llama.cpp calls "qwen2"
+QWEN2_PATTERN = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
 _BLOCK = 32  # values per Q8_0 / Q4_0 block
 
 
@@ -59,20 +66,42 @@ def read_hf_config(model_dir: Path) -> dict[str, Any]:
             f"export.format gguf: {model_dir}/config.json has architectures {archs}; GGUF export supports "
             f"{list(_ARCHITECTURES)}: export format hf and convert with llama.cpp's convert_hf_to_gguf.py"
         )
-    scaling = config.get("rope_scaling")
-    if scaling and scaling.get("rope_type", scaling.get("type")) not in (None, "default"):
+    if config.get("use_sliding_window"):
         raise ConfigError(
-            f"export.format gguf: {model_dir}/config.json has rope_scaling {scaling}, which this writer does not "
+            f"export.format gguf: {model_dir}/config.json sets use_sliding_window, which llama.cpp's qwen2 does not "
+            "run; export format hf and convert with llama.cpp's convert_hf_to_gguf.py"
+        )
+    scaling = rope_parameters(config)
+    if scaling.get("rope_type", scaling.get("type")) not in (None, "default"):
+        raise ConfigError(
+            f"export.format gguf: {model_dir}/config.json has rope scaling {scaling}, which this writer does not "
             "convert; export format hf and convert with llama.cpp's convert_hf_to_gguf.py"
         )
     return config
+
+
+def rope_parameters(config: dict[str, Any]) -> dict[str, Any]:
+    """The rotary settings of a ``config.json``: transformers 5 writes them under ``rope_parameters``
+    (with ``rope_theta``), older releases as top-level ``rope_theta`` and ``rope_scaling``."""
+    params: dict[str, Any] = dict(config.get("rope_scaling") or {})
+    params.update(config.get("rope_parameters") or {})
+    if "rope_theta" not in params and "rope_theta" in config:
+        params["rope_theta"] = config["rope_theta"]
+    return params
+
+
+def hf_architecture(config: dict[str, Any]) -> str:
+    """The architecture of a ``config.json`` (checked by :func:`read_hf_config`) that this writer converts."""
+    archs: list[str] = config.get("architectures") or []
+    return next(a for a in archs if a in _ARCHITECTURES)
 
 
 def pre_tokenizer_name(tokenizer_json: dict[str, Any]) -> str:
     """llama.cpp's name for the pre-tokenizer of a byte-level BPE ``tokenizer.json``.
 
     GPT-2's ByteLevel regex alone is ``gpt-2``; digits split one by one before it is SmolLM's
-    (``smollm``). Others are refused rather than guessed: a wrong regex tokenizes silently differently.
+    (``smollm``); Qwen2's regex split before a regex-free ByteLevel is ``qwen2``. Others are refused
+    rather than guessed: a wrong regex tokenizes silently differently.
     """
     pre = tokenizer_json.get("pre_tokenizer") or {}
     steps = pre.get("pretokenizers", [pre]) if pre.get("type") == "Sequence" else [pre]
@@ -81,9 +110,13 @@ def pre_tokenizer_name(tokenizer_json: dict[str, Any]) -> str:
         return "gpt-2"
     if kinds == [("Digits", True, True), ("ByteLevel", None, True)]:
         return "smollm"
+    if kinds == [("Split", None, True), ("ByteLevel", None, False)]:
+        split = steps[0]
+        if split.get("pattern") == {"Regex": QWEN2_PATTERN} and split.get("behavior") == "Isolated":
+            return "qwen2"
     raise ConfigError(
         f"export.format gguf: the tokenizer's pre_tokenizer {pre} is not one this writer knows (GPT-2 byte-level, "
-        "SmolLM); export format hf and convert with llama.cpp's convert_hf_to_gguf.py"
+        "SmolLM, Qwen2); export format hf and convert with llama.cpp's convert_hf_to_gguf.py"
     )
 
 
@@ -93,7 +126,8 @@ def _permute(weights: Any, n_head: int) -> Any:
     return weights.reshape(n_head, 2, rows // n_head // 2, *weights.shape[1:]).swapaxes(1, 2).reshape(weights.shape)
 
 
-def _add_llama_params(writer: Any, config: dict[str, Any], file_type: int) -> None:
+def _add_params(writer: Any, config: dict[str, Any], file_type: int) -> None:
+    """The shape and rope of the model, under the keys llama.cpp reads for its architecture."""
     n_head = config["num_attention_heads"]
     head_dim = config.get("head_dim") or config["hidden_size"] // n_head
     writer.add_context_length(config["max_position_embeddings"])
@@ -103,7 +137,7 @@ def _add_llama_params(writer: Any, config: dict[str, Any], file_type: int) -> No
     writer.add_head_count(n_head)
     writer.add_head_count_kv(config.get("num_key_value_heads") or n_head)
     writer.add_layer_norm_rms_eps(config.get("rms_norm_eps", 1e-6))
-    writer.add_rope_freq_base(config.get("rope_theta", 10000.0))
+    writer.add_rope_freq_base(float(rope_parameters(config).get("rope_theta", 10000.0)))
     writer.add_rope_dimension_count(head_dim)
     writer.add_key_length(head_dim)
     writer.add_value_length(head_dim)
@@ -167,10 +201,10 @@ def _encode(name: str, data: Any, gguf_type: str) -> tuple[Any, Any]:
     from gguf import GGMLQuantizationType as T
     from gguf import quants
 
-    if data.ndim == 1:  # norms: llama.cpp reads them as float32
+    if data.ndim == 1:  # norms and biases: llama.cpp reads them as float32
         return data.astype(np.float32), T.F32
     qtype = {"f16": T.F16, "q8_0": T.Q8_0, "q4_0": T.Q4_0}[gguf_type]
-    if qtype == T.Q4_0 and name == "token_embd.weight":
+    if qtype == T.Q4_0 and name in ("token_embd.weight", "output.weight"):
         qtype = T.Q8_0
     if qtype == T.F16 or data.shape[-1] % _BLOCK:
         return data.astype(np.float16), T.F16
@@ -183,7 +217,9 @@ def _add_tensors(writer: Any, model_dir: Path, config: dict[str, Any], gguf_type
 
     n_head = config["num_attention_heads"]
     n_kv = config.get("num_key_value_heads") or n_head
-    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, config["num_hidden_layers"])
+    arch, permute = _ARCHITECTURES[hf_architecture(config)]
+    model_arch = next(k for k, v in gguf.MODEL_ARCH_NAMES.items() if v == arch)
+    names = gguf.get_tensor_name_map(model_arch, config["num_hidden_layers"])
     counts: dict[str, int] = {}
     for hf_name, weights in _state_dict(model_dir):
         if config.get("tie_word_embeddings") and hf_name == "lm_head.weight":
@@ -192,9 +228,9 @@ def _add_tensors(writer: Any, model_dir: Path, config: dict[str, Any], gguf_type
         if name is None:
             raise ConfigError(f"export.format gguf: {model_dir} has tensor {hf_name!r} that llama.cpp has no name for")
         data = weights
-        if hf_name.endswith("q_proj.weight"):
+        if permute and hf_name.endswith(("q_proj.weight", "q_proj.bias")):
             data = _permute(weights, n_head)
-        elif hf_name.endswith("k_proj.weight"):
+        elif permute and hf_name.endswith(("k_proj.weight", "k_proj.bias")):
             data = _permute(weights, n_kv)
         array, qtype = _encode(name, data, gguf_type)
         writer.add_tensor(name, array, raw_dtype=qtype)
@@ -212,13 +248,15 @@ def write_gguf(model_dir: Path, out_path: Path, gguf_type: str, *, name: str | N
     file_type = {"f16": gguf.LlamaFileType.MOSTLY_F16, "q8_0": gguf.LlamaFileType.MOSTLY_Q8_0}.get(
         gguf_type, gguf.LlamaFileType.MOSTLY_Q4_0
     )
-    writer = gguf.GGUFWriter(str(out_path), "llama")
+    writer = gguf.GGUFWriter(str(out_path), _ARCHITECTURES[hf_architecture(config)][0])
     writer.add_name(name or model_dir.name)
-    _add_llama_params(writer, config, int(file_type))
+    _add_params(writer, config, int(file_type))
     pre = _add_vocab(writer, model_dir, config["vocab_size"])
     counts = _add_tensors(writer, model_dir, config, gguf_type)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
-    return {"file": out_path.name, "type": gguf_type, "bytes": out_path.stat().st_size, "pre": pre, "tensors": counts}
+    arch = _ARCHITECTURES[hf_architecture(config)][0]
+    size = out_path.stat().st_size
+    return {"file": out_path.name, "type": gguf_type, "bytes": size, "arch": arch, "pre": pre, "tensors": counts}

@@ -61,7 +61,8 @@ def run(
             "export.format gguf needs merged weights but export.merge is false (--no-merge): "
             "drop --no-merge, or export format hf"
         )
-    verification = export_checkpoint(plan, cfg.export, gates=passed)
+    # GGUF files are named after the directory the export ends in, not a staging directory it is written to
+    verification = export_checkpoint(plan, cfg.export, gates=passed, name=(destination or plan.target).name)
     log.info("exported %s to %s", plan.source.checkpoint_dir, destination or plan.target)
     return ExportResult(plan.target, plan.merged, plan.kind, verification, passed)
 
