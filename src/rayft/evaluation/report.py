@@ -48,6 +48,7 @@ def model_summary(run: ModelRun) -> ModelSummary:
         generation_errors=run.errors,
         generated_tokens=run.generated_tokens,
         elapsed_s=round(run.elapsed_s, 3),
+        episodes=run.episodes,
     )
 
 
@@ -65,7 +66,7 @@ def example_record(example: Example, generation: Generation, scored: Scored) -> 
         "finish_reason": generation.finish_reason,
         "error": generation.error,
         "num_generated_tokens": generation.num_generated_tokens,
-    }
+    } | ({"episode": generation.extra["episode"]} if "episode" in generation.extra else {})
 
 
 def prediction_row(record: Mapping[str, Any], run: ModelRun) -> dict[str, Any]:
@@ -74,6 +75,8 @@ def prediction_row(record: Mapping[str, Any], run: ModelRun) -> dict[str, Any]:
     row = {key: record[key] for key in keys}
     row["correct"] = run.correct(record["scores"])
     row.update({key: record[key] for key in ("finish_reason", "error", "num_generated_tokens")})
+    if "episode" in record:
+        row["episode"] = record["episode"]
     return row
 
 
@@ -88,6 +91,7 @@ def comparison_row(records: Sequence[Mapping[str, Any]], runs: Sequence[ModelRun
             "correct": run.correct(record["scores"]),
             "error": record["error"],
         }
+        | ({"episode": record["episode"]} if "episode" in record else {})
         for run, record in zip(runs, records, strict=True)
     }
     return {key: first[key] for key in ("id", "question", "prompt", "reference")} | {"models": models}
