@@ -113,6 +113,7 @@ def episode_record(episode: Episode) -> dict[str, Any]:
     """What a per-example record keeps of an episode: its figures, reward, error and conversation."""
     return {
         "turns": len(episode.turns),
+        "prompt_tokens": episode.turns[-1].num_prompt_tokens if episode.turns else 0,
         "tool_calls": int(episode.info.get("tool_calls", 0)),
         "tool_calls_by_tool": dict(episode.info.get("tool_calls_by_tool", {})),
         "tool_errors": sum(dict(episode.info.get("tool_errors", {})).values()),

@@ -24,7 +24,7 @@ class ToolChat(list[Message]):
     its messages may hold tool turns (``tool_calls``, the ``tool`` role)."""
 
     def __init__(self, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] = ()) -> None:
-        super().__init__(messages)  # type: ignore[arg-type]  # tool turns hold more than text fields
+        super().__init__(messages)
         self.tools: tuple[dict[str, Any], ...] = tuple(tools)
 
     def __reduce__(self) -> tuple[Any, ...]:  # pickled to Ray actors with its tools
