@@ -4,13 +4,16 @@ episodes and reward, and `rayft generate` rendering tool rows as training render
 
 from __future__ import annotations
 
+import io
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 from click.testing import CliRunner
 
 from rayft.config import load_config
+from rayft.environments import StepResult
 
 pytestmark = pytest.mark.integration
 
@@ -92,3 +95,41 @@ def test_generate_renders_tool_rows_as_training_does(ray_session: None, tiny_mod
     assert isinstance(called["tool_calls"], list) and "tool_calls" not in plain
     (reject,) = [json.loads(line) for line in (tmp_path / "gen.rejects.jsonl").read_text().splitlines()]
     assert (reject["line"], reject["reason"]) == (3, "orphan_tool_result")
+
+
+class OneResult:
+    """Tools that answer a chat's first reply with one result, whatever it says, and end at the second."""
+
+    def __init__(self) -> None:
+        self.schemas, self.replies = [ADD], 0
+
+    def reset(self, row: dict[str, Any]) -> list[dict[str, Any]]:
+        self.replies = 0
+        return list(row["messages"])
+
+    def step(self, model_turn: str) -> StepResult:
+        self.replies += 1
+        if self.replies == 1:
+            return StepResult([{"role": "tool", "name": "add", "content": "19"}], 0.0, False, {})
+        return StepResult([], 0.0, True, {})
+
+
+def test_chat_answers_a_reply_with_its_tool_results_and_replies_again(tiny_model_dir: Path) -> None:
+    from rayft.config.model import ModelConfig
+    from rayft.generation.backend import SamplingParams, ToolChat
+    from rayft.generation.hf import HFBackend
+    from rayft.inference.chat import ChatIO, answer
+    from rayft.inference.conversation import Conversation, step
+
+    backend = HFBackend(ModelConfig(name=str(tiny_model_dir)), device="cpu", batch_size=1)
+    params = SamplingParams(max_new_tokens=5, temperature=0.0)
+    replies, notes = io.StringIO(), io.StringIO()
+    asked = step(Conversation(tools=(ADD,)), "What is 12 + 7?").conversation
+    after = answer(backend, asked, params, ChatIO(lambda: None, replies, notes), OneResult())
+    assert [role for role, _ in after.turns] == ["user", "assistant", "tool", "assistant"]
+    assert after.turns[2] == ("tool", "19") and "[add] 19" in notes.getvalue()
+    # each reply is the greedy generation of the conversation so far, rendered with the tools
+    first = backend.generate([ToolChat(asked.messages(), [ADD])], params)[0].text
+    again = backend.generate([ToolChat(after.messages()[:-1], [ADD])], params)[0].text
+    assert replies.getvalue() == f"{first}\n{again}\n" and after.turns[3][1] == again
+    assert backend.count_tokens(after.prompt()) > backend.count_tokens(list(after.prompt())) + 50  # the tool list
