@@ -168,3 +168,12 @@ def test_the_config_refuses_what_an_environment_eval_cannot_do() -> None:
     check_without_tools(ev, ["tools", "plain"])
     with pytest.raises(ConfigError, match=r"eval.without_tools names \['plain'\], not models evaluated here"):
         check_without_tools(ev, ["model"])
+
+
+def test_chat_tools_are_the_built_in_ones_and_a_bad_name_is_one_line() -> None:
+    from rayft.recipes.chat import tools_environment
+
+    assert [s["function"]["name"] for s in tools_environment(["calculator", "python"]).schemas] == [
+        "calculator", "python"]  # fmt: skip
+    with pytest.raises(ConfigError, match=r"--tool \['nope'\]: .*the tools are calculator, sql and python"):
+        tools_environment(["nope"])

@@ -47,7 +47,7 @@ def run(
 def tools_environment(tools: Sequence[str]) -> ToolsEnvironment:
     """The tools environment of the built-in tools named (its limits per answer are the section's defaults)."""
     try:
-        cfg = EnvironmentConfig(tools=list(tools))  # type: ignore[arg-type]  # names checked here
+        cfg = EnvironmentConfig.model_validate({"tools": list(tools)})
     except ValidationError as exc:
         raise ConfigError(f"--tool {list(tools)}: {exc.errors()[0]['msg']}; the tools are calculator, sql and "
                           "python") from None  # fmt: skip
