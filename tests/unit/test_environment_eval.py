@@ -19,6 +19,7 @@ from rayft.environments.builtin import calculator_tool
 from rayft.environments.evaluate import EpisodeTally, check_without_tools, episode_row, make_environment
 from rayft.environments.runner import as_generation, assistant_message, run_episodes, start_episode, take_turn
 from rayft.errors import ConfigError
+from rayft.evaluation.report import episodes_text
 from rayft.evaluation.runner import Example, ScoreTally
 from rayft.evaluation.tasks import build_task
 from rayft.generation.backend import Generation, Prompt, ToolChat, prompt_tools
@@ -131,6 +132,8 @@ def test_without_tools_the_same_episode_has_no_tool_list_and_a_call_is_answered_
     summary = tally.summary(with_tools=False)
     assert summary["tool_errors"] == 1 and summary["truncated"] == 0 and summary["mean_turns"] == 2.0
     assert summary["tool_errors_by_tool"] == {"<unknown>": 1} and summary["with_tools"] is False
+    assert episodes_text(summary) == ("1 episodes without tools: 2 turns and 1 tool calls each (<unknown> 1); 1 tool "
+                                      "errors, 0 timeouts, 0 truncated, 0 failed")  # fmt: skip
 
 
 def test_an_episode_row_holds_the_examples_prompt_reference_and_table() -> None:
