@@ -258,7 +258,10 @@ def generate(
 
 
 @_redacted
-def chat(cfg: RayftConfig, model: str | Path, *, device: str | None = None, io: ChatIO | None = None) -> ChatResult:
+def chat(
+    cfg: RayftConfig, model: str | Path, *, device: str | None = None, io: ChatIO | None = None,
+    tools: Sequence[str] = (),
+) -> ChatResult:  # fmt: skip
     """Chat with a model in this process until the user quits (``rayft chat``); no Ray is started.
 
     Args:
@@ -266,13 +269,15 @@ def chat(cfg: RayftConfig, model: str | Path, *, device: str | None = None, io: 
         model: The model.
         device: ``cpu`` or ``cuda`` (default: a GPU when there is one).
         io: Where lines are read and replies written (default: the terminal, or standard input and output).
+        tools: Built-in tools the model may call (calculator, sql, python): a reply's calls are run, their
+            results shown and given to the model, which replies again.
 
     Returns:
         The number of replies generated and the model that gave them.
     """
     from rayft.recipes import chat as recipe
 
-    return recipe.run(cfg, str(model), device=device, io=io)
+    return recipe.run(cfg, str(model), device=device, io=io, tools=tools)
 
 
 @_redacted

@@ -130,6 +130,34 @@ def test_every_choice_of_a_json_schema_request_validates(client: openai.OpenAI, 
     assert len({c.message.content for c in reply.choices}) > 1  # the choices sample apart
 
 
+MORE_SCHEMAS: list[dict[str, Any]] = [
+    {"type": "array", "items": {"type": "integer", "minimum": -9, "maximum": 9}, "minItems": 1, "maxItems": 4},
+    {"enum": [1, "two", None, True]},
+    {"type": "string", "pattern": "^[a-z]{1,6}$"},
+    {"anyOf": [{"type": "object", "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 9}},
+                "required": ["n"], "additionalProperties": False},
+               {"type": "object", "properties": {"s": {"type": "string", "maxLength": 3}}, "required": ["s"],
+                "additionalProperties": False}]},
+    {"$defs": {"p": {"type": "object", "properties": {"x": {"type": "integer", "minimum": 0, "maximum": 99}},
+                     "required": ["x"], "additionalProperties": False}},
+     "type": "object", "properties": {"from": {"$ref": "#/$defs/p"}, "to": {"$ref": "#/$defs/p"}},
+     "required": ["from", "to"], "additionalProperties": False},
+]  # fmt: skip
+
+
+def test_streamed_and_whole_replies_validate_over_many_schemas(client: openai.OpenAI, server: rayft.ServeHandle
+                                                              ) -> None:  # fmt: skip
+    for index, schema in enumerate(MORE_SCHEMAS):
+        response_format: Any = {"type": "json_schema", "json_schema": {"name": f"s{index}", "schema": schema}}
+        fields: Any = {"model": server.model_ids[0], "messages": QUESTION, "response_format": response_format,
+                       "max_tokens": 96, "seed": index}  # fmt: skip
+        whole = client.chat.completions.create(**fields, n=2)
+        streamed = "".join(chunk.choices[0].delta.content or "" for chunk in
+                           client.chat.completions.create(**fields, stream=True) if chunk.choices)  # fmt: skip
+        for text in [*(c.message.content or "" for c in whole.choices), streamed]:
+            jsonschema.validate(json.loads(text), schema)
+
+
 class Person(BaseModel):
     name: str = Field(max_length=12)
     age: int = Field(ge=0, le=120)

@@ -154,3 +154,31 @@ def test_ctrl_c_anywhere_in_a_turn_stops_the_reply_not_the_session(shown: int | 
     assert "(reply stopped)" in notes.getvalue()
     assert replies.getvalue() == ("" if shown is None else reply or "\n")
     assert len(after.turns) == turns and answered == (0 if shown is None else 1)
+
+
+ADD = {"type": "function", "function": {"name": "add", "parameters": {"type": "object"}}}
+CALL = '<tool_call>{"name": "add", "arguments": {"a": 1, "b": 2}}</tool_call>'
+
+
+def test_with_tools_a_calling_reply_is_tool_calls_and_its_results_follow() -> None:
+    asked = step(Conversation("Be brief.", tools=(ADD,)), "1 + 2?").conversation
+    conversation = asked.with_reply("Adding. " + CALL).with_tool_results(["3"]).with_reply("It is 3.")
+    messages = conversation.messages()
+    assert [m["role"] for m in messages] == ["system", "user", "assistant", "tool", "assistant"]
+    assert messages[2]["content"] == "Adding." and messages[3] == {"role": "tool", "content": "3"}
+    (sent,) = messages[2]["tool_calls"]
+    assert sent["function"] == {"name": "add", "arguments": '{"a": 1, "b": 2}'}
+    prompt = conversation.prompt()
+    assert list(prompt) == messages and prompt.tools == (ADD,)
+    bad = asked.with_reply("<tool_call>{oops</tool_call>").messages()[-1]
+    assert bad == {"role": "assistant", "content": "<tool_call>{oops</tool_call>"}
+    assert "tool_calls" not in Conversation(turns=(("assistant", CALL),)).messages()[0]  # no tools, no calls
+
+
+def test_reset_and_system_keep_the_tools_and_fitting_drops_whole_exchanges() -> None:
+    conversation = Conversation(None, (("user", "a"), ("assistant", CALL), ("tool", "3"), ("assistant", "3"),
+                                       ("user", "b")), (ADD,))  # fmt: skip
+    assert step(conversation, "/reset").conversation == Conversation(tools=(ADD,))
+    assert step(conversation, "/system S").conversation == Conversation("S", tools=(ADD,))
+    fitted = fit_history(conversation, lambda prompt: 100 * len(prompt), 150)
+    assert fitted.turns == (("user", "b"),) and fitted.tools == (ADD,)

@@ -12,7 +12,7 @@ from rayft.config import load_config
 from rayft.data.formats import REASONS
 from rayft.errors import DataError
 from rayft.files import write_jsonl_atomic
-from rayft.generation.backend import Generation
+from rayft.generation.backend import Generation, ToolChat
 from rayft.inference.batch import default_rejects_path, generation_config, output_row, plan_paths
 from rayft.inference.prompts import read_prompts
 from rayft.recipes.generate import run
@@ -227,3 +227,46 @@ def test_every_generation_failing_is_an_error_with_the_rows_kept(tmp_path: Path)
             run(cfg, "rayft-test", source, tmp_path / "out.jsonl", runtime="local")
     rows = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text().splitlines()]
     assert [row["finish_reason"] for row in rows] == ["error", "error"]
+
+
+ADD = {"type": "function", "function": {"name": "add", "parameters": {"type": "object", "properties": {}}}}
+CALL = {"id": "c1", "type": "function", "function": {"name": "add", "arguments": '{"a": 1, "b": 2}'}}
+
+
+def test_tool_rows_become_tool_chats_checked_as_training_checks_them() -> None:
+    asked = {"role": "user", "content": "1 + 2?"}
+    lines = [
+        json.dumps({"messages": [asked], "tools": [ADD]}),
+        json.dumps({"messages": [asked, {"role": "assistant", "content": None, "tool_calls": [CALL]},
+                                 {"role": "tool", "tool_call_id": "c1", "content": "3"}], "tools": [ADD]}),
+        json.dumps({"messages": [asked, {"role": "assistant", "tool_calls": [{**CALL, "function": {
+            "name": "mul", "arguments": "{}"}}]}], "tools": [ADD]}),
+        json.dumps({"messages": [asked, {"role": "tool", "content": "3"}], "tools": [ADD]}),
+        json.dumps({"messages": [asked], "tools": "not json"}),
+        json.dumps({"messages": [asked, {"role": "assistant", "tool_calls": [{"function": {"arguments": "{}"}}]}],
+                    "tools": [ADD]}),
+    ]  # fmt: skip
+    parsed = read_prompts(json_lines([line.encode() + b"\n" for line in lines]))
+    first, second = (row.prompt for row in parsed.rows)
+    assert isinstance(first, ToolChat) and first.tools == (ADD,) and list(first) == [asked]
+    assert isinstance(second, ToolChat) and [m["role"] for m in second] == ["user", "assistant", "tool"]
+    assert second[1]["tool_calls"][0]["function"]["arguments"] == {"a": 1, "b": 2}
+    assert second[2] == {"role": "tool", "content": "3", "tool_call_id": "c1", "name": "add"}
+    reasons = [(r.line, r.reason) for r in parsed.rejected]
+    assert reasons == [(3, "unknown_tool"), (4, "orphan_tool_result"), (5, "bad_tools"), (6, "bad_tool_call")]
+    assert all(reason in REASONS for _, reason in reasons)
+    assert _parse(['{"messages": [{"role": "user", "content": "no tools"}]}'])[0] == [
+        (1, [{"role": "user", "content": "no tools"}])]  # fmt: skip
+
+
+def test_a_tool_rows_output_carries_the_calls_read_from_the_generation() -> None:
+    (row,) = read_prompts(json_lines([json.dumps({"messages": [{"role": "user", "content": "x"}],
+                                                  "tools": [ADD]}).encode() + b"\n"])).rows  # fmt: skip
+    text = 'Sure.\n<tool_call>{"name": "add", "arguments": {"a": 1}}</tool_call>\n<tool_call>{oops</tool_call>'
+    out = output_row(row, Generation(text))
+    assert out["generation"] == text
+    function = {"name": "add", "arguments": '{"a": 1}'}
+    assert out["tool_calls"] == [{"id": "call_0", "type": "function", "function": function}]
+    assert len(out["tool_call_errors"]) == 1 and "tool call 2 of the output is not JSON" in out["tool_call_errors"][0]
+    (plain,) = read_prompts(json_lines([b'{"prompt": "x"}\n'])).rows
+    assert "tool_calls" not in output_row(plain, Generation(text))

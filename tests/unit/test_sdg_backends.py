@@ -10,8 +10,10 @@ from typing import Any
 import pytest
 
 from rayft.config.generation import EndpointConfig, GenerationConfig
+from rayft.data.tools import parse_tool_calls
 from rayft.errors import MissingDependencyError
-from rayft.generation.backend import SamplingParams
+from rayft.generation import openai_http
+from rayft.generation.backend import SamplingParams, ToolChat
 from rayft.generation.factory import build_backend
 from rayft.generation.openai_http import OpenAIBackend
 from tests.support.openai_server import OpenAIServer
@@ -178,3 +180,19 @@ def test_vllm_sampling_parameters_map_ours() -> None:
     }
     sampled = vllm_sampling_kwargs(SamplingParams(temperature=0.7, top_p=0.9, stop=("\n\n",), seed=3))
     assert sampled["stop"] == ["\n\n"] and sampled["seed"] == 3 and sampled["top_p"] == 0.9
+
+
+def test_a_tool_chat_sends_its_tools_and_a_replys_tool_calls_come_back_in_the_default_format() -> None:
+    tool = {"type": "function", "function": {"name": "add", "parameters": {"type": "object"}}}
+    with OpenAIServer(responder=echo) as server:
+        backend = OpenAIBackend("m", EndpointConfig(base_url=server.base_url, **FAST))
+        backend.generate([ToolChat([{"role": "user", "content": "hi"}], [tool]), [{"role": "user", "content": "x"}]],
+                         SamplingParams())  # fmt: skip
+    with_tools, plain = sorted(server.requests, key=lambda r: "tools" not in r)
+    assert with_tools["tools"] == [tool] and "tools" not in plain
+    calls = [{"id": "c", "type": "function", "function": {"name": "add", "arguments": '{"a": 1}'}}]
+    choice = {"message": {"role": "assistant", "content": None, "tool_calls": calls}, "finish_reason": "tool_calls"}
+    reply = {"choices": [choice], "usage": {"completion_tokens": 5}}
+    generation = openai_http._to_generation(reply, True, SamplingParams())
+    (parsed,) = parse_tool_calls(generation.text)
+    assert (parsed.name, parsed.arguments) == ("add", {"a": 1}) and generation.num_generated_tokens == 5

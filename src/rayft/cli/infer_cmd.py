@@ -58,8 +58,15 @@ def sampling_options(function: Callable[..., Any]) -> Callable[..., Any]:
     default="auto",
     help="Where the model runs (auto: a GPU when there is one).",
 )
+@click.option(
+    "--tool",
+    "tools",
+    multiple=True,
+    type=click.Choice(["calculator", "sql", "python"]),
+    help="A built-in tool the model may call (repeat for more): its calls are run and answered, shown as notes.",
+)
 def chat(source: str, overrides: tuple[str, ...], *, config_path: str | None, checkpoint: str | None,
-         device: str, **sampling: Any) -> None:  # fmt: skip
+         device: str, tools: tuple[str, ...], **sampling: Any) -> None:  # fmt: skip
     """Chat with a model in this process, with the chat template it was trained with.
 
     SOURCE is a run directory (--checkpoint picks its checkpoint), a checkpoints/step-N or final/
@@ -71,7 +78,7 @@ def chat(source: str, overrides: tuple[str, ...], *, config_path: str | None, ch
     reply is one block on standard output. No Ray is started.
     """
     cfg = _with_inference(_load(config_path, overrides, checkpoint), sampling)
-    api.chat(cfg, source, device=None if device == "auto" else device)
+    api.chat(cfg, source, device=None if device == "auto" else device, tools=tools)
 
 
 @click.command(epilog="Example: rayft generate runs/my-run --input prompts.jsonl --output out.jsonl --temperature 0")

@@ -9,6 +9,7 @@ from pydantic import Field, model_validator
 
 from rayft.config.base import Section
 from rayft.config.data import DatasetConfig
+from rayft.config.environment import EnvironmentConfig
 from rayft.config.generation import EndpointConfig, GenerationConfig
 
 GgufType = Literal["f16", "q8_0", "q4_0"]
@@ -177,6 +178,36 @@ class EvalConfig(Section):
         description="Scoring model of task 'bertscore' (a Hub id or a local directory).",
     )
     seed: int = Field(0, ge=0, description="Seed of bootstrap resampling.")
+    environment: EnvironmentConfig | None = Field(
+        None,
+        description=(
+            "Run each example as a multi-turn episode of this environment (the section train.rl.environment "
+            "takes: its tools and limits per episode): the model's tool calls are answered with the tools' "
+            "results until it answers without a call, and that final answer is scored by eval.task. The "
+            "episode's reward (a user environment's) is the metric 'reward'; turns, tool calls, tool errors "
+            "and truncated episodes are in each example's row and in the summary. Backends 'hf' and 'openai'."
+        ),
+    )
+    without_tools: list[str] = Field(
+        default_factory=list,
+        description=(
+            "With eval.environment of type 'tools': labels of the models whose episodes run with the tools "
+            "taken away (the same prompts without the tool list; a call is answered with an error). rayft eval's "
+            "model is labelled 'model'; in rayft compare give one source twice (--model tools=SRC --model "
+            "plain=SRC) and list 'plain' here for the paired test of what the tools are worth."
+        ),
+    )
+
+    @model_validator(mode="after")
+    def _check_environment(self) -> EvalConfig:
+        env = self.environment
+        if env is not None and self.backend == "vllm":
+            raise ValueError("eval.environment runs with eval.backend 'hf' or 'openai'; vLLM's chat does not take "
+                             "a conversation's tools from rayft yet")  # fmt: skip
+        if self.without_tools and (env is None or env.type != "tools"):
+            raise ValueError("eval.without_tools takes the tools of eval.environment of type 'tools' away; set that "
+                             "environment, or remove eval.without_tools")  # fmt: skip
+        return self
 
     @model_validator(mode="after")
     def _check(self) -> EvalConfig:

@@ -48,6 +48,7 @@ def model_summary(run: ModelRun) -> ModelSummary:
         generation_errors=run.errors,
         generated_tokens=run.generated_tokens,
         elapsed_s=round(run.elapsed_s, 3),
+        episodes=run.episodes,
     )
 
 
@@ -65,7 +66,7 @@ def example_record(example: Example, generation: Generation, scored: Scored) -> 
         "finish_reason": generation.finish_reason,
         "error": generation.error,
         "num_generated_tokens": generation.num_generated_tokens,
-    }
+    } | ({"episode": generation.extra["episode"]} if "episode" in generation.extra else {})
 
 
 def prediction_row(record: Mapping[str, Any], run: ModelRun) -> dict[str, Any]:
@@ -74,6 +75,8 @@ def prediction_row(record: Mapping[str, Any], run: ModelRun) -> dict[str, Any]:
     row = {key: record[key] for key in keys}
     row["correct"] = run.correct(record["scores"])
     row.update({key: record[key] for key in ("finish_reason", "error", "num_generated_tokens")})
+    if "episode" in record:
+        row["episode"] = record["episode"]
     return row
 
 
@@ -88,6 +91,7 @@ def comparison_row(records: Sequence[Mapping[str, Any]], runs: Sequence[ModelRun
             "correct": run.correct(record["scores"]),
             "error": record["error"],
         }
+        | ({"episode": record["episode"]} if "episode" in record else {})
         for run, record in zip(runs, records, strict=True)
     }
     return {key: first[key] for key in ("id", "question", "prompt", "reference")} | {"models": models}
@@ -234,7 +238,25 @@ def console_table(summary_models: Mapping[str, ModelSummary], confidence: float)
     widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)) for row in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
+    lines += [f"{label}: {episodes_text(model.episodes)}" for label, model in summary_models.items() if model.episodes]
     return "\n".join(lines)
+
+
+def episodes_text(episodes: Mapping[str, Any]) -> str:
+    """One line of an environment eval's episode figures."""
+    tools = "with tools" if episodes.get("with_tools", True) else "without tools"
+    by_tool = ", ".join(f"{name} {n}" for name, n in episodes.get("tool_calls_by_tool", {}).items()) or "none"
+    return (
+        f"{episodes['episodes']} episodes {tools}: {episodes['mean_turns']:g} turns and "
+        f"{episodes['mean_tool_calls']:g} tool calls each ({by_tool}); {episodes['tool_errors']} tool errors, "
+        f"{episodes['tool_timeouts']} timeouts, {episodes['truncated']} truncated, {episodes['failed']} failed"
+    )
+
+
+def episodes_markdown(models: Mapping[str, ModelSummary]) -> list[str]:
+    """compare.md's section of episode figures (none when no model ran in an environment)."""
+    rows = [f"- **{label}**: {episodes_text(model.episodes)}" for label, model in models.items() if model.episodes]
+    return ["", "## Episodes", "", *rows] if rows else []
 
 
 def render_markdown(summary: CompareSummary, rows: Sequence[dict[str, Any]]) -> str:
@@ -261,6 +283,7 @@ def render_markdown(summary: CompareSummary, rows: Sequence[dict[str, Any]]) -> 
                 f"{difference_interval(t, conf)} | {t.p_value:.4g} | "
                 f"{'yes' if t.significant else 'no'} | {equivalence_text(t) or '-'} | {flips_text(t) or '-'} |"
             )
+    out += episodes_markdown(summary.models)
     if summary.gates:
         out += ["", "## Gates", "", "| gate | passed | evidence |", "|---|---|---|"]
         out += [f"| `{g.gate}` | {'yes' if g.passed else 'no'} | {g.evidence} |" for g in summary.gates]

@@ -102,6 +102,8 @@ class ModelRun:
     scores: list[dict[str, float]] = field(default_factory=list)
     extracted: list[dict[str, str]] = field(default_factory=list)
     rows_path: Path | None = None
+    episodes: dict[str, Any] = field(default_factory=dict)
+    """The episodes' figures of an eval in an environment (turns, tool calls, errors); empty otherwise."""
 
     def correct(self, scores: dict[str, float]) -> bool | None:
         """Whether one example's primary score is a correct answer (None for a continuous primary)."""
@@ -124,11 +126,19 @@ class ScoreTally:
         self.generated_tokens = 0
         self.first_error: str | None = None
 
-    def add(self, examples: Sequence[Example], generations: Sequence[Generation]) -> list[Scored]:
-        """Score a window of examples (in example order) and keep their values; the scores."""
+    def add(
+        self, examples: Sequence[Example], generations: Sequence[Generation],
+        extra: Sequence[dict[str, float]] | None = None,
+    ) -> list[Scored]:  # fmt: skip
+        """Score a window of examples (in example order) and keep their values; the scores. ``extra``: more
+        scores per example, beside the task's (an episode's reward)."""
         outputs = ["" if g.error else g.text for g in generations]
         references = [e.reference for e in examples]
         scored = self.task.score_all(outputs, references, [e.table for e in examples])
+        if extra is not None:
+            scored = [
+                dataclasses.replace(s, scores={**s.scores, **more}) for s, more in zip(scored, extra, strict=True)
+            ]
         for name in dict.fromkeys(k for s in scored for k in s.scores):
             if name not in self.values:  # a metric first seen now scored 0 on the examples before
                 self.values[name] = array("d", bytes(8 * self.n))

@@ -60,6 +60,8 @@ class ModelSummary:
     generation_errors: int = 0
     generated_tokens: int = 0
     elapsed_s: float = 0.0
+    episodes: dict[str, Any] = field(default_factory=dict)
+    """An eval in an environment: the episodes' figures (turns, tool calls, tool errors, truncations)."""
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON form (the layout of ``eval.json``'s model fields and ``compare.json``'s models)."""
@@ -76,7 +78,7 @@ class ModelSummary:
             "generation_errors": self.generation_errors,
             "generated_tokens": self.generated_tokens,
             "elapsed_s": self.elapsed_s,
-        }
+        } | ({"episodes": self.episodes} if self.episodes else {})
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> ModelSummary:

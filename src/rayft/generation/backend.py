@@ -9,11 +9,32 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Literal, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, runtime_checkable
 
 Message = dict[str, str]
 Prompt = str | list[Message]
-"""A raw text prompt, or a chat conversation rendered with the model's chat template."""
+"""A raw text prompt, or a chat conversation rendered with the model's chat template (a
+:class:`ToolChat` also carries the tools the model may call)."""
+
+
+class ToolChat(list[Message]):
+    """A chat conversation that carries the tools the model may call (OpenAI function schemas): rendered
+    with them by :func:`rayft.data.tokenize.render_chat`, as training renders a row's ``tools``. It is a
+    list of messages, so that every backend, pool and record that takes a chat prompt takes it as one;
+    its messages may hold tool turns (``tool_calls``, the ``tool`` role)."""
+
+    def __init__(self, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] = ()) -> None:
+        super().__init__(messages)
+        self.tools: tuple[dict[str, Any], ...] = tuple(tools)
+
+    def __reduce__(self) -> tuple[Any, ...]:  # pickled to Ray actors with its tools
+        return (ToolChat, (list(self), self.tools))
+
+
+def prompt_tools(prompt: Prompt) -> tuple[dict[str, Any], ...]:
+    """The tools a prompt carries (none for a plain one)."""
+    return prompt.tools if isinstance(prompt, ToolChat) else ()
+
 
 FinishReason = Literal["stop", "length", "error"]
 

@@ -22,6 +22,7 @@ from rayft.generation.backend import (
     Prompt,
     SamplingParams,
     StopFilter,
+    prompt_tools,
     truncate_at_stop,
 )
 from rayft.generation.kv_cache import cache_length, filled_batch, plan_cache
@@ -90,15 +91,15 @@ class HFBackend:
     def render(self, prompt: Prompt, chat_template: str | None = None, tools: Sequence[Mapping[str, Any]] = ()) -> str:
         """The exact text fed to the model: chat prompts go through the chat template (``chat_template``,
         else the tokenizer's) with training's own rendering (:func:`rayft.data.tokenize.render_chat`, with
-        the OpenAI function schemas ``tools``), or, for a model without one (T5, BART), their contents
-        joined by blank lines, as such models are trained."""
+        the OpenAI function schemas ``tools``, else those a :class:`ToolChat` carries), or, for a model
+        without one (T5, BART), their contents joined by blank lines, as such models are trained."""
         if isinstance(prompt, str):
             return prompt
         template = chat_template or (self.tokenizer.get_chat_template() if self.tokenizer.chat_template else None)
         if template is None:
             return "\n\n".join(str(message.get("content", "")) for message in prompt)
         special = self.tokenizer.special_tokens_map
-        return render_chat(template, special, prompt, tools=tools, generation_prompt=True)
+        return render_chat(template, special, prompt, tools=tools or prompt_tools(prompt), generation_prompt=True)
 
     def generate(self, prompts: Sequence[Prompt], params: SamplingParams) -> list[Generation]:
         """Generate for every prompt, ``batch_size`` at a time, in the order of ``prompts``.

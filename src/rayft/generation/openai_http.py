@@ -24,8 +24,16 @@ from urllib.parse import parse_qsl, urlsplit, urlunsplit
 import httpx
 
 from rayft.config.generation import EndpointConfig
+from rayft.data.tools import TOOL_CALL_CLOSE, TOOL_CALL_OPEN
 from rayft.errors import EndpointError
-from rayft.generation.backend import FinishReason, Generation, Prompt, SamplingParams, truncate_at_stop
+from rayft.generation.backend import (
+    FinishReason,
+    Generation,
+    Prompt,
+    SamplingParams,
+    prompt_tools,
+    truncate_at_stop,
+)
 from rayft.security import mask_uri, redact, remember_secret
 
 MAX_BACKOFF_S = 30.0
@@ -106,6 +114,8 @@ class OpenAIBackend:
             "top_p": params.top_p,
         }
         body.update({"messages": list(prompt)} if chat else {"prompt": prompt})
+        if prompt_tools(prompt):
+            body["tools"] = list(prompt_tools(prompt))
         if params.stop:
             body["stop"] = list(params.stop)
         if params.seed is not None:
@@ -251,12 +261,28 @@ def _reply_text(choice: Any, chat: bool) -> str:
     )
 
 
+def _calls_text(choice: dict[str, Any]) -> str:
+    """A chat reply's ``tool_calls`` in the default text format, after its text (so that a generation reads
+    as a local model's output with the same calls: environments and records parse the one format)."""
+    message = choice.get("message")
+    calls = message.get("tool_calls") if isinstance(message, dict) else None
+    blocks = []
+    for call in calls or []:
+        function = call.get("function") if isinstance(call, dict) else None
+        if isinstance(function, dict):  # arguments as the API gives them, JSON text: the parser reads either
+            body = json.dumps(
+                {"name": function.get("name"), "arguments": function.get("arguments")}, ensure_ascii=False
+            )
+            blocks.append(f"{TOOL_CALL_OPEN}{body}{TOOL_CALL_CLOSE}")
+    return "".join("\n" + block for block in blocks)
+
+
 def _to_generation(reply: dict[str, Any], chat: bool, params: SamplingParams) -> Generation:
     choices = reply.get("choices") or []
     if not choices:
         raise ValueError(f"the reply has no choices: {json.dumps(reply)[:200]}")
     choice = choices[0]
-    raw = _reply_text(choice, chat)
+    raw = _reply_text(choice, chat) + _calls_text(choice)
     text, stopped = truncate_at_stop(raw, params.stop)
     finish: FinishReason = "length" if choice.get("finish_reason") == "length" and not stopped else "stop"
     usage = reply.get("usage") or {}

@@ -21,9 +21,10 @@ from rayft.config.model import ModelConfig
 from rayft.console import Progress
 from rayft.data.formats import REASONS
 from rayft.data.read.rows import ReadRow, iter_json_lines
+from rayft.data.tools import ToolCall, ToolUseError, tool_call_blocks
 from rayft.errors import DataError, EndpointError, ModelError
 from rayft.files import AtomicJsonl
-from rayft.generation.backend import Generation
+from rayft.generation.backend import Generation, ToolChat
 from rayft.generation.openai_http import OpenAIBackend
 from rayft.generation.pool import Runtime, in_input_order, open_pool
 from rayft.inference.prompts import PromptRow, RejectedRow, iter_prompts
@@ -33,7 +34,8 @@ from rayft.runtime import ray_runtime
 
 log = logging.getLogger("rayft.generate")
 
-OUTPUT_FIELDS = ("generation", "finish_reason", "error", "num_prompt_tokens", "num_generated_tokens")
+OUTPUT_FIELDS = ("generation", "finish_reason", "error", "num_prompt_tokens", "num_generated_tokens", "tool_calls",
+                 "tool_call_errors")  # fmt: skip
 """The fields each output row gets (replacing input columns of the same name)."""
 _LOGGED_REJECTS = 10
 
@@ -254,8 +256,9 @@ def generation_config(cfg: RayftConfig, source: str) -> tuple[GenerationConfig, 
 
 
 def output_row(row: PromptRow, generation: Generation) -> dict[str, Any]:
-    """An input row with the generation fields added."""
-    return {
+    """An input row with the generation fields added; a tool-use row also gets the calls read from the
+    generation (``tool_calls``, OpenAI's shape) and why a call block could not be read (``tool_call_errors``)."""
+    out = {
         **row.row,
         "generation": generation.text,
         "finish_reason": generation.finish_reason,
@@ -263,3 +266,8 @@ def output_row(row: PromptRow, generation: Generation) -> dict[str, Any]:
         "num_prompt_tokens": generation.num_prompt_tokens,
         "num_generated_tokens": generation.num_generated_tokens,
     }
+    if isinstance(row.prompt, ToolChat):
+        blocks = tool_call_blocks(generation.text)
+        out["tool_calls"] = [b.to_openai(arguments_as_text=True) for b in blocks if isinstance(b, ToolCall)]
+        out["tool_call_errors"] = [b.detail for b in blocks if isinstance(b, ToolUseError)]
+    return out

@@ -8,9 +8,9 @@ from __future__ import annotations
 import logging
 import sys
 import threading
-from collections.abc import Callable, Generator
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
-from typing import TextIO
+from typing import Any, Protocol, TextIO
 
 from rayft.config import RayftConfig
 from rayft.config.inference import InferenceConfig
@@ -32,6 +32,25 @@ class ChatIO:
     notes: TextIO
 
 
+class TurnResult(Protocol):
+    """What the tools answer a reply with (:class:`rayft.environments.StepResult` is one)."""
+
+    @property
+    def messages(self) -> Sequence[dict[str, Any]]: ...
+    @property
+    def done(self) -> bool: ...
+
+
+class ChatTools(Protocol):
+    """Tools the model may call in a chat: their schemas, and an episode per user message that runs the
+    calls of each reply (the tools environment, :class:`rayft.environments.ToolsEnvironment`, is one)."""
+
+    @property
+    def schemas(self) -> list[dict[str, Any]]: ...
+    def reset(self, row: dict[str, Any]) -> Any: ...
+    def step(self, model_turn: str) -> TurnResult: ...
+
+
 def load_model(cfg: RayftConfig, source: str, device: str | None = None) -> tuple[HFBackend, ResolvedSource]:
     """Resolve ``source`` and load it for chat (on ``device``; default: a GPU when there is one)."""
     resolved = resolve_source(source, cfg.model, cfg.eval.checkpoint)
@@ -40,12 +59,16 @@ def load_model(cfg: RayftConfig, source: str, device: str | None = None) -> tupl
     return backend, resolved
 
 
-def chat_session(backend: HFBackend, described: str, inference: InferenceConfig, io: ChatIO) -> int:
-    """Chat with the loaded model until the user quits; returns the number of replies generated."""
+def chat_session(
+    backend: HFBackend, described: str, inference: InferenceConfig, io: ChatIO, tools: ChatTools | None = None
+) -> int:
+    """Chat with the loaded model until the user quits; returns the number of replies generated. With
+    ``tools``, the model is shown their schemas, and a reply that calls them is answered with their results
+    (printed as notes) and replied to again, until a reply calls none or the tools' limits end the turn."""
     params = sampling_params(inference)
     io.notes.write(f"Chatting with {described}. /help lists the commands; /exit or Ctrl-D quits.\n")
     io.notes.flush()
-    conversation = Conversation(inference.system_prompt)
+    conversation = Conversation(inference.system_prompt, tools=tuple(tools.schemas) if tools else ())
     replies = 0
     while True:
         line = _read(io)
@@ -59,12 +82,12 @@ def chat_session(backend: HFBackend, described: str, inference: InferenceConfig,
             io.notes.write(decided.text + "\n")
             io.notes.flush()
         elif decided.action == "generate":
-            conversation, answered = _turn(backend, conversation, params, io)
+            conversation, answered = _turn(backend, conversation, params, io, tools)
             replies += answered
 
 
 def _turn(
-    backend: HFBackend, conversation: Conversation, params: SamplingParams, io: ChatIO
+    backend: HFBackend, conversation: Conversation, params: SamplingParams, io: ChatIO, tools: ChatTools | None = None
 ) -> tuple[Conversation, int]:
     """One reply to the user's last line: the conversation after it, and 1 if a reply was made.
 
@@ -78,7 +101,7 @@ def _turn(
         io.notes.write("\n(reply stopped)\n")
         return conversation.without_last_turn(), 0
     try:
-        return asked.with_reply(reply(backend, asked, params, io)), 1
+        return answer(backend, asked, params, io, tools), 1
     except Exception as exc:  # the session goes on without this turn
         io.notes.write(f"(no reply: {type(exc).__name__}: {exc}; try again, or /reset)\n")
         return asked.without_last_turn(), 0
@@ -109,13 +132,33 @@ def fit_to_context(
     return fitted
 
 
+def answer(
+    backend: HFBackend, asked: Conversation, params: SamplingParams, io: ChatIO, tools: ChatTools | None
+) -> Conversation:
+    """The conversation after the model's answer to the user's last line: one reply, or with tools, each
+    reply's calls answered with their results and replied to again until a reply calls none."""
+    text = reply(backend, asked, params, io)
+    if tools is None:
+        return asked.with_reply(text)
+    tools.reset({"messages": asked.messages()})
+    result, conversation = tools.step(text), asked
+    while not result.done:
+        results = [str(m.get("content", "")) for m in result.messages]
+        for message in result.messages:
+            io.notes.write(f"[{message.get('name', 'tool')}] {message.get('content', '')}\n")
+        conversation = conversation.with_reply(text).with_tool_results(results)
+        text = reply(backend, conversation, params, io)
+        result = tools.step(text)
+    return conversation.with_reply(text)
+
+
 def reply(backend: HFBackend, conversation: Conversation, params: SamplingParams, io: ChatIO) -> str:
     """Stream the model's reply to ``conversation`` to ``io.replies``; Ctrl-C stops it early."""
     stop = threading.Event()
     pieces: list[str] = []
     stream: Generator[str, None, None] | None = None
     try:
-        stream = backend.stream(conversation.messages(), params, stop)
+        stream = backend.stream(conversation.prompt(), params, stop)
         for piece in stream:
             pieces.append(piece)
             io.replies.write(piece)

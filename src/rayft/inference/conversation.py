@@ -10,9 +10,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Literal
+from typing import Any, Literal
 
-Message = dict[str, str]
+from rayft.data.tools import ToolUseError, split_tool_calls
+from rayft.generation.backend import ToolChat
+
+Message = dict[str, Any]
 
 COMMANDS = {
     "/reset": "clear the conversation (the system prompt stays)",
@@ -27,23 +30,47 @@ Action = Literal["generate", "print", "exit", "nothing"]
 
 @dataclass(frozen=True)
 class Conversation:
-    """The system prompt and the turns so far (user and assistant, alternating)."""
+    """The system prompt, the turns so far (user and assistant, alternating; with tools, an assistant turn
+    that calls them is followed by their results, ``tool`` turns, and the assistant again), and the
+    tools the model may call (OpenAI function schemas)."""
 
     system: str | None = None
     turns: tuple[tuple[str, str], ...] = ()
+    tools: tuple[dict[str, Any], ...] = ()
 
     def messages(self) -> list[Message]:
-        """The conversation as chat-template messages, the system prompt first."""
-        head = [{"role": "system", "content": self.system}] if self.system else []
-        return head + [{"role": role, "content": text} for role, text in self.turns]
+        """The conversation as chat-template messages, the system prompt first; an assistant turn's calls
+        as OpenAI ``tool_calls`` (so that the template renders them its own way)."""
+        head: list[Message] = [{"role": "system", "content": self.system}] if self.system else []
+        return head + [_message(role, text, bool(self.tools)) for role, text in self.turns]
+
+    def prompt(self) -> ToolChat:
+        """What the model answers: the messages with the tools."""
+        return ToolChat(self.messages(), self.tools)
 
     def with_reply(self, text: str) -> Conversation:
         """The conversation with the assistant's reply appended."""
         return replace(self, turns=(*self.turns, ("assistant", text)))
 
+    def with_tool_results(self, results: list[str]) -> Conversation:
+        """The conversation with the results of the last reply's tool calls appended, in call order."""
+        return replace(self, turns=(*self.turns, *(("tool", text) for text in results)))
+
     def without_last_turn(self) -> Conversation:
         """The conversation without its last turn (a message whose reply failed)."""
         return replace(self, turns=self.turns[:-1])
+
+
+def _message(role: str, text: str, tools: bool) -> Message:
+    if role != "assistant" or not tools:
+        return {"role": role, "content": text}
+    try:
+        content, calls = split_tool_calls(text)
+    except ToolUseError:  # a call that cannot be read stays the text the model wrote (and was told about)
+        return {"role": role, "content": text}
+    if not calls:
+        return {"role": role, "content": text}
+    return {"role": role, "content": content, "tool_calls": [c.to_openai(arguments_as_text=True) for c in calls]}
 
 
 @dataclass(frozen=True)
@@ -80,12 +107,14 @@ def _exit(conversation: Conversation, argument: str) -> Step:
 
 
 def _reset(conversation: Conversation, argument: str) -> Step:
-    return Step(Conversation(conversation.system), "print", "(conversation cleared)")
+    return Step(replace(conversation, turns=()), "print", "(conversation cleared)")
 
 
 def _system(conversation: Conversation, argument: str) -> Step:
     if argument:
-        return Step(Conversation(argument), "print", "(system prompt set; conversation cleared)")
+        return Step(
+            replace(conversation, system=argument, turns=()), "print", "(system prompt set; conversation cleared)"
+        )
     shown = repr(conversation.system) if conversation.system else "none"
     return Step(conversation, "print", f"system prompt: {shown}; set it with /system TEXT")
 
@@ -103,11 +132,18 @@ _COMMANDS: dict[str, Callable[[Conversation, str], Step]] = {
 }
 
 
-def fit_history(conversation: Conversation, count_tokens: Callable[[list[Message]], int], budget: int) -> Conversation:
+def fit_history(conversation: Conversation, count_tokens: Callable[[ToolChat], int], budget: int) -> Conversation:
     """The conversation without its oldest exchanges, until its prompt takes at most ``budget``
     tokens (``count_tokens`` measures the rendered prompt). The system prompt and the last user
     message always stay, even when they alone are over budget."""
     turns = conversation.turns
-    while len(turns) > 2 and count_tokens(replace(conversation, turns=turns).messages()) > budget:
-        turns = turns[2:]
+    while len(turns) > 2 and count_tokens(replace(conversation, turns=turns).prompt()) > budget:
+        turns = _next_exchange(turns)
     return replace(conversation, turns=turns)
+
+
+def _next_exchange(turns: tuple[tuple[str, str], ...]) -> tuple[tuple[str, str], ...]:
+    """The turns without their first exchange: the first user message and every turn up to the next one
+    (the replies and tool results that answered it)."""
+    following = next((i for i, (role, _) in enumerate(turns) if i > 0 and role == "user"), len(turns) - 1)
+    return turns[following:]

@@ -7,7 +7,10 @@ output carries through) or a :class:`RejectedRow` with its line number, a reason
 ``row_too_large``, and ``missing_field``, ``empty_field``, ``wrong_type``, ``unknown_role`` for the
 prompt), a detail and the line itself; no line is dropped without a trace. The prompt is the ``field``
 column, or by default ``prompt`` (else ``messages``): a string is sent as it is, a list of
-``{role, content}`` turns (or ShareGPT ``{from, value}``) goes through the chat template.
+``{role, content}`` turns (or ShareGPT ``{from, value}``) goes through the chat template. A conversation
+with tool use (a ``tools`` column of function schemas, assistant ``tool_calls``, ``tool`` results) is
+checked as training checks it (:func:`rayft.data.tools.tool_conversation`: the same reject reasons) and
+becomes a :class:`~rayft.generation.backend.ToolChat`, rendered with its tools as training renders them.
 """
 
 from __future__ import annotations
@@ -17,9 +20,10 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from rayft.data.formats import MESSAGE_COLUMNS, ROLE_ALIASES
+from rayft.data.formats import MESSAGE_COLUMNS, ROLE_ALIASES, TOOLS_COLUMN, BadRowError, parse_chat_turns
 from rayft.data.read.rows import ReadRow
-from rayft.generation.backend import Message, Prompt
+from rayft.data.tools import TOOL_ROLES, ToolUseError, normalize_tools, tool_conversation
+from rayft.generation.backend import Message, Prompt, ToolChat
 
 DEFAULT_FIELDS = ("prompt", "messages")
 MAX_VALUE_CHARS = 2000
@@ -106,7 +110,27 @@ def row_prompt(row: dict[str, Any], prompt_field: str | None) -> Prompt:
         wanted = repr(prompt_field) if prompt_field else "'prompt' or 'messages'"
         fields = ", ".join(map(repr, row)) or "none"
         raise BadPromptError("missing_field", f"no {wanted} field (fields: {fields}); choose the column with --field")
+    if uses_tools(row, row[name]):
+        return tool_prompt(name, row[name], row.get(TOOLS_COLUMN))
     return to_prompt(name, row[name])
+
+
+def uses_tools(row: dict[str, Any], value: Any) -> bool:
+    """Whether a row is a tool-use conversation: it has tools, or a turn calls one or answers one."""
+    if row.get(TOOLS_COLUMN) is not None:
+        return True
+    turns = value if isinstance(value, list) else []
+    return any(isinstance(t, dict) and (t.get("tool_calls") or t.get("role") in TOOL_ROLES) for t in turns)
+
+
+def tool_prompt(name: str, value: Any, tools: Any) -> ToolChat:
+    """A tool-use conversation and its tools, checked as training checks them (the same reasons)."""
+    try:
+        schemas = normalize_tools(tools)
+        messages = tool_conversation(parse_chat_turns(value, name), schemas)
+    except (BadRowError, ToolUseError) as bad:
+        raise BadPromptError(bad.reason, bad.detail) from None
+    return ToolChat(messages, schemas)
 
 
 def to_prompt(name: str, value: Any) -> Prompt:

@@ -20,11 +20,12 @@ from pathlib import Path
 from typing import Any
 
 from rayft.config import RayftConfig
+from rayft.environments.evaluate import check_without_tools, stream_eval
 from rayft.errors import ConfigError
 from rayft.evaluation.gates import check_gates, check_labels, gate_margins, parse_gates
 from rayft.evaluation.report import console_table, model_summary, pair_tests, render_html, render_markdown
 from rayft.evaluation.runner import eval_source, generation_runtime, open_examples
-from rayft.evaluation.streaming import read_records, scratch_files, stream_model, write_comparison
+from rayft.evaluation.streaming import read_records, scratch_files, write_comparison
 from rayft.evaluation.summary import CompareSummary
 from rayft.evaluation.tasks import build_task
 from rayft.files import check_writable_dir, write_text_atomic
@@ -72,6 +73,7 @@ def run(cfg: RayftConfig, sources: Mapping[str, str], output_dir: Path, *, gates
         )
     parsed = parse_gates(gates)
     check_labels(parsed, sources)
+    check_without_tools(cfg.eval, list(sources))
     check_writable_dir(Path(output_dir), where="--output")  # before any model loads
     task = build_task(cfg.eval)
     resolved = {label: eval_source(src, cfg) for label, src in sources.items()}
@@ -79,7 +81,7 @@ def run(cfg: RayftConfig, sources: Mapping[str, str], output_dir: Path, *, gates
     out = Path(output_dir)
     with scratch_files(out / EXAMPLES_FILE, len(resolved)) as paths, generation_runtime(cfg) as runtime:
         runs = [
-            stream_model(label, r, examples, path, task=task, cfg=cfg, runtime=runtime)
+            stream_eval(label, r, examples, path, task=task, cfg=cfg, runtime=runtime)
             for (label, r), path in zip(resolved.items(), paths, strict=True)
         ]
         shown = write_comparison(out / EXAMPLES_FILE, runs, runs[0].primary)

@@ -16,9 +16,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rayft.config import RayftConfig
+from rayft.environments.evaluate import check_without_tools, stream_eval
 from rayft.evaluation.report import console_table, model_summary
 from rayft.evaluation.runner import eval_source, generation_runtime, open_examples
-from rayft.evaluation.streaming import scratch_files, stream_model, write_predictions
+from rayft.evaluation.streaming import scratch_files, write_predictions
 from rayft.evaluation.summary import EvalSummary, MetricSummary, ModelSummary
 from rayft.evaluation.tasks import build_task
 from rayft.files import check_writable_dir, write_text_atomic
@@ -63,12 +64,13 @@ class EvalResult:
 def run(cfg: RayftConfig, source: str, output_dir: Path, *, label: str = "model") -> EvalResult:
     """Evaluate the model ``source`` on ``cfg.eval`` and write the report into ``output_dir``."""
     check_writable_dir(Path(output_dir), where="--output")  # before anything is generated
+    check_without_tools(cfg.eval, [label])
     task = build_task(cfg.eval)
     examples = open_examples(cfg.eval, task)
     resolved = eval_source(source, cfg)
     output_dir = Path(output_dir)
     with scratch_files(output_dir / PREDICTIONS_FILE, 1) as (rows,), generation_runtime(cfg) as runtime:
-        model_run = stream_model(label, resolved, examples, rows, task=task, cfg=cfg, runtime=runtime)
+        model_run = stream_eval(label, resolved, examples, rows, task=task, cfg=cfg, runtime=runtime)
         predictions = write_predictions(output_dir / PREDICTIONS_FILE, model_run)
     summary = EvalSummary(
         task=task.name,
