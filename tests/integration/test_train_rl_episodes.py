@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import json
+from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
@@ -44,13 +45,15 @@ def trained_records(run_dir: Path) -> list[dict[str, Any]]:
 def test_episodes_train_on_their_sampled_tokens_and_count_tools_that_hang_or_get_bad_arguments(
     tiny_model_dir: Path, prompts: PreparedData, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    sampled: dict[tuple[int, ...], list[int]] = {}  # each turn's ids as sampled, by the sequence it continued
+    # Each turn's ids as sampled, by the sequence it continued (a group's first turns share their prompt).
+    sampled: dict[tuple[int, ...], list[list[int]]] = defaultdict(list)
     trained: list[tuple[list[int], list[int]]] = []  # each trained row's input ids and labels
     sample_rows, loss_sum = Sampler.sample_rows, RlTraining.loss_sum
 
     def record_turns(self: Sampler, inner: Any, rows: list[list[int]], **kwargs: Any) -> Any:
         out = sample_rows(self, inner, rows, **kwargs)
-        sampled.update({tuple(row): ids for row, ids in zip(rows, out[0], strict=True)})
+        for row, ids in zip(rows, out[0], strict=True):
+            sampled[tuple(row)].append(ids)
         return out
 
     def record_rows(self: RlTraining, model: Any, batch: Any, precision: Any) -> Any:
@@ -60,15 +63,16 @@ def test_episodes_train_on_their_sampled_tokens_and_count_tools_that_hang_or_get
     # Spies around the real sampler and loss (the trainer runs in this process: scaling.num_workers=0).
     monkeypatch.setattr(Sampler, "sample_rows", record_turns)
     monkeypatch.setattr(RlTraining, "loss_sum", record_rows)
+    # Room for all three turns: the first answer (three results, two of them errors) is ~220 tokens of the tiny BPE.
     run = train_on(rl_config(tiny_model_dir, tmp_path, *EPISODES, "scaling.num_workers=0", "train.max_steps=2",
-                             "train.save_steps=2"), prompts)  # fmt: skip
+                             "train.save_steps=2", "train.rl.environment.max_tokens=1024"), prompts)  # fmt: skip
     assert len(trained) == 2 * 2 * 4 and (run / "final").is_dir()  # 2 steps of 2 prompts x 4 episodes
     tokenizer = tokenizer_of(tiny_model_dir)
     for ids, labels in trained:
         runs = label_runs(labels)
         assert len(runs) == 3  # three model turns, each trained exactly as sampled
         for start, end in runs:
-            assert sampled[tuple(ids[:start])] == ids[start:end]
+            assert ids[start:end] in sampled[tuple(ids[:start])]
         answers = [tokenizer.decode(ids[end:start]) for (_, end), (start, _) in itertools.pairwise(runs)]
         assert all("<tool_response>" in a and a.endswith("<|im_start|>assistant\n") for a in answers), answers
     records = trained_records(run)
@@ -115,3 +119,17 @@ def test_an_asynchronous_multi_turn_run_resumed_from_a_checkpoint_equals_the_uni
     for step, values in got.items():
         assert values == pytest.approx(want[step], rel=1e-6, abs=1e-9), step
     assert all(values["rl/episode/turns"] == 3.0 and values["rl/episode/tool_errors"] == 8 for values in want.values())
+
+
+def test_synchronous_actors_run_the_episodes_colocated_rollouts_run(
+    tiny_model_dir: Path, prompts: PreparedData, tmp_path: Path
+) -> None:
+    script = json.dumps([GOOD + BAD_ARGUMENTS, GOOD])
+    common = (*EPISODES, f"train.rl.environment.options={{script: {script}}}", "train.max_steps=2",
+              "train.save_steps=2", "scaling.num_workers=0")  # fmt: skip
+    colocated = train_on(rl_config(tiny_model_dir, tmp_path / "colocated", *common), prompts)
+    on_actors = train_on(rl_config(tiny_model_dir, tmp_path / "actors", *common, *ACTORS), prompts)
+    assert train_losses(on_actors) == pytest.approx(train_losses(colocated), rel=1e-5, abs=1e-7)
+    want = {r["step"]: {k: r[k] for k in EPISODE_FIGURES} for r in trained_records(colocated)}
+    for record in trained_records(on_actors):
+        assert {k: record[k] for k in EPISODE_FIGURES} == pytest.approx(want[record["step"]], rel=1e-5, abs=1e-7)
