@@ -128,3 +128,13 @@ def test_deepspeeds_accelerator_notice_never_reaches_a_model_loading_process_out
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True, timeout=120)
     assert "Setting accelerator to CPU" not in done.stdout + done.stderr
     assert "a DeepSpeed warning that asks something of the user" in done.stdout
+
+
+def test_a_multi_turn_grpo_step_line_adds_turns_and_tool_calls(caplog: pytest.LogCaptureFixture) -> None:
+    from rayft.training.loop.metrics import ConsoleLogger
+
+    logger = ConsoleLogger(total_steps=3, start_step=0)
+    figures = {"rl/reward": 0.5, "rl/pass@1": 0.5, "rl/episode/turns": 2.5, "rl/episode/tool_calls": 1.75}
+    with caplog.at_level(logging.INFO, logger="rayft.train"):
+        logger.log(1, {"train/loss": 0.0, "train/tokens_per_s": 10.0, **figures})
+    assert "reward 0.500  pass@1 0.500  turns 2.50  tools 1.75  lr" in caplog.records[-1].getMessage()

@@ -260,5 +260,7 @@ def test_the_config_builds_the_tools_environment_and_refuses_what_it_cannot_hono
         EnvironmentConfig(type="gym")
     with pytest.raises(ValidationError, match="only type 'tools' reads it"):
         EnvironmentConfig(type="a:B", tools=["sql"])
-    with pytest.raises(ValidationError, match="GRPO's rollouts are single-turn in this version"):
-        RlConfig(environment=EnvironmentConfig())
+    assert RlConfig(environment=EnvironmentConfig()).environment == EnvironmentConfig()  # GRPO runs episodes
+    actors = {"placement": "actors", "engine": "vllm"}
+    with pytest.raises(ValidationError, match="episodes are sampled with HF generate"):
+        RlConfig(environment=EnvironmentConfig(), rollout=actors)

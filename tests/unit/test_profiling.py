@@ -57,6 +57,25 @@ def test_the_phases_of_a_step_add_up_to_its_wall_time_but_for_what_is_skipped() 
     assert timer.take() == {}  # a new window with no step in it
 
 
+def test_parts_of_a_phase_are_reported_beside_it_per_step() -> None:
+    clock = FakeClock()
+    timer = StepTimer(clock=clock)
+    timer.start()
+    for _ in range(2):
+        clock.now += 3.0
+        timer.lap("rollout")
+        timer.part("rollout_sample", 2.0)  # multi-turn episodes: sampling, then the environment's steps
+        timer.part("rollout_tools", 1.0)
+        timer.end_step()
+    means = timer.take()
+    assert means["time/rollout"] == 3.0 and means["time/rollout_sample"] == 2.0 and means["time/rollout_tools"] == 1.0
+    assert means["time/step"] == 3.0
+    clock.now += 1.0
+    timer.lap("forward")
+    timer.end_step()
+    assert "time/rollout_sample" not in timer.take()  # a window without episodes has no parts
+
+
 def test_a_disabled_timer_records_nothing() -> None:
     clock = FakeClock()
     timer = StepTimer(enabled=False, clock=clock)

@@ -53,7 +53,8 @@ class EnvironmentConfig(Section):
     def _type_known(self) -> EnvironmentConfig:
         if self.type != "tools" and ":" not in self.type:
             raise ValueError(f"environment type {self.type!r} is neither 'tools' nor 'package.module:Class'")
-        if self.type != "tools" and "tools" in self.model_fields_set:
+        # Against the default, not the fields set: a config written out whole (a stage's copy) sets every field.
+        if self.type != "tools" and self.tools != ["calculator"]:
             raise ValueError("tools is set for a user's environment class; only type 'tools' reads it")
         if len(set(self.tools)) != len(self.tools):
             raise ValueError(f"tools lists a tool twice: {self.tools}")

@@ -353,9 +353,11 @@ class RlConfig(Section):
     environment: EnvironmentConfig | None = Field(
         None,
         description=(
-            "A multi-turn environment (tools, limits per episode) for rayft.environments.build_environment. "
-            "GRPO's rollouts are single-turn for now: a run that sets it is refused at start rather than "
-            "ignoring it."
+            "A multi-turn environment (tools, limits per episode): each completion of a group becomes an episode "
+            "whose turns are sampled with the tools' results (rendered by the chat template, masked from the loss) "
+            "between them, the last turn scored by `rewards` plus the environment's own reward (0 when cut by a "
+            "limit). The prompts must show the model its tools (rows with a `tools` column render them). Logged as "
+            "rl/episode/*. Unset: one completion per sample. See docs/guides/environments.md."
         ),
     )
     row_columns: list[str] = Field(
@@ -369,13 +371,14 @@ class RlConfig(Section):
     )
 
     @model_validator(mode="after")
-    def _environment_not_yet_trained(self) -> RlConfig:
-        # The section is parsed and documented so that configs can carry it; GRPO's rollout loop does not run
-        # episodes yet, and a setting a run would silently ignore is refused instead.
-        if self.environment is not None:
+    def _episodes_on_hf_generate(self) -> RlConfig:
+        # Episodes append the environment's answers to the sampled ids between turns, through the HF sampler; the
+        # vLLM actor samples one completion per prompt, and a setting it would ignore is refused instead.
+        rollout = self.rollout
+        if self.environment is not None and rollout.placement == "actors" and rollout.resolved_engine == "vllm":
             raise ValueError(
-                "environment: GRPO's rollouts are single-turn in this version, so a multi-turn environment would be "
-                "ignored; remove train.rl.environment (rayft.environments.build_environment runs episodes directly)"
+                "environment: multi-turn episodes are sampled with HF generate, and train.rl.rollout.engine resolves "
+                "to 'vllm' here; set train.rl.rollout.engine=hf (or placement colocated)"
             )
         return self
 

@@ -165,6 +165,13 @@ def _rl_section(metrics: Sequence[Mapping[str, Any]], summary: Mapping[str, Any]
     names = {"reward": "rl/reward", "pass@1": "rl/pass@1", "validation reward": "eval/reward"}
     rewards = {label: _series(metrics, key) for label, key in names.items()}
     drawn = _line_chart({k: v for k, v in rewards.items() if v}, charts.Names("step", "Reward", "reward"))
+    # Multi-turn episodes (train.rl.environment): turns, tool calls and their failures by step.
+    episodes = {"turns per episode": "rl/episode/turns", "tool calls per episode": "rl/episode/tool_calls",
+                "tool errors": "rl/episode/tool_errors", "tool timeouts": "rl/episode/tool_timeouts",
+                "truncated episodes": "rl/episode/truncated"}  # fmt: skip
+    series = {label: _series(metrics, key) for label, key in episodes.items()}
+    if any(series.values()):
+        drawn += _line_chart({k: v for k, v in series.items() if v}, charts.Names("step", "Episodes", "episodes"))
     table = _mapping_table(summary) if summary else ""
     return f"<h2>Reinforcement learning (GRPO)</h2>{table}<div class='charts'>{drawn}</div>"
 

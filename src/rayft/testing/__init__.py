@@ -2,7 +2,8 @@
 models and tokenizers built offline in seconds (:mod:`~rayft.testing.tiny`), named architectures with
 random weights (:mod:`~rayft.testing.architectures`), the small T5 of ``configs/t5-sql-cpu.yaml``
 (:mod:`~rayft.testing.sql_t5`), small prepared datasets for the training loop alone
-(:mod:`~rayft.testing.units`) and a local Ray sized for CPU tests (:mod:`~rayft.testing.ray_cluster`).
+(:mod:`~rayft.testing.units`), a local Ray sized for CPU tests (:mod:`~rayft.testing.ray_cluster`) and a
+tools environment whose episodes call tools even with a random model (:mod:`~rayft.testing.environments`).
 
 rayft's own test machinery (fake servers, object stores, log parsers) lives under ``tests/support/``,
 outside the package. Nothing in the product imports this package.

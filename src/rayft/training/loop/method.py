@@ -54,6 +54,11 @@ class Method(Protocol):
         """The step-profile phase :meth:`prepare`'s time counts in ('rollout'), None when it takes none."""
         ...
 
+    def phase_parts(self) -> dict[str, float]:
+        """Seconds of parts of the last :meth:`prepare` (GRPO's episodes: ``rollout_sample``, ``rollout_tools``),
+        reported beside its phase; taken (the next call starts from nothing)."""
+        ...
+
     def build_model(self, restore_dir: Path | None, *, device_type: str, weights: bool) -> torch.nn.Module:
         """The model to train (on the CPU or the meta device), restored from ``restore_dir`` if given."""
         ...
@@ -133,6 +138,10 @@ class MethodHooks:
     def prepare_phase(self) -> str | None:
         """No preparation to time."""
         return None
+
+    def phase_parts(self) -> dict[str, float]:
+        """No parts."""
+        return {}
 
     def restore(self, restore_dir: Path | None, rank: int) -> None:
         """Nothing to read."""

@@ -107,6 +107,8 @@ class ConsoleLogger:
         )  # fmt: skip
         # GRPO's loss hovers near 0 by construction: its reward is what shows progress.
         rl = f"  reward {metrics['rl/reward']:.3f}  pass@1 {metrics['rl/pass@1']:.3f}" if "rl/reward" in metrics else ""
+        if "rl/episode/turns" in metrics:  # multi-turn episodes: mean turns and tool calls per episode
+            rl += f"  turns {metrics['rl/episode/turns']:.2f}  tools {metrics['rl/episode/tool_calls']:.2f}"
         log.info(
             "step %d/%d  loss %.4f%s  lr %.2e  grad_norm %.3f  %.0f %s/s  eta %s",
             step, self._total, metrics["train/loss"], rl, metrics.get("train/learning_rate", math.nan),

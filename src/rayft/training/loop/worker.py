@@ -358,6 +358,8 @@ def prepare(worker: Worker, loaded: list[Batch], ahead: list[list[Batch]]) -> li
                              device=worker.session.device)  # fmt: skip
     if method.prepare_phase is not None:
         worker.profile.timer.lap(method.prepare_phase)
+        for part, seconds in method.phase_parts().items():
+            worker.profile.timer.part(part, seconds)
     return batches
 
 

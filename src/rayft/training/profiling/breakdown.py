@@ -53,6 +53,8 @@ class StepTimer:
     sync: Callable[[], None] | None = None
     clock: Callable[[], float] = time.perf_counter
     totals: dict[str, float] = field(default_factory=lambda: dict.fromkeys(PHASES, 0.0))
+    parts: dict[str, float] = field(default_factory=dict)
+    """Seconds of parts within a phase (GRPO's ``rollout_sample`` and ``rollout_tools``), reported beside the phases."""
     step_seconds: float = 0.0
     steps: int = 0
     _last: float = 0.0
@@ -71,6 +73,11 @@ class StepTimer:
         now = self.clock()
         self.totals[phase] += now - self._last
         self._last = now
+
+    def part(self, name: str, seconds: float) -> None:
+        """Add ``seconds`` to the part ``name`` of a phase (already counted in the phase: not a lap)."""
+        if self.enabled:
+            self.parts[name] = self.parts.get(name, 0.0) + seconds
 
     def skip(self) -> None:
         """Leave the seconds since the previous lap out of every phase (they still count in the step)."""
@@ -93,7 +100,8 @@ class StepTimer:
             return {}
         means = {f"time/{phase}": total / self.steps for phase, total in self.totals.items()}
         means["time/step"] = self.step_seconds / self.steps
-        self.totals = dict.fromkeys(PHASES, 0.0)
+        means.update({f"time/{name}": total / self.steps for name, total in self.parts.items()})
+        self.totals, self.parts = dict.fromkeys(PHASES, 0.0), {}
         self.step_seconds, self.steps = 0.0, 0
         return means
 

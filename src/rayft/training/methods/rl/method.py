@@ -36,6 +36,13 @@ from rayft.training.loop.batches import Batch, OnRows, TrainBatch, Unit, micro_b
 from rayft.training.loop.method import MethodHooks
 from rayft.training.loop.objective import CausalLm
 from rayft.training.loop.session import TrainSession, all_reduce_sum
+from rayft.training.methods.rl.episodes import (
+    episode_figure_names,
+    episode_figures,
+    episode_scores,
+    episode_sums,
+    tool_names,
+)
 from rayft.training.methods.rl.losses import (
     PolicyLossSettings,
     completion_logps,
@@ -89,17 +96,22 @@ class RolloutBatch(OnRows):
 
 
 def behaviour_rows(units: Sequence[Unit], behaviour: Sequence[Sequence[float]], rows: MicroBatch) -> torch.Tensor:
-    """Each unit's ``behaviour`` log-probabilities (one per completion token) laid out as the rows' target
-    positions (``labels[:, 1:]``, 0 elsewhere)."""
+    """Each unit's ``behaviour`` log-probabilities (one per trained token: a completion's sampled tokens) laid
+    out as the rows' target positions (``labels[:, 1:]``, 0 elsewhere)."""
     import torch
 
     out = torch.zeros(rows.labels.shape[0], rows.labels.shape[1] - 1, dtype=torch.float32)
     for index, (unit, values) in enumerate(zip(units, behaviour, strict=True)):
-        if not values:
-            continue
-        first = next(i for i, label in enumerate(unit["labels"]) if label != IGNORE_INDEX) - 1
-        out[index, first : first + len(values)] = torch.tensor(values, dtype=torch.float32)
+        # Target t predicts token t + 1: the trained token at position p is target p - 1.
+        targets = [i - 1 for i, label in enumerate(unit["labels"]) if label != IGNORE_INDEX]
+        if values:
+            out[index, targets] = torch.tensor(values, dtype=torch.float32)
     return out
+
+
+def masked(completion: Sequence[int], mask: Sequence[int]) -> list[int]:
+    """A completion's labels: its tokens where ``mask`` is 1 (sampled), IGNORE_INDEX where 0 (an environment's)."""
+    return [token if keep else IGNORE_INDEX for token, keep in zip(completion, mask, strict=True)]
 
 
 def split_unit(unit: Unit) -> tuple[list[int], list[int]]:
@@ -136,6 +148,8 @@ class RlTraining(MethodHooks):
     throughput_unit: str = "tokens"
     rollouts: Rollouts | None = None  # where the worker's rollouts are sampled, from start() on
     saved_ahead: str | None = None  # the rollouts sampled ahead at the checkpoint the run resumes from
+    counted_tools: list[str] | None = None  # the environment's tools, each counted apart in the figures
+    parts: dict[str, float] = field(default_factory=dict)  # the last rollout's sampling and tool seconds
 
     @classmethod
     def build(cls, lm: CausalLm, settings: RlConfig, seed: int) -> RlTraining:
@@ -183,7 +197,8 @@ class RlTraining(MethodHooks):
             prompt, response = split_unit(unit)
             prompts.append(prompt)
             references.append(cast("str", self.lm.tokenizer.decode(response, skip_special_tokens=True)))  # one text
-        rows = [carried_row(unit) for unit in units] if self.rewards.reads_rows else []
+        carried = self.rewards.reads_rows or (self.settings.environment is not None and self.settings.carried_columns)
+        rows = [carried_row(unit) for unit in units] if carried else []
         return PromptBatch(prompts, references, [int(i) for u in units for i in u["sample_ids"]], rows)
 
     # -- the step ---------------------------------------------------------------------------------------
@@ -254,6 +269,9 @@ class RlTraining(MethodHooks):
             references = [ref for ref in batch.references for _ in range(self.settings.group_size)]
             rows = batch.rows_of_completions(self.settings.group_size)
             scores = self.rewards.score(completions.texts, references, rows)
+            if completions.episodes is not None:
+                scores = episode_scores(scores, completions.episodes)
+                self.add_episodes(completions)
             version = step - 1 if completions.version is None else completions.version
             lag = staleness(step, version)
             out += self.to_rollout(inner, batch, completions, scores, precision, stale=lag > 0)
@@ -289,7 +307,9 @@ class RlTraining(MethodHooks):
         for index, completion in enumerate(sampled.token_ids):
             prompt = batch.prompts[index // g]
             ids = prompt + completion
-            units.append({"input_ids": ids, "labels": [IGNORE_INDEX] * len(prompt) + completion,
+            # Only sampled tokens are trained: an episode's environment answers (mask 0) are context.
+            trained = completion if sampled.masks is None else masked(completion, sampled.masks[index])
+            units.append({"input_ids": ids, "labels": [IGNORE_INDEX] * len(prompt) + trained,
                           "position_ids": range(len(ids)),
                           "sample_ids": [batch.sample_ids[index // g]] if index % g == 0 else []})  # fmt: skip
         self.add_scores(scores, rewards, sampled)
@@ -400,7 +420,32 @@ class RlTraining(MethodHooks):
                  "completion_length", "kl", "clip_low", "clip_high", "entropy", "loss_tokens", "rollout_tokens",
                  "time/rollout_generate_s", "staleness", "rollout_batches", "importance_weight", "importance_capped",
                  "importance_tokens"]  # fmt: skip
-        return fixed + [f"reward/{n}" for n in self.rewards.names] + [f"reward_errors/{n}" for n in self.rewards.names]
+        rewards = [f"reward/{n}" for n in self.rewards.names] + [f"reward_errors/{n}" for n in self.rewards.names]
+        episodes = episode_figure_names(self.tool_names) if self.settings.environment is not None else []
+        return fixed + rewards + episodes
+
+    @property
+    def tool_names(self) -> list[str]:
+        """The tools whose calls the figures count apart (read from the environment once)."""
+        if self.counted_tools is None:
+            self.counted_tools = tool_names(self.settings.environment)
+        return self.counted_tools
+
+    def add_episodes(self, completions: Completions) -> None:
+        """A multi-turn rollout's episode figures: turns, tool calls, errors, timeouts, cuts, tokens, seconds."""
+        assert completions.episodes is not None
+        for name, value in episode_sums(completions.episodes, self.tool_names).items():
+            self.add(name, value)
+        self.add("time/rollout_sample_s", completions.seconds)
+        self.add("time/rollout_tools_s", completions.tool_seconds)
+        self.parts["rollout_sample"] = self.parts.get("rollout_sample", 0.0) + completions.seconds
+        self.parts["rollout_tools"] = self.parts.get("rollout_tools", 0.0) + completions.tool_seconds
+
+    def phase_parts(self) -> dict[str, float]:
+        """The last rollout's seconds of sampling and of the environment's steps (episodes only; on generation
+        actors, theirs), within the step's ``rollout`` phase."""
+        parts, self.parts = self.parts, {}
+        return parts
 
     def take_figures(self, device: torch.device, world_size: int) -> dict[str, float]:
         """The figures since the last call over every rank (rl/*), and reset: means per completion, per
@@ -435,6 +480,8 @@ class RlTraining(MethodHooks):
         for name in self.rewards.names:
             figures[f"rl/reward/{name}"] = total[f"reward/{name}"] / completions
             figures[f"rl/reward_errors/{name}"] = total[f"reward_errors/{name}"]
+        if self.settings.environment is not None:
+            figures.update(episode_figures(total, self.tool_names, world_size))
         return figures
 
     # -- evaluation ---------------------------------------------------------------------------------------

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from rayft.config.model import LoraConfig, ModelConfig
 from rayft.config.rl import RlConfig, RolloutConfig
 from rayft.errors import ConfigError, TrainingError, first_line
+from rayft.training.methods.rl.episodes import EpisodeRunner, episode_runner
 from rayft.training.methods.rl.rollout_plan import actor_of, owned_actors, timeout_message
 from rayft.training.methods.rl.sampling import Completions, PromptBatch, Sampler, seed_of
 from rayft.training.modeling.model import Method, transformers_model
@@ -84,6 +85,7 @@ class HfRolloutActor:
             frozen_bf16=spec.frozen_bf16 and device == "cpu",
         ).eval()  # fmt: skip
         self.sampler = Sampler(spec.settings, load_tokenizer(spec.model), spec.model.attn_implementation)
+        self.episodes = episode_runner(self.sampler)  # multi-turn rollouts (train.rl.environment), else None
         self.version: int | None = None
         rollout = spec.settings.rollout
         # Asynchronous rollouts are sampled with older weights than the step's: the loss weighs them by these.
@@ -99,14 +101,20 @@ class HfRolloutActor:
         self.version = update.version
         return update.version
 
-    def generate(self, prompts: list[list[int]], group: int, seed: int) -> Completions:
-        """``group`` completions of each prompt, seeded as the trainer seeds colocated sampling."""
-        sampled = self.sampler.sample(self.model, prompts, group, seed=seed)
+    def generate(
+        self, prompts: list[list[int]], group: int, seed: int, rows: list[dict[str, Any]] | None = None
+    ) -> Completions:
+        """``group`` completions of each prompt, seeded as the trainer seeds colocated sampling: episodes of the
+        environment (``rows``: their prompts' carried columns) when the run has one."""
+        if self.episodes is not None:
+            sampled = self.episodes.run(self.model, prompts, rows or [], group, seed)
+        else:
+            sampled = self.sampler.sample(self.model, prompts, group, seed=seed)
         sampled.version = self.version
         if self.with_logps:
-            rows = self.sampler.settings.completions_per_forward or group
+            size = self.sampler.settings.completions_per_forward or group
             repeated = [p for p in prompts for _ in range(group)]
-            sampled.logps = self.sampler.completion_logps(self.model, repeated, sampled.token_ids, rows)
+            sampled.logps = self.sampler.completion_logps(self.model, repeated, sampled.token_ids, size, sampled.masks)
         return sampled
 
 
@@ -208,10 +216,11 @@ class Rollouts(Protocol):
 
 @dataclass(frozen=True)
 class ColocatedRollouts:
-    """Rollouts sampled on the training worker, from the model it trains."""
+    """Rollouts sampled on the training worker, from the model it trains (episodes, with an environment)."""
 
     sampler: Sampler
     seed: int
+    episodes: EpisodeRunner | None = None
 
     def sample(
         self, model: torch.nn.Module, step: int, batches: Sequence[PromptBatch], ahead: Sequence[Sequence[PromptBatch]]
@@ -220,8 +229,11 @@ class ColocatedRollouts:
         group = self.sampler.settings.group_size
         out = []
         for batch in batches:
-            sampled = self.sampler.sample(transformers_model(model), batch.prompts, group,
-                                          seed=seed_of(self.seed, step, batch.sample_ids[0]))  # fmt: skip
+            seed = seed_of(self.seed, step, batch.sample_ids[0])
+            if self.episodes is not None:
+                sampled = self.episodes.run(transformers_model(model), batch.prompts, batch.rows, group, seed)
+            else:
+                sampled = self.sampler.sample(transformers_model(model), batch.prompts, group, seed=seed)
             sampled.version = step - 1
             out.append(sampled)
         return out
@@ -230,7 +242,9 @@ class ColocatedRollouts:
         """Nothing travels: the next rollout samples from the model itself."""
 
     def close(self) -> None:
-        """Nothing to release."""
+        """End the environment's step actor, if any."""
+        if self.episodes is not None:
+            self.episodes.steps.close()
 
     def state(self) -> str | None:
         """Nothing is sampled ahead."""
@@ -304,6 +318,7 @@ class ActorRollouts:
     prompts_of: dict[int, list[int]] = field(default_factory=dict)  # step -> its micro-batches' first sample ids
     syncs: list[Any] = field(default_factory=list)  # load_weights calls not yet waited on
     pushed: int | None = None  # the version last sent to the actors
+    multi_turn: bool = False  # episodes of train.rl.environment: the actors are sent the prompts' carried rows
 
     def sample(
         self, model: torch.nn.Module, step: int, batches: Sequence[PromptBatch], ahead: Sequence[Sequence[PromptBatch]]
@@ -333,10 +348,11 @@ class ActorRollouts:
         self.prompts_of[step] = first_ids(batches)
         self.pending[step] = [
             self.actors[actor_of(index, len(self.actors))].generate.remote(
-                batch.prompts, self.group, seed_of(self.seed, step, batch.sample_ids[0])
+                batch.prompts, self.group, seed_of(self.seed, step, batch.sample_ids[0]),
+                *([batch.rows] if self.multi_turn else []),
             )
             for index, batch in enumerate(batches)
-        ]
+        ]  # fmt: skip
 
     def collect(self, step: int) -> list[Completions]:
         """The completions of ``step``'s generate calls, within ``generate_timeout_s``."""
@@ -421,6 +437,7 @@ def build_rollouts(
 ) -> Rollouts:
     """The rollouts of ``config.placement``: colocated, or this worker's generation actors started."""
     if config.placement == "colocated":
-        return ColocatedRollouts(sampler, seed)
+        return ColocatedRollouts(sampler, seed, episode_runner(sampler))
     actors = start_actors(spec, config, world_size=world_size, rank=rank)
-    return ActorRollouts(actors, config, spec.method, spec.settings.group_size, seed)
+    return ActorRollouts(actors, config, spec.method, spec.settings.group_size, seed,
+                         multi_turn=spec.settings.environment is not None)  # fmt: skip

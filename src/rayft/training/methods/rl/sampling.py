@@ -61,7 +61,13 @@ class Completions:
     generated_tokens: int
     seconds: float
     version: int | None = None
-    logps: list[list[float]] | None = None  # per completion token, under the sampling weights (asynchronous)
+    logps: list[list[float]] | None = None  # per sampled token, under the sampling weights (asynchronous)
+    # Multi-turn episodes (train.rl.environment): per completion token 1 where the model sampled it, 0 where the
+    # environment's answer put it; each episode's record (rayft.training.methods.rl.episodes); the seconds the
+    # environment's steps took. Texts are then each episode's last model turn, generated_tokens the sampled ones.
+    masks: list[list[int]] | None = None
+    episodes: list[dict[str, Any]] | None = None
+    tool_seconds: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -78,6 +84,16 @@ class Sampler:
         """``group`` completions of each prompt (consecutive), each cut after its end-of-sequence token, from
         one ``generate`` call over every row (one call of 32 rows ran 1.6x the tokens/s of four calls of 8 for
         SmolLM2 on CPU): sampled with the rollout settings from ``seed``, or greedy without one."""
+        rows = [p for p in prompts for _ in range(group)]
+        token_ids, seconds = self.sample_rows(inner, rows, seed=seed)
+        texts = self.tokenizer.batch_decode(token_ids, skip_special_tokens=True)
+        return Completions(token_ids, texts, sum(len(t) for t in token_ids), seconds)
+
+    def sample_rows(
+        self, inner: TransformersModel, rows: list[list[int]], *, seed: int | None, max_new_tokens: int | None = None
+    ) -> tuple[list[list[int]], float]:
+        """One completion of each row (sampled from ``seed``, greedy without one) and the seconds it took;
+        ``max_new_tokens``: fewer than the rollout's (an episode's token budget)."""
         import torch
 
         was_training = inner.training
@@ -86,13 +102,13 @@ class Sampler:
         with torch.no_grad(), generation_attention(inner, self.attn_implementation):
             if seed is not None:
                 torch.manual_seed(seed)
-            token_ids = self.generate(inner, [p for p in prompts for _ in range(group)], greedy=seed is None)
+            token_ids = self.generate(inner, rows, greedy=seed is None, max_new_tokens=max_new_tokens)
         inner.train(was_training)
-        seconds = time.perf_counter() - started
-        texts = self.tokenizer.batch_decode(token_ids, skip_special_tokens=True)
-        return Completions(token_ids, texts, sum(len(t) for t in token_ids), seconds)
+        return token_ids, time.perf_counter() - started
 
-    def generate(self, inner: TransformersModel, rows: list[list[int]], *, greedy: bool) -> list[list[int]]:
+    def generate(
+        self, inner: TransformersModel, rows: list[list[int]], *, greedy: bool, max_new_tokens: int | None = None
+    ) -> list[list[int]]:
         """One ``generate`` call over ``rows`` (left-padded), each completion cut after its end of sequence."""
         import torch
         from transformers import GenerationConfig
@@ -105,18 +121,20 @@ class Sampler:
         s = self.settings
         sampling = {} if greedy else {"temperature": s.temperature, "top_p": s.top_p, "top_k": 0}
         # A fresh config, not the model's: its sampling defaults must not leak into greedy or sampled runs.
-        config = GenerationConfig(do_sample=not greedy, max_new_tokens=s.max_new_tokens, pad_token_id=pad,
+        new_tokens = s.max_new_tokens if max_new_tokens is None else min(s.max_new_tokens, max_new_tokens)
+        config = GenerationConfig(do_sample=not greedy, max_new_tokens=new_tokens, pad_token_id=pad,
                                   eos_token_id=self.eos_ids, **sampling)  # type: ignore[no-untyped-call]  # fmt: skip
         generate = cast("Callable[..., torch.Tensor]", inner.generate)  # the token ids (no dict asked for)
         generated = generate(input_ids=input_ids, attention_mask=attention, generation_config=config)
         return [self.cut(row) for row in generated[:, width:].tolist()]
 
     def completion_logps(
-        self, inner: TransformersModel, prompts: list[list[int]], completions: list[list[int]], rows_per_forward: int
-    ) -> list[list[float]]:
-        """The log-probability of each completion token (completion ``i`` follows ``prompts[i]``) under
-        ``inner``, computed as the trainer computes its own (one forward of at most ``rows_per_forward``
-        rows at a time), so that the two compare token for token."""
+        self, inner: TransformersModel, prompts: list[list[int]], completions: list[list[int]], rows_per_forward: int,
+        masks: list[list[int]] | None = None,
+    ) -> list[list[float]]:  # fmt: skip
+        """The log-probability of each sampled completion token (completion ``i`` follows ``prompts[i]``; with
+        ``masks``, the tokens marked 1) under ``inner``, computed as the trainer computes its own (one forward
+        of at most ``rows_per_forward`` rows at a time), so that the two compare token for token."""
         import torch
 
         from rayft.data.collate import collate
@@ -138,7 +156,9 @@ class Sampler:
             column = {position: i for i, position in enumerate(kept_positions(rows.labels).tolist())}
             for (p, c), row in zip(pairs, logps, strict=True):
                 out.append([row[column[len(p) - 1 + j]] for j in range(len(c))])
-        return out
+        if masks is None:
+            return out
+        return [[v for v, m in zip(values, mask, strict=True) if m] for values, mask in zip(out, masks, strict=True)]
 
     @property
     def pad_id(self) -> int:
