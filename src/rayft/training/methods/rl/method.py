@@ -444,14 +444,15 @@ class RlTraining(MethodHooks):
         self.sums[name] = self.sums.get(name, 0.0) + value
 
     def add_scores(self, scores: Scores, rewards: torch.Tensor, sampled: Completions) -> None:
-        """The rollout's reward figures: totals, each function's, errors, pass rates, group spread, lengths."""
+        """The rollout's reward figures: totals, each function's, errors, pass rates, group spread (of the shaped
+        ``rewards`` the advantages see), lengths."""
         g = self.settings.group_size
         grouped = rewards.view(-1, g)
         first = self.rewards.names[0]
         solved = [value >= 1.0 for value in scores.by_function[first]]
         self.add("completions", float(len(scores.total)))
         self.add("groups", float(grouped.shape[0]))
-        self.add("reward", float(rewards.sum()))
+        self.add("reward", sum(scores.total))  # the functions' total; the overlong punishment has its own figure
         self.add("reward_std", float(unbiased_std(grouped, dim=1).sum()))
         self.add("zero_std_groups", float((grouped.max(dim=1).values == grouped.min(dim=1).values).sum()))
         self.add("pass@1", float(sum(solved)))
