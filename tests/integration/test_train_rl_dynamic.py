@@ -25,8 +25,8 @@ DYNAMIC = ("scaling.num_workers=0", "train.max_steps=4", "train.save_steps=2", "
            "train.rl.dynamic_sampling={max_rounds: 2}", "train.rl.loss=cispo",
            "train.rl.advantage=reinforce_pp_baseline", "train.rl.mask_truncated=true",
            "train.rl.overlong_buffer=4")  # fmt: skip
-RECORD = ("rl/groups_drawn", "rl/groups_dropped", "rl/extra_rollouts", "rl/refill_rounds", "rl/short_steps",
-          "rl/reward", "rl/truncated", "rl/overlong_penalty", "rl/prompts_all_solved",
+RECORD = ("rl/groups_drawn", "rl/groups_dropped", "rl/groups_trained", "rl/extra_rollouts", "rl/refill_rounds",
+          "rl/short_steps", "rl/reward", "rl/truncated", "rl/overlong_penalty", "rl/prompts_all_solved",
           "rl/prompts_none_solved")  # fmt: skip
 
 
@@ -55,6 +55,7 @@ def test_dynamic_sampling_records_what_it_drew_dropped_and_sampled_extra(dynamic
         # A step that did not reach its 2 informative groups used all its rounds and says so.
         assert (kept < 2) == (r["rl/short_steps"] == 1) and (kept >= 2 or r["rl/refill_rounds"] == 2), (step, r)
         assert r["rl/prompts_all_solved"] + r["rl/prompts_none_solved"] <= r["rl/groups_drawn"]
+        assert r["rl/groups_trained"] == min(kept, 2)  # only informative groups, up to the step's 2 prompts
     assert sum(r["rl/groups_dropped"] for r in steps.values()) > 0  # groups scored alike were dropped
     assert sum(r["rl/refill_rounds"] for r in steps.values()) > 0  # and steps refilled
 

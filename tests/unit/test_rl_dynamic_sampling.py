@@ -64,6 +64,7 @@ def test_a_step_keeps_only_informative_groups_and_refills_to_its_target() -> Non
     assert all(len(p.batch.prompts) == 2 for p in kept)  # micro-batches of the configured size
     rounds = (order.index(informative_extra[1]) // 2) + 1  # two prompts a round
     assert (record.refill_rounds, record.groups_drawn, record.short_steps) == (rounds, 4 + 2 * rounds, 0)
+    assert record.groups_trained == 4
     assert record.groups_dropped == record.groups_drawn - 2 - len([i for i in order[: 2 * rounds] if i % 2 == 0])
     assert sampled_rounds == list(range(1, rounds + 1)) and record.extra_rollouts == 2 * rounds * G
     assert refill.state() == {"passes": 0, "position": 2 * rounds}
@@ -80,6 +81,7 @@ def test_a_step_that_stays_short_trains_what_it_has_and_says_so() -> None:
                                      micro_batch=2, sample=sample)  # fmt: skip
     assert [p.batch.sample_ids for p in kept] == [[2]] and not carrier
     assert (record.refill_rounds, record.short_steps, record.groups_drawn, record.groups_dropped) == (2, 1, 6, 5)
+    assert record.groups_trained == 1
 
 
 def test_a_step_with_no_informative_group_keeps_one_in_lockstep() -> None:
@@ -91,6 +93,7 @@ def test_a_step_with_no_informative_group_keeps_one_in_lockstep() -> None:
     kept, carrier, record = refilled(first, stream(4), DynamicSamplingConfig(max_rounds=1), group=G, micro_batch=2,
                                      sample=sample)  # fmt: skip
     assert carrier and [p.batch.sample_ids for p in kept] == [[1]] and record.short_steps == 1
+    assert record.groups_trained == 0  # the carrier trains with weight 0
 
 
 def test_the_refill_stream_resumes_from_its_cursor_and_starts_new_passes() -> None:

@@ -392,8 +392,8 @@ class RlConfig(Section):
             "DAPO's dynamic sampling: groups whose (shaped) rewards are all equal are dropped and more prompts are "
             "sampled until the step holds train.micro_batch_size x train.gradient_accumulation_steps informative "
             "groups per worker, within max_rounds extra rounds. Logged as rl/groups_drawn, rl/groups_dropped, "
-            "rl/extra_rollouts, rl/refill_rounds and rl/short_steps. Unset: every group trains. Needs colocated "
-            "rollouts."
+            "rl/groups_trained, rl/extra_rollouts, rl/refill_rounds and rl/short_steps. Unset: every group trains. "
+            "Needs colocated rollouts."
         ),
     )
     mask_truncated: bool = Field(

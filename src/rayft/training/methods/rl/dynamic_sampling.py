@@ -83,17 +83,18 @@ def merged(groups: Sequence[Scored]) -> Scored:
 @dataclass
 class RefillRecord:
     """What dynamic sampling did in one step on one worker: groups drawn (first sampling and extra), dropped
-    (rewards all equal), the extra completions sampled, the extra rounds, and whether the step ran short of
-    its target of informative groups (each field the sum its figure rl/<name> adds up)."""
+    (rewards all equal), trained, the extra completions sampled, the extra rounds, and whether the step ran
+    short of its target of informative groups (each field the sum its figure rl/<name> adds up)."""
 
     groups_drawn: int = 0
     groups_dropped: int = 0
+    groups_trained: int = 0
     extra_rollouts: int = 0
     refill_rounds: int = 0
     short_steps: int = 0
 
 
-RECORD_FIGURES = ("groups_drawn", "groups_dropped", "extra_rollouts", "refill_rounds", "short_steps")
+RECORD_FIGURES = ("groups_drawn", "groups_dropped", "groups_trained", "extra_rollouts", "refill_rounds", "short_steps")
 
 
 def record_figures(total: dict[str, float], completions: float, settings: RlConfig) -> dict[str, float]:
@@ -135,6 +136,7 @@ def informative_groups(
         record.extra_rollouts += sum(len(piece.completions.token_ids) for piece in extra)
         take(extra)
     record.short_steps = int(len(kept) < target)
+    record.groups_trained = min(len(kept), target)
     return kept[:target], record
 
 
