@@ -458,11 +458,6 @@ class RlConfig(Section):
                 "dynamic_sampling samples extra prompts on the training worker; it needs rollout.placement "
                 "colocated in this version (set train.rl.rollout.placement=colocated or unset dynamic_sampling)"
             )
-        if self.advantage.startswith("reinforce_pp") and "scale_rewards" in self.model_fields_set:
-            raise ValueError(
-                f"scale_rewards is set, but advantage {self.advantage!r} whitens over the batch's tokens itself and "
-                "does not read it; remove train.rl.scale_rewards"
-            )
         return self
 
     @property
