@@ -318,7 +318,8 @@ class RlConfig(Section):
             "completion, the geometric mean of its tokens' ratios, clipped by epsilon/epsilon_high, which GSPO "
             "sets to about 3e-4/4e-4; averaged over completions), 'cispo' (CISPO: the importance weight clipped "
             "above at 1 + epsilon_high and without gradient, times the advantage and the token's log-probability, "
-            "so no token loses its gradient; the token-level mean). Each equals TRL's: loss_type of the same name "
+            "so no token loses its gradient; the token-level mean; ScaleRL caps the weight at about 5, epsilon_high "
+            "4). Each equals TRL's: loss_type of the same name "
             "('gspo': loss_type grpo with importance_sampling_level sequence; 'cispo': TRL's epsilon_high is 1 + "
             "this epsilon_high)."
         ),
