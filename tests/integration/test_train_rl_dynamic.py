@@ -63,7 +63,10 @@ def test_dynamic_sampling_records_what_it_drew_dropped_and_sampled_extra(dynamic
 def test_a_run_resumed_after_refills_equals_the_uninterrupted_run(
     dynamic_run: Path, tiny_model_dir: Path, prompts: PreparedData, tmp_path: Path
 ) -> None:
-    state = dynamic_run / "checkpoints" / "checkpoint_000002" / "trainer" / "rollouts-rank-0000.json"
+    from rayft.runs import layout
+
+    checkpoint = dynamic_run / layout.CHECKPOINTS_DIR / layout.step_dir_name(2)
+    state = checkpoint / layout.TRAINER_SUBDIR / layout.rollouts_file(0)
     cursor = json.loads(state.read_text())["dynamic_sampling"]
     assert cursor["position"] > 0 or cursor["passes"] > 0  # the checkpoint holds the refill stream's place
     assert sum(r["rl/refill_rounds"] for s, r in records(dynamic_run).items() if s > 2) > 0  # refills after it
