@@ -78,6 +78,16 @@ def test_a_grpo_step_line_shows_the_reward_and_pass_rate(caplog: pytest.LogCaptu
     assert "reward" not in caplog.records[-1].getMessage()
 
 
+def test_a_dynamic_sampling_step_line_shows_its_groups(caplog: pytest.LogCaptureFixture) -> None:
+    from rayft.training.loop.metrics import ConsoleLogger
+
+    logger = ConsoleLogger(total_steps=3, start_step=0)
+    record = {"rl/groups_drawn": 13.0, "rl/groups_dropped": 5.0, "rl/extra_rollouts": 32.0, "rl/short_steps": 1.0}
+    with caplog.at_level(logging.INFO, logger="rayft.train"):
+        logger.log(1, {"train/loss": 0.0, "train/tokens_per_s": 10.0, "rl/reward": 0.25, "rl/pass@1": 0.125, **record})
+    assert "pass@1 0.125  groups 8/13 (+32 rollouts, 1 short)  lr" in caplog.records[-1].getMessage()
+
+
 def test_rays_cluster_errors_go_to_the_log_file_not_the_console(
     capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -60,9 +60,11 @@ def _inputs(seed: int, *, kl: bool) -> dict[str, torch.Tensor]:
 
 
 def _trl_loss(data: dict[str, torch.Tensor], logps: torch.Tensor, *, loss_type: str, beta: float,
-              eps_low: float, eps_high: float) -> torch.Tensor:  # fmt: skip
+              eps_low: float, eps_high: float, level: str = "token",
+              old: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
     """TRL's ``GRPOTrainer._compute_loss`` (one process, no accumulation) with ``logps`` as the policy's
-    per-token log-probabilities of the completions."""
+    per-token log-probabilities of the completions (``old``: the sampling policy's, when not these;
+    ``level``: TRL's ``importance_sampling_level``)."""
     from trl import GRPOTrainer
 
     def per_token(model: Any, input_ids: Any, attention_mask: Any, logits_to_keep: int, **_: Any) -> Any:
@@ -75,7 +77,7 @@ def _trl_loss(data: dict[str, torch.Tensor], logps: torch.Tensor, *, loss_type: 
         _get_per_token_logps_and_entropies=per_token,
         top_entropy_quantile=1.0,
         off_policy_mask_threshold=None,
-        importance_sampling_level="token",
+        importance_sampling_level=level,
         beta=beta,
         loss_type=loss_type,
         epsilon_low=eps_low,
@@ -96,6 +98,8 @@ def _trl_loss(data: dict[str, torch.Tensor], logps: torch.Tensor, *, loss_type: 
         "completion_ids": torch.zeros(ROWS, LENGTH, dtype=torch.long), "completion_mask": mask,
         "advantages": data["advantages"], "ref_per_token_logps": data["ref"], "num_items_in_batch": mask.sum(),
     }  # fmt: skip
+    if old is not None:
+        inputs["old_per_token_logps"] = old
     return GRPOTrainer._compute_loss(trainer, None, inputs)  # type: ignore[no-any-return]
 
 

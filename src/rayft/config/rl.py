@@ -251,6 +251,31 @@ class RolloutConfig(Section):
         return "vllm" if self.num_gpus_per_actor > 0 else "hf"
 
 
+class DynamicSamplingConfig(Section):
+    """DAPO's dynamic sampling: a step trains only on informative groups (completions of one prompt whose
+    rewards differ) and samples more prompts until it holds as many as its prompts, within a bound."""
+
+    max_rounds: int = Field(
+        4,
+        ge=1,
+        le=64,
+        description=(
+            "Most extra sampling rounds per step on a worker; each draws prompts_per_round more prompts from the "
+            "worker's shard (a second pass in an order of its own, its place kept in checkpoints), samples and "
+            "scores them, and keeps their informative groups. A step still short after them trains on the "
+            "informative groups it holds (counted in rl/short_steps)."
+        ),
+    )
+    prompts_per_round: int | None = Field(
+        None,
+        ge=1,
+        description=(
+            "Prompts drawn in each extra round. Unset: the step's prompts on a worker (train.micro_batch_size x "
+            "train.gradient_accumulation_steps), as DAPO draws another generation batch."
+        ),
+    )
+
+
 class RlConfig(Section):
     """Group-relative policy optimisation (GRPO and its variants) with on-policy samples scored by rewards.
 
@@ -283,27 +308,39 @@ class RlConfig(Section):
     )
     temperature: float = Field(1.0, gt=0, description="Sampling temperature of the rollouts.")
     top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling of the rollouts (1: off).")
-    loss: Literal["grpo", "dr_grpo", "dapo"] = Field(
+    loss: Literal["grpo", "dr_grpo", "dapo", "gspo", "cispo"] = Field(
         "dapo",
         description=(
-            "How per-token losses become the step's loss: 'grpo' (each completion's mean token loss, averaged over "
-            "completions: DeepSeekMath's), 'dr_grpo' (the token sum over completions times max_new_tokens: Dr. "
-            "GRPO's, free of the length bias), 'dapo' (the mean over every completion token of the step: DAPO's "
-            "token-level loss). The losses equal TRL's loss types of the same names."
+            "The objective and how per-token losses become the step's loss: 'grpo' (the clipped surrogate, each "
+            "completion's mean token loss averaged over completions: DeepSeekMath's), 'dr_grpo' (the token sum "
+            "over completions times max_new_tokens: Dr. GRPO's, free of the length bias), 'dapo' (the mean over "
+            "every completion token of the step: DAPO's token-level loss), 'gspo' (GSPO: one importance ratio per "
+            "completion, the geometric mean of its tokens' ratios, clipped by epsilon/epsilon_high, which GSPO "
+            "sets to about 3e-4/4e-4; averaged over completions), 'cispo' (CISPO: the importance weight clipped "
+            "above at 1 + epsilon_high and without gradient, times the advantage and the token's log-probability, "
+            "so no token loses its gradient; the token-level mean; ScaleRL caps the weight at about 5, epsilon_high "
+            "4). Each equals TRL's: loss_type of the same name "
+            "('gspo': loss_type grpo with importance_sampling_level sequence; 'cispo': TRL's epsilon_high is 1 + "
+            "this epsilon_high)."
         ),
     )
-    advantage: Literal["group", "rloo"] = Field(
+    advantage: Literal["group", "rloo", "reinforce_pp", "reinforce_pp_baseline"] = Field(
         "group",
         description=(
-            "The baseline a completion's reward is compared with: 'group' (the mean reward of its prompt's "
-            "group, GRPO) or 'rloo' (the mean of the other completions of its prompt, RLOO's leave-one-out)."
+            "How a completion's advantage is estimated from the rewards: 'group' (less the mean reward of its "
+            "prompt's group, GRPO), 'rloo' (less the mean of the other completions of its prompt, RLOO's "
+            "leave-one-out), 'reinforce_pp' (REINFORCE++: the reward whitened over every completion token of the "
+            "micro-batch's rollout, no group baseline), 'reinforce_pp_baseline' (REINFORCE++-baseline: less the "
+            "group mean, then whitened over the tokens), as OpenRLHF and verl define them; the REINFORCE++ "
+            "estimators normalise themselves, so scale_rewards is not read with them."
         ),
     )
     scale_rewards: Literal["group", "batch", "none"] = Field(
         "group",
         description=(
             "Divide advantages by the standard deviation of the group's rewards ('group', GRPO), of the worker's "
-            "whole rollout batch ('batch'), or not at all ('none', Dr. GRPO and RLOO)."
+            "micro-batch rollout ('batch'), or not at all ('none', Dr. GRPO and RLOO). Not read by the "
+            "REINFORCE++ estimators."
         ),
     )
     epsilon: float = Field(0.2, gt=0, lt=1, description="Lower clip range of the probability ratio (1 - epsilon).")
@@ -350,6 +387,37 @@ class RlConfig(Section):
             "A function that raises scores that sample 0 and is counted in rl/reward_errors/<name>."
         ),
     )
+    dynamic_sampling: DynamicSamplingConfig | None = Field(
+        None,
+        description=(
+            "DAPO's dynamic sampling: groups whose (shaped) rewards are all equal are dropped and more prompts are "
+            "sampled until the step holds train.micro_batch_size x train.gradient_accumulation_steps informative "
+            "groups per worker, within max_rounds extra rounds. Logged as rl/groups_drawn, rl/groups_dropped, "
+            "rl/groups_trained, rl/extra_rollouts, rl/refill_rounds and rl/short_steps. Unset: every group trains. "
+            "Needs colocated rollouts."
+        ),
+    )
+    mask_truncated: bool = Field(
+        False,
+        description=(
+            "Overlong filtering (DAPO; TRL's mask_truncated_completions): completions cut at max_new_tokens before "
+            "their end of sequence are masked out of the loss; their rewards still count in their group's "
+            "advantages. Logged as rl/truncated (the share of completions cut)."
+        ),
+    )
+    overlong_buffer: int | None = Field(
+        None,
+        gt=0,
+        description=(
+            "DAPO's soft overlong punishment: a completion longer than max_new_tokens - overlong_buffer tokens has "
+            "overlong_penalty x (its length - (max_new_tokens - overlong_buffer)) / overlong_buffer taken off its "
+            "reward (up to overlong_penalty at max_new_tokens), before advantages and dynamic sampling. At most "
+            "max_new_tokens. Unset: no punishment. Logged as rl/overlong_penalty (mean per completion)."
+        ),
+    )
+    overlong_penalty: float = Field(
+        1.0, ge=0, description="The largest overlong punishment, reached at max_new_tokens (verl's penalty_factor)."
+    )
     environment: EnvironmentConfig | None = Field(
         None,
         description=(
@@ -379,6 +447,20 @@ class RlConfig(Section):
             raise ValueError(
                 "environment: multi-turn episodes are sampled with HF generate, and train.rl.rollout.engine resolves "
                 "to 'vllm' here; set train.rl.rollout.engine=hf (or placement colocated)"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _shaping_fits(self) -> RlConfig:
+        if self.overlong_buffer is not None and self.overlong_buffer > self.max_new_tokens:
+            raise ValueError(
+                f"overlong_buffer={self.overlong_buffer} is longer than max_new_tokens={self.max_new_tokens}; set it "
+                "to at most max_new_tokens (DAPO: a quarter of it)"
+            )
+        if self.dynamic_sampling is not None and self.rollout.placement != "colocated":
+            raise ValueError(
+                "dynamic_sampling samples extra prompts on the training worker; it needs rollout.placement "
+                "colocated in this version (set train.rl.rollout.placement=colocated or unset dynamic_sampling)"
             )
         return self
 

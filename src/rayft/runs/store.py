@@ -420,3 +420,24 @@ def write_text(path: Path, text: str) -> None:
         raise StorageError(
             f"storage_path: cannot write {path} ({exc.strerror}); choose a writable directory with storage_path=..."
         ) from exc
+
+
+def download_dir_once(uri: str, target: Path) -> int:
+    """Every file under the remote directory ``uri`` into ``target`` (relative to the URI itself), through a
+    staging directory renamed into place, so that processes of one machine downloading the same URI at once
+    publish one copy (the first rename wins); the number of files listed (0: nothing was written).
+
+    Raises:
+        StorageError: the URI cannot be listed or read.
+    """
+    from rayft.files import publish_dir_once, staging_dir
+
+    remote = RemoteRun(uri)
+    names = remote.list_files("")
+    if not names:
+        return 0
+    staging = staging_dir(target)
+    for name in names:
+        remote.download_file(name, staging / name)  # download_tree("") would name them from the bucket's root
+    publish_dir_once(staging, target)
+    return len(names)

@@ -116,34 +116,22 @@ def local_adapter_dir(source: str, cache: Path) -> Path:
     if not is_uri(source):
         return Path(source).expanduser()
     from rayft.errors import StorageError
-    from rayft.runs.remote import RemoteRun
+    from rayft.runs.store import download_dir_once
     from rayft.security import mask_uri
 
     target = cache / hashlib.sha256(source.encode()).hexdigest()[:24]
     if (target / "adapter_config.json").is_file():
         return target
     try:
-        remote = RemoteRun(source)
-        if not remote.list_files(""):
-            raise RequestError(400, f"lora_path {mask_uri(source)} holds no files; give the URI of an adapter "
-                               "directory (adapter_config.json and its weights)", "lora_path")  # fmt: skip
-        _download(remote, target)
+        found = download_dir_once(source, target)
     except (StorageError, OSError, ValueError) as exc:
         reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise RequestError(400, f"lora_path {mask_uri(source)} cannot be read: {mask_uri(reason)}; check the URI "
                            "and the storage credentials", "lora_path") from None  # fmt: skip
+    if not found:
+        raise RequestError(400, f"lora_path {mask_uri(source)} holds no files; give the URI of an adapter "
+                           "directory (adapter_config.json and its weights)", "lora_path")  # fmt: skip
     return target
-
-
-def _download(remote: Any, target: Path) -> None:
-    """Every file under the remote directory into ``target``, through a staging directory renamed into place
-    (replicas of one machine that download the same URI at once: the first rename wins)."""
-    from rayft.files import publish_dir_once, staging_dir
-
-    staging = staging_dir(target)
-    for name in remote.list_files(""):
-        remote.download_file(name, staging / name)  # relative to the URI itself (download_tree's "" would not be)
-    publish_dir_once(staging, target)
 
 
 def check_adapter_dir(directory: Path, shown: str) -> None:

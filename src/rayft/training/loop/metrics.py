@@ -109,6 +109,10 @@ class ConsoleLogger:
         rl = f"  reward {metrics['rl/reward']:.3f}  pass@1 {metrics['rl/pass@1']:.3f}" if "rl/reward" in metrics else ""
         if "rl/episode/turns" in metrics:  # multi-turn episodes: mean turns and tool calls per episode
             rl += f"  turns {metrics['rl/episode/turns']:.2f}  tools {metrics['rl/episode/tool_calls']:.2f}"
+        if "rl/groups_drawn" in metrics:  # dynamic sampling: groups kept of those drawn, extra rollouts, short steps
+            kept = metrics["rl/groups_drawn"] - metrics["rl/groups_dropped"]
+            rl += (f"  groups {kept:.0f}/{metrics['rl/groups_drawn']:.0f} (+{metrics['rl/extra_rollouts']:.0f} "
+                   f"rollouts, {metrics['rl/short_steps']:.0f} short)")  # fmt: skip
         log.info(
             "step %d/%d  loss %.4f%s  lr %.2e  grad_norm %.3f  %.0f %s/s  eta %s",
             step, self._total, metrics["train/loss"], rl, metrics.get("train/learning_rate", math.nan),

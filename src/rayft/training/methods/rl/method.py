@@ -23,7 +23,7 @@ import contextlib
 import json
 import logging
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
@@ -36,6 +36,16 @@ from rayft.training.loop.batches import Batch, OnRows, TrainBatch, Unit, micro_b
 from rayft.training.loop.method import MethodHooks
 from rayft.training.loop.objective import CausalLm
 from rayft.training.loop.session import TrainSession, all_reduce_sum
+from rayft.training.methods.rl.dynamic_sampling import (
+    RECORD_FIGURES,
+    RefillStream,
+    Scored,
+    packed_state,
+    record_figures,
+    refill_seed,
+    refilled,
+    unpacked_state,
+)
 from rayft.training.methods.rl.episodes import (
     episode_figure_names,
     episode_figures,
@@ -44,6 +54,7 @@ from rayft.training.methods.rl.episodes import (
     tool_names,
 )
 from rayft.training.methods.rl.losses import (
+    POLICY_LOSSES,
     PolicyLossSettings,
     completion_logps,
     group_advantages,
@@ -52,7 +63,8 @@ from rayft.training.methods.rl.losses import (
     policy_loss,
     unbiased_std,
 )
-from rayft.training.methods.rl.rollout_actors import Rollouts
+from rayft.training.methods.rl.overlong import shaped_rewards, truncated
+from rayft.training.methods.rl.rollout_actors import ColocatedRollouts, Rollouts
 from rayft.training.methods.rl.rollout_plan import staleness
 from rayft.training.methods.rl.sampling import Completions, PromptBatch, Sampler
 from rayft.training.methods.rl.setup import build_worker_rollouts, read_rollouts_ahead
@@ -81,6 +93,7 @@ class RolloutBatch(OnRows):
     old_logps: torch.Tensor | None = None  # the rollout policy's, when the rollout is trained on more than once
     # The sampling weights' log-probabilities of a stale rollout, (rows, target positions) of ``rows``.
     behaviour_logps: torch.Tensor | None = None
+    weight: float = 1.0  # 0: a batch that only keeps the workers in lockstep (dynamic sampling found nothing)
 
     @property
     def num_label_tokens(self) -> int:
@@ -92,7 +105,8 @@ class RolloutBatch(OnRows):
         ref = None if self.ref_logps is None else self.ref_logps.to(device)
         old = None if self.old_logps is None else self.old_logps.to(device)
         behaviour = None if self.behaviour_logps is None else self.behaviour_logps.to(device)
-        return RolloutBatch(self.rows.to(device), self.advantages.to(device), ref, self.terms, old, behaviour)
+        return RolloutBatch(self.rows.to(device), self.advantages.to(device), ref, self.terms, old, behaviour,
+                            self.weight)  # fmt: skip
 
 
 def behaviour_rows(units: Sequence[Unit], behaviour: Sequence[Sequence[float]], rows: MicroBatch) -> torch.Tensor:
@@ -104,7 +118,7 @@ def behaviour_rows(units: Sequence[Unit], behaviour: Sequence[Sequence[float]], 
     for index, (unit, values) in enumerate(zip(units, behaviour, strict=True)):
         # Target t predicts token t + 1: the trained token at position p is target p - 1.
         targets = [i - 1 for i, label in enumerate(unit["labels"]) if label != IGNORE_INDEX]
-        if values:
+        if values and targets:  # not: nothing sampled, or a truncated completion masked out of the loss
             out[index, targets] = torch.tensor(values, dtype=torch.float32)
     return out
 
@@ -150,6 +164,8 @@ class RlTraining(MethodHooks):
     saved_ahead: str | None = None  # the rollouts sampled ahead at the checkpoint the run resumes from
     counted_tools: list[str] | None = None  # the environment's tools, each counted apart in the figures
     parts: dict[str, float] = field(default_factory=dict)  # the last rollout's sampling and tool seconds
+    refill: RefillStream | None = None  # dynamic sampling's extra prompts, from start() on
+    saved_refill: dict[str, Any] | None = None  # their cursor at the checkpoint the run resumes from
 
     @classmethod
     def build(cls, lm: CausalLm, settings: RlConfig, seed: int) -> RlTraining:
@@ -220,11 +236,16 @@ class RlTraining(MethodHooks):
 
     def restore(self, restore_dir: Path | None, rank: int) -> None:
         """Keep the rollouts this rank had sampled ahead at the checkpoint (asynchronous rollouts)."""
-        self.saved_ahead = read_rollouts_ahead(restore_dir, rank)
+        self.saved_ahead, self.saved_refill = unpacked_state(read_rollouts_ahead(restore_dir, rank))
 
     def start(self, session: TrainSession) -> None:
         """Where this worker's rollouts are sampled (its generation actors started, with actors)."""
         self.rollouts = build_worker_rollouts(self.lm.plan, session, self.sampler, self.saved_ahead)
+        if self.settings.dynamic_sampling is not None:
+            plan = self.lm.plan
+            self.refill = RefillStream(lambda: session.windows("train", plan.shuffle_window), plan.seed, session.rank)
+            if self.saved_refill is not None:
+                self.refill.restore(self.saved_refill)
 
     def prepare(
         self, model: torch.nn.Module, batches: list[Batch], ahead: list[list[Batch]], *, step: int,
@@ -244,8 +265,11 @@ class RlTraining(MethodHooks):
 
     @property
     def rank_state(self) -> Callable[[], str | None] | None:
-        """The rollouts sampled ahead, for an exact resume."""
-        return self.rollouts.state if self.rollouts is not None else None
+        """The rollouts sampled ahead (and dynamic sampling's cursor), for an exact resume."""
+        if self.rollouts is None:
+            return None
+        rollouts, refill = self.rollouts, self.refill
+        return rollouts.state if refill is None else lambda: packed_state(rollouts.state(), refill)
 
     def close(self) -> None:
         """Release what sampling holds."""
@@ -262,24 +286,67 @@ class RlTraining(MethodHooks):
         self, model: torch.nn.Module, batches: Sequence[PromptBatch], sampled: Sequence[Completions], *, step: int,
         precision: Precision | None = None,
     ) -> list[RolloutBatch]:  # fmt: skip
-        """Score each micro-batch's sampled completions and turn them into micro-batches to train on."""
+        """Score each micro-batch's sampled completions (with dynamic sampling: keep the informative groups,
+        sampling more prompts for them) and turn them into micro-batches to train on."""
         inner = transformers_model(model)
+        scored = [self.scored(batch, completions, step) for batch, completions in zip(batches, sampled, strict=True)]
+        carrier = False
+        if self.refill is not None:
+            scored, carrier = self.informative(inner, scored, step, len(batches[0].prompts))
         out = []
-        for batch, completions in zip(batches, sampled, strict=True):
-            references = [ref for ref in batch.references for _ in range(self.settings.group_size)]
-            rows = batch.rows_of_completions(self.settings.group_size)
-            scores = self.rewards.score(completions.texts, references, rows)
-            if completions.episodes is not None:
-                scores = episode_scores(scores, completions.episodes)
-                self.add_episodes(completions)
-            version = step - 1 if completions.version is None else completions.version
-            lag = staleness(step, version)
-            out += self.to_rollout(inner, batch, completions, scores, precision, stale=lag > 0)
-            self.add("time/rollout_generate_s", completions.seconds)
-            self.add("rollout_tokens", float(completions.generated_tokens))
-            self.add("staleness", float(lag))
-            self.add("rollout_batches", 1.0)
+        for piece in scored:
+            version = step - 1 if piece.completions.version is None else piece.completions.version
+            out += self.to_rollout(inner, piece.batch, piece.completions, piece.rewards, precision,
+                                   stale=staleness(step, version) > 0)  # fmt: skip
+        for batch in out if carrier else []:
+            batch.terms, batch.weight = 0, 0.0
         return out
+
+    def scored(self, batch: PromptBatch, completions: Completions, step: int) -> Scored:
+        """A micro-batch's completions scored, their rewards shaped (overlong punishment), the figures added."""
+        import torch
+
+        references = [ref for ref in batch.references for _ in range(self.settings.group_size)]
+        scores = self.rewards.score(completions.texts, references, batch.rows_of_completions(self.settings.group_size))
+        if completions.episodes is not None:
+            scores = episode_scores(scores, completions.episodes)
+            self.add_episodes(completions)
+        s = self.settings
+        rewards = shaped_rewards(scores.total, completions.token_ids, max_new_tokens=s.max_new_tokens,
+                                 buffer=s.overlong_buffer, factor=s.overlong_penalty)  # fmt: skip
+        self.add_scores(scores, torch.tensor(rewards, dtype=torch.float32), completions)
+        self.add("overlong_penalty", sum(rewards) - sum(scores.total))
+        version = step - 1 if completions.version is None else completions.version
+        self.add("time/rollout_generate_s", completions.seconds)
+        self.add("rollout_tokens", float(completions.generated_tokens))
+        self.add("staleness", float(staleness(step, version)))
+        self.add("rollout_batches", 1.0)
+        return Scored(batch, completions, scores, rewards)
+
+    def informative(
+        self, inner: TransformersModel, scored: list[Scored], step: int, micro_batch: int
+    ) -> tuple[list[Scored], bool]:
+        """Dynamic sampling (:func:`~rayft.training.methods.rl.dynamic_sampling.refilled`), its record added."""
+        assert self.refill is not None and self.settings.dynamic_sampling is not None
+
+        def sample(units: list[Unit], round_: int) -> Scored:
+            batch = self.collate(units)
+            seed = refill_seed(self.seed, step, round_, batch.sample_ids[0])
+            group = self.settings.group_size
+            episodes = self.rollouts.episodes if isinstance(self.rollouts, ColocatedRollouts) else None
+            if episodes is not None:  # the refill's prompts run as episodes too, as the step's others did
+                sampled = episodes.run(inner, batch.prompts, batch.rows, group, seed)
+            else:
+                sampled = self.sampler.sample(inner, batch.prompts, group, seed=seed)
+            sampled.version = step - 1
+            return self.scored(batch, sampled, step)
+
+        settings = self.settings.dynamic_sampling
+        kept, carrier, record = refilled(scored, self.refill, settings, group=self.settings.group_size,
+                                         micro_batch=micro_batch, sample=sample)  # fmt: skip
+        for name, value in asdict(record).items():
+            self.add(name, float(value))
+        return kept, carrier
 
     @property
     def sampler(self) -> Sampler:
@@ -292,27 +359,34 @@ class RlTraining(MethodHooks):
         return self.sampler.pad_id
 
     def to_rollout(
-        self, inner: TransformersModel, batch: PromptBatch, sampled: Completions, scores: Scores,
+        self, inner: TransformersModel, batch: PromptBatch, sampled: Completions, rewards: Sequence[float],
         precision: Precision | None, *, stale: bool = False,
     ) -> list[RolloutBatch]:  # fmt: skip
         """The completions as training micro-batches of at most ``train.rl.completions_per_forward`` rows, with
-        their advantages (over each whole group) and, for a ``stale`` rollout, the sampling weights'
-        log-probabilities; the step's figures are added up."""
+        their advantages from ``rewards`` (over each whole group; REINFORCE++'s over the micro-batch's
+        tokens) and, for a ``stale`` rollout, the sampling weights' log-probabilities; with
+        ``train.rl.mask_truncated``, a truncated completion's tokens are out of the loss."""
         import torch
 
-        g = self.settings.group_size
-        rewards = torch.tensor(scores.total, dtype=torch.float32)
-        advantages = group_advantages(rewards, g, baseline=self.settings.advantage, scale=self.settings.scale_rewards)
+        g, s = self.settings.group_size, self.settings
+        # REINFORCE++ weighs a completion by its trained tokens: an episode's environment answers are not.
+        trained_counts = ([len(ids) for ids in sampled.token_ids] if sampled.masks is None
+                          else [sum(mask) for mask in sampled.masks])  # fmt: skip
+        lengths = torch.tensor(trained_counts, dtype=torch.float32)
+        advantages = group_advantages(torch.tensor(rewards, dtype=torch.float32), g, baseline=s.advantage,
+                                      scale=s.scale_rewards, lengths=lengths)  # fmt: skip
+        cut = truncated(sampled.token_ids, self.sampler.eos_ids)
+        self.add("truncated", float(sum(cut)))
         units = []
         for index, completion in enumerate(sampled.token_ids):
             prompt = batch.prompts[index // g]
             ids = prompt + completion
             # Only sampled tokens are trained: an episode's environment answers (mask 0) are context.
             trained = completion if sampled.masks is None else masked(completion, sampled.masks[index])
-            units.append({"input_ids": ids, "labels": [IGNORE_INDEX] * len(prompt) + trained,
-                          "position_ids": range(len(ids)),
+            dropped = s.mask_truncated and cut[index]
+            labels = [IGNORE_INDEX] * len(ids) if dropped else [IGNORE_INDEX] * len(prompt) + trained
+            units.append({"input_ids": ids, "labels": labels, "position_ids": range(len(ids)),
                           "sample_ids": [batch.sample_ids[index // g]] if index % g == 0 else []})  # fmt: skip
-        self.add_scores(scores, rewards, sampled)
         size = self.settings.completions_per_forward or g
         behaviour = sampled.logps if stale else None
         return [self.training_batch(inner, units[i : i + size], advantages[i : i + size], precision,
@@ -335,7 +409,7 @@ class RlTraining(MethodHooks):
             with torch.no_grad():
                 old = self.logps(inner, rows.to(next(inner.parameters()).device), precision)[0]
         tokens = sum(len(u["input_ids"]) - u["labels"].count(IGNORE_INDEX) for u in units)
-        terms = tokens if self.settings.loss == "dapo" else len(units)
+        terms = tokens if POLICY_LOSSES[self.settings.loss].token_terms else len(units)
         sampling = None if behaviour is None else behaviour_rows(units, behaviour, rows)
         return RolloutBatch(rows, advantages, ref, terms, old, sampling)
 
@@ -376,7 +450,7 @@ class RlTraining(MethodHooks):
         self.add("clip_high", result.high_clipped)
         self.add("entropy", float(entropy.sum()))
         self.add("loss_tokens", result.tokens)
-        return result.loss_sum
+        return result.loss_sum * batch.weight if batch.weight != 1.0 else result.loss_sum
 
     def behaviour_weights(self, batch: RolloutBatch, proximal: torch.Tensor, mask: torch.Tensor) -> torch.Tensor | None:
         """The truncated importance weights of a stale rollout's tokens (``train.rl.rollout.importance_cap``),
@@ -397,19 +471,23 @@ class RlTraining(MethodHooks):
         self.sums[name] = self.sums.get(name, 0.0) + value
 
     def add_scores(self, scores: Scores, rewards: torch.Tensor, sampled: Completions) -> None:
-        """The rollout's reward figures: totals, each function's, errors, pass rates, group spread, lengths."""
+        """The rollout's reward figures: totals, each function's, errors, pass rates, group spread (of the shaped
+        ``rewards`` the advantages see), lengths."""
         g = self.settings.group_size
         grouped = rewards.view(-1, g)
         first = self.rewards.names[0]
         solved = [value >= 1.0 for value in scores.by_function[first]]
         self.add("completions", float(len(scores.total)))
         self.add("groups", float(grouped.shape[0]))
-        self.add("reward", float(rewards.sum()))
+        self.add("reward", sum(scores.total))  # the functions' total; the overlong punishment has its own figure
         self.add("reward_std", float(unbiased_std(grouped, dim=1).sum()))
         self.add("zero_std_groups", float((grouped.max(dim=1).values == grouped.min(dim=1).values).sum()))
         self.add("pass@1", float(sum(solved)))
         self.add("pass@k", float(sum(any(solved[i : i + g]) for i in range(0, len(solved), g))))
         self.add("completion_length", float(sampled.generated_tokens))
+        # The basis of a curriculum: prompts every completion solved, and those none did.
+        self.add("prompts_all_solved", float(sum(all(solved[i : i + g]) for i in range(0, len(solved), g))))
+        self.add("prompts_none_solved", float(sum(not any(solved[i : i + g]) for i in range(0, len(solved), g))))
         for name in self.rewards.names:
             self.add(f"reward/{name}", sum(scores.by_function[name]))
             self.add(f"reward_errors/{name}", float(scores.errors[name]))
@@ -419,7 +497,8 @@ class RlTraining(MethodHooks):
         fixed = ["completions", "groups", "reward", "reward_std", "zero_std_groups", "pass@1", "pass@k",
                  "completion_length", "kl", "clip_low", "clip_high", "entropy", "loss_tokens", "rollout_tokens",
                  "time/rollout_generate_s", "staleness", "rollout_batches", "importance_weight", "importance_capped",
-                 "importance_tokens"]  # fmt: skip
+                 "importance_tokens", "prompts_all_solved", "prompts_none_solved", "truncated", "overlong_penalty",
+                 *RECORD_FIGURES]  # fmt: skip
         rewards = [f"reward/{n}" for n in self.rewards.names] + [f"reward_errors/{n}" for n in self.rewards.names]
         episodes = episode_figure_names(self.tool_names) if self.settings.environment is not None else []
         return fixed + rewards + episodes
@@ -471,6 +550,7 @@ class RlTraining(MethodHooks):
         }
         if self.settings.kl_coef:
             figures["rl/kl"] = total["kl"] / tokens
+        figures.update(record_figures(total, completions, self.settings))
         rollout = self.settings.rollout
         if rollout.max_staleness and rollout.importance_cap is not None:
             # Over the tokens of stale rollouts only (none: the weights are 1).
