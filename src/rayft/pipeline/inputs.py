@@ -76,6 +76,17 @@ def train_data_config(cfg: RayftConfig, run_dir: Path, records: dict[str, StageR
                 output_template="{answer}",
             )
         ]
+    return cfg.data.model_copy(update={"datasets": with_sdg_output(datasets, sdg_data)})
+
+
+def stage_data_config(data: DataConfig, run_dir: Path, records: dict[str, StageRecord]) -> DataConfig:
+    """A later stage's data section (its own datasets merged in) with the SDG output for its ``stage:sdg`` paths."""
+    sdg_data = records["sdg"].output(run_dir, "data_jsonl") if "sdg" in records else None
+    return data.model_copy(update={"datasets": with_sdg_output(list(data.datasets), sdg_data)})
+
+
+def with_sdg_output(datasets: list[DatasetConfig], sdg_data: Path | None) -> list[DatasetConfig]:
+    """``datasets`` with the SDG output's path for each ``stage:sdg`` path (a one-line error without one)."""
     resolved = []
     for ds in datasets:
         if ds.path == SDG_PATH:
@@ -87,4 +98,4 @@ def train_data_config(cfg: RayftConfig, run_dir: Path, records: dict[str, StageR
             resolved.append(ds.model_copy(update={"path": str(sdg_data)}))
         else:
             resolved.append(ds)
-    return cfg.data.model_copy(update={"datasets": resolved})
+    return resolved

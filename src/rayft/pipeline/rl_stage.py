@@ -10,7 +10,13 @@ from typing import Any
 from rayft._version import __version__
 from rayft.config import RayftConfig
 from rayft.config.rl_stage import rl_data_section, rl_train_section
-from rayft.pipeline.inputs import final_manifest_hash, local_files, model_identity, train_data_config
+from rayft.pipeline.inputs import (
+    final_manifest_hash,
+    local_files,
+    model_identity,
+    stage_data_config,
+    train_data_config,
+)
 from rayft.pipeline.preference_stage import train_after_sft
 from rayft.pipeline.stage import StageContext, StageOutput
 
@@ -25,7 +31,9 @@ def rl_stage_config(ctx: StageContext, start_model: str, storage_path: str) -> R
         if start_model == cfg.model.name
         else cfg.model.model_copy(update={"name": start_model, "revision": None, "gguf_file": None})
     )
-    data = rl_data_section(train_data_config(cfg, ctx.run_dir, ctx.records), cfg.rl)
+    # The stage's own datasets may name the SDG output too (stage:sdg): resolved after the merge.
+    data = stage_data_config(rl_data_section(train_data_config(cfg, ctx.run_dir, ctx.records), cfg.rl), ctx.run_dir,
+                             ctx.records)  # fmt: skip
     return cfg.model_copy(
         update={
             "name": "rl",
