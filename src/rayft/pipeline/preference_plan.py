@@ -53,7 +53,7 @@ def plan_preference_start(cfg: RayftConfig, run_dir: Path, records: dict[str, St
     final = str(records["train"].output(run_dir, "final"))
     if cfg.train.method == "lora":
         target = str(run_dir / START_DIR)
-        reason = "the SFT adapter merged into its base (DPO's reference is then the SFT model)"
+        reason = "the SFT adapter merged into its base (a reference model is then the SFT model)"
         return PreferenceStart("merge_adapter", final, target, reason)
     return PreferenceStart("model_dir", final, final, "the fully fine-tuned SFT model")
 

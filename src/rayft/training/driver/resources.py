@@ -66,11 +66,12 @@ def check_generation_length(train: TrainConfig, data: DataConfig, context: int |
     if longest <= context:
         return
     room = context - data.max_seq_length
-    fix = f"lower train.rl.max_new_tokens to at most {room}" if room > 0 else "lower data.max_seq_length"
+    fix = (f"lower train.rl.max_new_tokens to at most {room} (or data.max_seq_length)" if room > 0
+           else "lower data.max_seq_length")  # fmt: skip
     raise ConfigError(
         f"train.rl.max_new_tokens={train.rl.max_new_tokens} after prompts of up to data.max_seq_length="
         f"{data.max_seq_length} tokens makes sequences of up to {longest} tokens, but model.name={model!r} takes "
-        f"{context} (its context); {fix} (or data.max_seq_length), or use a model with a longer context"
+        f"{context} (its context); {fix}, or use a model with a longer context"
     )
 
 
