@@ -202,8 +202,10 @@ def test_no_command_writes_a_secret_anywhere(commands_run: Commands) -> None:
     result, tmp_path, ray_tmp = commands_run.result, commands_run.tmp_path, commands_run.ray_tmp
     console = result.stdout  # and stderr, in the order written
     assert result.returncode == 0, console[-4000:]
-    for name in ("sdg", "train", "export", "eval", "compare", "chat"):
+    for name in ("train", "export", "eval", "compare", "chat"):
         assert f"exit 0: {name}" in console, console[-4000:]
+    # sdg's teacher refuses every request: a failed start, one line, exit 2, nothing committed to skip on a rerun
+    assert "exit 2: sdg" in console and "teacher requests of the first batch failed" in commands_run.output_of("sdg")
     # generate asks the server first (GET /models), which refuses the key: one line, exit 2, no prompt sent
     assert "exit 2: generate" in console and "refused the API key sent (HTTP 401)" in commands_run.output_of("generate")
     # the server was asked, and answered with the key and the URL, for sdg's prompts
@@ -216,7 +218,8 @@ def test_no_command_writes_a_secret_anywhere(commands_run: Commands) -> None:
         f"user:***REDACTED***@{commands_run.base_url.removeprefix('http://')}"
         in (out / "exported" / "rayft_config.yaml").read_text()
     )
-    for report in ("eval/eval.json", "compare/compare.json", "exported/README.md", "sdg/summary.json"):
+    assert not list((out / "sdg" / "parts").glob("*.done.json"))
+    for report in ("eval/eval.json", "compare/compare.json", "exported/README.md"):
         assert (out / report).is_file(), report
     assert list((run_dir / "checkpoints").glob("step-*")), "no checkpoint to inspect"
     assert list(ray_tmp.rglob("session_*")) and list(ray_tmp.rglob("*.log")), "no Ray logs to inspect"
