@@ -43,6 +43,7 @@ RAY_NOISE = (
     "FutureWarning",
     "Reporting training result",  # Ray Train, per step and rank
     "Loading weights",  # Hugging Face progress bars
+    "publisher trust check",  # the kernels package, imported with bitsandbytes by PEFT in an eval actor
     "Started a local Ray instance",
 )
 
@@ -190,7 +191,9 @@ def test_console_shows_rayft_progress_not_ray_logs(commands_run: Commands) -> No
     assert "in-distribution check, not a GSM8K result" in console
     for noise in RAY_NOISE:
         assert noise not in console, f"{noise!r} reached the console:\n{console}"
-    assert len(console.splitlines()) < 40, console
+    # rayft's own progress bars print a line every few seconds: how many depends on the machine's speed
+    lines = [line for line in console.splitlines() if not re.search(r": \d+/\d+ \w+ \(\d+%\)", line)]
+    assert len(lines) < 40, console
     log_file = commands_run.tmp_path / "runs" / "console" / "logs" / "rayft.log"
     assert str(log_file) in console
     assert "Starting execution of Dataset" in log_file.read_text()  # Ray's logs are kept, in the file

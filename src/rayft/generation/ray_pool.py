@@ -137,7 +137,13 @@ class BatchGenerator:
     """A Ray actor's state: one backend, loaded once, generating one batch of prompts per call."""
 
     def __init__(self, cfg: GenerationConfig) -> None:
+        if cfg.backend == "hf":
+            # The actor's process loads this one model and ends with it: PEFT (for an adapter) would import
+            # bitsandbytes for nothing, with its kernels' offline warning on the console, unless the base
+            # is quantized (hide_unused_bitsandbytes leaves it importable then).
+            from rayft.models.loading import hide_unused_bitsandbytes
 
+            hide_unused_bitsandbytes(cfg.model, "none")
         self.backend = build_backend(cfg)
         self.params = sampling_params(cfg)
 
