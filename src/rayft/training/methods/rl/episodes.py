@@ -141,7 +141,7 @@ class Episode:
         }  # fmt: skip
 
 
-def _count(value: Any) -> int:
+def _count(value: object) -> int:
     """A count the environment reports per tool (a dict) or as one number."""
     if isinstance(value, dict):
         return int(sum(value.values()))

@@ -14,9 +14,12 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from rayft.environments.episode import Environment, StepResult
+
+if TYPE_CHECKING:
+    import ray
 
 STEP_ACTOR_THREADS = 64
 """Concurrent steps on one step actor; steps past it wait for a thread (within the same deadline)."""
@@ -88,7 +91,7 @@ class RayStepRunner:
         return out
 
     @staticmethod
-    def _outcome(env: Environment, ref: Any, timeout_s: float) -> StepOutcome:
+    def _outcome(env: Environment, ref: ray.ObjectRef[Any], timeout_s: float) -> StepOutcome:
         import ray
         from ray.exceptions import RayError
 
