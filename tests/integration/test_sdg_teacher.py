@@ -83,6 +83,20 @@ def variation_responder(request: dict[str, Any]) -> str:
 FINALS: dict[str, int] = {}
 
 
+def openai_teacher(tmp_path: Path, server: OpenAIServer) -> list[str]:
+    """Overrides of an sdg run whose teacher is ``server``: one request at a time, one quick retry."""
+    return [
+        f"storage_path={tmp_path}",
+        "sdg.generator=llm",
+        "sdg.teacher.backend=openai",
+        "sdg.teacher.model.name=teacher-1",
+        f"sdg.teacher.endpoint.base_url={server.base_url}",
+        "sdg.teacher.endpoint.max_retries=1",
+        "sdg.teacher.endpoint.backoff_s=0.01",
+        "sdg.teacher.endpoint.max_concurrency=1",
+    ]
+
+
 def test_openai_teacher_with_retries_and_a_failed_request(ray_session: None, tmp_path: Path) -> None:
     from rayft.recipes.sdg import run
 
@@ -92,14 +106,7 @@ def test_openai_teacher_with_retries_and_a_failed_request(ray_session: None, tmp
         cfg = load_config(
             None,
             [
-                f"storage_path={tmp_path}",
-                "sdg.generator=llm",
-                "sdg.teacher.backend=openai",
-                "sdg.teacher.model.name=teacher-1",
-                f"sdg.teacher.endpoint.base_url={server.base_url}",
-                "sdg.teacher.endpoint.max_retries=1",
-                "sdg.teacher.endpoint.backoff_s=0.01",
-                "sdg.teacher.endpoint.max_concurrency=1",
+                *openai_teacher(tmp_path, server),
                 "sdg.teacher.batch_size=8",
                 "sdg.num_seeds=4",
                 "sdg.variations=2",
@@ -139,14 +146,7 @@ def test_a_teacher_that_fails_every_request_stops_the_run_and_a_rerun_goes_on(
         cfg = load_config(
             None,
             [
-                f"storage_path={tmp_path}",
-                "sdg.generator=llm",
-                "sdg.teacher.backend=openai",
-                "sdg.teacher.model.name=teacher-1",
-                f"sdg.teacher.endpoint.base_url={server.base_url}",
-                "sdg.teacher.endpoint.max_retries=1",
-                "sdg.teacher.endpoint.backoff_s=0.01",
-                "sdg.teacher.endpoint.max_concurrency=1",
+                *openai_teacher(tmp_path, server),
                 "sdg.teacher.batch_size=2",
                 "sdg.seeds_per_batch=1",
                 "sdg.num_seeds=2",
