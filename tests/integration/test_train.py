@@ -180,7 +180,7 @@ def test_resume_after_a_worker_is_killed_matches_an_uninterrupted_run(
 
 
 def test_bf16_frozen_layers_train_on_two_workers_and_resume_exactly(
-    ray_session: None, tiny_model_dir: Path, prepared: PreparedData, tmp_path: Path
+    uninterrupted_run: Path, tiny_model_dir: Path, prepared: PreparedData, tmp_path: Path
 ) -> None:
     # Rank 1 builds on the meta device and gets rank 0's bf16 weights from DDP's broadcast; a resume rebuilds them.
     settings = (*RESUME_RUN, "train.frozen_precision=bf16")
@@ -192,8 +192,9 @@ def test_bf16_frozen_layers_train_on_two_workers_and_resume_exactly(
     assert train_losses(resumed) == losses  # bitwise, every step
     want = adapter_tensors(finished / "final")
     assert all(adapter_tensors(resumed / "final")[name].equal(t) for name, t in want.items())
-    # The setting reached the workers: the same run with float32 products has other losses, close to these.
-    fp32 = train_losses(train_on(tiny_config(tiny_model_dir, tmp_path / "fp32", *RESUME_RUN), prepared))
+    # The setting reached the workers: the same run with float32 products (the shared uninterrupted run, on
+    # the same units) has other losses, close to these.
+    fp32 = train_losses(uninterrupted_run)
     assert fp32 != losses
     # bf16 keeps 8 bits (a product's operands round within 2**-9): each frozen product moves by ~0.6% at most,
     # and the tiny model's loss with it; 5% is an accuracy bound over 12 steps, not an equality.
