@@ -22,10 +22,12 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from rayft.config import load_config  # noqa: E402
 from rayft.config.preference import PreferenceConfig  # noqa: E402
 from rayft.config.rl import RlConfig  # noqa: E402
 from rayft.data.collate import collate, unpack_targets  # noqa: E402
 from rayft.data.prepared import IGNORE_INDEX  # noqa: E402
+from rayft.errors import ConfigError  # noqa: E402
 from rayft.training.methods.preference.method import PreferenceTraining  # noqa: E402
 from rayft.training.methods.rl.method import RlTraining  # noqa: E402
 from rayft.training.methods.rl.sampling import Completions, PromptBatch  # noqa: E402
@@ -231,3 +233,11 @@ def test_a_packed_grpo_step_equals_the_padded_one(tiny_model_dir: Path, attentio
     assert padded[2].keys() == packed[2].keys()
     for name, value in padded[2].items():
         assert packed[2][name] == pytest.approx(value, rel=0, abs=_bound(model, longest, tokens, tokens + abs(value)))
+
+
+@pytest.mark.parametrize("objective", ["dpo", "orpo", "simpo", "grpo"])
+def test_padding_free_steps_are_accepted_and_offered_where_data_packing_is_refused(objective: str) -> None:
+    assert load_config(None, [f"train.objective={objective}", "train.padding_free=true"]).train.padding_free is True
+    offer = r"set data.packing=false \(train.padding_free=true lays each micro-batch's sequences end to end\)"
+    with pytest.raises(ConfigError, match=offer):
+        load_config(None, [f"train.objective={objective}", "data.packing=true"])
