@@ -40,7 +40,7 @@ def _units(pairs: int, *, good: int = 7, bad: int = 9, seed: int = 0) -> list[di
 
 
 def _objective(name: str, **settings: Any) -> PreferenceTraining:
-    plan = SimpleNamespace(model=SimpleNamespace(attn_implementation="sdpa"))
+    plan = SimpleNamespace(model=SimpleNamespace(attn_implementation="sdpa"), train=SimpleNamespace(padding_free=False))
     lm = SimpleNamespace(plan=plan, tokenizer=SimpleNamespace(pad_token_id=0), model_type="llama")
     return PreferenceTraining(lm, name, PreferenceConfig(**settings))  # type: ignore[arg-type]
 

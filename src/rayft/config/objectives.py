@@ -20,6 +20,12 @@ class ObjectiveTraits:
     samples: bool = False  # its workers sample completions during training (each holds the whole model)
     token_loss: bool = False  # its loss is the next-token loss alone, which the step planner may fuse or unpad
     unpacked_because: str = ""  # why its rows cannot be packed (data.packing), as the refusal says it
+    padding_free: bool = False  # train.padding_free lays its micro-batches' sequences end to end for the forward
+
+    @property
+    def packed_instead(self) -> str:
+        """What the data.packing refusal offers instead, where the objective has padding-free steps."""
+        return " (train.padding_free=true lays each micro-batch's sequences end to end)" if self.padding_free else ""
 
 
 _PAIRS = (
@@ -31,10 +37,10 @@ _PROMPTS = "each row's prompt is sampled from on its own, and packing would join
 
 OBJECTIVES: dict[str, ObjectiveTraits] = {
     "sft": ObjectiveTraits("examples", token_loss=True),
-    "dpo": ObjectiveTraits("pairs", unpacked_because=_PAIRS),
-    "orpo": ObjectiveTraits("pairs", unpacked_because=_PAIRS),
-    "simpo": ObjectiveTraits("pairs", unpacked_because=_PAIRS),
-    "grpo": ObjectiveTraits("prompts", samples=True, unpacked_because=_PROMPTS),
+    "dpo": ObjectiveTraits("pairs", unpacked_because=_PAIRS, padding_free=True),
+    "orpo": ObjectiveTraits("pairs", unpacked_because=_PAIRS, padding_free=True),
+    "simpo": ObjectiveTraits("pairs", unpacked_because=_PAIRS, padding_free=True),
+    "grpo": ObjectiveTraits("prompts", samples=True, unpacked_because=_PROMPTS, padding_free=True),
     "sft_kl": ObjectiveTraits("examples", unpacked_because=_ROWS),
 }
 

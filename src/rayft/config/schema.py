@@ -177,7 +177,7 @@ class RayftConfig(Section):
         if self.data.packing and traits.unpacked_because:
             raise ValueError(
                 f"train.objective={objective!r} with data.packing=true: {traits.unpacked_because}; "
-                "set data.packing=false"
+                f"set data.packing=false{traits.packed_instead}"
             )
         if self.task.path is not None:
             raise ValueError(

@@ -201,10 +201,13 @@ class TrainConfig(Section):
     padding_free: bool | Literal["auto"] = Field(
         "auto",
         description=(
-            "Lay the units of a micro-batch end to end in one row instead of padding each to the longest (SFT "
-            "on causal LMs): no position is spent on padding, and each example keeps its own positions, so the "
-            "loss is the same. Needs attention that reads the examples' bounds. 'auto': on with per-example "
-            "sdpa on CPU and with flash attention on GPUs (variable-length kernels), off otherwise."
+            "Lay the units of a micro-batch end to end in one row instead of padding each to the longest (causal "
+            "LMs): no position is spent on padding, and each example keeps its own positions, so the loss is the "
+            "same. DPO, ORPO and SimPO lay every chosen and rejected sequence of the micro-batch end to end, GRPO "
+            "every prompt+completion (policy, reference and old-policy forwards alike). Needs attention that keeps "
+            "to each example (sdpa, eager, flex_attention and flash attention all do). 'auto': for SFT on with "
+            "per-example sdpa on CPU and with flash attention on GPUs (variable-length kernels), off otherwise; "
+            "off for preference and RL objectives."
         ),
     )
     liger_kernels: bool = Field(

@@ -12,6 +12,11 @@ waits on the device to find them. ``max_length`` is rounded up to a power of two
 width): ``torch.compile`` specialises on a Python int, so exact per-batch maxima would compile
 the blocks again for every new value, while powers of two give a handful of values in all.
 
+A preference or RL micro-batch may also carry its rows laid end to end (:class:`PackedRows`, ``collate(...,
+packed=True)``): the forward pass runs on that one row, and each value per target position is laid back
+into the padded rows' layout (:func:`unpack_targets`), where the objectives' losses read it. The padded
+rows are then only a layout (their tokens are never computed), so the loss code is the same either way.
+
 An encoder-decoder's micro-batch (:func:`collate_pairs`) is padded the usual way instead: the sources
 right-padded with an ``attention_mask``, the targets right-padded with -100 to their own width; the
 model makes its decoder input from the labels.
@@ -30,6 +35,20 @@ if TYPE_CHECKING:
 
 
 @dataclass
+class PackedRows:
+    """A micro-batch's rows laid end to end as one row (``row``, positions restarting per sequence), and
+    where each padded target position lands in it: ``targets[r, t]`` is the index in ``row``'s targets
+    (``labels[:, 1:]``) of row ``r``'s target ``t``, or -1 past the row's end."""
+
+    row: MicroBatch
+    targets: torch.Tensor
+
+    def to(self, device: Any) -> PackedRows:
+        """The same rows with their tensors on ``device``."""
+        return PackedRows(self.row.to(device), self.targets.to(device))
+
+
+@dataclass
 class MicroBatch:
     """Model inputs of one micro-batch, plus the counts the loss and the metrics need."""
 
@@ -42,6 +61,7 @@ class MicroBatch:
     cu_seq_lens: torch.Tensor | None = None
     max_length: int = 0
     attention_mask: torch.Tensor | None = None  # an encoder-decoder's source padding (see collate_pairs)
+    packed: PackedRows | None = None  # the rows laid end to end, which the forward pass runs on instead
 
     @property
     def seq2seq(self) -> bool:
@@ -61,6 +81,8 @@ class MicroBatch:
     @property
     def num_computed_tokens(self) -> int:
         """Tokens the model computes, padding included (an encoder-decoder's: sources and targets)."""
+        if self.packed is not None:
+            return self.packed.row.num_computed_tokens
         return int(self.input_ids.numel()) + (int(self.labels.numel()) if self.seq2seq else 0)
 
     def to(self, device: Any) -> MicroBatch:
@@ -75,18 +97,29 @@ class MicroBatch:
             None if self.cu_seq_lens is None else self.cu_seq_lens.to(device),
             self.max_length,
             None if self.attention_mask is None else self.attention_mask.to(device),
+            None if self.packed is None else self.packed.to(device),
         )
 
 
 def collate(
-    units: Sequence[dict[str, Any]], pad_token_id: int, pad_to_multiple_of: int = 1, *, seq2seq: bool = False
-) -> MicroBatch:
+    units: Sequence[dict[str, Any]], pad_token_id: int, pad_to_multiple_of: int = 1, *, seq2seq: bool = False,
+    packed: bool = False,
+) -> MicroBatch:  # fmt: skip
     """Right-pad units to a common length (a multiple of ``pad_to_multiple_of``) and stack them
-    (an encoder-decoder's units with ``seq2seq``: see :func:`collate_pairs`)."""
-    import torch
-
+    (an encoder-decoder's units with ``seq2seq``: see :func:`collate_pairs`); with ``packed``, the batch
+    also carries the units laid end to end (:func:`pack_rows`), for the forward pass."""
     if seq2seq:
         return collate_pairs(units, pad_token_id)
+    rows = pad_rows(units, pad_token_id, pad_to_multiple_of)
+    if packed:
+        rows.packed = pack_rows(units, pad_token_id, pad_to_multiple_of, int(rows.input_ids.shape[1]))
+    return rows
+
+
+def pad_rows(units: Sequence[dict[str, Any]], pad_token_id: int, pad_to_multiple_of: int) -> MicroBatch:
+    """Units right-padded to a common length (a multiple of ``pad_to_multiple_of``) and stacked."""
+    import torch
+
     longest = max(len(u["input_ids"]) for u in units)
     width = -(-longest // pad_to_multiple_of) * pad_to_multiple_of
     input_ids = torch.full((len(units), width), pad_token_id, dtype=torch.long)
@@ -115,6 +148,44 @@ def end_to_end(units: Sequence[dict[str, Any]]) -> dict[str, Any]:
         for key, values in merged.items():
             values.extend(unit[key])
     return merged
+
+
+def pack_rows(units: Sequence[dict[str, Any]], pad_token_id: int, pad_to_multiple_of: int, width: int) -> PackedRows:
+    """The units (one sequence each) laid end to end in one row, and where each target of their padded
+    rows (``width`` wide) lands in it.
+
+    Every sequence's first label is set to -100 in the row: in the padded rows it is never a target (no
+    token predicts it), while end to end the previous sequence's last token would predict it.
+    """
+    import torch
+
+    starts = []
+    offset = 0
+    firsts = []
+    for unit in units:
+        starts.append(offset)
+        offset += len(unit["input_ids"])
+        firsts.append({**unit, "labels": [IGNORE_INDEX, *list(unit["labels"])[1:]]})
+    row = pad_rows([end_to_end(firsts)], pad_token_id, pad_to_multiple_of)
+    targets = torch.full((len(units), max(width - 1, 0)), -1, dtype=torch.long)
+    for index, (unit, start) in enumerate(zip(units, starts, strict=True)):
+        # Target t of a row predicts its token t + 1 from token t: both in the sequence, at start + t.
+        n = len(unit["input_ids"]) - 1
+        targets[index, :n] = torch.arange(start, start + n, dtype=torch.long)
+    return PackedRows(row, targets)
+
+
+def unpack_targets(values: torch.Tensor, kept: torch.Tensor, packed: PackedRows, layout: torch.Tensor) -> torch.Tensor:
+    """Values computed at the packed row's target positions ``kept`` (``values``: ``(1, len(kept))``) laid out
+    as the padded rows' target positions ``layout`` (``(rows, len(layout))``, 0 where a row has none).
+    Differentiable: the gradient flows back to ``values``."""
+    import torch
+
+    width = int(packed.row.labels.shape[1]) - 1
+    flat = torch.zeros(width, dtype=values.dtype, device=values.device).index_put((kept,), values[0])
+    where = packed.targets[:, layout]
+    inside = where >= 0
+    return torch.where(inside, flat[where.clamp(min=0)], torch.zeros((), dtype=values.dtype, device=values.device))
 
 
 def collate_pairs(units: Sequence[dict[str, Any]], pad_token_id: int) -> MicroBatch:

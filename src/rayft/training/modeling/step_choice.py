@@ -244,7 +244,8 @@ def _padding_free(configured: bool | Literal["auto"], attention: str, facts: Ste
     if configured != "auto":
         return configured, "set in train.padding_free"
     if not facts.sft:
-        return False, "preference and RL rows are collated by their objective"
+        # Off unless asked: the forward runs on the rows laid end to end, the losses read them back padded.
+        return False, "preference and RL rows are padded unless train.padding_free is true"
     if facts.device_type == "cpu" and attention == "sdpa":
         # Per-example SDPA attends within each example whatever the row holds, so one long row costs attention what
         # the padded rows cost, and the linear layers stop computing padding; bench_step.py's padding-free arm and

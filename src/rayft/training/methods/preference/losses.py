@@ -61,14 +61,21 @@ def sequence_logps(
     tokens per row. ``logits`` ``(rows, positions, vocab)`` are aligned with ``labels``
     ``(rows, positions)`` (position ``i`` predicts ``labels[:, i]``); ``ignore_index`` marks positions
     that are not part of a response."""
+    mask = labels != ignore_index
+    return token_logps(logits, labels, ignore_index)[0].sum(-1), mask.sum(-1)
+
+
+def token_logps(logits: torch.Tensor, labels: torch.Tensor, ignore_index: int = -100) -> tuple[torch.Tensor]:
+    """The log-probability of each of ``labels`` under ``logits`` (aligned as in :func:`sequence_logps`), 0
+    where ``labels`` is ``ignore_index``: a one-tuple, the shape of a score the forward pass lays out."""
     import torch
 
     mask = labels != ignore_index
     safe = labels.masked_fill(~mask, 0)
     # log_softmax then gather, in float32: the sums of a few hundred log-probabilities lose the
     # reward differences in bfloat16.
-    token_logps = torch.log_softmax(logits.float(), dim=-1).gather(-1, safe.unsqueeze(-1)).squeeze(-1)
-    return (token_logps * mask).sum(-1), mask.sum(-1)
+    logps = torch.log_softmax(logits.float(), dim=-1).gather(-1, safe.unsqueeze(-1)).squeeze(-1)
+    return (logps * mask,)
 
 
 def dpo_losses(

@@ -1,7 +1,9 @@
 """Preference training (DPO, ORPO, SimPO) through the loop's objective seam.
 
 A training unit is one pair: the chosen and the rejected row (see :mod:`rayft.data.preference`),
-run through the model as one micro-batch of two rows per pair. A pair is one loss term, so the
+run through the model as one micro-batch of two rows per pair, or, with ``train.padding_free``, every
+row of the micro-batch laid end to end in one (positions restarting per sequence, so attention stays
+within each; each sequence's log-probability is gathered back from it). A pair is one loss term, so the
 loop's normalisation (the sum of every worker's loss terms over their count) makes each update the
 mean loss over the step's pairs whatever the split into workers and micro-batches.
 
@@ -12,7 +14,6 @@ LoRA, from the same model with its adapter disabled. ORPO and SimPO need none.
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,14 +27,15 @@ from rayft.training.loop.method import MethodHooks
 from rayft.training.loop.objective import CausalLm
 from rayft.training.loop.session import all_reduce_sum
 from rayft.training.loop.steps import in_lockstep
+from rayft.training.loop.targets import target_scores
 from rayft.training.methods.preference.losses import (
     PairLogps,
     PairLosses,
     dpo_losses,
     orpo_losses,
     pair_figure_tensors,
-    sequence_logps,
     simpo_losses,
+    token_logps,
 )
 from rayft.training.methods.preference.losses import (
     PreferenceObjective as ObjectiveName,
@@ -93,9 +95,12 @@ class PreferenceBatch(OnRows):
         return PreferenceBatch(self.rows.to(device), self.pairs, reference)
 
 
-def collate_preference(units: Sequence[Unit], pad_token_id: int, pad_to_multiple_of: int = 1) -> PreferenceBatch:
+def collate_preference(
+    units: Sequence[Unit], pad_token_id: int, pad_to_multiple_of: int = 1, *, packed: bool = False
+) -> PreferenceBatch:
     """Pair units (``chosen_input_ids``, ``chosen_labels``, ``rejected_*``, ``sample_ids``, and
-    ``ref_chosen_logps`` / ``ref_rejected_logps`` when stored) as one padded micro-batch of rows."""
+    ``ref_chosen_logps`` / ``ref_rejected_logps`` when stored) as one padded micro-batch of rows; with
+    ``packed``, the rows also laid end to end in one row, which the forward passes run on."""
     import torch
 
     sides = []
@@ -104,7 +109,7 @@ def collate_preference(units: Sequence[Unit], pad_token_id: int, pad_to_multiple
             ids = list(unit[f"{side}_input_ids"])
             sides.append({"input_ids": ids, "labels": list(unit[f"{side}_labels"]), "position_ids": range(len(ids)),
                           "sample_ids": unit["sample_ids"] if side == "chosen" else []})  # fmt: skip
-    rows = collate(sides, pad_token_id, pad_to_multiple_of)
+    rows = collate(sides, pad_token_id, pad_to_multiple_of, packed=packed)
     reference = None
     if units and units[0].get("ref_chosen_logps") is not None:
         reference = tuple(torch.tensor([float(u[f"ref_{side}_logps"]) for u in units], dtype=torch.float32)
@@ -116,20 +121,10 @@ def pair_logps(model: torch.nn.Module, rows: MicroBatch, precision: Precision) -
     """The log-probabilities of each row's response under ``model``, as chosen and rejected halves.
 
     Logits are computed only at the positions some row trains on (``logits_to_keep``, as the SFT
-    loss does), which skips the vocabulary projection over the prompts."""
-    import torch
-
-    targets = rows.labels[:, 1:]
-    keep = (targets != IGNORE_INDEX).any(dim=0).nonzero().flatten()
-    autocast = (
-        torch.autocast(device_type=rows.input_ids.device.type, dtype=precision.autocast_dtype)
-        if precision.autocast_dtype is not None
-        else contextlib.nullcontext()
-    )
-    with autocast:
-        logits = model(input_ids=rows.input_ids, position_ids=rows.position_ids, use_cache=False,
-                       logits_to_keep=keep).logits  # fmt: skip
-    sums, counts = sequence_logps(logits, targets[:, keep])
+    loss does), which skips the vocabulary projection over the prompts; rows that carry their packed
+    form run the forward on it (:func:`rayft.training.loop.targets.target_scores`)."""
+    (logps,), targets = target_scores(model, rows, precision.autocast_dtype, token_logps)
+    sums, counts = logps.sum(-1), (targets != IGNORE_INDEX).sum(-1)
     half = sums.shape[0] // 2
     return PairLogps(sums[:half], sums[half:], counts[:half], counts[half:])
 
@@ -160,11 +155,12 @@ class PreferenceTraining(MethodHooks):
         self.lm.write_model(model, directory, state_dict)
 
     def collate(self, units: list[Unit]) -> PreferenceBatch:
-        """Pairs as one micro-batch of rows (chosen rows first)."""
+        """Pairs as one micro-batch of rows (chosen rows first), laid end to end with ``train.padding_free``."""
         from rayft.training.modeling.attention import row_multiple
 
-        return collate_preference(units, self.lm.tokenizer.pad_token_id,
-                                  row_multiple(self.lm.plan.model.attn_implementation))  # fmt: skip
+        plan = self.lm.plan
+        return collate_preference(units, self.lm.tokenizer.pad_token_id, row_multiple(plan.model.attn_implementation),
+                                  packed=plan.train.padding_free is True)  # fmt: skip
 
     def loss_sum(self, model: torch.nn.Module, batch: TrainBatch, precision: Precision) -> torch.Tensor:
         """The sum of the batch's per-pair losses; the figures TRL logs are added to :attr:`figure_sums`."""

@@ -30,6 +30,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal, Protocol
 
 from rayft.data.prepared import IGNORE_INDEX
+from rayft.training.loop.targets import kept_positions as kept_positions  # noqa: PLC0414 - re-exported for rl's modules
+from rayft.training.loop.targets import target_scores
 from rayft.training.methods.unit import Registry
 
 if TYPE_CHECKING:
@@ -174,28 +176,10 @@ def completion_logps(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Per-token log-probabilities and entropies of the rows' labelled (completion) tokens under ``model``, and
     their mask, at the positions some row trains on (``logits_to_keep``: prompts skip the vocabulary
-    projection); ``(rows, kept positions)`` each, the kept positions those of :func:`kept_positions`."""
-    import contextlib
-
-    import torch
-
-    keep = kept_positions(rows.labels)
-    autocast = (
-        torch.autocast(device_type=rows.input_ids.device.type, dtype=autocast_dtype)
-        if autocast_dtype is not None
-        else contextlib.nullcontext()
-    )
-    with autocast:
-        logits = model(input_ids=rows.input_ids, position_ids=rows.position_ids, use_cache=False,
-                       logits_to_keep=keep).logits  # fmt: skip
-    kept = rows.labels[:, 1:][:, keep]
-    logps, entropy = token_logps_and_entropy(logits, kept)
+    projection); ``(rows, kept positions)`` each, the kept positions those of :func:`kept_positions`. Rows
+    that carry their packed form run the forward on it (:func:`rayft.training.loop.targets.target_scores`)."""
+    (logps, entropy), kept = target_scores(model, rows, autocast_dtype, token_logps_and_entropy)
     return logps, entropy, kept != IGNORE_INDEX
-
-
-def kept_positions(labels: torch.Tensor) -> torch.Tensor:
-    """The target positions (of ``labels[:, 1:]``) at which some row has a labelled token."""
-    return (labels[:, 1:] != IGNORE_INDEX).any(dim=0).nonzero().flatten()
 
 
 def importance_weights(proximal: torch.Tensor, behaviour: torch.Tensor, mask: torch.Tensor, cap: float) -> torch.Tensor:

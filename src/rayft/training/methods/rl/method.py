@@ -397,12 +397,15 @@ class RlTraining(MethodHooks):
         self, inner: TransformersModel, units: list[Unit], advantages: torch.Tensor, precision: Precision | None,
         behaviour: list[list[float]] | None = None,
     ) -> RolloutBatch:  # fmt: skip
-        """Completion rows as one padded micro-batch, with their reference log-probabilities if the KL term
+        """Completion rows as one padded micro-batch (laid end to end for the forward passes with
+        ``train.padding_free``), with their reference log-probabilities if the KL term
         needs them, the rollout policy's if the rollout is trained on more than once, and the sampling
         weights' (``behaviour``, per completion token) of a stale rollout."""
         import torch
 
-        rows = collate(units, self.pad_id, row_multiple(self.lm.plan.model.attn_implementation))
+        plan = self.lm.plan
+        rows = collate(units, self.pad_id, row_multiple(plan.model.attn_implementation),
+                       packed=plan.train.padding_free is True)  # fmt: skip
         ref = self.reference_logps(inner, rows) if self.reference_kind != "none" else None
         old = None
         if self.settings.steps_per_rollout > 1:
