@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-ObjectiveName = Literal["sft", "dpo", "orpo", "simpo", "grpo", "sft_kl"]
+ObjectiveName = Literal["sft", "dpo", "orpo", "simpo", "grpo", "sft_kl", "reward_model"]
 DataKind = Literal["examples", "pairs", "prompts"]
 
 
@@ -36,6 +36,7 @@ OBJECTIVES: dict[str, ObjectiveTraits] = {
     "simpo": ObjectiveTraits("pairs", unpacked_because=_PAIRS),
     "grpo": ObjectiveTraits("prompts", samples=True, unpacked_because=_PROMPTS),
     "sft_kl": ObjectiveTraits("examples", unpacked_because=_ROWS),
+    "reward_model": ObjectiveTraits("pairs", unpacked_because=_PAIRS),
 }
 
 
