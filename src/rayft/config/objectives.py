@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-ObjectiveName = Literal["sft", "dpo", "orpo", "simpo", "grpo", "sft_kl"]
+ObjectiveName = Literal["sft", "dpo", "orpo", "simpo", "grpo", "sft_kl", "reward_model"]
 DataKind = Literal["examples", "pairs", "prompts"]
 
 
@@ -42,6 +42,7 @@ OBJECTIVES: dict[str, ObjectiveTraits] = {
     "simpo": ObjectiveTraits("pairs", unpacked_because=_PAIRS, padding_free=True),
     "grpo": ObjectiveTraits("prompts", samples=True, unpacked_because=_PROMPTS, padding_free=True),
     "sft_kl": ObjectiveTraits("examples", unpacked_because=_ROWS),
+    "reward_model": ObjectiveTraits("pairs", unpacked_because=_PAIRS),
 }
 
 

@@ -11,12 +11,13 @@ from pydantic import Field, field_validator, model_validator
 from rayft.config.base import Section
 from rayft.config.environment import EnvironmentConfig
 from rayft.config.judge import JudgeConfig
+from rayft.config.reward_model import RewardModelConfig
 
 MAX_GROUP_SIZE = 1024
 """Largest ``train.rl.group_size``: published GRPO runs sample 4 to 64 completions per prompt; thousands
 only make a step hold gigabytes of KV cache for group statistics that stopped changing long before."""
 
-BUILTIN_REWARDS = ("math", "exact_match", "regex", "length", "sql", "code", "judge")
+BUILTIN_REWARDS = ("math", "exact_match", "regex", "length", "sql", "code", "judge", "reward_model")
 """Reward functions rayft ships (``train.rl.rewards[].function``); anything else is ``package.module:function``."""
 
 
@@ -35,7 +36,9 @@ class RewardConfig(Section):
             "the row's `table_column`, JSON with name, header, types, rows), 'code' (the completion's last ```python "
             "block, run in rayft's process sandbox against the row's tests in `tests_column`, a list of Python "
             "statements such as 'assert f(2) == 4': the share that pass, or 1/0 with code_scoring=all), 'judge' (an "
-            "LLM judge behind an OpenAI-compatible endpoint scores the completion against a rubric, see `judge`), or "
+            "LLM judge behind an OpenAI-compatible endpoint scores the completion against a rubric, see `judge`), "
+            "'reward_model' (a sequence classifier's score of the row's prompt and the completion, such as the "
+            "final/ directory of a train.objective=reward_model run, see `reward_model`), or "
             "'package.module:function', called "
             "as fn(completion: str, reference: str) -> float, or, when the function has a parameter named `row`, "
             "as fn(completion, reference, row=...) with row the dict of the row's columns listed in "
@@ -68,6 +71,10 @@ class RewardConfig(Section):
     )
     judge: JudgeConfig | None = Field(
         None, description="For function 'judge': the judge model, its endpoint, the rubric and how its score is read."
+    )
+    reward_model: RewardModelConfig | None = Field(
+        None,
+        description="For function 'reward_model': the classifier (path), the prompt column, the normalisation.",
     )
     name: str | None = Field(
         None, description="The name its figures are logged under (rl/reward/<name>); default: the function."
@@ -106,6 +113,11 @@ class RewardConfig(Section):
                 "reward function 'judge' needs a judge section (judge: {model: ..., endpoint: {base_url: ...}}), and "
                 f"only 'judge' reads one (function is {self.function!r})"
             )
+        if (self.function == "reward_model") != (self.reward_model is not None):
+            raise ValueError(
+                "reward function 'reward_model' needs a reward_model section (reward_model: {path: <directory or Hub "
+                f"id>}}), and only 'reward_model' reads one (function is {self.function!r})"
+            )
         if self.function not in BUILTIN_REWARDS and ":" not in self.function:
             raise ValueError(
                 f"reward function {self.function!r} is neither built in ({', '.join(BUILTIN_REWARDS)}) nor "
@@ -125,6 +137,8 @@ class RewardConfig(Section):
             return (self.tests_column or "tests",)
         if self.judge is not None:
             return (self.judge.prompt_column,)
+        if self.reward_model is not None:
+            return (self.reward_model.prompt_column,)
         return (self.table_column or "table",) if self.function == "sql" else ()
 
 

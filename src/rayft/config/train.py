@@ -9,6 +9,7 @@ from pydantic import Field, field_validator, model_validator
 from rayft.config.base import Section
 from rayft.config.objectives import ObjectiveName, ObjectiveTraits, objective_traits
 from rayft.config.preference import PreferenceConfig
+from rayft.config.reward_model import RewardModelTrainConfig
 from rayft.config.rl import RlConfig
 from rayft.config.sft_kl import SftKlConfig
 from rayft.config.tracking import MlflowConfig, PrometheusConfig, WandbConfig
@@ -125,7 +126,11 @@ class TrainConfig(Section):
             "margin, no reference), whose settings are in train.preference; or 'grpo': online reinforcement "
             "learning on the data's prompts, with completions sampled by the policy and scored by reward "
             "functions against the rows' responses (GRPO, Dr. GRPO, DAPO, RLOO: train.rl); or 'sft_kl': SFT "
-            "with a KL penalty to the base model on every label token (train.sft_kl). Only sft data can be packed."
+            "with a KL penalty to the base model on every label token (train.sft_kl); or 'reward_model': a "
+            "Bradley-Terry reward model on the same pairs, a sequence classifier with one output whose score of "
+            "chosen should beat rejected (train.reward_model; its final/ loads with transformers' "
+            "AutoModelForSequenceClassification and serves as train.rl.rewards' 'reward_model'). Only sft data can "
+            "be packed."
         ),
     )
     strategy: Literal["ddp", "fsdp", "deepspeed"] = Field(
@@ -296,6 +301,10 @@ class TrainConfig(Section):
     sft_kl: SftKlConfig = Field(
         default_factory=SftKlConfig,
         description="Settings of train.objective sft_kl: the weight of the KL penalty to the base model.",
+    )
+    reward_model: RewardModelTrainConfig = Field(
+        default_factory=RewardModelTrainConfig,
+        description="Settings of train.objective reward_model: the loss's margin and score centring.",
     )
     profile: ProfileConfig = Field(
         default_factory=ProfileConfig,

@@ -3,8 +3,9 @@
 A reward is what a verifier says of one sampled completion: the math answer checked with the GSM8K
 extraction the evaluation uses, an exact match, a format (regular expression), brevity, SQL execution
 accuracy on the row's own table, the share of the row's tests a completion's code passes in the process
-sandbox, a judge model's score of the completion against a rubric (:mod:`rayft.evaluation.judge`), or a
-user's ``package.module:function``. A function that reads more of
+sandbox, a judge model's score of the completion against a rubric (:mod:`rayft.evaluation.judge`), a reward
+model's score of the prompt and the completion (:mod:`rayft.evaluation.reward_model`), or a user's
+``package.module:function``. A function that reads more of
 its row than the reference (the 'sql' reward, or a user's function with a parameter named ``row``) is
 called with ``row=``: the dict of the columns ``train.rl`` carries with each prompt.
 
@@ -121,6 +122,16 @@ def judge_reward(cfg: RewardConfig) -> BatchReward:
     return BatchReward(judge, judge.many)
 
 
+def reward_model_reward(cfg: RewardConfig) -> BatchReward:
+    """A reward model's score of the row's prompt and the completion (:mod:`rayft.evaluation.reward_model`),
+    a batch scored in forward passes of ``batch_size`` on this process's CPU."""
+    from rayft.evaluation.reward_model import RewardModelScorer  # imports torch and transformers
+
+    assert cfg.reward_model is not None  # the config requires a reward_model section for function 'reward_model'
+    scorer = RewardModelScorer(cfg.reward_model)
+    return BatchReward(scorer, scorer.many)
+
+
 def takes_row(fn: RewardFn) -> bool:
     """Whether ``fn`` reads its row: it has a parameter named ``row``."""
     try:
@@ -135,6 +146,7 @@ def build_reward(cfg: RewardConfig, max_new_tokens: int) -> RewardFn:
         "sql": lambda: sql_reward(cfg.columns[0]),
         "code": lambda: code_reward(cfg.columns[0], cfg.code_scoring),
         "judge": lambda: judge_reward(cfg),
+        "reward_model": lambda: reward_model_reward(cfg),
         "math": lambda: math_reward,
         "exact_match": lambda: exact_match,
         "regex": lambda: regex_reward(cfg.pattern or ""),  # the config requires a pattern for regex

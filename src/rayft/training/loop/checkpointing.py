@@ -305,7 +305,8 @@ def write_model_files(
     state_dict: dict[str, torch.Tensor] | None = None,
 ) -> None:
     """Weights (adapter or full) as safetensors, tokenizer with chat template, generation config
-    whose EOS ids include the end-of-turn token, and the resolved config (secrets redacted).
+    whose EOS ids include the end-of-turn token (a model that generates), and the resolved config (secrets
+    redacted).
 
     ``state_dict`` (a snapshot) is written instead of the live weights when given. A LoRA adapter
     is read back and checked before anything else is written (:func:`check_written_adapter`).
@@ -322,7 +323,8 @@ def write_model_files(
         check_written_adapter(directory, files.lora_r, modules=modules, untrained_allowed=files.untrained_allowed)
     tokenizer.save_pretrained(directory)
     generation = _generation_config(inner, tokenizer)
-    generation.save_pretrained(directory)
+    if generation is not None:  # a model that does not generate (a reward model's classifier) has none
+        generation.save_pretrained(directory)
     (directory / layout.CHECKPOINT_CONFIG_FILE).write_text(redact(files.resolved_config), encoding="utf-8")
     share_like_siblings(directory)  # the weights are written 0600 through a temporary file
 
@@ -339,10 +341,12 @@ def check_written_adapter(directory: Path, r: int, *, modules: int, untrained_al
         raise CheckpointError(f"the adapter written to {directory} is not usable: {'; '.join(problems)}")
 
 
-def _generation_config(model: TransformersModel, tokenizer: PreTrainedTokenizerBase) -> GenerationConfig:
+def _generation_config(model: TransformersModel, tokenizer: PreTrainedTokenizerBase) -> GenerationConfig | None:
     import copy
 
     base = base_model(model)
+    if getattr(base, "generation_config", None) is None:
+        return None
     generation = copy.deepcopy(base.generation_config)
     eos = generation.eos_token_id
     eos_ids = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])

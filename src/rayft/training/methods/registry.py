@@ -11,7 +11,7 @@ from rayft.training.loop.checkpointing import ModelFiles
 from rayft.training.loop.method import Method, MethodTraits
 from rayft.training.loop.objective import CausalLm
 from rayft.training.loop.worker_plan import WorkerPlan
-from rayft.training.methods import preference, rl, sft, sft_kl
+from rayft.training.methods import preference, reward_model, rl, sft, sft_kl
 from rayft.training.methods.task.method import TaskObjective
 from rayft.training.methods.unit import MethodUnit
 
@@ -22,6 +22,7 @@ METHODS: dict[str, MethodUnit] = {
     "simpo": preference.unit("simpo"),
     "grpo": rl.UNIT,
     "sft_kl": sft_kl.UNIT,
+    "reward_model": reward_model.UNIT,
 }
 
 

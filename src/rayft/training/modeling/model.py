@@ -162,6 +162,12 @@ def is_seq2seq(net: torch.nn.Module) -> bool:
     return bool(getattr(base.config, "is_encoder_decoder", False))
 
 
+def is_sequence_classifier(net: torch.nn.Module) -> bool:
+    """Whether ``net`` is a transformers sequence classifier (a reward model): its LoRA adapter is PEFT's
+    SEQ_CLS kind, which trains and saves the score head beside the adapter."""
+    return type(base_model(net)).__name__.endswith("ForSequenceClassification")
+
+
 def _load_full_from(directory: Path, cfg: ModelConfig, device_type: str) -> PreTrainedModel:
     model: PreTrainedModel = auto_model_class(cfg).from_pretrained(
         directory,
@@ -200,7 +206,7 @@ def _attach_adapter(net: PreTrainedModel, lora: LoraConfig, restore_dir: Path | 
         lora_dropout=lora.dropout,
         target_modules=targets,
         modules_to_save=lora.modules_to_save or None,
-        task_type="SEQ_2_SEQ_LM" if seq2seq else "CAUSAL_LM",
+        task_type="SEQ_2_SEQ_LM" if seq2seq else "SEQ_CLS" if is_sequence_classifier(net) else "CAUSAL_LM",
         use_dora=lora.use_dora,
         use_rslora=lora.use_rslora,
         # A worker built on the meta device (its weights come from rank 0's copy) has no weights to decompose:
