@@ -308,7 +308,8 @@ def episode_sums(records: Sequence[Mapping[str, Any]], tool_names: Sequence[str]
         "episode_env_failures": float(sum(r["env_failure"] is not None for r in records)),
         "episode_model_tokens": float(sum(r["model_tokens"] for r in records)),
         "episode_tool_tokens": float(sum(r["tool_tokens"] for r in records)),
-        "episode_prefill_tokens": float(sum(r["prefill_tokens"] for r in records)),
+        # .get: episodes sampled ahead and checkpointed before the count existed resume without it.
+        "episode_prefill_tokens": float(sum(r.get("prefill_tokens", 0) for r in records)),
     }
     for name in tool_names:
         sums[f"episode_tool_calls/{name}"] = float(sum(r["tool_calls"].get(name, 0) for r in records))
