@@ -233,7 +233,9 @@ def grouped_bar_chart(bars: Sequence[Bar], *, label: str, width: int = 900, heig
         return ""
     groups = list(dict.fromkeys(b.group for b in bars))
     labels = list(dict.fromkeys(b.label for b in bars))
-    scale = max([1.0, *(b.high for b in bars if b.high is not None and _finite(b.high))])
+    # The axis reaches the tallest bar or whisker (a bar without an interval, a count, may pass 1).
+    tops = [b.high if b.high is not None else b.value for b in bars]
+    scale = max([1.0, *(t for t in tops if _finite(t))])
     left, bottom, top = 60, 60, 30
     plot_h = height - bottom - top
     y = linear_scale(0.0, scale, top + plot_h, top)

@@ -78,7 +78,7 @@ def test_an_episodes_reward_is_its_answers_plus_the_environments_and_a_cut_episo
 def record(**changes: Any) -> dict[str, Any]:
     base = {"turns": 2, "truncated": None, "env_reward": 0.0, "model_tokens": 10, "tool_tokens": 6,
             "tool_calls": {"calculator": 2, "<malformed>": 1}, "tool_errors": 1, "tool_timeouts": 0,
-            "env_failure": None}  # fmt: skip
+            "env_failure": None, "prefill_tokens": 20}  # fmt: skip
     return base | changes
 
 
@@ -93,6 +93,7 @@ def test_episode_figures_are_means_per_episode_and_counts() -> None:
     assert figures["rl/episode/tool_calls/calculator"] == 3.0 and figures["rl/episode/tool_calls/malformed"] == 0.5
     assert figures["rl/episode/tool_errors"] == 2 and figures["rl/episode/tool_timeouts"] == 2
     assert figures["rl/episode/truncated"] == 1 and figures["rl/episode/model_tokens"] == 10
+    assert figures["rl/episode/prefill_tokens"] == 20
     assert figures["rl/episode/sample_s"] == 1.5 and figures["rl/episode/tool_s"] == 0.5
     assert tool_names(None) == [] and tool_names(EnvironmentConfig(tools=["sql"]))[0] == "sql_query"
     scripted = tool_names(EnvironmentConfig(type="rayft.testing.environments:ScriptedCalls"))

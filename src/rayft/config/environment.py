@@ -46,6 +46,12 @@ class EnvironmentConfig(Section):
     tool_timeout_s: float = Field(
         10.0, gt=0, description="Time one tool call may take; past it the model reads an error, counted as a timeout."
     )
+    keep_kv_cache: bool = Field(
+        True,
+        description="Training rollouts on the hf engine: keep each episode's KV cache between its turns, so that only "
+        "the environment's answer is prefilled before the next turn (models whose layers are all full attention; "
+        "others prefill the whole conversation each turn, as false does).",
+    )
     table_column: str = Field("table", description="For the 'sql' tool: the data column holding each row's table.")
     python_memory_mb: int = Field(512, ge=64, description="For the 'python' tool: memory of its sandbox process, MiB.")
 

@@ -185,7 +185,9 @@ class EvalConfig(Section):
             "takes: its tools and limits per episode): the model's tool calls are answered with the tools' "
             "results until it answers without a call, and that final answer is scored by eval.task. The "
             "episode's reward (a user environment's) is the metric 'reward'; turns, tool calls, tool errors "
-            "and truncated episodes are in each example's row and in the summary. Backends 'hf' and 'openai'."
+            "and truncated episodes are in each example's row and in the summary. Backends 'hf' and 'openai'. "
+            "Left out in rayft run, the eval stage takes the environment the model trained in (rl.environment, "
+            "or a grpo train stage's train.rl.environment); null evaluates single-turn."
         ),
     )
     without_tools: list[str] = Field(

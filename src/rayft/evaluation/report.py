@@ -336,6 +336,55 @@ def _gates_html(summary: CompareSummary) -> list[str]:
 _YES, _NO_BAD = '<span class="yes">yes</span>', '<span class="bad">no</span>'
 
 
+def episodes_html(summary: CompareSummary) -> list[str]:
+    """The episode figures of the models evaluated in an environment, for compare.html and the pipeline's report:
+    a table (episodes, turns and tool calls per episode, calls per tool, tool errors, timeouts, truncated and failed
+    episodes, the reward) and a chart of the per-episode means; nothing when no model ran episodes."""
+    models = {label: model for label, model in summary.models.items() if model.episodes}
+    if not models:
+        return []
+    tools = list(dict.fromkeys(t for m in models.values() for t in m.episodes.get("tool_calls_by_tool", {})))
+    head = ["model", "tools", "episodes", "turns / episode", "tool calls / episode",
+            *(f"{t} calls" for t in tools), "tool errors", "timeouts", "truncated", "failed", "reward"]  # fmt: skip
+    rows = ["<tr>" + "".join(f"<th>{html.escape(h)}</th>" for h in head) + "</tr>"]
+    for label, model in models.items():
+        ep = model.episodes
+        cells = [label, "with" if ep.get("with_tools", True) else "without", str(ep["episodes"]),
+                 f"{ep['mean_turns']:g}", f"{ep['mean_tool_calls']:g}",
+                 *(str(ep.get("tool_calls_by_tool", {}).get(t, 0)) for t in tools),
+                 _by_kind(ep["tool_errors"], ep.get("tool_errors_by_tool", {})), str(ep["tool_timeouts"]),
+                 _by_kind(ep["truncated"], ep.get("truncated_by_limit", {})), str(ep["failed"]),
+                 _reward_text(model)]  # fmt: skip
+        rows.append("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in cells) + "</tr>")
+    return ["<h2>Episodes</h2>", "<table>", *rows, "</table>", _episodes_chart(models, tools)]
+
+
+def _by_kind(total: int, kinds: Mapping[str, int]) -> str:
+    """A count with its parts, e.g. '3 (calculator 2, <unknown> 1)'."""
+    parts = ", ".join(f"{name} {n}" for name, n in kinds.items() if n)
+    return f"{total} ({parts})" if parts else str(total)
+
+
+def _reward_text(model: ModelSummary) -> str:
+    """An episode's reward as the eval measured it: a user environment's metric 'reward', else the score of the
+    final answers (the primary metric, what the rewards of a tools environment score), named."""
+    name = "reward" if "reward" in model.metrics else model.primary_metric
+    metric = model.metrics.get(name)
+    return f"{metric.estimate.value:.3f} ({name})" if metric is not None else "-"
+
+
+def _episodes_chart(models: Mapping[str, ModelSummary], tools: Sequence[str]) -> str:
+    """Turns and tool calls (in all and per tool) per episode, a bar per model (inline SVG)."""
+    bars = []
+    for index, (label, model) in enumerate(models.items()):
+        ep, colour = model.episodes, charts.color(index)
+        count = max(int(ep["episodes"]), 1)
+        means = {"turns": float(ep["mean_turns"]), "tool calls": float(ep["mean_tool_calls"])}
+        means |= {f"{t} calls": ep.get("tool_calls_by_tool", {}).get(t, 0) / count for t in tools}
+        bars += [charts.Bar(group, label, value, None, None, colour) for group, value in means.items()]
+    return charts.grouped_bar_chart(bars, label="per episode, by model")
+
+
 def render_html(summary: CompareSummary, rows: Sequence[dict[str, Any]]) -> str:
     """compare.html: one self-contained page (no scripts, fonts or styles from the network)."""
     e = html.escape
@@ -378,6 +427,7 @@ def render_html(summary: CompareSummary, rows: Sequence[dict[str, Any]]) -> str:
                 f"<td>{e(flips_text(t) or '-')}</td></tr>"
             )
     body.append("</table>")
+    body += episodes_html(summary)
     body += _gates_html(summary)
     shown = disagreements(rows, summary.primary_metric)
     body.append(f"<h2>Examples where the models disagree ({len(shown)} shown)</h2>")

@@ -10,7 +10,7 @@ from html import escape
 from typing import Any
 
 from rayft import charts
-from rayft.evaluation.report import difference_interval, level_text
+from rayft.evaluation.report import difference_interval, episodes_html, level_text
 from rayft.evaluation.summary import CompareSummary
 from rayft.pages import html_page
 
@@ -217,7 +217,8 @@ def _compare_section(summary: CompareSummary) -> str:
         else ""
     )
     bars = _bar_chart(summary)
-    return f"<h2>Base vs fine-tuned</h2>{table}{paired}{bars}"
+    episodes = "".join(episodes_html(summary))  # the models evaluated in an environment: compare.html's section
+    return f"<h2>Base vs fine-tuned</h2>{table}{paired}{bars}{episodes}"
 
 
 def _bar_chart(summary: CompareSummary) -> str:

@@ -14,6 +14,7 @@ from rayft._version import __version__
 from rayft.config import RayftConfig
 from rayft.evaluation.gates import GateFailedError
 from rayft.files import replace_dir, staging_dir
+from rayft.pipeline.eval_plan import eval_stage_config
 from rayft.pipeline.inputs import final_manifest_hash, local_files, model_identity, train_data_config
 from rayft.pipeline.outputs import read_comparison
 from rayft.pipeline.preference_plan import compare_sources
@@ -108,8 +109,9 @@ class EvalStage:
     name = "eval"
 
     def inputs(self, ctx: StageContext) -> dict[str, Any]:
-        """The eval section, its local data files, the base model and the trained model's manifest hash."""
-        section = json.loads(ctx.cfg.eval.model_dump_json())
+        """The eval section (with the environment it runs in), its local data files, the base model and the trained
+        model's manifest hash."""
+        section = json.loads(eval_stage_config(ctx.cfg).eval.model_dump_json())
         gates = {"gates": ctx.cfg.export.gate} if ctx.cfg.export.gate else {}  # their margins are tested here
         return {
             "eval": section,
@@ -120,16 +122,18 @@ class EvalStage:
         } | gates
 
     def run(self, ctx: StageContext, *, fresh: bool) -> StageOutput:
-        """Compare the base model with the fine-tuned one when the pipeline trains, else evaluate the model."""
+        """Compare the base model with the fine-tuned one when the pipeline trains, else evaluate the model; in the
+        environment the model trained in when the eval section names none (:mod:`rayft.pipeline.eval_plan`)."""
         out = ctx.run_dir / "eval"
         staging = staging_dir(out)
+        cfg = eval_stage_config(ctx.cfg)
         if trained_final(ctx.run_dir, ctx.records) is None:
-            single = evaluate.run(ctx.cfg, ctx.cfg.model.name, staging)
+            single = evaluate.run(cfg, cfg.model.name, staging)
             replace_dir(staging, out)
             return StageOutput({"dir": out}, single.summary.to_dict())
 
-        sources = compare_sources(ctx.cfg, ctx.run_dir, ctx.records)
-        result = compare.run(ctx.cfg, sources, staging, gates=ctx.cfg.export.gate)
+        sources = compare_sources(cfg, ctx.run_dir, ctx.records)
+        result = compare.run(cfg, sources, staging, gates=cfg.export.gate)
         replace_dir(staging, out)
         files = {
             "dir": out,

@@ -8,7 +8,9 @@ each turn's ids exactly as sampled, then the ids of the environment's answer: th
 renders after the turn (the end of the assistant's turn, the ``tool`` messages as the data path renders
 them, :func:`rayft.data.tokenize.render_chat`, and the next assistant header), tokenized alone and appended.
 Nothing sampled is ever decoded and tokenized again. The mask of a completion marks its sampled tokens: only
-they carry loss and enter the probability ratio; the appended answers are context.
+they carry loss and enter the probability ratio; the appended answers are context. The batch's KV cache is kept
+from one turn to the next (``keep_kv_cache``, :mod:`rayft.training.methods.rl.turn_cache`): a turn prefills
+only the environment's answer, not the whole conversation again.
 
 An episode ends when the model answers without a tool call (the environment says it is done), or is cut:
 ``turns`` (``max_turns`` model turns), ``tokens`` (its sequence reached ``max_tokens``), ``timeout`` (its
@@ -27,6 +29,7 @@ from rayft.environments.loader import build_environment
 from rayft.errors import DataError
 from rayft.evaluation.rewards import Scores
 from rayft.training.methods.rl.tool_steps import StepOutcome, StepRunner, step_runner
+from rayft.training.methods.rl.turn_cache import TurnCache, keeps_cache
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -106,6 +109,8 @@ class Episode:
     env_reward: float = 0.0
     info: dict[str, Any] = field(default_factory=dict)
     failure: str | None = None
+    prefilled: int = 0
+    """The tokens of the episode that its turns' prefills computed (each token once with the kept KV cache)."""
 
     def take_turn(self, ids: list[int], text: str) -> None:
         """Append a sampled turn."""
@@ -137,7 +142,7 @@ class Episode:
             "model_tokens": sum(self.sampled), "tool_tokens": len(self.sampled) - sum(self.sampled),
             "tool_calls": {str(k): int(v) for k, v in calls.items()} if isinstance(calls, dict) else {},
             "tool_errors": _count(info.get("tool_errors")), "tool_timeouts": _count(info.get("tool_timeouts")),
-            "env_failure": self.failure,
+            "env_failure": self.failure, "prefill_tokens": self.prefilled,
         }  # fmt: skip
 
 
@@ -148,9 +153,10 @@ def _count(value: object) -> int:
     return int(value) if isinstance(value, int | float) else 0
 
 
-def turn_seed(seed: int, turn: int) -> int:
-    """The sampling seed of an episode batch's ``turn``-th turn (turn 0 samples with the micro-batch's seed)."""
-    return (seed + turn * 1_000_000_007) % (2**63 - 1)
+def turn_seed(seed: int | None, turn: int) -> int | None:
+    """The sampling seed of an episode batch's ``turn``-th turn (turn 0 samples with the micro-batch's seed; None:
+    greedy)."""
+    return None if seed is None else (seed + turn * 1_000_000_007) % (2**63 - 1)
 
 
 def step_deadline(cfg: EnvironmentConfig) -> float:
@@ -180,19 +186,24 @@ class EpisodeRunner:
 
     def run(
         self, inner: TransformersModel, prompts: Sequence[list[int]], rows: Sequence[Mapping[str, Any]], group: int,
-        seed: int,
+        seed: int | None,
     ) -> Completions:  # fmt: skip
-        """``group`` episodes of each prompt (consecutive), played to their end."""
+        """``group`` episodes of each prompt (consecutive), played to their end (sampled from ``seed``, greedy
+        without one)."""
         from rayft.training.methods.rl.sampling import Completions
 
         episodes = [self.start(p, r) for p, r in zip(prompts, rows or [{}] * len(prompts), strict=True)
                     for _ in range(group)]  # fmt: skip
         sample_s = tool_s = 0.0
+        cache = TurnCache() if self.cfg.keep_kv_cache and keeps_cache(inner) else None
         for turn in range(self.cfg.max_turns):
-            live = [e for e in episodes if not e.done]
-            if not live:
+            keys = [i for i, e in enumerate(episodes) if not e.done]
+            if not keys:
                 break
-            sample_s += self.sample_turn(inner, live, turn_seed(seed, turn))
+            live = [episodes[i] for i in keys]
+            if cache is not None:
+                cache.select(keys)
+            sample_s += self.sample_turn(inner, live, turn_seed(seed, turn), cache)
             stepping = [e for e in live if not e.done]
             if stepping:
                 outcomes = self.steps.step(
@@ -209,13 +220,19 @@ class EpisodeRunner:
                            masks=[e.sampled for e in episodes], episodes=[e.record() for e in episodes],
                            tool_seconds=tool_s)  # fmt: skip
 
-    def sample_turn(self, inner: TransformersModel, live: list[Episode], seed: int) -> float:
-        """Every live episode's next turn, from one ``generate`` call; an episode whose sequence reaches
-        ``max_tokens`` without ending its turn is cut (``tokens``). Returns the sampling seconds."""
+    def sample_turn(
+        self, inner: TransformersModel, live: list[Episode], seed: int | None, cache: TurnCache | None = None
+    ) -> float:
+        """Every live episode's next turn, from one ``generate`` call (continuing ``cache`` when one is kept); an
+        episode whose sequence reaches ``max_tokens`` without ending its turn is cut (``tokens``). Returns the
+        sampling seconds."""
         limit = self.cfg.max_tokens
         budget = max(*(limit - len(e.ids) for e in live), 1)
-        turns, seconds = self.sampler.sample_rows(inner, [e.ids for e in live], seed=seed, max_new_tokens=budget)
-        for episode, turn in zip(live, turns, strict=True):
+        rows = [e.ids for e in live]
+        turns, seconds = self.sampler.sample_rows(inner, rows, seed=seed, max_new_tokens=budget, turns=cache)
+        prefilled = cache.prefilled if cache is not None else [len(row) for row in rows]
+        for episode, turn, fed in zip(live, turns, prefilled, strict=True):
+            episode.prefilled += fed
             ids = turn[: max(limit - len(episode.ids), 1)]  # at least one token: an episode trains on something
             episode.take_turn(ids, str(self.sampler.tokenizer.decode(ids, skip_special_tokens=True)))
             if len(episode.ids) >= limit and ids[-1] not in self.sampler.eos_ids:
@@ -275,7 +292,7 @@ def episode_figure_names(tool_names: Sequence[str]) -> list[str]:
     """The sums a step adds up for its episodes, in one order on every rank (``tool_names``: each counted apart)."""
     fixed = ["episodes", "episode_turns", "episode_tool_calls", "episode_tool_errors", "episode_tool_timeouts",
              "episode_truncated", "episode_env_failures", "episode_model_tokens", "episode_tool_tokens",
-             "time/rollout_sample_s", "time/rollout_tools_s"]  # fmt: skip
+             "episode_prefill_tokens", "time/rollout_sample_s", "time/rollout_tools_s"]  # fmt: skip
     return fixed + [f"episode_tool_calls/{name}" for name in tool_names]
 
 
@@ -291,6 +308,8 @@ def episode_sums(records: Sequence[Mapping[str, Any]], tool_names: Sequence[str]
         "episode_env_failures": float(sum(r["env_failure"] is not None for r in records)),
         "episode_model_tokens": float(sum(r["model_tokens"] for r in records)),
         "episode_tool_tokens": float(sum(r["tool_tokens"] for r in records)),
+        # .get: episodes sampled ahead and checkpointed before the count existed resume without it.
+        "episode_prefill_tokens": float(sum(r.get("prefill_tokens", 0) for r in records)),
     }
     for name in tool_names:
         sums[f"episode_tool_calls/{name}"] = float(sum(r["tool_calls"].get(name, 0) for r in records))
@@ -299,14 +318,15 @@ def episode_sums(records: Sequence[Mapping[str, Any]], tool_names: Sequence[str]
 
 def episode_figures(total: Mapping[str, float], tool_names: Sequence[str], world_size: int) -> dict[str, float]:
     """The step's episode figures from every rank's sums: means per episode (turns, tool calls in all and per tool,
-    model and tool tokens), counts (tool errors, timeouts, truncated episodes, failed environment steps), and
-    the seconds of sampling and of the environment's steps (a rank's mean)."""
+    model and tool tokens, tokens prefilled), counts (tool errors, timeouts, truncated episodes, failed environment
+    steps), and the seconds of sampling and of the environment's steps (a rank's mean)."""
     episodes = max(total["episodes"], 1.0)
     figures = {
         "rl/episode/turns": total["episode_turns"] / episodes,
         "rl/episode/tool_calls": total["episode_tool_calls"] / episodes,
         "rl/episode/model_tokens": total["episode_model_tokens"] / episodes,
         "rl/episode/tool_tokens": total["episode_tool_tokens"] / episodes,
+        "rl/episode/prefill_tokens": total["episode_prefill_tokens"] / episodes,
         "rl/episode/tool_errors": total["episode_tool_errors"],
         "rl/episode/tool_timeouts": total["episode_tool_timeouts"],
         "rl/episode/truncated": total["episode_truncated"],

@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     import torch
     from transformers import PreTrainedTokenizerBase
 
+    from rayft.training.methods.rl.turn_cache import TurnCache
     from rayft.training.modeling.model import TransformersModel
 
 
@@ -90,10 +91,12 @@ class Sampler:
         return Completions(token_ids, texts, sum(len(t) for t in token_ids), seconds)
 
     def sample_rows(
-        self, inner: TransformersModel, rows: list[list[int]], *, seed: int | None, max_new_tokens: int | None = None
-    ) -> tuple[list[list[int]], float]:
+        self, inner: TransformersModel, rows: list[list[int]], *, seed: int | None, max_new_tokens: int | None = None,
+        turns: TurnCache | None = None,
+    ) -> tuple[list[list[int]], float]:  # fmt: skip
         """One completion of each row (sampled from ``seed``, greedy without one) and the seconds it took;
-        ``max_new_tokens``: fewer than the rollout's (an episode's token budget)."""
+        ``max_new_tokens``: fewer than the rollout's (an episode's token budget); ``turns``: the episodes' cache
+        kept across their turns."""
         import torch
 
         was_training = inner.training
@@ -102,28 +105,32 @@ class Sampler:
         with torch.no_grad(), generation_attention(inner, self.attn_implementation):
             if seed is not None:
                 torch.manual_seed(seed)
-            token_ids = self.generate(inner, rows, greedy=seed is None, max_new_tokens=max_new_tokens)
+            token_ids = self.generate(inner, rows, greedy=seed is None, max_new_tokens=max_new_tokens, turns=turns)
         inner.train(was_training)
         return token_ids, time.perf_counter() - started
 
     def generate(
-        self, inner: TransformersModel, rows: list[list[int]], *, greedy: bool, max_new_tokens: int | None = None
-    ) -> list[list[int]]:
-        """One ``generate`` call over ``rows`` (left-padded), each completion cut after its end of sequence."""
+        self, inner: TransformersModel, rows: list[list[int]], *, greedy: bool, max_new_tokens: int | None = None,
+        turns: TurnCache | None = None,
+    ) -> list[list[int]]:  # fmt: skip
+        """One ``generate`` call over ``rows`` (left-padded, or continuing ``turns``' cache), each completion cut
+        after its end of sequence."""
         import torch
         from transformers import GenerationConfig
 
-        width = max(len(p) for p in rows)
         pad = self.pad_id
-        device = next(inner.parameters()).device
-        input_ids = torch.tensor([[pad] * (width - len(p)) + p for p in rows], device=device)
-        attention = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in rows], device=device)
         s = self.settings
         sampling = {} if greedy else {"temperature": s.temperature, "top_p": s.top_p, "top_k": 0}
         # A fresh config, not the model's: its sampling defaults must not leak into greedy or sampled runs.
         new_tokens = s.max_new_tokens if max_new_tokens is None else min(s.max_new_tokens, max_new_tokens)
         config = GenerationConfig(do_sample=not greedy, max_new_tokens=new_tokens, pad_token_id=pad,
                                   eos_token_id=self.eos_ids, **sampling)  # type: ignore[no-untyped-call]  # fmt: skip
+        if turns is not None:
+            return turns.generate(inner, rows, config, pad, self.cut)
+        width = max(len(p) for p in rows)
+        device = next(inner.parameters()).device
+        input_ids = torch.tensor([[pad] * (width - len(p)) + p for p in rows], device=device)
+        attention = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in rows], device=device)
         generate = cast("Callable[..., torch.Tensor]", inner.generate)  # the token ids (no dict asked for)
         generated = generate(input_ids=input_ids, attention_mask=attention, generation_config=config)
         return [self.cut(row) for row in generated[:, width:].tolist()]
