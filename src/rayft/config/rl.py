@@ -12,6 +12,7 @@ from rayft.config.base import Section
 from rayft.config.environment import EnvironmentConfig
 from rayft.config.judge import JudgeConfig
 from rayft.config.reward_model import RewardModelConfig
+from rayft.config.sdg import SdgDecontaminationConfig
 
 MAX_GROUP_SIZE = 1024
 """Largest ``train.rl.group_size``: published GRPO runs sample 4 to 64 completions per prompt; thousands
@@ -290,6 +291,77 @@ class DynamicSamplingConfig(Section):
     )
 
 
+class CurriculumConfig(Section):
+    """A curriculum from SDG: after each step, a prompt every completion solved gets a harder variant (larger
+    numbers) and a prompt none solved an easier one (smaller numbers), written by SDG's symbolic generator
+    (the row's annotated solution re-computed with the new numbers, so the variant's answer is verified),
+    checked against evaluation sets, queued, and served in later steps in place of some of their prompts."""
+
+    harder: bool = Field(True, description="Make a harder variant of each prompt every completion solved.")
+    easier: bool = Field(True, description="Make an easier variant of each prompt no completion solved.")
+    harder_scale: int = Field(
+        10,
+        ge=2,
+        le=1_000_000,
+        description=(
+            "A harder variant multiplies each varied number of the problem by this factor before drawing a new "
+            "number near it (between half and twice the product), as sdg.operand_scale does."
+        ),
+    )
+    easier_divisor: int = Field(
+        10,
+        ge=2,
+        le=1_000_000,
+        description=(
+            "An easier variant divides each varied number of the problem by this before drawing near the quotient "
+            "(never below 2; draws that make a division inexact or a result negative are redrawn)."
+        ),
+    )
+    max_per_step: int = Field(
+        4,
+        ge=1,
+        description=(
+            "Most variants made per step on a worker, harder and easier together, in the order of the step's "
+            "prompts; the solved or unsolved prompts past it are not varied."
+        ),
+    )
+    serve_per_step: int = Field(
+        1,
+        ge=1,
+        description=(
+            "Most queued variants served per step on a worker: each takes the place of one of the step's last "
+            "prompts (at most all of them; the data's own order is otherwise untouched)."
+        ),
+    )
+    queue_size: int = Field(
+        64,
+        ge=1,
+        description=(
+            "Most variants waiting on a worker; when full, the oldest is dropped for a new one (counted in "
+            "rl/curriculum/dropped). The queue is kept in checkpoints, so a resumed run serves what the "
+            "uninterrupted run would."
+        ),
+    )
+    max_attempts: int = Field(
+        50, ge=1, description="Number draws per variant before giving up on it (counted in rl/curriculum/no_draw)."
+    )
+    decontamination: SdgDecontaminationConfig = Field(
+        default_factory=SdgDecontaminationConfig,
+        description=(
+            "Evaluation sets no variant may leak into (word n-gram overlap with numbers masked, as sdg's "
+            "decontamination checks); a variant that shares an n-gram with one is discarded and counted in "
+            "rl/curriculum/leaked. No datasets: no check."
+        ),
+    )
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> CurriculumConfig:
+        if not (self.harder or self.easier):
+            raise ValueError("harder and easier are both false, so no variant is ever made; enable one or unset "
+                             "train.rl.curriculum")  # fmt: skip
+        return self
+
+
 class RlConfig(Section):
     """Group-relative policy optimisation (GRPO and its variants) with on-policy samples scored by rewards.
 
@@ -411,6 +483,17 @@ class RlConfig(Section):
             "Needs colocated rollouts."
         ),
     )
+    curriculum: CurriculumConfig | None = Field(
+        None,
+        description=(
+            "A curriculum from SDG: prompts every completion solved (by the first reward reaching 1) get harder "
+            "symbolic variants, prompts none solved easier ones, fed to later steps (see CurriculumConfig). Only "
+            "math rows whose response is an annotated solution (GSM8K's <<a*b=c>> steps and '#### answer') can be "
+            "varied; others are counted in rl/curriculum/not_rewritable. Logged as rl/curriculum/harder_added, "
+            "easier_added, served, queue, not_rewritable, no_draw, leaked and dropped. Needs colocated rollouts. "
+            "Unset: no curriculum."
+        ),
+    )
     mask_truncated: bool = Field(
         False,
         description=(
@@ -475,6 +558,11 @@ class RlConfig(Section):
             raise ValueError(
                 "dynamic_sampling samples extra prompts on the training worker; it needs rollout.placement "
                 "colocated in this version (set train.rl.rollout.placement=colocated or unset dynamic_sampling)"
+            )
+        if self.curriculum is not None and self.rollout.placement != "colocated":
+            raise ValueError(
+                "curriculum puts its variants in a step's prompts just before they are sampled; it needs "
+                "rollout.placement colocated (set train.rl.rollout.placement=colocated or unset curriculum)"
             )
         return self
 

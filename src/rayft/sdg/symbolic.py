@@ -164,10 +164,11 @@ def _prose(answer: str) -> str:
 
 
 def make_variation(
-    chain: SeedChain, rng: random.Random, max_attempts: int = 50, scale: int = 1
+    chain: SeedChain, rng: random.Random, max_attempts: int = 50, scale: Number = 1
 ) -> tuple[str, str] | None:
     """A new (question, answer) with other numbers and a re-computed chain, or None after max_attempts.
-    ``scale`` multiplies each input before the draw near it (large operands for calculator traces)."""
+    ``scale`` multiplies each input before the draw near it (large operands for calculator traces; a fraction
+    such as 1/10 for smaller ones, never below 2)."""
     for _ in range(max_attempts):
         new_inputs = {v: _draw_near(_norm(v * scale), chain.input_places[v], rng) for v in chain.inputs}
         if all(new_inputs[v] == v for v in chain.inputs):

@@ -36,6 +36,7 @@ from rayft.training.loop.batches import Batch, OnRows, TrainBatch, Unit, micro_b
 from rayft.training.loop.method import MethodHooks
 from rayft.training.loop.objective import CausalLm
 from rayft.training.loop.session import TrainSession, all_reduce_sum
+from rayft.training.methods.rl import curriculum as cur
 from rayft.training.methods.rl.dynamic_sampling import (
     RECORD_FIGURES,
     RefillStream,
@@ -166,6 +167,8 @@ class RlTraining(MethodHooks):
     parts: dict[str, float] = field(default_factory=dict)  # the last rollout's sampling and tool seconds
     refill: RefillStream | None = None  # dynamic sampling's extra prompts, from start() on
     saved_refill: dict[str, Any] | None = None  # their cursor at the checkpoint the run resumes from
+    curriculum: cur.Curriculum | None = None  # the curriculum's queue of variants, from start() on
+    saved_curriculum: dict[str, Any] | None = None  # the queue at the checkpoint the run resumes from
 
     @classmethod
     def build(cls, lm: CausalLm, settings: RlConfig, seed: int) -> RlTraining:
@@ -236,7 +239,8 @@ class RlTraining(MethodHooks):
 
     def restore(self, restore_dir: Path | None, rank: int) -> None:
         """Keep the rollouts this rank had sampled ahead at the checkpoint (asynchronous rollouts)."""
-        self.saved_ahead, self.saved_refill = unpacked_state(read_rollouts_ahead(restore_dir, rank))
+        inner, self.saved_curriculum = cur.unpacked_state(read_rollouts_ahead(restore_dir, rank))
+        self.saved_ahead, self.saved_refill = unpacked_state(inner)
 
     def start(self, session: TrainSession) -> None:
         """Where this worker's rollouts are sampled (its generation actors started, with actors)."""
@@ -246,6 +250,11 @@ class RlTraining(MethodHooks):
             self.refill = RefillStream(lambda: session.windows("train", plan.shuffle_window), plan.seed, session.rank)
             if self.saved_refill is not None:
                 self.refill.restore(self.saved_refill)
+        if self.settings.curriculum is not None:
+            codec = cur.TokenizerCodec(self.lm.tokenizer)
+            self.curriculum = cur.Curriculum.build(self.settings.curriculum, codec, self.seed, session.rank)
+            if self.saved_curriculum is not None:
+                self.curriculum.restore(self.saved_curriculum)
 
     def prepare(
         self, model: torch.nn.Module, batches: list[Batch], ahead: list[list[Batch]], *, step: int,
@@ -255,6 +264,8 @@ class RlTraining(MethodHooks):
         generation actors) and scored."""
         assert self.rollouts is not None  # start() ran
         prompts = cast("list[PromptBatch]", batches)  # what collate() made
+        if self.curriculum is not None:  # queued variants take the place of the step's last prompts
+            prompts = self.curriculum.serve(prompts)
         sampled = self.rollouts.sample(model, step, prompts, cast("list[list[PromptBatch]]", ahead))
         return [batch.to(device) for batch in self.rollout(model, prompts, sampled, step=step, precision=precision)]
 
@@ -268,8 +279,9 @@ class RlTraining(MethodHooks):
         """The rollouts sampled ahead (and dynamic sampling's cursor), for an exact resume."""
         if self.rollouts is None:
             return None
-        rollouts, refill = self.rollouts, self.refill
-        return rollouts.state if refill is None else lambda: packed_state(rollouts.state(), refill)
+        rollouts, refill, curriculum = self.rollouts, self.refill, self.curriculum
+        inner = rollouts.state if refill is None else lambda: packed_state(rollouts.state(), refill)
+        return inner if curriculum is None else lambda: cur.packed_state(inner(), curriculum)
 
     def close(self) -> None:
         """Release what sampling holds."""
@@ -291,6 +303,9 @@ class RlTraining(MethodHooks):
         inner = transformers_model(model)
         scored = [self.scored(batch, completions, step) for batch, completions in zip(batches, sampled, strict=True)]
         carrier = False
+        if self.curriculum is not None:  # the step's own prompts, before dynamic sampling drops any
+            first = self.rewards.names[0]
+            self.curriculum.observe([(p.batch, cur.solved_flags(p.scores.by_function[first])) for p in scored], step)
         if self.refill is not None:
             scored, carrier = self.informative(inner, scored, step, len(batches[0].prompts))
         out = []
@@ -501,7 +516,7 @@ class RlTraining(MethodHooks):
                  "completion_length", "kl", "clip_low", "clip_high", "entropy", "loss_tokens", "rollout_tokens",
                  "time/rollout_generate_s", "staleness", "rollout_batches", "importance_weight", "importance_capped",
                  "importance_tokens", "prompts_all_solved", "prompts_none_solved", "truncated", "overlong_penalty",
-                 *RECORD_FIGURES]  # fmt: skip
+                 *RECORD_FIGURES, *cur.FIGURES]  # fmt: skip
         rewards = [f"reward/{n}" for n in self.rewards.names] + [f"reward_errors/{n}" for n in self.rewards.names]
         episodes = episode_figure_names(self.tool_names) if self.settings.environment is not None else []
         return fixed + rewards + episodes
@@ -533,6 +548,8 @@ class RlTraining(MethodHooks):
         """The figures since the last call over every rank (rl/*), and reset: means per completion, per
         group or per completion token; counts of reward errors; rollout tokens per second of generation."""
         names = self.figure_names()
+        if self.curriculum is not None:
+            self.curriculum.take_sums(self.sums)
         total = dict(zip(names, all_reduce_sum([self.sums.get(n, 0.0) for n in names], device), strict=True))
         self.sums.clear()
         completions, groups = max(total["completions"], 1.0), max(total["groups"], 1.0)
@@ -554,6 +571,8 @@ class RlTraining(MethodHooks):
         if self.settings.kl_coef:
             figures["rl/kl"] = total["kl"] / tokens
         figures.update(record_figures(total, completions, self.settings))
+        if self.settings.curriculum is not None:
+            figures.update(cur.figures(total))
         rollout = self.settings.rollout
         if rollout.max_staleness and rollout.importance_cap is not None:
             # Over the tokens of stale rollouts only (none: the weights are 1).
