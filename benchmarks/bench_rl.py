@@ -23,8 +23,18 @@ colocated arm keeps LoRA's frozen layers in fp32 (``train.frozen_precision=fp32`
 them in bf16 on a CPU with bf16 instructions, as TRL's arm does not). ``--arms`` picks rayft's arms by name
 (``colocated``, ``colocated-fp32``, ``actors-sync``, ``actors-async``); the first is the ratios' base.
 
+Shared prefixes (``train.rl.rollout.shared_prefix``): the arm ``colocated-unshared`` prefills every completion's
+copy of its prompt, as rollouts did before. ``--shared-prefix`` runs instead a rollout-only comparison in this
+process, with no training: rayft's sampler (the one colocated rollouts and HF actors use) on the same prompts of
+``--prompt-tokens`` tokens each (GSM8K problems run together, a long few-shot prompt), ``--group`` completions of
+each, ``--repeats`` times after a short warm-up of each, the arms alternating which goes first, one seed per
+repeat shared by both arms (the same tokens are sampled: it says so, and each repeat's ratio is a paired one).
+Rollout tokens/s: generated tokens over the sampling call's seconds.
+
     .venv/bin/python benchmarks/bench_rl.py [--steps 5] [--prompts 4] [--group 4] [--max-new-tokens 48] [--no-trl]
-        [--arms colocated,colocated-fp32,actors-sync,actors-async]
+        [--arms colocated,colocated-fp32,colocated-unshared,actors-sync,actors-async]
+    .venv/bin/python benchmarks/bench_rl.py --shared-prefix [--prompts 4] [--group 8] [--prompt-tokens 384]
+        [--max-new-tokens 48] [--repeats 3] [--threads 2]
 """
 
 from __future__ import annotations
@@ -57,6 +67,7 @@ def prompt_of(question: str) -> str:
 ARMS = {
     "rayft colocated": (),
     "rayft colocated fp32": ("train.frozen_precision=fp32",),
+    "rayft colocated unshared": ("train.rl.rollout.shared_prefix=false",),
     "rayft actors sync": ("train.rl.rollout.placement=actors", "train.rl.rollout.num_actors=1"),
     "rayft actors async": ("train.rl.rollout.placement=actors", "train.rl.rollout.num_actors=1",
                            "train.rl.rollout.max_staleness=1"),
@@ -180,6 +191,60 @@ def summarise(steps: list[float], rollouts: list[float], generated: list[float],
     }
 
 
+def long_prompts(tokenizer: Any, count: int, length: int) -> list[list[int]]:
+    """``count`` prompts of exactly ``length`` tokens: GSM8K problems and answers run together (prompt ``i``
+    starts at problem ``i``), cut to their last ``length`` tokens."""
+    rows = problems(count + 64)
+    out = []
+    for i in range(count):
+        text = "".join(f"{prompt_of(r['question'])} {r['answer']}\n\n" for r in rows[i:])
+        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+        if len(ids) < length:
+            raise SystemExit(f"--prompt-tokens {length}: the problems give only {len(ids)} tokens")
+        out.append(ids[-length:])
+    return out
+
+
+def shared_prefix_rollouts(args: argparse.Namespace, model_dir: str) -> None:
+    """Rollout tokens/s of rayft's sampler with and without shared prefixes, on the same prompts and seeds."""
+    import torch
+
+    from rayft.config.model import ModelConfig
+    from rayft.config.rl import RlConfig
+    from rayft.models.loading import load_causal_lm, load_tokenizer
+    from rayft.training.methods.rl.sampling import Sampler
+
+    torch.set_num_threads(args.threads)
+    config = ModelConfig(name=model_dir)
+    model, tokenizer = load_causal_lm(config, "cpu"), load_tokenizer(config)
+    prompts = long_prompts(tokenizer, args.prompts, args.prompt_tokens)
+    arms = {
+        name: Sampler(RlConfig(group_size=args.group, max_new_tokens=args.max_new_tokens, temperature=1.0,
+                               rollout={"shared_prefix": shared}), tokenizer, "sdpa")
+        for name, shared in (("unshared", False), ("shared", True))
+    }  # fmt: skip
+    for arm in arms.values():  # warm-up: a short call of each arm
+        arm.sample(model, [p[:32] for p in prompts], args.group, seed=0)
+    rates: dict[str, list[float]] = {name: [] for name in arms}
+    same = True
+    for repeat in range(args.repeats):  # the arms alternate which goes first (a load that drifts hits both)
+        order = list(arms) if repeat % 2 == 0 else list(arms)[::-1]
+        sampled = {name: arms[name].sample(model, prompts, args.group, seed=repeat + 1) for name in order}
+        same = same and sampled["shared"].token_ids == sampled["unshared"].token_ids
+        for name, done in sampled.items():
+            rates[name].append(done.generated_tokens / done.seconds)
+    print(f"Rollouts, SmolLM2-135M-Instruct fp32 on CPU ({args.threads} threads): {args.prompts} prompts of "
+          f"{args.prompt_tokens} tokens x {args.group} completions of at most {args.max_new_tokens} tokens, "
+          f"{args.repeats} repeats after a warm-up, median (min-max) rollout tokens/s")  # fmt: skip
+    for name, values in rates.items():
+        print(f"{name:<10}{statistics.median(values):>9.1f}  ({min(values):.1f}-{max(values):.1f})")
+    # The same seed samples the same tokens in both arms: each repeat's ratio is a paired one.
+    paired = [s / u for s, u in zip(rates["shared"], rates["unshared"], strict=True)]
+    print(f"ratio shared / unshared: median {statistics.median(paired):.2f}x (per repeat "
+          f"{', '.join(f'{r:.2f}' for r in paired)}); the same tokens sampled: {'yes' if same else 'NO'}")  # fmt: skip
+    print("command: " + " ".join([".venv/bin/python", "benchmarks/bench_rl.py", *sys.argv[1:]]))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=5)
@@ -189,7 +254,16 @@ def main() -> None:
     parser.add_argument("--actor-cpus", type=float, default=1.0, help="CPUs of the generation actor")
     parser.add_argument("--no-trl", action="store_true", help="leave TRL's arm out")
     parser.add_argument("--arms", default=",".join(arm_key(name) for name in ARMS), help="rayft's arms, by name")
+    parser.add_argument("--shared-prefix", action="store_true", help="only the rollouts, shared prefixes or not")
+    parser.add_argument("--prompt-tokens", type=int, default=384, help="--shared-prefix: tokens of each prompt")
+    parser.add_argument("--repeats", type=int, default=3, help="--shared-prefix: measured rounds")
+    parser.add_argument("--threads", type=int, default=2, help="--shared-prefix: torch threads")
     args = parser.parse_args()
+    if args.shared_prefix:
+        from rayft.models.loading import ensure_builtin_model
+
+        shared_prefix_rollouts(args, str(ensure_builtin_model(MODEL)))
+        return
     chosen = {arm_key(name): name for name in ARMS}
     unknown = [key for key in args.arms.split(",") if key not in chosen]
     if unknown:

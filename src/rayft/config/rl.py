@@ -183,6 +183,15 @@ class RolloutConfig(Section):
             "else hf)."
         ),
     )
+    shared_prefix: bool = Field(
+        True,
+        description=(
+            "Hugging Face sampling (colocated and 'hf' actors): each prompt of a micro-batch is prefilled once and "
+            "its KV cache copied to its group_size completions, instead of prefilling it group_size times. The "
+            "same tokens and sampling distribution up to float rounding, with less prefill work; false prefills every "
+            "completion's copy. vLLM actors are unaffected (vLLM manages its own cache)."
+        ),
+    )
     actor_class: str | None = Field(
         None,
         description=(

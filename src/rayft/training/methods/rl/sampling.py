@@ -84,19 +84,23 @@ class Sampler:
     ) -> Completions:
         """``group`` completions of each prompt (consecutive), each cut after its end-of-sequence token, from
         one ``generate`` call over every row (one call of 32 rows ran 1.6x the tokens/s of four calls of 8 for
-        SmolLM2 on CPU): sampled with the rollout settings from ``seed``, or greedy without one."""
-        rows = [p for p in prompts for _ in range(group)]
-        token_ids, seconds = self.sample_rows(inner, rows, seed=seed)
+        SmolLM2 on CPU): sampled with the rollout settings from ``seed``, or greedy without one. With
+        ``train.rl.rollout.shared_prefix`` each prompt is prefilled once for its group
+        (:mod:`rayft.training.methods.rl.shared_prefix`)."""
+        if group > 1 and self.settings.rollout.shared_prefix:
+            token_ids, seconds = self.sample_rows(inner, prompts, seed=seed, group=group)
+        else:
+            token_ids, seconds = self.sample_rows(inner, [p for p in prompts for _ in range(group)], seed=seed)
         texts = self.tokenizer.batch_decode(token_ids, skip_special_tokens=True)
         return Completions(token_ids, texts, sum(len(t) for t in token_ids), seconds)
 
     def sample_rows(
         self, inner: TransformersModel, rows: list[list[int]], *, seed: int | None, max_new_tokens: int | None = None,
-        turns: TurnCache | None = None,
+        turns: TurnCache | None = None, group: int = 1,
     ) -> tuple[list[list[int]], float]:  # fmt: skip
-        """One completion of each row (sampled from ``seed``, greedy without one) and the seconds it took;
-        ``max_new_tokens``: fewer than the rollout's (an episode's token budget); ``turns``: the episodes' cache
-        kept across their turns."""
+        """``group`` completions of each row, consecutive (sampled from ``seed``, greedy without one), and the
+        seconds they took; ``max_new_tokens``: fewer than the rollout's (an episode's token budget); ``turns``:
+        the episodes' cache kept across their turns (one completion per row)."""
         import torch
 
         was_training = inner.training
@@ -105,18 +109,21 @@ class Sampler:
         with torch.no_grad(), generation_attention(inner, self.attn_implementation):
             if seed is not None:
                 torch.manual_seed(seed)
-            token_ids = self.generate(inner, rows, greedy=seed is None, max_new_tokens=max_new_tokens, turns=turns)
+            token_ids = self.generate(inner, rows, greedy=seed is None, max_new_tokens=max_new_tokens, turns=turns,
+                                      group=group)  # fmt: skip
         inner.train(was_training)
         return token_ids, time.perf_counter() - started
 
     def generate(
         self, inner: TransformersModel, rows: list[list[int]], *, greedy: bool, max_new_tokens: int | None = None,
-        turns: TurnCache | None = None,
+        turns: TurnCache | None = None, group: int = 1,
     ) -> list[list[int]]:  # fmt: skip
         """One ``generate`` call over ``rows`` (left-padded, or continuing ``turns``' cache), each completion cut
-        after its end of sequence."""
-        import torch
+        after its end of sequence; with ``group`` > 1, over ``group`` consecutive copies of each row, the rows
+        prefilled once."""
         from transformers import GenerationConfig
+
+        from rayft.training.methods.rl.shared_prefix import generate_shared, left_padded
 
         pad = self.pad_id
         s = self.settings
@@ -126,13 +133,16 @@ class Sampler:
         config = GenerationConfig(do_sample=not greedy, max_new_tokens=new_tokens, pad_token_id=pad,
                                   eos_token_id=self.eos_ids, **sampling)  # type: ignore[no-untyped-call]  # fmt: skip
         if turns is not None:
+            if group != 1:
+                raise ValueError("a kept turn cache continues one completion per row: group must be 1")
             return turns.generate(inner, rows, config, pad, self.cut)
-        width = max(len(p) for p in rows)
-        device = next(inner.parameters()).device
-        input_ids = torch.tensor([[pad] * (width - len(p)) + p for p in rows], device=device)
-        attention = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in rows], device=device)
-        generate = cast("Callable[..., torch.Tensor]", inner.generate)  # the token ids (no dict asked for)
-        generated = generate(input_ids=input_ids, attention_mask=attention, generation_config=config)
+        input_ids, attention = left_padded(rows, pad, next(inner.parameters()).device)
+        width = input_ids.shape[1]
+        if group > 1:
+            generated = generate_shared(inner, input_ids, attention, group, generation_config=config)
+        else:
+            generate = cast("Callable[..., torch.Tensor]", inner.generate)  # the token ids (no dict asked for)
+            generated = generate(input_ids=input_ids, attention_mask=attention, generation_config=config)
         return [self.cut(row) for row in generated[:, width:].tolist()]
 
     def completion_logps(
