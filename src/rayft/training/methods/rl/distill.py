@@ -39,6 +39,7 @@ if TYPE_CHECKING:
     from rayft.config.model import ModelConfig
     from rayft.data.collate import MicroBatch
     from rayft.training.methods.rl.sampling import Sampler
+    from rayft.training.modeling.model import TransformersModel
 
 WHERE = "train.rl.distillation"
 PROMPTS_PER_REQUEST = 16  # completions scored by one echo request (rayft serve takes up to 256)
@@ -227,7 +228,8 @@ def build_teacher(
     teacher = student.model_copy(update={"name": config.teacher})
     check_same_tokenizer(load_tokenizer(teacher), tokenizer, (config.teacher, student.name))
     model = load_causal_lm(teacher, device_type)
-    return LocalTeacher(model.eval().requires_grad_(False))
+    model.requires_grad_(False).train(False)  # frozen, and no dropout: the teacher only scores
+    return LocalTeacher(model)
 
 
 @dataclass
@@ -257,7 +259,7 @@ def distill_figures(total: dict[str, float], world_size: int) -> dict[str, float
 
 
 def sampled_reverse_kl(
-    inner: torch.nn.Module, sampler: Sampler, teacher: Teacher, prompts: list[list[int]], seed: int
+    inner: TransformersModel, sampler: Sampler, teacher: Teacher, prompts: list[list[int]], seed: int
 ) -> tuple[float, float]:
     """The sum of ``log p_s(y) - log p_t(y)`` over the tokens of one completion per prompt that the student
     ``inner`` samples from ``seed``, and their count: a validation estimate of the per-token reverse KL to the

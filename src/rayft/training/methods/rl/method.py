@@ -593,6 +593,8 @@ class RlTraining(MethodHooks):
             figures.update(episode_figures(total, self.tool_names, world_size))
         if self.settings.distillation is not None:
             figures.update(distill_figures(total, world_size))
+        if not self.rewards.functions:  # a teacher alone trains: there is no reward to report
+            figures = {k: v for k, v in figures.items() if not k.startswith(("rl/reward", "rl/pass@", "rl/zero_std"))}
         return figures
 
     # -- evaluation ---------------------------------------------------------------------------------------
