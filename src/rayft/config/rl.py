@@ -10,6 +10,7 @@ from pydantic import Field, field_validator, model_validator
 
 from rayft.config.base import Section
 from rayft.config.environment import EnvironmentConfig
+from rayft.config.generation import EndpointConfig
 from rayft.config.judge import JudgeConfig
 from rayft.config.reward_model import RewardModelConfig
 from rayft.config.sdg import SdgDecontaminationConfig
@@ -371,6 +372,46 @@ class CurriculumConfig(Section):
         return self
 
 
+class DistillationConfig(Section):
+    """On-policy distillation: a teacher's log-probabilities of the student's own sampled tokens as the signal
+    (the per-token reverse KL to the teacher, as Thinking Machines' on-policy distillation and TRL's GKD with
+    lmbda 1 and beta 1 train on the student's samples)."""
+
+    teacher: str = Field(
+        ...,
+        description=(
+            "The teacher: a model directory or Hub id loaded on each training worker, frozen, with the student's "
+            "model settings (dtype, attention); or, with endpoint set, the model name that endpoint serves. Its "
+            "tokenizer must be the student's (the same tokens for the same ids): a mismatch is refused at start."
+        ),
+    )
+    endpoint: EndpointConfig | None = Field(
+        None,
+        description=(
+            "An OpenAI-compatible endpoint serving the teacher (rayft serve, vLLM): each completion's tokens are "
+            "sent as token ids to /completions with echo, logprobs 0 and max_tokens 0, and the log-probabilities "
+            "it returns for them are the teacher's. Unset: the teacher runs in process."
+        ),
+    )
+    coefficient: float = Field(
+        1.0,
+        gt=0,
+        description=(
+            "Weight of the distillation term: each sampled token's advantage is coefficient x (log p_teacher - "
+            "log p_student) of that token, trained with the clipped surrogate of train.rl.loss and normalised "
+            "as its loss terms are."
+        ),
+    )
+    mode: Literal["replace", "add"] = Field(
+        "replace",
+        description=(
+            "'replace': the distillation term is the whole signal (the rewards, if any, are scored and logged "
+            "only; set train.rl.rewards to [] to score none). 'add': it is added to the reward "
+            "advantages of the configured rewards."
+        ),
+    )
+
+
 class RlConfig(Section):
     """Group-relative policy optimisation (GRPO and its variants) with on-policy samples scored by rewards.
 
@@ -476,10 +517,19 @@ class RlConfig(Section):
     )
     rewards: list[RewardConfig] = Field(
         default_factory=lambda: [RewardConfig(function="math")],
-        min_length=1,
         description=(
             "The reward functions; a completion's reward is their weighted sum. Each is logged as rl/reward/<name>. "
-            "A function that raises scores that sample 0 and is counted in rl/reward_errors/<name>."
+            "A function that raises scores that sample 0 and is counted in rl/reward_errors/<name>. Empty ([]) "
+            "only with distillation in mode 'replace'."
+        ),
+    )
+    distillation: DistillationConfig | None = Field(
+        None,
+        description=(
+            "On-policy distillation: a teacher's per-token log-probabilities of the sampled completions as the "
+            "training signal (per-token reverse KL), the teacher in process or behind an endpoint. Logged as "
+            "rl/distill/reverse_kl (mean per completion token, on the step's fresh samples) and "
+            "time/distill_teacher_s. Unset: rewards only."
         ),
     )
     dynamic_sampling: DynamicSamplingConfig | None = Field(
@@ -543,6 +593,26 @@ class RlConfig(Section):
             "carried column and the run stops at start naming it; the values are stored with the prepared prompts."
         ),
     )
+
+    @model_validator(mode="after")
+    def _signal_is_configured(self) -> RlConfig:
+        distil = self.distillation
+        if not self.rewards and (distil is None or distil.mode != "replace"):
+            raise ValueError(
+                "train.rl.rewards is empty; name at least one reward function, or set train.rl.distillation "
+                "(mode replace) to train on a teacher's log-probabilities alone"
+            )
+        if distil is not None and distil.mode == "replace" and self.dynamic_sampling is not None:
+            raise ValueError(
+                "dynamic_sampling drops groups whose rewards are all equal, but train.rl.distillation.mode is "
+                "'replace' (the rewards do not train); unset dynamic_sampling or set distillation.mode=add"
+            )
+        if self.curriculum is not None and not self.rewards:
+            raise ValueError(
+                "curriculum varies the prompts the first reward finds solved or unsolved, but train.rl.rewards is "
+                "empty; name a reward function or unset train.rl.curriculum"
+            )
+        return self
 
     @model_validator(mode="after")
     def _episodes_on_hf_generate(self) -> RlConfig:

@@ -165,6 +165,11 @@ class OpenAIBackend:
             self._sleep(self.backoff_s(attempt, _retry_after(response.headers.get("Retry-After"))))
         return self.client().get(url)
 
+    def post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        """One request of any shape (``body`` as the endpoint takes it) to ``path`` under the base URL, retried as
+        a generation is; its JSON answer. Raises RuntimeError when it still fails."""
+        return self._post_with_retries(path, body)
+
     def _post_with_retries(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
         attempt = 0
         while True:

@@ -37,6 +37,14 @@ from rayft.training.loop.method import MethodHooks
 from rayft.training.loop.objective import CausalLm
 from rayft.training.loop.session import TrainSession, all_reduce_sum
 from rayft.training.methods.rl import curriculum as cur
+from rayft.training.methods.rl.distill import FIGURE_SUMS as DISTILL_SUMS
+from rayft.training.methods.rl.distill import (
+    Distiller,
+    build_teacher,
+    distill_figures,
+    distillation_loss,
+    sampled_reverse_kl,
+)
 from rayft.training.methods.rl.dynamic_sampling import (
     RECORD_FIGURES,
     RefillStream,
@@ -95,6 +103,7 @@ class RolloutBatch(OnRows):
     # The sampling weights' log-probabilities of a stale rollout, (rows, target positions) of ``rows``.
     behaviour_logps: torch.Tensor | None = None
     weight: float = 1.0  # 0: a batch that only keeps the workers in lockstep (dynamic sampling found nothing)
+    teacher_logps: torch.Tensor | None = None  # on-policy distillation's teacher, the policy's layout
 
     @property
     def num_label_tokens(self) -> int:
@@ -106,8 +115,9 @@ class RolloutBatch(OnRows):
         ref = None if self.ref_logps is None else self.ref_logps.to(device)
         old = None if self.old_logps is None else self.old_logps.to(device)
         behaviour = None if self.behaviour_logps is None else self.behaviour_logps.to(device)
+        teacher = None if self.teacher_logps is None else self.teacher_logps.to(device)
         return RolloutBatch(self.rows.to(device), self.advantages.to(device), ref, self.terms, old, behaviour,
-                            self.weight)  # fmt: skip
+                            self.weight, teacher)  # fmt: skip
 
 
 def behaviour_rows(units: Sequence[Unit], behaviour: Sequence[Sequence[float]], rows: MicroBatch) -> torch.Tensor:
@@ -169,6 +179,7 @@ class RlTraining(MethodHooks):
     saved_refill: dict[str, Any] | None = None  # their cursor at the checkpoint the run resumes from
     curriculum: cur.Curriculum | None = None  # the curriculum's queue of variants, from start() on
     saved_curriculum: dict[str, Any] | None = None  # the queue at the checkpoint the run resumes from
+    distiller: Distiller | None = None  # train.rl.distillation's teacher, from build_model() on
 
     @classmethod
     def build(cls, lm: CausalLm, settings: RlConfig, seed: int) -> RlTraining:
@@ -197,6 +208,9 @@ class RlTraining(MethodHooks):
 
             reference: torch.nn.Module = load_causal_lm(self.lm.plan.model, device_type)
             self.reference_model = reference.eval().requires_grad_(False)
+        if self.settings.distillation is not None:
+            teacher = build_teacher(self.settings.distillation, self.lm.plan.model, self.lm.tokenizer, device_type)
+            self.distiller = Distiller(self.settings.distillation, teacher)
         return model
 
     @property
@@ -287,6 +301,8 @@ class RlTraining(MethodHooks):
         """Release what sampling holds."""
         if self.rollouts is not None:
             self.rollouts.close()
+        if self.distiller is not None:
+            self.distiller.teacher.close()
 
     def figures(self, device: torch.device, *, world_size: int, units: float) -> dict[str, float]:
         """:meth:`take_figures`."""
@@ -390,6 +406,8 @@ class RlTraining(MethodHooks):
         lengths = torch.tensor(trained_counts, dtype=torch.float32)
         advantages = group_advantages(torch.tensor(rewards, dtype=torch.float32), g, baseline=s.advantage,
                                       scale=s.scale_rewards, lengths=lengths)  # fmt: skip
+        if s.distillation is not None and s.distillation.mode == "replace":
+            advantages = torch.zeros_like(advantages)  # the teacher's term is the whole signal
         cut = truncated(sampled.token_ids, self.sampler.eos_ids)
         self.add("truncated", float(sum(cut)))
         units = []
@@ -429,7 +447,10 @@ class RlTraining(MethodHooks):
         tokens = sum(len(u["input_ids"]) - u["labels"].count(IGNORE_INDEX) for u in units)
         terms = tokens if POLICY_LOSSES[self.settings.loss].token_terms else len(units)
         sampling = None if behaviour is None else behaviour_rows(units, behaviour, rows)
-        return RolloutBatch(rows, advantages, ref, terms, old, sampling)
+        teacher = None
+        if self.distiller is not None:
+            teacher = self.distiller.teacher_logps(units, rows, next(inner.parameters()).device, self.sums)
+        return RolloutBatch(rows, advantages, ref, terms, old, sampling, teacher_logps=teacher)
 
     def reference_logps(self, inner: TransformersModel, rows: MicroBatch) -> torch.Tensor:
         """The reference model's per-token log-probabilities of the completions (the policy's layout)."""
@@ -468,7 +489,14 @@ class RlTraining(MethodHooks):
         self.add("clip_high", result.high_clipped)
         self.add("entropy", float(entropy.sum()))
         self.add("loss_tokens", result.tokens)
-        return result.loss_sum * batch.weight if batch.weight != 1.0 else result.loss_sum
+        loss = result.loss_sum
+        if self.distiller is not None and batch.teacher_logps is not None:
+            distilled = distillation_loss(logps, old, batch.teacher_logps, mask, self.loss_settings,
+                                          self.distiller.config.coefficient, weights)  # fmt: skip
+            self.add("distill/reverse_kl", distilled.reverse_kl_sum)
+            self.add("distill/tokens", distilled.tokens)
+            loss = loss + distilled.loss_sum
+        return loss * batch.weight if batch.weight != 1.0 else loss
 
     def behaviour_weights(self, batch: RolloutBatch, proximal: torch.Tensor, mask: torch.Tensor) -> torch.Tensor | None:
         """The truncated importance weights of a stale rollout's tokens (``train.rl.rollout.importance_cap``),
@@ -493,8 +521,8 @@ class RlTraining(MethodHooks):
         ``rewards`` the advantages see), lengths."""
         g = self.settings.group_size
         grouped = rewards.view(-1, g)
-        first = self.rewards.names[0]
-        solved = [value >= 1.0 for value in scores.by_function[first]]
+        names = self.rewards.names  # none when a teacher alone trains (train.rl.distillation)
+        solved = [value >= 1.0 for value in scores.by_function[names[0]]] if names else [False] * len(scores.total)
         self.add("completions", float(len(scores.total)))
         self.add("groups", float(grouped.shape[0]))
         self.add("reward", sum(scores.total))  # the functions' total; the overlong punishment has its own figure
@@ -519,7 +547,8 @@ class RlTraining(MethodHooks):
                  *RECORD_FIGURES, *cur.FIGURES]  # fmt: skip
         rewards = [f"reward/{n}" for n in self.rewards.names] + [f"reward_errors/{n}" for n in self.rewards.names]
         episodes = episode_figure_names(self.tool_names) if self.settings.environment is not None else []
-        return fixed + rewards + episodes
+        distilled = list(DISTILL_SUMS) if self.settings.distillation is not None else []
+        return fixed + rewards + episodes + distilled
 
     @property
     def tool_names(self) -> list[str]:
@@ -584,6 +613,10 @@ class RlTraining(MethodHooks):
             figures[f"rl/reward_errors/{name}"] = total[f"reward_errors/{name}"]
         if self.settings.environment is not None:
             figures.update(episode_figures(total, self.tool_names, world_size))
+        if self.settings.distillation is not None:
+            figures.update(distill_figures(total, world_size))
+        if not self.rewards.functions:  # a teacher alone trains: there is no reward to report
+            figures = {k: v for k, v in figures.items() if not k.startswith(("rl/reward", "rl/pass@", "rl/zero_std"))}
         return figures
 
     # -- evaluation ---------------------------------------------------------------------------------------
@@ -595,6 +628,8 @@ class RlTraining(MethodHooks):
         """Greedy completions of every worker's validation prompts, scored: ``eval/reward`` (and each
         function's), ``eval/pass@1``, and ``eval/loss`` = minus the mean reward, which ranks checkpoints."""
         inner = transformers_model(model)
+        if not self.rewards.functions:  # a teacher alone trains: checkpoints rank by the reverse KL to it
+            return self.evaluate_distillation(inner, units, batch_size, device)
         names = self.rewards.names
         sums = [0.0] * (len(names) + 3)  # total reward, each function's, solved, completions
         for chunk in micro_batches(iter(units), batch_size):
@@ -611,3 +646,18 @@ class RlTraining(MethodHooks):
         figures = {"eval/loss": -totals[0] / count, "eval/reward": totals[0] / count, "eval/pass@1": totals[-2] / count}
         figures.update({f"eval/reward/{name}": totals[i + 1] / count for i, name in enumerate(names)})
         return figures
+
+    def evaluate_distillation(
+        self, inner: TransformersModel, units: Iterable[Unit], batch_size: int, device: torch.device
+    ) -> dict[str, float]:
+        """``eval/distill/reverse_kl`` (also ``eval/loss``): the per-token reverse KL to the teacher on one
+        completion of every validation prompt, sampled from the run's seed."""
+        assert self.distiller is not None  # the config allows no rewards only with distillation
+        sums = [0.0, 0.0]
+        for index, chunk in enumerate(micro_batches(iter(units), batch_size)):
+            prompts = self.collate(chunk).prompts
+            gap, tokens = sampled_reverse_kl(inner, self.sampler, self.distiller.teacher, prompts, self.seed + index)
+            sums = [sums[0] + gap, sums[1] + tokens]
+        gap, tokens = all_reduce_sum(sums, device)
+        value = gap / max(tokens, 1.0)
+        return {"eval/loss": value, "eval/distill/reverse_kl": value}
