@@ -77,6 +77,7 @@ if TYPE_CHECKING:
 
     from rayft.training.modeling.model import TransformersModel
     from rayft.training.modeling.precision import Precision
+    from rayft.training.strategies.parallel import Parallelism
 
 log = logging.getLogger("rayft.train")
 
@@ -166,6 +167,7 @@ class RlTraining(MethodHooks):
     parts: dict[str, float] = field(default_factory=dict)  # the last rollout's sampling and tool seconds
     refill: RefillStream | None = None  # dynamic sampling's extra prompts, from start() on
     saved_refill: dict[str, Any] | None = None  # their cursor at the checkpoint the run resumes from
+    parallel: Parallelism | None = None  # the run's strategy, from use_strategy() on
 
     @classmethod
     def build(cls, lm: CausalLm, settings: RlConfig, seed: int) -> RlTraining:
@@ -238,6 +240,16 @@ class RlTraining(MethodHooks):
         """Keep the rollouts this rank had sampled ahead at the checkpoint (asynchronous rollouts)."""
         self.saved_ahead, self.saved_refill = unpacked_state(read_rollouts_ahead(restore_dir, rank))
 
+    def use_strategy(self, parallel: Parallelism) -> None:
+        """Keep the strategy: under a sharded one the weights are gathered whole to sample with."""
+        self.parallel = parallel
+
+    def whole(self, model: torch.nn.Module) -> contextlib.AbstractContextManager[None]:
+        """The weights whole on this worker for the duration (every worker enters together): each worker samples
+        until its own completions end, so its forwards differ in number from another's and must run no
+        collective (a sharded strategy's per-block gathers would deadlock). Nothing to do under DDP."""
+        return self.parallel.whole_weights(model) if self.parallel is not None else contextlib.nullcontext()
+
     def start(self, session: TrainSession) -> None:
         """Where this worker's rollouts are sampled (its generation actors started, with actors)."""
         self.rollouts = build_worker_rollouts(self.lm.plan, session, self.sampler, self.saved_ahead)
@@ -255,13 +267,20 @@ class RlTraining(MethodHooks):
         generation actors) and scored."""
         assert self.rollouts is not None  # start() ran
         prompts = cast("list[PromptBatch]", batches)  # what collate() made
-        sampled = self.rollouts.sample(model, step, prompts, cast("list[list[PromptBatch]]", ahead))
-        return [batch.to(device) for batch in self.rollout(model, prompts, sampled, step=step, precision=precision)]
+        # Gathered also with actors: the first weights they are sent, dynamic sampling's refills and the forwards
+        # of the reference and old log-probabilities run here.
+        with self.whole(model):
+            sampled = self.rollouts.sample(model, step, prompts, cast("list[list[PromptBatch]]", ahead))
+            rollout = self.rollout(model, prompts, sampled, step=step, precision=precision)
+        return [batch.to(device) for batch in rollout]
 
     def after_update(self, model: torch.nn.Module, step: int) -> None:
         """Send the generation actors (if any) the new weights."""
         assert self.rollouts is not None
-        self.rollouts.after_update(model, step)
+        if isinstance(self.rollouts, ColocatedRollouts):
+            return  # nothing travels: the next rollout samples from the model itself
+        with self.whole(model):
+            self.rollouts.after_update(model, step)
 
     @property
     def rank_state(self) -> Callable[[], str | None] | None:
@@ -575,6 +594,20 @@ class RlTraining(MethodHooks):
         inner = transformers_model(model)
         names = self.rewards.names
         sums = [0.0] * (len(names) + 3)  # total reward, each function's, solved, completions
+        with self.whole(model):  # each worker decodes its own prompts: no collective in between
+            self.evaluate_units(inner, units, batch_size, sums)
+        totals = all_reduce_sum(sums, device)
+        count = max(totals[-1], 1.0)
+        figures = {"eval/loss": -totals[0] / count, "eval/reward": totals[0] / count, "eval/pass@1": totals[-2] / count}
+        figures.update({f"eval/reward/{name}": totals[i + 1] / count for i, name in enumerate(names)})
+        return figures
+
+    def evaluate_units(
+        self, inner: TransformersModel, units: Iterable[Unit], batch_size: int, sums: list[float]
+    ) -> None:
+        """Add to ``sums`` the greedy completions' scores of ``units``: the total reward, each function's, the
+        solved completions and the completions."""
+        names = self.rewards.names
         for chunk in micro_batches(iter(units), batch_size):
             batch = self.collate(chunk)
             sampled = self.sampler.sample(inner, batch.prompts, 1, seed=None)
@@ -584,8 +617,3 @@ class RlTraining(MethodHooks):
                 sums[index + 1] += sum(scores.by_function[name])
             sums[-2] += sum(value >= 1.0 for value in scores.by_function[names[0]])
             sums[-1] += len(scores.total)
-        totals = all_reduce_sum(sums, device)
-        count = max(totals[-1], 1.0)
-        figures = {"eval/loss": -totals[0] / count, "eval/reward": totals[0] / count, "eval/pass@1": totals[-2] / count}
-        figures.update({f"eval/reward/{name}": totals[i + 1] / count for i, name in enumerate(names)})
-        return figures
