@@ -249,30 +249,13 @@ class DeepSpeedZero3:
         for group, saved_group in zip(optimizer.param_groups, saved["param_groups"], strict=True):
             group.update({k: v for k, v in saved_group.items() if k != "params"})
 
-    @contextlib.contextmanager
-    def whole_weights(self, model: torch.nn.Module) -> Iterator[None]:
-        """Every parameter gathered at once (``deepspeed.zero.GatheredParameters``, one collective that every
-        worker joins), and the engine's per-module hooks off meanwhile: they would gather and release each
-        module's parameters around its forward, collectives that workers decoding different numbers of steps
-        cannot match. The hooks are registered again after, with the engine's record of the forward order
-        (it prefetches by it) cleared. DeepSpeed has no public call for this; TRL's generation under ZeRO-3
-        does the same."""
-        deepspeed = import_deepspeed()
-        engine = engine_of(model)
-        offload = cast("Any", engine.optimizer).parameter_offload  # DeepSpeedZeRoOffload: the hooks' owner
-        with deepspeed.zero.GatheredParameters(list(engine.module.parameters())):
-            for param in engine.module.parameters():
-                cast("Any", param).ds_active_sub_modules.clear()  # ZeRO-3 partitioned parameters carry it
-            for hook in [*offload.forward_hooks, *offload.backward_hooks]:
-                hook.remove()
-            offload.forward_hooks, offload.backward_hooks = [], []
-            try:
-                yield
-            finally:
-                coordinator = offload.param_coordinator
-                if not coordinator.is_invalid_trace():
-                    coordinator._invalidate_trace()
-                offload._register_deepspeed_module(offload.module)
+    def whole_weights(self, model: torch.nn.Module) -> contextlib.AbstractContextManager[None]:
+        """Refused: sampling from ZeRO-3's gathered weights (``deepspeed.zero.GatheredParameters`` with the
+        engine's per-module hooks off, which would gather and release around every decoding step) is not built;
+        the config refuses GRPO under DeepSpeed before a worker starts."""
+        raise TrainingError(
+            "train.strategy=deepspeed cannot gather the whole weights to sample from; set train.strategy=fsdp (or ddp)"
+        )
 
 
 def _create_adam_state(zero_optimizer: ZeroOptimizer, optimizer: torch.optim.Optimizer, keys: list[str]) -> None:
