@@ -9,7 +9,7 @@ result by at most about n x eps32 (1.2e-7) of its magnitude. The largest reducti
 log-softmax over the 512-token vocabulary and the norm over the adapter's 4,096 parameters (rank 4 on every
 linear layer of 2 blocks): n <= 2^12, so <= 5e-4 relative in the worst case and far less in practice (errors
 of opposite sign cancel), carried into the weights by 3 steps of AdamW. So the losses agree to rel 1e-4 and
-the adapters to 1e-5 absolute, against a move of more than 1e-3 from zero, as the DPO tests find for the
+the adapters to 1e-5 absolute, against B matrices moved by more than 1e-3 from zero, as the DPO tests find for the
 same model.
 """
 
@@ -48,7 +48,8 @@ def assert_same_run(got_run: Path, want_run: Path) -> None:
     want_weights, got_weights = adapter_tensors(want_run / "final"), adapter_tensors(got_run / "final")
     assert want_weights.keys() == got_weights.keys()
     assert all((got_weights[name] - tensor).abs().max() < 1e-5 for name, tensor in want_weights.items())
-    assert any(tensor.abs().max() > 1e-3 for tensor in want_weights.values())  # the adapter moved
+    # The adapter moved: LoRA's B matrices start at zero.
+    assert any(tensor.abs().max() > 1e-3 for name, tensor in want_weights.items() if "lora_B" in name)
 
 
 @pytest.mark.parametrize("placement", [(), ACTORS], ids=["colocated", "actors"])
