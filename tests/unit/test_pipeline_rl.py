@@ -63,7 +63,7 @@ def test_eval_compares_sft_with_grpo_and_the_rl_model_is_the_pipelines_final() -
     ("overrides", "message"),
     [
         (["rl.train.reward_scale=1"], r"rl\.train\.reward_scale: Extra inputs"),
-        (["rl.train.strategy=fsdp"], "set train.strategy=ddp"),
+        (["rl.train.strategy=deepspeed"], "set train.strategy=fsdp"),
         (["rl.train.learning_rat=1"], r"rl\.train\.learning_rat"),
     ],
 )

@@ -64,7 +64,7 @@ def test_a_user_function_that_cannot_be_imported_fails_at_start_naming_the_field
     [
         (["train.rl.rewards=[{function: regex}]"], "reward function 'regex' needs a pattern"),
         (["train.rl.rewards=[{function: exactmatch}]"], "neither built in"),
-        (["train.strategy=fsdp"], "needs each worker to hold the whole model; set train.strategy=ddp"),
+        (["train.strategy=deepspeed"], "rayft gathers under FSDP only; set train.strategy=fsdp"),
         (["data.packing=true"], "each row's prompt is sampled from on its own"),
         (["train.rl.group_size=1"], "group_size"),
         (["train.method=full", "train.rl.kl_coef=0.1", "train.rl.reference=base"], "switches a LoRA adapter off"),

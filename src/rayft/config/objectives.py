@@ -17,7 +17,7 @@ class ObjectiveTraits:
     """The facts about a training method that the config and the driver need."""
 
     data: DataKind  # supervised examples, preference pairs (prompt/chosen/rejected), or prompts to sample from
-    samples: bool = False  # its workers sample completions during training (each holds the whole model)
+    samples: bool = False  # its workers sample completions during training (from the whole weights)
     token_loss: bool = False  # its loss is the next-token loss alone, which the step planner may fuse or unpad
     unpacked_because: str = ""  # why its rows cannot be packed (data.packing), as the refusal says it
     padding_free: bool = False  # train.padding_free lays its micro-batches' sequences end to end for the forward

@@ -363,10 +363,10 @@ class TrainConfig(Section):
 
     @model_validator(mode="after")
     def _rl_strategy(self) -> TrainConfig:
-        if self.traits.samples and self.strategy != "ddp":
+        if self.traits.samples and self.strategy == "deepspeed":
             raise ValueError(
-                f"train.objective={self.objective} with train.strategy={self.strategy!r}: the workers sample "
-                "completions themselves, which needs each worker to hold the whole model; set train.strategy=ddp"
+                f"train.objective={self.objective} with train.strategy='deepspeed': the workers sample completions "
+                "from the whole weights, which rayft gathers under FSDP only; set train.strategy=fsdp (or ddp)"
             )
         if self.rl.kl_coef and self.rl.reference == "base" and self.method != "lora":
             raise ValueError(

@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from rayft.training.loop.session import TrainSession
     from rayft.training.loop.worker_plan import WorkerPlan
     from rayft.training.modeling.precision import Precision
+    from rayft.training.strategies.parallel import Parallelism
 
 
 class Method(Protocol):
@@ -65,6 +66,10 @@ class Method(Protocol):
 
     def restore(self, restore_dir: Path | None, rank: int) -> None:
         """Read this rank's state of the method from the checkpoint the run resumes from (None: a fresh run)."""
+        ...
+
+    def use_strategy(self, parallel: Parallelism) -> None:
+        """The run's strategy, once it has prepared the model (GRPO gathers sharded weights to sample with)."""
         ...
 
     def start(self, session: TrainSession) -> None:
@@ -145,6 +150,9 @@ class MethodHooks:
 
     def restore(self, restore_dir: Path | None, rank: int) -> None:
         """Nothing to read."""
+
+    def use_strategy(self, parallel: Parallelism) -> None:
+        """Nothing to keep: the loop runs the strategy."""
 
     def start(self, session: TrainSession) -> None:
         """Nothing to start."""

@@ -172,6 +172,7 @@ def setup_worker(plan: WorkerPlan, session: TrainSession, methods: MethodCatalog
         model, optimizer = parallel.prepare(
             model, lambda net: build_optimizer(net, plan.train), parallel_setup(plan.train, session, precision)
         )
+        method.use_strategy(parallel)
         scheduler = build_scheduler(optimizer, plan.train, plan.schedule.total_steps * method.updates_per_step)
         state = TrainerState()
         torch.manual_seed(plan.seed + 1 + session.rank)  # distinct dropout streams per worker

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeAlias, TypeVar, ca
 
 from rayft.errors import TrainingError
 from rayft.training.modeling.model import base_model, full_shape, named_trainable, on_meta, unwrap
+from rayft.training.strategies.gathered import fsdp_whole
 
 if TYPE_CHECKING:
     import torch
@@ -105,6 +106,12 @@ class Parallelism(Protocol):
         self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, saved: dict[str, Any]
     ) -> None:
         """Load a checkpoint's optimizer state, sharded as the model is."""
+        ...
+
+    def whole_weights(self, model: torch.nn.Module) -> contextlib.AbstractContextManager[None]:
+        """Every parameter whole on this worker for the duration (every worker enters together), so that
+        forwards inside run no collective and may differ in number between workers (colocated sampling);
+        for a strategy that does not shard, nothing."""
         ...
 
 
@@ -270,6 +277,10 @@ class TorchParallelism:
             optimizer.load_state_dict(saved)
             return
         set_optimizer_state_dict(model, optimizer, saved, options=StateDictOptions(full_state_dict=True))
+
+    def whole_weights(self, model: torch.nn.Module) -> contextlib.AbstractContextManager[None]:
+        """FSDP's units gathered once (:mod:`rayft.training.strategies.gathered`); DDP's are whole already."""
+        return fsdp_whole(model) if self.sharded else contextlib.nullcontext()
 
 
 def block_classes(model: torch.nn.Module) -> frozenset[str]:

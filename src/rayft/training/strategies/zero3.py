@@ -249,6 +249,14 @@ class DeepSpeedZero3:
         for group, saved_group in zip(optimizer.param_groups, saved["param_groups"], strict=True):
             group.update({k: v for k, v in saved_group.items() if k != "params"})
 
+    def whole_weights(self, model: torch.nn.Module) -> contextlib.AbstractContextManager[None]:
+        """Refused: sampling from ZeRO-3's gathered weights (``deepspeed.zero.GatheredParameters`` with the
+        engine's per-module hooks off, which would gather and release around every decoding step) is not built;
+        the config refuses GRPO under DeepSpeed before a worker starts."""
+        raise TrainingError(
+            "train.strategy=deepspeed cannot gather the whole weights to sample from; set train.strategy=fsdp (or ddp)"
+        )
+
 
 def _create_adam_state(zero_optimizer: ZeroOptimizer, optimizer: torch.optim.Optimizer, keys: list[str]) -> None:
     """Create the AdamW state of each fp32 partition, as AdamW does on its first step (it is

@@ -86,6 +86,7 @@ if TYPE_CHECKING:
 
     from rayft.training.modeling.model import TransformersModel
     from rayft.training.modeling.precision import Precision
+    from rayft.training.strategies.parallel import Parallelism
 
 log = logging.getLogger("rayft.train")
 
@@ -180,6 +181,7 @@ class RlTraining(MethodHooks):
     curriculum: cur.Curriculum | None = None  # the curriculum's queue of variants, from start() on
     saved_curriculum: dict[str, Any] | None = None  # the queue at the checkpoint the run resumes from
     distiller: Distiller | None = None  # train.rl.distillation's teacher, from build_model() on
+    parallel: Parallelism | None = None  # the run's strategy, from use_strategy() on
 
     @classmethod
     def build(cls, lm: CausalLm, settings: RlConfig, seed: int) -> RlTraining:
@@ -256,6 +258,16 @@ class RlTraining(MethodHooks):
         inner, self.saved_curriculum = cur.unpacked_state(read_rollouts_ahead(restore_dir, rank))
         self.saved_ahead, self.saved_refill = unpacked_state(inner)
 
+    def use_strategy(self, parallel: Parallelism) -> None:
+        """Keep the strategy: under a sharded one the weights are gathered whole to sample with."""
+        self.parallel = parallel
+
+    def whole(self, model: torch.nn.Module) -> contextlib.AbstractContextManager[None]:
+        """The weights whole on this worker for the duration (every worker enters together): each worker samples
+        until its own completions end, so its forwards differ in number from another's and must run no
+        collective (a sharded strategy's per-block gathers would deadlock). Nothing to do under DDP."""
+        return self.parallel.whole_weights(model) if self.parallel is not None else contextlib.nullcontext()
+
     def start(self, session: TrainSession) -> None:
         """Where this worker's rollouts are sampled (its generation actors started, with actors)."""
         self.rollouts = build_worker_rollouts(self.lm.plan, session, self.sampler, self.saved_ahead)
@@ -280,13 +292,20 @@ class RlTraining(MethodHooks):
         prompts = cast("list[PromptBatch]", batches)  # what collate() made
         if self.curriculum is not None:  # queued variants take the place of the step's last prompts
             prompts = self.curriculum.serve(prompts)
-        sampled = self.rollouts.sample(model, step, prompts, cast("list[list[PromptBatch]]", ahead))
-        return [batch.to(device) for batch in self.rollout(model, prompts, sampled, step=step, precision=precision)]
+        # Gathered also with actors: the first weights they are sent, dynamic sampling's refills and the forwards
+        # of the reference and old log-probabilities run here.
+        with self.whole(model):
+            sampled = self.rollouts.sample(model, step, prompts, cast("list[list[PromptBatch]]", ahead))
+            rollout = self.rollout(model, prompts, sampled, step=step, precision=precision)
+        return [batch.to(device) for batch in rollout]
 
     def after_update(self, model: torch.nn.Module, step: int) -> None:
         """Send the generation actors (if any) the new weights."""
         assert self.rollouts is not None
-        self.rollouts.after_update(model, step)
+        if isinstance(self.rollouts, ColocatedRollouts):
+            return  # nothing travels: the next rollout samples from the model itself
+        with self.whole(model):
+            self.rollouts.after_update(model, step)
 
     @property
     def rank_state(self) -> Callable[[], str | None] | None:
@@ -629,9 +648,24 @@ class RlTraining(MethodHooks):
         function's), ``eval/pass@1``, and ``eval/loss`` = minus the mean reward, which ranks checkpoints."""
         inner = transformers_model(model)
         if not self.rewards.functions:  # a teacher alone trains: checkpoints rank by the reverse KL to it
-            return self.evaluate_distillation(inner, units, batch_size, device)
+            with self.whole(model):
+                return self.evaluate_distillation(inner, units, batch_size, device)
         names = self.rewards.names
         sums = [0.0] * (len(names) + 3)  # total reward, each function's, solved, completions
+        with self.whole(model):  # each worker decodes its own prompts: no collective in between
+            self.evaluate_units(inner, units, batch_size, sums)
+        totals = all_reduce_sum(sums, device)
+        count = max(totals[-1], 1.0)
+        figures = {"eval/loss": -totals[0] / count, "eval/reward": totals[0] / count, "eval/pass@1": totals[-2] / count}
+        figures.update({f"eval/reward/{name}": totals[i + 1] / count for i, name in enumerate(names)})
+        return figures
+
+    def evaluate_units(
+        self, inner: TransformersModel, units: Iterable[Unit], batch_size: int, sums: list[float]
+    ) -> None:
+        """Add to ``sums`` the greedy completions' scores of ``units``: the total reward, each function's, the
+        solved completions and the completions."""
+        names = self.rewards.names
         for chunk in micro_batches(iter(units), batch_size):
             batch = self.collate(chunk)
             sampled = self.sampler.sample(inner, batch.prompts, 1, seed=None)
@@ -641,11 +675,6 @@ class RlTraining(MethodHooks):
                 sums[index + 1] += sum(scores.by_function[name])
             sums[-2] += sum(value >= 1.0 for value in scores.by_function[names[0]])
             sums[-1] += len(scores.total)
-        totals = all_reduce_sum(sums, device)
-        count = max(totals[-1], 1.0)
-        figures = {"eval/loss": -totals[0] / count, "eval/reward": totals[0] / count, "eval/pass@1": totals[-2] / count}
-        figures.update({f"eval/reward/{name}": totals[i + 1] / count for i, name in enumerate(names)})
-        return figures
 
     def evaluate_distillation(
         self, inner: TransformersModel, units: Iterable[Unit], batch_size: int, device: torch.device

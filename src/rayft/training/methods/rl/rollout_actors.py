@@ -259,11 +259,25 @@ def policy_weights(model: torch.nn.Module, method: str, version: int) -> WeightU
     whole state dict of a full fine-tune, on the host."""
     inner = transformers_model(model)
     if method != "lora":
-        return WeightUpdate(version, {name: t.detach().cpu() for name, t in inner.state_dict().items()})
+        return WeightUpdate(version, {name: t.detach().cpu() for name, t in whole_state(inner).items()})
     tensors = {name: p.detach().cpu() for name, p in inner.named_parameters() if p.requires_grad}
     config = inner.peft_config["default"].to_dict()  # type: ignore[union-attr]  # a LoRA policy's PeftConfig
     config = {k: sorted(v) if isinstance(v, set) else v for k, v in config.items()}
     return WeightUpdate(version, tensors, json.loads(json.dumps(config, default=str)))
+
+
+def whole_state(net: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """What ``net.state_dict()`` holds (every parameter under each of its names, as tied ones have two, and the
+    persistent buffers), read from the modules: a sharded model's are read while it is gathered whole, and
+    FSDP answers ``state_dict()`` with its shards (it reshards first)."""
+    state: dict[str, torch.Tensor] = {}
+    for prefix, module in net.named_modules(remove_duplicate=False):
+        dot = f"{prefix}." if prefix else ""
+        state.update({f"{dot}{name}": p for name, p in module.named_parameters(recurse=False) if p is not None})
+        skipped = module._non_persistent_buffers_set  # what state_dict() leaves out
+        state.update({f"{dot}{name}": b for name, b in module.named_buffers(recurse=False)
+                      if b is not None and name not in skipped})  # fmt: skip
+    return state
 
 
 def first_ids(batches: Sequence[PromptBatch]) -> list[int]:

@@ -1,0 +1,60 @@
+"""GRPO under a sharded strategy on 2 Ray Train workers, on a tiny random model: each worker gathers the
+whole weights once before it samples (colocated, or to send them to its generation actors), so a run under
+FSDP samples the completions DDP samples and takes the same steps.
+
+Tolerances: the gathered weights are the shards' values exactly, so the two runs' samples are the same
+tokens; what differs is the order of float32 sums. FSDP reduce-scatters the gradients and sums the squares of
+its shards for the clipping norm where DDP all-reduces whole tensors: each reordered sum of n terms moves a
+result by at most about n x eps32 (1.2e-7) of its magnitude. The largest reductions of a step are the
+log-softmax over the 512-token vocabulary and the norm over the adapter's 4,096 parameters (rank 4 on every
+linear layer of 2 blocks): n <= 2^12, so <= 5e-4 relative in the worst case and far less in practice (errors
+of opposite sign cancel), carried into the weights by 3 steps of AdamW. So the losses agree to rel 1e-4 and
+the adapters to 1e-5 absolute, against B matrices moved by more than 1e-3 from zero, as the DPO tests find for the
+same model.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rayft.data.prepared import PreparedData
+from tests.integration.test_train_rl import BUILTIN_REWARDS, figures, prompts, rl_config
+from tests.support.runs import adapter_tensors, train_losses, train_on
+
+pytestmark = pytest.mark.integration
+__all__ = ["prompts"]  # the prepared prompts, shared with the colocated tests
+
+RUN = (BUILTIN_REWARDS, "train.max_steps=3", "train.save_steps=3", "train.learning_rate=5e-2")
+ACTORS = ("train.rl.rollout.placement=actors", "train.rl.rollout.num_actors=2", "train.rl.rollout.num_cpus_per_actor=0",
+          "train.rl.rollout.start_timeout_s=120", "train.rl.rollout.sync_timeout_s=120",
+          "train.rl.rollout.generate_timeout_s=120")  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def ddp_run(tiny_model_dir: Path, prompts: PreparedData, tmp_path_factory: Any) -> Path:
+    return train_on(rl_config(tiny_model_dir, tmp_path_factory.mktemp("ddp"), *RUN), prompts)
+
+
+def assert_same_run(got_run: Path, want_run: Path) -> None:
+    want, got = train_losses(want_run), train_losses(got_run)
+    assert list(want) == [1, 2, 3] and want.keys() == got.keys()
+    assert all(got[step] == pytest.approx(want[step], rel=1e-4, abs=1e-6) for step in want), (got, want)
+    for step, values in figures(got_run).items():  # the same samples: the same rewards
+        assert values == pytest.approx(figures(want_run)[step], rel=1e-4, abs=1e-6), step
+    assert any(values["rl/reward_std"] > 0 for values in figures(want_run).values())  # the groups teach something
+    want_weights, got_weights = adapter_tensors(want_run / "final"), adapter_tensors(got_run / "final")
+    assert want_weights.keys() == got_weights.keys()
+    assert all((got_weights[name] - tensor).abs().max() < 1e-5 for name, tensor in want_weights.items())
+    # The adapter moved: LoRA's B matrices start at zero.
+    assert any(tensor.abs().max() > 1e-3 for name, tensor in want_weights.items() if "lora_B" in name)
+
+
+@pytest.mark.parametrize("placement", [(), ACTORS], ids=["colocated", "actors"])
+def test_grpo_under_fsdp_equals_ddp(
+    ddp_run: Path, tiny_model_dir: Path, prompts: PreparedData, tmp_path: Path, placement: tuple[str, ...]
+) -> None:
+    sharded = train_on(rl_config(tiny_model_dir, tmp_path, *RUN, "train.strategy=fsdp", *placement), prompts)
+    assert_same_run(sharded, ddp_run)
