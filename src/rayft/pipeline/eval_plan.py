@@ -29,13 +29,14 @@ class EvalEnvironment:
 
 def eval_environment(cfg: RayftConfig) -> EvalEnvironment:
     """The environment the eval stage runs in: ``eval.environment`` when the config writes it, else the one the
-    pipeline trains in (``rl.environment``, then ``train.rl.environment`` with ``objective: grpo``)."""
+    pipeline trains in (``rl.environment``, then ``train.rl.environment`` when the train stage's objective samples
+    completions)."""
     if "environment" in cfg.eval.model_fields_set:
         return EvalEnvironment(cfg.eval.environment, "eval.environment" if cfg.eval.environment else None)
     stages = requested_stages(cfg.model_fields_set)
     if "rl" in stages and cfg.rl.environment is not None:
         return EvalEnvironment(cfg.rl.environment, "rl.environment")
-    if "train" in stages and cfg.train.objective == "grpo" and cfg.train.rl.environment is not None:
+    if "train" in stages and cfg.train.traits.samples and cfg.train.rl.environment is not None:
         return EvalEnvironment(cfg.train.rl.environment, "train.rl.environment")
     return EvalEnvironment(None, None)
 
