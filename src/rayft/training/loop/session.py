@@ -80,6 +80,14 @@ def all_reduce_sum(values: Sequence[float], device: torch.device) -> list[float]
     return [float(v) for v in tensor.tolist()]
 
 
+def take_means(sums: dict[str, float], names: Sequence[str], device: torch.device, count: float) -> dict[str, float]:
+    """Every worker's ``sums`` of ``names`` (0 for a name not summed yet), as means over ``count`` (every
+    worker's), then ``sums`` cleared: a method's figures since its last report."""
+    totals = all_reduce_sum([float(sums.get(name, 0.0)) for name in names], device)
+    sums.clear()
+    return {name: total / max(count, 1.0) for name, total in zip(names, totals, strict=True)}
+
+
 def all_gather_objects(obj: T) -> list[T]:
     """Every worker's ``obj``, in rank order (``[obj]`` without a process group)."""
     import torch.distributed as dist

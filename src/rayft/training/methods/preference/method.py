@@ -25,7 +25,7 @@ from rayft.errors import ConfigError
 from rayft.training.loop.batches import OnRows, TrainBatch, Unit, micro_batches
 from rayft.training.loop.method import MethodHooks
 from rayft.training.loop.objective import CausalLm
-from rayft.training.loop.session import all_reduce_sum
+from rayft.training.loop.session import all_reduce_sum, take_means
 from rayft.training.loop.steps import in_lockstep
 from rayft.training.loop.targets import target_scores
 from rayft.training.methods.preference.losses import (
@@ -203,9 +203,7 @@ class PreferenceTraining(MethodHooks):
 
     def take_figures(self, device: torch.device, pairs: float) -> dict[str, float]:
         """Every rank's figure sums since the last call, as means over ``pairs`` (every rank's), and reset."""
-        sums = all_reduce_sum([float(self.figure_sums.get(name, 0.0)) for name in FIGURES], device)
-        self.figure_sums.clear()
-        return {name: total / max(pairs, 1.0) for name, total in zip(FIGURES, sums, strict=True)}
+        return take_means(self.figure_sums, FIGURES, device, pairs)
 
     def evaluate(
         self, model: torch.nn.Module, units: Iterable[Unit], *, batch_size: int, precision: Precision,

@@ -17,19 +17,22 @@ The planner here is pure (prompts as text through a :class:`Codec`); the method 
 
 from __future__ import annotations
 
-import json
 import random
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from fractions import Fraction
-from typing import Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from rayft.config.rl import CurriculumConfig
 from rayft.sdg.dedup import NgramIndex
 from rayft.sdg.seeds import read_eval_questions
 from rayft.sdg.symbolic import UnusableSeedError, analyze_seed, make_variation
+from rayft.training.methods.rl.layered_state import unwrapped_state, wrapped_state
 from rayft.training.methods.rl.sampling import PromptBatch
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 Kind = Literal["harder", "easier"]
 
@@ -226,21 +229,13 @@ STATE_KEY = "curriculum"
 
 def packed_state(inner: str | None, curriculum: Curriculum) -> str:
     """A rank's checkpointed state with a curriculum: the state without it (``inner``) and the queue."""
-    return json.dumps({STATE_KEY: curriculum.state(), "inner": inner})
+    return wrapped_state(STATE_KEY, curriculum.state(), inner)
 
 
 def unpacked_state(text: str | None) -> tuple[str | None, dict[str, Any] | None]:
     """The inner state and the queue of :func:`packed_state` (a checkpoint written without a curriculum: its
     text is the inner state's own, and no queue)."""
-    if text is None:
-        return None, None
-    try:
-        parsed = json.loads(text)
-    except ValueError:
-        return text, None
-    if isinstance(parsed, dict) and STATE_KEY in parsed:
-        return parsed.get("inner"), parsed[STATE_KEY]
-    return text, None
+    return unwrapped_state(STATE_KEY, text)
 
 
 @dataclass(frozen=True)
@@ -248,7 +243,7 @@ class TokenizerCodec:
     """A Hugging Face tokenizer as a :class:`Codec`: a prompt's special tokens (a chat template's) decode to
     their text and encode back to themselves."""
 
-    tokenizer: Any
+    tokenizer: PreTrainedTokenizerBase
 
     def decode(self, ids: Sequence[int]) -> str:
         """The text of ``ids``, special tokens included."""

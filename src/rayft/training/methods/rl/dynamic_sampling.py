@@ -11,7 +11,6 @@ uninterrupted run. Each extra micro-batch is sampled with a seed of its own (:fu
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from itertools import islice
@@ -20,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from rayft.config.rl import DynamicSamplingConfig, RlConfig
 from rayft.evaluation.rewards import Scores
 from rayft.training.loop.batches import Unit, shuffled_units
+from rayft.training.methods.rl.layered_state import unwrapped_state, wrapped_state
 from rayft.training.methods.rl.sampling import Completions, PromptBatch, seed_of
 
 if TYPE_CHECKING:
@@ -212,18 +212,10 @@ STATE_KEY = "dynamic_sampling"
 
 def packed_state(rollouts: str | None, stream: RefillStream) -> str:
     """A rank's checkpointed state with dynamic sampling: the rollouts' own (if any) and the refill cursor."""
-    return json.dumps({STATE_KEY: stream.state(), "rollouts": rollouts})
+    return wrapped_state(STATE_KEY, stream.state(), rollouts, inner_key="rollouts")
 
 
 def unpacked_state(text: str | None) -> tuple[str | None, dict[str, Any] | None]:
     """The rollouts' state and the refill cursor of :func:`packed_state` (a checkpoint written without
     dynamic sampling: its text is the rollouts' own, and no cursor)."""
-    if text is None:
-        return None, None
-    try:
-        parsed = json.loads(text)
-    except ValueError:
-        return text, None
-    if isinstance(parsed, dict) and STATE_KEY in parsed:
-        return parsed.get("rollouts"), parsed[STATE_KEY]
-    return text, None
+    return unwrapped_state(STATE_KEY, text, inner_key="rollouts")

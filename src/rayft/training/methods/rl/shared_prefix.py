@@ -18,7 +18,10 @@ from functools import cache
 from typing import TYPE_CHECKING, Any, cast
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     import torch
+    from transformers import Cache
 
     from rayft.training.modeling.model import TransformersModel
 
@@ -33,17 +36,18 @@ def cache_argument() -> str:
     return "cache" if "cache" in parameters else "past_key_values"
 
 
-def left_padded(rows: list[list[int]], pad: int, device: object) -> tuple[torch.Tensor, torch.Tensor]:
-    """``rows`` padded on the left to the longest with ``pad``, and their attention mask."""
+def left_padded(rows: list[list[int]], pad: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """``rows`` left-padded with ``pad`` to the longest, and the mask of their tokens (shape (rows, 0) when every
+    row is empty: a turn with nothing new to prefill)."""
     import torch
 
-    width = max(len(p) for p in rows)
-    input_ids = torch.tensor([[pad] * (width - len(p)) + p for p in rows], device=device)  # type: ignore[arg-type]
-    attention = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in rows], device=device)  # type: ignore[arg-type]
-    return input_ids, attention
+    width = max((len(r) for r in rows), default=0)
+    ids = torch.tensor([[pad] * (width - len(r)) + r for r in rows], dtype=torch.long, device=device)
+    mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows], dtype=torch.long, device=device)
+    return ids.reshape(len(rows), width), mask.reshape(len(rows), width)
 
 
-def prefilled(inner: TransformersModel, input_ids: torch.Tensor, attention: torch.Tensor, group: int) -> Any:
+def prefilled(inner: TransformersModel, input_ids: torch.Tensor, attention: torch.Tensor, group: int) -> Cache:
     """The KV cache of every prompt token but the last (which ``generate`` forwards itself), computed once per
     prompt and repeated ``group`` times along the batch. Positions follow the attention mask as ``generate``
     numbers them (a left-padded prompt starts at 0)."""
@@ -51,20 +55,20 @@ def prefilled(inner: TransformersModel, input_ids: torch.Tensor, attention: torc
     name = cache_argument()
     out = inner(input_ids=input_ids[:, :-1], attention_mask=attention[:, :-1], position_ids=positions[:, :-1],
                 use_cache=True, logits_to_keep=1)  # fmt: skip
-    kv = getattr(out, name)
+    kv: Cache = getattr(out, name)
     kv.batch_repeat_interleave(group)
     return kv
 
 
 def generate_shared(
     inner: TransformersModel, input_ids: torch.Tensor, attention: torch.Tensor, group: int, **kwargs: Any
-) -> Any:
+) -> torch.Tensor:
     """``inner.generate`` over ``group`` consecutive copies of each (left-padded) row, the rows prefilled once;
     ``kwargs`` go to ``generate`` as they are. Rows of one token have nothing to share: they are generated
     as the copies would be."""
     rows = input_ids.repeat_interleave(group, dim=0)
     mask = attention.repeat_interleave(group, dim=0)
-    generate = cast("Any", inner.generate)
+    generate = cast("Callable[..., torch.Tensor]", inner.generate)  # the token ids (no dict asked for)
     if input_ids.shape[1] < 2:
         return generate(input_ids=rows, attention_mask=mask, **kwargs)
     kv = prefilled(inner, input_ids, attention, group)

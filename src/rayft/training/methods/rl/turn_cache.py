@@ -23,9 +23,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, cast
 
+from rayft.training.methods.rl.shared_prefix import left_padded
+
 if TYPE_CHECKING:
     import torch
-    from transformers import GenerationConfig
+    from transformers import Cache, GenerationConfig
 
     from rayft.training.modeling.model import TransformersModel
 
@@ -35,7 +37,7 @@ class TurnCache:
     """A micro-batch's conversations in one KV cache between turns; ``prefilled`` counts, per row of the last
     call, the tokens its prefill computed (all of a conversation on a fresh start, its new tokens after)."""
 
-    cache: Any = None
+    cache: Cache | None = None
     """transformers' ``DynamicCache`` of the layout's columns but the last (None before the first call)."""
     layout: torch.Tensor | None = None
     """Token ids, one row per live episode, padding included."""
@@ -106,7 +108,7 @@ class TurnCache:
         return all(row[: len(k)] == k for row, k in zip(rows, kept, strict=True))
 
 
-def fresh_cache(inner: TransformersModel) -> Any:
+def fresh_cache(inner: TransformersModel) -> Cache:
     """An empty ``DynamicCache`` for ``inner``."""
     from transformers import DynamicCache
 
@@ -121,13 +123,3 @@ def keeps_cache(inner: TransformersModel) -> bool:
 
     layers = fresh_cache(inner).layers
     return bool(layers) and all(type(layer) is DynamicLayer for layer in layers)
-
-
-def left_padded(rows: list[list[int]], pad: int, device: Any) -> tuple[torch.Tensor, torch.Tensor]:
-    """``rows`` left-padded with ``pad`` to the longest, and the mask of their tokens."""
-    import torch
-
-    width = max((len(r) for r in rows), default=0)
-    ids = torch.tensor([[pad] * (width - len(r)) + r for r in rows], dtype=torch.long, device=device)
-    mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows], dtype=torch.long, device=device)
-    return ids.reshape(len(rows), width), mask.reshape(len(rows), width)
