@@ -140,7 +140,12 @@ def test_generated_tokens_carry_their_logprobs_as_a_forward_pass_gives_them(
     assert choice.logprobs.tokens == [tokenizer.decode([t]) for t in generated]
     assert choice.logprobs.token_logprobs == pytest.approx(expected, abs=1e-4)
     assert choice.logprobs.top_logprobs is not None
-    assert all(len(top) == 2 for top in choice.logprobs.top_logprobs)
+    for position, top in enumerate(choice.logprobs.top_logprobs):  # keyed by text: alike pieces share a key
+        values, alternatives = logprobs[len(ids) + position - 1].topk(2)
+        wanted: dict[str, float] = {}
+        for value, token in zip(values.tolist(), alternatives.tolist(), strict=True):
+            wanted.setdefault(tokenizer.decode([token]), value)
+        assert top == pytest.approx(wanted, abs=1e-4)
     chat = client.chat.completions.create(model="alpha", messages=[{"role": "user", "content": PROMPT}],
                                           max_tokens=4, temperature=0, logprobs=True, top_logprobs=2)  # fmt: skip
     content = chat.choices[0].logprobs.content  # type: ignore[union-attr]

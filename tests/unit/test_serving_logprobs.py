@@ -107,6 +107,14 @@ def test_completion_logprobs_have_openai_shape() -> None:
     }
 
 
+def test_alternatives_that_decode_alike_keep_the_likelier_under_their_shared_text() -> None:
+    """Two byte pieces of one character both decode to U+FFFD: the text-keyed legacy format keeps the
+    likelier one's log-probability (chat keeps both, as a list)."""
+    token = TokenLogprob("\ufffd", 7, -0.2, [("\ufffd", -0.2), ("\ufffd", -0.9), ("a", -1.5)])
+    assert completion_logprobs([token])["top_logprobs"] == [{"\ufffd": -0.2, "a": -1.5}]
+    assert len(chat_logprobs([token])["content"][0]["top_logprobs"]) == 3
+
+
 def test_chat_logprobs_have_openai_shape() -> None:
     (first, second) = chat_logprobs(TOKENS[1:])["content"]
     assert first == {

@@ -50,6 +50,16 @@ def chat_logprobs(tokens: Sequence[TokenLogprob]) -> dict[str, Any]:
     return {"content": content}
 
 
+def _by_text(top: list[tuple[str, float]]) -> dict[str, float]:
+    """The legacy format keys alternatives by their text, so two tokens that decode alike (two byte
+    pieces of one character both read as U+FFFD) share a key; the likelier one keeps it, as the
+    alternatives come most likely first."""
+    alternatives: dict[str, float] = {}
+    for text, logprob in top:
+        alternatives.setdefault(text, logprob)
+    return alternatives
+
+
 def completion_logprobs(tokens: Sequence[TokenLogprob], offset: int = 0) -> dict[str, Any]:
     """A text completion choice's ``logprobs``: tokens, their log-probabilities, the alternatives
     (None where none were computed: a prompt's first token) and each token's character offset in
@@ -61,6 +71,6 @@ def completion_logprobs(tokens: Sequence[TokenLogprob], offset: int = 0) -> dict
     return {
         "tokens": [t.token for t in tokens],
         "token_logprobs": [t.logprob for t in tokens],
-        "top_logprobs": [dict(t.top) if t.logprob is not None else None for t in tokens],
+        "top_logprobs": [_by_text(t.top) if t.logprob is not None else None for t in tokens],
         "text_offset": offsets,
     }
