@@ -16,7 +16,8 @@ Files written to OUT (JSON Lines, one row per problem, ``id`` = the problem's li
 - ``train_plain.jsonl``: ``messages``, the question and the solution with its annotations stripped (the
   same problems as ``train_tools.jsonl``, in the same order);
 - ``rl_prompts.jsonl``: the question with ``tools`` and the plain solution as the response (the reference the
-  ``math`` reward reads), for ``rl.data``;
+  ``math`` reward reads), for ``rl.data``; in the reverse order of the training files, so that the first
+  rows RL reads are problems the first rows SFT reads do not hold;
 - ``heldout.jsonl``: ``question`` and ``answer`` (GSM8K's own solution) of the held-out problems, for
   ``eval.datasets``;
 - ``rejects.jsonl``: every problem left out of training, with its line, reason and detail;
@@ -376,7 +377,7 @@ def main() -> None:
         raise SystemExit(f"--source {source}: no such file; give GSM8K's train.jsonl (question and answer rows)")
     conversion = convert_rows(read_source(source), args.heldout, args.seed)
     args.out.mkdir(parents=True, exist_ok=True)
-    files = {"train_tools": conversion.tools, "train_plain": conversion.plain, "rl_prompts": conversion.rl,
+    files = {"train_tools": conversion.tools, "train_plain": conversion.plain, "rl_prompts": conversion.rl[::-1],
              "heldout": conversion.heldout, "rejects": conversion.rejects}  # fmt: skip
     for name, rows in files.items():
         write_jsonl(args.out / f"{name}.jsonl", rows)
