@@ -13,15 +13,21 @@ test with Tango's interval of the difference, TOST at eval.equivalence_margin, f
 
 The data come from ``benchmarks/gsm8k_tool_traces.py`` (GSM8K's train file, ``../shared/datasets/gsm8k/``):
 a seeded held-out slice, and the rest as training rows (both SFT arms take the first ``--train-rows`` of
-the same shuffled problems). The training config is configs/agent.yaml with its sdg stage taken out and
-GSM8K's data, episode limits (solutions make up to 9 calls) and sequence length put in, written to
-``OUT/gsm8k-agent.yaml``; every stage is one ``rayft`` command (``rayft run OUT/gsm8k-agent.yaml --only
-STAGE``, ``rayft compare``) with the budgets on the command line. The commands, their wall times and
-``compare.md`` are printed and written to ``OUT/summary.json``. A stage whose output is already in OUT is
-not run again (``--fresh`` reruns all).
+the same shuffled problems). Both SFT arms train ``--sft-steps`` steps of the same token budget; a plain row
+is about a third of a trace's tokens (no tool list, no calls), so packing fits about 4.75 plain problems into
+a 1,024-token row against 1.5 traces (the smoke run's data preparation), and the plain arm sees about three
+times as many problems. With ``--same-problems`` each arm instead trains one epoch over the
+``--train-rows`` problems (``train.max_steps`` unset): the same problems, the plain arm in about a third of
+the steps.
+
+The training config is configs/agent.yaml with its sdg stage taken out and GSM8K's data, episode limits
+(solutions make up to 9 calls) and sequence length put in, written to ``OUT/gsm8k-agent.yaml``; every stage
+is one ``rayft`` command (``rayft run OUT/gsm8k-agent.yaml --only STAGE``, ``rayft compare``) with the
+budgets on the command line. The commands, their wall times and ``compare.md`` are printed and written to
+``OUT/summary.json``. A stage whose output is already in OUT is not run again (``--fresh`` reruns all).
 
     nice -n 5 .venv/bin/python benchmarks/measure_gsm8k_tool_arms.py OUT [--heldout 100] [--train-rows 800]
-        [--rl-rows 200] [--sft-steps 40] [--rl-steps 8] [--base-tools] [--set KEY=VALUE ...]
+        [--rl-rows 200] [--sft-steps 40 | --same-problems] [--rl-steps 8] [--base-tools] [--set KEY=VALUE ...]
 """
 
 from __future__ import annotations
@@ -99,7 +105,7 @@ def _common(args: argparse.Namespace, out: Path) -> list[str]:
     return [
         f"storage_path={out / 'runs'}",
         f"scaling.num_workers={args.workers}",
-        f"train.max_steps={args.sft_steps}",
+        "train.max_steps=null" if args.same_problems else f"train.max_steps={args.sft_steps}",
         f"rl.train.max_steps={args.rl_steps}",
         f"rl.train.save_steps={max(1, args.rl_steps // 2)}",
         f"rl.train.eval_steps={args.rl_steps}",
@@ -176,6 +182,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--train-rows", type=int, default=800, help="Training problems each SFT arm reads.")
     parser.add_argument("--rl-rows", type=int, default=200, help="Prompts the RL stage reads.")
     parser.add_argument("--sft-steps", type=int, default=40, help="train.max_steps of both SFT arms.")
+    parser.add_argument(
+        "--same-problems", action="store_true", help="SFT: one epoch over --train-rows per arm, not --sft-steps."
+    )
     parser.add_argument("--rl-steps", type=int, default=8, help="rl.train.max_steps of the RL arm.")
     parser.add_argument("--rl-checkpoint", help="Score this checkpoint of the rl stage (e.g. step-000004).")
     parser.add_argument("--base-tools", action="store_true", help="Also score the base model with the calculator.")

@@ -56,3 +56,13 @@ def test_the_stages_are_rayft_commands_on_the_same_problems(tmp_path: Path) -> N
     assert tools_rows.replace("train_tools", "train_plain") == plain_rows and "max_rows: 40" in plain_rows
     assert "eval.without_tools=[base, sft_plain]" in stages["compare"]
     assert "eval.max_samples=4" in stages["compare"]
+
+
+def test_same_problems_trains_each_arm_one_epoch_instead_of_a_step_budget(tmp_path: Path) -> None:
+    config = driver.write_config(tmp_path, tmp_path / "data")
+    for flags, expected in (([], 40), (["--same-problems"], None)):
+        args = driver._parser().parse_args([str(tmp_path), *flags])
+        for name, command, _ in driver._stages(args, tmp_path, config):
+            if name.endswith("_sft"):
+                overrides = [a for a in command[4:] if "=" in a and not a.startswith("--")]
+                assert load_config(config, overrides).train.max_steps == expected
