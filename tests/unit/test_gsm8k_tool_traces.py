@@ -121,6 +121,7 @@ def test_traces_are_tool_use_rows_the_data_path_reads_and_the_environment_answer
     assert turn + '"48/2"}}</tool_call><|im_end|>' in text
     environment = build_environment(EnvironmentConfig(tools=["calculator"]), reward=lambda answer, row: 0.0)
     environment.reset({"prompt": NATALIA["question"]})
+    assert list(environment.schemas) == row["tools"]  # an episode's prompt lists the tools as training's does
     calling, answers = row["messages"][1:-1:2], row["messages"][2:-1:2]
     for message, answer in zip(calling, answers, strict=True):  # each calling turn, as the model would write it
         arguments = message["tool_calls"][0]["function"]["arguments"]
