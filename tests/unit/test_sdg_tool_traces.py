@@ -15,6 +15,8 @@ from rayft.data.formats import resolve_format
 from rayft.data.prepared import IGNORE_INDEX
 from rayft.data.read.rows import iter_rows
 from rayft.data.tokenize import TextTokenizer, TokenizeJob, tokenize_rows
+from rayft.environments.builtin import calculator_tool
+from rayft.environments.calculator import calculate
 from rayft.errors import ConfigError
 from rayft.sdg.mathcheck import check_math_answer, parse_annotations, parse_number
 from rayft.sdg.plan import plan_sdg
@@ -49,6 +51,17 @@ def test_a_trace_calls_the_calculator_once_per_annotation_then_answers() -> None
         {"role": "tool", "tool_call_id": "call_1", "content": "72"},
         {"role": "assistant", "content": NATALIA_A},
     ]  # fmt: skip
+
+
+def test_a_trace_lists_and_answers_the_calculator_as_an_episode_does() -> None:
+    """The schema is the tools environment's and each tool turn is what its calculator returns (a float's
+    digits included), so training shows the model the tool as RL and eval episodes will."""
+    answer = "Each gets 70*.01*90 = <<70*.01*90=63>>63 cents, 10/4 = <<10/4=2.5>>2.5 each.\n#### 2.5"
+    trace = calculator_trace("How much?", answer)
+    calls = [json.loads(m["tool_calls"][0]["function"]["arguments"])["expression"] for m in trace if "tool_calls" in m]
+    results = [m["content"] for m in trace if m["role"] == "tool"]
+    assert results == [calculate(expression) for expression in calls] == ["63.00000000000001", "2.5"]
+    assert calculator_tool().schema == CALCULATOR_TOOL
 
 
 def test_the_stage_traces_accepted_rows_and_rejects_a_row_it_cannot_trace() -> None:

@@ -3,7 +3,7 @@ row's solution becomes a call of a ``calculator`` tool and its answer, and the s
 
 The trace is an OpenAI-shaped conversation (see :mod:`rayft.data.tools`): the question as the user
 turn; per annotation, an assistant turn that calls ``calculator`` with the expression and a tool turn
-with the result as the solution writes it; then the solution itself as the last assistant turn. So a
+with the result the calculator gives; then the solution itself as the last assistant turn. So a
 model trained on it learns to hand each computation to the calculator, in order, and to answer with
 the results it got back. Rows carry the trace as JSON text in a ``messages`` column and the tool's
 schema in a ``tools`` column, which ``format: auto`` reads as a tool-use conversation.
@@ -15,23 +15,15 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from rayft.sdg.mathcheck import AnswerError, format_number, parse_annotations
+from rayft.environments.builtin import calculator_tool
+from rayft.environments.calculator import CalculatorError, calculate
+from rayft.sdg.mathcheck import AnswerError, parse_annotations
 from rayft.sdg.rows import reject
 from rayft.sdg.stages import Row
 
-CALCULATOR_TOOL: dict[str, Any] = {
-    "type": "function",
-    "function": {
-        "name": "calculator",
-        "description": "Evaluate an arithmetic expression exactly: numbers, + - * / and parentheses.",
-        "parameters": {
-            "type": "object",
-            "properties": {"expression": {"type": "string", "description": "The expression, e.g. (12+7)*3/4"}},
-            "required": ["expression"],
-        },
-    },
-}
-"""The schema of the tool every trace calls."""
+CALCULATOR_TOOL: dict[str, Any] = calculator_tool().schema
+"""The schema of the tool every trace calls: the tools environment's own, so a model trained on the traces
+sees the tool listed in training exactly as in its RL and eval episodes."""
 TRACE_COLUMNS = ("messages", "tools")
 """The columns a tool-use SDG run adds to its rows (JSON text)."""
 
@@ -43,10 +35,15 @@ def calculator_trace(question: str, answer: str) -> list[dict[str, Any]]:
     messages: list[dict[str, Any]] = [{"role": "user", "content": question}]
     for index, step in enumerate(parse_annotations(answer)):
         call_id = f"call_{index}"
-        arguments = json.dumps({"expression": "".join(step.tokens)})
+        expression = "".join(step.tokens)
+        try:  # the tool turn holds what the calculator answers in an episode, not the solution's rounding
+            result = calculate(expression)
+        except CalculatorError as refused:
+            raise AnswerError("calculator_refused", f"{expression!r}: {refused}") from None
+        arguments = json.dumps({"expression": expression})
         call = {"id": call_id, "type": "function", "function": {"name": "calculator", "arguments": arguments}}
         messages.append({"role": "assistant", "content": "", "tool_calls": [call]})
-        messages.append({"role": "tool", "tool_call_id": call_id, "content": format_number(step.result)})
+        messages.append({"role": "tool", "tool_call_id": call_id, "content": result})
     messages.append({"role": "assistant", "content": answer})
     return messages
 
