@@ -52,9 +52,14 @@ quickstart: setup
 # `python -m tests.support.timings FILE --write-seconds` records a run's seconds for the ordering).
 # Tests marked `alone` (they press the node's memory, which Ray's memory monitor reads whole) run after
 # them, with nothing beside them.
+# compileall first: where PYTHONDONTWRITEBYTECODE is set (as on CI's machine) no process writes the bytecode
+# of this checkout's own modules (an editable install: `make setup` compiles site-packages only), so each
+# interpreter the tests start (Ray workers, actors, rayft subprocesses, hundreds of them) compiled every
+# rayft and tests module it imported again: about 0.3 s of CPU for one `rayft train` that fails early.
 INTEGRATION_WORKERS ?= 2
 TEST_TIMINGS ?= $(CURDIR)/.test-timings.jsonl
 test: setup
+	$(PY) -m compileall -q -j 0 src tests > /dev/null
 	$(VENV)/bin/pytest -n 2 -m "($(PYTEST_MARKERS)) and not integration and not chaos" $(PYTEST_ARGS)
 	rm -f $(TEST_TIMINGS)
 	RAYFT_TEST_TIMINGS=$(TEST_TIMINGS) $(VENV)/bin/pytest -n $(INTEGRATION_WORKERS) --dist loadfile --no-loadscope-reorder \

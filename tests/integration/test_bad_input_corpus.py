@@ -1,9 +1,12 @@
-"""The bad inputs a new user meets, each run through the real command line as a subprocess: every one
-ends with exit code 2 and exactly one ``Error:`` line that names what, where and the fix, prints no
-traceback, and leaves no partial output behind (only a failed command's own log, and the config of a
-run whose start failed, which the next start replaces).
+"""The bad inputs a new user meets, each run through the real command line in a process of its own:
+every one ends with exit code 2 and exactly one ``Error:`` line that names what, where and the fix,
+prints no traceback, and leaves no partial output behind (only a failed command's own log, and the config
+of a run whose start failed, which the next start replaces).
 
-All fail before Ray starts, so none starts it. Add a case here with every fix of a bad input.
+A case timed as a whole (``within_s``: Python's start included) runs ``python -m rayft``; the others run
+in a fork of one process that imported torch and transformers once (tests.support.cli_forks), the same
+command line at a fraction of the cost. All fail before Ray starts, so none starts it. Add a case here
+with every fix of a bad input.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import pytest
 import rayft
 from rayft.runs import layout
 from tests.support.checkpoints import build_run_dir
+from tests.support.cli_forks import CliForks
 from tests.support.mounts import tmpfs
 
 pytestmark = pytest.mark.integration
@@ -352,14 +356,30 @@ def write_huge_row_tables(ws: Path) -> None:
     (ws / "huge-row.json").write_text(json.dumps(rows, indent=1))
 
 
+def cli_env() -> dict[str, str]:
+    """The environment of every command: offline, this checkout's rayft."""
+    return {**os.environ, "PYTHONPATH": str(Path(rayft.__file__).parents[1]), "HF_HUB_OFFLINE": "1"}
+
+
+@pytest.fixture(scope="module")
+def forks() -> Iterator[CliForks]:
+    """One process whose forks run the commands that are not timed as a whole."""
+    with CliForks(cli_env()) as server:
+        yield server
+
+
 def rayft_cli(argv: list[str], cwd: Path) -> tuple[subprocess.CompletedProcess[str], float]:
     """Run ``python -m rayft ARGV`` offline, as a user would; return the result and its wall time."""
-    env = {**os.environ, "PYTHONPATH": str(Path(rayft.__file__).parents[1]), "HF_HUB_OFFLINE": "1",
-           "RAYFT_CACHE": str(cwd / ".cache")}  # fmt: skip
+    env = {**cli_env(), "RAYFT_CACHE": str(cwd / ".cache")}
     started = time.monotonic()
     done = subprocess.run([sys.executable, "-m", "rayft", *argv], cwd=cwd, env=env, capture_output=True, text=True,
                           timeout=120, check=False)  # fmt: skip
     return done, time.monotonic() - started
+
+
+def forked_cli(forks: CliForks, argv: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
+    """Run ``rayft ARGV`` as :func:`rayft_cli` does, in a fork of ``forks``."""
+    return forks.run(argv, cwd, {"RAYFT_CACHE": str(cwd / ".cache")})
 
 
 def files_under(root: Path) -> set[str]:
@@ -385,11 +405,14 @@ def assert_one_line_error(done: subprocess.CompletedProcess[str], error: str) ->
 
 
 @pytest.mark.parametrize("name", list(CASES))
-def test_a_bad_input_gets_one_line_that_names_it_and_the_fix(name: str, workspace: dict[str, str]) -> None:
+def test_a_bad_input_gets_one_line_that_names_it_and_the_fix(
+    name: str, workspace: dict[str, str], forks: CliForks
+) -> None:
     case = CASES[name]
     ws = Path(workspace["ws"])
     before = files_under(ws)
-    done, elapsed = rayft_cli(case.argv.format(**workspace).split(), cwd=ws)
+    argv = case.argv.format(**workspace).split()
+    done, elapsed = rayft_cli(argv, cwd=ws) if case.within_s is not None else (forked_cli(forks, argv, ws), 0.0)
     assert_one_line_error(done, case.error)
     if case.within_s is not None:
         assert elapsed < case.within_s, f"{name}: {elapsed:.1f} s"
@@ -400,26 +423,28 @@ def test_a_bad_input_gets_one_line_that_names_it_and_the_fix(name: str, workspac
     assert left <= allowed, f"{name} left {sorted(left)}"
 
 
-def test_a_run_whose_start_failed_does_not_block_the_corrected_command(workspace: dict[str, str]) -> None:
+def test_a_run_whose_start_failed_does_not_block_the_corrected_command(
+    workspace: dict[str, str], forks: CliForks
+) -> None:
     """A bad data path leaves the run's config behind: the next command (another mistake here, so that
     nothing trains) starts the run again, with or without --resume and with changed settings."""
     ws = Path(workspace["ws"])
     cfg = workspace["cfg"]
     bad_data = f"data.datasets.0.path={ws}/missing.jsonl"
-    done, _ = rayft_cli(["train", cfg, "name=retry", bad_data], cwd=ws)
+    done = forked_cli(forks, ["train", cfg, "name=retry", bad_data], ws)
     assert_one_line_error(done, "missing.jsonl': no such file")
     assert (ws / "runs" / "retry" / layout.CONFIG_FILE).is_file()
     for resume in ([], ["--resume"]):
-        done, _ = rayft_cli(["train", cfg, "name=retry", f"model.name={workspace['notok']}", *resume], cwd=ws)
+        done = forked_cli(forks, ["train", cfg, "name=retry", f"model.name={workspace['notok']}", *resume], ws)
         assert_one_line_error(done, "has no tokenizer")
         assert "starting again: the earlier start of this run stopped before it trained a step" in done.stderr
 
 
-def test_a_pipeline_directory_is_exported_as_its_trained_model(workspace: dict[str, str]) -> None:
+def test_a_pipeline_directory_is_exported_as_its_trained_model(workspace: dict[str, str], forks: CliForks) -> None:
     """`rayft export runs/quickstart` (the directory `make quickstart` names) exports the model its train
     stage made, and says which."""
     ws = Path(workspace["ws"])
-    done, _ = rayft_cli(["export", str(ws / "quickstart"), str(ws / "exported-pipeline")], cwd=ws)
+    done = forked_cli(forks, ["export", str(ws / "quickstart"), str(ws / "exported-pipeline")], ws)
     assert done.returncode == 0, done.stdout + done.stderr
     assert f"{ws / 'quickstart'} is a pipeline run; using its trained model in {ws / 'quickstart' / 'train'}" in (
         done.stdout + done.stderr

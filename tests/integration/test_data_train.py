@@ -1,5 +1,6 @@
-"""`rayft.recipes.train.run` end to end on the tiny model with 2 workers: data prepared by Ray Data
-from the built-in arithmetic set, then trained; a second run reuses the cached data."""
+"""`rayft train` end to end on the tiny model with 2 workers: data of two formats prepared by Ray Data,
+packed, then trained, and the same units written by the in-process path; the splits of both paths agree
+whatever their windows."""
 
 from __future__ import annotations
 
@@ -8,36 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.runs import tiny_config, train_losses
-
 pytestmark = pytest.mark.integration
-
-
-def test_train_run_prepares_with_ray_and_trains(
-    ray_session: None, tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    import pyarrow.parquet as pq
-
-    from rayft.data.prepare import prepare_data
-    from rayft.recipes.train import run
-
-    data = "data.datasets=[{path: 'builtin:arithmetic', max_rows: 72}]"
-    cfg = tiny_config(tiny_model_dir, tmp_path, data, "train.max_steps=3", "data.validation_fraction=0.12")
-    result = run(cfg)
-
-    assert result.steps == 3 and sorted(train_losses(result.run_dir)) == [1, 2, 3]
-    assert result.train_loss is not None and result.train_loss > 0
-    stats = json.loads((result.run_dir / "data" / "stats.json").read_text())
-    assert stats["key"] == result.data_key
-    assert stats["rows"] == {"train": 63, "validation": 9} and stats["rejected_total"] == 0
-    assert (result.run_dir / "data" / "rejected.jsonl").read_text() == ""
-    # The in-process path, into a fresh cache, writes exactly the units the Ray Data job wrote.
-    monkeypatch.setenv("RAYFT_DATA_CACHE", str(tmp_path / "other-cache"))
-    local = prepare_data(cfg.data, cfg.model, cfg.seed, report_dir=None, use_ray=False)
-    assert local.key == result.data_key and local.train.num_units == 63
-    ray_root = Path(json.loads((result.run_dir / "data" / "stats.json").read_text())["root"])
-    for name in ("train/part-00000.parquet", "validation/part-00000.parquet"):
-        assert pq.read_table(Path(local.root) / name).equals(pq.read_table(ray_root / name))
 
 
 def test_a_tokenization_block_ships_only_its_own_rows(ray_session: None) -> None:
@@ -51,11 +23,16 @@ def test_a_tokenization_block_ships_only_its_own_rows(ray_session: None) -> None
     assert block < context.serialize(table).total_bytes / 20
 
 
-def test_rayft_train_cli_packed_on_two_mixed_formats(ray_session: None, tiny_model_dir: Path, tmp_path: Path) -> None:
+def test_rayft_train_cli_prepares_two_mixed_formats_on_ray_packs_and_trains(
+    ray_session: None, tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import pyarrow.parquet as pq
     from click.testing import CliRunner
 
     from rayft.cli.main import cli
+    from rayft.config import load_config
     from rayft.data.builtin.arithmetic import iter_arithmetic_problems
+    from rayft.data.prepare import prepare_data
 
     problems = list(iter_arithmetic_problems(80, seed=5))
     chats = tmp_path / "chats.jsonl"
@@ -83,12 +60,22 @@ def test_rayft_train_cli_packed_on_two_mixed_formats(ray_session: None, tiny_mod
         "alpaca.jsonl": "alpaca (detected from the columns: input=input, instruction=instruction, output=output)",
     }
     assert stats["rows"] == {"train": 72, "validation": 8} and stats["padding_efficiency"] > 0.7
+    assert stats["rejected_total"] == 0 and (run_dir / "data" / "rejected.jsonl").read_text() == ""
     metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     steps = [m for m in metrics if "train/loss" in m]
     assert [m["step"] for m in steps] == [1, 2, 3] and all(m["train/loss"] > 0 for m in steps)
     assert any("eval/loss" in m for m in metrics)
     efficiency = [m["train/padding_efficiency"] for m in metrics if "train/padding_efficiency" in m]
     assert efficiency and efficiency[-1] > 0.7
+    # The in-process path, into a fresh cache, writes exactly the units the Ray Data job wrote.
+    cfg = load_config(config)
+    monkeypatch.setenv("RAYFT_DATA_CACHE", str(tmp_path / "other-cache"))
+    local = prepare_data(cfg.data, cfg.model, cfg.seed, report_dir=None, use_ray=False)
+    assert local.key == stats["key"] and local.validation is not None
+    ray_root = Path(stats["root"])
+    for split in (local.train, local.validation):
+        for file in split.files:
+            assert pq.read_table(file).equals(pq.read_table(ray_root / Path(file).relative_to(local.root))), file
 
 
 def test_splits_are_the_same_in_one_process_and_on_two_ray_workers(

@@ -1,7 +1,9 @@
 """Ray Jobs against a real `ray start --head` with its dashboard (token authentication on, as Ray's
 default here): `rayft submit` trains the tiny model and exits with the job's status, no credential
-value reaches the job, `rayft jobs stop` saves a checkpoint that `--resume` continues, `rayft run
---address` joins the head and leaves it up, and bad addresses fail within seconds in one line."""
+value reaches the job, `rayft jobs stop` saves a checkpoint that `--resume` continues, `rayft jobs
+stacks` shows every Ray Train worker of a held job in rayft's training loop (py-spy), `rayft run
+--address` joins the head and leaves it up, and bad addresses fail within seconds in one line. The tests
+share one head (its start costs more than most of them)."""
 
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ import pytest
 
 from tests.support.faults import FAULT_INJECTOR
 from tests.support.ray_head import RayHead, ray_head
+from tests.support.ray_state import train_workers
 from tests.support.runs import read_metrics, train_losses
 from tests.support.servers import free_port
 
@@ -26,6 +29,7 @@ pytestmark = pytest.mark.integration
 RAYFT = str(Path(sys.executable).parent / "rayft")
 SECRET = "hf_" + secrets.token_hex(16)
 HELD_STEP = 3  # a run's steps before it are trained; before it, the run waits for `rayft jobs stop`
+SECTION = re.compile(r"^=== (\S+) pid (\d+) on (\S+) \(node [0-9a-f]+\) ===$", re.MULTILINE)
 
 
 @pytest.fixture(scope="module")
@@ -37,12 +41,13 @@ def head(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RayHead]:
         yield started
 
 
-def _config(tmp_path: Path, model_dir: Path, name: str, *lines: str) -> Path:
+def _config(tmp_path: Path, model_dir: Path, name: str, *lines: str, workers: int = 1) -> Path:
     config = tmp_path / f"{name}.yaml"
     config.write_text(
         f"name: {name}\nstorage_path: {tmp_path / 'runs'}\nmodel: {{name: {model_dir}}}\n"
         "data:\n  datasets: [{path: 'builtin:arithmetic', max_rows: 40}]\n  validation_fraction: 0.1\n"
-        "scaling: {num_workers: 1}\nlora: {r: 4}\nlogging: {tensorboard: false}\n" + "".join(f"{x}\n" for x in lines)
+        f"scaling: {{num_workers: {workers}}}\nlora: {{r: 4}}\nlogging: {{tensorboard: false}}\n"
+        + "".join(f"{x}\n" for x in lines)
     )
     return config
 
@@ -148,6 +153,68 @@ def test_submit_stop_and_resume_a_run_with_no_credential_value_in_the_job(
     for root in (head.temp_dir, run_dir):
         leaks = [p for p in root.rglob("*") if p.is_file() and SECRET.encode() in p.read_bytes()]
         assert not leaks, leaks
+
+
+def _sections(output: str) -> dict[int, tuple[str, str]]:
+    """What `rayft jobs stacks` printed, by process id: the kind of process and its stacks."""
+    heads = list(SECTION.finditer(output))
+    ends = [h.start() for h in heads[1:]] + [len(output)]
+    return {int(h.group(2)): (h.group(1), output[h.end() : end]) for h, end in zip(heads, ends, strict=True)}
+
+
+def _wait_for_step(run_dir: Path, step: int) -> None:
+    deadline = time.monotonic() + 600  # a backstop against a job that never trains, not a time limit
+    while not (run_dir / "metrics.jsonl").is_file() or step not in train_losses(run_dir):
+        assert time.monotonic() < deadline, f"the job never reached step {step}"
+        time.sleep(0.5)
+
+
+def test_stacks_of_a_held_job_show_every_worker_in_the_training_loop(
+    head: RayHead, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """A run on 2 workers held before HELD_STEP until a file of its own exists (the hold in its config, in
+    place of the head's): py-spy's dump of each of its workers shows it in the training loop, and the run
+    then ends as if nothing had looked."""
+    # The CLI runs from this environment's bin, not on the PATH: it finds py-spy there all the same.
+    assert (Path(RAYFT).parent / "py-spy").is_file(), "py-spy comes with ray[default]"
+    release = tmp_path / "released"
+    injector = f"{{target: '{FAULT_INJECTOR}', options: {{hold: '{HELD_STEP}:{release}'}}}}"
+    config = _config(
+        tmp_path, tiny_model_dir, "held",
+        f"train: {{max_steps: 4, micro_batch_size: 4, logging_steps: 1, save_steps: 1000, eval_steps: null, "
+        f"callbacks: [{injector}]}}", workers=2,
+    )  # fmt: skip
+    workdir = tmp_path / "project"
+    workdir.mkdir()
+    since = time.time()
+    address = ("--address", str(head.jobs_url))
+    started = _rayft("submit", str(config), *address, "--working-dir", str(workdir), "--no-follow", env=head.env)
+    assert started.returncode == 0, started.stderr[-3000:]
+    job = _job_id(started.stdout)
+    run_dir = tmp_path / "runs" / "held"
+    _wait_for_step(run_dir, HELD_STEP - 1)
+
+    try:
+        dumped = _rayft("jobs", "stacks", job, *address, env=head.env, timeout=120)
+    finally:
+        release.touch()
+    assert dumped.returncode == 0, dumped.stdout[-3000:] + dumped.stderr[-3000:]
+    stacks = _sections(dumped.stdout)
+    # This head's workers, not those of another Ray on the machine: they inherited its environment.
+    workers = {w.pid for w in train_workers(since, ours=False) if w.environ().get("HF_TOKEN") == SECRET}
+    assert len(workers) == 2 and workers <= stacks.keys(), (workers, dumped.stdout[-3000:])
+    for pid in workers:
+        kind, text = stacks[pid]
+        assert kind == "RayTrainWorker" and "py-spy could not read" not in text, text
+        # Held in the tests' fault callback, called from the worker loop.
+        assert re.search(r"on_step_begin \(\S*tests/support/faults\.py:\d+\)", text), text
+        assert re.search(r"\(\S*rayft/training/loop/worker\.py:\d+\)", text), text
+    drivers = [text for kind, text in stacks.values() if kind == "DRIVER"]
+    assert len(drivers) == 1 and "rayft/" in drivers[0], dumped.stdout[:3000]
+
+    finished = _rayft("jobs", "logs", job, *address, "--follow", env=head.env, timeout=600)
+    assert finished.returncode == 0, finished.stdout[-3000:] + finished.stderr[-3000:]
+    assert sorted(train_losses(run_dir)) == [1, 2, 3, 4]
 
 
 def test_a_credential_missing_on_the_cluster_fails_the_job_at_once(head: RayHead, tmp_path: Path) -> None:
