@@ -52,9 +52,18 @@ def assert_same_run(got_run: Path, want_run: Path) -> None:
     assert any(tensor.abs().max() > 1e-3 for name, tensor in want_weights.items() if "lora_B" in name)
 
 
-@pytest.mark.parametrize("placement", [(), ACTORS], ids=["colocated", "actors"])
-def test_grpo_under_fsdp_equals_ddp(
-    ddp_run: Path, tiny_model_dir: Path, prompts: PreparedData, tmp_path: Path, placement: tuple[str, ...]
+DEEPSPEED = ("train.strategy=deepspeed",)
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [("train.strategy=fsdp",), ("train.strategy=fsdp", *ACTORS), DEEPSPEED],
+    ids=["fsdp-colocated", "fsdp-actors", "deepspeed-colocated"],
+)
+def test_grpo_under_a_sharded_strategy_equals_ddp(
+    ddp_run: Path, tiny_model_dir: Path, prompts: PreparedData, tmp_path: Path, overrides: tuple[str, ...]
 ) -> None:
-    sharded = train_on(rl_config(tiny_model_dir, tmp_path, *RUN, "train.strategy=fsdp", *placement), prompts)
+    if overrides == DEEPSPEED:
+        pytest.importorskip("deepspeed", reason="needs the deepspeed extra: pip install 'rayft[deepspeed]'")
+    sharded = train_on(rl_config(tiny_model_dir, tmp_path, *RUN, *overrides), prompts)
     assert_same_run(sharded, ddp_run)
