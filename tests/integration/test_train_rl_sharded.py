@@ -1,11 +1,11 @@
 """GRPO under a sharded strategy on 2 Ray Train workers, on a tiny random model: each worker gathers the
 whole weights once before it samples (colocated, or to send them to its generation actors), so a run under
-FSDP samples the completions DDP samples and takes the same steps.
+FSDP or DeepSpeed ZeRO-3 samples the completions DDP samples and takes the same steps.
 
 Tolerances: the gathered weights are the shards' values exactly, so the two runs' samples are the same
-tokens; what differs is the order of float32 sums. FSDP reduce-scatters the gradients and sums the squares of
-its shards for the clipping norm where DDP all-reduces whole tensors: each reordered sum of n terms moves a
-result by at most about n x eps32 (1.2e-7) of its magnitude. The largest reductions of a step are the
+tokens; what differs is the order of float32 sums. FSDP and ZeRO-3 reduce-scatter the gradients and sum the
+squares of their shards for the clipping norm where DDP all-reduces whole tensors: each reordered sum of n
+terms moves a result by at most about n x eps32 (1.2e-7) of its magnitude. The largest reductions of a step are the
 log-softmax over the 512-token vocabulary and the norm over the adapter's 4,096 parameters (rank 4 on every
 linear layer of 2 blocks): n <= 2^12, so <= 5e-4 relative in the worst case and far less in practice (errors
 of opposite sign cancel), carried into the weights by 3 steps of AdamW. So the losses agree to rel 1e-4 and
