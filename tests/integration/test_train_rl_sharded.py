@@ -1,11 +1,11 @@
 """GRPO under a sharded strategy on 2 Ray Train workers, on a tiny random model: each worker gathers the
 whole weights once before it samples (colocated, or to send them to its generation actors), so a run under
-FSDP samples the completions DDP samples and takes the same steps.
+FSDP or DeepSpeed ZeRO-3 samples the completions DDP samples and takes the same steps.
 
 Tolerances: the gathered weights are the shards' values exactly, so the two runs' samples are the same
-tokens; what differs is the order of float32 sums. FSDP reduce-scatters the gradients and sums the squares of
-its shards for the clipping norm where DDP all-reduces whole tensors: each reordered sum of n terms moves a
-result by at most about n x eps32 (1.2e-7) of its magnitude. The largest reductions of a step are the
+tokens; what differs is the order of float32 sums. FSDP and ZeRO-3 reduce-scatter the gradients and sum the
+squares of their shards for the clipping norm where DDP all-reduces whole tensors: each reordered sum of n
+terms moves a result by at most about n x eps32 (1.2e-7) of its magnitude. The largest reductions of a step are the
 log-softmax over the 512-token vocabulary and the norm over the adapter's 4,096 parameters (rank 4 on every
 linear layer of 2 blocks): n <= 2^12, so <= 5e-4 relative in the worst case and far less in practice (errors
 of opposite sign cancel), carried into the weights by 3 steps of AdamW. So the losses agree to rel 1e-4 and
@@ -52,9 +52,24 @@ def assert_same_run(got_run: Path, want_run: Path) -> None:
     assert any(tensor.abs().max() > 1e-3 for name, tensor in want_weights.items() if "lora_B" in name)
 
 
-@pytest.mark.parametrize("placement", [(), ACTORS], ids=["colocated", "actors"])
-def test_grpo_under_fsdp_equals_ddp(
-    ddp_run: Path, tiny_model_dir: Path, prompts: PreparedData, tmp_path: Path, placement: tuple[str, ...]
+DEEPSPEED = ("train.strategy=deepspeed",)
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        ("train.strategy=fsdp",),
+        ("train.strategy=fsdp", *ACTORS),
+        DEEPSPEED,
+        # The weight sync reads the same gathered weights as colocated sampling: the slow tier runs it.
+        pytest.param((*DEEPSPEED, *ACTORS), marks=pytest.mark.slow),
+    ],
+    ids=["fsdp-colocated", "fsdp-actors", "deepspeed-colocated", "deepspeed-actors"],
+)
+def test_grpo_under_a_sharded_strategy_equals_ddp(
+    ddp_run: Path, tiny_model_dir: Path, prompts: PreparedData, tmp_path: Path, overrides: tuple[str, ...]
 ) -> None:
-    sharded = train_on(rl_config(tiny_model_dir, tmp_path, *RUN, "train.strategy=fsdp", *placement), prompts)
+    if overrides[: len(DEEPSPEED)] == DEEPSPEED:
+        pytest.importorskip("deepspeed", reason="needs the deepspeed extra: pip install 'rayft[deepspeed]'")
+    sharded = train_on(rl_config(tiny_model_dir, tmp_path, *RUN, *overrides), prompts)
     assert_same_run(sharded, ddp_run)

@@ -290,12 +290,3 @@ def test_a_model_state_that_cannot_fit_names_the_fixes() -> None:
     assert memory_problem(estimate, 200 * GIB, where="GPU", strategy="ddp", method="full") is None
     sharded = memory_problem(estimate, GIB, where="GPU", strategy="fsdp", method="lora")
     assert sharded is not None and "Use more workers (scaling.num_workers), or a smaller model." in sharded
-
-
-def test_zero3_refuses_to_gather_the_whole_weights_for_sampling_naming_fsdp() -> None:
-    import torch
-
-    from rayft.training.strategies.zero3 import DeepSpeedZero3
-
-    with pytest.raises(TrainingError, match=r"^train\.strategy=deepspeed cannot gather .* set train\.strategy=fsdp"):
-        DeepSpeedZero3().whole_weights(torch.nn.Linear(2, 2))

@@ -91,7 +91,8 @@ def check_remote_stages(requested: Iterable[str], where: str) -> None:
 
 def check_rl_stage(cfg: RayftConfig) -> None:
     """The rl stage's train and data sections are valid (a resolved config of a run without an rl stage holds
-    the default section, which a DeepSpeed train section would fail, so this is checked only when requested)."""
+    the default section, which the run's own train and data sections could fail, so this is checked only when
+    requested)."""
     try:
         rl_train_section(cfg.train, cfg.rl)
         rl_data_section(cfg.data, cfg.rl)

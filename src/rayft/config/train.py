@@ -362,12 +362,7 @@ class TrainConfig(Section):
         return self
 
     @model_validator(mode="after")
-    def _rl_strategy(self) -> TrainConfig:
-        if self.traits.samples and self.strategy == "deepspeed":
-            raise ValueError(
-                f"train.objective={self.objective} with train.strategy='deepspeed': the workers sample completions "
-                "from the whole weights, which rayft gathers under FSDP only; set train.strategy=fsdp (or ddp)"
-            )
+    def _rl_reference(self) -> TrainConfig:
         if self.rl.kl_coef and self.rl.reference == "base" and self.method != "lora":
             raise ValueError(
                 "train.rl.reference=base switches a LoRA adapter off, but train.method is 'full'; set "

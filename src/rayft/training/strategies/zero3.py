@@ -8,6 +8,9 @@ exact), and writes checkpoints in its own layout: whole weights and the optimize
 parameter name, gathered with DeepSpeed's full-state functions. So a ZeRO-3 run resumes under DDP
 or FSDP, and back.
 
+Objectives that sample (GRPO) gather the whole weights before the workers sample and take the engine's
+per-module hooks off meanwhile (:func:`rayft.training.strategies.gathered.zero3_whole`).
+
 The engine's settings come from ``train.*`` (micro-batch size, clipping, precision); entries of
 ``train.deepspeed`` are merged over them (offload, bucket sizes, ...).
 """
@@ -22,6 +25,7 @@ from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from rayft.errors import TrainingError
 from rayft.training.modeling.model import full_shape, named_trainable, parameter_group_names
+from rayft.training.strategies.gathered import zero3_whole
 from rayft.training.strategies.parallel import MakeOptimizer, ParallelSetup, retie
 
 if TYPE_CHECKING:
@@ -250,12 +254,9 @@ class DeepSpeedZero3:
             group.update({k: v for k, v in saved_group.items() if k != "params"})
 
     def whole_weights(self, model: torch.nn.Module) -> contextlib.AbstractContextManager[None]:
-        """Refused: sampling from ZeRO-3's gathered weights (``deepspeed.zero.GatheredParameters`` with the
-        engine's per-module hooks off, which would gather and release around every decoding step) is not built;
-        the config refuses GRPO under DeepSpeed before a worker starts."""
-        raise TrainingError(
-            "train.strategy=deepspeed cannot gather the whole weights to sample from; set train.strategy=fsdp (or ddp)"
-        )
+        """Every parameter gathered at once and the engine's per-module hooks off, so that sampling's forwards
+        run no collective (:func:`rayft.training.strategies.gathered.zero3_whole`)."""
+        return zero3_whole(model)
 
 
 def _create_adam_state(zero_optimizer: ZeroOptimizer, optimizer: torch.optim.Optimizer, keys: list[str]) -> None:
