@@ -508,7 +508,9 @@ class Engine:
                 self.stats.cancelled += len(gone)
             for adapter in {r.prepared.adapter for r in self._running.values() if r.prepared.adapter}:
                 self._load(adapter)  # again, if Serve's cache dropped it while the request waited or ran
-            batch.adapters = bool(self._loaded)
+            # The first adapter's load wraps the model in a PeftModel, whose forward alone picks each row's adapter:
+            # the step runs through it (the unwrapped model would apply the active adapter to every row).
+            batch.model, batch.adapters = self.backend.model, bool(self._loaded)
             joining = [self._new_row(r) for r in admitted if not r.prepared.cancelled]
             picked = batch.step(joining) if len(batch) or joining else {}
             self._keep_prefixes(admitted, batch.prefilled)
