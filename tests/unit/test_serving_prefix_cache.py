@@ -84,13 +84,13 @@ def _common_blocks(ids: list[int], earlier: list[int]) -> int:
 def test_rows_with_and_without_a_prefix_prefill_together_as_without_the_cache(
     tiny_model_dir: Path, adapter_dirs: dict[str, Path]
 ) -> None:
-    """Four requests that join an empty batch in one prefill step, once the cache holds the shared prompt: two
-    find prefixes of different lengths, two find none (unrelated prompts, short and long); left padding puts
-    each row's prefix and rest at its own offsets."""
+    """Five requests that join an empty batch in one prefill step, once the cache holds the shared prompt: two
+    find prefixes of different lengths, three find none (another adapter; unrelated prompts, short and long);
+    left padding puts each row's prefix and rest at its own offsets."""
     warm = _job(SYSTEM + TURNS[0], 4)
     burst = [(_job(SYSTEM + TURNS[1], 6, top=2), None), (_job(SYSTEM[:40] + TURNS[2], 6, top=2), None),
              (_job("Nothing in common with the system prompt here. " * 4, 6, top=2), None),
-             (_job("0 1 2 3 4 5", 6, top=2), None)]  # fmt: skip
+             (_job(SYSTEM + TURNS[3], 6, top=2), "beta"), (_job("0 1 2 3 4 5", 6, top=2), None)]  # fmt: skip
     runs = {}
     for budget in (0, 1024):
         engine = _engine(tiny_model_dir, adapter_dirs, prefix_cache_tokens=budget, max_prefill_tokens=4096)
