@@ -23,6 +23,12 @@ per request (``docs/performance.md``). Mixed steps run for the model types of :d
 (Llama, Qwen, Mistral, Mixtral, Gemma, Phi, GPT-2, ...) without sliding-window attention (:func:`mixes`);
 other models prefill in steps of their own.
 
+A joining row may bring a cached prefix of its prompt (:mod:`rayft.serving.prefix_cache`): only the rest of
+its prompt is forwarded, at the positions after the prefix, attending over a copy of the prefix's keys and
+values (a prefill step seeds its cache with them, left-padded like the rest; a mixed step's attention puts them
+before the row's own keys). The keys and values a step computes for a joining row are handed back
+(:attr:`RunningBatch.prefilled`), for the cache to keep.
+
 Only decoder-only models whose cache layers are plain :class:`~transformers.cache_utils.DynamicLayer`
 run here (Llama, Qwen2, Mistral without sliding window, GPT-2, ...): a sliding-window or hybrid cache
 keeps per-layer offsets that padding rows together would break.
@@ -157,8 +163,8 @@ class RunningBatch:
         rest = [r.input_ids[r.cached :] for r in joining]
         longest, before = max(len(ids) for ids in rest), max(r.cached for r in joining)
         ids = torch.tensor([[self.pad] * (longest - len(r)) + r for r in rest])
-        mask = torch.tensor([[0] * (before - r.cached) + [1] * r.cached + [0] * (longest - len(ids_))
-                             + [1] * len(ids_) for r, ids_ in zip(joining, rest, strict=True)])  # fmt: skip
+        mask = torch.tensor([[0] * (before - r.cached) + [1] * r.cached + [0] * (longest - len(tokens))
+                             + [1] * len(tokens) for r, tokens in zip(joining, rest, strict=True)])  # fmt: skip
         tail = mask[:, before:]
         offsets = torch.tensor([[r.cached] for r in joining])
         positions = (tail.cumsum(-1) - 1 + offsets).masked_fill_(tail == 0, 1)  # as generate places a padded batch

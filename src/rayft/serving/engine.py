@@ -10,7 +10,9 @@ never two in a row while rows decode), and hands every row its new text at each 
 ends (end of sequence, a stop string, its token limit) or whose client is gone leaves the batch
 before the next step.
 Rows with different adapters (PEFT's per-row ``adapter_names``) and different sampling settings
-decode in one batch. The waiting queue is bounded: a request beyond it is refused with 429 and a
+decode in one batch. With ``serve.prefix_cache_tokens``, a request whose prompt starts like an earlier one's
+(same adapter) prefills only the rest (:mod:`rayft.serving.prefix_cache`); the scheduler counts only that rest
+against the step's prefill budget. The waiting queue is bounded: a request beyond it is refused with 429 and a
 retry hint.
 
 Why not transformers' own continuous batching (``generate_batch`` / ``init_continuous_batching``,
