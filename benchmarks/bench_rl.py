@@ -35,6 +35,12 @@ Rollout tokens/s: generated tokens over the sampling call's seconds.
         [--arms colocated,colocated-fp32,colocated-unshared,actors-sync,actors-async]
     .venv/bin/python benchmarks/bench_rl.py --shared-prefix [--prompts 4] [--group 8] [--prompt-tokens 384]
         [--max-new-tokens 48] [--repeats 3] [--threads 2]
+
+The same for the server: ``--server-prefix`` runs ``benchmarks/bench_serve_prefix.py`` (16 concurrent streams
+sharing a long system prompt against a real ``rayft serve``, its prompt-prefix cache off and on, time to first
+token and tokens/s as ratios); the arguments after ``--`` go to it.
+
+    .venv/bin/python benchmarks/bench_rl.py --server-prefix [-- --streams 16 --system-tokens 700]
 """
 
 from __future__ import annotations
@@ -258,6 +264,14 @@ def main() -> None:
     parser.add_argument("--prompt-tokens", type=int, default=384, help="--shared-prefix: tokens of each prompt")
     parser.add_argument("--repeats", type=int, default=3, help="--shared-prefix: measured rounds")
     parser.add_argument("--threads", type=int, default=2, help="--shared-prefix: torch threads")
+    parser.add_argument("--server-prefix", action="store_true", help="rayft serve's prompt-prefix cache, off and on "
+                        "(benchmarks/bench_serve_prefix.py; the arguments after -- go to it)")  # fmt: skip
+    if "--server-prefix" in sys.argv:
+        from bench_serve_prefix import main as server_prefix
+
+        rest = sys.argv[sys.argv.index("--") + 1 :] if "--" in sys.argv else []
+        server_prefix(rest)
+        return
     args = parser.parse_args()
     if args.shared_prefix:
         from rayft.models.loading import ensure_builtin_model

@@ -1,7 +1,8 @@
 """Continuous batching in `rayft serve` on the shared local Ray: a short request joins the batch of a long
-one that streams and ends first; a client that leaves frees its row; a full queue answers 429 with Retry-After.
+one that streams and ends first; a client that leaves frees its row; a full queue answers 429 with Retry-After; a
+request that shares its prompt's start with an earlier one prefills only the rest (the prompt-prefix cache).
 
-The replica decodes 2 rows at a time and queues 1 more request."""
+The replica decodes 2 rows at a time, queues 1 more request and caches 256 tokens of prompt prefixes."""
 
 from __future__ import annotations
 
@@ -25,7 +26,8 @@ LONG = {"prompt": "The quick brown fox", "max_tokens": 2000, "temperature": 0, "
 
 @pytest.fixture(scope="module")
 def server(ray_session: None, tiny_model_dir: Path) -> Iterator[rayft.ServeHandle]:
-    serve = {"max_batch_size": 2, "max_queued_requests": 1, "max_ongoing_requests": 8, "max_tokens": 8}
+    serve = {"max_batch_size": 2, "max_queued_requests": 1, "max_ongoing_requests": 8, "max_tokens": 8,
+             "prefix_cache_tokens": 256}  # fmt: skip
     handle = rayft.api.serve(RayftConfig.model_validate({"serve": serve}), [tiny_model_dir], port=0)
     yield handle
     handle.shutdown()
@@ -101,3 +103,23 @@ def test_a_full_queue_answers_429_with_retry_after(server: rayft.ServeHandle) ->
     waiting.join(timeout=120)  # the two long streams closed: the queued request gets a row
     assert queued and queued[0].status_code == 200 and queued[0].json()["usage"]["completion_tokens"] == 3
     assert _wait_for(server, "rows_in_flight", 0)["refused"] >= 1
+
+
+def test_a_shared_prompt_prefix_is_prefilled_once_and_its_hit_rate_shown(server: rayft.ServeHandle) -> None:
+    system = "You are a careful assistant. Answer briefly and show the steps of any arithmetic. " * 2  # 94 tokens
+    before = _stats(server)
+    answers = []
+    for turn in ("Question: what is 2 + 3?", "Question: name a prime number."):
+        body = {"model": server.model_ids[0], "prompt": system + turn, "max_tokens": 4, "temperature": 0}
+        answers.append(httpx.post(f"{server.base_url}/completions", json=body, timeout=120))
+    assert all(a.status_code == 200 for a in answers), [a.text for a in answers]
+    after = _stats(server)
+    prompt_tokens = sum(a.json()["usage"]["prompt_tokens"] for a in answers)
+    hits = after["prefix_hit_tokens"] - before["prefix_hit_tokens"]
+    # The second prompt found the first's full blocks of the shared system prompt (80 of its 94 tokens at least).
+    assert after["prefix_hit_requests"] - before["prefix_hit_requests"] == 1 and hits >= 80
+    assert after["prefix_queried_tokens"] - before["prefix_queried_tokens"] == prompt_tokens
+    assert after["prefill_tokens"] - before["prefill_tokens"] == prompt_tokens - hits
+    metrics = httpx.get(server.base_url.removesuffix("/v1") + "/metrics", timeout=60).text
+    ratio = next(line for line in metrics.splitlines() if line.startswith("rayft_serve_prefix_cache_hit_ratio{"))
+    assert float(ratio.rsplit(" ", 1)[1]) == pytest.approx(after["prefix_hit_tokens"] / after["prefix_queried_tokens"])

@@ -62,7 +62,7 @@ def test_serving_dashboard_covers_every_serving_metric_and_follows_the_pickers()
     for name in exposed:
         assert any(name in e for e in exprs), f"no panel shows {name}"
     assert all('model=~"$model"' in e for e in exprs), "every panel follows the model picker"
-    per_adapter = [e for e in exprs if "kv_cache" not in e and "adapters_loaded" not in e]
+    per_adapter = [e for e in exprs if "kv_cache" not in e and "adapters_loaded" not in e and "prefix_cache" not in e]
     assert all('adapter=~"$adapter"' in e for e in per_adapter), "every per-adapter panel follows the adapter picker"
     assert {v["name"] for v in dashboard["templating"]["list"]} == {"datasource", "model", "adapter"}
     assert len({p["id"] for p in dashboard["panels"]}) == len(dashboard["panels"])

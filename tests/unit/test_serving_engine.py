@@ -244,6 +244,18 @@ def test_mixed_adapters_in_one_running_batch_decode_as_each_alone(
     assert engine.stats.base_loads == 1 and engine.stats.adapter_loads == {"alpha": 1, "beta": 1}
 
 
+def test_a_base_row_decodes_as_alone_through_the_step_that_loads_the_first_adapter(
+    tiny_model_dir: Path, adapter_dirs: dict[str, Path]
+) -> None:
+    """An adapter's request joins a base request's running batch on a replica that has loaded no adapter yet: the
+    step that loads it (wrapping the model in a PeftModel) still decodes the base row without the adapter."""
+    engine = _engine(tiny_model_dir, adapter_dirs)
+    events = asyncio.run(_staggered(engine, [(_job(PROMPTS[1], 12), None), (_job(PROMPTS[0], 12), "beta")]))
+    assert engine.stats.joined_running_batch == 1 and engine.stats.adapter_loads == {"beta": 1}
+    assert _ids(events[0]) == _reference(tiny_model_dir, None, PROMPTS[1], 12)
+    assert _ids(events[1]) == _reference(tiny_model_dir, adapter_dirs["beta"], PROMPTS[0], 12)
+
+
 def test_a_short_request_finishes_while_a_long_one_streams(engine: Engine) -> None:
     async def scenario() -> list[str]:
         order: list[str] = []

@@ -72,6 +72,11 @@ def test_load_gauges_follow_the_replicas_report_and_pass_promtool() -> None:
     assert samples[("rayft_serve_queue_depth", (("adapter", "alpha"), ("model", "base")))] == 0
     assert samples[("rayft_serve_running_requests", (("adapter", ""), ("model", "base")))] == 1
     assert samples[("rayft_serve_kv_cache_usage_ratio", (("model", "base"),))] == 0.25
+    assert samples[("rayft_serve_prefix_cache_hit_ratio", (("model", "base"),))] == 0.0  # a report without the cache
+    metrics.set_load("base", {**report, "prefix_cache_hit_rate": 0.75, "prefix_cache_tokens": 640})
+    samples = _samples(metrics)
+    assert samples[("rayft_serve_prefix_cache_hit_ratio", (("model", "base"),))] == 0.75
+    assert samples[("rayft_serve_prefix_cache_tokens", (("model", "base"),))] == 640
     if not Path(PROMTOOL).exists():
         pytest.skip("needs promtool (Debian's prometheus): apt-get install -y prometheus")
     metrics.timer("base", "alpha").done(200)

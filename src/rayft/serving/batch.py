@@ -23,6 +23,12 @@ per request (``docs/performance.md``). Mixed steps run for the model types of :d
 (Llama, Qwen, Mistral, Mixtral, Gemma, Phi, GPT-2, ...) without sliding-window attention (:func:`mixes`);
 other models prefill in steps of their own.
 
+A joining row may bring a cached prefix of its prompt (:mod:`rayft.serving.prefix_cache`): only the rest of
+its prompt is forwarded, at the positions after the prefix, attending over a copy of the prefix's keys and
+values (a prefill step seeds its cache with them, left-padded like the rest; a mixed step's attention puts them
+before the row's own keys). The keys and values a step computes for a joining row are handed back
+(:attr:`RunningBatch.prefilled`), for the cache to keep.
+
 Only decoder-only models whose cache layers are plain :class:`~transformers.cache_utils.DynamicLayer`
 run here (Llama, Qwen2, Mistral without sliding window, GPT-2, ...): a sliding-window or hybrid cache
 keeps per-layer offsets that padding rows together would break.
@@ -38,18 +44,27 @@ from typing import Any
 
 import torch
 
+from rayft.serving.prefix_cache import Prefix
 from rayft.serving.sampling import Sampler
 
 
 @dataclass
 class NewRow:
-    """A row that joins the batch: its key, prompt ids, adapter (PEFT name) and sampler."""
+    """A row that joins the batch: its key, prompt ids, adapter (PEFT name) and sampler; with a cached
+    ``prefix`` of its prompt (:mod:`rayft.serving.prefix_cache`), only the tokens after it are prefilled."""
 
     key: int
     input_ids: list[int]
     adapter: str
     sampler: Sampler
     top_logprobs: int | None = None  # None: no log-probabilities; 0: the chosen token's only
+    prefix: Prefix | None = None
+    keep: bool = False  # hand the keys and values of its prefilled tokens back (RunningBatch.prefilled)
+
+    @property
+    def cached(self) -> int:
+        """Prompt tokens that come from the cached prefix, not from this step's forward."""
+        return self.prefix.tokens if self.prefix is not None else 0
 
 
 @dataclass
@@ -83,6 +98,9 @@ class RunningBatch:
         self.cache: Any = None
         self.mask: torch.Tensor = torch.zeros((0, 0), dtype=torch.long)
         self._cache_names: dict[int, str] = {}
+        # Of the rows that joined at the last step and asked for it (NewRow.keep): each layer's keys and values
+        # of the tokens that step prefilled (``[1, kv_heads, tokens, dim]``, views of the batch's cache).
+        self.prefilled: dict[int, list[tuple[torch.Tensor, torch.Tensor]]] = {}
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -120,6 +138,7 @@ class RunningBatch:
         Without mixed steps a prefill step comes first, so that a new request's first token waits for its
         own prompt only, not also for a decoding step of the rows already running.
         """
+        self.prefilled = {}
         with torch.inference_mode():
             if joining and self.rows and self.mixes():
                 return self._mixed_step(joining)
@@ -137,14 +156,22 @@ class RunningBatch:
         return out
 
     def _prefill(self, joining: list[NewRow]) -> dict[int, Picked]:
+        """The joining rows' prompts, left-padded to one length after their cached prefixes (themselves
+        left-padded to the longest prefix: ``[pad, prefix, pad, rest of the prompt]`` per row)."""
         from transformers import DynamicCache
 
-        longest = max(len(row.input_ids) for row in joining)
-        ids = torch.tensor([[self.pad] * (longest - len(r.input_ids)) + r.input_ids for r in joining])
-        mask = torch.tensor([[0] * (longest - len(r.input_ids)) + [1] * len(r.input_ids) for r in joining])
-        positions = (mask.cumsum(-1) - 1).masked_fill_(mask == 0, 1)  # as generate places a left-padded batch
+        rest = [r.input_ids[r.cached :] for r in joining]
+        longest, before = max(len(ids) for ids in rest), max(r.cached for r in joining)
+        ids = torch.tensor([[self.pad] * (longest - len(r)) + r for r in rest])
+        mask = torch.tensor([[0] * (before - r.cached) + [1] * r.cached + [0] * (longest - len(tokens))
+                             + [1] * len(tokens) for r, tokens in zip(joining, rest, strict=True)])  # fmt: skip
+        tail = mask[:, before:]
+        offsets = torch.tensor([[r.cached] for r in joining])
+        positions = (tail.cumsum(-1) - 1 + offsets).masked_fill_(tail == 0, 1)  # as generate places a padded batch
         cache = DynamicCache()
         cache.layer_class_to_replicate = _spare_layer_class()  # the model adds one layer per decoder layer
+        if before:
+            _seed(cache, [r.prefix for r in joining], before)
         rows = [_Row(r.key, r.adapter, r.sampler, r.top_logprobs, len(r.input_ids), 0) for r in joining]
         logits = self._forward(ids.to(self.device), mask.to(self.device), positions.to(self.device), cache,
                                [r.adapter for r in joining])  # fmt: skip
@@ -152,6 +179,11 @@ class RunningBatch:
         for row in rows:
             row.next_token = out[row.key].token
         layers = _checked_layers(cache)
+        for index, (new, tokens) in enumerate(zip(joining, rest, strict=True)):
+            if new.keep:
+                start = mask.shape[1] - len(tokens)
+                self.prefilled[new.key] = [(k[index : index + 1, :, start:], v[index : index + 1, :, start:])
+                                           for k, v in layers]  # fmt: skip
         if not self.rows:
             self.rows, self.cache, self.mask = rows, cache, mask
         else:
@@ -162,13 +194,14 @@ class RunningBatch:
         ids, positions = [row.next_token for row in self.rows], [row.position for row in self.rows]
         adapters, segments = [row.adapter for row in self.rows], []
         for new in joining:
-            segments.append((len(ids), len(new.input_ids)))
-            ids += new.input_ids
-            positions += range(len(new.input_ids))
-            adapters += [new.adapter] * len(new.input_ids)
+            segments.append((len(ids), len(new.input_ids) - new.cached))
+            ids += new.input_ids[new.cached :]
+            positions += range(new.cached, len(new.input_ids))
+            adapters += [new.adapter] * (len(new.input_ids) - new.cached)
         self.mask = torch.cat([self.mask, torch.ones((len(self.rows), 1), dtype=torch.long)], dim=1)
         plan = MixedStep(len(self.rows), segments, list(self.cache.layers),
-                         self.mask.to(self.device, torch.bool)[:, None, None, :])  # fmt: skip
+                         self.mask.to(self.device, torch.bool)[:, None, None, :],
+                         [r.prefix for r in joining])  # fmt: skip
         last = [*range(len(self.rows)), *(start + length - 1 for start, length in segments)]
         kwargs: dict[str, Any] = {"adapter_names": adapters} if self.adapters else {}
         with _mixed_attention_on(self.model), _last_positions_only(self.model, last) as selected:
@@ -187,8 +220,13 @@ class RunningBatch:
             row.next_token = picked[row.key].token
         for row in self.rows:
             row.position += 1
-        longest = max(length for _, length in segments)
-        mask = torch.tensor([[0] * (longest - length) + [1] * length for _, length in segments])
+        lengths = [len(new.input_ids) for new in joining]
+        longest = max(lengths)
+        mask = torch.tensor([[0] * (longest - length) + [1] * length for length in lengths])
+        for index, new in enumerate(joining):
+            if new.keep:
+                self.prefilled[new.key] = [(k[:, :, new.cached :], v[:, :, new.cached :])
+                                           for k, v in (parts[index] for parts in plan.joined)]  # fmt: skip
         self._append(rows, [_right_aligned(parts, longest) for parts in plan.joined], mask)
         return picked
 
@@ -278,15 +316,17 @@ class MixedStep:
     """One mixed step's layout, read by :func:`_mixed_attention` in every attention layer.
 
     The step's tokens lie in the batch dimension: the ``running`` rows' next tokens first, then each
-    joining row's prompt, ``(start, length)`` in ``segments``. ``layers`` are the running rows' cache
-    layers, ``mask`` their positions' mask with the new one (``[rows, 1, 1, positions]``, bool);
-    ``joined`` collects each layer's keys and values of the joining rows.
+    joining row's prompt after its cached prefix (``prefixes``, None where it has none), ``(start, length)``
+    in ``segments``. ``layers`` are the running rows' cache layers, ``mask`` their positions' mask with the
+    new one (``[rows, 1, 1, positions]``, bool); ``joined`` collects each layer's keys and values of the
+    joining rows' whole prompts.
     """
 
     running: int
     segments: list[tuple[int, int]]
     layers: list[Any]
     mask: torch.Tensor
+    prefixes: list[Prefix | None]
     joined: list[list[tuple[torch.Tensor, torch.Tensor]]] = field(default_factory=list)
 
 
@@ -315,11 +355,18 @@ def _mixed_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value:
         out = sdpa(query[:running], keys, values, attn_mask=plan.mask, scale=scaling, enable_gqa=True)
         outputs.append(out.transpose(1, 2))
     joined = []
-    for start, length in plan.segments:
+    for (start, length), prefix in zip(plan.segments, plan.prefixes, strict=True):
         # [length, heads, 1, dim] -> [1, heads, length, dim]: one prompt as one sequence.
         q, k, v = (t[start : start + length].transpose(0, 2) for t in (query, key, value))
-        joined.append((k.contiguous(), v.contiguous()))
-        out = sdpa(q, k, v, is_causal=True, scale=scaling, enable_gqa=True)
+        if prefix is None:
+            joined.append((k.contiguous(), v.contiguous()))
+            out = sdpa(q, k, v, is_causal=True, scale=scaling, enable_gqa=True)
+        else:  # the prompt's rest attends over its cached prefix and causally over itself
+            cached_k, cached_v = prefix.layer(module.layer_idx)
+            k, v = torch.cat([cached_k, k], dim=2), torch.cat([cached_v, v], dim=2)
+            joined.append((k, v))
+            seen = torch.arange(prefix.tokens + length, device=q.device)
+            out = sdpa(q, k, v, attn_mask=seen[None, :] <= seen[prefix.tokens :, None], scale=scaling, enable_gqa=True)
         outputs.append(out.transpose(0, 2).transpose(1, 2))
     plan.joined.append(joined)
     return torch.cat(outputs, dim=0), None
@@ -406,7 +453,7 @@ def _spare_layer_class() -> type:
             if spare_keys is None or spare_values is None or not _prefix_of(keys, spare_keys) or (
                     end > spare_keys.shape[2]):  # fmt: skip
                 # The batch replaced keys and values (rows joined or left), or the spare positions ran out.
-                spare_keys, spare_values = _with_spare(keys), _with_spare(values)
+                spare_keys, spare_values = _with_spare(keys, end), _with_spare(values, end)
                 self.spare_keys, self.spare_values = spare_keys, spare_values
             spare_keys[:, :, length:end].copy_(key_states)
             spare_values[:, :, length:end].copy_(value_states)
@@ -416,10 +463,11 @@ def _spare_layer_class() -> type:
     return SpareLayer
 
 
-def _with_spare(tensor: torch.Tensor) -> torch.Tensor:
-    """A tensor of ``tensor``'s shape with :data:`SPARE_POSITIONS` more positions (dim 2), ``tensor`` at its start."""
+def _with_spare(tensor: torch.Tensor, needed: int) -> torch.Tensor:
+    """A tensor of ``tensor``'s shape with room for ``needed`` positions and :data:`SPARE_POSITIONS` more (dim 2),
+    ``tensor`` at its start (``needed``: more than one more where a prefill extends a cached prefix)."""
     shape = list(tensor.shape)
-    shape[2] += SPARE_POSITIONS
+    shape[2] = needed + SPARE_POSITIONS
     out = tensor.new_empty(shape)
     out[:, :, : tensor.shape[2]].copy_(tensor)
     return out
@@ -431,6 +479,19 @@ def _prefix_of(view: torch.Tensor, base: torch.Tensor) -> bool:
         view.data_ptr() == base.data_ptr() and view.stride() == base.stride()
         and view.shape[:2] == base.shape[:2] and view.shape[3] == base.shape[3]
     )  # fmt: skip
+
+
+def _seed(cache: Any, prefixes: list[Prefix | None], width: int) -> None:
+    """Fill an empty cache with the rows' cached prefixes, each ending at position ``width`` (zeros before, and
+    in the rows without one): a copy, as the cache's layers grow and change in place."""
+    template = next(p.kv for p in prefixes if p is not None)
+    layers, _, heads, _, dim = template.shape
+    kv = template.new_zeros((layers, 2, len(prefixes), heads, width, dim))
+    for row, prefix in enumerate(prefixes):
+        if prefix is not None:
+            kv[:, :, row, :, width - prefix.tokens :].copy_(prefix.kv)
+    for index in range(layers):
+        cache.update(kv[index, 0], kv[index, 1], index)
 
 
 def _checked_layers(cache: Any) -> list[tuple[torch.Tensor, torch.Tensor]]:

@@ -10,7 +10,9 @@ never two in a row while rows decode), and hands every row its new text at each 
 ends (end of sequence, a stop string, its token limit) or whose client is gone leaves the batch
 before the next step.
 Rows with different adapters (PEFT's per-row ``adapter_names``) and different sampling settings
-decode in one batch. The waiting queue is bounded: a request beyond it is refused with 429 and a
+decode in one batch. With ``serve.prefix_cache_tokens``, a request whose prompt starts like an earlier one's
+(same adapter) prefills only the rest (:mod:`rayft.serving.prefix_cache`); the scheduler counts only that rest
+against the step's prefill budget. The waiting queue is bounded: a request beyond it is refused with 429 and a
 retry hint.
 
 Why not transformers' own continuous batching (``generate_batch`` / ``init_continuous_batching``,
@@ -37,6 +39,7 @@ from rayft.generation.backend import StopFilter
 from rayft.generation.hf import HFBackend
 from rayft.serving.logprobs import TokenLogprob
 from rayft.serving.plan import Adapter, BaseGroup
+from rayft.serving.prefix_cache import PrefixCache, block_digests
 from rayft.serving.protocol import Job, RequestError
 from rayft.serving.scheduler import Limits, Need, plan_admission, prefill_turn, queue_full, retry_after_s
 from rayft.serving.scoring import Scored, score_tokens
@@ -66,6 +69,7 @@ class EngineSettings:
     max_queued: int = 48
     max_prefill_tokens: int = 64
     mixed_steps: bool = True
+    prefix_cache_tokens: int = 0
 
     @classmethod
     def of(cls, cfg: ServeConfig) -> EngineSettings:
@@ -78,6 +82,7 @@ class EngineSettings:
             max_queued=cfg.max_queued_requests,
             max_prefill_tokens=cfg.max_prefill_tokens,
             mixed_steps=cfg.mixed_steps,
+            prefix_cache_tokens=cfg.prefix_cache_tokens,
         )
 
     def limits(self) -> Limits:
@@ -112,10 +117,12 @@ class Prepared:
     max_tokens: int
     cancelled: bool = False
     constraint: Constraint | None = None  # the grammar the output must match (structured output, forced calls)
+    blocks: list[bytes] = field(default_factory=list)  # its prompt's block digests, where prefixes are cached
+    cached: int = 0  # prompt tokens a cached prefix spares its prefill (known when it joins)
 
-    def need(self) -> Need:
-        """What the request takes of the batch."""
-        return Need(len(self.input_ids), self.max_tokens)
+    def need(self, cached: int = 0) -> Need:
+        """What the request takes of the batch (``cached``: prompt tokens a cached prefix would spare)."""
+        return Need(len(self.input_ids), self.max_tokens, cached)
 
 
 Event = str | Text | Finished
@@ -149,6 +156,13 @@ class EngineStats:
     admitted: int = 0  # requests that joined a batch
     queued_s: float = 0.0  # their time in the waiting queue, from submission to the step that prefills them
     first_token_s: float = 0.0  # their time from submission to their first token handed to the replica
+    # The prompt-prefix cache (serve.prefix_cache_tokens): prompt tokens looked up, those found (not prefilled),
+    # requests that found a prefix, tokens held now, blocks evicted.
+    prefix_queried_tokens: int = 0
+    prefix_hit_tokens: int = 0
+    prefix_hit_requests: int = 0
+    prefix_cached_tokens: int = 0
+    prefix_evicted_blocks: int = 0
 
 
 class QueueFullError(RequestError):
@@ -200,6 +214,7 @@ class Engine:
         self._batch: RunningBatch | None = None
         self._prefilled_last_step = False
         self._grammar_compiler: GrammarCompiler | None = None
+        self._prefixes = PrefixCache(settings.prefix_cache_tokens)
 
     def load_adapter(self, model_id: str) -> None:
         """Load the adapter served as ``model_id`` into the base model (idempotent)."""
@@ -235,6 +250,7 @@ class Engine:
             if known is not None and known.path == source:
                 return
             self._unload(model_id)
+            self._prefixes.forget(self._prefix_key(model_id))
             self.adapters[model_id] = Adapter(model_id, source)
             self._names.setdefault(model_id, f"adapter{len(self._names)}")
 
@@ -242,6 +258,7 @@ class Engine:
         """Unload an adapter loaded at run time and stop serving it."""
         with self._lock:
             self._unload(model_id)
+            self._prefixes.forget(self._prefix_key(model_id))
             self.adapters.pop(model_id, None)
 
     def _load(self, model_id: str) -> None:
@@ -291,7 +308,9 @@ class Engine:
         limit = job.max_tokens or min(self.settings.default_max_tokens, room or self.settings.default_max_tokens)
         self._check_kv(len(ids), limit)
         guide = job.tools.guide
-        return Prepared(job, adapter, ids, limit, constraint=self._grammars().matcher(guide) if guide else None)
+        blocks = block_digests(ids) if self._prefixes.budget_blocks else []
+        return Prepared(job, adapter, ids, limit, constraint=self._grammars().matcher(guide) if guide else None,
+                        blocks=blocks)  # fmt: skip
 
     def _check_kv(self, prompt: int, limit: int) -> None:
         if prompt + limit > self.limits.kv_tokens:
@@ -365,7 +384,9 @@ class Engine:
             running[request.prepared.adapter or ""] += 1
         reserved = sum(r.prepared.need().kv_tokens for r in running_now)
         return {"waiting": dict(waiting), "running": dict(running), "kv_reserved": reserved,
-                "kv_capacity": self.limits.kv_tokens, "adapters_loaded": len(self._loaded)}  # fmt: skip
+                "kv_capacity": self.limits.kv_tokens, "adapters_loaded": len(self._loaded),
+                "prefix_cache_hit_rate": self._prefixes.stats.hit_rate(),
+                "prefix_cache_tokens": self._prefixes.stats.cached_tokens}  # fmt: skip
 
     def admit(self) -> None:
         """Refuse a new request now (:class:`QueueFullError`) when the waiting queue is full."""
@@ -435,7 +456,7 @@ class Engine:
             stats.decode_steps, stats.decode_s, stats.decode_rows = (
                 stats.decode_steps + 1, stats.decode_s + elapsed, stats.decode_rows + len(results))  # fmt: skip
             return
-        lengths = [len(r.prepared.input_ids) for r in admitted]
+        lengths = [len(r.prepared.input_ids) - r.prepared.cached for r in admitted]
         stats.mixed_steps += len(results) > len(admitted)
         stats.prefill_steps, stats.prefill_s = stats.prefill_steps + 1, stats.prefill_s + elapsed
         stats.prefill_tokens += sum(lengths)
@@ -451,7 +472,7 @@ class Engine:
         running = [r.prepared.need() for r in self._running.values()]
         count = 0
         if prefill_turn(self._prefilled_last_step, len(self._running), mixed=self._running_batch().mixes()):
-            count = plan_admission([r.prepared.need() for r in self._waiting], running, self.limits)
+            count = plan_admission([self._need(r.prepared) for r in self._waiting], running, self.limits)
         admitted = [self._waiting.popleft() for _ in range(count)]
         self._prefilled_last_step = bool(admitted)
         if admitted and self._running:
@@ -462,6 +483,20 @@ class Engine:
         self.stats.rows_in_flight = len(self._running)
         self.stats.largest_batch = max(self.stats.largest_batch, len(self._running))
         return admitted
+
+    def _need(self, prepared: Prepared) -> Need:
+        """What a waiting request takes of the batch, its prefill shortened by the prefix cached now."""
+        if not prepared.blocks:
+            return prepared.need()
+        key, length = self._prefix_key(prepared.adapter), len(prepared.input_ids)
+        return prepared.need(self._prefixes.cached_tokens(key, prepared.blocks, length))
+
+    def _prefix_key(self, adapter: str | None) -> str:
+        """Whose keys and values a cached prefix holds: the base's (``""``), or an adapter's id and source."""
+        if adapter is None:
+            return ""
+        known = self.adapters.get(adapter)
+        return f"{adapter}\n{known.path if known is not None else '(gone)'}"
 
     def _step(self, admitted: list[_Request]) -> list[tuple[_Request, list[Event]]]:
         """One decoding step on the worker thread: drop rows whose client left, decode, hand out the text."""
@@ -475,9 +510,12 @@ class Engine:
                 self.stats.cancelled += len(gone)
             for adapter in {r.prepared.adapter for r in self._running.values() if r.prepared.adapter}:
                 self._load(adapter)  # again, if Serve's cache dropped it while the request waited or ran
-            batch.adapters = bool(self._loaded)
+            # The first adapter's load wraps the model in a PeftModel, whose forward alone picks each row's adapter:
+            # the step runs through it (the unwrapped model would apply the active adapter to every row).
+            batch.model, batch.adapters = self.backend.model, bool(self._loaded)
             joining = [self._new_row(r) for r in admitted if not r.prepared.cancelled]
             picked = batch.step(joining) if len(batch) or joining else {}
+            self._keep_prefixes(admitted, batch.prefilled)
             self.stats.steps += 1
             results = [(r, self._events(r, picked[key])) for key, r in self._running.items() if key in picked]
             done = {r.key for r, _ in results if r.state.done}
@@ -510,7 +548,23 @@ class Engine:
                           prompt_ids=prepared.input_ids, constraint=prepared.constraint)  # fmt: skip
         top = int(getattr(job, "top_logprobs", 0) or 0) if getattr(job, "logprobs", False) else None
         name = self._names[adapter] if adapter else BASE_ADAPTER
-        return NewRow(request.key, request.prepared.input_ids, name, sampler, top)
+        prefix = None
+        if prepared.blocks:
+            prefix = self._prefixes.lookup(self._prefix_key(adapter), prepared.blocks, len(prepared.input_ids))
+            prepared.cached = prefix.tokens if prefix is not None else 0
+        return NewRow(request.key, prepared.input_ids, name, sampler, top, prefix, keep=bool(prepared.blocks))
+
+    def _keep_prefixes(self, admitted: list[_Request], prefilled: dict[int, list[Any]]) -> None:
+        """Cache the full blocks of the prompts just prefilled, and count the cache's figures."""
+        for request in admitted:
+            if request.key in prefilled:
+                prepared = request.prepared
+                self._prefixes.store(self._prefix_key(prepared.adapter), prepared.blocks, prepared.cached,
+                                     prefilled[request.key])  # fmt: skip
+        cache, stats = self._prefixes.stats, self.stats
+        stats.prefix_queried_tokens, stats.prefix_hit_tokens, stats.prefix_hit_requests = (
+            cache.queried_tokens, cache.hit_tokens, cache.hit_requests)  # fmt: skip
+        stats.prefix_cached_tokens, stats.prefix_evicted_blocks = cache.cached_tokens, cache.evicted_blocks
 
     def _events(self, request: _Request, picked: Picked) -> list[Event]:
         """The events of one row's new token; its log-probabilities ride on the next piece of text."""

@@ -91,6 +91,16 @@ class ServeMetrics:
         self.adapters = Gauge(
             "rayft_serve_adapters_loaded", "LoRA adapters whose weights a replica holds.", ["model"], registry=r
         )
+        self.prefix_hit_rate = Gauge(
+            "rayft_serve_prefix_cache_hit_ratio",
+            "Share of the prompt tokens a replica looked up in its prompt-prefix cache (serve.prefix_cache_tokens) "
+            "since it started that came from the cache, not from a prefill.",
+            ["model"],
+            registry=r,
+        )
+        self.prefix_tokens = Gauge(
+            "rayft_serve_prefix_cache_tokens", "Prompt tokens a replica's prefix cache holds.", ["model"], registry=r
+        )
 
     def timer(self, model: str, adapter: str | None) -> RequestTimer:
         """The timer of one request that has just arrived, for the base ``model`` and its ``adapter``."""
@@ -107,6 +117,8 @@ class ServeMetrics:
         capacity = max(int(load["kv_capacity"]), 1)
         self.kv_used.labels(model).set(load["kv_reserved"] / capacity)
         self.adapters.labels(model).set(load["adapters_loaded"])
+        self.prefix_hit_rate.labels(model).set(load.get("prefix_cache_hit_rate", 0.0))
+        self.prefix_tokens.labels(model).set(load.get("prefix_cache_tokens", 0))
 
     def exposition(self) -> tuple[bytes, str]:
         """The scrape's body (Prometheus' text format) and its content type."""

@@ -41,10 +41,12 @@ class Limits:
 
 @dataclass(frozen=True)
 class Need:
-    """What one request takes: its prompt tokens, and its prompt plus completion limit in KV tokens."""
+    """What one request takes: its prompt tokens, and its prompt plus completion limit in KV tokens; ``cached``
+    of its prompt tokens come from a cached prefix (they take KV tokens, but no prefill)."""
 
     prompt_tokens: int
     max_tokens: int
+    cached: int = 0
 
     @property
     def kv_tokens(self) -> int:
@@ -63,10 +65,10 @@ def plan_admission(waiting: Sequence[Need], running: Sequence[Need], limits: Lim
     for need in waiting:
         if rows >= limits.max_rows or reserved + need.kv_tokens > limits.kv_tokens:
             break
-        if admitted and prefill + need.prompt_tokens > limits.max_prefill_tokens:
+        if admitted and prefill + need.prompt_tokens - need.cached > limits.max_prefill_tokens:
             break
         rows, reserved, admitted = rows + 1, reserved + need.kv_tokens, admitted + 1
-        prefill += need.prompt_tokens
+        prefill += need.prompt_tokens - need.cached
     return admitted
 
 
