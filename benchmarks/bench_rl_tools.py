@@ -82,7 +82,7 @@ def calculator(expression: str) -> str:
     Args:
         expression: An arithmetic expression, e.g. '(3 + 4) * 2**10'
     """
-    from rayft.environments.calculator import CalculatorError, calculate
+    from rayft.calculator import CalculatorError, calculate
 
     try:
         return calculate(expression)

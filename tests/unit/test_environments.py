@@ -27,7 +27,7 @@ from rayft.environments import (
     tool_from_function,
 )
 from rayft.environments.builtin import calculator_tool, python_tool, sql_tool
-from rayft.environments.calculator import CalculatorError, calculate
+from rayft.calculator import CalculatorError, calculate
 from rayft.errors import ConfigError, RayftError
 from rayft.sandbox import Limits
 

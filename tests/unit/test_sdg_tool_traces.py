@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from rayft.calculator import calculate
 from rayft.config import load_config
 from rayft.config.data import DatasetConfig
 from rayft.data.formats import resolve_format
@@ -16,7 +17,6 @@ from rayft.data.prepared import IGNORE_INDEX
 from rayft.data.read.rows import iter_rows
 from rayft.data.tokenize import TextTokenizer, TokenizeJob, tokenize_rows
 from rayft.environments.builtin import calculator_tool
-from rayft.environments.calculator import calculate
 from rayft.errors import ConfigError
 from rayft.sdg.mathcheck import check_math_answer, parse_annotations, parse_number
 from rayft.sdg.plan import plan_sdg

@@ -12,7 +12,7 @@ from typing import Annotated, Any
 
 from pydantic import Field
 
-from rayft.environments.calculator import calculate
+from rayft.calculator import SCHEMA, calculate
 from rayft.environments.tools import Row, Tool, tool_from_function
 from rayft.evaluation import sql
 from rayft.sandbox import Limits, run_python
@@ -21,13 +21,12 @@ from rayft.sandbox import Limits, run_python
 def calculator_tool() -> Tool:
     """The calculator: exact integer arithmetic and floats, ``+ - * / // % **``, abs, round, min, max, sqrt."""
 
-    def calculator(
-        expression: Annotated[str, Field(description="An arithmetic expression, e.g. '(3 + 4) * 2**10'")],
-    ) -> str:
-        """Evaluate an arithmetic expression exactly (big integers included) and return the result."""
+    def calculator(expression: str) -> str:
         return calculate(expression)
 
-    return tool_from_function(calculator)
+    # The schema is the calculator module's, which SDG's tool-use traces list too.
+    function = SCHEMA["function"]
+    return tool_from_function(calculator, description=function["description"], parameters=function["parameters"])
 
 
 def sql_tool(table_column: str = "table") -> Tool:

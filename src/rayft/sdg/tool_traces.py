@@ -15,13 +15,12 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from rayft.environments.builtin import calculator_tool
-from rayft.environments.calculator import CalculatorError, calculate
+from rayft.calculator import SCHEMA, CalculatorError, calculate
 from rayft.sdg.mathcheck import AnswerError, parse_annotations
 from rayft.sdg.rows import reject
 from rayft.sdg.stages import Row
 
-CALCULATOR_TOOL: dict[str, Any] = calculator_tool().schema
+CALCULATOR_TOOL: dict[str, Any] = SCHEMA
 """The schema of the tool every trace calls: the tools environment's own, so a model trained on the traces
 sees the tool listed in training exactly as in its RL and eval episodes."""
 TRACE_COLUMNS = ("messages", "tools")

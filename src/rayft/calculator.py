@@ -16,6 +16,7 @@ import math
 import operator
 from collections.abc import Callable
 from fractions import Fraction
+from typing import Any
 
 MAX_CHARS = 2000
 """The longest expression evaluated."""
@@ -23,6 +24,23 @@ MAX_BITS = 100_000
 """The largest integer (in bits) any step may produce: about 30,000 decimal digits."""
 MAX_DEPTH = 50
 """The deepest nesting of operations."""
+
+SCHEMA: dict[str, Any] = {
+    "type": "function",
+    "function": {
+        "name": "calculator",
+        "description": "Evaluate an arithmetic expression exactly (big integers included) and return the result.",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "expression": {"description": "An arithmetic expression, e.g. '(3 + 4) * 2**10'", "type": "string"}
+            },
+            "required": ["expression"],
+        },
+    },
+}
+"""The calculator's OpenAI function schema: what the tools environment lists to the model in an episode
+and what SDG's tool-use traces list, so that training shows the tool exactly as episodes do."""
 
 Number = int | float
 _BINARY: dict[type[ast.operator], Callable[[Number, Number], Number]] = {
