@@ -38,6 +38,8 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 CONFIG = REPO / "configs" / "agent.yaml"
 MODEL = "smollm2-135m-instruct"
+ENVIRONMENT = "{type: tools, tools: [calculator], max_turns: 6, max_tool_calls: 8, max_tokens: 1024, tool_timeout_s: 5}"
+"""configs/agent.yaml's rl.environment, the calculator every tools arm is evaluated with."""
 TEST_SEEDS_DECONTAMINATED = 80  # configs/agent.yaml's decontamination reads the test split's first 80 rows
 
 
@@ -129,6 +131,7 @@ def _compare(args: argparse.Namespace, out: Path, heldout: Path) -> list[str]:
         "--output", str(out / args.compare_dir), f"storage_path={runs}",
         f"eval.datasets=[{{path: '{heldout}'}}]", f"eval.max_samples={args.heldout}",
         "eval.prompt_template='{question}'",  # the training rows' user turn is the bare question
+        f"eval.environment={ENVIRONMENT}",  # compare runs no pipeline: the rl stage's calculator, given here
         f"eval.without_tools=[{', '.join(without_tools)}]", f"eval.batch_size={args.eval_batch}",
         f"eval.num_workers={args.workers or 1}", *args.set,
     )  # fmt: skip
