@@ -21,6 +21,7 @@ reruns all).
 
     nice -n 5 .venv/bin/python benchmarks/measure_tool_arms.py OUT [--seeds 120] [--variations 3]
         [--heldout 80] [--sft-steps 40] [--rl-steps 8] [--set KEY=VALUE ...]
+        [--arms base,sft_tools,rl_tools --compare-dir compare-tools]   # some arms only, in a report of their own
 """
 
 from __future__ import annotations
@@ -37,6 +38,8 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 CONFIG = REPO / "configs" / "agent.yaml"
 MODEL = "smollm2-135m-instruct"
+ENVIRONMENT = "{type: tools, tools: [calculator], max_turns: 6, max_tool_calls: 8, max_tokens: 1024, tool_timeout_s: 5}"
+"""configs/agent.yaml's rl.environment, the calculator every tools arm is evaluated with."""
 TEST_SEEDS_DECONTAMINATED = 80  # configs/agent.yaml's decontamination reads the test split's first 80 rows
 
 
@@ -100,7 +103,7 @@ def _stages(args: argparse.Namespace, out: Path) -> list[tuple[str, list[str], P
         ("tools_rl", _rayft("run", *tools, "--only", "rl"), _rl_model(args, runs)),
         ("plain_sdg", _rayft("run", *plain, "--only", "sdg"), runs / "agent-plain" / "sdg" / "data.jsonl"),
         ("plain_sft", _rayft("run", *plain, "--only", "train"), runs / "agent-plain" / "train" / "final"),
-        ("compare", _compare(args, out, heldout), out / "compare" / "compare.json"),
+        (args.compare_dir, _compare(args, out, heldout), out / args.compare_dir / "compare.json"),
     ]
 
 
@@ -119,22 +122,27 @@ def _compare(args: argparse.Namespace, out: Path, heldout: Path) -> list[str]:
         "sft_tools": str(runs / "agent" / "train"),
         "rl_tools": str(_rl_model(args, runs)),
     }
+    unknown = sorted(set(args.arms) - set(models))
+    if unknown or len(args.arms) < 2:
+        raise SystemExit(f"--arms: name at least two of {sorted(models)} (got {args.arms})")
+    without_tools = [arm for arm in ("base", "sft_plain") if arm in args.arms]
     return _rayft(
-        "compare", str(CONFIG), *(f"--model={label}={source}" for label, source in models.items()),
-        "--output", str(out / "compare"), f"storage_path={runs}",
+        "compare", str(CONFIG), *(f"--model={label}={models[label]}" for label in args.arms),
+        "--output", str(out / args.compare_dir), f"storage_path={runs}",
         f"eval.datasets=[{{path: '{heldout}'}}]", f"eval.max_samples={args.heldout}",
         "eval.prompt_template='{question}'",  # the training rows' user turn is the bare question
-        "eval.without_tools=[base, sft_plain]", f"eval.batch_size={args.eval_batch}",
+        f"eval.environment={ENVIRONMENT}",  # compare runs no pipeline: the rl stage's calculator, given here
+        f"eval.without_tools=[{', '.join(without_tools)}]", f"eval.batch_size={args.eval_batch}",
         f"eval.num_workers={args.workers or 1}", *args.set,
     )  # fmt: skip
 
 
-def _summary(out: Path, log: dict[str, Any]) -> None:
+def _summary(out: Path, log: dict[str, Any], compare_dir: str) -> None:
     print("\nstage wall times (s):")
     for name, entry in log.items():
         wall = "kept" if entry.get("kept") else f"{entry['wall_s']:.1f}"
         print(f"  {name:12s} {wall:>8s}  {entry['command']}")
-    report = out / "compare" / "compare.md"
+    report = out / compare_dir / "compare.md"
     if report.exists():
         print("\n" + report.read_text(encoding="utf-8"))
     for name, run in (("sdg (tools)", "agent/sdg"), ("sdg (plain)", "agent-plain/sdg")):
@@ -159,6 +167,14 @@ def main() -> None:
     )
     parser.add_argument("--workers", type=int, default=0, help="scaling.num_workers (0: train in-process).")
     parser.add_argument("--eval-batch", type=int, default=16, help="eval.batch_size.")
+    parser.add_argument(
+        "--arms", type=lambda text: [a.strip() for a in text.split(",") if a.strip()],
+        default=["base", "base_tools", "sft_plain", "sft_tools", "rl_tools"],
+        help="The arms compared, comma-separated (at least two; the first is the pairs' reference).",
+    )  # fmt: skip
+    parser.add_argument(
+        "--compare-dir", default="compare", help="The compare report's directory under OUT (and its stage's name)."
+    )
     parser.add_argument("--set", action="append", default=[], help="Another KEY=VALUE override for every command.")
     parser.add_argument("--fresh", action="store_true", help="Delete OUT first and rerun every stage.")
     args = parser.parse_args()
@@ -173,7 +189,7 @@ def main() -> None:
             _run(name, command, done, log)
             log_path.write_text(json.dumps(log, indent=2), encoding="utf-8")
     finally:
-        _summary(out, log)
+        _summary(out, log, args.compare_dir)
 
 
 if __name__ == "__main__":

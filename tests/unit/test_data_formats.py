@@ -165,6 +165,17 @@ def test_auto_detection(columns: list[str], expected: str) -> None:
     assert detect_format(columns, {}) == expected
 
 
+def test_auto_detection_passes_over_empty_columns() -> None:
+    ds = DatasetConfig(path="x.jsonl")
+    columns = ["messages", "question", "answer", "prompt"]
+    # An empty messages column and an empty prompt: the filled question/answer decide.
+    fmt = resolve_format(ds, columns, empty={"messages", "prompt"})
+    assert (fmt.format, fmt.columns) == ("prompt_completion", {"prompt": "question", "completion": "answer"})
+    assert resolve_format(ds, columns).format == "messages"  # nothing said empty: the columns alone decide
+    # Only empty columns fit a format: detection falls back to every column (the rows then say what is wrong).
+    assert resolve_format(ds, ["text", "id"], empty={"text"}).format == "text"
+
+
 def test_undetectable_columns_and_missing_columns_are_config_errors() -> None:
     with pytest.raises(DataError, match=r"cannot detect the dataset format from the columns \['a', 'b'\]"):
         resolve_format(DatasetConfig(path="x.jsonl"), ["a", "b"])

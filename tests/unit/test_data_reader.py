@@ -141,6 +141,30 @@ def test_a_dataset_without_one_readable_row_is_refused_naming_the_first(tmp_path
         read_sources(DataConfig(datasets=[DatasetConfig(path=str(path))]))
 
 
+def test_auto_format_passes_over_a_column_empty_in_every_row(tmp_path: Path) -> None:
+    # A symbolic SDG output: an unused `prompt` column, empty in every row, beside the filled question/answer.
+    from rayft.config.data import DataConfig
+    from rayft.data.read.rows import read_sources
+
+    path = tmp_path / "sdg.jsonl"
+    rows = [{"question": f"q{i}", "answer": f"a{i}", "prompt": "", "model": None, "tools": []} for i in range(3)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    (source,) = read_sources(DataConfig(datasets=[DatasetConfig(path=str(path))]))
+    assert source.format.format == "prompt_completion"
+    assert source.format.columns == {"prompt": "question", "completion": "answer"}
+
+
+def test_auto_format_keeps_a_prompt_column_filled_in_some_row(tmp_path: Path) -> None:
+    from rayft.config.data import DataConfig
+    from rayft.data.read.rows import read_sources
+
+    path = tmp_path / "mixed.jsonl"
+    rows = [{"question": "q", "answer": "a", "prompt": ""}, {"question": "q", "answer": "a", "prompt": "p"}]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    (source,) = read_sources(DataConfig(datasets=[DatasetConfig(path=str(path))]))
+    assert source.format.columns == {"prompt": "prompt", "completion": "answer"}
+
+
 def test_parquet_and_csv_rows_know_their_file_and_number(tmp_path: Path) -> None:
     import pyarrow as pa
     import pyarrow.csv as pacsv

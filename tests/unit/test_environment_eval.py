@@ -76,6 +76,15 @@ def test_episodes_call_the_tool_read_its_result_and_answer_a_turn_of_every_episo
     json.dumps(record)  # the record goes into JSON Lines as it is
 
 
+def test_progress_hears_of_each_episode_as_it_ends_not_at_the_windows_end() -> None:
+    model, ended = ScriptedModel(), []
+    rows = [{"prompt": "Compute 2 * 3"}, {"prompt": "Compute nothing"}, {"question": "no prompt"}]
+    environments = iter([calculator_env(), calculator_env(), Endless()])
+    run_episodes(rows, lambda: next(environments), model, max_turns=4, on_finished=ended.append)
+    # The row the environment refuses ends at once; the tool-less answer after one turn; the call after two.
+    assert ended == [1, 1, 1] and len(model.batches) == 2
+
+
 def test_a_failed_generation_ends_its_episode_only() -> None:
     def generate(prompts: list[Prompt]) -> list[Generation]:
         return [Generation("", finish_reason="error", error="out of memory"), *map(_answer, prompts[1:])]

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import json
 import string
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -129,14 +129,19 @@ def template_fields(ds: DatasetConfig) -> list[str]:
     return names
 
 
-def resolve_format(ds: DatasetConfig, columns: Sequence[str]) -> ResolvedFormat:
-    """Detect the format when ``auto`` and check that the columns it needs exist (else DataError)."""
+def resolve_format(ds: DatasetConfig, columns: Sequence[str], empty: Collection[str] = ()) -> ResolvedFormat:
+    """Detect the format when ``auto`` and check that the columns it needs exist (else DataError).
+
+    ``empty`` names the columns that hold no value in any row (an SDG output's unused ``prompt``): detection
+    and the aliases pass over them, so that a table with an empty ``prompt`` and a filled ``question`` reads
+    its questions; when only empty columns fit a format, detection falls back to every column."""
     mapping = dict(ds.field_mapping)
     fmt: str = ds.format
     detected = False
+    filled = [c for c in columns if c not in empty]
     if fmt == "auto":
-        fmt, detected = detect_format(columns, mapping), True
-    fields = _required_fields(ds, fmt, columns, mapping)
+        fmt, detected = _detect_filled(columns, filled, mapping), True
+    fields = _required_fields(ds, fmt, filled if fmt == "prompt_completion" else columns, mapping)
     resolved = {name: mapping.get(name, name) for name in fields}
     missing = sorted(c for c in resolved.values() if c not in columns)
     if missing:
@@ -150,6 +155,14 @@ def resolve_format(ds: DatasetConfig, columns: Sequence[str]) -> ResolvedFormat:
         optional = {"tools": mapping.get("tools", TOOLS_COLUMN)}
     resolved.update({k: v for k, v in optional.items() if v in columns})
     return ResolvedFormat(fmt, resolved, detected)
+
+
+def _detect_filled(columns: Sequence[str], filled: Sequence[str], mapping: Mapping[str, str]) -> str:
+    """The format the filled columns suggest, else the one every column suggests (else DataError)."""
+    try:
+        return detect_format(filled, mapping)
+    except DataError:
+        return detect_format(columns, mapping)
 
 
 def detect_format(columns: Sequence[str], mapping: Mapping[str, str]) -> str:

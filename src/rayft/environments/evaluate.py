@@ -69,13 +69,12 @@ def stream_eval(
         generate = _pool_generate(pool, gen_cfg.batch_size)
         for window in _windows(examples):
             ran = run_episodes([episode_row(e, env_cfg) for e in window], lambda: make_environment(env_cfg, tools),
-                               generate, max_turns=env_cfg.max_turns)  # fmt: skip
+                               generate, max_turns=env_cfg.max_turns, on_finished=progress.advance)  # fmt: skip
             generations = [as_generation(e) for e in ran]
             extra = [{REWARD_METRIC: e.reward} for e in ran] if env_cfg.type != "tools" else None
             for item in zip(window, generations, tally.add(window, generations, extra), strict=True):
                 out.write(redact(json.dumps(example_record(*item), ensure_ascii=False)) + "\n")
             episodes.add(ran)
-            progress.advance(len(window))
     run = tally.finish(label, source, cfg.eval, time.monotonic() - started)
     return dataclasses.replace(run, fingerprint=model_fingerprint(source, gen_cfg), rows_path=rows_path,
                                episodes=episodes.summary(with_tools=tools))  # fmt: skip

@@ -98,14 +98,22 @@ def take_turn(episode: Episode, generation: Generation, max_turns: int) -> None:
 
 
 def run_episodes(
-    rows: Sequence[Row], make_environment: Callable[[], Environment], generate: GenerateTurns, *, max_turns: int
-) -> list[Episode]:
-    """Run an episode of every row to its end, a turn of every unfinished episode per ``generate`` call."""
+    rows: Sequence[Row], make_environment: Callable[[], Environment], generate: GenerateTurns, *, max_turns: int,
+    on_finished: Callable[[int], None] | None = None,
+) -> list[Episode]:  # fmt: skip
+    """Run an episode of every row to its end, a turn of every unfinished episode per ``generate`` call;
+    ``on_finished`` is told how many episodes ended at each turn (for progress while a long window runs)."""
     episodes = [start_episode(make_environment(), row) for row in rows]
+    going = len(turn_prompts(episodes))
+    if on_finished is not None and going < len(episodes):
+        on_finished(len(episodes) - going)  # refused at reset
     while pending := turn_prompts(episodes):
         generations = generate([prompt for _, prompt in pending])
         for (index, _), generation in zip(pending, generations, strict=True):
             take_turn(episodes[index], generation, max_turns)
+        ended, going = going - len(turn_prompts(episodes)), len(turn_prompts(episodes))
+        if on_finished is not None and ended:
+            on_finished(ended)
     return episodes
 
 

@@ -180,6 +180,7 @@ class RowCollector:
         self.origins = RowOrigins()
         self.columns: dict[str, None] = {}  # ordered set
         self.kinds: dict[str, list[int]] = {}  # column -> [rows with text, rows with a number]
+        self.filled: set[str] = set()  # columns with a value (not null, blank text or an empty list) in some row
         self.unreadable = 0
 
     def full(self) -> bool:
@@ -190,6 +191,8 @@ class RowCollector:
         """Keep a row (``text``: its JSON, when the file already holds it as one line)."""
         for key, value in row.items():
             self.columns.setdefault(key, None)
+            if key not in self.filled and not _blank(value):
+                self.filled.add(key)
             if isinstance(value, str) or (isinstance(value, int | float) and not isinstance(value, bool)):
                 self.kinds.setdefault(key, [0, 0])[0 if isinstance(value, str) else 1] += 1
         self.rows.append(text if text is not None else json.dumps(row, ensure_ascii=False, default=str))
@@ -205,6 +208,17 @@ class RowCollector:
         """Columns holding text in at least as many rows as numbers (and text in one row at least)."""
         return frozenset(k for k, (text, number) in self.kinds.items() if text and text >= number)
 
+    def empty_columns(self) -> frozenset[str]:
+        """Columns without a value in any row (format detection passes over them)."""
+        return frozenset(c for c in self.columns if c not in self.filled)
+
+
+def _blank(value: Any) -> bool:
+    """No value: null, blank text, or an empty list or object."""
+    if isinstance(value, str):
+        return not value.strip()
+    return value is None or (isinstance(value, list | dict) and not value)
+
 
 def read_sources(data: DataConfig, spill_dir: Path | None = None) -> list[Source]:
     """Read the training then the validation datasets row by row and resolve their formats; the rows
@@ -215,7 +229,7 @@ def read_sources(data: DataConfig, spill_dir: Path | None = None) -> list[Source
         rows.rows.close()
         name = source_name(ds)
         _refuse_unreadable(ds, rows)
-        fmt = replace(resolve_format(ds, list(rows.columns)), text_columns=rows.text_columns())
+        fmt = replace(resolve_format(ds, list(rows.columns), rows.empty_columns()), text_columns=rows.text_columns())
         log.info("data: %s: %d rows (%d unreadable), format %s", name, len(rows.rows), rows.unreadable,
                  fmt.describe())  # fmt: skip
         sources.append(Source(ds, name, fmt, rows.rows, rows.origins))
