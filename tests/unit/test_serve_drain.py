@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from rayft.serving.drain import CUT_WAIT_S, Drain, StreamCutError
-from rayft.serving.engine import Finished
+from rayft.serving.rows import Finished
 
 
 class Replica:

@@ -14,10 +14,11 @@ import pytest
 
 from rayft.config import ModelConfig
 from rayft.generation.hf import HFBackend
-from rayft.serving.batch import MIXED_MODEL_TYPES
-from rayft.serving.engine import BASE_ADAPTER, Engine, EngineSettings, Event, Finished, QueueFullError, Text
+from rayft.serving.engine import BASE_ADAPTER, Engine, EngineSettings, QueueFullError
+from rayft.serving.mixed_step import MIXED_MODEL_TYPES
 from rayft.serving.plan import Adapter, BaseGroup
 from rayft.serving.protocol import Job, RequestError
+from rayft.serving.rows import Event, Finished, Text
 
 PROMPTS = ["The quick brown fox", "Question: A baker has 12 apples and buys 7 more. How many", "SELECT", "0 1 2 3"]
 
@@ -160,7 +161,7 @@ def test_a_mixed_step_computes_what_a_prefill_step_and_a_decoding_step_compute(e
 def test_mixed_steps_run_for_the_model_types_whose_attention_allows_them() -> None:
     from types import SimpleNamespace
 
-    from rayft.serving.batch import mixes
+    from rayft.serving.mixed_step import mixes
 
     def model(model_type: str, **config: Any) -> Any:
         return SimpleNamespace(config=SimpleNamespace(model_type=model_type, _attn_implementation="sdpa", **config))
@@ -225,9 +226,9 @@ def test_each_model_type_that_runs_mixed_steps_computes_in_them_what_separate_st
 def test_a_model_type_whose_attention_does_not_pass_the_step_on_is_left_out(monkeypatch: pytest.MonkeyPatch) -> None:
     # StableLM's attention layers call the attention function without the forward's extra arguments: forced into
     # mixed steps, the step fails, which is why the type is not among those that run them.
-    from rayft.serving import batch
+    from rayft.serving import mixed_step
 
-    monkeypatch.setattr(batch, "MIXED_MODEL_TYPES", batch.MIXED_MODEL_TYPES | {"stablelm"})
+    monkeypatch.setattr(mixed_step, "MIXED_MODEL_TYPES", mixed_step.MIXED_MODEL_TYPES | {"stablelm"})
     with pytest.raises(TypeError, match="rayft_mixed"):
         _mixed_and_separate(_tiny_of_type("stablelm"))
 

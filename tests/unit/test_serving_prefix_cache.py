@@ -9,8 +9,9 @@ from typing import Any
 
 import pytest
 
-from rayft.serving.engine import Engine, Event, Finished, Text
+from rayft.serving.engine import Engine
 from rayft.serving.prefix_cache import BLOCK_TOKENS, PrefixCache, block_digests
+from rayft.serving.rows import Event, Finished, Text
 from rayft.serving.scheduler import Limits, Need, plan_admission
 from tests.unit.test_serving_engine import _drain, _engine, _job, _staggered
 

@@ -15,9 +15,10 @@ import pytest
 import torch
 
 from rayft.config import ModelConfig
-from rayft.serving.engine import Engine, EngineSettings, Finished, Text
+from rayft.serving.engine import Engine, EngineSettings
 from rayft.serving.plan import BaseGroup
 from rayft.serving.protocol import Job, RequestError, parse_request, to_jobs
+from rayft.serving.rows import Finished, Text
 from rayft.serving.sampling import Penalties, Sampler
 from rayft.serving.tools import split_calls
 

@@ -8,7 +8,8 @@ on a worker thread) admits waiting requests while the batch has rows and KV budg
 step, one forward; or, for models that cannot mix, in a step of their own between decoding steps,
 never two in a row while rows decode), and hands every row its new text at each step. A row that
 ends (end of sequence, a stop string, its token limit) or whose client is gone leaves the batch
-before the next step.
+before the next step (a row's text and end: :mod:`rayft.serving.rows`; the replica's counters:
+:mod:`rayft.serving.engine_stats`).
 Rows with different adapters (PEFT's per-row ``adapter_names``) and different sampling settings
 decode in one batch. With ``serve.prefix_cache_tokens``, a request whose prompt starts like an earlier one's
 (same adapter) prefills only the rest (:mod:`rayft.serving.prefix_cache`); the scheduler counts only that rest
@@ -35,12 +36,12 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from rayft.config.serve import ServeConfig
-from rayft.generation.backend import StopFilter
 from rayft.generation.hf import HFBackend
-from rayft.serving.logprobs import TokenLogprob
+from rayft.serving.engine_stats import EngineStats
 from rayft.serving.plan import Adapter, BaseGroup
 from rayft.serving.prefix_cache import PrefixCache, block_digests
 from rayft.serving.protocol import Job, RequestError
+from rayft.serving.rows import Event, Finished, RowState
 from rayft.serving.scheduler import Limits, Need, plan_admission, prefill_turn, queue_full, retry_after_s
 from rayft.serving.scoring import Scored, score_tokens
 from rayft.serving.tools import tool_messages
@@ -48,7 +49,7 @@ from rayft.serving.tools import tool_messages
 if TYPE_CHECKING:
     from collections.abc import AsyncGenerator
 
-    from rayft.serving.batch import NewRow, Picked, RunningBatch
+    from rayft.serving.batch import NewRow, RunningBatch
     from rayft.serving.grammar import GrammarCompiler
     from rayft.serving.sampling import Constraint
 
@@ -90,23 +91,6 @@ class EngineSettings:
         return Limits(self.max_rows, self.kv_tokens, self.max_queued, self.max_prefill_tokens)
 
 
-@dataclass(frozen=True)
-class Finished:
-    """The end of one request's completion: why it ended and how many tokens it took."""
-
-    finish_reason: str
-    completion_tokens: int
-
-
-@dataclass(frozen=True)
-class Text:
-    """A piece of streamed text with its tokens' log-probabilities (sent instead of a plain ``str``
-    when the request asked for ``logprobs``)."""
-
-    text: str
-    logprobs: list[TokenLogprob] | None = None
-
-
 @dataclass
 class Prepared:
     """A request ready to join the batch: its token ids, its adapter and its limits."""
@@ -123,46 +107,6 @@ class Prepared:
     def need(self, cached: int = 0) -> Need:
         """What the request takes of the batch (``cached``: prompt tokens a cached prefix would spare)."""
         return Need(len(self.input_ids), self.max_tokens, cached)
-
-
-Event = str | Text | Finished
-"""What a request receives: pieces of text (``str``, or :class:`Text` with log-probabilities), then one
-:class:`Finished`."""
-
-
-@dataclass
-class EngineStats:
-    """Counters of one replica, for tests and operators: loads, unloads, steps, rows in flight."""
-
-    base_loads: int = 0
-    adapter_loads: dict[str, int] = field(default_factory=dict)
-    adapter_unloads: int = 0
-    steps: int = 0
-    rows_in_flight: int = 0
-    waiting: int = 0
-    cancelled: int = 0
-    refused: int = 0
-    largest_batch: int = 0
-    joined_running_batch: int = 0  # requests prefilled while other rows were decoding
-    mixed_steps: int = 0  # prefill steps that decoded the running rows in the same forward (serve.mixed_steps)
-    # Where a request's time goes (sums in seconds and tokens; a reader takes differences over a window):
-    prefill_steps: int = 0
-    prefill_s: float = 0.0  # wall time of the prefill steps
-    prefill_tokens: int = 0  # prompt tokens prefilled
-    prefill_padding: int = 0  # pad positions the left-padded prefill batches computed besides them
-    decode_steps: int = 0
-    decode_s: float = 0.0  # wall time of the decoding steps
-    decode_rows: int = 0  # rows decoded, over all decoding steps (their mean batch size times the steps)
-    admitted: int = 0  # requests that joined a batch
-    queued_s: float = 0.0  # their time in the waiting queue, from submission to the step that prefills them
-    first_token_s: float = 0.0  # their time from submission to their first token handed to the replica
-    # The prompt-prefix cache (serve.prefix_cache_tokens): prompt tokens looked up, those found (not prefilled),
-    # requests that found a prefix, tokens held now, blocks evicted.
-    prefix_queried_tokens: int = 0
-    prefix_hit_tokens: int = 0
-    prefix_hit_requests: int = 0
-    prefix_cached_tokens: int = 0
-    prefix_evicted_blocks: int = 0
 
 
 class QueueFullError(RequestError):
@@ -185,7 +129,7 @@ class _Request:
 
     key: int
     prepared: Prepared
-    state: _RowState
+    state: RowState
     events: asyncio.Queue[Any]
     submitted: float = field(default_factory=time.perf_counter)
 
@@ -403,7 +347,7 @@ class Engine:
         """
         self.admit()
         self._keys += 1
-        request = _Request(self._keys, prepared, _RowState(self.backend, prepared), asyncio.Queue())
+        request = _Request(self._keys, prepared, RowState(self.backend, prepared), asyncio.Queue())
         self._waiting.append(request)
         self.stats.waiting = len(self._waiting)
         if self._loop_task is None or self._loop_task.done():
@@ -443,27 +387,11 @@ class Engine:
                 continue
             elapsed = time.perf_counter() - started
             self._step_s = 0.8 * self._step_s + 0.2 * elapsed if self._step_s else elapsed
-            self._count_step(admitted, results, started, elapsed)
+            prefilled = [len(r.prepared.input_ids) - r.prepared.cached for r in admitted]
+            self.stats.count_step(prefilled, [r.submitted for r in admitted], len(results), started, elapsed)
             for request, events in results:
                 for event in events:
                     request.events.put_nowait(event)
-
-    def _count_step(self, admitted: list[_Request], results: list[tuple[_Request, list[Event]]], started: float,
-                    elapsed: float) -> None:  # fmt: skip
-        """Add one step to the timing counters of :class:`EngineStats`."""
-        stats, ended = self.stats, started + elapsed
-        if not admitted:
-            stats.decode_steps, stats.decode_s, stats.decode_rows = (
-                stats.decode_steps + 1, stats.decode_s + elapsed, stats.decode_rows + len(results))  # fmt: skip
-            return
-        lengths = [len(r.prepared.input_ids) - r.prepared.cached for r in admitted]
-        stats.mixed_steps += len(results) > len(admitted)
-        stats.prefill_steps, stats.prefill_s = stats.prefill_steps + 1, stats.prefill_s + elapsed
-        stats.prefill_tokens += sum(lengths)
-        stats.prefill_padding += max(lengths) * len(lengths) - sum(lengths)
-        stats.admitted += len(admitted)
-        stats.queued_s += sum(started - r.submitted for r in admitted)
-        stats.first_token_s += sum(ended - r.submitted for r in admitted)
 
     def _take_admitted(self) -> list[_Request]:
         """The waiting requests that join at this step (the scheduler's plan), now counted as running."""
@@ -517,7 +445,7 @@ class Engine:
             picked = batch.step(joining) if len(batch) or joining else {}
             self._keep_prefixes(admitted, batch.prefilled)
             self.stats.steps += 1
-            results = [(r, self._events(r, picked[key])) for key, r in self._running.items() if key in picked]
+            results = [(r, r.state.take(picked[key])) for key, r in self._running.items() if key in picked]
             done = {r.key for r, _ in results if r.state.done}
             self.stats.cancelled += sum(self._running[key].prepared.cancelled for key in done)  # gone mid-step
             batch.drop(done)
@@ -561,67 +489,4 @@ class Engine:
                 prepared = request.prepared
                 self._prefixes.store(self._prefix_key(prepared.adapter), prepared.blocks, prepared.cached,
                                      prefilled[request.key])  # fmt: skip
-        cache, stats = self._prefixes.stats, self.stats
-        stats.prefix_queried_tokens, stats.prefix_hit_tokens, stats.prefix_hit_requests = (
-            cache.queried_tokens, cache.hit_tokens, cache.hit_requests)  # fmt: skip
-        stats.prefix_cached_tokens, stats.prefix_evicted_blocks = cache.cached_tokens, cache.evicted_blocks
-
-    def _events(self, request: _Request, picked: Picked) -> list[Event]:
-        """The events of one row's new token; its log-probabilities ride on the next piece of text."""
-        state = request.state
-        if picked.logprob is not None:
-            decode = self.backend.tokenizer.decode
-            top = [(str(decode([t])), value) for t, value in picked.top]
-            state.logprobs.append(TokenLogprob(str(decode([picked.token])), picked.token, picked.logprob, top))
-        return state.step(picked.token)
-
-
-class _RowState:
-    """One row's decoding: its tokens so far, the text shown, and whether it has finished."""
-
-    def __init__(self, backend: HFBackend, row: Prepared) -> None:
-        self.tokenizer, self.eos = backend.tokenizer, backend.eos_ids()
-        self.row, self.ids, self.count, self.shown, self.text = row, list[int](), 0, 0, ""
-        self.filter = StopFilter(row.job.stop)
-        self.logprobs: list[TokenLogprob] = []  # of the tokens whose text has not been sent yet
-        self.wants_logprobs = bool(getattr(row.job, "logprobs", False))
-        self.done = False
-
-    def step(self, token: int) -> list[Event]:
-        """The events of one new token: text that is safe to show, and the end when it came."""
-        if self.done or self.row.cancelled:
-            self.done = True  # a cancelled row's client is gone: nothing more to decode or send
-            return []
-        self.count += 1
-        if token in self.eos:
-            self.logprobs.clear()  # the end of sequence is no text: OpenAI reports no log-probability for it
-            return self.finish("stop")
-        self.ids.append(token)
-        self.text = str(self.tokenizer.decode(self.ids, skip_special_tokens=True))
-        # A character whose bytes span tokens decodes as U+FFFD until its last token: wait for it.
-        events = [] if self.text.endswith("\ufffd") else self._show()
-        if self.filter.stopped:
-            return [*events, *self.finish("stop")]
-        if self.count >= self.row.max_tokens:
-            return [*events, *self.finish("length")]
-        return events
-
-    def _show(self) -> list[Event]:
-        piece = self.filter.feed(self.text[self.shown :])
-        self.shown = len(self.text)
-        return [self._text(piece)] if piece else []
-
-    def _text(self, piece: str) -> str | Text:
-        if not self.wants_logprobs:
-            return piece
-        logprobs, self.logprobs = self.logprobs, []
-        return Text(piece, logprobs)
-
-    def finish(self, reason: str) -> list[Event]:
-        """The text held back and the end, once; the text is what decoding the whole row gives."""
-        if self.done:
-            return []
-        self.done = True
-        events = self._show()
-        tail = self.filter.flush()
-        return [*events, *([self._text(tail)] if tail else []), Finished(reason, self.count)]
+        self.stats.count_prefixes(self._prefixes.stats)

@@ -17,9 +17,10 @@ from typing import Any
 
 from ray import serve
 
-from rayft.serving.engine import Engine, EngineSettings, Event, QueueFullError
+from rayft.serving.engine import Engine, EngineSettings, QueueFullError
 from rayft.serving.plan import BaseGroup
 from rayft.serving.protocol import Job, RequestError
+from rayft.serving.rows import Event
 from rayft.serving.scoring import Scored
 
 

@@ -29,7 +29,6 @@ from rayft.serving.adapters import RuntimeAdapters, parse_load, parse_unload
 from rayft.serving.choices import ChoiceStream, whole_choice
 from rayft.serving.drain import Drain, ShuttingDownError, StreamCutError
 from rayft.serving.echo import check_echo, echo_events, echoed
-from rayft.serving.engine import Finished
 from rayft.serving.keys import authorized
 from rayft.serving.logprobs import TokenLogprob, chat_logprobs, completion_logprobs
 from rayft.serving.metrics import RequestTimer, ServeMetrics
@@ -48,6 +47,7 @@ from rayft.serving.protocol import (
     unknown_model,
 )
 from rayft.serving.replica import Refused, Started
+from rayft.serving.rows import Finished
 from rayft.serving.scoring import Scored
 
 log = logging.getLogger(__name__)
