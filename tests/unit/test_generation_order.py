@@ -42,20 +42,3 @@ def test_eval_generation_sends_longest_prompts_first_and_answers_in_prompt_order
     in_order = runner._generate_local(prompts, cfg)
     assert [g.text for g in sorted_run] == [g.text for g in in_order]
     assert [g.num_prompt_tokens for g in sorted_run] == [g.num_prompt_tokens for g in in_order]
-
-
-def test_a_local_pool_generates_with_an_actors_threads_and_puts_torchs_back(tiny_model_dir: Path) -> None:
-    import torch
-
-    from rayft.config.generation import GenerationConfig
-    from rayft.config.model import ModelConfig
-    from rayft.generation.pool import open_pool
-
-    before = torch.get_num_threads()
-    for cpus, threads in ((1.0, 1), (2.0, 2), (0.5, 1)):
-        cfg = GenerationConfig(model=ModelConfig(name=str(tiny_model_dir)), max_new_tokens=2, num_cpus_per_actor=cpus)
-        with open_pool(cfg, "local") as pool:
-            assert torch.get_num_threads() == threads
-            ((_, (generation,)),) = list(pool.map([(0, ["1 2"])]))
-            assert generation.error is None
-        assert torch.get_num_threads() == before

@@ -133,14 +133,7 @@ class EvalConfig(Section):
     )
     batch_size: int = Field(16, gt=0, description="Prompts per generate call (and per Ray Data batch).")
     num_workers: int = Field(1, gt=0, description="Generation actors (model replicas) in the Ray Data pool.")
-    num_cpus_per_worker: float = Field(
-        1.0,
-        gt=0,
-        description=(
-            "CPUs reserved by each generation actor; on CPU, also the torch threads of generation in this process "
-            "(eval.runtime local), as Ray gives an actor."
-        ),
-    )
+    num_cpus_per_worker: float = Field(1.0, gt=0, description="CPUs reserved by each generation actor.")
     num_gpus_per_worker: float = Field(0.0, ge=0, description="GPUs reserved by each generation actor.")
     runtime: Literal["auto", "ray", "local"] = Field(
         "auto",

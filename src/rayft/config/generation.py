@@ -83,11 +83,7 @@ class GenerationConfig(Section):
     kv_cache: KVCacheSetting = Field("auto", description=KV_CACHE_DESCRIPTION)
     compile: CompileSetting = Field("auto", description=COMPILE_DESCRIPTION)
     concurrency: int = Field(1, gt=0, description="Generation actors (model replicas) in the Ray Data actor pool.")
-    num_cpus_per_actor: float = Field(
-        1.0,
-        gt=0,
-        description="CPUs reserved by each actor; on CPU, also the torch threads of generation in this process.",
-    )
+    num_cpus_per_actor: float = Field(1.0, gt=0, description="CPUs reserved by each actor.")
     num_gpus_per_actor: float = Field(0.0, ge=0, description="GPUs reserved by each actor (0 runs on CPU).")
     endpoint: EndpointConfig = Field(
         default_factory=EndpointConfig, description="The HTTP endpoint (backend 'openai' only)."

@@ -51,38 +51,15 @@ class LocalPool:
 
 @contextlib.contextmanager
 def open_pool(cfg: GenerationConfig, runtime: Runtime) -> Iterator[GenerationPool]:
-    """The pool of ``runtime`` for ``cfg``, its actors (on Ray) stopped on the way out; a local pool on CPU
-    generates with the threads an actor would have (:func:`actor_threads`)."""
+    """The pool of ``runtime`` for ``cfg``, its actors (on Ray) stopped on the way out."""
     if runtime == "local":
-        with actor_threads(cfg):
-            yield LocalPool(cfg)
+        yield LocalPool(cfg)
         return
     pool = RayActorPool(cfg)
     try:
         yield pool
     finally:
         pool.close()
-
-
-@contextlib.contextmanager
-def actor_threads(cfg: GenerationConfig) -> Iterator[None]:
-    """torch's CPU threads set, for the block, to the CPUs a generation actor reserves (``num_cpus_per_actor``;
-    Ray sets an actor's OMP_NUM_THREADS so), then put back; nothing changes for a GPU or an HTTP backend.
-
-    Why: torch's default, one thread per core, oversubscribes cores that other processes share. On 2 shared
-    cores (SmolLM2-135M, a batch of 16) a decoding step took 463 ms with 2 threads and 157 ms with 1 (220 ms
-    against 2465 ms with a 400-token prompt), so a local eval runs as its Ray actor would."""
-    if cfg.backend != "hf" or cfg.num_gpus_per_actor > 0:
-        yield
-        return
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(max(1, int(cfg.num_cpus_per_actor)))
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
 
 
 def prompt_size(prompt: Prompt) -> int:
