@@ -207,7 +207,7 @@ def _grpo_step(
     assert rollout.ref_logps is not None and rollout.old_logps is not None  # three forwards, all packed or not
     loss = training.loss_sum(model, rollout, _precision())
     loss.backward()
-    return float(loss.detach()), _grads(model), dict(training.sums), rollout.num_computed_tokens
+    return float(loss.detach()), _grads(model), dict(training.record.sums), rollout.num_computed_tokens
 
 
 @pytest.mark.parametrize("attention", TRAINING_ATTENTION)

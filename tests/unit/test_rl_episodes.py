@@ -104,7 +104,7 @@ def test_masked_labels_and_behaviour_log_probabilities_follow_the_sampled_tokens
     import torch
 
     from rayft.data.collate import collate
-    from rayft.training.methods.rl.method import behaviour_rows, masked
+    from rayft.training.methods.rl.batches import behaviour_rows, masked
 
     assert masked([5, 6, 7, 8], [1, 0, 0, 1]) == [5, IGNORE_INDEX, IGNORE_INDEX, 8]
     unit = {"input_ids": [1, 2, 5, 6, 7, 8], "labels": [IGNORE_INDEX] * 2 + masked([5, 6, 7, 8], [1, 0, 0, 1]),

@@ -20,7 +20,7 @@ from rayft.data.prepare import prepare_data
 from rayft.data.prepared import UNIT_COLUMNS, PreparedData
 from rayft.errors import ConfigError, DataError
 from rayft.evaluation.rewards import RewardSet, sql_reward
-from rayft.training.methods.rl.method import carried_row
+from rayft.training.methods.rl.batches import carried_row
 from rayft.training.methods.rl.sampling import PromptBatch
 
 EXAMPLE = next(iter_sql_examples(1))  # SELECT MAX(year) FROM films WHERE director = 'Bruno' on its table

@@ -1,6 +1,7 @@
 """Online reinforcement learning against verifiers (``train.objective: grpo``): the method (:mod:`.method`),
-its losses and advantage estimators (:mod:`.losses`), and its rollouts: sampling (:mod:`.sampling`), on
-the workers or on generation actors (:mod:`.rollout_actors`, :mod:`.rollout_plan`, :mod:`.setup`)."""
+its micro-batches (:mod:`.batches`), figures (:mod:`.figures`) and held-out scoring (:mod:`.evaluation`), its
+losses and advantage estimators (:mod:`.losses`), and its rollouts: sampling (:mod:`.sampling`), on the
+workers or on generation actors (:mod:`.rollout_actors`, :mod:`.rollout_plan`, :mod:`.setup`)."""
 
 from __future__ import annotations
 

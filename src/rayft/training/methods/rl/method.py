@@ -15,53 +15,49 @@ what the trainer draws. With one update per rollout the samples are on-policy, s
 the clipped loss is 1 with the gradient of the log-probabilities (TRL's ``num_iterations=1``); with
 ``steps_per_rollout`` > 1 the rollout policy's per-token log-probabilities are recorded before the first
 update and the ratio to them is clipped on the updates after it.
+
+The step's micro-batches are shaped in :mod:`rayft.training.methods.rl.batches`, its figures kept in
+:mod:`rayft.training.methods.rl.figures`, and the held-out scoring is :mod:`rayft.training.methods.rl.evaluation`.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 from rayft.config.rl import RlConfig
 from rayft.data.collate import MicroBatch, collate
 from rayft.data.prepared import IGNORE_INDEX
-from rayft.errors import ConfigError, DataError
-from rayft.evaluation.rewards import RewardSet, Scores
-from rayft.training.loop.batches import Batch, OnRows, TrainBatch, Unit, micro_batches
+from rayft.errors import ConfigError
+from rayft.evaluation.rewards import RewardSet
+from rayft.training.loop.batches import Batch, TrainBatch, Unit
 from rayft.training.loop.method import MethodHooks
 from rayft.training.loop.objective import CausalLm
 from rayft.training.loop.session import TrainSession, all_reduce_sum
 from rayft.training.methods.rl import curriculum as cur
-from rayft.training.methods.rl.distill import FIGURE_SUMS as DISTILL_SUMS
-from rayft.training.methods.rl.distill import (
-    Distiller,
-    build_teacher,
-    distill_figures,
-    distillation_loss,
-    sampled_reverse_kl,
+from rayft.training.methods.rl.batches import (
+    RolloutBatch,
+    behaviour_rows,
+    completion_units,
+    prompt_batch,
+    trained_counts,
 )
+from rayft.training.methods.rl.distill import Distiller, build_teacher, distillation_loss
 from rayft.training.methods.rl.dynamic_sampling import (
-    RECORD_FIGURES,
     RefillStream,
     Scored,
     packed_state,
-    record_figures,
     refill_seed,
     refilled,
     unpacked_state,
 )
-from rayft.training.methods.rl.episodes import (
-    episode_figure_names,
-    episode_figures,
-    episode_scores,
-    episode_sums,
-    tool_names,
-)
+from rayft.training.methods.rl.episodes import episode_scores
+from rayft.training.methods.rl.evaluation import distillation_figures, reward_figures, reward_sums
+from rayft.training.methods.rl.figures import RlRecord
 from rayft.training.methods.rl.losses import (
     POLICY_LOSSES,
     PolicyLossSettings,
@@ -70,7 +66,6 @@ from rayft.training.methods.rl.losses import (
     importance_weights,
     kept_positions,
     policy_loss,
-    unbiased_std,
 )
 from rayft.training.methods.rl.overlong import shaped_rewards, truncated
 from rayft.training.methods.rl.rollout_actors import ColocatedRollouts, Rollouts
@@ -92,74 +87,6 @@ log = logging.getLogger("rayft.train")
 
 
 @dataclass
-class RolloutBatch(OnRows):
-    """A micro-batch of sampled completions, ready to train on: each row a prompt and one completion
-    (labels on the completion), with its advantage and, for the KL penalty, its reference log-probabilities."""
-
-    rows: MicroBatch
-    advantages: torch.Tensor
-    ref_logps: torch.Tensor | None
-    terms: int
-    old_logps: torch.Tensor | None = None  # the rollout policy's, when the rollout is trained on more than once
-    # The sampling weights' log-probabilities of a stale rollout, (rows, target positions) of ``rows``.
-    behaviour_logps: torch.Tensor | None = None
-    weight: float = 1.0  # 0: a batch that only keeps the workers in lockstep (dynamic sampling found nothing)
-    teacher_logps: torch.Tensor | None = None  # on-policy distillation's teacher, the policy's layout
-
-    @property
-    def num_label_tokens(self) -> int:
-        """Loss terms (completions, or completion tokens with the 'dapo' loss)."""
-        return self.terms
-
-    def to(self, device: torch.device) -> RolloutBatch:
-        """The same batch with its tensors on ``device``."""
-        ref = None if self.ref_logps is None else self.ref_logps.to(device)
-        old = None if self.old_logps is None else self.old_logps.to(device)
-        behaviour = None if self.behaviour_logps is None else self.behaviour_logps.to(device)
-        teacher = None if self.teacher_logps is None else self.teacher_logps.to(device)
-        return RolloutBatch(self.rows.to(device), self.advantages.to(device), ref, self.terms, old, behaviour,
-                            self.weight, teacher)  # fmt: skip
-
-
-def behaviour_rows(units: Sequence[Unit], behaviour: Sequence[Sequence[float]], rows: MicroBatch) -> torch.Tensor:
-    """Each unit's ``behaviour`` log-probabilities (one per trained token: a completion's sampled tokens) laid
-    out as the rows' target positions (``labels[:, 1:]``, 0 elsewhere)."""
-    import torch
-
-    out = torch.zeros(rows.labels.shape[0], rows.labels.shape[1] - 1, dtype=torch.float32)
-    for index, (unit, values) in enumerate(zip(units, behaviour, strict=True)):
-        # Target t predicts token t + 1: the trained token at position p is target p - 1.
-        targets = [i - 1 for i, label in enumerate(unit["labels"]) if label != IGNORE_INDEX]
-        if values and targets:  # not: nothing sampled, or a truncated completion masked out of the loss
-            out[index, targets] = torch.tensor(values, dtype=torch.float32)
-    return out
-
-
-def masked(completion: Sequence[int], mask: Sequence[int]) -> list[int]:
-    """A completion's labels: its tokens where ``mask`` is 1 (sampled), IGNORE_INDEX where 0 (an environment's)."""
-    return [token if keep else IGNORE_INDEX for token, keep in zip(completion, mask, strict=True)]
-
-
-def split_unit(unit: Unit) -> tuple[list[int], list[int]]:
-    """A prepared row's prompt (the tokens before its first label) and its response tokens (the labelled)."""
-    ids, labels = list(unit["input_ids"]), list(unit["labels"])
-    first = next((i for i, label in enumerate(labels) if label != IGNORE_INDEX), len(ids))
-    return ids[:first], [t for t, label in zip(ids, labels, strict=True) if label != IGNORE_INDEX]
-
-
-def carried_row(unit: Unit) -> dict[str, Any]:
-    """The columns a prepared prompt carries to the rewards (its ``row`` column, see
-    :mod:`rayft.data.prepared`); DataError when the prepared data has none."""
-    text = unit.get("row")
-    if not text:
-        raise DataError(
-            "train.rl: the rewards read each row's columns, but the prepared data carries none; prepare the data "
-            "with this config (rayft data prepare <config>, or let rayft train prepare it)"
-        )
-    return cast("dict[str, Any]", json.loads(text))
-
-
-@dataclass
 class RlTraining(MethodHooks):
     """The :class:`~rayft.training.loop.method.Method` of GRPO and its variants: the model, its files
     and checkpoints are :class:`~rayft.training.loop.objective.CausalLm`'s (LoRA or full); a step's batches
@@ -169,13 +96,11 @@ class RlTraining(MethodHooks):
     settings: RlConfig
     rewards: RewardSet
     seed: int
+    record: RlRecord  # this rank's figure sums since the last figures
     reference_model: torch.nn.Module | None = None
-    sums: dict[str, float] = field(default_factory=dict)  # this rank's figure sums since take_figures()
     throughput_unit: str = "tokens"
     rollouts: Rollouts | None = None  # where the worker's rollouts are sampled, from start() on
     saved_ahead: str | None = None  # the rollouts sampled ahead at the checkpoint the run resumes from
-    counted_tools: list[str] | None = None  # the environment's tools, each counted apart in the figures
-    parts: dict[str, float] = field(default_factory=dict)  # the last rollout's sampling and tool seconds
     refill: RefillStream | None = None  # dynamic sampling's extra prompts, from start() on
     saved_refill: dict[str, Any] | None = None  # their cursor at the checkpoint the run resumes from
     curriculum: cur.Curriculum | None = None  # the curriculum's queue of variants, from start() on
@@ -189,7 +114,7 @@ class RlTraining(MethodHooks):
         if lm.seq2seq:
             raise ConfigError("train.objective=grpo trains a causal LM; model.name is an encoder-decoder")
         rewards = RewardSet.build(settings.rewards, settings.max_new_tokens, settings.row_columns)
-        return cls(lm, settings, rewards, seed)
+        return cls(lm, settings, rewards, seed, RlRecord(settings, rewards.names))
 
     @property
     def model_type(self) -> str:
@@ -227,14 +152,8 @@ class RlTraining(MethodHooks):
     def collate(self, units: list[Unit]) -> PromptBatch:
         """The units' prompts, references (decoded response text) and, when the rewards read rows, the
         columns carried with them."""
-        prompts, references = [], []
-        for unit in units:
-            prompt, response = split_unit(unit)
-            prompts.append(prompt)
-            references.append(cast("str", self.lm.tokenizer.decode(response, skip_special_tokens=True)))  # one text
         carried = self.rewards.reads_rows or (self.settings.environment is not None and self.settings.carried_columns)
-        rows = [carried_row(unit) for unit in units] if carried else []
-        return PromptBatch(prompts, references, [int(i) for u in units for i in u["sample_ids"]], rows)
+        return prompt_batch(units, self.lm.tokenizer, carried=bool(carried))
 
     # -- the step ---------------------------------------------------------------------------------------
 
@@ -324,8 +243,9 @@ class RlTraining(MethodHooks):
             self.distiller.teacher.close()
 
     def figures(self, device: torch.device, *, world_size: int, units: float) -> dict[str, float]:
-        """:meth:`take_figures`."""
-        return self.take_figures(device, world_size)
+        """The figures since the last call over every rank (rl/*: :meth:`~rayft.training.methods.rl.figures.
+        RlRecord.take`), and reset."""
+        return self.record.take(device, world_size, self.curriculum)
 
     # -- the rollout ------------------------------------------------------------------------------------
 
@@ -360,17 +280,17 @@ class RlTraining(MethodHooks):
         scores = self.rewards.score(completions.texts, references, batch.rows_of_completions(self.settings.group_size))
         if completions.episodes is not None:
             scores = episode_scores(scores, completions.episodes)
-            self.add_episodes(completions)
+            self.record.add_episodes(completions)
         s = self.settings
         rewards = shaped_rewards(scores.total, completions.token_ids, max_new_tokens=s.max_new_tokens,
                                  buffer=s.overlong_buffer, factor=s.overlong_penalty)  # fmt: skip
-        self.add_scores(scores, torch.tensor(rewards, dtype=torch.float32), completions)
-        self.add("overlong_penalty", sum(rewards) - sum(scores.total))
+        self.record.add_scores(scores, torch.tensor(rewards, dtype=torch.float32), completions)
+        self.record.add("overlong_penalty", sum(rewards) - sum(scores.total))
         version = step - 1 if completions.version is None else completions.version
-        self.add("time/rollout_generate_s", completions.seconds)
-        self.add("rollout_tokens", float(completions.generated_tokens))
-        self.add("staleness", float(staleness(step, version)))
-        self.add("rollout_batches", 1.0)
+        self.record.add("time/rollout_generate_s", completions.seconds)
+        self.record.add("rollout_tokens", float(completions.generated_tokens))
+        self.record.add("staleness", float(staleness(step, version)))
+        self.record.add("rollout_batches", 1.0)
         return Scored(batch, completions, scores, rewards)
 
     def informative(
@@ -395,7 +315,7 @@ class RlTraining(MethodHooks):
         kept, carrier, record = refilled(scored, self.refill, settings, group=self.settings.group_size,
                                          micro_batch=micro_batch, sample=sample)  # fmt: skip
         for name, value in asdict(record).items():
-            self.add(name, float(value))
+            self.record.add(name, float(value))
         return kept, carrier
 
     @property
@@ -420,25 +340,14 @@ class RlTraining(MethodHooks):
 
         g, s = self.settings.group_size, self.settings
         # REINFORCE++ weighs a completion by its trained tokens: an episode's environment answers are not.
-        trained_counts = ([len(ids) for ids in sampled.token_ids] if sampled.masks is None
-                          else [sum(mask) for mask in sampled.masks])  # fmt: skip
-        lengths = torch.tensor(trained_counts, dtype=torch.float32)
+        lengths = torch.tensor(trained_counts(sampled), dtype=torch.float32)
         advantages = group_advantages(torch.tensor(rewards, dtype=torch.float32), g, baseline=s.advantage,
                                       scale=s.scale_rewards, lengths=lengths)  # fmt: skip
         if s.distillation is not None and s.distillation.mode == "replace":
             advantages = torch.zeros_like(advantages)  # the teacher's term is the whole signal
         cut = truncated(sampled.token_ids, self.sampler.eos_ids)
-        self.add("truncated", float(sum(cut)))
-        units = []
-        for index, completion in enumerate(sampled.token_ids):
-            prompt = batch.prompts[index // g]
-            ids = prompt + completion
-            # Only sampled tokens are trained: an episode's environment answers (mask 0) are context.
-            trained = completion if sampled.masks is None else masked(completion, sampled.masks[index])
-            dropped = s.mask_truncated and cut[index]
-            labels = [IGNORE_INDEX] * len(ids) if dropped else [IGNORE_INDEX] * len(prompt) + trained
-            units.append({"input_ids": ids, "labels": labels, "position_ids": range(len(ids)),
-                          "sample_ids": [batch.sample_ids[index // g]] if index % g == 0 else []})  # fmt: skip
+        self.record.add("truncated", float(sum(cut)))
+        units = completion_units(batch, sampled, cut, group=g, mask_truncated=s.mask_truncated)
         size = self.settings.completions_per_forward or g
         behaviour = sampled.logps if stale else None
         return [self.training_batch(inner, units[i : i + size], advantages[i : i + size], precision,
@@ -468,7 +377,7 @@ class RlTraining(MethodHooks):
         sampling = None if behaviour is None else behaviour_rows(units, behaviour, rows)
         teacher = None
         if self.distiller is not None:
-            teacher = self.distiller.teacher_logps(units, rows, next(inner.parameters()).device, self.sums)
+            teacher = self.distiller.teacher_logps(units, rows, next(inner.parameters()).device, self.record.sums)
         return RolloutBatch(rows, advantages, ref, terms, old, sampling, teacher_logps=teacher)
 
     def reference_logps(self, inner: TransformersModel, rows: MicroBatch) -> torch.Tensor:
@@ -503,17 +412,17 @@ class RlTraining(MethodHooks):
         old = logps.detach() if batch.old_logps is None else batch.old_logps
         weights = self.behaviour_weights(batch, old, mask)
         result = policy_loss(logps, old, batch.ref_logps, batch.advantages, mask, self.loss_settings, weights)
-        self.add("kl", result.kl_sum)
-        self.add("clip_low", result.low_clipped)
-        self.add("clip_high", result.high_clipped)
-        self.add("entropy", float(entropy.sum()))
-        self.add("loss_tokens", result.tokens)
+        self.record.add("kl", result.kl_sum)
+        self.record.add("clip_low", result.low_clipped)
+        self.record.add("clip_high", result.high_clipped)
+        self.record.add("entropy", float(entropy.sum()))
+        self.record.add("loss_tokens", result.tokens)
         loss = result.loss_sum
         if self.distiller is not None and batch.teacher_logps is not None:
             distilled = distillation_loss(logps, old, batch.teacher_logps, mask, self.loss_settings,
                                           self.distiller.config.coefficient, weights)  # fmt: skip
-            self.add("distill/reverse_kl", distilled.reverse_kl_sum)
-            self.add("distill/tokens", distilled.tokens)
+            self.record.add("distill/reverse_kl", distilled.reverse_kl_sum)
+            self.record.add("distill/tokens", distilled.tokens)
             loss = loss + distilled.loss_sum
         return loss * batch.weight if batch.weight != 1.0 else loss
 
@@ -526,117 +435,15 @@ class RlTraining(MethodHooks):
         # The batch is on the model's device (RolloutBatch.to): its rows' labels and its behaviour log-probabilities.
         behaviour = batch.behaviour_logps[:, kept_positions(batch.rows.labels)]
         weights = importance_weights(proximal, behaviour, mask, cap)
-        self.add("importance_weight", float((weights * mask).sum()))
-        self.add("importance_capped", float(((weights >= cap) & mask).sum()))
-        self.add("importance_tokens", float(mask.sum()))
+        self.record.add("importance_weight", float((weights * mask).sum()))
+        self.record.add("importance_capped", float(((weights >= cap) & mask).sum()))
+        self.record.add("importance_tokens", float(mask.sum()))
         return weights
-
-    def add(self, name: str, value: float) -> None:
-        """Add ``value`` to this rank's sum of ``name`` since the last figures."""
-        self.sums[name] = self.sums.get(name, 0.0) + value
-
-    def add_scores(self, scores: Scores, rewards: torch.Tensor, sampled: Completions) -> None:
-        """The rollout's reward figures: totals, each function's, errors, pass rates, group spread (of the shaped
-        ``rewards`` the advantages see), lengths."""
-        g = self.settings.group_size
-        grouped = rewards.view(-1, g)
-        names = self.rewards.names  # none when a teacher alone trains (train.rl.distillation)
-        solved = [value >= 1.0 for value in scores.by_function[names[0]]] if names else [False] * len(scores.total)
-        self.add("completions", float(len(scores.total)))
-        self.add("groups", float(grouped.shape[0]))
-        self.add("reward", sum(scores.total))  # the functions' total; the overlong punishment has its own figure
-        self.add("reward_std", float(unbiased_std(grouped, dim=1).sum()))
-        self.add("zero_std_groups", float((grouped.max(dim=1).values == grouped.min(dim=1).values).sum()))
-        self.add("pass@1", float(sum(solved)))
-        self.add("pass@k", float(sum(any(solved[i : i + g]) for i in range(0, len(solved), g))))
-        self.add("completion_length", float(sampled.generated_tokens))
-        # The basis of a curriculum: prompts every completion solved, and those none did.
-        self.add("prompts_all_solved", float(sum(all(solved[i : i + g]) for i in range(0, len(solved), g))))
-        self.add("prompts_none_solved", float(sum(not any(solved[i : i + g]) for i in range(0, len(solved), g))))
-        for name in self.rewards.names:
-            self.add(f"reward/{name}", sum(scores.by_function[name]))
-            self.add(f"reward_errors/{name}", float(scores.errors[name]))
-
-    def figure_names(self) -> list[str]:
-        """Every sum :meth:`take_figures` reduces, in one order on every rank."""
-        fixed = ["completions", "groups", "reward", "reward_std", "zero_std_groups", "pass@1", "pass@k",
-                 "completion_length", "kl", "clip_low", "clip_high", "entropy", "loss_tokens", "rollout_tokens",
-                 "time/rollout_generate_s", "staleness", "rollout_batches", "importance_weight", "importance_capped",
-                 "importance_tokens", "prompts_all_solved", "prompts_none_solved", "truncated", "overlong_penalty",
-                 *RECORD_FIGURES, *cur.FIGURES]  # fmt: skip
-        rewards = [f"reward/{n}" for n in self.rewards.names] + [f"reward_errors/{n}" for n in self.rewards.names]
-        episodes = episode_figure_names(self.tool_names) if self.settings.environment is not None else []
-        distilled = list(DISTILL_SUMS) if self.settings.distillation is not None else []
-        return fixed + rewards + episodes + distilled
-
-    @property
-    def tool_names(self) -> list[str]:
-        """The tools whose calls the figures count apart (read from the environment once)."""
-        if self.counted_tools is None:
-            self.counted_tools = tool_names(self.settings.environment)
-        return self.counted_tools
-
-    def add_episodes(self, completions: Completions) -> None:
-        """A multi-turn rollout's episode figures: turns, tool calls, errors, timeouts, cuts, tokens, seconds."""
-        assert completions.episodes is not None
-        for name, value in episode_sums(completions.episodes, self.tool_names).items():
-            self.add(name, value)
-        self.add("time/rollout_sample_s", completions.seconds)
-        self.add("time/rollout_tools_s", completions.tool_seconds)
-        self.parts["rollout_sample"] = self.parts.get("rollout_sample", 0.0) + completions.seconds
-        self.parts["rollout_tools"] = self.parts.get("rollout_tools", 0.0) + completions.tool_seconds
 
     def phase_parts(self) -> dict[str, float]:
         """The last rollout's seconds of sampling and of the environment's steps (episodes only; on generation
         actors, theirs), within the step's ``rollout`` phase."""
-        parts, self.parts = self.parts, {}
-        return parts
-
-    def take_figures(self, device: torch.device, world_size: int) -> dict[str, float]:
-        """The figures since the last call over every rank (rl/*), and reset: means per completion, per
-        group or per completion token; counts of reward errors; rollout tokens per second of generation."""
-        names = self.figure_names()
-        if self.curriculum is not None:
-            self.curriculum.take_sums(self.sums)
-        total = dict(zip(names, all_reduce_sum([self.sums.get(n, 0.0) for n in names], device), strict=True))
-        self.sums.clear()
-        completions, groups = max(total["completions"], 1.0), max(total["groups"], 1.0)
-        tokens = max(total["loss_tokens"], 1.0)
-        figures = {
-            "rl/reward": total["reward"] / completions,
-            "rl/reward_std": total["reward_std"] / groups,
-            "rl/zero_std_groups": total["zero_std_groups"] / groups,
-            "rl/pass@1": total["pass@1"] / completions,
-            f"rl/pass@{self.settings.group_size}": total["pass@k"] / groups,
-            "rl/completion_length": total["completion_length"] / completions,
-            "rl/entropy": total["entropy"] / tokens,
-            "rl/clip_fraction": (total["clip_low"] + total["clip_high"]) / tokens,
-            "rl/staleness": total["staleness"] / max(total["rollout_batches"], 1.0),
-            # Generation runs on every rank at once: tokens of all ranks over one rank's mean generating time.
-            "rl/rollout_tokens_per_s": total["rollout_tokens"]
-            / max(total["time/rollout_generate_s"] / world_size, 1e-9),
-        }
-        if self.settings.kl_coef:
-            figures["rl/kl"] = total["kl"] / tokens
-        figures.update(record_figures(total, completions, self.settings))
-        if self.settings.curriculum is not None:
-            figures.update(cur.figures(total))
-        rollout = self.settings.rollout
-        if rollout.max_staleness and rollout.importance_cap is not None:
-            # Over the tokens of stale rollouts only (none: the weights are 1).
-            weighed = total["importance_tokens"]
-            figures["rl/importance_weight"] = total["importance_weight"] / weighed if weighed else 1.0
-            figures["rl/importance_capped"] = total["importance_capped"] / max(weighed, 1.0)
-        for name in self.rewards.names:
-            figures[f"rl/reward/{name}"] = total[f"reward/{name}"] / completions
-            figures[f"rl/reward_errors/{name}"] = total[f"reward_errors/{name}"]
-        if self.settings.environment is not None:
-            figures.update(episode_figures(total, self.tool_names, world_size))
-        if self.settings.distillation is not None:
-            figures.update(distill_figures(total, world_size))
-        if not self.rewards.functions:  # a teacher alone trains: there is no reward to report
-            figures = {k: v for k, v in figures.items() if not k.startswith(("rl/reward", "rl/pass@", "rl/zero_std"))}
-        return figures
+        return self.record.take_parts()
 
     # -- evaluation ---------------------------------------------------------------------------------------
 
@@ -645,48 +452,13 @@ class RlTraining(MethodHooks):
         device: torch.device, lockstep: bool,
     ) -> dict[str, float]:  # fmt: skip
         """Greedy completions of every worker's validation prompts, scored: ``eval/reward`` (and each
-        function's), ``eval/pass@1``, and ``eval/loss`` = minus the mean reward, which ranks checkpoints."""
+        function's), ``eval/pass@1``, and ``eval/loss`` = minus the mean reward, which ranks checkpoints
+        (:mod:`rayft.training.methods.rl.evaluation`)."""
         inner = transformers_model(model)
-        if not self.rewards.functions:  # a teacher alone trains: checkpoints rank by the reverse KL to it
-            with self.whole(model):
-                return self.evaluate_distillation(inner, units, batch_size, device)
-        names = self.rewards.names
-        sums = [0.0] * (len(names) + 3)  # total reward, each function's, solved, completions
         with self.whole(model):  # each worker decodes its own prompts: no collective in between
-            self.evaluate_units(inner, units, batch_size, sums)
-        totals = all_reduce_sum(sums, device)
-        count = max(totals[-1], 1.0)
-        figures = {"eval/loss": -totals[0] / count, "eval/reward": totals[0] / count, "eval/pass@1": totals[-2] / count}
-        figures.update({f"eval/reward/{name}": totals[i + 1] / count for i, name in enumerate(names)})
-        return figures
-
-    def evaluate_units(
-        self, inner: TransformersModel, units: Iterable[Unit], batch_size: int, sums: list[float]
-    ) -> None:
-        """Add to ``sums`` the greedy completions' scores of ``units``: the total reward, each function's, the
-        solved completions and the completions."""
-        names = self.rewards.names
-        for chunk in micro_batches(iter(units), batch_size):
-            batch = self.collate(chunk)
-            sampled = self.sampler.sample(inner, batch.prompts, 1, seed=None)
-            scores = self.rewards.score(sampled.texts, batch.references, batch.rows_of_completions(1))
-            sums[0] += sum(scores.total)
-            for index, name in enumerate(names):
-                sums[index + 1] += sum(scores.by_function[name])
-            sums[-2] += sum(value >= 1.0 for value in scores.by_function[names[0]])
-            sums[-1] += len(scores.total)
-
-    def evaluate_distillation(
-        self, inner: TransformersModel, units: Iterable[Unit], batch_size: int, device: torch.device
-    ) -> dict[str, float]:
-        """``eval/distill/reverse_kl`` (also ``eval/loss``): the per-token reverse KL to the teacher on one
-        completion of every validation prompt, sampled from the run's seed."""
-        assert self.distiller is not None  # the config allows no rewards only with distillation
-        sums = [0.0, 0.0]
-        for index, chunk in enumerate(micro_batches(iter(units), batch_size)):
-            prompts = self.collate(chunk).prompts
-            gap, tokens = sampled_reverse_kl(inner, self.sampler, self.distiller.teacher, prompts, self.seed + index)
-            sums = [sums[0] + gap, sums[1] + tokens]
-        gap, tokens = all_reduce_sum(sums, device)
-        value = gap / max(tokens, 1.0)
-        return {"eval/loss": value, "eval/distill/reverse_kl": value}
+            if not self.rewards.functions:  # a teacher alone trains: checkpoints rank by the reverse KL to it
+                return distillation_figures(inner, units, batch_size=batch_size, device=device, collate=self.collate,
+                                            sampler=self.sampler, distiller=self.distiller, seed=self.seed)  # fmt: skip
+            sums = reward_sums(inner, units, batch_size=batch_size, collate=self.collate, sampler=self.sampler,
+                               rewards=self.rewards)  # fmt: skip
+        return reward_figures(all_reduce_sum(sums, device), self.rewards.names)
