@@ -14,6 +14,7 @@ from typing import Annotated, Any
 import pytest
 from pydantic import Field, ValidationError
 
+from rayft.calculator import CalculatorError, calculate
 from rayft.config.environment import EnvironmentConfig
 from rayft.config.rl import RlConfig
 from rayft.data.builtin.sql import iter_sql_examples
@@ -27,7 +28,6 @@ from rayft.environments import (
     tool_from_function,
 )
 from rayft.environments.builtin import calculator_tool, python_tool, sql_tool
-from rayft.calculator import CalculatorError, calculate
 from rayft.errors import ConfigError, RayftError
 from rayft.sandbox import Limits
 
