@@ -393,3 +393,28 @@ def test_decoding_steps_append_to_the_cache_in_place(engine: Engine) -> None:
         storages.add(batch.cache.layers[0].keys.data_ptr())
     assert len(storages) == 1  # no copy of the whole cache at every step
     assert batch.width() == max(map(len, prompts)) + SPARE_POSITIONS
+
+
+def test_a_loop_task_left_by_an_ended_event_loop_does_not_hold_a_new_request(engine: Engine) -> None:
+    """An engine driven by one asyncio.run after another: a loop task of an earlier loop that never ran to its
+    end steps no more, so the next request starts a loop of its own instead of waiting for ever."""
+    old = asyncio.new_event_loop()
+    engine._loop_task = old.create_future()  # type: ignore[assignment]  # pending in a loop that no longer runs
+    try:
+        events: list[Event] = []
+        asyncio.run(asyncio.wait_for(_drain(engine.submit(engine.prepare(_job(max_tokens=2), None)), events), 60))
+        assert isinstance(events[-1], Finished)
+    finally:
+        old.close()
+
+
+def test_a_failure_of_the_loop_itself_reaches_the_request_instead_of_a_hang(
+    engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def broken() -> list[object]:
+        raise RuntimeError("scheduler bug")
+
+    monkeypatch.setattr(engine, "_take_admitted", broken)
+    with pytest.raises(RuntimeError, match="scheduler bug"):
+        asyncio.run(asyncio.wait_for(_drain(engine.submit(engine.prepare(_job(max_tokens=2), None)), []), 60))
+    assert not engine._waiting and not engine._running

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import logging
 import threading
 import time
@@ -350,8 +351,11 @@ class Engine:
         request = _Request(self._keys, prepared, RowState(self.backend, prepared), asyncio.Queue())
         self._waiting.append(request)
         self.stats.waiting = len(self._waiting)
-        if self._loop_task is None or self._loop_task.done():
-            self._loop_task = asyncio.get_running_loop().create_task(self._run())
+        loop = asyncio.get_running_loop()
+        # A loop task of another event loop (one that ended: an engine driven by several asyncio.run calls)
+        # never steps again; the request would wait for ever.
+        if self._loop_task is None or self._loop_task.done() or self._loop_task.get_loop() is not loop:
+            self._loop_task = loop.create_task(self._run())
         finished = False
         try:
             while True:
@@ -371,7 +375,21 @@ class Engine:
                     self.stats.cancelled += 1
 
     async def _run(self) -> None:
-        """The replica's decoding loop: one step at a time while requests run or wait."""
+        """The replica's decoding loop: one step at a time while requests run or wait. Should the loop itself
+        fail, every request it holds gets the error rather than waiting for ever."""
+        try:
+            await self._steps()
+        except Exception as exc:  # not a cancellation: that ends the event loop, and its requests with it
+            log.error("the decoding loop failed: %s: %s", type(exc).__name__, exc)
+            for request in [*self._running.values(), *self._waiting]:
+                with contextlib.suppress(RuntimeError):  # a queue of an event loop that has ended
+                    request.events.put_nowait(exc)
+            self._running.clear()
+            self._waiting.clear()
+            self._batch = None
+            raise
+
+    async def _steps(self) -> None:
         while self._waiting or self._running:
             admitted = self._take_admitted()
             started = time.perf_counter()
