@@ -36,15 +36,14 @@ import argparse
 import copy
 import json
 import shutil
-import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from gsm8k_tool_traces import default_source
+from measure_tool_arms import rayft_command, run_stage
 
 REPO = Path(__file__).resolve().parents[1]
 AGENT = REPO / "configs" / "agent.yaml"
@@ -57,27 +56,6 @@ ENVIRONMENT = {"type": "tools", "tools": ["calculator"], "max_turns": 10, "max_t
                "max_tokens": 1536, "tool_timeout_s": 5}  # fmt: skip
 MAX_SEQ_LENGTH = 1024
 MAX_NEW_TOKENS = 256  # per model turn: a whole plain solution fits (p95 176 tokens)
-
-
-def _rayft(*args: str) -> list[str]:
-    return [sys.executable, "-m", "rayft", *args]
-
-
-def _run(name: str, command: list[str], done: Path, log: dict[str, Any]) -> None:
-    """Run one stage's command unless ``done`` exists; record its wall time and the command."""
-    shown = "python " + " ".join(command[1:]).replace(str(REPO) + "/", "")
-    if done.exists():
-        print(f"[{name}] kept: {done}", flush=True)
-        log.setdefault(name, {"command": shown, "wall_s": None, "kept": True})
-        return
-    print(f"[{name}] {shown}", flush=True)
-    start = time.perf_counter()
-    result = subprocess.run(command, cwd=REPO, check=False)
-    seconds = time.perf_counter() - start
-    log[name] = {"command": shown, "wall_s": round(seconds, 1)}
-    print(f"[{name}] exit {result.returncode} after {seconds:.1f} s", flush=True)
-    if result.returncode != 0 or not done.exists():
-        raise SystemExit(f"stage {name} failed (exit {result.returncode}; expected {done})")
 
 
 def write_config(out: Path, data: Path) -> Path:
@@ -121,9 +99,9 @@ def _stages(args: argparse.Namespace, out: Path, config: Path) -> list[tuple[str
     plain_data = _rows(data / "train_plain.jsonl", args.train_rows)
     plain = [str(config), *_common(args, out), "name=gsm8k-plain", f"data.datasets={plain_data}"]
     return [
-        ("tools_sft", _rayft("run", *tools, "--only", "train"), runs / "gsm8k-tools" / "train" / "final"),
-        ("tools_rl", _rayft("run", *tools, "--only", "rl"), _rl_model(args, runs)),
-        ("plain_sft", _rayft("run", *plain, "--only", "train"), runs / "gsm8k-plain" / "train" / "final"),
+        ("tools_sft", rayft_command("run", *tools, "--only", "train"), runs / "gsm8k-tools" / "train" / "final"),
+        ("tools_rl", rayft_command("run", *tools, "--only", "rl"), _rl_model(args, runs)),
+        ("plain_sft", rayft_command("run", *plain, "--only", "train"), runs / "gsm8k-plain" / "train" / "final"),
         ("compare", _compare(args, out, config), out / "compare" / "compare.json"),
     ]
 
@@ -153,7 +131,7 @@ def _compare(args: argparse.Namespace, out: Path, config: Path) -> list[str]:
         "sft_tools": str(runs / "gsm8k-tools" / "train"),
         "rl_tools": str(_rl_model(args, runs)),
     }
-    return _rayft(
+    return rayft_command(
         "compare", str(config), *(f"--model={label}={source}" for label, source in models.items()),
         "--output", str(out / "compare"), f"storage_path={runs}", f"eval.max_samples={args.heldout}",
         "eval.without_tools=[base, sft_plain]", f"eval.batch_size={args.eval_batch}",
@@ -206,11 +184,11 @@ def main() -> None:
     log_path = out / "summary.json"
     log: dict[str, Any] = json.loads(log_path.read_text(encoding="utf-8")) if log_path.exists() else {}
     try:
-        _run("convert", _convert(args, out / "data"), out / "data" / "summary.json", log)
+        run_stage("convert", _convert(args, out / "data"), out / "data" / "summary.json", log)
         log["data"] = json.loads((out / "data" / "summary.json").read_text(encoding="utf-8"))
         config = write_config(out, out / "data")
         for name, command, done in _stages(args, out, config):
-            _run(name, command, done, log)
+            run_stage(name, command, done, log)
             log_path.write_text(json.dumps(log, indent=2), encoding="utf-8")
     finally:
         log_path.write_text(json.dumps(log, indent=2), encoding="utf-8")

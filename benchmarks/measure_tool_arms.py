@@ -43,11 +43,12 @@ ENVIRONMENT = "{type: tools, tools: [calculator], max_turns: 6, max_tool_calls: 
 TEST_SEEDS_DECONTAMINATED = 80  # configs/agent.yaml's decontamination reads the test split's first 80 rows
 
 
-def _rayft(*args: str) -> list[str]:
+def rayft_command(*args: str) -> list[str]:
+    """The command line of ``rayft ARGS`` with this interpreter."""
     return [sys.executable, "-m", "rayft", *args]
 
 
-def _run(name: str, command: list[str], done: Path, log: dict[str, Any]) -> None:
+def run_stage(name: str, command: list[str], done: Path, log: dict[str, Any]) -> None:
     """Run one stage's command unless ``done`` exists; record its wall time and the command."""
     shown = " ".join(command[2:]).replace(sys.executable, "python")
     if done.exists():
@@ -91,18 +92,18 @@ def _stages(args: argparse.Namespace, out: Path) -> list[tuple[str, list[str], P
     tools = [str(CONFIG), *_common(args, out, heldout)]
     plain_data = "[{path: 'stage:sdg', format: template, input_template: '{question}', output_template: '{answer}'}]"
     plain = [*tools, "name=agent-plain", "sdg.tool_use=false", f"data.datasets={plain_data}"]
-    heldout_cmd = _rayft(
+    heldout_cmd = rayft_command(
         "sdg", str(CONFIG), "--output-dir", str(heldout_dir), "sdg.seeds.split=test",
         f"sdg.num_seeds={args.heldout + args.heldout // 4}", "sdg.variations=1", "sdg.tool_use=false",
         "sdg.decontamination.datasets=[]", f"sdg.seed={args.heldout_seed}",
     )  # fmt: skip
     return [
         ("heldout_sdg", heldout_cmd, heldout),
-        ("tools_sdg", _rayft("run", *tools, "--only", "sdg"), runs / "agent" / "sdg" / "data.jsonl"),
-        ("tools_sft", _rayft("run", *tools, "--only", "train"), runs / "agent" / "train" / "final"),
-        ("tools_rl", _rayft("run", *tools, "--only", "rl"), _rl_model(args, runs)),
-        ("plain_sdg", _rayft("run", *plain, "--only", "sdg"), runs / "agent-plain" / "sdg" / "data.jsonl"),
-        ("plain_sft", _rayft("run", *plain, "--only", "train"), runs / "agent-plain" / "train" / "final"),
+        ("tools_sdg", rayft_command("run", *tools, "--only", "sdg"), runs / "agent" / "sdg" / "data.jsonl"),
+        ("tools_sft", rayft_command("run", *tools, "--only", "train"), runs / "agent" / "train" / "final"),
+        ("tools_rl", rayft_command("run", *tools, "--only", "rl"), _rl_model(args, runs)),
+        ("plain_sdg", rayft_command("run", *plain, "--only", "sdg"), runs / "agent-plain" / "sdg" / "data.jsonl"),
+        ("plain_sft", rayft_command("run", *plain, "--only", "train"), runs / "agent-plain" / "train" / "final"),
         (args.compare_dir, _compare(args, out, heldout), out / args.compare_dir / "compare.json"),
     ]
 
@@ -126,7 +127,7 @@ def _compare(args: argparse.Namespace, out: Path, heldout: Path) -> list[str]:
     if unknown or len(args.arms) < 2:
         raise SystemExit(f"--arms: name at least two of {sorted(models)} (got {args.arms})")
     without_tools = [arm for arm in ("base", "sft_plain") if arm in args.arms]
-    return _rayft(
+    return rayft_command(
         "compare", str(CONFIG), *(f"--model={label}={models[label]}" for label in args.arms),
         "--output", str(out / args.compare_dir), f"storage_path={runs}",
         f"eval.datasets=[{{path: '{heldout}'}}]", f"eval.max_samples={args.heldout}",
@@ -186,7 +187,7 @@ def main() -> None:
     log: dict[str, Any] = json.loads(log_path.read_text(encoding="utf-8")) if log_path.exists() else {}
     try:
         for name, command, done in _stages(args, out):
-            _run(name, command, done, log)
+            run_stage(name, command, done, log)
             log_path.write_text(json.dumps(log, indent=2), encoding="utf-8")
     finally:
         _summary(out, log, args.compare_dir)

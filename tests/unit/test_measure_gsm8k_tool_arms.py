@@ -27,6 +27,7 @@ def _load(name: str) -> ModuleType:
 
 
 _load("gsm8k_tool_traces")
+_load("measure_tool_arms")
 driver = _load("measure_gsm8k_tool_arms")
 
 
