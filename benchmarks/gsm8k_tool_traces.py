@@ -133,7 +133,7 @@ def agrees(result: str, stated: str) -> tuple[bool, bool]:
     if value == claimed:
         return True, False
     decimals = _decimals(stated.strip().rstrip("."))
-    bound = Fraction(1, 2 * 10**decimals) if decimals else Fraction(1, 10**9) * max(1, abs(claimed))
+    bound = Fraction(1, 2 * 10**decimals) if decimals else Fraction(1, 10**9) * max(Fraction(1), abs(claimed))
     return abs(value - claimed) <= bound, True
 
 
