@@ -43,7 +43,7 @@ from typing import Any
 import yaml
 
 from gsm8k_tool_traces import default_source
-from measure_tool_arms import rayft_command, run_stage
+from measure_tool_arms import rayft_command, rl_model, run_stage
 
 REPO = Path(__file__).resolve().parents[1]
 AGENT = REPO / "configs" / "agent.yaml"
@@ -100,7 +100,7 @@ def _stages(args: argparse.Namespace, out: Path, config: Path) -> list[tuple[str
     plain = [str(config), *_common(args, out), "name=gsm8k-plain", f"data.datasets={plain_data}"]
     return [
         ("tools_sft", rayft_command("run", *tools, "--only", "train"), runs / "gsm8k-tools" / "train" / "final"),
-        ("tools_rl", rayft_command("run", *tools, "--only", "rl"), _rl_model(args, runs)),
+        ("tools_rl", rayft_command("run", *tools, "--only", "rl"), rl_model(args, runs, "gsm8k-tools")),
         ("plain_sft", rayft_command("run", *plain, "--only", "train"), runs / "gsm8k-plain" / "train" / "final"),
         ("compare", _compare(args, out, config), out / "compare" / "compare.json"),
     ]
@@ -116,12 +116,6 @@ def _convert(args: argparse.Namespace, data: Path) -> list[str]:
             str(HELDOUT_SLICE), "--seed", str(args.heldout_seed), "--max-seq-length", str(MAX_SEQ_LENGTH)]  # fmt: skip
 
 
-def _rl_model(args: argparse.Namespace, runs: Path) -> Path:
-    """The RL arm's model: the rl stage's final adapter, or the checkpoint named by --rl-checkpoint."""
-    rl = runs / "gsm8k-tools" / "rl"
-    return rl / "checkpoints" / args.rl_checkpoint if args.rl_checkpoint else rl / "final"
-
-
 def _compare(args: argparse.Namespace, out: Path, config: Path) -> list[str]:
     runs = out / "runs"
     models = {
@@ -129,7 +123,7 @@ def _compare(args: argparse.Namespace, out: Path, config: Path) -> list[str]:
         **({"base_tools": MODEL} if args.base_tools else {}),
         "sft_plain": str(runs / "gsm8k-plain" / "train"),
         "sft_tools": str(runs / "gsm8k-tools" / "train"),
-        "rl_tools": str(_rl_model(args, runs)),
+        "rl_tools": str(rl_model(args, runs, "gsm8k-tools")),
     }
     return rayft_command(
         "compare", str(config), *(f"--model={label}={source}" for label, source in models.items()),

@@ -101,16 +101,16 @@ def _stages(args: argparse.Namespace, out: Path) -> list[tuple[str, list[str], P
         ("heldout_sdg", heldout_cmd, heldout),
         ("tools_sdg", rayft_command("run", *tools, "--only", "sdg"), runs / "agent" / "sdg" / "data.jsonl"),
         ("tools_sft", rayft_command("run", *tools, "--only", "train"), runs / "agent" / "train" / "final"),
-        ("tools_rl", rayft_command("run", *tools, "--only", "rl"), _rl_model(args, runs)),
+        ("tools_rl", rayft_command("run", *tools, "--only", "rl"), rl_model(args, runs)),
         ("plain_sdg", rayft_command("run", *plain, "--only", "sdg"), runs / "agent-plain" / "sdg" / "data.jsonl"),
         ("plain_sft", rayft_command("run", *plain, "--only", "train"), runs / "agent-plain" / "train" / "final"),
         (args.compare_dir, _compare(args, out, heldout), out / args.compare_dir / "compare.json"),
     ]
 
 
-def _rl_model(args: argparse.Namespace, runs: Path) -> Path:
-    """The RL arm's model: the rl stage's final adapter, or the checkpoint named by --rl-checkpoint."""
-    rl = runs / "agent" / "rl"
+def rl_model(args: argparse.Namespace, runs: Path, name: str = "agent") -> Path:
+    """The RL arm's model: run ``name``'s rl stage's final adapter, or the checkpoint named by --rl-checkpoint."""
+    rl = runs / name / "rl"
     return rl / "checkpoints" / args.rl_checkpoint if args.rl_checkpoint else rl / "final"
 
 
@@ -121,7 +121,7 @@ def _compare(args: argparse.Namespace, out: Path, heldout: Path) -> list[str]:
         "base_tools": MODEL,
         "sft_plain": str(runs / "agent-plain" / "train"),
         "sft_tools": str(runs / "agent" / "train"),
-        "rl_tools": str(_rl_model(args, runs)),
+        "rl_tools": str(rl_model(args, runs)),
     }
     unknown = sorted(set(args.arms) - set(models))
     if unknown or len(args.arms) < 2:
