@@ -18,6 +18,8 @@ from collections.abc import Callable
 from fractions import Fraction
 from typing import Any
 
+from rayft.syntax import parse
+
 MAX_CHARS = 2000
 """The longest expression evaluated."""
 MAX_BITS = 100_000
@@ -60,7 +62,7 @@ def calculate(expression: str) -> str:
     if len(expression) > MAX_CHARS:
         raise CalculatorError(f"the expression is {len(expression)} characters; at most {MAX_CHARS}")
     try:
-        tree = ast.parse(expression.strip(), mode="eval")
+        tree = parse(expression.strip(), mode="eval")
     except SyntaxError as exc:
         raise CalculatorError(f"not an arithmetic expression: {exc.msg}") from None
     return _format(_evaluate(tree.body, 0))

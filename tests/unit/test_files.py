@@ -11,6 +11,7 @@ import pytest
 import rayft
 from rayft.errors import StorageError
 from rayft.files import replace_dir, replacing, staging_dir, temp_path, write_atomic, write_text_atomic
+from rayft.syntax import parse
 
 SRC = Path(rayft.__file__).parent
 
@@ -88,7 +89,7 @@ def renames(path: Path) -> list[str]:
     """The calls in ``path`` that rename a file or directory: os.replace / os.rename, and
     Path.replace / Path.rename (one positional argument, unlike str.replace and dataclasses.replace)."""
     found = []
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+    for node in ast.walk(parse(path.read_text(encoding="utf-8"))):
         if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
             continue
         if node.func.attr not in ("replace", "rename"):

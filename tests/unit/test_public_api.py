@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 import rayft
+from rayft.syntax import parse
 
 PUBLIC = [
     "ChatResult", "PairsResult", "PrepareResult",
@@ -144,7 +145,7 @@ def _returned_names(annotation: str) -> tuple[set[str], set[str]]:
         elif isinstance(node, ast.Constant) and node.value is None:
             top.add("None")
 
-    visit(ast.parse(annotation, mode="eval").body, nested=False)
+    visit(parse(annotation, mode="eval").body, nested=False)
     return top, inner
 
 

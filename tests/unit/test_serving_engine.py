@@ -363,6 +363,20 @@ def test_unloading_an_adapter_frees_it_and_a_request_reloads_it(engine: Engine) 
     assert engine.stats.adapter_loads["alpha"] == before + 1
 
 
+def test_requests_after_the_last_adapter_is_unloaded_are_served(
+    tiny_model_dir: Path, adapter_dirs: dict[str, Path]
+) -> None:
+    """PEFT keeps a deleted adapter's name active when no other is left: a base request and a request that
+    loads the adapter again both run to their end on that model."""
+    engine = _engine(tiny_model_dir, adapter_dirs)
+    engine.load_adapter("alpha")
+    engine.unload_adapter("alpha")
+    for adapter in (None, "alpha"):
+        events: list[Event] = []
+        asyncio.run(asyncio.wait_for(_drain(engine.submit(engine.prepare(_job(max_tokens=2), adapter)), events), 60))
+        assert isinstance(events[-1], Finished), (adapter, events[-1])
+
+
 def test_a_prompt_or_max_tokens_past_the_context_or_kv_budget_is_refused(engine: Engine) -> None:
     with pytest.raises(RequestError, match="this model's context is 2048 tokens") as caught:
         engine.prepare(Job("fox " * 3000, None, 0.0, 1.0, (), None), None)

@@ -12,6 +12,7 @@ import ast
 from pathlib import Path
 
 import rayft
+from rayft.syntax import parse
 
 SRC = Path(rayft.__file__).parent
 REMOTE_NAMES = frozenset({"remote_uri", "is_remote", "RemoteRun"})
@@ -47,7 +48,7 @@ def remote_branches(tree: ast.AST) -> list[int]:
 def outside_runs() -> dict[str, ast.Module]:
     """Every module of rayft outside ``runs/``, parsed, by its path under ``src/rayft``."""
     files = (p for p in sorted(SRC.rglob("*.py")) if p.relative_to(SRC).parts[0] != "runs")
-    return {p.relative_to(SRC).as_posix(): ast.parse(p.read_text(encoding="utf-8")) for p in files}
+    return {p.relative_to(SRC).as_posix(): parse(p.read_text(encoding="utf-8")) for p in files}
 
 
 def test_the_counter_sees_each_kind_of_branch() -> None:
@@ -59,7 +60,7 @@ z = [f for f in files if RemoteRun]
 while not is_remote(q): pass
 w = store.remote_uri
 """
-    assert remote_branches(ast.parse(source)) == [2, 3, 4, 5, 6]
+    assert remote_branches(parse(source)) == [2, 3, 4, 5, 6]
 
 
 def test_at_most_five_branches_on_remote_storage_remain_outside_runs() -> None:

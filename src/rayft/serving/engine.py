@@ -179,7 +179,13 @@ class Engine:
 
     def _drop_partial(self, name: str) -> None:
         """Delete PEFT adapter ``name`` from the model, if it is there (a load that failed half-way too)."""
-        if name not in getattr(self.backend.model, "peft_config", {}):
+        configs = getattr(self.backend.model, "peft_config", {})
+        if name not in configs:
+            return
+        if len(configs) == 1:
+            # A PEFT model whose last adapter is deleted cannot run (its forward reads the active adapter's
+            # config): the base model comes back without LoRA layers, and the next load wraps it again.
+            self.backend.model = self.backend.model.unload()
             return
         with warnings.catch_warnings():
             # PEFT warns that another adapter becomes the active one: every batch names its
