@@ -1,7 +1,7 @@
 """Python's :func:`ast.parse`, safe against a CPython race that rayft's threads can hit.
 
-CPython 3.11.0 to 3.11.7 and 3.12.0 to 3.12.1 kept the AST converter's recursion depth in state shared
-by the whole interpreter (python/cpython#106905, fixed in 3.11.8 and 3.12.2). A parse that starts while
+Some CPython releases, 3.11.7 among them, keep the AST converter's recursion depth in state shared by
+the whole interpreter (python/cpython#106905; later releases keep it per parse). A parse that starts while
 another one is converting its tree (a tool call on an episode thread, or one run by a finalizer that the
 garbage collector calls in the middle of a conversion) leaves the counter off, and the first one fails
 with ``SystemError: AST constructor recursion depth mismatch`` although its source is valid. Every parse
