@@ -1,27 +1,32 @@
 """Plain GRPO against GRPO with dynamic sampling at the same wall-clock budget, measured with rayft's CLI.
 
-configs/sql-grpo.yaml's comparison (built-in text-to-SQL, execution reward) with the RL arms stopped by the
-clock instead of by a step count:
+A config's comparison of a supervised start and GRPO from it, with the RL arms stopped by the clock instead of
+by a step count. ``--task sql``: configs/sql-grpo.yaml (the built-in text-to-SQL set, the execution reward);
+``--task gsm8k``: configs/gsm8k-grpo.yaml on real GSM8K (``../shared/datasets/gsm8k/train.jsonl`` split as
+its header does: the first 1,000 problems for SFT, the next 600 as GRPO prompts, the last ``--heldout``
+held out; the math reward and a format reward).
 
-1. ``sft``: the config's supervised start (``--sft-steps`` LoRA steps, 10 in its header: a weak start that
-   answers about 7 in 10 training questions; 200: a strong one that answers all), merged by ``rayft export``;
+1. ``sft``: the config's supervised start (``--sft-steps`` LoRA steps, its header's other settings), merged
+   by ``rayft export``. SQL: 10 steps (the header's) is a weak start that answers about 7 in 10 training
+   questions, 200 a strong one that answers all;
 2. the RL arms from that model, **run at the same time** (so that each sees the same machine, and the same
    load from anything else running on it), each on one Ray Train worker at one torch thread, with a
-   checkpoint after every step. After ``--budget-min`` minutes from its launch each arm gets SIGTERM; its
-   model is the last checkpoint committed before that moment:
+   checkpoint after every step. ``--budget-min`` minutes after its launch each arm gets SIGTERM; its model
+   is the last checkpoint committed before that moment:
    - ``plain``: the config's GRPO (DAPO loss);
    - ``dynamic``: the same with ``train.rl.dynamic_sampling`` (groups whose rewards are all alike dropped,
      more prompts sampled, at most ``--max-rounds`` extra rounds a step);
-3. ``rayft compare`` of the start and the arms on ``--heldout`` problems of the set's test split (paired:
-   McNemar's test, the interval of each difference, flips).
+3. ``rayft compare`` of the start and the arms on ``--heldout`` held-out problems (the set's test split for
+   SQL; paired: McNemar's test, the interval of each difference, flips).
 
 Printed and written to ``OUT/summary.json``: per arm the steps finished within the budget, the share of steps
 with a gradient (some group's rewards differed among the groups trained), the completions sampled, the mean
-sampled reward, reward per hour (the sum of every sampled completion's reward divided by the budget), and
-dynamic sampling's record (groups drawn, dropped, trained; extra rollouts), then ``compare.md``. A stage
-whose output is already in OUT is not run again (``--fresh`` reruns all).
+sampled reward, reward per hour (the sum of every sampled completion's reward over the budget), and dynamic
+sampling's record (groups drawn, dropped, trained; extra rollouts), then ``compare.md``. A stage whose
+output is already in OUT is not run again (``--fresh`` reruns all).
 
-    .venv/bin/python benchmarks/measure_rl_budget.py OUT [--sft-steps 10] [--budget-min 25] [--heldout 200]
+    .venv/bin/python benchmarks/measure_rl_budget.py OUT [--task sql|gsm8k] [--sft-steps 10] [--budget-min 25]
+        [--heldout 200]
 """
 
 from __future__ import annotations
@@ -40,30 +45,54 @@ from typing import Any
 from measure_tool_arms import rayft_command, run_stage
 
 REPO = Path(__file__).resolve().parents[1]
-CONFIG = REPO / "configs" / "sql-grpo.yaml"
-GROUP_SIZE = 8  # configs/sql-grpo.yaml's train.rl.group_size
+CONFIGS = {"sql": REPO / "configs" / "sql-grpo.yaml", "gsm8k": REPO / "configs" / "gsm8k-grpo.yaml"}
+GROUP_SIZE = 8  # train.rl.group_size of both configs
+GSM8K = REPO.parent / "shared" / "datasets" / "gsm8k" / "train.jsonl"
+GSM8K_SFT, GSM8K_RL = (0, 1000), (1000, 1600)  # configs/gsm8k-grpo.yaml's header: lines 1-1000, 1001-1600
 STOP_GRACE_S = 180  # SIGTERM saves the step in progress; past this the arm is killed (its checkpoints are kept)
 
 
+def _split_gsm8k(out: Path, heldout: int) -> dict[str, Path]:
+    """GSM8K's train file in three files that share no problem (the config header's split); their paths."""
+    lines = GSM8K.read_text(encoding="utf-8").splitlines(keepends=True)
+    parts = {"sft": lines[slice(*GSM8K_SFT)], "rl": lines[slice(*GSM8K_RL)], "heldout": lines[-heldout:]}
+    paths = {}
+    for name, rows in parts.items():
+        paths[name] = out / "data" / f"{name}.jsonl"
+        paths[name].parent.mkdir(parents=True, exist_ok=True)
+        paths[name].write_text("".join(rows), encoding="utf-8")
+    return paths
+
+
+def _data(args: argparse.Namespace, out: Path, stage: str) -> list[str]:
+    """The overrides that point a stage (sft, rl, compare) of the task at its data."""
+    if args.task == "sql":
+        return ["data.datasets.0.max_rows=2000"] if stage == "sft" else []
+    paths = _split_gsm8k(out, args.heldout)
+    if stage == "compare":
+        return [f"eval.datasets.0.path={paths['heldout']}"]
+    return [f"data.datasets.0.path={paths[stage]}"]
+
+
 def _sft(args: argparse.Namespace, out: Path, log: dict[str, Any]) -> Path:
-    """The supervised start (configs/sql-grpo.yaml's header commands), merged; the merged model's path."""
+    """The supervised start (the config header's commands), merged; the merged model's path."""
     runs = out / "runs"
     run_stage("sft", rayft_command(
-        "train", str(CONFIG), "name=sql-sft", f"storage_path={runs}", "train.objective=sft", "data.packing=true",
-        "data.datasets.0.max_rows=2000", f"train.max_steps={args.sft_steps}", "train.learning_rate=2e-3",
-        "train.save_steps=100", f"seed={args.seed}",
-    ), runs / "sql-sft" / "final", log)  # fmt: skip
-    merged = out / "sql-sft-merged"
+        "train", str(args.config), "name=start-sft", f"storage_path={runs}", "train.objective=sft",
+        "data.packing=true", *_data(args, out, "sft"), f"train.max_steps={args.sft_steps}",
+        "train.learning_rate=2e-3", f"train.save_steps={args.sft_steps}", "train.eval_steps=null", f"seed={args.seed}",
+    ), runs / "start-sft" / "final", log)  # fmt: skip
+    merged = out / "start-sft-merged"
     run_stage("merge", rayft_command(
-        "export", str(runs / "sql-sft"), str(merged), "--merge", "--checkpoint", "final",
+        "export", str(runs / "start-sft"), str(merged), "--merge", "--checkpoint", "final",
     ), merged / "config.json", log)  # fmt: skip
     return merged
 
 
 def _arm_command(args: argparse.Namespace, out: Path, merged: Path, arm: str) -> list[str]:
     command = rayft_command(
-        "train", str(CONFIG), f"name=arm-{arm}", f"storage_path={out / 'runs'}", f"model.name={merged}",
-        f"seed={args.seed}", "scaling.num_workers=1", f"train.micro_batch_size={args.prompts}",
+        "train", str(args.config), f"name=arm-{arm}", *_data(args, out, "rl"), f"storage_path={out / 'runs'}",
+        f"model.name={merged}", f"seed={args.seed}", "scaling.num_workers=1", f"train.micro_batch_size={args.prompts}",
         "train.max_steps=100000", "train.save_steps=1", "train.eval_steps=null", "checkpoint.num_to_keep=null",
         "checkpoint.async_upload=false",
     )  # fmt: skip
@@ -154,9 +183,12 @@ def _had_gradient(row: dict[str, Any]) -> bool:
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("out", type=Path, help="Directory for every stage's output and the report.")
+    parser.add_argument("--task", choices=sorted(CONFIGS), default="sql", help="Which config's comparison.")
     parser.add_argument("--sft-steps", type=int, default=10, help="Supervised steps of the start (10: weak).")
     parser.add_argument("--budget-min", type=float, default=25.0, help="Wall-clock minutes of each RL arm.")
-    parser.add_argument("--prompts", type=int, default=4, help="Prompts per step (8 completions each).")
+    parser.add_argument("--prompts", type=int, default=None,
+                        help="Prompts per step, 8 completions each (default: the config's 2 workers' worth: "
+                             "4 for sql, 2 for gsm8k's longer answers).")  # fmt: skip
     parser.add_argument("--max-rounds", type=int, default=4, help="Dynamic sampling's most extra rounds a step.")
     parser.add_argument("--heldout", type=int, default=200, help="Test-split problems compared.")
     parser.add_argument("--arms", default="plain,dynamic", help="Comma-separated RL arms (plain, dynamic).")
@@ -168,6 +200,9 @@ def _parser() -> argparse.ArgumentParser:
 def main() -> None:
     args = _parser().parse_args()
     args.arms = [arm for arm in args.arms.split(",") if arm]
+    args.config = CONFIGS[args.task]
+    if args.prompts is None:
+        args.prompts = {"sql": 4, "gsm8k": 2}[args.task]
     unknown = sorted(set(args.arms) - {"plain", "dynamic"})
     if unknown:
         raise SystemExit(f"--arms: unknown {unknown}; name plain and/or dynamic")
@@ -189,8 +224,8 @@ def main() -> None:
         models.append(f"--model={arm}={checkpoint}")
     compare = out / "compare"
     run_stage("compare", rayft_command(
-        "compare", str(CONFIG), *models, "--output", str(compare), f"storage_path={out / 'runs'}",
-        f"eval.max_samples={args.heldout}", f"eval.datasets.0.max_rows={args.heldout}",
+        "compare", str(args.config), *models, *_data(args, out, "compare"), "--output", str(compare),
+        f"storage_path={out / 'runs'}", f"eval.max_samples={args.heldout}", f"eval.datasets.0.max_rows={args.heldout}",
     ), compare / "compare.md", log)  # fmt: skip
     summary = {"args": {k: str(v) for k, v in vars(args).items()}, "stages": log, "arms": arms}
     (out / "summary.json").write_text(json.dumps(summary, indent=2), encoding="utf-8")
