@@ -16,6 +16,9 @@ held out; the math reward and a format reward).
    - ``plain``: the config's GRPO (DAPO loss);
    - ``dynamic``: the same with ``train.rl.dynamic_sampling`` (groups whose rewards are all alike dropped,
      more prompts sampled, at most ``--max-rounds`` extra rounds a step);
+   - ``curriculum`` (GSM8K only: SQL rows have no annotated solution to vary): dynamic sampling and
+     ``train.rl.curriculum`` (a harder variant of each prompt every completion solved, an easier one of each
+     that none did, served in later steps; decontaminated against the held-out problems);
 3. ``rayft compare`` of the start and the arms on ``--heldout`` held-out problems (the set's test split for
    SQL; paired: McNemar's test, the interval of each difference, flips).
 
@@ -96,8 +99,11 @@ def _arm_command(args: argparse.Namespace, out: Path, merged: Path, arm: str) ->
         "train.max_steps=100000", "train.save_steps=1", "train.eval_steps=null", "checkpoint.num_to_keep=null",
         "checkpoint.async_upload=false",
     )  # fmt: skip
-    if arm == "dynamic":
+    if arm in ("dynamic", "curriculum"):
         command.append(f"train.rl.dynamic_sampling={{max_rounds: {args.max_rounds}}}")
+    if arm == "curriculum":  # the variants are checked against the held-out problems, as sdg's are
+        heldout = _data(args, out, "compare")[0].split("=", 1)[1]
+        command.append(f"train.rl.curriculum={{decontamination: {{datasets: [{{path: '{heldout}'}}]}}}}")
     return command
 
 
@@ -170,6 +176,9 @@ def _figures(run: Path, last_step: int, budget_s: float, first_round: int) -> di
     for key in ("groups_drawn", "groups_dropped", "groups_trained", "extra_rollouts", "short_steps"):
         if any(f"rl/{key}" in row for row in steps.values()):
             figures[key] = int(sum(row.get(f"rl/{key}", 0.0) for row in steps.values()))
+    curriculum = sorted({key for row in steps.values() for key in row if key.startswith("rl/curriculum/")})
+    for key in curriculum:  # what the curriculum made, served, and could not vary, summed over the steps
+        figures[key.removeprefix("rl/")] = round(sum(row.get(key, 0.0) for row in steps.values()), 1)
     return figures
 
 
@@ -191,7 +200,8 @@ def _parser() -> argparse.ArgumentParser:
                              "4 for sql, 2 for gsm8k's longer answers).")  # fmt: skip
     parser.add_argument("--max-rounds", type=int, default=4, help="Dynamic sampling's most extra rounds a step.")
     parser.add_argument("--heldout", type=int, default=200, help="Test-split problems compared.")
-    parser.add_argument("--arms", default="plain,dynamic", help="Comma-separated RL arms (plain, dynamic).")
+    parser.add_argument("--arms", default="plain,dynamic",
+                        help="Comma-separated RL arms (plain, dynamic, curriculum), run at the same time.")  # fmt: skip
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--fresh", action="store_true", help="Run every stage again.")
     return parser
@@ -203,9 +213,11 @@ def main() -> None:
     args.config = CONFIGS[args.task]
     if args.prompts is None:
         args.prompts = {"sql": 4, "gsm8k": 2}[args.task]
-    unknown = sorted(set(args.arms) - {"plain", "dynamic"})
+    unknown = sorted(set(args.arms) - {"plain", "dynamic", "curriculum"})
     if unknown:
-        raise SystemExit(f"--arms: unknown {unknown}; name plain and/or dynamic")
+        raise SystemExit(f"--arms: unknown {unknown}; name plain, dynamic or curriculum")
+    if args.task == "sql" and "curriculum" in args.arms:
+        raise SystemExit("--arms curriculum: the SQL rows have no annotated solution to vary; use --task gsm8k")
     out = args.out.resolve()
     if args.fresh:
         shutil.rmtree(out, ignore_errors=True)
