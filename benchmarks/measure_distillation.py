@@ -5,7 +5,7 @@ The teacher is a model that answers the set's questions with a query (``--teache
 supervised start that ``benchmarks/measure_rl_budget.py`` writes to ``OUT/start-sft-merged``); the student
 (``--student``, SmolLM2-135M-Instruct by default) shares its tokenizer. configs/sql-grpo.yaml's GRPO run with
 its rewards taken out and ``train.rl.distillation`` set (mode ``replace``: the teacher's per-token
-log-probabilities of the student's own samples are the whole signal), on 2 Ray Train workers:
+log-probabilities of the student's own samples are the whole signal), on ``--workers`` Ray Train workers:
 
 1. ``distill``: ``--steps`` steps of ``--prompts`` prompts x ``--group`` samples per worker, validation every
    ``--eval-steps`` steps (one seeded sample of each validation prompt: ``eval/distill/reverse_kl``, the same
@@ -43,7 +43,7 @@ def _distill(args: argparse.Namespace, out: Path, log: dict[str, Any]) -> Path:
         f"seed={args.seed}", "train.rl.rewards=[]", f"train.rl.distillation={json.dumps(teacher)}",
         f"train.rl.group_size={args.group}", f"train.micro_batch_size={args.prompts}",
         f"train.max_steps={args.steps}", f"train.eval_steps={args.eval_steps}", f"train.save_steps={args.eval_steps}",
-        f"train.learning_rate={args.learning_rate}",
+        f"train.learning_rate={args.learning_rate}", f"scaling.num_workers={args.workers}",
     ), runs / "distill" / "final", log)  # fmt: skip
     return runs / "distill"
 
@@ -70,6 +70,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--student", default="smollm2-135m-instruct", help="The student model (name or directory).")
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--eval-steps", type=int, default=10)
+    parser.add_argument("--workers", type=int, default=2, help="Ray Train workers (each loads the teacher).")
     parser.add_argument("--prompts", type=int, default=4, help="Prompts per worker per step.")
     parser.add_argument("--group", type=int, default=4, help="Samples per prompt.")
     parser.add_argument("--learning-rate", type=float, default=1e-4)

@@ -11,8 +11,9 @@ held out; the math reward and a format reward).
    questions, 200 a strong one that answers all;
 2. the RL arms from that model, **run at the same time** (so that each sees the same machine, and the same
    load from anything else running on it), each on one Ray Train worker at one torch thread, with a
-   checkpoint after every step. ``--budget-min`` minutes after its launch each arm gets SIGTERM; its model
-   is the last checkpoint committed before that moment:
+   checkpoint after every step and no validation (the held-out comparison below is the measure).
+   ``--budget-min`` minutes after its launch each arm gets SIGTERM; its model is the last checkpoint
+   committed before that moment:
    - ``plain``: the config's GRPO (DAPO loss);
    - ``dynamic``: the same with ``train.rl.dynamic_sampling`` (groups whose rewards are all alike dropped,
      more prompts sampled, at most ``--max-rounds`` extra rounds a step);
@@ -97,7 +98,7 @@ def _arm_command(args: argparse.Namespace, out: Path, merged: Path, arm: str) ->
         "train", str(args.config), f"name=arm-{arm}", *_data(args, out, "rl"), f"storage_path={out / 'runs'}",
         f"model.name={merged}", f"seed={args.seed}", "scaling.num_workers=1", f"train.micro_batch_size={args.prompts}",
         "train.max_steps=100000", "train.save_steps=1", "train.eval_steps=null", "checkpoint.num_to_keep=null",
-        "checkpoint.async_upload=false",
+        "checkpoint.async_upload=false", "data.validation_fraction=0",  # a checkpoint's validation: none to run
     )  # fmt: skip
     if arm in ("dynamic", "curriculum"):
         command.append(f"train.rl.dynamic_sampling={{max_rounds: {args.max_rounds}}}")

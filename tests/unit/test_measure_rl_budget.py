@@ -53,6 +53,7 @@ def test_each_sql_arm_is_the_configs_grpo_on_one_worker_saving_every_step(tmp_pa
     for cfg in (plain, dynamic):
         assert cfg.train.objective == "grpo" and cfg.scaling.num_workers == 1 and cfg.train.save_steps == 1
         assert cfg.model.name == str(tmp_path / "start") and cfg.checkpoint.num_to_keep is None
+        assert cfg.data.validation_fraction == 0  # no validation at every checkpoint
         assert cfg.train.micro_batch_size == 4 and cfg.train.rl.group_size == budget.GROUP_SIZE
     assert plain.train.rl.dynamic_sampling is None and plain.train.rl.curriculum is None
     assert dynamic.train.rl.dynamic_sampling is not None and dynamic.train.rl.dynamic_sampling.max_rounds == 4
