@@ -13,7 +13,7 @@ held out; the math reward and a format reward).
    load from anything else running on it), each on one Ray Train worker at one torch thread, with a
    checkpoint after every step and no validation (the held-out comparison below is the measure).
    ``--budget-min`` minutes after its launch each arm gets SIGTERM; its model is the last checkpoint
-   committed before that moment:
+   committed by then (launch plus budget, however long the signal then takes to arrive):
    - ``plain``: the config's GRPO (DAPO loss);
    - ``dynamic``: the same with ``train.rl.dynamic_sampling`` (groups whose rewards are all alike dropped,
      more prompts sampled, at most ``--max-rounds`` extra rounds a step);
@@ -132,16 +132,19 @@ def _run_arms(args: argparse.Namespace, out: Path, merged: Path, log: dict[str, 
             raise SystemExit(f"arm {arm} ended before its budget (exit {process.returncode}); see {out}/arm-{arm}.log")
         except subprocess.TimeoutExpired:
             pass
-        deadline = time.time()
+        # The deadline is the launch plus the budget, whenever the signal goes (an arm waits while the one
+        # before it saves and exits): checkpoints committed after it are not the arm's model.
+        signalled = time.time()
         process.send_signal(signal.SIGTERM)
         try:
             process.wait(timeout=STOP_GRACE_S)
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
-        record = {"deadline": deadline, "budget_s": deadline - started, "exit": process.returncode}
+        record = {"deadline": started + budget, "budget_s": budget, "signalled_s": signalled - started,
+                  "exit": process.returncode}  # fmt: skip
         (out / f"arm-{arm}.json").write_text(json.dumps(record), encoding="utf-8")
-        print(f"[{arm}] stopped {deadline - started:.0f} s after launch (exit {process.returncode})", flush=True)
+        print(f"[{arm}] stopped {signalled - started:.0f} s after launch (exit {process.returncode})", flush=True)
 
 
 def _checkpoint_before(run: Path, deadline: float) -> tuple[Path, int]:
