@@ -48,8 +48,12 @@ def free_ports(count: int, outside: range = range(0)) -> list[int]:
         return ports
 
 
-def wait_http(url: str, process: subprocess.Popen[bytes], log: Path, timeout_s: float = 60.0) -> None:
-    """Wait until ``url`` answers 200; fail with the server's log when it exits or takes too long."""
+def wait_http(url: str, process: subprocess.Popen[bytes], log: Path, timeout_s: float = 240.0) -> None:
+    """Wait until ``url`` answers 200; fail with the server's log when it exits or takes too long.
+
+    The wait ends on the answer or on the server's exit; the clock only stops a server that hangs. It is
+    long because a start on a loaded 2-core machine is slow: ``mlflow server`` (its database created, then
+    its app imported) once took over 60 s there while both cores ran other tests and a measurement."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if process.poll() is not None:
