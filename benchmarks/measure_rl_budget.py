@@ -36,6 +36,7 @@ output is already in OUT is not run again (``--fresh`` reruns all).
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import shutil
@@ -56,6 +57,7 @@ GSM8K_SFT, GSM8K_RL = (0, 1000), (1000, 1600)  # configs/gsm8k-grpo.yaml's heade
 STOP_GRACE_S = 180  # SIGTERM saves the step in progress; past this the arm is killed (its checkpoints are kept)
 
 
+@functools.cache  # every stage and arm asks for the paths; the file is read and split once per run
 def _split_gsm8k(out: Path, heldout: int) -> dict[str, Path]:
     """GSM8K's train file in three files that share no problem (the config header's split); their paths."""
     lines = GSM8K.read_text(encoding="utf-8").splitlines(keepends=True)
