@@ -207,17 +207,29 @@ def quiet_worker_console() -> None:
 def ignore_known_warnings() -> None:
     """Silence third-party warnings that ask nothing of a rayft user (in this process): peft reads
     transformers' deprecated ``is_gradient_checkpointing`` on every adapter it wraps; bitsandbytes
-    asks for an optional kernel package on import; DeepSpeed says it fell back to the CPU."""
+    asks for an optional kernel package on import (and `kernels`, offline, says it skipped that package's
+    publisher check); DeepSpeed says it fell back to the CPU."""
     warnings.filterwarnings("ignore", message=r"`is_gradient_checkpointing` is deprecated", category=FutureWarning)
     # bitsandbytes (the qlora extra), which peft imports whenever it is installed, warns at import on CPUs with
     # AVX512-BF16 that an optional faster 4-bit kernel package is missing; its own kernels run instead.
     logging.getLogger("bitsandbytes.backends.cpu.ops").setLevel(logging.ERROR)
+    # That kernel comes through Hugging Face's `kernels`, which under HF_HUB_OFFLINE (rayft's offline runs)
+    # warns on every such import that it skipped the kernel's publisher check; the kernel then loads from the
+    # cache or bitsandbytes' own kernels run. Its other warnings still show.
+    hub = logging.getLogger("kernels._internals.hf_hub")
+    if _not_offline_trust_notice not in hub.filters:
+        hub.addFilter(_not_offline_trust_notice)
     # DeepSpeed, imported by transformers' save_pretrained through accelerate (every export) and by ZeRO-3 runs,
     # warns on a stdout handler of its own that it fell back to the CPU on a machine without a GPU: rayft picks
     # the device itself. A filter on its logger holds whether the logger is made before or after this call.
     deepspeed = logging.getLogger("DeepSpeed")
     if _not_cpu_accelerator_notice not in deepspeed.filters:
         deepspeed.addFilter(_not_cpu_accelerator_notice)
+
+
+def _not_offline_trust_notice(record: logging.LogRecord) -> bool:
+    """False for `kernels`' notice that offline mode skipped a kernel's publisher check."""
+    return "Skipping publisher trust check" not in record.getMessage()
 
 
 def _not_cpu_accelerator_notice(record: logging.LogRecord) -> bool:

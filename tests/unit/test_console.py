@@ -140,6 +140,29 @@ def test_deepspeeds_accelerator_notice_never_reaches_a_model_loading_process_out
     assert "a DeepSpeed warning that asks something of the user" in done.stdout
 
 
+def test_the_offline_kernel_trust_notice_never_reaches_a_model_loading_process_output() -> None:
+    """Offline (HF_HUB_OFFLINE), bitsandbytes' import through PEFT makes Hugging Face's `kernels` warn that it
+    skipped a kernel's publisher check: a process that loads models does not show it; what `kernels` warns
+    otherwise still shows."""
+    import os
+    import subprocess
+    import sys
+
+    pytest.importorskip("bitsandbytes")
+    script = (
+        "import logging\n"
+        "logging.basicConfig(format='%(name)s %(message)s')\n"
+        "import rayft.models.loading\n"
+        "import bitsandbytes\n"
+        "logging.getLogger('kernels._internals.hf_hub').warning('a kernels warning that asks something of the user')\n"
+    )
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True, timeout=120,
+                          env=env)  # fmt: skip
+    assert "Skipping publisher trust check" not in done.stdout + done.stderr
+    assert "a kernels warning that asks something of the user" in done.stderr
+
+
 def test_a_multi_turn_grpo_step_line_adds_turns_and_tool_calls(caplog: pytest.LogCaptureFixture) -> None:
     from rayft.training.loop.metrics import ConsoleLogger
 
