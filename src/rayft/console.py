@@ -216,25 +216,29 @@ def ignore_known_warnings() -> None:
     # That kernel comes through Hugging Face's `kernels`, which under HF_HUB_OFFLINE (rayft's offline runs)
     # warns on every such import that it skipped the kernel's publisher check; the kernel then loads from the
     # cache or bitsandbytes' own kernels run. Its other warnings still show.
-    hub = logging.getLogger("kernels._internals.hf_hub")
-    if _not_offline_trust_notice not in hub.filters:
-        hub.addFilter(_not_offline_trust_notice)
+    _drop_notice("kernels._internals.hf_hub", "Skipping publisher trust check")
     # DeepSpeed, imported by transformers' save_pretrained through accelerate (every export) and by ZeRO-3 runs,
     # warns on a stdout handler of its own that it fell back to the CPU on a machine without a GPU: rayft picks
     # the device itself. A filter on its logger holds whether the logger is made before or after this call.
-    deepspeed = logging.getLogger("DeepSpeed")
-    if _not_cpu_accelerator_notice not in deepspeed.filters:
-        deepspeed.addFilter(_not_cpu_accelerator_notice)
+    _drop_notice("DeepSpeed", "Setting accelerator to CPU")
 
 
-def _not_offline_trust_notice(record: logging.LogRecord) -> bool:
-    """False for `kernels`' notice that offline mode skipped a kernel's publisher check."""
-    return "Skipping publisher trust check" not in record.getMessage()
+class _NoticeFilter(logging.Filter):
+    """Drops a logger's records whose message holds ``phrase`` (one known notice); lets the rest through."""
+
+    def __init__(self, phrase: str) -> None:
+        super().__init__()
+        self.phrase = phrase
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return self.phrase not in record.getMessage()
 
 
-def _not_cpu_accelerator_notice(record: logging.LogRecord) -> bool:
-    """False for DeepSpeed's notice that it set its accelerator to the CPU."""
-    return "Setting accelerator to CPU" not in record.getMessage()
+def _drop_notice(logger_name: str, phrase: str) -> None:
+    """Filter the notice holding ``phrase`` off ``logger_name``'s records, once however often this runs."""
+    logger = logging.getLogger(logger_name)
+    if not any(isinstance(f, _NoticeFilter) and f.phrase == phrase for f in logger.filters):
+        logger.addFilter(_NoticeFilter(phrase))
 
 
 def ray_train_log_level() -> str:
