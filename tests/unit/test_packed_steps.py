@@ -107,8 +107,12 @@ def test_packed_rows_lay_every_target_back_where_the_padded_rows_have_it() -> No
 
 
 # transformers' flex path calls torch APIs that torch 2.13 deprecates (create_block_mask's _compile flag,
-# torch.jit.script_method); flex_attention trains on GPUs only, and its forward is checked here.
-FLEX = pytest.param("flex_attention", marks=pytest.mark.filterwarnings("ignore::DeprecationWarning"))
+# torch.jit.script_method); flex_attention trains on GPUs only, and its forward is checked here, in the slow
+# tier: transformers always compiles flex_attention, and on a machine whose inductor cache is cold (every CI
+# run) that compile took 45 s of a 2-core machine alone and 190 s beside the rest of the unit tier.
+FLEX = pytest.param(
+    "flex_attention", marks=[pytest.mark.slow, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
+)
 
 
 @pytest.mark.parametrize("attention", [*TRAINING_ATTENTION, FLEX])
