@@ -109,3 +109,27 @@ def test_sigterm_saves_a_checkpoint_of_the_current_step_and_resume_continues_fro
     run_dir = train_on(tiny_config(tiny_model_dir, tmp_path, *settings), prepared, resume=True)
     assert resumed_after(run_dir, ended_at, max(reference)) == saved[0]
     assert train_losses(run_dir) == reference  # bitwise, every step
+
+
+def test_sigterm_during_a_step_longer_than_the_grace_stops_the_run_with_the_resume_hint(
+    tiny_model_dir: Path, prepared: PreparedData, tmp_path: Path
+) -> None:
+    """A step that outlasts failure.sigterm_grace_s (rank 0 hangs before step 5, rank 1 waits for it in the
+    all-reduce): the grace timer interrupts the launch while Ray Train's own SIGINT handler is in place,
+    and the run still stops with the one paragraph and exit code of a stop, naming the last checkpoint."""
+    settings = (*COMMON, "failure.sigterm_grace_s=3")
+    driver = start_driver(prepared, tiny_model_dir, tmp_path, *settings, address=gcs_address(),
+                          env={"RAYFT_FAULT_HANG": "0:5"})  # fmt: skip
+    since = started_at(driver)
+    wait_for_step(driver, tmp_path / "run", 4)
+    driver.send_signal(signal.SIGTERM)
+    started = time.monotonic()
+    _, err = driver.communicate(timeout=180)
+
+    assert driver.returncode == 143, err[-3000:]
+    assert time.monotonic() - started < 60
+    assert "Stopped: SIGTERM: the workers did not save within failure.sigterm_grace_s=3 s; the run stopped." in err
+    assert f"--resume to continue from checkpoint {tmp_path / 'run' / 'checkpoints' / 'step-000003'} (step 3)" in err
+    assert "Traceback" not in err, err[-3000:]
+    assert committed_steps(tmp_path / "run") == [3]
+    wait_for_no_train_workers(since)

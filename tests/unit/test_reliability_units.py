@@ -169,6 +169,31 @@ def test_sigterm_interrupts_a_launch_that_does_not_stop_within_the_grace_period(
     assert time.monotonic() - started < 10
 
 
+@pytest.mark.parametrize("then", ["exits", "returns"])
+def test_a_grace_that_runs_out_under_ray_trains_sigint_handler_still_stops_with_the_resume_hint(
+    tmp_path: Path, then: str
+) -> None:
+    """Inside a Ray Train fit the grace timer's SIGINT reaches Ray Train's handler, which aborts the run and
+    then exits the process (its controller gone) or lets the fit return: either way the stop names the
+    last checkpoint, as a KeyboardInterrupt would have."""
+    import sys
+
+    make_checkpoint(tmp_path / "checkpoints", 3)
+    aborted = threading.Event()
+
+    def like_ray_train(signum: int, frame: object) -> None:
+        aborted.set()
+        if then == "exits":
+            sys.exit(0)
+
+    expected = r"did not save within failure.sigterm_grace_s=0.5 s; the run stopped.*step-000003 \(step 3\)"
+    with pytest.raises(RunInterruptedError, match=expected), stop_on_sigterm(RunLocation(tmp_path), grace_s=0.5):
+        signal.signal(signal.SIGINT, like_ray_train)  # what each fit installs
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert aborted.wait(timeout=30)
+    assert signal.getsignal(signal.SIGINT) is not like_ray_train
+
+
 def test_resolved_configs_mask_credentials_of_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     from rayft.config import dump_config, load_config
 

@@ -83,7 +83,14 @@ def launch_local(
 @dataclasses.dataclass
 class _StopRequest:
     requested: bool = False
+    expired: bool = False
     timer: threading.Timer | None = None
+
+    def interrupt(self, thread_id: int) -> None:
+        """The grace period is over: interrupt the launch in the thread ``thread_id`` (the main one)."""
+        self.expired = True
+        # A real SIGINT: it also wakes a blocking wait (interrupt_main would not).
+        signal.pthread_kill(thread_id, signal.SIGINT)
 
 
 @contextlib.contextmanager
@@ -109,9 +116,7 @@ def stop_on_sigterm(location: RunLocation, grace_s: float) -> Iterator[None]:
         request.requested = True
         log.warning("SIGTERM: saving a checkpoint and stopping within %g s (failure.sigterm_grace_s)", grace_s)
         stop.send()
-        # A real SIGINT to the main thread: it also wakes a blocking wait (interrupt_main would not).
-        main = threading.main_thread().ident
-        request.timer = threading.Timer(grace_s, signal.pthread_kill, args=(main, signal.SIGINT))
+        request.timer = threading.Timer(grace_s, request.interrupt, args=(threading.main_thread().ident,))
         request.timer.daemon = True
         request.timer.start()
 
@@ -121,19 +126,23 @@ def stop_on_sigterm(location: RunLocation, grace_s: float) -> Iterator[None]:
     previous_sigint = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         yield
-    except KeyboardInterrupt:
-        if not request.requested:
+    except BaseException:
+        # Once the grace ran out, whatever the interrupt became is the stop below: a KeyboardInterrupt, or,
+        # inside a Ray Train fit (whose own SIGINT handler aborts the run instead), that handler's
+        # SystemExit or the error of the aborted run.
+        if not request.expired:
             raise
-        raise RunInterruptedError(
-            f"SIGTERM: the workers did not save within failure.sigterm_grace_s={grace_s:g} s; the run stopped. "
-            f"Rerun the same command with --resume to continue from {_latest_step_text(store)}."
-        ) from None
     finally:
         signal.signal(signal.SIGTERM, previous)
         signal.signal(signal.SIGINT, previous_sigint)
         if request.timer is not None:
             request.timer.cancel()
         stop.clear()
+    if request.expired and not store.finished():
+        raise RunInterruptedError(
+            f"SIGTERM: the workers did not save within failure.sigterm_grace_s={grace_s:g} s; the run stopped. "
+            f"Rerun the same command with --resume to continue from {_latest_step_text(store)}."
+        )
     if request.requested and not store.finished():
         raise RunInterruptedError(
             f"stopped on SIGTERM after saving {_latest_step_text(store)}; rerun the same command "
