@@ -29,8 +29,9 @@ from tests.support.runs import adapter_tensors, train_losses, train_on
 pytestmark = pytest.mark.integration
 __all__ = ["prompts"]  # the prepared prompts, shared with the colocated tests
 
-RUN = (BUILTIN_REWARDS, "train.max_steps=3", "train.save_steps=3", "train.learning_rate=5e-2")
-WEIGHTS_BOUND = 5e-4 * 3 * 5e-2  # the module docstring's worst case: 5e-4 relative of 3 updates of at most lr
+LEARNING_RATE = 5e-2
+RUN = (BUILTIN_REWARDS, "train.max_steps=3", "train.save_steps=3", f"train.learning_rate={LEARNING_RATE}")
+WEIGHTS_BOUND = 5e-4 * 3 * LEARNING_RATE  # the module docstring's worst case: 5e-4 relative of 3 updates of at most lr
 ACTORS = ("train.rl.rollout.placement=actors", "train.rl.rollout.num_actors=2", "train.rl.rollout.num_cpus_per_actor=0",
           "train.rl.rollout.start_timeout_s=120", "train.rl.rollout.sync_timeout_s=120",
           "train.rl.rollout.generate_timeout_s=120")  # fmt: skip

@@ -138,16 +138,17 @@ def stop_on_sigterm(location: RunLocation, grace_s: float) -> Iterator[None]:
         if request.timer is not None:
             request.timer.cancel()
         stop.clear()
-    if request.expired and not store.finished():
+    if not request.requested or store.finished():
+        return
+    if request.expired:
         raise RunInterruptedError(
             f"SIGTERM: the workers did not save within failure.sigterm_grace_s={grace_s:g} s; the run stopped. "
             f"Rerun the same command with --resume to continue from {_latest_step_text(store)}."
         )
-    if request.requested and not store.finished():
-        raise RunInterruptedError(
-            f"stopped on SIGTERM after saving {_latest_step_text(store)}; rerun the same command "
-            "with --resume to continue from it"
-        )
+    raise RunInterruptedError(
+        f"stopped on SIGTERM after saving {_latest_step_text(store)}; rerun the same command "
+        "with --resume to continue from it"
+    )
 
 
 def _latest_step_text(store: RunStore) -> str:
