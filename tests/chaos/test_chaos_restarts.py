@@ -145,7 +145,8 @@ def test_a_run_joined_to_one_of_two_heads_on_a_machine_prints_no_ray_stack(
     gcs_address()
     with ray_head(num_cpus=2, dashboard=True) as head:
         finished = run_driver(prepared, tiny_model_dir, tmp_path, "train.max_steps=4", "train.save_steps=2",
-                              "train.eval_steps=null", address=head.gcs, env=head.env, timeout_s=600)  # fmt: skip
+                              "train.eval_steps=null", "scaling.num_workers=1", address=head.gcs, env=head.env,
+                              timeout_s=600)  # fmt: skip
     assert finished.returncode == 0, finished.stderr[-4000:]
     assert "Traceback" not in finished.stderr and "multiple active Ray instances" not in finished.stderr, (
         finished.stderr[-4000:]
@@ -167,7 +168,7 @@ def test_with_no_retry_left_rayft_train_says_what_happened_and_how_to_resume_and
     config.write_text(
         f"name: small\nstorage_path: {tmp_path / 'runs'}\nmodel: {{name: {tiny_model_dir}}}\n"
         "data: {datasets: [{path: 'builtin:arithmetic', max_rows: 64}], validation_fraction: 0.0, "
-        "max_seq_length: 256}\nscaling: {num_workers: 2}\nlora: {r: 4}\nlogging: {tensorboard: false}\n"
+        "max_seq_length: 256}\nscaling: {num_workers: 1}\nlora: {r: 4}\nlogging: {tensorboard: false}\n"
         "train: {max_steps: 8, micro_batch_size: 2, save_steps: 3, eval_steps: null}\n"
     )
     hold = f"5:{tmp_path / 'never-released'}"  # held before step 5 on every attempt of the first command

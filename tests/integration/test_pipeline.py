@@ -1,4 +1,4 @@
-"""`rayft run` end to end at tiny sizes: sdg -> train (2 workers) -> eval (base vs tuned) -> export, then
+"""`rayft run` end to end at tiny sizes: sdg -> train (one Ray Train worker) -> eval (base vs tuned) -> export, then
 a rerun that skips every stage, and a changed eval section that reruns eval alone (`rayft run --address`
 on a running head: tests/integration/test_ray_jobs.py)."""
 
@@ -37,7 +37,7 @@ data:
   max_seq_length: 256
 lora: {{r: 4}}
 train: {{max_steps: 3, micro_batch_size: 2, learning_rate: 3.0e-3, save_steps: 2}}
-scaling: {{num_workers: 2}}
+scaling: {{num_workers: 1}}
 logging: {{tensorboard: false}}
 eval:
   datasets: [{{path: "builtin:arithmetic", split: test, max_rows: 8}}]

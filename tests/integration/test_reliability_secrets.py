@@ -7,10 +7,11 @@ log file.
 With canary values in the credential variables (``HF_TOKEN``,
 ``MLFLOW_TRACKING_TOKEN``, an endpoint's ``api_key_env`` variable), in a URL's query and in a URL's
 password, and a local OpenAI-compatible server that echoes the key and the URL it is sent, every
-command (run, sdg with the OpenAI teacher, train on 2 Ray Train workers, export, eval, compare, generate
+command (run, sdg with the OpenAI teacher, train on one Ray Train worker, export, eval, compare, generate
 and chat) writes them nowhere: not in the run directory (config, metrics, checkpoints, final/,
-logs), not in the outputs and reports, not in the Ray session directory (logs of every process),
-not in the job's runtime environment as Ray stores it, not on the console."""
+logs), not in the outputs and reports, not in the Ray session directory (logs of every process, a
+rank 1's among them from `run`'s training on 2 workers), not in the job's runtime environment as Ray
+stores it, not on the console."""
 
 from __future__ import annotations
 
@@ -92,7 +93,7 @@ data:
   max_seq_length: 128
 lora: {{r: 4}}
 train: {{max_steps: 4, save_steps: 2, eval_steps: 2}}
-scaling: {{num_workers: 2}}
+scaling: {{num_workers: 1}}
 eval:
   datasets: [{{path: "builtin:arithmetic", split: test, max_rows: 2}}]
   num_workers: 1

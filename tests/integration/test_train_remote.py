@@ -119,7 +119,7 @@ def test_rayft_run_trains_into_a_uri_and_keeps_the_finished_run_on_a_new_machine
         f"name: p\nstorage_path: '{uri}'\nmodel: {{name: {tiny_model_dir}}}\n"
         "data: {datasets: [{path: 'builtin:arithmetic', max_rows: 32}], validation_fraction: 0.0, "
         "max_seq_length: 128}\n"
-        "lora: {r: 4}\ntrain: {max_steps: 2, micro_batch_size: 2, save_steps: 1}\nscaling: {num_workers: 2}\n"
+        "lora: {r: 4}\ntrain: {max_steps: 2, micro_batch_size: 2, save_steps: 1}\nscaling: {num_workers: 1}\n"
         "logging: {tensorboard: false}\n"
     )
     runner = CliRunner()
