@@ -64,7 +64,7 @@ def test_the_driver_reads_none_of_the_training_split(ray_session: None, tiny_mod
     split_bytes = Path(prepared.train.files[0]).stat().st_size
     assert split_bytes > 40 * 2**20
     cfg = tiny_config(tiny_model_dir, tmp_path / "runs", "train.max_steps=2", "train.eval_steps=null",
-                      "train.save_steps=100", "data.shuffle_buffer_size=64")  # fmt: skip
+                      "train.save_steps=100", "data.shuffle_buffer_size=64", "scaling.num_workers=1")  # fmt: skip
     run_dir = claim_run_dir(cfg, resume=False)
     plan = build_worker_plan(cfg, prepared, RunLocation(run_dir))
     before = _bytes_read()
@@ -90,7 +90,7 @@ def test_a_worker_that_cannot_read_the_prepared_files_fails_at_once_naming_them(
     prepared = dataclasses.replace(
         arithmetic_units, train=dataclasses.replace(arithmetic_units.train, files=(elsewhere,))
     )
-    cfg = tiny_config(tiny_model_dir, tmp_path / "runs", "failure.max_failures=0")
+    cfg = tiny_config(tiny_model_dir, tmp_path / "runs", "failure.max_failures=0", "scaling.num_workers=1")
     run_dir = claim_run_dir(cfg, resume=False)
     with pytest.raises(
         DataError, match=rf"rank \d on node .* cannot read the prepared file {elsewhere};.*data\.cache_dir"
