@@ -17,6 +17,7 @@ from rayft._ray_private import (
     LOCAL_RAY_TRAIN_ENV,
     PRIVATE_SYMBOLS,
     SWITCH_ENV,
+    lean_head,
     local_init_kwargs,
     local_process_env,
     local_scaling_policy,
@@ -111,8 +112,26 @@ def test_a_local_trainer_without_datasets_starts_no_dataset_manager() -> None:
     assert DatasetsCallback in kinds(with_data) and PlacementGroupCleanerCallback not in kinds(with_data)
 
 
+def test_a_lean_head_skips_the_monitor_and_the_dashboard_head_only_while_ray_starts() -> None:
+    from ray._private.node import Node
+
+    monitor, api_server = Node.start_monitor, Node.start_api_server
+    with lean_head({}):
+        assert Node.start_monitor is not monitor and Node.start_api_server is not api_server
+        assert Node.start_monitor(object()) is None  # type: ignore[arg-type]
+    assert (Node.start_monitor, Node.start_api_server) == (monitor, api_server)
+    with pytest.raises(RuntimeError), lean_head({}):
+        raise RuntimeError("ray.init failed")
+    assert (Node.start_monitor, Node.start_api_server) == (monitor, api_server)
+
+
 def test_switched_off_every_path_is_rays_public_default(monkeypatch: pytest.MonkeyPatch) -> None:
+    from ray._private.node import Node
     from ray.train.torch import TorchTrainer
+
+    monitor = Node.start_monitor
+    with lean_head(OFF):
+        assert Node.start_monitor is monitor
 
     assert local_system_config(OFF) == {} and local_init_kwargs(OFF) == {}
     assert local_process_env(OFF) == {} and local_train_env(OFF) == {}

@@ -12,7 +12,13 @@ import logging
 import os
 from collections.abc import Callable, Iterator, Mapping
 
-from rayft._ray_private import divert_cluster_errors, local_init_kwargs, local_process_env, mask_job_entrypoint
+from rayft._ray_private import (
+    divert_cluster_errors,
+    lean_head,
+    local_init_kwargs,
+    local_process_env,
+    mask_job_entrypoint,
+)
 from rayft.console import cluster_errors_to_log_file, quiet_ray
 from rayft.errors import ClusterError, exception_chain, first_line
 from rayft.runtime.address import parse_address
@@ -58,7 +64,7 @@ def ray_runtime(address: str | None = None, *, metrics: bool = False) -> Iterato
     else:
 
         def init() -> None:
-            with environment(local_process_env(os.environ)):
+            with environment(local_process_env(os.environ)), lean_head():
                 ray.init(
                     include_dashboard=False,
                     log_to_driver=True,

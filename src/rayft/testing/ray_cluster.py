@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from rayft._ray_private import local_init_kwargs, local_process_env
+from rayft._ray_private import lean_head, local_init_kwargs, local_process_env
 from rayft.runtime import environment, mark_started_here
 
 
@@ -21,7 +21,7 @@ def start_local_ray(num_cpus: int = 2, **kwargs: Any) -> Any:
 
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")
     kwargs = local_init_kwargs(os.environ) | kwargs  # as `rayft` starts its local Ray
-    with environment(local_process_env(os.environ)):
+    with environment(local_process_env(os.environ)), lean_head():
         context = ray.init(
             num_cpus=num_cpus,
             include_dashboard=False,
