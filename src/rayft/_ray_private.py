@@ -18,10 +18,12 @@ the Ray series :data:`CHECKED_RAY_SERIES`, which ``pyproject.toml`` pins.
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib
 import logging
 import os
 from collections.abc import Callable, Iterator, Mapping
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
@@ -39,16 +41,20 @@ _DATASETS_CALLBACK = "ray.train.v2._internal.callbacks.datasets:DatasetsCallback
 _PLACEMENT_GROUP_TABLE = "ray._private.state:state._connect_and_get_accessor"
 _ACTOR_TABLE = "ray._private.state:actors"
 _TORCH_BACKEND = "ray.train.torch.config:_TorchBackend"
+_TORCH_CONTEXT = "ray.train.torch.config:TorchConfigContextManager"
 _PRINT_TO_STDSTREAM = "ray._private.worker:print_to_stdstream"
-_HEAD_PROCESSES = ("ray._private.node:Node.start_monitor", "ray._private.node:Node.start_api_server")
+_DATA_PARALLEL_TRAINER = "ray.train.v2.api.data_parallel_trainer:DataParallelTrainer"
+_HEAD_PROCESSES = ("ray._private.node:Node.start_monitor",)
 
 # Every private name used below, as "module:attribute.path" (the canary test resolves each).
 PRIVATE_SYMBOLS: tuple[str, ...] = (
     "ray:init",  # its private keyword argument _system_config (checked apart)
     "ray.train.v2._internal.callbacks.placement_group_callback:PlacementGroupCleanerCallback",
     _DATASETS_CALLBACK,
-    "ray.train.torch:TorchTrainer._create_default_callbacks",
-    "ray.train.torch:TorchTrainer._initialize_and_run_controller",
+    _DATA_PARALLEL_TRAINER,
+    f"{_DATA_PARALLEL_TRAINER}._create_default_callbacks",
+    f"{_DATA_PARALLEL_TRAINER}._initialize_and_run_controller",
+    _TORCH_CONTEXT,
     "ray.train.v2._internal.execution.scaling_policy:FixedScalingPolicy",
     "ray.train.v2._internal.execution.scaling_policy:FixedScalingPolicy._maybe_send_resource_request",
     "ray.train.v2._internal.execution.scaling_policy:FixedScalingPolicy.after_controller_start",
@@ -169,16 +175,16 @@ def local_process_env(environ: Mapping[str, str]) -> dict[str, str]:
 
 @contextlib.contextmanager
 def lean_head(environ: Mapping[str, str] | None = None) -> Iterator[None]:
-    """While a local Ray starts (around ``ray.init``), its head starts neither the autoscaler's
-    monitor nor the dashboard's head process; Ray's own head when off.
+    """While a local Ray starts (around ``ray.init``), its head does not start the autoscaler's
+    monitor; Ray's own head when off.
 
     The monitor runs the autoscaler, of which a Ray that lives and dies with one rayft command on
-    one machine has none, and the reports ``ray status`` reads. With ``include_dashboard=False``,
-    Ray still starts the dashboard's head process, to send usage statistics only. Each is a Python
-    process importing Ray beside training: 0.6-0.8 and 1.1-1.4 s of CPU for a `rayft train` of
-    eight tiny steps on 2 cores. Nothing rayft runs on its local Ray (Ray Train, Tune, Data and Serve
-    through their Python APIs) asks either; the dashboard agent and the runtime-env agent, which
-    metrics and workers use, are started as before.
+    one machine has none, and the reports ``ray status`` reads: a Python process importing Ray
+    beside training, 0.6-0.8 s of CPU for a `rayft train` of eight tiny steps on 2 cores. The
+    dashboard's head process stays, though Ray starts it without the dashboard (to send usage
+    statistics): Ray Train's placement-group cleaner, in a driver that joins this Ray, asks it for
+    the State API's address, and without it cannot stop within its timeout (a traceback at the end
+    of every such run).
     """
     if not enabled(environ):
         yield
@@ -229,24 +235,35 @@ def trainer_class(own_ray: bool) -> type:
     For the same reason a trainer given no datasets (rayft's never is) drops Ray Train's datasets
     callback: it starts a dataset-manager actor for every run all the same, one more process that
     imports Ray Data (over a second of CPU here) only to hand out shards nobody asks for.
-    """
-    from ray.train.torch import TorchTrainer
 
+    It is built on Ray Train's ``DataParallelTrainer``, to which ``TorchTrainer`` adds a default
+    ``TorchConfig`` and Ray Train's local mode for zero workers (which rayft, training in its own
+    process then, never asks for), and takes the deferred config of :func:`torch_config`: the
+    driver imports no torch (see there).
+    """
     if not (own_ray and enabled()):
+        from ray.train.torch import TorchTrainer
+
         return TorchTrainer
+    base = _load(_DATA_PARALLEL_TRAINER)
     overridden = ("_create_default_callbacks", "_initialize_and_run_controller")
-    if any(_load(f"ray.train.torch:TorchTrainer.{name}") is None for name in overridden):
+    if base is None or any(_load(f"{_DATA_PARALLEL_TRAINER}.{name}") is None for name in overridden):
+        from ray.train.torch import TorchTrainer
+
         return TorchTrainer
     cleaner = _load("ray.train.v2._internal.callbacks.placement_group_callback:PlacementGroupCleanerCallback")
     datasets_callback = _load(_DATASETS_CALLBACK)
     dropped: tuple[type, ...] = (cleaner,) if cleaner is not None else ()
 
-    class LocalTorchTrainer(TorchTrainer):
-        """``TorchTrainer`` without the placement-group cleaner and the autoscaling coordinator,
+    class LocalTorchTrainer(base):  # type: ignore[misc, valid-type]
+        """A torch trainer without the placement-group cleaner and the autoscaling coordinator,
         and, given no datasets, without the datasets callback."""
 
+        def __init__(self, train_loop_per_worker: Callable[..., Any], *, torch_config: Any, **kwargs: Any) -> None:
+            super().__init__(train_loop_per_worker, backend_config=torch_config, **kwargs)
+
         def _create_default_callbacks(self) -> list[Any]:
-            callbacks: list[Any] = super()._create_default_callbacks()  # type: ignore[misc]
+            callbacks: list[Any] = super()._create_default_callbacks()
             drop = dropped
             if datasets_callback is not None and not self.datasets:
                 drop = (*dropped, datasets_callback)
@@ -256,7 +273,7 @@ def trainer_class(own_ray: bool) -> type:
             if "scaling_policy" in controller_init_kwargs:
                 policy = controller_init_kwargs["scaling_policy"]
                 controller_init_kwargs["scaling_policy"] = local_scaling_policy(policy)
-            return super()._initialize_and_run_controller(**controller_init_kwargs)  # type: ignore[misc]
+            return super()._initialize_and_run_controller(**controller_init_kwargs)
 
     return LocalTorchTrainer
 
@@ -335,7 +352,7 @@ def actor_made_groups() -> dict[str, bool]:
     return groups
 
 
-def torch_config(backend: str, timeout_s: int) -> Any:
+def torch_config(backend: str, timeout_s: int, *, deferred: bool = False) -> Any:
     """Ray Train's ``TorchConfig`` (``backend``: gloo or nccl), whose shutdown of a worker group
     goes on past a worker that is already dead; Ray's own where this Ray's internals differ.
 
@@ -346,13 +363,43 @@ def torch_config(backend: str, timeout_s: int) -> Any:
     fails with ``OutOfMemoryError``. A dead worker has no process group left to end, so its error
     is dropped, and the shutdown carries on. Independent of :data:`SWITCH_ENV`: without it,
     a restart after a worker that ran out of memory waits for resources nothing frees.
+
+    ``deferred`` (a Ray that rayft started, :data:`SWITCH_ENV` on): a stand-in that the driver
+    builds without importing torch, and that becomes this config where it is unpickled (in Ray
+    Train's controller, which imports torch for it anyway). Ray's ``TorchConfig`` lives in a module
+    that imports torch, and so does ``TorchTrainer``'s: a driver that only starts the workers (the
+    ``rayft train`` command, each Tune trial) imported torch for them alone, 2.8 s of CPU on 2 cores.
+    The stand-in's backend likewise becomes the real backend in the controller, and its worker
+    context (:func:`torch_on_worker`) imports Ray's on the worker, where torch is loaded anyway.
     """
-    from ray.exceptions import RayError
+    if deferred and enabled():
+        return _deferred_torch_config_class()(backend, timeout_s)
     from ray.train.torch import TorchConfig
+
+    found = torch_backend_class()
+    if found is None:
+        return TorchConfig(backend=backend, timeout_s=timeout_s)
+    backend_class: type = found
+
+    class Config(TorchConfig):
+        """``TorchConfig`` with :func:`torch_backend_class`'s backend."""
+
+        @property
+        def backend_cls(self) -> type:
+            return backend_class
+
+    return Config(backend=backend, timeout_s=timeout_s)
+
+
+@functools.cache
+def torch_backend_class() -> type | None:
+    """Ray Train's torch backend whose shutdown skips a dead worker (see :func:`torch_config`); None
+    where this Ray has no such backend."""
+    from ray.exceptions import RayError
 
     base = _load(_TORCH_BACKEND)
     if base is None:
-        return TorchConfig(backend=backend, timeout_s=timeout_s)
+        return None
 
     class TorchBackend(base):  # type: ignore[misc, valid-type]
         """Ray Train's torch backend whose shutdown skips a dead worker."""
@@ -361,14 +408,58 @@ def torch_config(backend: str, timeout_s: int) -> Any:
             with contextlib.suppress(RayError):  # a dead worker's task: nothing of its process group is left
                 super().on_shutdown(worker_group, backend_config)
 
-    class Config(TorchConfig):
-        """``TorchConfig`` with :class:`TorchBackend`."""
+    return TorchBackend
+
+
+def torch_backend() -> Any:
+    """The backend that the deferred config's stand-in becomes where it is unpickled."""
+    backend_class = torch_backend_class()
+    if backend_class is None:
+        from ray.train.torch.config import _TorchBackend
+
+        return _TorchBackend()
+    return backend_class()
+
+
+@contextlib.contextmanager
+def torch_on_worker() -> Iterator[None]:
+    """Ray's torch context of a training function (it picks the worker's CUDA device), imported on
+    the worker: the deferred config's ``train_func_context``."""
+    context = _load(_TORCH_CONTEXT)
+    with context() if context is not None else contextlib.nullcontext():
+        yield
+
+
+@functools.cache
+def _deferred_torch_config_class() -> type:
+    """The class of :func:`torch_config`'s deferred stand-in (made on first use: ``import rayft``
+    imports no Ray); its instances pickle as the real config, its backend's as the real backend."""
+    from ray.train.backend import Backend, BackendConfig
+
+    class DeferredTorchBackend(Backend):
+        """Stands for the torch backend on the driver."""
+
+        def __reduce__(self) -> tuple[Callable[[], Any], tuple[()]]:
+            return torch_backend, ()
+
+    class DeferredTorchConfig(BackendConfig):
+        """Stands for the torch config on the driver."""
+
+        def __init__(self, backend: str, timeout_s: int) -> None:
+            self.backend, self.timeout_s = backend, timeout_s
+
+        def __reduce__(self) -> tuple[Callable[..., Any], tuple[str, int]]:
+            return torch_config, (self.backend, self.timeout_s)
 
         @property
         def backend_cls(self) -> type:
-            return TorchBackend
+            return DeferredTorchBackend
 
-    return Config(backend=backend, timeout_s=timeout_s)
+        @property
+        def train_func_context(self) -> Callable[[], AbstractContextManager[None]]:
+            return torch_on_worker
+
+    return DeferredTorchConfig
 
 
 GROUPS_DIR = ".placement-groups"

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import inspect
 import logging
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -24,6 +26,8 @@ from rayft._ray_private import (
     local_system_config,
     local_train_env,
     resolve,
+    torch_backend_class,
+    torch_config,
     trainer_class,
 )
 
@@ -91,9 +95,10 @@ def test_a_local_ray_trains_with_a_fixed_policy_that_never_calls_the_autoscaling
 
 def test_a_local_ray_trains_without_the_cleaner_and_the_coordinator() -> None:
     from ray.train.torch import TorchTrainer
+    from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer
 
     local = trainer_class(own_ray=True)
-    assert issubclass(local, TorchTrainer) and local is not TorchTrainer
+    assert issubclass(local, DataParallelTrainer) and not issubclass(local, TorchTrainer)
     assert trainer_class(own_ray=False) is TorchTrainer  # a joined cluster keeps Ray's defaults
 
 
@@ -105,24 +110,78 @@ def test_a_local_trainer_without_datasets_starts_no_dataset_manager() -> None:
         return {type(c) for c in trainer._create_default_callbacks()}  # type: ignore[attr-defined]
 
     local, public = trainer_class(own_ray=True), trainer_class(own_ray=False)
+    config = torch_config("gloo", 60, deferred=True)
     assert {DatasetsCallback, PlacementGroupCleanerCallback} <= kinds(public(train_loop_per_worker=lambda: None))
-    assert not {DatasetsCallback, PlacementGroupCleanerCallback} & kinds(local(train_loop_per_worker=lambda: None))
+    assert not {DatasetsCallback, PlacementGroupCleanerCallback} & kinds(
+        local(train_loop_per_worker=lambda: None, torch_config=config)
+    )
     # Given a dataset (a callable that makes it), the local trainer keeps the callback that shards it.
-    with_data = local(train_loop_per_worker=lambda: None, datasets={"train": lambda: None})
+    with_data = local(train_loop_per_worker=lambda: None, torch_config=config, datasets={"train": lambda: None})
     assert DatasetsCallback in kinds(with_data) and PlacementGroupCleanerCallback not in kinds(with_data)
 
 
-def test_a_lean_head_skips_the_monitor_and_the_dashboard_head_only_while_ray_starts() -> None:
+# What the driver of a run on a local Ray sends Ray Train's controller and workers, pickled as Ray pickles
+# it, built in a fresh interpreter (this one has torch loaded), then unpickled as the controller would.
+DRIVER_WITHOUT_TORCH = """
+import pickle, sys
+from ray import cloudpickle
+from rayft._ray_private import torch_config, trainer_class
+trainer = trainer_class(own_ray=True)(lambda config: None, torch_config=torch_config("gloo", 60, deferred=True))
+blob = cloudpickle.dumps((trainer.train_run_context, trainer._create_default_callbacks(), trainer._get_train_func()))
+print("torch imported by the driver:", "torch" in sys.modules)
+context, callbacks, train_fn = pickle.loads(blob)
+from ray.train.torch import TorchConfig
+from rayft._ray_private import torch_backend_class
+config = context.backend_config
+print("controller's config:", isinstance(config, TorchConfig), config.backend, config.timeout_s,
+      config.backend_cls is torch_backend_class())
+backends = [type(c._backend) for c in callbacks if hasattr(c, "_backend")]
+print("controller's backends:", len(backends), all(b is torch_backend_class() for b in backends))
+"""
+
+
+def test_the_driver_of_a_local_run_imports_no_torch_and_the_controller_gets_rays_torch_config() -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", DRIVER_WITHOUT_TORCH], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "torch imported by the driver: False" in done.stdout, done.stdout
+    assert "controller's config: True gloo 60 True" in done.stdout, done.stdout
+    assert "controller's backends: 2 True" in done.stdout, done.stdout  # the accelerator and backend callbacks
+
+
+def test_a_worker_runs_the_training_function_in_rays_torch_context() -> None:
+    from ray.train.torch.config import TorchConfigContextManager
+
+    entered: list[str] = []
+
+    class Recording(TorchConfigContextManager):  # type: ignore[misc]
+        def __enter__(self) -> None:
+            entered.append("in")
+
+        def __exit__(self, *exc: object) -> None:
+            entered.append("out")
+
+    config = torch_config("gloo", 60, deferred=True)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr("ray.train.torch.config.TorchConfigContextManager", Recording)
+        with config.train_func_context():
+            assert entered == ["in"]
+    assert entered == ["in", "out"]
+    assert config.backend == "gloo" and torch_config("gloo", 60, deferred=False).backend_cls is torch_backend_class()
+
+
+def test_a_lean_head_skips_the_monitor_only_while_ray_starts() -> None:
     from ray._private.node import Node
 
     monitor, api_server = Node.start_monitor, Node.start_api_server
     with lean_head({}):
-        assert Node.start_monitor is not monitor and Node.start_api_server is not api_server
+        assert Node.start_monitor is not monitor and Node.start_api_server is api_server
         assert Node.start_monitor(object()) is None  # type: ignore[arg-type]
-    assert (Node.start_monitor, Node.start_api_server) == (monitor, api_server)
+    assert Node.start_monitor is monitor
     with pytest.raises(RuntimeError), lean_head({}):
         raise RuntimeError("ray.init failed")
-    assert (Node.start_monitor, Node.start_api_server) == (monitor, api_server)
+    assert Node.start_monitor is monitor
 
 
 def test_switched_off_every_path_is_rays_public_default(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -325,7 +325,7 @@ def build_trainer(
             # Ray Train's RunConfig takes it at run time; its typed v1 signature does not list it
             logging_config=ray.train.LoggingConfig(log_level=ray_train_log_level()),  # type: ignore[call-arg]
         ),
-        torch_config=torch_config("nccl" if use_gpu else "gloo", int(failure.collective_timeout_s)),
+        torch_config=torch_config("nccl" if use_gpu else "gloo", int(failure.collective_timeout_s), deferred=own_ray),
     )
 
 
