@@ -44,7 +44,7 @@ _TORCH_BACKEND = "ray.train.torch.config:_TorchBackend"
 _TORCH_CONTEXT = "ray.train.torch.config:TorchConfigContextManager"
 _PRINT_TO_STDSTREAM = "ray._private.worker:print_to_stdstream"
 _DATA_PARALLEL_TRAINER = "ray.train.v2.api.data_parallel_trainer:DataParallelTrainer"
-_HEAD_PROCESSES = ("ray._private.node:Node.start_monitor",)
+_START_MONITOR = "ray._private.node:Node.start_monitor"
 
 # Every private name used below, as "module:attribute.path" (the canary test resolves each).
 PRIVATE_SYMBOLS: tuple[str, ...] = (
@@ -71,7 +71,7 @@ PRIVATE_SYMBOLS: tuple[str, ...] = (
     _TORCH_BACKEND,
     "ray.train.torch:TorchConfig.backend_cls",
     _PRINT_TO_STDSTREAM,
-    *_HEAD_PROCESSES,
+    _START_MONITOR,
 )
 
 # Ray settings of a Ray that rayft starts itself (never of a cluster it joins), passed as
@@ -189,22 +189,20 @@ def lean_head(environ: Mapping[str, str] | None = None) -> Iterator[None]:
     if not enabled(environ):
         yield
         return
-    methods = [(symbol.rsplit(".", 1)[-1], _load(symbol)) for symbol in _HEAD_PROCESSES]
-    if any(method is None for _, method in methods):
+    start_monitor = _load(_START_MONITOR)
+    if start_monitor is None:
         yield
         return
     from ray._private.node import Node
 
-    def skipped(self: Any, *args: Any, **kwargs: Any) -> None:
+    def skipped(self: Any) -> None:
         """Not started: see :func:`lean_head`."""
 
-    for name, _ in methods:
-        setattr(Node, name, skipped)
+    setattr(Node, "start_monitor", skipped)  # noqa: B010 - patched for the start only, restored below
     try:
         yield
     finally:
-        for name, method in methods:
-            setattr(Node, name, method)
+        setattr(Node, "start_monitor", start_monitor)  # noqa: B010
 
 
 def local_train_env(environ: Mapping[str, str]) -> dict[str, str]:
