@@ -411,12 +411,9 @@ def torch_backend_class() -> type | None:
 
 def torch_backend() -> Any:
     """The backend that the deferred config's stand-in becomes where it is unpickled."""
-    backend_class = torch_backend_class()
-    if backend_class is None:
-        from ray.train.torch.config import _TorchBackend
+    from ray.train.torch import TorchConfig
 
-        return _TorchBackend()
-    return backend_class()
+    return (torch_backend_class() or TorchConfig().backend_cls)()
 
 
 @contextlib.contextmanager

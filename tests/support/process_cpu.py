@@ -81,8 +81,11 @@ def measure(command: Sequence[str]) -> tuple[float, int, dict[str, tuple[float, 
     me = psutil.Process()
     status: int | None = None
     deadline = float("inf")  # once the command ended: until when what it left running is measured
-    while status is None or (me.children(recursive=True) and time.time() < deadline):
-        for proc in me.children(recursive=True):
+    while True:
+        running = me.children(recursive=True)
+        if status is not None and (not running or time.time() >= deadline):
+            break
+        for proc in running:
             try:
                 key = (proc.pid, proc.create_time())
                 times = proc.cpu_times()
