@@ -45,6 +45,14 @@ _TORCH_CONTEXT = "ray.train.torch.config:TorchConfigContextManager"
 _PRINT_TO_STDSTREAM = "ray._private.worker:print_to_stdstream"
 _DATA_PARALLEL_TRAINER = "ray.train.v2.api.data_parallel_trainer:DataParallelTrainer"
 _START_MONITOR = "ray._private.node:Node.start_monitor"
+_TRAINING_FRAMEWORK = "ray.train.v2._internal.util:TrainingFramework"
+# Ray's worker-side torch set-up, which the lean backend sends to the workers by name (the module
+# imports torch: only a worker loads it).
+_ADDRESS_AND_PORT = "ray.train._internal.utils:get_address_and_port"
+_TORCH_ENV_VARS = "ray.train.torch.config:_set_torch_distributed_env_vars"
+_TORCH_PROCESS_GROUP = "ray.train.torch.config:_setup_torch_process_group"
+_TORCH_SHUTDOWN = "ray.train.torch.config:_shutdown_torch"
+_TORCH_WORKER_STEPS = (_ADDRESS_AND_PORT, _TORCH_ENV_VARS, _TORCH_PROCESS_GROUP, _TORCH_SHUTDOWN)
 
 # Every private name used below, as "module:attribute.path" (the canary test resolves each).
 PRIVATE_SYMBOLS: tuple[str, ...] = (
@@ -72,6 +80,8 @@ PRIVATE_SYMBOLS: tuple[str, ...] = (
     "ray.train.torch:TorchConfig.backend_cls",
     _PRINT_TO_STDSTREAM,
     _START_MONITOR,
+    _TRAINING_FRAMEWORK,
+    *_TORCH_WORKER_STEPS,
 )
 
 # Ray settings of a Ray that rayft starts itself (never of a cluster it joins), passed as
@@ -362,16 +372,11 @@ def torch_config(backend: str, timeout_s: int, *, deferred: bool = False) -> Any
     is dropped, and the shutdown carries on. Independent of :data:`SWITCH_ENV`: without it,
     a restart after a worker that ran out of memory waits for resources nothing frees.
 
-    ``deferred`` (a Ray that rayft started, :data:`SWITCH_ENV` on): a stand-in that the driver
-    builds without importing torch, and that becomes this config where it is unpickled (in Ray
-    Train's controller, which imports torch for it anyway). Ray's ``TorchConfig`` lives in a module
-    that imports torch, and so does ``TorchTrainer``'s: a driver that only starts the workers (the
-    ``rayft train`` command, each Tune trial) imported torch for them alone, 2.8 s of CPU on 2 cores.
-    The stand-in's backend likewise becomes the real backend in the controller, and its worker
-    context (:func:`torch_on_worker`) imports Ray's on the worker, where torch is loaded anyway.
+    ``deferred`` (a Ray that rayft started, :data:`SWITCH_ENV` on): a config that neither the driver
+    nor Ray Train's controller imports torch for (see :func:`_lean_torch_classes`).
     """
     if deferred and enabled():
-        return _deferred_torch_config_class()(backend, timeout_s)
+        return _lean_torch_classes()[0](backend, timeout_s)
     from ray.train.torch import TorchConfig
 
     found = torch_backend_class()
@@ -409,52 +414,133 @@ def torch_backend_class() -> type | None:
     return TorchBackend
 
 
-def torch_backend() -> Any:
-    """The backend that the deferred config's stand-in becomes where it is unpickled."""
-    from ray.train.torch import TorchConfig
-
-    return (torch_backend_class() or TorchConfig().backend_cls)()
-
-
 @contextlib.contextmanager
 def torch_on_worker() -> Iterator[None]:
     """Ray's torch context of a training function (it picks the worker's CUDA device), imported on
-    the worker: the deferred config's ``train_func_context``."""
+    the worker: the lean config's ``train_func_context``."""
     context = _load(_TORCH_CONTEXT)
     with context() if context is not None else contextlib.nullcontext():
         yield
 
 
+def run_torch_step(symbol: str, *args: Any, **kwargs: Any) -> Any:
+    """Call Ray's worker-side torch function ``symbol`` (of :data:`_TORCH_WORKER_STEPS`) on the worker
+    that runs this: the lean backend sends this, so that only the worker, which trains with torch,
+    imports the module that holds it."""
+    return resolve(symbol)(*args, **kwargs)
+
+
+def missing_torch_steps() -> list[str]:
+    """Which of :data:`_TORCH_WORKER_STEPS` this Ray lacks (run on a worker)."""
+    missing = []
+    for symbol in _TORCH_WORKER_STEPS:
+        try:
+            resolve(symbol)
+        except (ImportError, AttributeError):
+            missing.append(symbol)
+    return missing
+
+
+def _set_master(address: str, port: int) -> None:
+    """Where every worker finds rank 0's process-group store (``init_method="env://"``)."""
+    os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = address, str(port)
+
+
 @functools.cache
-def _deferred_torch_config_class() -> type:
-    """The class of :func:`torch_config`'s deferred stand-in (made on first use: ``import rayft``
-    imports no Ray); its instances pickle as the real config, its backend's as the real backend."""
+def _lean_torch_classes() -> tuple[type, type]:
+    """The config of :func:`torch_config` with ``deferred`` and its backend, made on first use
+    (``import rayft`` imports no Ray).
+
+    Ray's ``TorchConfig`` and its backend live in a module that imports torch, and so does
+    ``TorchTrainer``'s: the driver, which only starts the workers (the ``rayft train`` command, each
+    Tune trial), and Ray Train's controller, which only tells the workers what to run, each imported
+    torch for them alone: 2.8 s of CPU on 2 cores in the driver, and 1.7 s more and a few hundred MB
+    in the controller, for every run. This backend does what Ray's does for gloo and nccl with
+    ``init_method="env"`` (set each worker's torch environment, point all at rank 0's address,
+    start the process group; on shutdown end it, skipping a dead worker, see :func:`torch_config`),
+    by sending Ray's own worker-side functions by name (:func:`run_torch_step`). Where this Ray lacks
+    one of them, it hands over to Ray's backend (which the controller then imports torch for).
+    """
+    import ray
+    from ray.exceptions import GetTimeoutError, RayError
+    from ray.train import constants
     from ray.train.backend import Backend, BackendConfig
 
-    class DeferredTorchBackend(Backend):
-        """Stands for the torch backend on the driver."""
+    def ray_backend(config: Any) -> tuple[Any, Any]:
+        real = torch_config(config.backend, config.timeout_s)
+        return real.backend_cls(), real
 
-        def __reduce__(self) -> tuple[Callable[[], Any], tuple[()]]:
-            return torch_backend, ()
+    class LeanTorchBackend(Backend):
+        """Ray Train's torch backend, run by the controller without torch."""
 
-    class DeferredTorchConfig(BackendConfig):
-        """Stands for the torch config on the driver."""
+        share_cuda_visible_devices = True  # as Ray's: every worker of a node sees the node's GPUs
+        ray_backend: tuple[Any, Any] | None = None  # Ray's backend and config, where this Ray lacks a worker step
+
+        def on_start(self, worker_group: Any, backend_config: Any) -> None:
+            if worker_group.execute_single(0, missing_torch_steps):
+                self.ray_backend = ray_backend(backend_config)
+                self.ray_backend[0].on_start(worker_group, self.ray_backend[1])
+                return
+            address, port = worker_group.execute_single(0, run_torch_step, _ADDRESS_AND_PORT)
+            worker_group.execute(run_torch_step, _TORCH_ENV_VARS)
+            worker_group.execute(_set_master, address, port)
+            size, group = len(worker_group), backend_config
+            options = {
+                "backend": group.backend,
+                "world_size": size,
+                "init_method": "env://",
+                "timeout_s": group.timeout_s,
+            }
+            step = _TORCH_PROCESS_GROUP
+            starts = [
+                worker_group.execute_single_async(rank, run_torch_step, step, world_rank=rank, **options)
+                for rank in range(size)
+            ]
+            ray.get(starts)
+
+        def on_shutdown(self, worker_group: Any, backend_config: Any) -> None:
+            if self.ray_backend is not None:
+                self.ray_backend[0].on_shutdown(worker_group, self.ray_backend[1])
+                return
+            variable, default = (
+                constants.TORCH_PROCESS_GROUP_SHUTDOWN_TIMEOUT_S,
+                constants.DEFAULT_TORCH_PROCESS_GROUP_SHUTDOWN_TIMEOUT_S,
+            )
+            timeout_s = int(os.environ.get(variable, default))  # Ray's setting and default
+            whole = len(worker_group) > 1  # as Ray's: a group of one is not destroyed
+            try:
+                ray.get(
+                    worker_group.execute_async(run_torch_step, _TORCH_SHUTDOWN, destroy_process_group=whole),
+                    timeout=timeout_s,
+                )
+            except GetTimeoutError:
+                log.warning("the torch process group did not shut down within %d s", timeout_s)
+            except RayError:  # a dead worker's task: nothing of its process group is left
+                pass
+
+    class LeanTorchConfig(BackendConfig):
+        """Ray's ``TorchConfig`` for gloo or nccl, without torch where it is built and read."""
 
         def __init__(self, backend: str, timeout_s: int) -> None:
             self.backend, self.timeout_s = backend, timeout_s
 
-        def __reduce__(self) -> tuple[Callable[..., Any], tuple[str, int]]:
-            return torch_config, (self.backend, self.timeout_s)
-
         @property
         def backend_cls(self) -> type:
-            return DeferredTorchBackend
+            return LeanTorchBackend
 
         @property
         def train_func_context(self) -> Callable[[], AbstractContextManager[None]]:
             return torch_on_worker
 
-    return DeferredTorchConfig
+        @property
+        def framework(self) -> Any:
+            framework = _load(_TRAINING_FRAMEWORK)  # what Ray Train's state export files the run under
+            return framework.TORCH if framework is not None else None
+
+        def to_dict(self) -> dict[str, Any]:
+            return {"backend": self.backend, "init_method": "env", "timeout_s": self.timeout_s}
+
+    return LeanTorchConfig, LeanTorchBackend
 
 
 GROUPS_DIR = ".placement-groups"

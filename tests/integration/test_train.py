@@ -17,7 +17,7 @@ import pytest
 from rayft.data.prepared import PreparedData
 from rayft.runs.manifest import read_manifest, verify_checkpoint
 from tests.support.kills import kill_a_worker_at
-from tests.support.ray_state import actor_classes, train_workers
+from tests.support.ray_state import actor_classes, ray_processes, train_workers
 from tests.support.runs import (
     RESUME_RUN,
     adapter_tensors,
@@ -39,15 +39,22 @@ class ThreadSeen:
     cpu_s: float
 
 
-def _watch_worker_threads(stop: threading.Event, seen: dict[tuple[int, int], ThreadSeen]) -> threading.Thread:
+def _watch_worker_threads(
+    stop: threading.Event, seen: dict[tuple[int, int], ThreadSeen], controllers: dict[int, bool]
+) -> threading.Thread:
     """Until ``stop``, record every thread of the Ray Train workers (by process and thread id; the
-    main thread's id is the process's): whether it ran under SCHED_IDLE, and its CPU time."""
+    main thread's id is the process's): whether it ran under SCHED_IDLE, and its CPU time; and of
+    every Ray Train controller, whether it ever had torch's library loaded."""
     import psutil
 
     since = time.time()
 
     def watch() -> None:
         while not stop.wait(0.05):
+            for controller in ray_processes("ray::TrainController"):
+                with contextlib.suppress(OSError):
+                    maps = Path(f"/proc/{controller.pid}/maps").read_text()
+                    controllers[controller.pid] = controllers.get(controller.pid, False) or "libtorch" in maps
             for process in train_workers(since):  # this run's, not another Ray's on the machine
                 with contextlib.suppress(psutil.Error):
                     for thread in process.threads():
@@ -90,8 +97,9 @@ def test_lora_on_two_workers(ray_session: None, tiny_model_dir: Path, prepared: 
 
     before = actor_classes()
     threads: dict[tuple[int, int], ThreadSeen] = {}
+    controllers: dict[int, bool] = {}
     stop = threading.Event()
-    watcher = _watch_worker_threads(stop, threads)
+    watcher = _watch_worker_threads(stop, threads, controllers)
     try:
         run_dir = train_on(tiny_config(tiny_model_dir, tmp_path, "train.max_steps=6"), prepared)
     finally:
@@ -104,6 +112,8 @@ def test_lora_on_two_workers(ray_session: None, tiny_model_dir: Path, prepared: 
     assert {"TrainController", "RayTrainWorker"} <= started
     assert not {"PlacementGroupCleaner", "PreemptionWatcher", "DatasetManager"} & started
     assert not {"_AutoscalingCoordinatorActor", "_StatsActor"} & started
+    # Nor does its controller load torch (it only tells the workers what to run: rayft._ray_private.torch_config).
+    assert controllers and not any(controllers.values()), controllers
     # Each worker's main thread (Ray's task loop) yields the CPU to training; the thread that trains
     # (the busiest of the others) never does. A thread Ray's main thread starts late would inherit its
     # policy, as intended for Ray's own work.

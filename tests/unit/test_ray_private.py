@@ -25,7 +25,9 @@ from rayft._ray_private import (
     local_scaling_policy,
     local_system_config,
     local_train_env,
+    missing_torch_steps,
     resolve,
+    run_torch_step,
     torch_backend_class,
     torch_config,
     trainer_class,
@@ -130,24 +132,36 @@ trainer = trainer_class(own_ray=True)(lambda config: None, torch_config=torch_co
 blob = cloudpickle.dumps((trainer.train_run_context, trainer._create_default_callbacks(), trainer._get_train_func()))
 print("torch imported by the driver:", "torch" in sys.modules)
 context, callbacks, train_fn = pickle.loads(blob)
-from ray.train.torch import TorchConfig
-from rayft._ray_private import torch_backend_class
 config = context.backend_config
-print("controller's config:", isinstance(config, TorchConfig), config.backend, config.timeout_s,
-      config.backend_cls is torch_backend_class())
-backends = [type(c._backend) for c in callbacks if hasattr(c, "_backend")]
-print("controller's backends:", len(backends), all(b is torch_backend_class() for b in backends))
+backends = [c._backend for c in callbacks if hasattr(c, "_backend")]
+print("controller's config:", config.backend, config.timeout_s, config.framework.name, config.to_dict())
+print("controller's backends:", len(backends), all(isinstance(b, config.backend_cls) for b in backends),
+      all(b.share_cuda_visible_devices for b in backends))
+print("torch imported by the controller:", "torch" in sys.modules)
 """
 
 
-def test_the_driver_of_a_local_run_imports_no_torch_and_the_controller_gets_rays_torch_config() -> None:
+def test_neither_the_driver_nor_the_controller_of_a_local_run_imports_torch() -> None:
     done = subprocess.run(
         [sys.executable, "-c", DRIVER_WITHOUT_TORCH], capture_output=True, text=True, timeout=120, check=False
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert "torch imported by the driver: False" in done.stdout, done.stdout
-    assert "controller's config: True gloo 60 True" in done.stdout, done.stdout
-    assert "controller's backends: 2 True" in done.stdout, done.stdout  # the accelerator and backend callbacks
+    expected = "controller's config: gloo 60 TORCH {'backend': 'gloo', 'init_method': 'env', 'timeout_s': 60}"
+    assert expected in done.stdout, done.stdout
+    assert "controller's backends: 2 True True" in done.stdout, done.stdout  # the accelerator and backend callbacks
+    assert "torch imported by the controller: False" in done.stdout, done.stdout
+
+
+def test_the_workers_run_rays_own_torch_set_up_sent_by_name() -> None:
+    from ray.train._internal.utils import get_address_and_port
+    from ray.train.torch import config as ray_torch
+
+    assert missing_torch_steps() == []  # else the lean backend hands over to Ray's (see torch_config)
+    assert run_torch_step("ray.train._internal.utils:get_address_and_port").__class__ is tuple
+    assert get_address_and_port is resolve("ray.train._internal.utils:get_address_and_port")
+    assert ray_torch._shutdown_torch is resolve("ray.train.torch.config:_shutdown_torch")
+    run_torch_step("ray.train.torch.config:_shutdown_torch", destroy_process_group=False)  # no group here: a no-op
 
 
 def test_a_worker_runs_the_training_function_in_rays_torch_context() -> None:
