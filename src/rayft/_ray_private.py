@@ -98,6 +98,12 @@ LOCAL_RAY_SYSTEM_CONFIG: dict[str, object] = {
     # every second. On a laptop whose cores all train, those wake-ups come out of training.
     "enable_metrics_collection": False,
     "task_events_report_interval_ms": 10_000,
+    # The raylet starts one idle Python worker per CPU when it starts, and more when the first driver
+    # connects, for tasks that may come. rayft's actors (Ray Train's controller and workers, each
+    # with environment variables of its own) cannot take them, so each stays idle to the end: 0.6-1 s
+    # of CPU each per command (2-4 on 2 CPUs), while a task's worker starts when it is needed.
+    "enable_worker_prestart": False,
+    "prestart_worker_first_driver": False,
 }
 
 # Environment variables of the processes a Ray that rayft starts runs beside its workers (read by
