@@ -58,15 +58,17 @@ quickstart: setup
 # rayft and tests module it imported again: about 0.3 s of CPU for one `rayft train` that fails early.
 INTEGRATION_WORKERS ?= 2
 TEST_TIMINGS ?= $(CURDIR)/.test-timings.jsonl
+# Set-up that the integration run builds once (a reference training run) and the alone run reads back.
+TEST_SHARED ?= $(CURDIR)/.test-shared
 test: setup
 	$(PY) -m compileall -q -j 0 src tests > /dev/null
 	$(VENV)/bin/pytest -n 2 -m "($(PYTEST_MARKERS)) and not integration and not chaos" $(PYTEST_ARGS)
-	rm -f $(TEST_TIMINGS)
-	RAYFT_TEST_TIMINGS=$(TEST_TIMINGS) $(VENV)/bin/pytest -n $(INTEGRATION_WORKERS) --dist loadfile --no-loadscope-reorder \
+	rm -rf $(TEST_TIMINGS) $(TEST_SHARED)
+	RAYFT_TEST_SHARED=$(TEST_SHARED) RAYFT_TEST_TIMINGS=$(TEST_TIMINGS) $(VENV)/bin/pytest -n $(INTEGRATION_WORKERS) --dist loadfile --no-loadscope-reorder \
 	    -m "($(PYTEST_MARKERS)) and (integration or chaos) and not alone" --durations=25 $(PYTEST_ARGS); \
 	    status=$$?; $(PY) -m tests.support.timings $(TEST_TIMINGS) || true; exit $$status
 	# Tests that press the whole machine's memory run last, one at a time (exit 5: none selected).
-	$(VENV)/bin/pytest -m "($(PYTEST_MARKERS)) and alone" $(PYTEST_ARGS) || [ $$? -eq 5 ]
+	RAYFT_TEST_SHARED=$(TEST_SHARED) $(VENV)/bin/pytest -m "($(PYTEST_MARKERS)) and alone" $(PYTEST_ARGS) || [ $$? -eq 5 ]
 
 # The numerical tests (marker `numerics`) under each CPU kernel path PyTorch can be told to take on this
 # machine (ATEN_CPU_CAPABILITY, MKL's code branch, oneDNN's instruction cap), a table of counts per variant:

@@ -6,13 +6,14 @@ is built by the first worker and read by the others."""
 from __future__ import annotations
 
 import json
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from tests.support import ordering, timings
-from tests.support.once import once_per_run
+from tests.support.once import SHARED_ENV, once_per_run
 
 
 @dataclass
@@ -129,7 +130,10 @@ class FakeTempFactory:
         return path
 
 
-def test_the_first_worker_builds_and_the_others_read_what_it_built(tmp_path: Path) -> None:
+def test_the_first_worker_builds_and_the_others_read_what_it_built(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv(SHARED_ENV, raising=False)
     built: list[Path] = []
 
     def build(directory: Path) -> Path:
@@ -149,7 +153,30 @@ def test_the_first_worker_builds_and_the_others_read_what_it_built(tmp_path: Pat
     assert len(built) == 3 and alone == tmp_path / "alone" / "model" / "weights"
 
 
-def test_a_failed_build_is_tried_again_by_the_next_worker(tmp_path: Path) -> None:
+def test_a_later_pytest_run_of_make_test_reads_what_an_earlier_one_built_while_it_is_there(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    built: list[Path] = []
+
+    def build(directory: Path) -> Path:
+        built.append(directory)
+        (directory / "run").write_text("r")
+        return directory / "run"
+
+    monkeypatch.setenv(SHARED_ENV, str(tmp_path / "shared"))
+    worker = FakeTempFactory(tmp_path / "integration" / "popen-gw1")
+    first = once_per_run(FakeConfig({"testrunuid": "abc"}), worker, "ref", build, dump=str, load=Path)  # type: ignore[arg-type]
+    alone = FakeTempFactory(tmp_path / "alone")
+    second = once_per_run(FakeConfig(), alone, "ref", build, dump=str, load=Path)  # type: ignore[arg-type]
+    assert first == second == tmp_path / "integration" / "popen-gw1" / "ref" / "run" and len(built) == 1
+    shutil.rmtree(tmp_path / "integration")  # pytest removed the older run's temp directories
+    third = once_per_run(FakeConfig(), alone, "ref", build, dump=str, load=Path)  # type: ignore[arg-type]
+    assert third == tmp_path / "alone" / "ref" / "run" and len(built) == 2
+
+
+def test_a_failed_build_is_tried_again_by_the_next_worker(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(SHARED_ENV, raising=False)
+
     def fails(directory: Path) -> str:
         raise RuntimeError("no room")
 
