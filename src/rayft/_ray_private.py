@@ -490,16 +490,12 @@ def _lean_torch_classes() -> tuple[type, type]:
             address, port = worker_group.execute_single(0, run_torch_step, _ADDRESS_AND_PORT)
             worker_group.execute(run_torch_step, _TORCH_ENV_VARS)
             worker_group.execute(_set_master, address, port)
-            size, group = len(worker_group), backend_config
-            options = {
-                "backend": group.backend,
-                "world_size": size,
-                "init_method": "env://",
-                "timeout_s": group.timeout_s,
-            }
-            step = _TORCH_PROCESS_GROUP
+            size = len(worker_group)
+            options = {"backend": backend_config.backend, "world_size": size, "timeout_s": backend_config.timeout_s}
             starts = [
-                worker_group.execute_single_async(rank, run_torch_step, step, world_rank=rank, **options)
+                worker_group.execute_single_async(
+                    rank, run_torch_step, _TORCH_PROCESS_GROUP, world_rank=rank, init_method="env://", **options
+                )
                 for rank in range(size)
             ]
             ray.get(starts)
