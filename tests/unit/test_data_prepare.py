@@ -137,6 +137,32 @@ def test_windows_are_runs_of_sample_ids_sized_by_the_split_alone() -> None:
     assert plan_windows(0, 0) == []
 
 
+def test_data_of_one_window_is_prepared_without_ray_data_and_more_is_not(
+    tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from rayft.data import prepare, windows
+
+    asked: list[int] = []
+
+    def on_ray(job: object, settings: object, blocks: list[object], address: str | None = None) -> object:
+        asked.append(len(blocks))
+        return prepare.windows_in_process(job, settings, blocks)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(prepare, "windows_on_ray", on_ray)
+    cfg = _config(
+        tiny_model_dir, "data.datasets=[{path: 'builtin:arithmetic', max_rows: 64}]", "data.validation_fraction=0.1"
+    )  # a train and a validation window
+    monkeypatch.setenv("RAYFT_DATA_CACHE", str(tmp_path / "small"))
+    with caplog.at_level("INFO", logger="rayft.data"):
+        small = prepare_data(cfg.data, cfg.model, 0, report_dir=None, use_ray=True)
+    assert asked == [] and "in 2 windows in-process" in caplog.text
+    assert windows.fits_one_window(windows.WINDOW_MIN) and not windows.fits_one_window(windows.WINDOW_MIN + 1)
+    monkeypatch.setattr(windows, "WINDOW_MIN", 50)  # the same rows are now more than one smallest window
+    monkeypatch.setenv("RAYFT_DATA_CACHE", str(tmp_path / "large"))
+    large = prepare_data(cfg.data, cfg.model, 0, report_dir=None, use_ray=True)
+    assert asked == [3] and large.train.num_examples == small.train.num_examples
+
+
 def _many_rows(path: Path, count: int, *, bad_every: int = 0) -> Path:
     rows = [{"prompt": f"What is {i} plus {i % 7}?", "completion": " " + "word " * (i % 37) + str(i)}
             for i in range(count)]  # fmt: skip

@@ -27,7 +27,10 @@ def data() -> None:
 @click.option(
     "--in-process",
     is_flag=True,
-    help="Tokenize in this process instead of a Ray Data job across the cluster's CPUs (same output).",
+    help=(
+        "Tokenize in this process instead of a Ray Data job across the cluster's CPUs (same output; data of "
+        "2,048 examples or fewer is prepared in this process anyway)."
+    ),
 )
 @click.option(
     "--report-dir",

@@ -45,7 +45,7 @@ from rayft.data.seq2seq import refuse_unpaired_formats
 from rayft.data.split_plan import Plan, plan_examples
 from rayft.data.stats import Tally
 from rayft.data.tokenize import TextTokenizer, TokenizeJob
-from rayft.data.windows import WindowSettings, plan_windows, window_inputs
+from rayft.data.windows import WindowSettings, fits_one_window, plan_windows, window_inputs
 from rayft.models.architecture import refuse_packing, resolve_architecture
 from rayft.models.loading import load_tokenizer
 
@@ -66,7 +66,8 @@ def prepare_data(
 ) -> PreparedData:
     """Tokenized, cached training (and validation) units for ``data``; reused when the inputs are unchanged.
 
-    With ``use_ray`` tokenization runs as a Ray Data job on the already initialised cluster; with
+    With ``use_ray`` tokenization runs as a Ray Data job on the already initialised cluster (a plan
+    that fits one window is prepared in this process: :func:`rayft.data.windows.fits_one_window`); with
     ``pairs``, the rows are preference pairs (:mod:`rayft.data.preference`); ``carry``: raw columns kept
     with each example (the ``row`` column of :mod:`rayft.data.prepared`).
     """
@@ -96,7 +97,7 @@ def prepare(
     """:func:`prepare_data`, also saying whether the cache was reused.
 
     With ``use_ray`` and no Ray initialised yet, Ray is started (or ``ray_address`` joined) only
-    when there is something to tokenize, and shut down afterwards.
+    when Ray Data tokenizes (more than one window's examples), and shut down afterwards.
     """
     refuse_packing(model, data.packing)
     seq2seq = resolve_architecture(model) == "seq2seq"
@@ -164,9 +165,11 @@ def build(
     carry: tuple[str, ...] = (),
 ) -> PreparedData:
     """Prepare every window of the ``plan`` into ``staging``, add up their summaries, and commit it as
-    ``root``. ``seq2seq``: source/target pairs for an encoder-decoder model (:mod:`rayft.data.seq2seq`).
-    Stops with DataError, before the remaining windows, once the rejected rows pass
-    ``data.max_rejected_fraction`` (their report so far copied into ``report_dir``)."""
+    ``root``: with Ray Data when ``use_ray`` and the plan is more than one window (see
+    :func:`~rayft.data.windows.fits_one_window`), else in this process. ``seq2seq``: source/target
+    pairs for an encoder-decoder model (:mod:`rayft.data.seq2seq`). Stops with DataError, before the
+    remaining windows, once the rejected rows pass ``data.max_rejected_fraction`` (their report so
+    far copied into ``report_dir``)."""
     if seq2seq:
         refuse_unpaired_formats([s.format.format for s in sources])
     refuse_mismatched_formats([(s.name, s.format.format) for s in sources], pairs is not None)
@@ -183,9 +186,10 @@ def build(
                               data.max_seq_length, seed, seq2seq, pairs)  # fmt: skip
     windows = plan_windows(plan.num_train, len(plan))
     blocks = [window_inputs(plan, w) for w in windows]
+    on_ray = use_ray and not fits_one_window(len(plan))
     log.info("data: preparing %d rows in %d windows %s", len(plan), len(windows),
-             "with Ray Data" if use_ray else "in-process")  # fmt: skip
-    if use_ray:
+             "with Ray Data" if on_ray else "in-process")  # fmt: skip
+    if on_ray:
         summaries = windows_on_ray(job, settings, blocks, ray_address)
     else:
         summaries = windows_in_process(job, settings, blocks)

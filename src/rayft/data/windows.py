@@ -53,6 +53,15 @@ def window_size(num_examples: int) -> int:
     return min(WINDOW_MAX, max(WINDOW_MIN, -(-num_examples // 8)))
 
 
+def fits_one_window(num_examples: int) -> bool:
+    """Whether a plan of ``num_examples`` (both splits) is small enough for the driver to prepare
+    itself, without Ray Data: at most one smallest window (:data:`WINDOW_MIN`), the memory a Ray
+    Data task would hold. Ray Data would give such a plan one or two tasks, and its start costs more
+    than their work: its executor and helper actors, and a worker process that loads the tokenizer
+    (about 5 s and 10 CPU-s on 2 cores for a fresh Ray, against under a second of tokenizing)."""
+    return num_examples <= WINDOW_MIN
+
+
 def plan_windows(num_train: int, num_total: int) -> list[Window]:
     """The windows of the training examples (sample ids below ``num_train``), then of the validation ones."""
     windows = []
