@@ -107,3 +107,23 @@ def test_splits_are_the_same_in_one_process_and_on_two_ray_workers(
     # Without packing, the windows do not shape the units either: any window size, the same rows.
     whole = pa.concat_tables(units(False, 4096, "local-whole", use_ray=False))
     assert pa.concat_tables(units(False, 7, "ray-windows", use_ray=True)).equals(whole)
+
+
+def test_a_row_refused_in_a_ray_data_task_stops_preparation_with_the_same_error_as_in_process(
+    ray_session: None, tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from rayft.config import load_config
+    from rayft.data import windows
+    from rayft.data.prepare import prepare_data
+    from rayft.errors import DataError
+
+    rows = "data.datasets=[{path: 'builtin:arithmetic', max_rows: 40}]"
+    cfg = load_config(None, [f"model.name={tiny_model_dir}", rows, "data.overlong=error", "data.max_seq_length=16"])
+    monkeypatch.setattr(windows, "WINDOW_MIN", 7)  # several windows: a Ray Data job
+    errors = []
+    for use_ray in (True, False):
+        monkeypatch.setenv("RAYFT_DATA_CACHE", str(tmp_path / f"ray-{use_ray}"))
+        with pytest.raises(DataError) as failed:
+            prepare_data(cfg.data, cfg.model, 3, report_dir=None, use_ray=use_ray)
+        errors.append(str(failed.value))
+    assert errors[0] == errors[1] and "tokens > max_seq_length 16" in errors[0], errors
