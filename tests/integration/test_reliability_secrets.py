@@ -227,6 +227,7 @@ def test_no_command_writes_a_secret_anywhere(commands_run: Commands) -> None:
         assert (out / report).is_file(), report
     assert list((run_dir / "checkpoints").glob("step-*")), "no checkpoint to inspect"
     assert list(ray_tmp.rglob("session_*")) and list(ray_tmp.rglob("*.log")), "no Ray logs to inspect"
+    assert not list(ray_tmp.rglob("dashboard.*")), "the Ray of a rayft command starts no dashboard head (lean_head)"
     assert commands_run.stored.is_file() and "runtime_env" in commands_run.stored.read_text()
 
     written = [p for p in tmp_path.iterdir() if p != commands_run.inputs]  # runs, outputs, caches, Ray's record

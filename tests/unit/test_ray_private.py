@@ -185,7 +185,7 @@ def test_a_worker_runs_the_training_function_in_rays_torch_context() -> None:
     assert config.backend == "gloo" and torch_config("gloo", 60, deferred=False).backend_cls is torch_backend_class()
 
 
-def test_a_lean_head_skips_the_monitor_only_while_ray_starts() -> None:
+def test_a_lean_head_skips_the_monitor_and_if_asked_the_dashboard_only_while_ray_starts() -> None:
     from ray._private.node import Node
 
     monitor, api_server = Node.start_monitor, Node.start_api_server
@@ -196,15 +196,20 @@ def test_a_lean_head_skips_the_monitor_only_while_ray_starts() -> None:
     with pytest.raises(RuntimeError), lean_head({}):
         raise RuntimeError("ray.init failed")
     assert Node.start_monitor is monitor
+    # The Ray of one rayft command, which no driver joins, starts without the dashboard's head too.
+    with lean_head({}, joinable=False):
+        assert Node.start_monitor is not monitor and Node.start_api_server is not api_server
+        assert Node.start_api_server(object(), include_dashboard=False, raise_on_failure=True) is None  # type: ignore[arg-type]
+    assert (Node.start_monitor, Node.start_api_server) == (monitor, api_server)
 
 
 def test_switched_off_every_path_is_rays_public_default(monkeypatch: pytest.MonkeyPatch) -> None:
     from ray._private.node import Node
     from ray.train.torch import TorchTrainer
 
-    monitor = Node.start_monitor
-    with lean_head(OFF):
-        assert Node.start_monitor is monitor
+    monitor, api_server = Node.start_monitor, Node.start_api_server
+    with lean_head(OFF, joinable=False):
+        assert (Node.start_monitor, Node.start_api_server) == (monitor, api_server)
 
     assert local_system_config(OFF) == {} and local_init_kwargs(OFF) == {}
     assert local_process_env(OFF) == {} and local_train_env(OFF) == {}

@@ -64,7 +64,7 @@ def ray_runtime(address: str | None = None, *, metrics: bool = False) -> Iterato
     else:
 
         def init() -> None:
-            with environment(local_process_env(os.environ)), lean_head():
+            with environment(local_process_env(os.environ)), lean_head(joinable=False):
                 ray.init(
                     include_dashboard=False,
                     log_to_driver=True,
