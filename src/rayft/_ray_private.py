@@ -211,23 +211,21 @@ def lean_head(environ: Mapping[str, str] | None = None, *, joinable: bool = True
     if not enabled(environ):
         yield
         return
-    skipped_starts = [(_START_MONITOR, "start_monitor")]
-    if not joinable:
-        skipped_starts.append((_START_API_SERVER, "start_api_server"))
     from ray._private.node import Node
 
     def skipped(self: Any, **_: Any) -> None:
         """Not started: see :func:`lean_head`."""
 
-    originals = {name: _load(symbol) for symbol, name in skipped_starts}
-    patched = [name for name, original in originals.items() if original is not None]
-    for name in patched:
+    symbols = (_START_MONITOR,) if joinable else (_START_MONITOR, _START_API_SERVER)
+    loaded = {symbol.rsplit(".", 1)[1]: _load(symbol) for symbol in symbols}  # Node's method name: Ray's own
+    originals = {name: method for name, method in loaded.items() if method is not None}
+    for name in originals:
         setattr(Node, name, skipped)  # patched for the start only, restored below
     try:
         yield
     finally:
-        for name in patched:
-            setattr(Node, name, originals[name])
+        for name, method in originals.items():
+            setattr(Node, name, method)
 
 
 def local_train_env(environ: Mapping[str, str]) -> dict[str, str]:
