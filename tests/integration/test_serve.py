@@ -123,6 +123,20 @@ def test_two_adapters_answer_differently_on_one_base_loaded_once(
     assert stats["adapter_loads"] == {"alpha": 1, "beta": 1}
 
 
+def test_a_replica_serving_adapters_on_an_unquantized_base_never_loads_bitsandbytes(
+    server: rayft.ServeHandle, client: openai.OpenAI
+) -> None:
+    pytest.importorskip("bitsandbytes", reason="the qlora extra: pip install 'rayft[qlora]'")
+    import psutil
+
+    client.completions.create(model="alpha", prompt=PROMPTS[0], max_tokens=1)  # PEFT has loaded an adapter
+    # The processes of this test's Ray, which this process started (others may run on the machine).
+    replicas = [p for p in psutil.Process().children(recursive=True) if p.name().startswith("ray::ServeReplica")]
+    assert replicas
+    for replica in replicas:  # bitsandbytes' import loads its native library into the process
+        assert "bitsandbytes" not in Path(f"/proc/{replica.pid}/maps").read_text(), replica.name()
+
+
 def test_greedy_outputs_equal_rayft_generate(server: rayft.ServeHandle, client: openai.OpenAI,
                                              adapters: dict[str, Path], tmp_path: Path) -> None:  # fmt: skip
     source = tmp_path / "prompts.jsonl"

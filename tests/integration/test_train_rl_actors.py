@@ -5,6 +5,7 @@ updates per rollout clip; asynchronous rollouts are one step stale."""
 
 from __future__ import annotations
 
+import os
 import threading
 from pathlib import Path
 
@@ -12,7 +13,7 @@ import pytest
 
 from rayft.data.prepared import PreparedData
 from rayft.errors import TrainingError
-from rayft.training.methods.rl.rollout_actors import HfRolloutActor, WeightUpdate
+from rayft.training.methods.rl.rollout_actors import ActorSpec, HfRolloutActor, WeightUpdate
 from tests.integration.test_train_rl import BUILTIN_REWARDS, figures, prompts, rl_config
 from tests.support.runs import crashed_copy, read_metrics, train_losses, train_on
 
@@ -75,6 +76,24 @@ def test_actors_of_two_ray_train_workers_sample_what_colocated_workers_sample(
     on_actors = train_on(rl_config(tiny_model_dir, tmp_path / "actors", *RUN, *ACTORS, "train.rl.rollout.num_actors=2",
                                    "train.rl.rollout.num_cpus_per_actor=0"), prompts)  # fmt: skip
     assert train_losses(on_actors) == pytest.approx(train_losses(colocated), rel=1e-5, abs=1e-7)
+
+
+def test_a_generation_actor_of_a_run_on_an_unquantized_base_never_loads_bitsandbytes(
+    ray_session: None, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    pytest.importorskip("bitsandbytes", reason="the qlora extra: pip install 'rayft[qlora]'")
+    import ray
+
+    cfg = rl_config(tiny_model_dir, tmp_path, *RUN)
+    spec = ActorSpec(cfg.model, cfg.lora, cfg.train.method, cfg.train.rl)
+    actor = ray.remote(HfRolloutActor).options(num_cpus=0).remote(spec)
+    try:
+        assert ray.get(actor.ready.remote(), timeout=120)  # its LoRA model built through PEFT
+        pid = ray.get(actor.__ray_call__.remote(lambda _: os.getpid()), timeout=60)
+        maps = Path(f"/proc/{pid}/maps").read_text()  # bitsandbytes' import loads its native library
+    finally:
+        ray.kill(actor)
+    assert "bitsandbytes" not in maps
 
 
 def test_a_weight_sync_that_never_completes_ends_the_run_within_its_timeout(

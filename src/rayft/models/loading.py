@@ -234,7 +234,8 @@ def hide_unused_bitsandbytes(cfg: ModelConfig, quantize: str) -> bool:
     run does not quantize its base (``quantize`` 'none') and the base's config holds no
     ``quantization_config``. Returns whether it hid it (not when something already imported it).
 
-    Only for a process that trains one run and ends with it (a Ray Train worker). PEFT imports
+    Only for a process that loads one model and ends with it (a Ray Train worker, a generation or
+    rollout actor, a Serve replica). PEFT imports
     bitsandbytes whenever it is installed, which loads its kernels and registers its torch ops:
     about 1 s of CPU in every worker of a LoRA run, for nothing when the base is not quantized. A
     ``None`` in ``sys.modules`` is Python's way to make an import fail (and

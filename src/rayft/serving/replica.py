@@ -62,11 +62,15 @@ def replica_class(max_adapters: int) -> type:
         """One replica of a base model's deployment."""
 
         def __init__(self, group: BaseGroup, settings: EngineSettings, access_log_console: bool = False) -> None:
+            from rayft.models.loading import hide_unused_bitsandbytes
             from rayft.security import install_redaction
             from rayft.serving.access_log import quiet_serve_console
 
             install_redaction()
             quiet_serve_console(keep_access=access_log_console)
+            # The replica's process serves this one base for its life, unquantized unless its checkpoint says
+            # so: PEFT, which loads the adapters, would import bitsandbytes (about 1 CPU-s of start) for nothing.
+            hide_unused_bitsandbytes(group.model, "none")
             self.engine = Engine(group, settings)
 
         @multiplexed  # type: ignore[untyped-decorator]

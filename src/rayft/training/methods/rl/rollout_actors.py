@@ -76,9 +76,16 @@ class HfRolloutActor:
     :class:`~rayft.training.methods.rl.sampling.Sampler` the trainer samples with."""
 
     def __init__(self, spec: ActorSpec) -> None:
-        from rayft.models.loading import load_tokenizer
+        import ray
+
+        from rayft.models.loading import hide_unused_bitsandbytes, load_tokenizer
         from rayft.training.modeling.model import build_training_model
 
+        # As a Ray actor, its process samples for one run and ends with it: PEFT would import bitsandbytes (about
+        # 1 CPU-s) for nothing unless the run's base is quantized. Built in another process (a test's), it leaves
+        # that process's imports alone.
+        if ray.get_runtime_context().get_actor_id() is not None:
+            hide_unused_bitsandbytes(spec.model, spec.lora.applied_quantize(spec.method))
         device = "cuda" if spec.gpus > 0 else "cpu"
         self.model = build_training_model(
             spec.model, spec.lora, spec.method, device, gradient_checkpointing=False, restore_dir=None,
