@@ -127,14 +127,13 @@ def test_a_replica_serving_adapters_on_an_unquantized_base_never_loads_bitsandby
     server: rayft.ServeHandle, client: openai.OpenAI
 ) -> None:
     pytest.importorskip("bitsandbytes", reason="the qlora extra: pip install 'rayft[qlora]'")
-    import psutil
+    from tests.support.ray_state import ray_processes
 
     client.completions.create(model="alpha", prompt=PROMPTS[0], max_tokens=1)  # PEFT has loaded an adapter
-    # The processes of this test's Ray, which this process started (others may run on the machine).
-    replicas = [p for p in psutil.Process().children(recursive=True) if p.name().startswith("ray::ServeReplica")]
+    replicas = ray_processes(":ServeReplica:")  # this test's Ray's, not another's on the machine
     assert replicas
     for replica in replicas:  # bitsandbytes' import loads its native library into the process
-        assert "bitsandbytes" not in Path(f"/proc/{replica.pid}/maps").read_text(), replica.name()
+        assert "bitsandbytes" not in Path(f"/proc/{replica.pid}/maps").read_text(), replica.cmdline()
 
 
 def test_greedy_outputs_equal_rayft_generate(server: rayft.ServeHandle, client: openai.OpenAI,
